@@ -1,0 +1,490 @@
+//! `make bench-agent`: measures the release (static) agent over loopback HTTP with keep-alive clients —
+//! exec round trip of `true` (p50/p99 at concurrency 1 and 32), file upload/download MiB/s, idle RSS,
+//! binary size — and the same exec against a minimal FastAPI agent in the same run. Prints a markdown
+//! table and, with `--write-doc PATH`, replaces the `## Agent` section of that file.
+//!
+//! Environment: `ORCHARD_AGENT_BIN` (the agent to measure), `ORCHARD_BENCH_PYTHON` (a Python with
+//! fastapi+uvicorn; the FastAPI column is left out without it).
+
+use std::io::{BufRead, BufReader};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use http_body_util::combinators::BoxBody;
+use http_body_util::{BodyExt, Full, StreamBody};
+use hyper::body::Frame;
+use hyper::{Method, Request};
+use hyper_util::client::legacy::Client;
+use hyper_util::client::legacy::connect::HttpConnector;
+use hyper_util::rt::TokioExecutor;
+
+type BoxError = Box<dyn std::error::Error + Send + Sync>;
+type Body = BoxBody<Bytes, BoxError>;
+type HttpClient = Client<HttpConnector, Body>;
+
+const TOKEN: &str = "bench-token";
+const EXEC_REQUESTS: usize = 2000;
+const FILE_MIB: usize = 256;
+
+struct Server {
+    child: Child,
+    base: String,
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        unsafe { libc::kill(self.child.id() as i32, libc::SIGTERM) };
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while Instant::now() < deadline {
+            if let Ok(Some(_)) = self.child.try_wait() {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn start_agent(binary: &Path, root: &Path) -> Server {
+    let mut child = Command::new(binary)
+        .args(["serve", "--listen", "127.0.0.1:0", "--root"])
+        .arg(root)
+        .env("ORCHARD_AGENT_TOKEN", TOKEN)
+        .env("ORCHARD_AGENT_LOG", "info")
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("start orchard-agent");
+    let stderr = child.stderr.take().unwrap();
+    let (sender, receiver) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        for line in BufReader::new(stderr).lines().map_while(Result::ok) {
+            if let Some(rest) = line.split("listen=").nth(1) {
+                let _ = sender.send(rest.split_whitespace().next().unwrap_or("").to_string());
+            }
+        }
+    });
+    let address = receiver
+        .recv_timeout(Duration::from_secs(30))
+        .expect("agent address");
+    Server {
+        child,
+        base: format!("http://{address}"),
+    }
+}
+
+fn start_fastapi(python: &str) -> Option<Server> {
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("bench/fastapi_agent.py");
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .ok()?
+        .local_addr()
+        .ok()?
+        .port();
+    let child = Command::new(python)
+        .arg(&script)
+        .arg(port.to_string())
+        .env("BENCH_TOKEN", TOKEN)
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::inherit())
+        .spawn()
+        .ok()?;
+    let server = Server {
+        child,
+        base: format!("http://127.0.0.1:{port}"),
+    };
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
+        if Instant::now() > deadline {
+            return None;
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    Some(server)
+}
+
+fn full(bytes: impl Into<Bytes>) -> Body {
+    Full::new(bytes.into())
+        .map_err(|never| match never {})
+        .boxed()
+}
+
+async fn exec_once(client: &HttpClient, base: &str) -> Duration {
+    let started = Instant::now();
+    let request = Request::builder()
+        .method(Method::POST)
+        .uri(format!("{base}/v1/exec"))
+        .header("Authorization", format!("Bearer {TOKEN}"))
+        .header("Content-Type", "application/json")
+        .body(full(&b"{\"argv\":[\"true\"]}"[..]))
+        .unwrap();
+    let response = client.request(request).await.expect("exec request");
+    assert!(
+        response.status().is_success(),
+        "exec failed: {}",
+        response.status()
+    );
+    let body = response.into_body().collect().await.unwrap().to_bytes();
+    assert!(
+        body.windows(12).any(|window| window == b"\"exitCode\":0"),
+        "unexpected exec response"
+    );
+    started.elapsed()
+}
+
+struct Latencies {
+    p50: Duration,
+    p99: Duration,
+    per_second: f64,
+}
+
+async fn measure_exec(base: &str, concurrency: usize) -> Latencies {
+    let client: HttpClient = Client::builder(TokioExecutor::new())
+        .pool_max_idle_per_host(64)
+        .build_http();
+    let client = Arc::new(client);
+    for _ in 0..100 {
+        exec_once(&client, base).await;
+    }
+    let started = Instant::now();
+    let mut tasks = Vec::new();
+    for worker in 0..concurrency {
+        let client = Arc::clone(&client);
+        let base = base.to_string();
+        let count = EXEC_REQUESTS / concurrency + usize::from(worker < EXEC_REQUESTS % concurrency);
+        tasks.push(tokio::spawn(async move {
+            let mut latencies = Vec::with_capacity(count);
+            for _ in 0..count {
+                latencies.push(exec_once(&client, &base).await);
+            }
+            latencies
+        }));
+    }
+    let mut all = Vec::with_capacity(EXEC_REQUESTS);
+    for task in tasks {
+        all.extend(task.await.unwrap());
+    }
+    let elapsed = started.elapsed();
+    all.sort();
+    let at = |quantile: f64| all[((all.len() as f64 * quantile) as usize).min(all.len() - 1)];
+    Latencies {
+        p50: at(0.50),
+        p99: at(0.99),
+        per_second: all.len() as f64 / elapsed.as_secs_f64(),
+    }
+}
+
+async fn measure_files(base: &str) -> (f64, f64) {
+    let client: HttpClient = Client::builder(TokioExecutor::new()).build_http();
+    let chunk = Bytes::from(vec![0xA5u8; 1024 * 1024]);
+    let stream = futures::stream::iter(
+        (0..FILE_MIB).map(move |_| Ok::<_, BoxError>(Frame::data(chunk.clone()))),
+    );
+    let started = Instant::now();
+    let request = Request::builder()
+        .method(Method::PUT)
+        .uri(format!("{base}/v1/files?path=bench.bin"))
+        .header("Authorization", format!("Bearer {TOKEN}"))
+        .body(BodyExt::boxed(StreamBody::new(stream)))
+        .unwrap();
+    let response = client.request(request).await.expect("upload");
+    assert_eq!(response.status(), 201);
+    response.into_body().collect().await.unwrap();
+    let upload = FILE_MIB as f64 / started.elapsed().as_secs_f64();
+
+    let started = Instant::now();
+    let request = Request::builder()
+        .uri(format!("{base}/v1/files?path=bench.bin"))
+        .header("Authorization", format!("Bearer {TOKEN}"))
+        .body(full(""))
+        .unwrap();
+    let response = client.request(request).await.expect("download");
+    let mut body = response.into_body();
+    let mut received = 0usize;
+    while let Some(frame) = body.frame().await {
+        if let Ok(data) = frame.unwrap().into_data() {
+            received += data.len();
+        }
+    }
+    assert_eq!(received, FILE_MIB * 1024 * 1024);
+    let download = FILE_MIB as f64 / started.elapsed().as_secs_f64();
+    (upload, download)
+}
+
+fn rss_kib(pid: u32) -> u64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
+    let rss = |field: &str| -> u64 {
+        status
+            .lines()
+            .find(|line| line.starts_with(field))
+            .and_then(|line| line.split_whitespace().nth(1))
+            .and_then(|value| value.parse().ok())
+            .unwrap_or(0)
+    };
+    rss("VmRSS:")
+}
+
+/// RSS of a process and all its descendants (uvicorn runs in one process, but be fair).
+fn tree_rss_kib(pid: u32) -> u64 {
+    let mut total = rss_kib(pid);
+    if let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) {
+        for task in tasks.flatten() {
+            let children =
+                std::fs::read_to_string(task.path().join("children")).unwrap_or_default();
+            for child in children
+                .split_whitespace()
+                .filter_map(|child| child.parse().ok())
+            {
+                total += tree_rss_kib(child);
+            }
+        }
+    }
+    total
+}
+
+/// p50 of spawning `true` directly (fork + setsid + exec + wait, as the agent does), no HTTP: the floor
+/// under any agent's exec latency on this machine.
+fn direct_spawn_p50() -> Duration {
+    use std::os::unix::process::CommandExt;
+    let mut samples: Vec<Duration> = (0..500)
+        .map(|_| {
+            let started = Instant::now();
+            let mut command = Command::new("true");
+            // SAFETY: only the async-signal-safe setsid runs between fork and exec.
+            unsafe {
+                command.pre_exec(|| {
+                    libc::setsid();
+                    Ok(())
+                });
+            }
+            let status = command
+                .stdout(Stdio::piped())
+                .stderr(Stdio::piped())
+                .status()
+                .expect("spawn true");
+            assert!(status.success());
+            started.elapsed()
+        })
+        .collect();
+    samples.sort();
+    samples[samples.len() / 2]
+}
+
+/// MiB/s of writing `FILE_MIB` MiB straight to a file in `dir` (no HTTP): the floor under uploads.
+fn direct_write_mib_per_second(dir: &Path) -> f64 {
+    use std::io::Write;
+    let path = dir.join("direct-write.bin");
+    let chunk = vec![0xA5u8; 1024 * 1024];
+    let started = Instant::now();
+    let mut file = std::fs::File::create(&path).expect("create the direct-write file");
+    for _ in 0..FILE_MIB {
+        file.write_all(&chunk).expect("write");
+    }
+    drop(file);
+    let speed = FILE_MIB as f64 / started.elapsed().as_secs_f64();
+    let _ = std::fs::remove_file(&path);
+    speed
+}
+
+fn ms(duration: Duration) -> String {
+    format!("{:.2} ms", duration.as_secs_f64() * 1000.0)
+}
+
+fn write_section(doc: &Path, section: &str) {
+    let existing = std::fs::read_to_string(doc).unwrap_or_else(|_| "# Benchmarks\n".to_string());
+    let mut output = String::new();
+    let mut skipping = false;
+    let mut replaced = false;
+    for line in existing.lines() {
+        if line.trim_end() == "## Agent" {
+            skipping = true;
+            replaced = true;
+            output.push_str(section);
+            continue;
+        }
+        if skipping && line.starts_with("## ") {
+            skipping = false;
+        }
+        if !skipping {
+            output.push_str(line);
+            output.push('\n');
+        }
+    }
+    if !replaced {
+        if !output.ends_with("\n\n") {
+            output.push('\n');
+        }
+        output.push_str(section);
+    }
+    std::fs::write(doc, output).expect("write the benchmark doc");
+}
+
+fn main() {
+    let args: Vec<String> = std::env::args().collect();
+    let doc = args
+        .iter()
+        .position(|arg| arg == "--write-doc")
+        .and_then(|index| args.get(index + 1))
+        .map(PathBuf::from);
+    let Ok(binary) = std::env::var("ORCHARD_AGENT_BIN") else {
+        eprintln!("set ORCHARD_AGENT_BIN to the agent to measure (make bench-agent does)");
+        std::process::exit(2);
+    };
+    let binary = PathBuf::from(binary);
+    let root = std::env::temp_dir().join(format!("orchard-bench-{}", std::process::id()));
+    std::fs::create_dir_all(&root).unwrap();
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap();
+
+    let load = std::fs::read_to_string("/proc/loadavg")
+        .map(|text| {
+            text.split_whitespace()
+                .take(3)
+                .collect::<Vec<_>>()
+                .join(" ")
+        })
+        .unwrap_or_default();
+    let direct = direct_spawn_p50();
+    let disk = direct_write_mib_per_second(&root);
+    let size = std::fs::metadata(&binary)
+        .map(|metadata| metadata.len())
+        .unwrap_or(0);
+    let agent = start_agent(&binary, &root);
+    std::thread::sleep(Duration::from_millis(300));
+    let idle_rss = rss_kib(agent.child.id());
+    let (rust_1, rust_32, (upload, download)) = runtime.block_on(async {
+        let one = measure_exec(&agent.base, 1).await;
+        let many = measure_exec(&agent.base, 32).await;
+        let files = measure_files(&agent.base).await;
+        (one, many, files)
+    });
+    let loaded_rss = rss_kib(agent.child.id());
+    drop(agent);
+
+    let python = std::env::var("ORCHARD_BENCH_PYTHON").ok();
+    let fastapi = python.as_deref().and_then(start_fastapi);
+    let fastapi_results = fastapi.as_ref().map(|server| {
+        std::thread::sleep(Duration::from_millis(500));
+        let idle = tree_rss_kib(server.child.id());
+        let (one, many) = runtime.block_on(async {
+            (
+                measure_exec(&server.base, 1).await,
+                measure_exec(&server.base, 32).await,
+            )
+        });
+        (idle, one, many)
+    });
+    drop(fastapi);
+    let _ = std::fs::remove_dir_all(&root);
+
+    let cpus = std::thread::available_parallelism()
+        .map(|n| n.get())
+        .unwrap_or(0);
+    let mut table = String::new();
+    table.push_str("| metric | orchard-agent (Rust, static) | FastAPI + uvicorn (Python) | ratio |\n|---|---|---|---|\n");
+    let mut row = |name: &str, rust: Duration, python: Option<Duration>| {
+        let (python_text, ratio) = match python {
+            Some(python) => (
+                ms(python),
+                format!("{:.1}x", python.as_secs_f64() / rust.as_secs_f64()),
+            ),
+            None => ("n/a".into(), "n/a".into()),
+        };
+        table.push_str(&format!(
+            "| {name} | {} | {python_text} | {ratio} |\n",
+            ms(rust)
+        ));
+    };
+    row(
+        "exec `true` p50, concurrency 1",
+        rust_1.p50,
+        fastapi_results.as_ref().map(|result| result.1.p50),
+    );
+    row(
+        "exec `true` p99, concurrency 1",
+        rust_1.p99,
+        fastapi_results.as_ref().map(|result| result.1.p99),
+    );
+    row(
+        "exec `true` p50, concurrency 32",
+        rust_32.p50,
+        fastapi_results.as_ref().map(|result| result.2.p50),
+    );
+    row(
+        "exec `true` p99, concurrency 32",
+        rust_32.p99,
+        fastapi_results.as_ref().map(|result| result.2.p99),
+    );
+    table.push_str(&format!(
+        "| spawn `true` directly, no HTTP (the floor), p50 | {} | | |\n",
+        ms(direct)
+    ));
+    let throughput = |rust: f64, python: Option<f64>| match python {
+        Some(python) => format!("| {rust:.0} | {python:.0} | {:.1}x |\n", rust / python),
+        None => format!("| {rust:.0} | n/a | n/a |\n"),
+    };
+    table.push_str("| exec/s, concurrency 1 ");
+    table.push_str(&throughput(
+        rust_1.per_second,
+        fastapi_results.as_ref().map(|result| result.1.per_second),
+    ));
+    table.push_str("| exec/s, concurrency 32 ");
+    table.push_str(&throughput(
+        rust_32.per_second,
+        fastapi_results.as_ref().map(|result| result.2.per_second),
+    ));
+    let python_idle = fastapi_results
+        .as_ref()
+        .map(|result| format!("{:.1} MiB", result.0 as f64 / 1024.0))
+        .unwrap_or("n/a".into());
+    let ratio_idle = fastapi_results
+        .as_ref()
+        .map(|result| format!("{:.1}x", result.0 as f64 / idle_rss.max(1) as f64))
+        .unwrap_or("n/a".into());
+    table.push_str(&format!(
+        "| idle RSS | {:.1} MiB | {python_idle} | {ratio_idle} |\n",
+        idle_rss as f64 / 1024.0
+    ));
+    table.push_str(&format!(
+        "| RSS after the runs below | {:.1} MiB | | |\n",
+        loaded_rss as f64 / 1024.0
+    ));
+    table.push_str(&format!(
+        "| upload {FILE_MIB} MiB (PUT /v1/files) | {upload:.0} MiB/s | | |\n"
+    ));
+    table.push_str(&format!(
+        "| download {FILE_MIB} MiB (GET /v1/files) | {download:.0} MiB/s | | |\n"
+    ));
+    table.push_str(&format!(
+        "| write {FILE_MIB} MiB to disk directly, no HTTP (the floor under uploads) | {disk:.0} MiB/s | | |\n"
+    ));
+    table.push_str(&format!(
+        "| binary size | {:.2} MiB ({size} bytes, static, stripped) | | |\n",
+        size as f64 / 1048576.0
+    ));
+
+    let section = format!(
+        "## Agent\n\n\
+         Command: `make bench-agent` (builds the static agent with `make agent`, creates the FastAPI venv, runs\n\
+         `cargo bench -p orchard-agent --bench agent`). Loopback HTTP with keep-alive clients, bearer token on;\n\
+         {EXEC_REQUESTS} exec requests per row after 100 warm-up requests; the FastAPI baseline\n\
+         (`agent/bench/fastapi_agent.py`, fastapi 0.115.12 + uvicorn 0.34.2, one worker) runs the same argv\n\
+         in its own session and captures output. Machine: {cpus} CPUs shared with other builds, so absolute\n\
+         numbers are noisy; the ratio comes from one run on the same machine. The \"spawn `true` directly\" row\n\
+         is the cost of fork + setsid + exec + wait alone on this machine: the agent's own overhead per exec is\n\
+         the difference to the concurrency-1 p50 (load average at the start: {load}).\n\n{table}\n"
+    );
+    println!("{section}");
+    if let Some(doc) = doc {
+        write_section(&doc, &section);
+        println!("wrote the `## Agent` section of {}", doc.display());
+    }
+}

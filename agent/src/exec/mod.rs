@@ -1,0 +1,9 @@
+//! Running commands: request validation (`request`), starting them in their own session (`spawn`),
+//! capping and encoding output (`output`), driving them to the end (`supervise`), and the HTTP routes
+//! `/v1/exec` and `/v1/exec/stream` (`routes`).
+
+pub mod output;
+pub mod request;
+pub mod routes;
+pub mod spawn;
+pub mod supervise;

@@ -1,0 +1,310 @@
+//! The command request shared by `/v1/exec`, `/v1/exec/stream` and `/v1/processes`, and its validation
+//! into a `CommandSpec` (what to run, where, with which limits).
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use base64::Engine;
+use serde::{Deserialize, Serialize};
+
+use crate::error::AgentError;
+
+/// Default `timeoutSeconds` of `/v1/exec`.
+pub const DEFAULT_EXEC_TIMEOUT: Duration = Duration::from_secs(600);
+/// Default per-stream output cap.
+pub const DEFAULT_MAX_OUTPUT_BYTES: usize = 4 * 1024 * 1024;
+/// Hard upper bound of `maxOutputBytes` for buffered output (a response carries it in memory).
+pub const MAX_BUFFERED_OUTPUT_BYTES: u64 = 1024 * 1024 * 1024;
+/// Shell used with `command` when `shell` is not given.
+pub const DEFAULT_SHELL: &str = "/bin/sh";
+
+/// How output bytes are put into JSON strings.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum OutputEncoding {
+    /// UTF-8; invalid sequences become U+FFFD and the `*Lossy` flag is set.
+    #[default]
+    Text,
+    /// Exact bytes, standard base64 with padding.
+    Base64,
+}
+
+/// Body of `POST /v1/exec`, `/v1/exec/stream` and `/v1/processes` (`id` only for the latter).
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub struct CommandRequest {
+    pub id: Option<String>,
+    pub argv: Option<Vec<String>>,
+    pub command: Option<String>,
+    pub shell: Option<String>,
+    pub cwd: Option<String>,
+    pub env: Option<BTreeMap<String, String>>,
+    pub stdin: Option<String>,
+    pub stdin_base64: Option<String>,
+    pub timeout_seconds: Option<f64>,
+    pub max_output_bytes: Option<u64>,
+    pub output_encoding: Option<OutputEncoding>,
+}
+
+/// What the caller asked to run, echoed in process statuses.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[serde(untagged)]
+pub enum CommandLine {
+    Argv { argv: Vec<String> },
+    Shell { command: String, shell: String },
+}
+
+/// A validated command, ready to spawn.
+#[derive(Debug, Clone)]
+pub struct CommandSpec {
+    pub line: CommandLine,
+    pub cwd: PathBuf,
+    pub env: Vec<(String, String)>,
+    pub stdin: Option<Vec<u8>>,
+    pub timeout: Option<Duration>,
+    pub max_output_bytes: usize,
+    pub encoding: OutputEncoding,
+}
+
+impl CommandSpec {
+    /// The program and its arguments as passed to `execvp`.
+    pub fn argv(&self) -> Vec<&str> {
+        match &self.line {
+            CommandLine::Argv { argv } => argv.iter().map(String::as_str).collect(),
+            CommandLine::Shell { command, shell } => vec![shell.as_str(), "-c", command.as_str()],
+        }
+    }
+}
+
+/// Where a request is served: decides defaults that differ between exec and background processes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RequestKind {
+    Exec,
+    Process,
+}
+
+impl CommandRequest {
+    /// Validates the request; relative `cwd` is resolved against `root`.
+    pub fn into_spec(self, root: &Path, kind: RequestKind) -> Result<CommandSpec, AgentError> {
+        if kind == RequestKind::Exec && self.id.is_some() {
+            return Err(AgentError::InvalidRequest(
+                "unknown field `id`: ids exist only for background processes (POST /v1/processes)"
+                    .into(),
+            ));
+        }
+        if self.argv.is_some() && self.shell.is_some() {
+            return Err(AgentError::InvalidRequest(
+                "`shell` is used only with `command`, not with `argv`".into(),
+            ));
+        }
+        let line = match (self.argv, self.command) {
+            (Some(_), Some(_)) => {
+                return Err(AgentError::InvalidRequest(
+                    "give exactly one of `argv` or `command`, not both".into(),
+                ));
+            }
+            (None, None) => {
+                return Err(AgentError::InvalidRequest(
+                    "missing field: give `argv` (e.g. [\"ls\", \"-l\"]) or `command` (a shell string)".into(),
+                ));
+            }
+            (Some(argv), None) => {
+                if argv.is_empty() || argv[0].is_empty() {
+                    return Err(AgentError::InvalidRequest(
+                        "`argv` must start with a non-empty program name".into(),
+                    ));
+                }
+                if argv.iter().any(|arg| arg.contains('\0')) {
+                    return Err(AgentError::BadRequest(
+                        "`argv` entries must not contain NUL bytes".into(),
+                    ));
+                }
+                CommandLine::Argv { argv }
+            }
+            (None, Some(command)) => {
+                let shell = self.shell.unwrap_or_else(|| DEFAULT_SHELL.to_string());
+                if shell.is_empty() || command.contains('\0') || shell.contains('\0') {
+                    return Err(AgentError::BadRequest(
+                        "`command` and `shell` must be non-empty and free of NUL bytes".into(),
+                    ));
+                }
+                CommandLine::Shell { command, shell }
+            }
+        };
+        let cwd = resolve_cwd(root, self.cwd.as_deref())?;
+        let env = self.env.unwrap_or_default().into_iter().collect::<Vec<_>>();
+        for (key, value) in &env {
+            if key.is_empty() || key.contains('=') || key.contains('\0') || value.contains('\0') {
+                return Err(AgentError::BadRequest(format!(
+                    "invalid environment variable `{key}`: names must be non-empty without `=`, and no NUL bytes"
+                )));
+            }
+        }
+        let stdin = match (self.stdin, self.stdin_base64) {
+            (Some(_), Some(_)) => {
+                return Err(AgentError::InvalidRequest(
+                    "give at most one of `stdin` and `stdinBase64`".into(),
+                ));
+            }
+            (Some(text), None) => Some(text.into_bytes()),
+            (None, Some(encoded)) => Some(
+                base64::engine::general_purpose::STANDARD
+                    .decode(encoded.as_bytes())
+                    .map_err(|error| {
+                        AgentError::BadRequest(format!(
+                            "`stdinBase64` is not valid base64: {error}"
+                        ))
+                    })?,
+            ),
+            (None, None) => None,
+        };
+        let timeout = match self.timeout_seconds {
+            Some(seconds) if seconds.is_finite() && seconds > 0.0 && seconds <= 1e9 => {
+                Some(Duration::from_secs_f64(seconds))
+            }
+            Some(seconds) => {
+                return Err(AgentError::BadRequest(format!(
+                    "`timeoutSeconds` must be a positive number, got {seconds}"
+                )));
+            }
+            None if kind == RequestKind::Exec => Some(DEFAULT_EXEC_TIMEOUT),
+            None => None,
+        };
+        let max_output_bytes = match self.max_output_bytes {
+            Some(bytes) if bytes > MAX_BUFFERED_OUTPUT_BYTES => {
+                return Err(AgentError::BadRequest(format!(
+                    "`maxOutputBytes` {bytes} exceeds the {MAX_BUFFERED_OUTPUT_BYTES}-byte maximum; stream large output to a file instead"
+                )));
+            }
+            Some(bytes) => bytes as usize,
+            None => DEFAULT_MAX_OUTPUT_BYTES,
+        };
+        Ok(CommandSpec {
+            line,
+            cwd,
+            env,
+            stdin,
+            timeout,
+            max_output_bytes,
+            encoding: self.output_encoding.unwrap_or_default(),
+        })
+    }
+}
+
+/// Resolves and checks a working directory: it must exist and be a directory (400 `InvalidCwd` otherwise).
+pub fn resolve_cwd(root: &Path, cwd: Option<&str>) -> Result<PathBuf, AgentError> {
+    let Some(cwd) = cwd else {
+        return Ok(root.to_path_buf());
+    };
+    if cwd.is_empty() || cwd.contains('\0') {
+        return Err(AgentError::InvalidCwd(
+            "`cwd` must be a non-empty path without NUL bytes".into(),
+        ));
+    }
+    let path = root.join(cwd);
+    match std::fs::metadata(&path) {
+        Ok(metadata) if metadata.is_dir() => Ok(path),
+        Ok(_) => Err(AgentError::InvalidCwd(format!(
+            "cwd `{}` is not a directory",
+            path.display()
+        ))),
+        Err(error) => Err(AgentError::InvalidCwd(format!(
+            "cwd `{}` is not usable: {error}",
+            path.display()
+        ))),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn request(json: &str) -> CommandRequest {
+        serde_json::from_str(json).unwrap()
+    }
+
+    #[test]
+    fn argv_and_shell_forms() {
+        let spec = request(r#"{"argv":["echo","hi"]}"#)
+            .into_spec(Path::new("/"), RequestKind::Exec)
+            .unwrap();
+        assert_eq!(spec.argv(), vec!["echo", "hi"]);
+        assert_eq!(spec.timeout, Some(DEFAULT_EXEC_TIMEOUT));
+        assert_eq!(spec.max_output_bytes, DEFAULT_MAX_OUTPUT_BYTES);
+        let spec = request(r#"{"command":"echo $X"}"#)
+            .into_spec(Path::new("/"), RequestKind::Process)
+            .unwrap();
+        assert_eq!(spec.argv(), vec!["/bin/sh", "-c", "echo $X"]);
+        assert_eq!(spec.timeout, None);
+    }
+
+    #[test]
+    fn rejects_bad_combinations() {
+        let root = Path::new("/");
+        for body in [
+            r#"{}"#,
+            r#"{"argv":[]}"#,
+            r#"{"argv":["a"],"command":"b"}"#,
+            r#"{"argv":["a"],"shell":"/bin/bash"}"#,
+            r#"{"argv":["a"],"stdin":"x","stdinBase64":"eA=="}"#,
+            r#"{"argv":["a"],"id":"x"}"#,
+        ] {
+            assert!(
+                matches!(
+                    request(body).into_spec(root, RequestKind::Exec),
+                    Err(AgentError::InvalidRequest(_))
+                ),
+                "{body}"
+            );
+        }
+        for body in [
+            r#"{"argv":["a"],"timeoutSeconds":0}"#,
+            r#"{"argv":["a"],"timeoutSeconds":-1}"#,
+            r#"{"argv":["a"],"stdinBase64":"***"}"#,
+            r#"{"argv":["a"],"env":{"A=B":"c"}}"#,
+            r#"{"argv":["a\u0000"]}"#,
+        ] {
+            assert!(
+                matches!(
+                    request(body).into_spec(root, RequestKind::Exec),
+                    Err(AgentError::BadRequest(_))
+                ),
+                "{body}"
+            );
+        }
+        assert!(serde_json::from_str::<CommandRequest>(r#"{"argv":["a"],"bogus":1}"#).is_err());
+    }
+
+    #[test]
+    fn cwd_must_be_an_existing_directory() {
+        assert!(matches!(
+            resolve_cwd(Path::new("/"), Some("/definitely/not/here")),
+            Err(AgentError::InvalidCwd(_))
+        ));
+        assert!(matches!(
+            resolve_cwd(Path::new("/"), Some("/proc/self/status")),
+            Err(AgentError::InvalidCwd(_))
+        ));
+        assert_eq!(
+            resolve_cwd(Path::new("/"), Some("tmp")).unwrap(),
+            PathBuf::from("/tmp")
+        );
+        assert_eq!(
+            resolve_cwd(Path::new("/tmp"), None).unwrap(),
+            PathBuf::from("/tmp")
+        );
+    }
+
+    #[test]
+    fn stdin_forms() {
+        let spec = request(r#"{"argv":["cat"],"stdinBase64":"AP8="}"#)
+            .into_spec(Path::new("/"), RequestKind::Exec)
+            .unwrap();
+        assert_eq!(spec.stdin, Some(vec![0, 255]));
+        let spec = request(r#"{"argv":["cat"],"stdin":"hi"}"#)
+            .into_spec(Path::new("/"), RequestKind::Exec)
+            .unwrap();
+        assert_eq!(spec.stdin, Some(b"hi".to_vec()));
+    }
+}

@@ -1,0 +1,135 @@
+//! Starting a command: its own session, piped output, scrubbed environment, and the mapping of exec
+//! failures to shell-style exit codes (127 not found, 126 not executable).
+
+use std::process::Stdio;
+use std::sync::Arc;
+
+use tokio::process::{Child, ChildStderr, ChildStdin, ChildStdout, Command};
+
+use super::request::CommandSpec;
+use crate::error::AgentError;
+use crate::process_group::{ProcessGroup, ProcessGroups, start_in_new_session};
+
+/// A started command. Dropping it SIGKILLs its whole process group.
+#[derive(Debug)]
+pub struct RunningCommand {
+    pub child: Child,
+    pub pid: u32,
+    pub group: ProcessGroup,
+    pub stdin: Option<ChildStdin>,
+    pub stdout: ChildStdout,
+    pub stderr: ChildStderr,
+}
+
+/// A command that could not be started, reported like a shell would (`exitCode` 126/127).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SpawnFailure {
+    pub exit_code: i32,
+    pub message: String,
+}
+
+#[derive(Debug)]
+pub enum Spawned {
+    Running(Box<RunningCommand>),
+    Failed(SpawnFailure),
+}
+
+/// Starts `spec` as the leader of a new session. `scrubbed_env` names inherited variables children must
+/// not see (the agent's own `ORCHARD_AGENT_*` settings, the token among them).
+pub fn spawn(
+    spec: &CommandSpec,
+    scrubbed_env: &[String],
+    groups: &Arc<ProcessGroups>,
+) -> Result<Spawned, AgentError> {
+    let argv = spec.argv();
+    let mut command = Command::new(argv[0]);
+    command
+        .args(&argv[1..])
+        .current_dir(&spec.cwd)
+        // Always a pipe (closed at once when there is no stdin): `/dev/null` may not exist in an
+        // empty root, and a closed pipe reads as EOF just the same.
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    for key in scrubbed_env {
+        command.env_remove(key);
+    }
+    for (key, value) in &spec.env {
+        command.env(key, value);
+    }
+    start_in_new_session(&mut command);
+    match command.spawn() {
+        Ok(mut child) => {
+            let Some(pid) = child.id() else {
+                return Err(AgentError::Internal("spawned command has no pid".into()));
+            };
+            // From here on the guard owns the group: it is killed however this request ends.
+            let group = groups.track(pid as i32);
+            let (Some(stdout), Some(stderr)) = (child.stdout.take(), child.stderr.take()) else {
+                return Err(AgentError::Internal(
+                    "spawned command has no output pipes".into(),
+                ));
+            };
+            let stdin = child.stdin.take();
+            Ok(Spawned::Running(Box::new(RunningCommand {
+                child,
+                pid,
+                group,
+                stdin,
+                stdout,
+                stderr,
+            })))
+        }
+        Err(error) => classify_spawn_error(argv[0], &error).map(Spawned::Failed),
+    }
+}
+
+fn classify_spawn_error(program: &str, error: &std::io::Error) -> Result<SpawnFailure, AgentError> {
+    let errno = error.raw_os_error().unwrap_or(0);
+    let exit_code = match errno {
+        libc::ENOENT | libc::ENOTDIR => 127,
+        libc::EACCES | libc::EPERM | libc::ENOEXEC | libc::EISDIR | libc::ETXTBSY => 126,
+        _ => {
+            return Err(AgentError::Internal(format!(
+                "cannot start `{program}`: {error}"
+            )));
+        }
+    };
+    let hint = if exit_code == 127 {
+        if program.contains('/') {
+            "the file does not exist, or it is a script or dynamically linked program whose interpreter is missing"
+                .to_string()
+        } else {
+            let path = std::env::var("PATH").unwrap_or_else(|_| "/bin:/usr/bin (default)".into());
+            format!("it is not in PATH ({path}); pass an absolute path or set `env.PATH`")
+        }
+    } else {
+        "it is not an executable file (check its mode and that it is a binary or a script with a #! line)".to_string()
+    };
+    Ok(SpawnFailure {
+        exit_code,
+        message: format!("orchard-agent: cannot run `{program}`: {error}; {hint}"),
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn exec_errors_use_shell_exit_codes() {
+        let not_found =
+            classify_spawn_error("nope", &std::io::Error::from_raw_os_error(libc::ENOENT)).unwrap();
+        assert_eq!(not_found.exit_code, 127);
+        assert!(not_found.message.contains("PATH"));
+        let denied = classify_spawn_error(
+            "/etc/passwd",
+            &std::io::Error::from_raw_os_error(libc::EACCES),
+        )
+        .unwrap();
+        assert_eq!(denied.exit_code, 126);
+        assert!(
+            classify_spawn_error("x", &std::io::Error::from_raw_os_error(libc::ENOMEM)).is_err()
+        );
+    }
+}

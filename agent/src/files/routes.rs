@@ -1,0 +1,328 @@
+//! HTTP routes of the files API: `PUT`/`GET`/`DELETE /v1/files?path=` and `GET /v1/files/list?path=`.
+
+use std::fs;
+use std::io;
+use std::os::unix::fs::{MetadataExt, PermissionsExt};
+use std::path::PathBuf;
+use std::time::UNIX_EPOCH;
+
+use axum::body::Body;
+use axum::extract::rejection::QueryRejection;
+use axum::extract::{Query, State};
+use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
+use axum::response::Response;
+use bytes::Bytes;
+use futures::StreamExt;
+use serde::{Deserialize, Serialize};
+use tokio::sync::mpsc;
+
+use super::paths::{parse_mode, resolve_request_path};
+use super::transfer::{
+    DEFAULT_FILE_MODE, QUEUE_DEPTH, create_temp_beside, read_chunks, write_chunks,
+};
+use crate::clock::rfc3339;
+use crate::error::{AgentError, json_response};
+use crate::json_body::{DRAIN_LIMIT, drain_body};
+use crate::processes::routes::query_error;
+use crate::server::AppState;
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PutQuery {
+    path: String,
+    mode: Option<String>,
+}
+
+#[derive(Serialize)]
+struct Written {
+    path: String,
+    size: u64,
+}
+
+async fn blocking<T: Send + 'static>(
+    work: impl FnOnce() -> Result<T, AgentError> + Send + 'static,
+) -> Result<T, AgentError> {
+    tokio::task::spawn_blocking(work)
+        .await
+        .map_err(|error| AgentError::Internal(format!("file task failed: {error}")))?
+}
+
+pub async fn put(
+    State(state): State<AppState>,
+    query: Result<Query<PutQuery>, QueryRejection>,
+    headers: HeaderMap,
+    body: Body,
+) -> Result<Response, AgentError> {
+    let Query(query) = query.map_err(query_error)?;
+    let target = resolve_request_path(&state.config.root, &query.path)?;
+    let explicit_mode = query.mode.as_deref().map(parse_mode).transpose()?;
+    let limit = state.config.max_upload_bytes;
+    let too_large = || {
+        AgentError::PayloadTooLarge(format!(
+            "upload exceeds the {limit}-byte limit (--max-upload-bytes)"
+        ))
+    };
+    let declared = headers
+        .get(header::CONTENT_LENGTH)
+        .and_then(|value| value.to_str().ok())
+        .and_then(|value| value.parse::<u64>().ok());
+    if declared.is_some_and(|length| length > limit) {
+        drain_body(body, DRAIN_LIMIT).await;
+        return Err(too_large());
+    }
+
+    let protected = state.config.protected.clone();
+    let prepare_target = target.clone();
+    let (file, temp, mode) = blocking(move || {
+        let target = prepare_target;
+        protected.check_write(&target)?;
+        let existing = fs::metadata(&target).ok();
+        if existing.as_ref().is_some_and(|metadata| metadata.is_dir()) {
+            return Err(AgentError::InvalidPath(format!(
+                "`{}` is a directory; PUT needs a file path",
+                target.display()
+            )));
+        }
+        if let Some(parent) = target.parent() {
+            fs::create_dir_all(parent).map_err(|error| match error.kind() {
+                io::ErrorKind::AlreadyExists | io::ErrorKind::NotADirectory => {
+                    AgentError::InvalidPath(format!(
+                        "cannot create the parent directories of `{}`: a component is a file",
+                        target.display()
+                    ))
+                }
+                _ => AgentError::io("cannot create parent directories of", &target, error),
+            })?;
+        }
+        let (file, temp) = create_temp_beside(&target)
+            .map_err(|error| AgentError::io("cannot create a temp file beside", &target, error))?;
+        let mode = explicit_mode
+            .or_else(|| existing.map(|metadata| metadata.permissions().mode() & 0o7777))
+            .unwrap_or(DEFAULT_FILE_MODE);
+        Ok((file, temp, mode))
+    })
+    .await?;
+
+    let (chunks, receiver) = mpsc::channel::<Bytes>(QUEUE_DEPTH);
+    let writer = tokio::task::spawn_blocking(move || write_chunks(receiver, file));
+    let mut body = body.into_data_stream();
+    let mut size: u64 = 0;
+    let mut failure = None;
+    while let Some(chunk) = body.next().await {
+        match chunk {
+            Ok(chunk) => {
+                size += chunk.len() as u64;
+                if size > limit {
+                    failure = Some(too_large());
+                    let mut drained = 0u64;
+                    while drained <= DRAIN_LIMIT {
+                        match body.next().await {
+                            Some(Ok(chunk)) => drained += chunk.len() as u64,
+                            _ => break,
+                        }
+                    }
+                    break;
+                }
+                if chunks.send(chunk).await.is_err() {
+                    break; // the writer failed; its error is reported below
+                }
+            }
+            Err(error) => {
+                failure = Some(AgentError::BadRequest(format!(
+                    "upload interrupted: {error}"
+                )));
+                break;
+            }
+        }
+    }
+    drop(chunks);
+    let written = writer
+        .await
+        .map_err(|error| AgentError::Internal(format!("file writer failed: {error}")))?;
+    if let Some(failure) = failure {
+        return Err(failure); // dropping `temp` removes the partial file
+    }
+    written.map_err(|error| AgentError::io("cannot write", &target, error))?;
+    let final_target = target.clone();
+    blocking(move || {
+        temp.persist(&final_target, mode).map_err(|error| {
+            AgentError::io("cannot move upload into place at", &final_target, error)
+        })
+    })
+    .await?;
+    tracing::debug!(path = %target.display(), size, "file written");
+    Ok(json_response(
+        StatusCode::CREATED,
+        &Written {
+            path: target.display().to_string(),
+            size,
+        },
+    ))
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PathQuery {
+    path: String,
+}
+
+pub async fn get(
+    State(state): State<AppState>,
+    query: Result<Query<PathQuery>, QueryRejection>,
+) -> Result<Response, AgentError> {
+    let Query(query) = query.map_err(query_error)?;
+    let path = resolve_request_path(&state.config.root, &query.path)?;
+    let protected = state.config.protected.clone();
+    let (file, length) = blocking(move || {
+        protected.check_read(&path)?;
+        let file =
+            fs::File::open(&path).map_err(|error| AgentError::io("cannot open", &path, error))?;
+        let metadata = file
+            .metadata()
+            .map_err(|error| AgentError::io("cannot stat", &path, error))?;
+        if metadata.is_dir() {
+            return Err(AgentError::InvalidPath(format!(
+                "`{}` is a directory; list it with GET /v1/files/list",
+                path.display()
+            )));
+        }
+        Ok((file, metadata.len()))
+    })
+    .await?;
+    let (sender, mut receiver) = mpsc::channel::<io::Result<Bytes>>(QUEUE_DEPTH / 2);
+    tokio::task::spawn_blocking(move || read_chunks(file, length, sender));
+    let stream = futures::stream::poll_fn(move |context| receiver.poll_recv(context));
+    let mut response = Response::new(Body::from_stream(stream));
+    let headers = response.headers_mut();
+    headers.insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("application/octet-stream"),
+    );
+    headers.insert(header::CONTENT_LENGTH, HeaderValue::from(length));
+    Ok(response)
+}
+
+#[derive(Serialize)]
+struct Listing {
+    path: String,
+    entries: Vec<Entry>,
+}
+
+#[derive(Serialize)]
+struct Entry {
+    name: String,
+    #[serde(rename = "type")]
+    kind: &'static str,
+    size: u64,
+    mode: u32,
+    modified: Option<String>,
+}
+
+pub async fn list(
+    State(state): State<AppState>,
+    query: Result<Query<PathQuery>, QueryRejection>,
+) -> Result<Response, AgentError> {
+    let Query(query) = query.map_err(query_error)?;
+    let path = resolve_request_path(&state.config.root, &query.path)?;
+    let listing = blocking(move || {
+        let metadata =
+            fs::metadata(&path).map_err(|error| AgentError::io("cannot list", &path, error))?;
+        if !metadata.is_dir() {
+            return Err(AgentError::InvalidPath(format!(
+                "`{}` is not a directory; download it with GET /v1/files",
+                path.display()
+            )));
+        }
+        let reader =
+            fs::read_dir(&path).map_err(|error| AgentError::io("cannot list", &path, error))?;
+        let mut entries = Vec::new();
+        for entry in reader {
+            let entry = entry.map_err(|error| AgentError::io("cannot list", &path, error))?;
+            let Ok(metadata) = entry.path().symlink_metadata() else {
+                continue; // removed while listing
+            };
+            let file_type = metadata.file_type();
+            let kind = if file_type.is_symlink() {
+                "symlink"
+            } else if file_type.is_dir() {
+                "directory"
+            } else if file_type.is_file() {
+                "file"
+            } else {
+                "other"
+            };
+            entries.push(Entry {
+                name: entry.file_name().to_string_lossy().into_owned(),
+                kind,
+                size: metadata.len(),
+                mode: metadata.mode() & 0o7777,
+                modified: metadata
+                    .modified()
+                    .ok()
+                    .filter(|time| *time >= UNIX_EPOCH)
+                    .map(rfc3339),
+            });
+        }
+        entries.sort_by(|a, b| a.name.cmp(&b.name));
+        Ok(Listing {
+            path: path.display().to_string(),
+            entries,
+        })
+    })
+    .await?;
+    Ok(json_response(StatusCode::OK, &listing))
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct DeleteQuery {
+    path: String,
+    recursive: Option<bool>,
+}
+
+#[derive(Serialize)]
+struct Deleted {
+    path: String,
+    deleted: bool,
+}
+
+pub async fn delete(
+    State(state): State<AppState>,
+    query: Result<Query<DeleteQuery>, QueryRejection>,
+) -> Result<Response, AgentError> {
+    let Query(query) = query.map_err(query_error)?;
+    let path: PathBuf = resolve_request_path(&state.config.root, &query.path)?;
+    let recursive = query.recursive.unwrap_or(false);
+    let protected = state.config.protected.clone();
+    let deleted = blocking(move || {
+        protected.check_delete(&path, recursive)?;
+        let metadata = path
+            .symlink_metadata()
+            .map_err(|error| AgentError::io("cannot delete", &path, error))?;
+        let result = if metadata.is_dir() {
+            if recursive {
+                fs::remove_dir_all(&path)
+            } else {
+                fs::remove_dir(&path)
+            }
+        } else {
+            fs::remove_file(&path)
+        };
+        result.map_err(|error| {
+            if error.kind() == io::ErrorKind::DirectoryNotEmpty {
+                AgentError::conflict(format!(
+                    "directory `{}` is not empty; pass recursive=true to delete it",
+                    path.display()
+                ))
+            } else {
+                AgentError::io("cannot delete", &path, error)
+            }
+        })?;
+        Ok(Deleted {
+            path: path.display().to_string(),
+            deleted: true,
+        })
+    })
+    .await?;
+    Ok(json_response(StatusCode::OK, &deleted))
+}

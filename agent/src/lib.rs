@@ -1,0 +1,25 @@
+//! `orchard-agent`: the in-pod execution agent of Orchard Env sandboxes. One static binary that serves
+//! exec (unary, streamed, background), files, patches and health over HTTP on the Pod IP.
+//!
+//! Data flow: `cli` (flags, env) -> `server` (router, `/v1` guard, shutdown) -> handlers in `exec`,
+//! `processes`, `files`, `patch`; `process_group` owns the kill-the-whole-group rule; `init` the PID 1
+//! duty; `error` the JSON error mapping.
+
+pub mod auth;
+pub mod cli;
+pub mod clock;
+pub mod entropy;
+pub mod error;
+pub mod exec;
+pub mod files;
+pub mod init;
+pub mod install;
+pub mod json_body;
+pub mod logging;
+pub mod patch;
+pub mod process_group;
+pub mod processes;
+pub mod server;
+
+/// The agent's version (the crate version).
+pub const VERSION: &str = env!("CARGO_PKG_VERSION");

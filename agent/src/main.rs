@@ -1,0 +1,128 @@
+//! Entry point of `orchard-agent`: parse the command line, then serve (behind a PID 1 init when the
+//! agent is PID 1), install, or print the version.
+
+use std::process::ExitCode;
+
+use orchard_agent::cli::{self, ENV_PREFIX, Invocation, ServeOptions, USAGE};
+use orchard_agent::server::{self, AgentConfig, AppState};
+use orchard_agent::{VERSION, init, install, logging};
+
+fn main() -> ExitCode {
+    let mut raw_args = std::env::args_os();
+    install::remember_invocation(raw_args.next());
+    let args: Vec<String> = raw_args
+        .map(|arg| arg.to_string_lossy().into_owned())
+        .collect();
+    let invocation = match cli::parse(&args, &|name| std::env::var(name).ok()) {
+        Ok(invocation) => invocation,
+        Err(error) => {
+            eprintln!("orchard-agent: {error}\n\n{USAGE}");
+            return ExitCode::from(2);
+        }
+    };
+    match invocation {
+        Invocation::Version => {
+            println!("orchard-agent {VERSION}");
+            ExitCode::SUCCESS
+        }
+        Invocation::Help => {
+            println!("{USAGE}");
+            ExitCode::SUCCESS
+        }
+        Invocation::Install { dir } => match install::install(&dir) {
+            Ok(path) => {
+                println!("{}", path.display());
+                ExitCode::SUCCESS
+            }
+            Err(error) => {
+                eprintln!("orchard-agent install: {error}");
+                ExitCode::FAILURE
+            }
+        },
+        Invocation::Serve(options) => {
+            scrub_agent_environment();
+            if std::process::id() == 1 {
+                init::run_as_init(|| serve(options))
+            } else {
+                serve(options)
+            }
+        }
+    }
+}
+
+/// Removes `ORCHARD_AGENT_*` (the token among them) from this process' environment, so no command the
+/// agent starts can inherit them. Runs while the process is still single-threaded.
+fn scrub_agent_environment() {
+    let keys: Vec<_> = std::env::vars_os()
+        .map(|(key, _)| key)
+        .filter(|key| key.to_str().is_some_and(|key| key.starts_with(ENV_PREFIX)))
+        .collect();
+    for key in keys {
+        // SAFETY: no other thread exists yet (the runtime starts later), so nothing reads the environment
+        // concurrently.
+        unsafe { std::env::remove_var(key) };
+    }
+}
+
+fn serve(options: ServeOptions) -> ExitCode {
+    logging::init(options.log_filter.as_deref());
+    let config = match AgentConfig::from_options(&options) {
+        Ok(config) => config,
+        Err(error) => {
+            eprintln!("orchard-agent: {error}");
+            return ExitCode::from(2);
+        }
+    };
+    // Two workers: the agent mostly waits on children and sockets; the sandbox's CPUs belong to the task.
+    let runtime = match tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+    {
+        Ok(runtime) => runtime,
+        Err(error) => {
+            eprintln!("orchard-agent: cannot start the runtime: {error}");
+            return ExitCode::FAILURE;
+        }
+    };
+    runtime.block_on(async move {
+        let listener = match tokio::net::TcpListener::bind(options.listen).await {
+            Ok(listener) => listener,
+            Err(error) => {
+                eprintln!(
+                    "orchard-agent: cannot listen on {}: {error}",
+                    options.listen
+                );
+                return ExitCode::FAILURE;
+            }
+        };
+        let address = listener
+            .local_addr()
+            .map(|address| address.to_string())
+            .unwrap_or_default();
+        tracing::info!(
+            version = VERSION,
+            listen = %address,
+            root = %config.root.display(),
+            auth = config.token.is_some(),
+            "orchard-agent serving"
+        );
+        let state = AppState::new(config);
+        if let Some(startup) = &options.startup
+            && let Err(error) = server::start_startup_command(&state, startup)
+        {
+            eprintln!("orchard-agent: {error}");
+            return ExitCode::from(2);
+        }
+        match server::serve(state, listener, server::termination_signal()).await {
+            Ok(()) => {
+                tracing::info!("orchard-agent stopped");
+                ExitCode::SUCCESS
+            }
+            Err(error) => {
+                eprintln!("orchard-agent: server failed: {error}");
+                ExitCode::FAILURE
+            }
+        }
+    })
+}

@@ -1,0 +1,479 @@
+//! `POST /v1/patch`: applies a unified diff natively (no `git` or `patch` in the image). Every file's new
+//! content is computed in memory first; files are written (temp file + rename) only if every hunk of
+//! every file applied, so a conflict leaves the tree untouched.
+
+pub mod apply;
+pub mod parse;
+
+use std::collections::HashMap;
+use std::fs;
+use std::io::Write;
+use std::os::unix::fs::PermissionsExt;
+use std::path::{Path, PathBuf};
+
+use axum::extract::State;
+use axum::http::StatusCode;
+use axum::response::Response;
+use serde::{Deserialize, Serialize};
+
+use self::apply::apply_hunks;
+use self::parse::{FilePatch, parse_patch};
+use crate::error::{AgentError, FailedHunk, json_response};
+use crate::exec::request::resolve_cwd;
+use crate::files::paths::ProtectedFiles;
+use crate::files::transfer::{DEFAULT_FILE_MODE, TempFile, create_temp_beside};
+use crate::json_body::JsonBody;
+use crate::server::AppState;
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PatchRequest {
+    patch: String,
+    cwd: Option<String>,
+    strip: Option<usize>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct PatchedFile {
+    pub path: String,
+    pub action: &'static str,
+}
+
+#[derive(Serialize)]
+struct PatchApplied {
+    applied: bool,
+    files: Vec<PatchedFile>,
+}
+
+pub async fn apply(
+    State(state): State<AppState>,
+    JsonBody(request): JsonBody<PatchRequest>,
+) -> Result<Response, AgentError> {
+    let cwd = resolve_cwd(&state.config.root, request.cwd.as_deref())?;
+    let strip = request.strip.unwrap_or(1);
+    let files = parse_patch(&request.patch, strip)
+        .map_err(|message| AgentError::BadRequest(format!("malformed patch: {message}")))?;
+    if files.is_empty() {
+        return Err(AgentError::BadRequest(
+            "malformed patch: no file changes found (expected `--- a/x` / `+++ b/x` headers and `@@` hunks, as `git diff` prints)".into(),
+        ));
+    }
+    let protected = state.config.protected.clone();
+    let applied = tokio::task::spawn_blocking(move || apply_patch(&cwd, &files, &protected))
+        .await
+        .map_err(|error| AgentError::Internal(format!("patch task failed: {error}")))??;
+    tracing::debug!(files = applied.len(), "patch applied");
+    Ok(json_response(
+        StatusCode::OK,
+        &PatchApplied {
+            applied: true,
+            files: applied,
+        },
+    ))
+}
+
+/// The state of one touched path while the patch is computed.
+#[derive(Debug)]
+struct PendingFile {
+    /// Name as the diff spells it (after `strip`), for responses.
+    name: String,
+    existed: bool,
+    content: Option<Vec<u8>>,
+    mode: Option<u32>,
+    /// Changed by the patch (as opposed to only looked at).
+    touched: bool,
+}
+
+/// Computes every change, then writes them all, or nothing if any hunk failed.
+pub fn apply_patch(
+    cwd: &Path,
+    files: &[FilePatch],
+    protected: &ProtectedFiles,
+) -> Result<Vec<PatchedFile>, AgentError> {
+    let mut pending: HashMap<PathBuf, PendingFile> = HashMap::new();
+    let mut order: Vec<PathBuf> = Vec::new();
+    let mut failures: Vec<FailedHunk> = Vec::new();
+
+    for file in files {
+        let fail = |failures: &mut Vec<FailedHunk>, reason: String| {
+            failures.push(FailedHunk {
+                path: file.display_path().to_string(),
+                hunk: 0,
+                header: String::new(),
+                reason,
+            });
+        };
+        let (source_name, target_name) = match (&file.old_path, &file.new_path) {
+            (None, Some(new)) => (None, new.clone()),
+            (Some(old), None) => (Some(old.clone()), old.clone()),
+            (Some(old), Some(new)) if file.renamed => (Some(old.clone()), new.clone()),
+            (Some(old), Some(new)) => {
+                // Plain `diff -u old new`: patch whichever of the two names exists, preferring the new one.
+                let new_exists = lookup(&mut pending, &mut order, cwd, new)?
+                    .content
+                    .is_some();
+                let name = if new_exists
+                    || lookup(&mut pending, &mut order, cwd, old)?
+                        .content
+                        .is_none()
+                {
+                    new
+                } else {
+                    old
+                };
+                (Some(name.clone()), name.clone())
+            }
+            (None, None) => continue,
+        };
+        let target = cwd.join(&target_name);
+        protected.check_write(&target)?;
+        let original = match &source_name {
+            Some(source) => {
+                protected.check_write(&cwd.join(source))?;
+                match lookup(&mut pending, &mut order, cwd, source)?
+                    .content
+                    .clone()
+                {
+                    Some(content) => content,
+                    None => {
+                        fail(&mut failures, format!("`{source}` does not exist"));
+                        continue;
+                    }
+                }
+            }
+            None => {
+                if lookup(&mut pending, &mut order, cwd, &target_name)?
+                    .content
+                    .is_some()
+                {
+                    fail(
+                        &mut failures,
+                        format!("`{target_name}` already exists; the patch creates it"),
+                    );
+                    continue;
+                }
+                Vec::new()
+            }
+        };
+        if file.renamed
+            && source_name.as_deref() != Some(target_name.as_str())
+            && lookup(&mut pending, &mut order, cwd, &target_name)?
+                .content
+                .is_some()
+        {
+            fail(
+                &mut failures,
+                format!("cannot rename to `{target_name}`: it already exists"),
+            );
+            continue;
+        }
+        let content = match apply_hunks(&original, &file.hunks) {
+            Ok(content) => content,
+            Err(hunk_failures) => {
+                failures.extend(hunk_failures.into_iter().map(|failure| FailedHunk {
+                    path: file.display_path().to_string(),
+                    hunk: failure.hunk,
+                    header: failure.header,
+                    reason: failure.reason,
+                }));
+                continue;
+            }
+        };
+        if file.new_path.is_none() {
+            if !content.is_empty() {
+                fail(
+                    &mut failures,
+                    format!(
+                        "`{target_name}` has content the deletion does not remove; it differs from the patch"
+                    ),
+                );
+                continue;
+            }
+            let entry = lookup(&mut pending, &mut order, cwd, &target_name)?;
+            entry.content = None;
+            entry.touched = true;
+            continue;
+        }
+        if let Some(source) = source_name.filter(|source| *source != target_name) {
+            let entry = lookup(&mut pending, &mut order, cwd, &source)?;
+            entry.content = None;
+            entry.touched = true;
+        }
+        let entry = lookup(&mut pending, &mut order, cwd, &target_name)?;
+        entry.content = Some(content);
+        entry.touched = true;
+        if file.new_mode.is_some() {
+            entry.mode = file.new_mode;
+        }
+    }
+
+    if !failures.is_empty() {
+        let count = failures.len();
+        return Err(AgentError::PatchConflict {
+            message: format!(
+                "{count} hunk(s) did not apply; nothing was changed (see failedHunks)"
+            ),
+            failed_hunks: failures,
+        });
+    }
+    write_changes(&pending, &order)
+}
+
+/// The pending state of `name`, reading it from disk on first use.
+fn lookup<'a>(
+    pending: &'a mut HashMap<PathBuf, PendingFile>,
+    order: &mut Vec<PathBuf>,
+    cwd: &Path,
+    name: &str,
+) -> Result<&'a mut PendingFile, AgentError> {
+    let path = cwd.join(name);
+    if !pending.contains_key(&path) {
+        let content = match fs::read(&path) {
+            Ok(content) => Some(content),
+            Err(error) if error.kind() == std::io::ErrorKind::NotFound => None,
+            Err(error) => return Err(AgentError::io("cannot read", &path, error)),
+        };
+        order.push(path.clone());
+        pending.insert(
+            path.clone(),
+            PendingFile {
+                name: name.to_string(),
+                existed: content.is_some(),
+                content,
+                mode: None,
+                touched: false,
+            },
+        );
+    }
+    pending
+        .get_mut(&path)
+        .ok_or_else(|| AgentError::Internal("pending file vanished".into()))
+}
+
+/// Writes every new content to a temp file first, then renames them all into place, then deletes.
+fn write_changes(
+    pending: &HashMap<PathBuf, PendingFile>,
+    order: &[PathBuf],
+) -> Result<Vec<PatchedFile>, AgentError> {
+    let mut staged: Vec<(TempFile, &Path, u32)> = Vec::new();
+    let mut report = Vec::new();
+    for path in order {
+        let Some(file) = pending.get(path).filter(|file| file.touched) else {
+            continue;
+        };
+        let Some(content) = &file.content else {
+            continue;
+        };
+        if let Some(parent) = path.parent() {
+            fs::create_dir_all(parent).map_err(|error| {
+                AgentError::io("cannot create parent directories of", path, error)
+            })?;
+        }
+        let (mut handle, temp) = create_temp_beside(path)
+            .map_err(|error| AgentError::io("cannot create a temp file beside", path, error))?;
+        handle
+            .write_all(content)
+            .map_err(|error| AgentError::io("cannot write", path, error))?;
+        let mode = file
+            .mode
+            .or_else(|| {
+                fs::metadata(path)
+                    .ok()
+                    .map(|metadata| metadata.permissions().mode() & 0o7777)
+            })
+            .unwrap_or(DEFAULT_FILE_MODE);
+        staged.push((temp, path, mode));
+        report.push(PatchedFile {
+            path: file.name.clone(),
+            action: if file.existed { "modified" } else { "created" },
+        });
+    }
+    for (temp, path, mode) in staged {
+        temp.persist(path, mode).map_err(|error| {
+            AgentError::io("cannot move patched file into place at", path, error)
+        })?;
+    }
+    for path in order {
+        let Some(file) = pending.get(path).filter(|file| file.touched) else {
+            continue;
+        };
+        if file.content.is_none() && file.existed {
+            fs::remove_file(path).map_err(|error| AgentError::io("cannot delete", path, error))?;
+            report.push(PatchedFile {
+                path: file.name.clone(),
+                action: "deleted",
+            });
+        }
+    }
+    Ok(report)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    struct Tree(PathBuf);
+
+    impl Tree {
+        fn new() -> Self {
+            let dir = std::env::temp_dir()
+                .join(format!("orchard-patch-{}", crate::entropy::random_hex()));
+            fs::create_dir_all(&dir).unwrap();
+            Tree(dir)
+        }
+
+        fn write(&self, name: &str, content: &str) {
+            let path = self.0.join(name);
+            fs::create_dir_all(path.parent().unwrap()).unwrap();
+            fs::write(path, content).unwrap();
+        }
+
+        fn read(&self, name: &str) -> Option<String> {
+            fs::read_to_string(self.0.join(name)).ok()
+        }
+
+        fn apply(&self, diff: &str) -> Result<Vec<PatchedFile>, AgentError> {
+            apply_patch(
+                &self.0,
+                &parse_patch(diff, 1).unwrap(),
+                &ProtectedFiles::default(),
+            )
+        }
+    }
+
+    impl Drop for Tree {
+        fn drop(&mut self) {
+            let _ = fs::remove_dir_all(&self.0);
+        }
+    }
+
+    #[test]
+    fn creates_modifies_and_deletes_together() {
+        let tree = Tree::new();
+        tree.write("src/a.txt", "one\ntwo\n");
+        tree.write("gone.txt", "bye\n");
+        let diff = "\
+--- a/src/a.txt
++++ b/src/a.txt
+@@ -1,2 +1,2 @@
+ one
+-two
++TWO
+--- /dev/null
++++ b/deep/new.txt
+@@ -0,0 +1,2 @@
++fresh
++file
+--- a/gone.txt
++++ /dev/null
+@@ -1 +0,0 @@
+-bye
+";
+        let report = tree.apply(diff).unwrap();
+        assert_eq!(tree.read("src/a.txt").as_deref(), Some("one\nTWO\n"));
+        assert_eq!(tree.read("deep/new.txt").as_deref(), Some("fresh\nfile\n"));
+        assert_eq!(tree.read("gone.txt"), None);
+        let actions: Vec<_> = report
+            .iter()
+            .map(|file| (file.path.as_str(), file.action))
+            .collect();
+        assert_eq!(
+            actions,
+            vec![
+                ("src/a.txt", "modified"),
+                ("deep/new.txt", "created"),
+                ("gone.txt", "deleted")
+            ]
+        );
+    }
+
+    #[test]
+    fn conflict_changes_nothing() {
+        let tree = Tree::new();
+        tree.write("a.txt", "one\n");
+        tree.write("b.txt", "other\n");
+        let diff = "\
+--- a/a.txt
++++ b/a.txt
+@@ -1 +1 @@
+-one
++ONE
+--- a/b.txt
++++ b/b.txt
+@@ -1 +1 @@
+-not what is there
++x
+--- /dev/null
++++ b/c.txt
+@@ -0,0 +1 @@
++c
+";
+        match tree.apply(diff) {
+            Err(AgentError::PatchConflict { failed_hunks, .. }) => {
+                assert_eq!(failed_hunks.len(), 1);
+                assert_eq!(failed_hunks[0].path, "b.txt");
+                assert_eq!(failed_hunks[0].hunk, 1);
+            }
+            other => panic!("expected a conflict, got {other:?}"),
+        }
+        assert_eq!(tree.read("a.txt").as_deref(), Some("one\n"));
+        assert_eq!(tree.read("c.txt"), None);
+    }
+
+    #[test]
+    fn creating_an_existing_file_or_patching_a_missing_one_conflicts() {
+        let tree = Tree::new();
+        tree.write("exists.txt", "x\n");
+        assert!(matches!(
+            tree.apply("--- /dev/null\n+++ b/exists.txt\n@@ -0,0 +1 @@\n+y\n"),
+            Err(AgentError::PatchConflict { .. })
+        ));
+        assert!(matches!(
+            tree.apply("--- a/missing.txt\n+++ b/missing.txt\n@@ -1 +1 @@\n-a\n+b\n"),
+            Err(AgentError::PatchConflict { .. })
+        ));
+    }
+
+    #[test]
+    fn renames_and_mode_changes() {
+        let tree = Tree::new();
+        tree.write("old.sh", "echo hi\n");
+        let diff = "\
+diff --git a/old.sh b/new.sh
+old mode 100644
+new mode 100755
+similarity index 50%
+rename from old.sh
+rename to new.sh
+--- a/old.sh
++++ b/new.sh
+@@ -1 +1 @@
+-echo hi
++echo hello
+";
+        let report = tree.apply(diff).unwrap();
+        assert_eq!(tree.read("old.sh"), None);
+        assert_eq!(tree.read("new.sh").as_deref(), Some("echo hello\n"));
+        let mode = fs::metadata(tree.0.join("new.sh"))
+            .unwrap()
+            .permissions()
+            .mode()
+            & 0o777;
+        assert_eq!(mode, 0o755);
+        assert_eq!(report.len(), 2);
+    }
+
+    #[test]
+    fn protected_targets_are_refused() {
+        let tree = Tree::new();
+        tree.write("token", "secret\n");
+        let protected = ProtectedFiles::discover(Some(&tree.0.join("token")));
+        let files =
+            parse_patch("--- a/token\n+++ b/token\n@@ -1 +1 @@\n-secret\n+mine\n", 1).unwrap();
+        assert!(matches!(
+            apply_patch(&tree.0, &files, &protected),
+            Err(AgentError::Forbidden(_))
+        ));
+        assert_eq!(tree.read("token").as_deref(), Some("secret\n"));
+    }
+}

@@ -1,0 +1,340 @@
+//! The table of background processes: starting one under a unique id, its status (with output so far),
+//! waiting for its exit, signalling its group, and forgetting it.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::{Duration, Instant, SystemTime};
+
+use serde::Serialize;
+use tokio::sync::watch;
+
+use crate::clock::rfc3339;
+use crate::entropy::random_hex;
+use crate::error::AgentError;
+use crate::exec::output::{CapturedOutput, OutputSink};
+use crate::exec::request::{CommandLine, CommandSpec, OutputEncoding};
+use crate::exec::spawn::{Spawned, spawn};
+use crate::exec::supervise::{DRAIN_GRACE, Finished, supervise};
+use crate::process_group::{ProcessGroups, signal_group};
+
+/// At most this many processes are kept; the oldest exited ones are forgotten first.
+pub const MAX_PROCESSES: usize = 1024;
+
+/// Whether `id` is a valid client-chosen id: `[A-Za-z0-9][A-Za-z0-9._-]{0,62}`.
+pub fn valid_id(id: &str) -> bool {
+    let bytes = id.as_bytes();
+    !bytes.is_empty()
+        && bytes.len() <= 63
+        && bytes[0].is_ascii_alphanumeric()
+        && bytes
+            .iter()
+            .all(|byte| byte.is_ascii_alphanumeric() || matches!(byte, b'.' | b'_' | b'-'))
+}
+
+#[derive(Debug, Clone)]
+enum ProcessState {
+    Running {
+        pgid: i32,
+    },
+    Exited {
+        finished: Finished,
+        finished_at: SystemTime,
+        duration: Duration,
+    },
+}
+
+/// One background process.
+#[derive(Debug)]
+pub struct ManagedProcess {
+    id: String,
+    pid: Option<u32>,
+    line: CommandLine,
+    encoding: OutputEncoding,
+    started_at: SystemTime,
+    started: Instant,
+    sequence: u64,
+    stdout: Arc<Mutex<CapturedOutput>>,
+    stderr: Arc<Mutex<CapturedOutput>>,
+    state: Mutex<ProcessState>,
+    exited: watch::Sender<bool>,
+    error: Option<String>,
+}
+
+/// What `GET /v1/processes/{id}` returns.
+#[derive(Debug, Clone, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ProcessStatus {
+    pub id: String,
+    pub pid: Option<u32>,
+    #[serde(flatten)]
+    pub line: CommandLine,
+    pub state: &'static str,
+    pub exit_code: Option<i32>,
+    pub signal: Option<i32>,
+    pub timed_out: bool,
+    pub started_at: String,
+    pub finished_at: Option<String>,
+    pub duration_ms: u64,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub stdout: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub stderr: Option<String>,
+    pub stdout_truncated: bool,
+    pub stderr_truncated: bool,
+    pub stdout_lossy: bool,
+    pub stderr_lossy: bool,
+    pub output_encoding: OutputEncoding,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub error: Option<String>,
+}
+
+fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
+    mutex
+        .lock()
+        .unwrap_or_else(|poisoned| poisoned.into_inner())
+}
+
+impl ManagedProcess {
+    pub fn id(&self) -> &str {
+        &self.id
+    }
+
+    pub fn is_running(&self) -> bool {
+        matches!(*lock(&self.state), ProcessState::Running { .. })
+    }
+
+    /// The current status; `with_output` false leaves out `stdout`/`stderr`.
+    pub fn status(&self, with_output: bool) -> ProcessStatus {
+        let state = lock(&self.state).clone();
+        let (stdout, stdout_truncated, stdout_lossy) = self.output(&self.stdout, with_output);
+        let (stderr, stderr_truncated, stderr_lossy) = self.output(&self.stderr, with_output);
+        let (state_name, finished, finished_at, duration) = match state {
+            ProcessState::Running { .. } => {
+                ("running", Finished::default(), None, self.started.elapsed())
+            }
+            ProcessState::Exited {
+                finished,
+                finished_at,
+                duration,
+            } => ("exited", finished, Some(rfc3339(finished_at)), duration),
+        };
+        ProcessStatus {
+            id: self.id.clone(),
+            pid: self.pid,
+            line: self.line.clone(),
+            state: state_name,
+            exit_code: finished.exit_code,
+            signal: finished.signal,
+            timed_out: finished.timed_out,
+            started_at: rfc3339(self.started_at),
+            finished_at,
+            duration_ms: duration.as_millis() as u64,
+            stdout,
+            stderr,
+            stdout_truncated,
+            stderr_truncated,
+            stdout_lossy,
+            stderr_lossy,
+            output_encoding: self.encoding,
+            error: self.error.clone(),
+        }
+    }
+
+    fn output(
+        &self,
+        buffer: &Mutex<CapturedOutput>,
+        with_output: bool,
+    ) -> (Option<String>, bool, bool) {
+        let buffer = lock(buffer);
+        if !with_output {
+            return (None, buffer.truncated(), false);
+        }
+        let encoded = buffer.encoded(self.encoding);
+        (Some(encoded.data), encoded.truncated, encoded.lossy)
+    }
+
+    /// Waits up to `timeout` for the process to exit; returns whether it has.
+    pub async fn wait_exit(&self, timeout: Duration) -> bool {
+        let mut exited = self.exited.subscribe();
+        let wait = exited.wait_for(|exited| *exited);
+        matches!(tokio::time::timeout(timeout, wait).await, Ok(Ok(_)))
+    }
+
+    /// Signals the process group; `Ok(false)` if the process has already exited.
+    pub fn signal(&self, signal: i32) -> Result<bool, AgentError> {
+        let state = lock(&self.state);
+        match *state {
+            ProcessState::Running { pgid } => match signal_group(pgid, signal) {
+                Ok(()) => Ok(true),
+                // The leader just exited and the group is gone: same as exited.
+                Err(error) if error.raw_os_error() == Some(libc::ESRCH) => Ok(false),
+                Err(error) => Err(AgentError::Internal(format!(
+                    "cannot signal process `{}`: {error}",
+                    self.id
+                ))),
+            },
+            ProcessState::Exited { .. } => Ok(false),
+        }
+    }
+
+    fn mark_exited(&self, finished: Finished) {
+        *lock(&self.state) = ProcessState::Exited {
+            finished,
+            finished_at: SystemTime::now(),
+            duration: self.started.elapsed(),
+        };
+        self.exited.send_replace(true);
+    }
+}
+
+/// All background processes, by id.
+#[derive(Debug, Default)]
+pub struct ProcessTable {
+    entries: Mutex<HashMap<String, Arc<ManagedProcess>>>,
+    sequence: AtomicU64,
+}
+
+/// Outcome of `ProcessTable::start`.
+pub enum Started {
+    New(Arc<ManagedProcess>),
+    /// The id is taken; here is the process holding it.
+    Exists(Arc<ManagedProcess>),
+}
+
+impl ProcessTable {
+    pub fn get(&self, id: &str) -> Option<Arc<ManagedProcess>> {
+        lock(&self.entries).get(id).cloned()
+    }
+
+    pub fn remove(&self, id: &str) -> Option<Arc<ManagedProcess>> {
+        lock(&self.entries).remove(id)
+    }
+
+    /// Every process, oldest first.
+    pub fn list(&self) -> Vec<Arc<ManagedProcess>> {
+        let mut all: Vec<_> = lock(&self.entries).values().cloned().collect();
+        all.sort_by_key(|process| process.sequence);
+        all
+    }
+
+    /// Starts `spec` in the background under `id` (generated when `None`).
+    pub fn start(
+        &self,
+        id: Option<String>,
+        mut spec: CommandSpec,
+        scrubbed_env: &[String],
+        groups: &Arc<ProcessGroups>,
+    ) -> Result<Started, AgentError> {
+        let id = match id {
+            Some(id) if valid_id(&id) => id,
+            Some(id) => {
+                return Err(AgentError::BadRequest(format!(
+                    "invalid process id `{id}`: use 1-63 characters [A-Za-z0-9._-] starting with a letter or digit"
+                )));
+            }
+            None => format!("p-{}", random_hex()),
+        };
+        let mut entries = lock(&self.entries);
+        if let Some(existing) = entries.get(&id) {
+            return Ok(Started::Exists(Arc::clone(existing)));
+        }
+        if entries.len() >= MAX_PROCESSES {
+            let oldest_exited = entries
+                .values()
+                .filter(|process| !process.is_running())
+                .min_by_key(|process| process.sequence)
+                .map(|process| process.id.clone());
+            match oldest_exited {
+                Some(oldest) => {
+                    entries.remove(&oldest);
+                }
+                None => {
+                    return Err(AgentError::TooManyRequests(format!(
+                        "{MAX_PROCESSES} background processes are running; stop some (DELETE /v1/processes/{{id}})"
+                    )));
+                }
+            }
+        }
+        let spawned = spawn(&spec, scrubbed_env, groups)?;
+        let stdout = Arc::new(Mutex::new(CapturedOutput::new(spec.max_output_bytes)));
+        let stderr = Arc::new(Mutex::new(CapturedOutput::new(spec.max_output_bytes)));
+        let (pid, state, error, running) = match spawned {
+            Spawned::Running(running) => (
+                Some(running.pid),
+                ProcessState::Running {
+                    pgid: running.group.pgid(),
+                },
+                None,
+                Some(running),
+            ),
+            Spawned::Failed(failure) => {
+                lock(&stderr).push(format!("{}\n", failure.message).as_bytes());
+                let finished = Finished {
+                    exit_code: Some(failure.exit_code),
+                    signal: None,
+                    timed_out: false,
+                };
+                let state = ProcessState::Exited {
+                    finished,
+                    finished_at: SystemTime::now(),
+                    duration: Duration::ZERO,
+                };
+                (None, state, Some(failure.message), None)
+            }
+        };
+        let process = Arc::new(ManagedProcess {
+            id: id.clone(),
+            pid,
+            line: spec.line.clone(),
+            encoding: spec.encoding,
+            started_at: SystemTime::now(),
+            started: Instant::now(),
+            sequence: self.sequence.fetch_add(1, Ordering::Relaxed),
+            stdout: Arc::clone(&stdout),
+            stderr: Arc::clone(&stderr),
+            exited: watch::Sender::new(running.is_none()),
+            state: Mutex::new(state),
+            error,
+        });
+        entries.insert(id, Arc::clone(&process));
+        drop(entries);
+        if let Some(running) = running {
+            let supervised = Arc::clone(&process);
+            let stdin = spec.stdin.take();
+            tokio::spawn(async move {
+                let mut stdout = OutputSink::Shared(stdout);
+                let mut stderr = OutputSink::Shared(stderr);
+                let finished = supervise(
+                    running,
+                    stdin,
+                    &mut stdout,
+                    &mut stderr,
+                    spec.timeout,
+                    DRAIN_GRACE,
+                )
+                .await;
+                supervised.mark_exited(finished);
+                tracing::debug!(id = %supervised.id, ?finished, "background process exited");
+            });
+        }
+        Ok(Started::New(process))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::valid_id;
+
+    #[test]
+    fn id_rules() {
+        assert!(valid_id("startup"));
+        assert!(valid_id("run-1.2_3"));
+        assert!(valid_id(&"a".repeat(63)));
+        assert!(!valid_id(&"a".repeat(64)));
+        assert!(!valid_id(""));
+        assert!(!valid_id("-x"));
+        assert!(!valid_id("a/b"));
+        assert!(!valid_id("a b"));
+    }
+}

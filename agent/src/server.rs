@@ -1,0 +1,270 @@
+//! The HTTP server: configuration, shared state, the router, the `/v1` guard (bearer token, then the
+//! in-flight cap answered with 429), and graceful shutdown (SIGTERM every command's group, wait up to
+//! 5 s, SIGKILL the rest).
+
+use std::future::{Future, IntoFuture};
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::Router;
+use axum::body::Body;
+use axum::extract::{Request, State};
+use axum::http::StatusCode;
+use axum::middleware::{self, Next};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use axum::serve::ListenerExt;
+use http_body_util::BodyExt;
+use serde::Serialize;
+use tokio::net::TcpListener;
+use tokio::sync::{Semaphore, watch};
+
+use crate::auth::Token;
+use crate::cli::{ENV_PREFIX, ServeOptions};
+use crate::error::{AgentError, json_response};
+use crate::exec::request::{CommandRequest, RequestKind};
+use crate::files::paths::ProtectedFiles;
+use crate::process_group::ProcessGroups;
+use crate::processes::table::{ProcessTable, Started};
+use crate::{VERSION, exec, files, patch, processes};
+
+/// How long commands get to exit after SIGTERM at shutdown before they are SIGKILLed.
+pub const SHUTDOWN_GRACE: Duration = Duration::from_secs(5);
+
+/// Everything the server needs to know, resolved at startup.
+#[derive(Debug, Clone)]
+pub struct AgentConfig {
+    /// Canonical default working directory and base of relative paths.
+    pub root: PathBuf,
+    pub token: Option<Token>,
+    pub max_concurrent: usize,
+    pub max_body_bytes: u64,
+    pub max_upload_bytes: u64,
+    /// Inherited environment variables removed from every child (`ORCHARD_AGENT_*`).
+    pub scrubbed_env: Vec<String>,
+    pub protected: ProtectedFiles,
+}
+
+impl AgentConfig {
+    /// Resolves `options`: reads the token, canonicalises the root, finds the files to protect.
+    pub fn from_options(options: &ServeOptions) -> Result<Self, String> {
+        let token = options.token.as_ref().map(Token::load).transpose()?;
+        let root = match &options.root {
+            Some(root) => root.clone(),
+            None => std::env::current_dir()
+                .map_err(|error| format!("cannot read the current directory: {error}"))?,
+        };
+        let root = std::fs::canonicalize(&root)
+            .map_err(|error| format!("--root `{}`: {error}", root.display()))?;
+        if !root.is_dir() {
+            return Err(format!("--root `{}` is not a directory", root.display()));
+        }
+        let protected = ProtectedFiles::discover(token.as_ref().and_then(Token::file));
+        let scrubbed_env = std::env::vars_os()
+            .filter_map(|(key, _)| key.into_string().ok())
+            .filter(|key| key.starts_with(ENV_PREFIX))
+            .collect();
+        Ok(AgentConfig {
+            root,
+            token,
+            max_concurrent: options.max_concurrent,
+            max_body_bytes: options.max_body_bytes,
+            max_upload_bytes: options.max_upload_bytes,
+            scrubbed_env,
+            protected,
+        })
+    }
+}
+
+/// State shared by all handlers.
+#[derive(Debug, Clone)]
+pub struct AppState {
+    pub config: Arc<AgentConfig>,
+    pub groups: Arc<ProcessGroups>,
+    pub processes: Arc<ProcessTable>,
+    admission: Arc<Semaphore>,
+}
+
+impl AppState {
+    pub fn new(config: AgentConfig) -> Self {
+        let admission = Arc::new(Semaphore::new(config.max_concurrent));
+        AppState {
+            config: Arc::new(config),
+            groups: Arc::default(),
+            processes: Arc::default(),
+            admission,
+        }
+    }
+}
+
+#[derive(Serialize)]
+struct Health {
+    status: &'static str,
+    version: &'static str,
+}
+
+async fn healthz() -> Response {
+    json_response(
+        StatusCode::OK,
+        &Health {
+            status: "ok",
+            version: VERSION,
+        },
+    )
+}
+
+async fn not_found(request: Request) -> AgentError {
+    AgentError::NotFound(format!(
+        "no route `{} {}`; see docs/AGENT.md",
+        request.method(),
+        request.uri().path()
+    ))
+}
+
+async fn method_not_allowed(request: Request) -> AgentError {
+    AgentError::MethodNotAllowed(format!(
+        "method {} is not allowed on `{}`",
+        request.method(),
+        request.uri().path()
+    ))
+}
+
+/// Authenticates, then admits the request if fewer than `max_concurrent` are in flight. The admission
+/// permit lives as long as the response body, so streams and downloads count until they end.
+async fn guard_v1(State(state): State<AppState>, request: Request, next: Next) -> Response {
+    if let Some(token) = &state.config.token
+        && !token.authorizes(request.headers())
+    {
+        return AgentError::Unauthorized.into_response();
+    }
+    let Ok(permit) = Arc::clone(&state.admission).try_acquire_owned() else {
+        return AgentError::TooManyRequests(format!(
+            "{} requests are in flight (--max-concurrent); retry shortly",
+            state.config.max_concurrent
+        ))
+        .into_response();
+    };
+    let response = next.run(request).await;
+    let (parts, body) = response.into_parts();
+    let body = body.map_frame(move |frame| {
+        let _held = &permit;
+        frame
+    });
+    Response::from_parts(parts, Body::new(body))
+}
+
+/// All routes.
+pub fn router(state: AppState) -> Router {
+    let v1 = Router::new()
+        .route("/v1/exec", post(exec::routes::exec))
+        .route("/v1/exec/stream", post(exec::routes::exec_stream))
+        .route(
+            "/v1/processes",
+            post(processes::routes::start).get(processes::routes::list),
+        )
+        .route(
+            "/v1/processes/{id}",
+            get(processes::routes::status).delete(processes::routes::remove),
+        )
+        .route("/v1/processes/{id}/signal", post(processes::routes::signal))
+        .route(
+            "/v1/files",
+            get(files::routes::get)
+                .put(files::routes::put)
+                .delete(files::routes::delete),
+        )
+        .route("/v1/files/list", get(files::routes::list))
+        .route("/v1/patch", post(patch::apply))
+        .route_layer(middleware::from_fn_with_state(state.clone(), guard_v1));
+    Router::new()
+        .route("/healthz", get(healthz))
+        .merge(v1)
+        .fallback(not_found)
+        .method_not_allowed_fallback(method_not_allowed)
+        .with_state(state)
+}
+
+/// Starts the `ORCHARD_AGENT_STARTUP` command as background process `startup`.
+pub fn start_startup_command(state: &AppState, json: &str) -> Result<(), String> {
+    let mut request: CommandRequest = crate::json_body::parse_json(json.as_bytes())
+        .map_err(|error| format!("ORCHARD_AGENT_STARTUP: {error}"))?;
+    if request.id.as_deref().is_some_and(|id| id != "startup") {
+        return Err("ORCHARD_AGENT_STARTUP: `id` is always `startup`; leave it out".into());
+    }
+    request.id = None;
+    let spec = request
+        .into_spec(&state.config.root, RequestKind::Process)
+        .map_err(|error| format!("ORCHARD_AGENT_STARTUP: {error}"))?;
+    match state.processes.start(
+        Some("startup".into()),
+        spec,
+        &state.config.scrubbed_env,
+        &state.groups,
+    ) {
+        Ok(Started::New(process)) => {
+            let status = process.status(false);
+            tracing::info!(pid = ?status.pid, exit_code = ?status.exit_code, "startup command started");
+            Ok(())
+        }
+        Ok(Started::Exists(_)) => Err("startup process already exists".into()),
+        Err(error) => Err(format!("ORCHARD_AGENT_STARTUP: {error}")),
+    }
+}
+
+/// Serves on `listener` until `shutdown` resolves, then stops accepting, SIGTERMs every command's
+/// process group, SIGKILLs what is left after `SHUTDOWN_GRACE`, and returns.
+pub async fn serve(
+    state: AppState,
+    listener: TcpListener,
+    shutdown: impl Future<Output = ()> + Send,
+) -> std::io::Result<()> {
+    let app = router(state.clone());
+    let (stop, stopped) = watch::channel(false);
+    let listener = listener.tap_io(|stream| {
+        let _ = stream.set_nodelay(true);
+    });
+    let server = axum::serve(listener, app).with_graceful_shutdown(async move {
+        let mut stopped = stopped;
+        let _ = stopped.wait_for(|stop| *stop).await;
+    });
+    let server = server.into_future();
+    tokio::pin!(server);
+    tokio::select! {
+        result = &mut server => return result,
+        () = shutdown => {}
+    }
+    tracing::info!(
+        commands = state.groups.count(),
+        "shutting down: stopping commands"
+    );
+    let _ = stop.send(true);
+    state.groups.signal_all(libc::SIGTERM);
+    if !state.groups.wait_until_empty(SHUTDOWN_GRACE).await {
+        tracing::warn!(
+            commands = state.groups.count(),
+            "commands ignored SIGTERM; sending SIGKILL"
+        );
+        state.groups.signal_all(libc::SIGKILL);
+        state.groups.wait_until_empty(Duration::from_secs(2)).await;
+    }
+    // Let in-flight responses (now completing) reach their clients, but never hang on a slow one.
+    let _ = tokio::time::timeout(Duration::from_secs(2), server).await;
+    Ok(())
+}
+
+/// Resolves when the process receives SIGTERM or SIGINT.
+pub async fn termination_signal() {
+    use tokio::signal::unix::{SignalKind, signal};
+    let (Ok(mut terminate), Ok(mut interrupt)) = (
+        signal(SignalKind::terminate()),
+        signal(SignalKind::interrupt()),
+    ) else {
+        tracing::error!("cannot install signal handlers; SIGTERM will not shut down gracefully");
+        return std::future::pending().await;
+    };
+    tokio::select! {
+        _ = terminate.recv() => {}
+        _ = interrupt.recv() => {}
+    }
+}

@@ -1,0 +1,390 @@
+//! `/v1/exec` and `/v1/exec/stream`: forms, environment, exit codes, timeouts that kill the whole group,
+//! client disconnects, output caps and encodings.
+
+use std::time::{Duration, Instant};
+
+use base64::Engine;
+use http_body_util::BodyExt;
+use hyper::{Method, StatusCode};
+use serde_json::{Value, json};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+use crate::common::{Agent, TOKEN, alive, full, kill_pids, pids_in, wait_dead};
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn argv_shell_cwd_env_stdin_and_exit_codes() {
+    let agent = Agent::start();
+    let out = agent
+        .exec(json!({"argv": ["echo", "hello world", "'quoted'"]}))
+        .await;
+    assert_eq!(out["stdout"], "hello world 'quoted'\n");
+    assert_eq!(
+        (
+            out["exitCode"].as_i64(),
+            out["signal"].is_null(),
+            out["timedOut"].as_bool()
+        ),
+        (Some(0), true, Some(false))
+    );
+    assert_eq!(out["outputEncoding"], "text");
+    assert!(out["durationMs"].is_u64());
+
+    std::fs::create_dir_all(agent.root.path().join("work/sub")).unwrap();
+    let out = agent
+        .exec(json!({"command": "pwd; echo \"$GREETING\" >&2; exit 7", "cwd": "work/sub", "env": {"GREETING": "hi there"}}))
+        .await;
+    assert_eq!(
+        out["stdout"],
+        format!("{}\n", agent.root.path().join("work/sub").display())
+    );
+    assert_eq!(out["stderr"], "hi there\n");
+    assert_eq!(out["exitCode"], 7);
+
+    // The default cwd is --root.
+    let out = agent.exec(json!({"argv": ["pwd"]})).await;
+    assert_eq!(out["stdout"], format!("{}\n", agent.root.path().display()));
+
+    let out = agent
+        .exec(json!({"argv": ["cat"], "stdin": "piped in"}))
+        .await;
+    assert_eq!(out["stdout"], "piped in");
+    let out = agent
+        .exec(json!({"argv": ["wc", "-c"], "stdinBase64": "AAEC/w=="}))
+        .await;
+    assert_eq!(out["stdout"].as_str().unwrap().trim(), "4");
+    let out = agent.exec(json!({"argv": ["cat"]})).await;
+    assert_eq!(out["stdout"], "", "stdin is /dev/null when not given");
+
+    let out = agent.exec(json!({"command": "kill -TERM $$"})).await;
+    assert_eq!(
+        (out["exitCode"].is_null(), out["signal"].as_i64()),
+        (true, Some(15))
+    );
+
+    let out = agent
+        .exec(json!({"command": "echo from bash-less sh", "shell": "/bin/sh"}))
+        .await;
+    assert_eq!(out["stdout"], "from bash-less sh\n");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn missing_and_non_executable_programs_are_127_and_126() {
+    let agent = Agent::start();
+    let out = agent
+        .exec(json!({"argv": ["definitely-not-a-program-xyz"]}))
+        .await;
+    assert_eq!(out["exitCode"], 127);
+    assert!(
+        out["error"]
+            .as_str()
+            .unwrap()
+            .contains("definitely-not-a-program-xyz"),
+        "{out}"
+    );
+    assert!(
+        out["stderr"].as_str().unwrap().contains("not in PATH"),
+        "{out}"
+    );
+
+    let script = agent.root.path().join("not-executable.sh");
+    std::fs::write(&script, "#!/bin/sh\necho hi\n").unwrap();
+    let out = agent.exec(json!({"argv": [script]})).await;
+    assert_eq!(out["exitCode"], 126, "{out}");
+    assert!(out["error"].is_string());
+
+    let out = agent
+        .exec(json!({"command": "true", "shell": "/no/such/shell"}))
+        .await;
+    assert_eq!(out["exitCode"], 127);
+
+    let (status, error) = agent
+        .json(
+            Method::POST,
+            "/v1/exec",
+            json!({"argv": ["true"], "cwd": "missing-dir"}),
+        )
+        .await;
+    assert_eq!(
+        (status, error["code"].as_str()),
+        (StatusCode::BAD_REQUEST, Some("InvalidCwd"))
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn timeout_kills_grandchildren_and_background_jobs() {
+    let agent = Agent::start();
+    let started = Instant::now();
+    let out = agent
+        .exec(json!({
+            "command": "sleep 1000 & echo $!; sh -c 'sleep 1000 & echo $!; sleep 1000' & echo $!; sleep 1000",
+            "timeoutSeconds": 1
+        }))
+        .await;
+    assert_eq!(out["timedOut"], true, "{out}");
+    assert_eq!(out["signal"], 9);
+    assert!(out["exitCode"].is_null());
+    assert!(
+        started.elapsed() < Duration::from_secs(10),
+        "timeout took {:?}",
+        started.elapsed()
+    );
+    let pids = pids_in(out["stdout"].as_str().unwrap());
+    assert!(
+        pids.len() >= 3,
+        "expected the pids of the background jobs, got {out}"
+    );
+    let survivors = wait_dead(&pids, Duration::from_secs(10)).await;
+    kill_pids(&survivors);
+    assert!(
+        survivors.is_empty(),
+        "processes survived the timeout: {survivors:?}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn background_jobs_die_when_the_command_exits_and_do_not_hold_the_response() {
+    let agent = Agent::start();
+    let started = Instant::now();
+    // The `&` job inherits stdout: without the group kill the response would wait for it.
+    let out = agent.exec(json!({"command": "sleep 1000 & echo $!"})).await;
+    assert_eq!(out["exitCode"], 0);
+    assert!(
+        started.elapsed() < Duration::from_secs(5),
+        "exec waited for the background job: {:?}",
+        started.elapsed()
+    );
+    let pids = pids_in(out["stdout"].as_str().unwrap());
+    assert_eq!(pids.len(), 1);
+    let survivors = wait_dead(&pids, Duration::from_secs(10)).await;
+    kill_pids(&survivors);
+    assert!(
+        survivors.is_empty(),
+        "background job survived: {survivors:?}"
+    );
+
+    // A process that left the group (its own session) keeps the pipe open; the agent stops reading
+    // shortly after the command exited instead of hanging.
+    let started = Instant::now();
+    let out = agent
+        .exec(json!({"command": "setsid sleep 1000 & echo $!"}))
+        .await;
+    let escaped = pids_in(out["stdout"].as_str().unwrap());
+    kill_pids(&escaped);
+    assert!(
+        started.elapsed() < Duration::from_secs(5),
+        "exec hung on an escaped process: {:?}",
+        started.elapsed()
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn client_disconnect_kills_the_group() {
+    let agent = Agent::start();
+    for path in ["/v1/exec", "/v1/exec/stream"] {
+        let pid_file = agent
+            .root
+            .path()
+            .join(format!("pids{}", path.replace('/', "-")));
+        let body = json!({"command": format!("sleep 1000 & echo $! > {}.tmp; echo $$ >> {}.tmp; mv {}.tmp {}; sleep 1000",
+            pid_file.display(), pid_file.display(), pid_file.display(), pid_file.display())})
+        .to_string();
+        let mut stream = tokio::net::TcpStream::connect(agent.addr).await.unwrap();
+        let request = format!(
+            "POST {path} HTTP/1.1\r\nHost: agent\r\nAuthorization: Bearer {TOKEN}\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
+            body.len()
+        );
+        stream.write_all(request.as_bytes()).await.unwrap();
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while !pid_file.exists() {
+            assert!(Instant::now() < deadline, "command never started");
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        let pids = pids_in(&std::fs::read_to_string(&pid_file).unwrap());
+        assert_eq!(pids.len(), 2);
+        assert!(pids.iter().all(|pid| alive(*pid)));
+        drop(stream);
+        let survivors = wait_dead(&pids, Duration::from_secs(10)).await;
+        kill_pids(&survivors);
+        assert!(
+            survivors.is_empty(),
+            "{path}: processes survived the disconnect: {survivors:?}"
+        );
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn huge_output_is_capped_without_growing_memory() {
+    let agent = Agent::start();
+    let baseline = agent.peak_rss_kib();
+    let started = Instant::now();
+    let out = agent
+        .exec(json!({"command": "head -c 400000000 /dev/zero; head -c 300000000 /dev/zero >&2; echo done >&2", "timeoutSeconds": 120}))
+        .await;
+    let elapsed = started.elapsed();
+    assert_eq!(out["exitCode"], 0);
+    assert_eq!(out["stdoutTruncated"], true);
+    assert_eq!(out["stderrTruncated"], true);
+    assert_eq!(out["stdout"].as_str().unwrap().len(), 4 * 1024 * 1024);
+    assert_eq!(out["stderr"].as_str().unwrap().len(), 4 * 1024 * 1024);
+    assert!(
+        elapsed < Duration::from_secs(60),
+        "700 MB of output took {elapsed:?}"
+    );
+
+    let out = agent
+        .exec(json!({"command": "head -c 1000 /dev/zero | tr '\\0' a", "maxOutputBytes": 10}))
+        .await;
+    assert_eq!(
+        (out["stdout"].as_str(), out["stdoutTruncated"].as_bool()),
+        (Some("aaaaaaaaaa"), Some(true))
+    );
+
+    let peak = agent.peak_rss_kib();
+    // Two 4 MiB captures plus their JSON copy; nowhere near the 700 MB printed.
+    assert!(
+        peak < baseline + 96 * 1024,
+        "agent peak RSS grew from {baseline} KiB to {peak} KiB"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn non_utf8_output_in_text_and_base64() {
+    let agent = Agent::start();
+    let out = agent
+        .exec(json!({"command": "printf 'ok\\377\\376'; printf 'fine' >&2"}))
+        .await;
+    assert_eq!(out["stdout"], "ok\u{FFFD}\u{FFFD}");
+    assert_eq!(
+        (out["stdoutLossy"].as_bool(), out["stderrLossy"].as_bool()),
+        (Some(true), Some(false))
+    );
+
+    let out = agent
+        .exec(json!({"command": "printf 'ok\\377\\376'", "outputEncoding": "base64"}))
+        .await;
+    assert_eq!(out["outputEncoding"], "base64");
+    let bytes = base64::engine::general_purpose::STANDARD
+        .decode(out["stdout"].as_str().unwrap())
+        .unwrap();
+    assert_eq!(bytes, b"ok\xff\xfe");
+    assert_eq!(out["stdoutLossy"], false);
+
+    let out = agent
+        .exec(json!({"command": "printf 'h\\303\\251llo \\342\\202\\254'"}))
+        .await;
+    assert_eq!(
+        (out["stdout"].as_str(), out["stdoutLossy"].as_bool()),
+        (Some("héllo €"), Some(false))
+    );
+}
+
+async fn stream_events(agent: &Agent, body: Value) -> Vec<Value> {
+    let response = agent
+        .send(
+            Method::POST,
+            "/v1/exec/stream",
+            full(body.to_string()),
+            Some(TOKEN),
+        )
+        .await;
+    assert_eq!(response.status(), StatusCode::OK);
+    assert_eq!(response.headers()["content-type"], "application/x-ndjson");
+    let bytes = response.into_body().collect().await.unwrap().to_bytes();
+    String::from_utf8(bytes.to_vec())
+        .unwrap()
+        .lines()
+        .map(|line| {
+            serde_json::from_str(line)
+                .unwrap_or_else(|error| panic!("bad event line {line:?}: {error}"))
+        })
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn stream_events_arrive_in_order() {
+    let agent = Agent::start();
+    let events = stream_events(
+        &agent,
+        json!({"command": "echo one; sleep 0.3; echo two >&2; sleep 0.3; echo three; exit 3"}),
+    )
+    .await;
+    assert_eq!(events.first().unwrap()["type"], "started");
+    assert!(events[0]["pid"].as_u64().unwrap() > 1);
+    let last = events.last().unwrap();
+    assert_eq!(last["type"], "exit");
+    assert_eq!(
+        (last["exitCode"].as_i64(), last["timedOut"].as_bool()),
+        (Some(3), Some(false))
+    );
+    let chunks: Vec<(String, String)> = events[1..events.len() - 1]
+        .iter()
+        .map(|event| {
+            (
+                event["type"].as_str().unwrap().to_string(),
+                event["data"].as_str().unwrap().to_string(),
+            )
+        })
+        .collect();
+    assert_eq!(
+        chunks,
+        vec![
+            ("stdout".into(), "one\n".into()),
+            ("stderr".into(), "two\n".into()),
+            ("stdout".into(), "three\n".into())
+        ]
+    );
+
+    let events = stream_events(&agent, json!({"command": "head -c 100000 /dev/zero", "maxOutputBytes": 1000, "outputEncoding": "base64"})).await;
+    let last = events.last().unwrap();
+    assert_eq!(last["stdoutTruncated"], true);
+    let total: usize = events
+        .iter()
+        .filter(|event| event["type"] == "stdout")
+        .map(|event| {
+            base64::engine::general_purpose::STANDARD
+                .decode(event["data"].as_str().unwrap())
+                .unwrap()
+                .len()
+        })
+        .sum();
+    assert_eq!(total, 1000);
+
+    let events = stream_events(
+        &agent,
+        json!({"command": "sleep 1000", "timeoutSeconds": 0.5}),
+    )
+    .await;
+    assert_eq!(events.last().unwrap()["timedOut"], true);
+
+    let events = stream_events(&agent, json!({"argv": ["no-such-program-abc"]})).await;
+    let last = events.last().unwrap();
+    assert_eq!(last["exitCode"], 127);
+    assert!(last["error"].is_string());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn agent_environment_never_reaches_children() {
+    let agent = crate::common::Agent::start_with(crate::common::AgentOptions {
+        env: vec![
+            ("ORCHARD_AGENT_MAX_CONCURRENT".into(), "100".into()),
+            ("ORCHARD_AGENT_EXTRA".into(), "secret".into()),
+        ],
+        ..Default::default()
+    });
+    let out = agent.exec(json!({"argv": ["env"]})).await;
+    let env = out["stdout"].as_str().unwrap();
+    assert!(
+        !env.contains("ORCHARD_AGENT_"),
+        "agent settings leaked: {env}"
+    );
+    assert!(env.contains("PATH="));
+    // Closing the response early is fine for the agent.
+    let mut stream = tokio::net::TcpStream::connect(agent.addr).await.unwrap();
+    stream
+        .write_all(b"GET /healthz HTTP/1.1\r\nHost: a\r\n\r\n")
+        .await
+        .unwrap();
+    let mut buffer = [0u8; 64];
+    let read = stream.read(&mut buffer).await.unwrap();
+    assert!(buffer[..read].starts_with(b"HTTP/1.1 200"));
+}

@@ -1,0 +1,470 @@
+//! The files API: streaming round trip of a large file with bounded memory, listing, deletion, modes,
+//! parent creation, 404/400/409 cases, and the protected token file and executable.
+
+use std::os::unix::fs::{PermissionsExt, symlink};
+
+use bytes::Bytes;
+use http_body_util::{BodyExt, StreamBody};
+use hyper::body::Frame;
+use hyper::{Method, StatusCode};
+use serde_json::{Value, json};
+
+use crate::common::{Agent, BoxError, TOKEN, agent_binary};
+
+/// Deterministic pseudo-random bytes (xorshift), so both sides can produce and check them.
+struct Pattern(u64);
+
+impl Pattern {
+    fn fill(&mut self, buffer: &mut [u8]) {
+        for chunk in buffer.chunks_mut(8) {
+            self.0 ^= self.0 << 13;
+            self.0 ^= self.0 >> 7;
+            self.0 ^= self.0 << 17;
+            let bytes = self.0.to_le_bytes();
+            chunk.copy_from_slice(&bytes[..chunk.len()]);
+        }
+    }
+}
+
+/// FNV-1a over a byte stream.
+#[derive(Clone, Copy)]
+struct Checksum(u64);
+
+impl Checksum {
+    fn new() -> Self {
+        Checksum(0xcbf2_9ce4_8422_2325)
+    }
+
+    fn update(&mut self, bytes: &[u8]) {
+        for byte in bytes {
+            self.0 = (self.0 ^ u64::from(*byte)).wrapping_mul(0x100_0000_01b3);
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn large_file_round_trip_streams_with_bounded_memory() {
+    const SIZE: u64 = 300 * 1024 * 1024;
+    const CHUNK: usize = 1024 * 1024;
+    let agent = Agent::start();
+    let baseline = agent.peak_rss_kib();
+
+    let (sender, receiver) = tokio::sync::mpsc::channel::<Result<Frame<Bytes>, BoxError>>(4);
+    let producer = tokio::spawn(async move {
+        let mut pattern = Pattern(0x9E37_79B9_7F4A_7C15);
+        let mut checksum = Checksum::new();
+        let mut sent = 0u64;
+        while sent < SIZE {
+            let mut chunk = vec![0u8; CHUNK];
+            pattern.fill(&mut chunk);
+            checksum.update(&chunk);
+            sent += CHUNK as u64;
+            if sender
+                .send(Ok(Frame::data(Bytes::from(chunk))))
+                .await
+                .is_err()
+            {
+                break;
+            }
+        }
+        checksum.0
+    });
+    let stream = futures::stream::unfold(receiver, |mut receiver| async move {
+        receiver.recv().await.map(|item| (item, receiver))
+    });
+    let body = BodyExt::boxed(StreamBody::new(stream));
+    let response = agent
+        .send(
+            Method::PUT,
+            "/v1/files?path=big/blob.bin",
+            body,
+            Some(TOKEN),
+        )
+        .await;
+    let status = response.status();
+    let bytes = response.into_body().collect().await.unwrap().to_bytes();
+    let written: Value = serde_json::from_slice(&bytes).unwrap();
+    assert_eq!(status, StatusCode::CREATED, "{written}");
+    assert_eq!(written["size"], SIZE);
+    assert_eq!(
+        written["path"],
+        agent.root.path().join("big/blob.bin").display().to_string()
+    );
+    let sent_checksum = producer.await.unwrap();
+
+    let response = agent
+        .send(
+            Method::GET,
+            "/v1/files?path=big/blob.bin",
+            crate::common::full(""),
+            Some(TOKEN),
+        )
+        .await;
+    assert_eq!(response.status(), StatusCode::OK);
+    assert_eq!(
+        response.headers()["content-length"],
+        SIZE.to_string().as_str()
+    );
+    assert_eq!(
+        response.headers()["content-type"],
+        "application/octet-stream"
+    );
+    let mut body = response.into_body();
+    let mut checksum = Checksum::new();
+    let mut received = 0u64;
+    while let Some(frame) = body.frame().await {
+        if let Ok(data) = frame.unwrap().into_data() {
+            checksum.update(&data);
+            received += data.len() as u64;
+        }
+    }
+    assert_eq!(received, SIZE);
+    assert_eq!(
+        checksum.0, sent_checksum,
+        "downloaded bytes differ from the uploaded ones"
+    );
+
+    let peak = agent.peak_rss_kib();
+    assert!(
+        peak < baseline + 64 * 1024,
+        "agent peak RSS grew from {baseline} KiB to {peak} KiB for a 300 MiB file"
+    );
+    // No temp files are left beside the target.
+    let names: Vec<String> = std::fs::read_dir(agent.root.path().join("big"))
+        .unwrap()
+        .map(|entry| entry.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    assert_eq!(names, vec!["blob.bin".to_string()]);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn put_get_list_delete_and_modes() {
+    let agent = Agent::start();
+    let (status, written) = agent
+        .call(
+            Method::PUT,
+            "/v1/files?path=a/b/c/script.sh&mode=0755",
+            "#!/bin/sh\necho hi\n",
+        )
+        .await;
+    assert_eq!(
+        status,
+        StatusCode::CREATED,
+        "{}",
+        String::from_utf8_lossy(&written)
+    );
+    let script = agent.root.path().join("a/b/c/script.sh");
+    assert_eq!(
+        std::fs::metadata(&script).unwrap().permissions().mode() & 0o7777,
+        0o755
+    );
+    assert_eq!(
+        agent.exec(json!({"argv": [script]})).await["stdout"],
+        "hi\n"
+    );
+
+    // Replacing keeps the existing mode unless one is given; new files default to 0644.
+    agent
+        .call(
+            Method::PUT,
+            "/v1/files?path=a/b/c/script.sh",
+            "#!/bin/sh\necho replaced\n",
+        )
+        .await;
+    assert_eq!(
+        std::fs::metadata(&script).unwrap().permissions().mode() & 0o7777,
+        0o755
+    );
+    agent
+        .call(
+            Method::PUT,
+            &format!(
+                "/v1/files?path={}",
+                agent.root.path().join("plain.txt").display()
+            ),
+            "x",
+        )
+        .await;
+    assert_eq!(
+        std::fs::metadata(agent.root.path().join("plain.txt"))
+            .unwrap()
+            .permissions()
+            .mode()
+            & 0o7777,
+        0o644
+    );
+    let (status, empty) = agent
+        .call(Method::PUT, "/v1/files?path=empty.txt", "")
+        .await;
+    assert_eq!(status, StatusCode::CREATED, "{empty:?}");
+
+    let (status, bytes) = agent
+        .call(Method::GET, "/v1/files?path=a/b/c/script.sh", "")
+        .await;
+    assert_eq!(
+        (status, &bytes[..]),
+        (StatusCode::OK, &b"#!/bin/sh\necho replaced\n"[..])
+    );
+
+    symlink("plain.txt", agent.root.path().join("link")).unwrap();
+    let (status, listing) = agent.get("/v1/files/list?path=.").await;
+    assert_eq!(status, StatusCode::OK);
+    let entries = listing["entries"].as_array().unwrap();
+    let names: Vec<&str> = entries
+        .iter()
+        .map(|entry| entry["name"].as_str().unwrap())
+        .collect();
+    assert_eq!(
+        names,
+        vec!["a", "empty.txt", "link", "plain.txt", "secrets"]
+    );
+    let by_name = |name: &str| {
+        entries
+            .iter()
+            .find(|entry| entry["name"] == name)
+            .unwrap()
+            .clone()
+    };
+    assert_eq!(by_name("a")["type"], "directory");
+    assert_eq!(by_name("link")["type"], "symlink");
+    assert_eq!(
+        (
+            by_name("plain.txt")["type"].as_str(),
+            by_name("plain.txt")["size"].as_u64()
+        ),
+        (Some("file"), Some(1))
+    );
+    assert_eq!(by_name("plain.txt")["mode"], 0o644);
+    assert!(
+        by_name("plain.txt")["modified"]
+            .as_str()
+            .unwrap()
+            .ends_with('Z')
+    );
+
+    // Errors.
+    let cases: Vec<(Method, &str, StatusCode, &str)> = vec![
+        (
+            Method::GET,
+            "/v1/files?path=missing.txt",
+            StatusCode::NOT_FOUND,
+            "NotFound",
+        ),
+        (
+            Method::GET,
+            "/v1/files?path=a",
+            StatusCode::BAD_REQUEST,
+            "InvalidPath",
+        ),
+        (
+            Method::GET,
+            "/v1/files?path=",
+            StatusCode::BAD_REQUEST,
+            "InvalidPath",
+        ),
+        (
+            Method::GET,
+            "/v1/files?path=a%00b",
+            StatusCode::BAD_REQUEST,
+            "InvalidPath",
+        ),
+        (
+            Method::GET,
+            "/v1/files",
+            StatusCode::BAD_REQUEST,
+            "BadRequest",
+        ),
+        (
+            Method::GET,
+            "/v1/files/list?path=missing",
+            StatusCode::NOT_FOUND,
+            "NotFound",
+        ),
+        (
+            Method::GET,
+            "/v1/files/list?path=plain.txt",
+            StatusCode::BAD_REQUEST,
+            "InvalidPath",
+        ),
+        (
+            Method::DELETE,
+            "/v1/files?path=missing.txt",
+            StatusCode::NOT_FOUND,
+            "NotFound",
+        ),
+        (
+            Method::DELETE,
+            "/v1/files?path=a",
+            StatusCode::CONFLICT,
+            "Conflict",
+        ),
+        (
+            Method::PUT,
+            "/v1/files?path=a",
+            StatusCode::BAD_REQUEST,
+            "InvalidPath",
+        ),
+        (
+            Method::PUT,
+            "/v1/files?path=x&mode=999",
+            StatusCode::BAD_REQUEST,
+            "BadRequest",
+        ),
+        (
+            Method::PUT,
+            "/v1/files?path=plain.txt/child",
+            StatusCode::BAD_REQUEST,
+            "InvalidPath",
+        ),
+    ];
+    for (method, path, status, code) in cases {
+        let (got, bytes) = agent.call(method.clone(), path, "data").await;
+        let error: Value =
+            serde_json::from_slice(&bytes).unwrap_or_else(|_| panic!("{method} {path}: {bytes:?}"));
+        assert_eq!(
+            (got, error["code"].as_str()),
+            (status, Some(code)),
+            "{method} {path}: {error}"
+        );
+    }
+
+    let (status, deleted) = agent
+        .json(Method::DELETE, "/v1/files?path=link", Value::Null)
+        .await;
+    assert_eq!(
+        (status, deleted["deleted"].as_bool()),
+        (StatusCode::OK, Some(true))
+    );
+    assert!(
+        agent.root.path().join("plain.txt").exists(),
+        "deleting a symlink keeps its target"
+    );
+    let (status, _) = agent
+        .json(
+            Method::DELETE,
+            "/v1/files?path=a&recursive=true",
+            Value::Null,
+        )
+        .await;
+    assert_eq!(status, StatusCode::OK);
+    assert!(!agent.root.path().join("a").exists());
+    let (status, _) = agent
+        .json(Method::DELETE, "/v1/files?path=plain.txt", Value::Null)
+        .await;
+    assert_eq!(status, StatusCode::OK);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn upload_over_the_limit_is_413_and_leaves_nothing() {
+    let agent = Agent::start_with(crate::common::AgentOptions {
+        args: vec!["--max-upload-bytes".into(), "1M".into()],
+        ..Default::default()
+    });
+    let (status, bytes) = agent
+        .call(
+            Method::PUT,
+            "/v1/files?path=too-big.bin",
+            vec![0u8; 2 * 1024 * 1024],
+        )
+        .await;
+    assert_eq!(
+        status,
+        StatusCode::PAYLOAD_TOO_LARGE,
+        "{}",
+        String::from_utf8_lossy(&bytes)
+    );
+    let leftovers: Vec<_> = std::fs::read_dir(agent.root.path())
+        .unwrap()
+        .map(|entry| entry.unwrap().file_name())
+        .collect();
+    assert_eq!(leftovers, vec![std::ffi::OsString::from("secrets")]);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn token_file_and_own_executable_are_off_limits() {
+    let agent = Agent::start();
+    let root = agent.root.path();
+    symlink(&agent.token_file, root.join("token-alias")).unwrap();
+    symlink(root.join("secrets"), root.join("secrets-alias")).unwrap();
+    std::fs::create_dir_all(root.join("x")).unwrap();
+    let token_spellings = [
+        agent.token_file.display().to_string(),
+        "secrets/token".to_string(),
+        "token-alias".to_string(),
+        "secrets-alias/token".to_string(),
+        "x/../secrets/token".to_string(),
+        "nonexistent/../secrets/./token".to_string(),
+    ];
+    for spelling in &token_spellings {
+        for (method, path) in [
+            (Method::GET, format!("/v1/files?path={spelling}")),
+            (Method::PUT, format!("/v1/files?path={spelling}")),
+            (Method::DELETE, format!("/v1/files?path={spelling}")),
+        ] {
+            let (status, bytes) = agent.call(method.clone(), &path, "stolen").await;
+            let error: Value = serde_json::from_slice(&bytes).unwrap();
+            assert_eq!(
+                (status, error["code"].as_str()),
+                (StatusCode::FORBIDDEN, Some("Forbidden")),
+                "{method} {path}: {error}"
+            );
+        }
+    }
+    let (status, _) = agent
+        .json(
+            Method::DELETE,
+            "/v1/files?path=secrets&recursive=true",
+            Value::Null,
+        )
+        .await;
+    assert_eq!(status, StatusCode::FORBIDDEN);
+    assert_eq!(
+        std::fs::read_to_string(&agent.token_file).unwrap().trim(),
+        TOKEN
+    );
+
+    let exe = std::fs::canonicalize(agent_binary()).unwrap();
+    let (status, _) = agent
+        .call(
+            Method::PUT,
+            &format!("/v1/files?path={}", exe.display()),
+            "overwrite",
+        )
+        .await;
+    assert_eq!(status, StatusCode::FORBIDDEN);
+    let (status, _) = agent
+        .json(
+            Method::DELETE,
+            &format!("/v1/files?path={}", exe.display()),
+            Value::Null,
+        )
+        .await;
+    assert_eq!(status, StatusCode::FORBIDDEN);
+    let (status, _) = agent
+        .json(
+            Method::DELETE,
+            &format!(
+                "/v1/files?path={}&recursive=true",
+                exe.parent().unwrap().display()
+            ),
+            Value::Null,
+        )
+        .await;
+    assert_eq!(status, StatusCode::FORBIDDEN);
+    // Reading the executable is fine (the init container copies it the same way).
+    let response = agent
+        .send(
+            Method::GET,
+            &format!("/v1/files?path={}", exe.display()),
+            crate::common::full(""),
+            Some(TOKEN),
+        )
+        .await;
+    assert_eq!(response.status(), StatusCode::OK);
+    // Patches cannot write it either.
+    let patch = "--- a/secrets/token\n+++ b/secrets/token\n@@ -1 +1 @@\n-x\n+y\n";
+    let (status, _) = agent
+        .json(Method::POST, "/v1/patch", json!({"patch": patch}))
+        .await;
+    assert_eq!(status, StatusCode::FORBIDDEN);
+}

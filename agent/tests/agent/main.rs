@@ -1,0 +1,10 @@
+//! Integration tests of the real `orchard-agent` binary over loopback HTTP, one module per API area.
+
+mod api;
+mod common;
+mod empty_root;
+mod exec;
+mod files;
+mod patch;
+mod pid1;
+mod processes;
