@@ -1,0 +1,123 @@
+//! The admin HTTP server (default :8081): `/metrics` (Prometheus text), `/healthz` (the process is
+//! alive) and `/readyz` (the watch caches are filled, so the controllers and gateway see the cluster).
+
+use std::net::SocketAddr;
+
+use axum::Router;
+use axum::extract::State;
+use axum::http::{StatusCode, header};
+use axum::response::IntoResponse;
+use axum::routing::get;
+use tokio_util::sync::CancellationToken;
+
+use crate::api::SandboxPhase;
+use crate::context::Caches;
+use crate::metrics::Metrics;
+use crate::runtime::CacheFill;
+
+/// State of the admin server.
+#[derive(Clone)]
+pub struct AdminState {
+    /// Metrics to render.
+    pub metrics: Metrics,
+    /// Caches whose contents feed the by-phase gauge.
+    pub caches: Caches,
+    /// Which watch caches have been filled.
+    pub filled: CacheFill,
+}
+
+/// Phase label of a sandbox without a status yet.
+const NO_PHASE: &str = "Unknown";
+
+/// Counts sandboxes by phase into the `orchard_sandboxes` gauge.
+fn refresh_phase_gauge(state: &AdminState) {
+    let mut counts = std::collections::BTreeMap::<&'static str, i64>::new();
+    for phase in [
+        "Pending",
+        "Starting",
+        "Ready",
+        "Succeeded",
+        "Failed",
+        "Expired",
+        "Terminating",
+        NO_PHASE,
+    ] {
+        counts.insert(phase, 0);
+    }
+    for sandbox in state.caches.sandboxes.state() {
+        let phase = sandbox
+            .status
+            .as_ref()
+            .and_then(|s| s.phase)
+            .map_or(NO_PHASE, phase_label);
+        *counts.entry(phase).or_insert(0) += 1;
+    }
+    for (phase, count) in counts {
+        state
+            .metrics
+            .sandboxes
+            .with_label_values(&[phase])
+            .set(count);
+    }
+}
+
+/// The label value of a phase.
+pub fn phase_label(phase: SandboxPhase) -> &'static str {
+    match phase {
+        SandboxPhase::Pending => "Pending",
+        SandboxPhase::Starting => "Starting",
+        SandboxPhase::Ready => "Ready",
+        SandboxPhase::Succeeded => "Succeeded",
+        SandboxPhase::Failed => "Failed",
+        SandboxPhase::Expired => "Expired",
+        SandboxPhase::Terminating => "Terminating",
+    }
+}
+
+async fn metrics(State(state): State<AdminState>) -> impl IntoResponse {
+    refresh_phase_gauge(&state);
+    (
+        [(
+            header::CONTENT_TYPE,
+            "text/plain; version=0.0.4; charset=utf-8",
+        )],
+        state.metrics.render(),
+    )
+}
+
+async fn healthz() -> &'static str {
+    "ok\n"
+}
+
+async fn readyz(State(state): State<AdminState>) -> (StatusCode, &'static str) {
+    if state.filled.all_filled() {
+        (StatusCode::OK, "ok\n")
+    } else {
+        (
+            StatusCode::SERVICE_UNAVAILABLE,
+            "watch caches not filled yet\n",
+        )
+    }
+}
+
+/// The admin router.
+pub fn router(state: AdminState) -> Router {
+    Router::new()
+        .route("/metrics", get(metrics))
+        .route("/healthz", get(healthz))
+        .route("/readyz", get(readyz))
+        .with_state(state)
+}
+
+/// Serves the admin router on `addr` until `shutdown` is cancelled.
+pub async fn serve(
+    addr: SocketAddr,
+    state: AdminState,
+    shutdown: CancellationToken,
+) -> std::io::Result<()> {
+    let listener = tokio::net::TcpListener::bind(addr).await?;
+    tracing::info!(%addr, "admin server (metrics, health) listening");
+    axum::serve(listener, router(state))
+        .with_graceful_shutdown(shutdown.cancelled_owned())
+        .await
+}

@@ -1,0 +1,305 @@
+//! Every CEL rule of both CRDs, evaluated client-side with kube's CEL validator against the schema the
+//! API server receives: one accepted and one rejected example each, asserting the rejection message.
+
+use kube::CustomResourceExt;
+use kube::core::cel::Validator;
+use serde_json::{Value, json};
+
+use super::{RolloutGroup, Sandbox};
+
+fn schema_of<K: CustomResourceExt>() -> Value {
+    let crd = K::crd();
+    let schema = crd.spec.versions[0]
+        .schema
+        .as_ref()
+        .and_then(|s| s.open_api_v3_schema.as_ref())
+        .expect("derived CRDs carry an openAPIV3Schema");
+    serde_json::to_value(schema).expect("schema serialises")
+}
+
+/// Messages of the rules the object (optionally an update from `old`) violates.
+fn violations<K: CustomResourceExt>(object: Value, old: Option<Value>) -> Vec<String> {
+    match Validator::new().validate(&schema_of::<K>(), &object, old.as_ref()) {
+        Ok(()) => Vec::new(),
+        Err(errors) => errors.into_vec().into_iter().map(|e| e.message).collect(),
+    }
+}
+
+fn sandbox(spec: Value) -> Value {
+    json!({"apiVersion": "orchard.dev/v1alpha1", "kind": "Sandbox", "metadata": {"name": "s"}, "spec": spec})
+}
+
+fn sandbox_with_status(status: Value) -> Value {
+    let mut object = sandbox(json!({"image": "python:3.11"}));
+    object["status"] = status;
+    object
+}
+
+fn group(spec: Value) -> Value {
+    let mut full = json!({
+        "groupSize": 8, "maxTrajectories": 16, "stride": 4,
+        "positiveFraction": {"min": 0.375, "max": 0.625},
+        "template": {"spec": {"image": "python:3.11", "run": {"command": ["python", "run.py"], "timeoutSeconds": 60, "resultPath": "/tmp/r.json"}}}
+    });
+    if let (Some(full), Some(overrides)) = (full.as_object_mut(), spec.as_object()) {
+        for (key, value) in overrides {
+            full.insert(key.clone(), value.clone());
+        }
+    }
+    json!({"apiVersion": "orchard.dev/v1alpha1", "kind": "RolloutGroup", "metadata": {"name": "g"}, "spec": full})
+}
+
+fn assert_rejects(found: Vec<String>, message: &str) {
+    assert!(
+        found.iter().any(|m| m.contains(message)),
+        "expected a violation containing {message:?}, got {found:?}"
+    );
+}
+
+#[test]
+fn minimal_sandbox_is_valid() {
+    assert_eq!(
+        violations::<Sandbox>(sandbox(json!({"image": "python:3.11"})), None),
+        Vec::<String>::new()
+    );
+}
+
+#[test]
+fn allow_list_only_with_allow_list_egress() {
+    let ok = sandbox(
+        json!({"image": "i", "network": {"egress": "AllowList", "allow": [{"cidr": "10.0.0.0/8", "ports": [{"port": 443}]}]}}),
+    );
+    assert!(violations::<Sandbox>(ok, None).is_empty());
+    let bad = sandbox(
+        json!({"image": "i", "network": {"egress": "Deny", "allow": [{"cidr": "10.0.0.0/8"}]}}),
+    );
+    assert_rejects(
+        violations::<Sandbox>(bad, None),
+        "network.allow may only be set when network.egress is AllowList",
+    );
+}
+
+#[test]
+fn allow_list_egress_needs_a_rule() {
+    let ok = sandbox(json!({"image": "i", "network": {"egress": "AllowAll"}}));
+    assert!(violations::<Sandbox>(ok, None).is_empty());
+    let bad = sandbox(json!({"image": "i", "network": {"egress": "AllowList"}}));
+    assert_rejects(
+        violations::<Sandbox>(bad, None),
+        "AllowList needs at least one network.allow rule",
+    );
+}
+
+#[test]
+fn egress_cidr_must_be_a_cidr() {
+    let ok = sandbox(
+        json!({"image": "i", "network": {"egress": "AllowList", "allow": [{"cidr": "2001:db8::/32"}]}}),
+    );
+    assert!(violations::<Sandbox>(ok, None).is_empty());
+    let bad = sandbox(
+        json!({"image": "i", "network": {"egress": "AllowList", "allow": [{"cidr": "10.0.0.300/8"}]}}),
+    );
+    assert_rejects(violations::<Sandbox>(bad, None), "cidr must be a CIDR");
+}
+
+#[test]
+fn ttl_must_be_positive() {
+    let ok = sandbox(json!({"image": "i", "lifecycle": {"ttlSeconds": 60}}));
+    assert!(violations::<Sandbox>(ok, None).is_empty());
+    let bad = sandbox(json!({"image": "i", "lifecycle": {"ttlSeconds": 0}}));
+    assert_rejects(
+        violations::<Sandbox>(bad, None),
+        "lifecycle.ttlSeconds must be positive",
+    );
+}
+
+#[test]
+fn heartbeat_timeout_must_not_be_negative() {
+    let ok = sandbox(json!({"image": "i", "lifecycle": {"heartbeatTimeoutSeconds": 0}}));
+    assert!(violations::<Sandbox>(ok, None).is_empty());
+    let bad = sandbox(json!({"image": "i", "lifecycle": {"heartbeatTimeoutSeconds": -3}}));
+    assert_rejects(
+        violations::<Sandbox>(bad, None),
+        "heartbeatTimeoutSeconds must be 0 (off) or positive",
+    );
+}
+
+#[test]
+fn run_needs_a_command_a_positive_timeout_and_an_absolute_result_path() {
+    let ok = sandbox(
+        json!({"image": "i", "run": {"command": ["/bin/run"], "timeoutSeconds": 5, "resultPath": "/out.json"}}),
+    );
+    assert!(violations::<Sandbox>(ok, None).is_empty());
+    let no_command = sandbox(
+        json!({"image": "i", "run": {"command": [], "timeoutSeconds": 5, "resultPath": "/o"}}),
+    );
+    assert_rejects(
+        violations::<Sandbox>(no_command, None),
+        "run.command must name a program",
+    );
+    let zero_timeout = sandbox(
+        json!({"image": "i", "run": {"command": ["x"], "timeoutSeconds": 0, "resultPath": "/o"}}),
+    );
+    assert_rejects(
+        violations::<Sandbox>(zero_timeout, None),
+        "run.timeoutSeconds must be positive",
+    );
+    let relative = sandbox(
+        json!({"image": "i", "run": {"command": ["x"], "timeoutSeconds": 5, "resultPath": "out.json"}}),
+    );
+    assert_rejects(
+        violations::<Sandbox>(relative, None),
+        "run.resultPath must be an absolute path",
+    );
+}
+
+#[test]
+fn startup_needs_a_command() {
+    let ok = sandbox(json!({"image": "i", "startup": {"command": ["/usr/bin/Xvfb", ":1"]}}));
+    assert!(violations::<Sandbox>(ok, None).is_empty());
+    let bad = sandbox(json!({"image": "i", "startup": {"command": []}}));
+    assert_rejects(
+        violations::<Sandbox>(bad, None),
+        "startup.command must name a program",
+    );
+}
+
+#[test]
+fn image_resources_and_run_are_immutable() {
+    let old = sandbox(
+        json!({"image": "a", "resources": {"cpu": "1"}, "run": {"command": ["x"], "timeoutSeconds": 5, "resultPath": "/o"}}),
+    );
+    let same_with_new_lifecycle = sandbox(
+        json!({"image": "a", "resources": {"cpu": "1"}, "run": {"command": ["x"], "timeoutSeconds": 5, "resultPath": "/o"}, "lifecycle": {"ttlSeconds": 10}}),
+    );
+    assert!(violations::<Sandbox>(same_with_new_lifecycle, Some(old.clone())).is_empty());
+    let new_image = sandbox(
+        json!({"image": "b", "resources": {"cpu": "1"}, "run": {"command": ["x"], "timeoutSeconds": 5, "resultPath": "/o"}}),
+    );
+    assert_rejects(
+        violations::<Sandbox>(new_image, Some(old.clone())),
+        "spec.image is immutable",
+    );
+    let new_resources = sandbox(
+        json!({"image": "a", "resources": {"cpu": "2"}, "run": {"command": ["x"], "timeoutSeconds": 5, "resultPath": "/o"}}),
+    );
+    assert_rejects(
+        violations::<Sandbox>(new_resources, Some(old.clone())),
+        "spec.resources is immutable",
+    );
+    let no_run = sandbox(json!({"image": "a", "resources": {"cpu": "1"}}));
+    assert_rejects(
+        violations::<Sandbox>(no_run, Some(old)),
+        "spec.run is immutable",
+    );
+}
+
+#[test]
+fn result_needs_a_reward_unless_aborted() {
+    let ok =
+        sandbox_with_status(json!({"result": {"status": "aborted", "reason": "TimeExceeded"}}));
+    assert!(violations::<Sandbox>(ok, None).is_empty());
+    let bad = sandbox_with_status(json!({"result": {"status": "completed"}}));
+    assert_rejects(
+        violations::<Sandbox>(bad, None),
+        "result.reward is required unless status is aborted",
+    );
+}
+
+#[test]
+fn result_is_write_once() {
+    let recorded = sandbox_with_status(
+        json!({"phase": "Ready", "result": {"status": "completed", "reward": 1.0}}),
+    );
+    let other_fields_change = sandbox_with_status(
+        json!({"phase": "Succeeded", "result": {"status": "completed", "reward": 1.0}}),
+    );
+    assert!(violations::<Sandbox>(other_fields_change, Some(recorded.clone())).is_empty());
+    let overwritten = sandbox_with_status(
+        json!({"phase": "Ready", "result": {"status": "completed", "reward": 0.0}}),
+    );
+    assert_rejects(
+        violations::<Sandbox>(overwritten, Some(recorded.clone())),
+        "status.result is write-once",
+    );
+    let removed = sandbox_with_status(json!({"phase": "Ready"}));
+    assert_rejects(
+        violations::<Sandbox>(removed, Some(recorded)),
+        "status.result is write-once",
+    );
+}
+
+#[test]
+fn default_group_is_valid() {
+    assert_eq!(
+        violations::<RolloutGroup>(group(json!({})), None),
+        Vec::<String>::new()
+    );
+}
+
+#[test]
+fn stride_must_divide_max_trajectories() {
+    assert!(violations::<RolloutGroup>(group(json!({"stride": 8})), None).is_empty());
+    assert_rejects(
+        violations::<RolloutGroup>(group(json!({"stride": 5})), None),
+        "stride must divide maxTrajectories",
+    );
+}
+
+#[test]
+fn group_size_must_not_exceed_max_trajectories() {
+    assert!(violations::<RolloutGroup>(group(json!({"groupSize": 16})), None).is_empty());
+    assert_rejects(
+        violations::<RolloutGroup>(group(json!({"groupSize": 17})), None),
+        "groupSize must not exceed maxTrajectories",
+    );
+}
+
+#[test]
+fn positive_fraction_min_must_not_exceed_max() {
+    assert!(
+        violations::<RolloutGroup>(
+            group(json!({"positiveFraction": {"min": 0.5, "max": 0.5}})),
+            None
+        )
+        .is_empty()
+    );
+    assert_rejects(
+        violations::<RolloutGroup>(
+            group(json!({"positiveFraction": {"min": 0.7, "max": 0.3}})),
+            None,
+        ),
+        "positiveFraction.min must not exceed positiveFraction.max",
+    );
+}
+
+#[test]
+fn max_backfill_must_not_exceed_group_size() {
+    assert!(
+        violations::<RolloutGroup>(group(json!({"filter": {"maxBackfill": 8}})), None).is_empty()
+    );
+    assert_rejects(
+        violations::<RolloutGroup>(group(json!({"filter": {"maxBackfill": 9}})), None),
+        "filter.maxBackfill must not exceed groupSize",
+    );
+}
+
+#[test]
+fn group_spec_is_immutable() {
+    let old = group(json!({}));
+    assert!(violations::<RolloutGroup>(group(json!({})), Some(old.clone())).is_empty());
+    assert_rejects(
+        violations::<RolloutGroup>(group(json!({"groupSize": 4})), Some(old)),
+        "RolloutGroup spec is immutable",
+    );
+}
+
+#[test]
+fn template_rules_apply_inside_a_group() {
+    let bad =
+        group(json!({"template": {"spec": {"image": "i", "network": {"egress": "AllowList"}}}}));
+    assert_rejects(
+        violations::<RolloutGroup>(bad, None),
+        "AllowList needs at least one network.allow rule",
+    );
+}

@@ -1,0 +1,36 @@
+//! API types of `orchard.dev/v1alpha1` (types only: no I/O, no controller logic) and the label and
+//! annotation keys that tie Sandboxes, RolloutGroups and their children together.
+
+mod rollout_group;
+mod sandbox;
+
+pub use rollout_group::*;
+pub use sandbox::*;
+
+/// API group of every Orchard Env kind.
+pub const GROUP: &str = "orchard.dev";
+
+/// Label on every object the operator creates for a Sandbox (Pod, Secret, NetworkPolicies), holding the
+/// Sandbox's name; it selects a sandbox's Pod for its policies and for the controller's watch.
+pub const SANDBOX_LABEL: &str = "orchard.dev/sandbox";
+
+/// Label on every sandbox Pod (value `"true"`); the namespace baseline NetworkPolicy selects on it.
+pub const SANDBOX_POD_LABEL: &str = "orchard.dev/sandbox-pod";
+
+/// Label on trajectory Sandboxes naming their RolloutGroup.
+pub const ROLLOUT_GROUP_LABEL: &str = "orchard.dev/rollout-group";
+
+/// Label on trajectory Sandboxes holding the stride index (0-based) they were launched in.
+pub const STRIDE_LABEL: &str = "orchard.dev/stride";
+
+/// Label on every object the operator manages (value `orchard-operator`).
+pub const MANAGED_BY_LABEL: &str = "app.kubernetes.io/managed-by";
+
+/// Value of [`MANAGED_BY_LABEL`].
+pub const MANAGED_BY: &str = "orchard-operator";
+
+/// Annotation a client sets (RFC 3339 time, e.g. with `kubectl annotate`) to record a heartbeat.
+pub const HEARTBEAT_ANNOTATION: &str = "orchard.dev/heartbeat";
+
+#[cfg(test)]
+mod cel_tests;

@@ -1,0 +1,340 @@
+//! The `RolloutGroup` custom resource (`orchard.dev/v1alpha1`): one prompt's trajectories, launched one
+//! stride at a time until Balanced Adaptive Rollout (BAR, see `docs/BAR.md`) can assemble a
+//! reward-balanced group of exactly `groupSize` members, recorded in `status.group`.
+
+use std::collections::BTreeMap;
+
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
+use kube::{CustomResource, KubeSchema};
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
+
+use super::sandbox::{SandboxSpec, TrajectoryStatus};
+
+/// Desired rollout: group size, trajectory budget, stride and the reward balance to aim for.
+// Each printer column repeats `type_ = ...`; clippy mistakes the repeats for duplicated attributes.
+#[allow(clippy::duplicated_attributes)]
+#[derive(CustomResource, KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
+#[kube(
+    group = "orchard.dev",
+    version = "v1alpha1",
+    kind = "RolloutGroup",
+    namespaced,
+    status = "RolloutGroupStatus",
+    shortname = "rg",
+    category = "orchard",
+    derive = "PartialEq",
+    doc = "One prompt's trajectories under Balanced Adaptive Rollout: the operator launches trajectory Sandboxes one stride at a time until it can record a reward-balanced group of exactly groupSize members in status.group.",
+    printcolumn(
+        name = "Phase",
+        type_ = "string",
+        json_path = ".status.phase",
+        description = "Pending, Generating, Complete or Failed"
+    ),
+    printcolumn(
+        name = "Selection",
+        type_ = "string",
+        json_path = ".status.selection",
+        description = "How the group was chosen: Balanced, Relaxed, TopRanked or Dropped"
+    ),
+    printcolumn(
+        name = "Positives",
+        type_ = "integer",
+        json_path = ".status.positives",
+        description = "Members of the group with positive reward"
+    ),
+    printcolumn(
+        name = "Launched",
+        type_ = "integer",
+        json_path = ".status.trajectoriesLaunched",
+        description = "Trajectories launched so far"
+    ),
+    printcolumn(
+        name = "Age",
+        type_ = "date",
+        json_path = ".metadata.creationTimestamp"
+    )
+)]
+#[x_kube(validation = Rule::new("self.groupSize <= self.maxTrajectories").message("groupSize must not exceed maxTrajectories"))]
+#[x_kube(validation = Rule::new("!has(self.stride) || self.maxTrajectories % self.stride == 0").message("stride must divide maxTrajectories"))]
+#[x_kube(validation = Rule::new("!has(self.filter) || !has(self.filter.maxBackfill) || self.filter.maxBackfill <= self.groupSize").message("filter.maxBackfill must not exceed groupSize"))]
+#[x_kube(validation = Rule::new("self == oldSelf").message("RolloutGroup spec is immutable: create a new RolloutGroup instead"))]
+#[serde(rename_all = "camelCase")]
+pub struct RolloutGroupSpec {
+    /// N: trajectories in the recorded group (trainers normalise advantages per group of exactly N).
+    #[serde(default = "default_group_size")]
+    #[schemars(range(min = 1, max = 1024))]
+    pub group_size: i32,
+
+    /// Nmax: most trajectories ever launched for this group.
+    #[serde(default = "default_max_trajectories")]
+    #[schemars(range(min = 1, max = 1024))]
+    pub max_trajectories: i32,
+
+    /// s: trajectories launched in parallel per stride; must divide maxTrajectories. Defaults to maxTrajectories (one stride, as in the paper).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 1, max = 1024))]
+    pub stride: Option<i32>,
+
+    /// Target share [min, max] of positive-reward members in the group.
+    #[serde(default)]
+    pub positive_fraction: PositiveFraction,
+
+    /// When BAR checks whether a balanced group can be assembled: at stride boundaries (the paper) or after every finished trajectory (Eager: faster, but favours shorter trajectories).
+    #[serde(default)]
+    pub early_stop: EarlyStop,
+
+    /// Group-level filter: drop groups with zero reward variance or too much backfill.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub filter: Option<GroupFilter>,
+
+    /// Template of each trajectory's Sandbox.
+    pub template: SandboxTemplate,
+
+    /// Overrides `template.spec.run.timeoutSeconds`: a trajectory running longer is aborted with reason TimeExceeded.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 1))]
+    pub trajectory_timeout_seconds: Option<i64>,
+
+    /// What happens to trajectory Sandboxes once the group is complete: Delete (default; status keeps what a trainer needs) or Keep.
+    #[serde(default)]
+    pub cleanup: CleanupPolicy,
+}
+
+fn default_group_size() -> i32 {
+    8
+}
+
+fn default_max_trajectories() -> i32 {
+    16
+}
+
+/// Bounds of the share of positive-reward members, each in [0, 1].
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
+#[x_kube(validation = Rule::new("self.min <= self.max").message("positiveFraction.min must not exceed positiveFraction.max"))]
+pub struct PositiveFraction {
+    /// Lowest share of positives (rounded up to whole members: ceil(min x N)).
+    #[serde(default = "default_positive_min")]
+    #[schemars(range(min = 0.0, max = 1.0))]
+    pub min: f64,
+    /// Highest share of positives (rounded down to whole members: floor(max x N)).
+    #[serde(default = "default_positive_max")]
+    #[schemars(range(min = 0.0, max = 1.0))]
+    pub max: f64,
+}
+
+impl Default for PositiveFraction {
+    fn default() -> Self {
+        Self {
+            min: default_positive_min(),
+            max: default_positive_max(),
+        }
+    }
+}
+
+fn default_positive_min() -> f64 {
+    0.375
+}
+
+fn default_positive_max() -> f64 {
+    0.625
+}
+
+/// When BAR tries to assemble the group.
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, Default, JsonSchema)]
+pub enum EarlyStop {
+    /// After every stride has fully finished (the paper's schedule).
+    #[default]
+    StrideBoundary,
+    /// After every finished trajectory; still-running trajectories are deleted once the group is assembled.
+    Eager,
+}
+
+/// Group-level filter applied to the assembled group.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct GroupFilter {
+    /// Whether the filter is on (default true).
+    #[serde(default = "default_true")]
+    pub enabled: bool,
+    /// Most backfill (aborted) members a group may hold; defaults to groupSize / 2.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 0))]
+    pub max_backfill: Option<i32>,
+}
+
+fn default_true() -> bool {
+    true
+}
+
+/// Metadata and spec of each trajectory Sandbox.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, JsonSchema)]
+pub struct SandboxTemplate {
+    /// Labels and annotations copied onto each trajectory Sandbox.
+    #[serde(default)]
+    pub metadata: TemplateMetadata,
+    /// Spec of each trajectory Sandbox (usually with `run` set).
+    pub spec: SandboxSpec,
+}
+
+/// Labels and annotations of a template.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq, Default, JsonSchema)]
+pub struct TemplateMetadata {
+    /// Labels added to each trajectory Sandbox.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub labels: BTreeMap<String, String>,
+    /// Annotations added to each trajectory Sandbox.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub annotations: BTreeMap<String, String>,
+}
+
+/// What happens to trajectory Sandboxes once the group is complete.
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, Default, JsonSchema)]
+pub enum CleanupPolicy {
+    /// Delete them (status keeps rewards, lengths and artifacts).
+    #[default]
+    Delete,
+    /// Keep them for inspection; they still expire by their own lifecycle.
+    Keep,
+}
+
+/// Observed progress of a RolloutGroup; a trainer waits for `Complete=True` and reads `group`.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Default, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct RolloutGroupStatus {
+    /// Pending, Generating, Complete or Failed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub phase: Option<RolloutPhase>,
+
+    /// How the group was chosen: Balanced, Relaxed, TopRanked or Dropped (set when Complete).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub selection: Option<Selection>,
+
+    /// Why a Dropped group was dropped: ZeroVariance, TooMuchBackfill or Empty.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub drop_reason: Option<String>,
+
+    /// Members of `group` with positive reward (n+).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub positives: Option<i32>,
+
+    /// Strides launched so far.
+    #[serde(default)]
+    pub strides_launched: i32,
+
+    /// Trajectories launched so far.
+    #[serde(default)]
+    pub trajectories_launched: i32,
+
+    /// Finished usable trajectories with reward > 0.
+    #[serde(default)]
+    pub positive_trajectories: i32,
+
+    /// Finished usable trajectories with reward <= 0.
+    #[serde(default)]
+    pub negative_trajectories: i32,
+
+    /// Aborted trajectories (crashes, time-outs, missing results); used only as backfill.
+    #[serde(default)]
+    pub backfill_trajectories: i32,
+
+    /// Trajectories still running.
+    #[serde(default)]
+    pub running_trajectories: i32,
+
+    /// Every trajectory launched, with its stride and, once finished, its outcome.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub trajectories: Vec<TrajectoryRecord>,
+
+    /// The selected group, ranked: exactly groupSize members when Complete and not Dropped.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub group: Vec<GroupMember>,
+
+    /// Conditions; `Complete=True` once the group is recorded (`kubectl wait --for=condition=Complete`).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub conditions: Vec<Condition>,
+
+    /// The `metadata.generation` this status was computed from.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub observed_generation: Option<i64>,
+
+    /// When the first stride was launched.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub start_time: Option<Time>,
+
+    /// When the group was recorded.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub completion_time: Option<Time>,
+
+    /// Human-readable detail of the current phase.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub message: Option<String>,
+}
+
+/// Phase of a RolloutGroup.
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, JsonSchema)]
+pub enum RolloutPhase {
+    /// Accepted, nothing launched yet.
+    Pending,
+    /// Trajectories are running.
+    Generating,
+    /// The group is recorded (possibly Dropped).
+    Complete,
+    /// The group cannot be generated (e.g. invalid spec); `message` says why.
+    Failed,
+}
+
+/// How the group was chosen (BAR.md).
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, JsonSchema)]
+pub enum Selection {
+    /// n+ within [ceil(min N), floor(max N)].
+    Balanced,
+    /// Budget spent: any n+ in [1, N-1].
+    Relaxed,
+    /// Still nothing: the N best trajectories.
+    TopRanked,
+    /// Filtered out (zero variance or too much backfill); `group` is empty. Create another RolloutGroup.
+    Dropped,
+}
+
+/// One launched trajectory.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct TrajectoryRecord {
+    /// Name of the trajectory's Sandbox.
+    pub name: String,
+    /// Stride (0-based) the trajectory was launched in.
+    pub stride: i32,
+    /// Outcome, once finished.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub status: Option<TrajectoryStatus>,
+    /// Reward, once finished (absent for aborted trajectories without one).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reward: Option<f64>,
+    /// Length, once finished.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub length: Option<i64>,
+    /// Artifact pointer, once finished.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub artifact: Option<String>,
+    /// Why it was aborted, if it was.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reason: Option<String>,
+}
+
+/// One member of the selected group.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct GroupMember {
+    /// Name of the trajectory's Sandbox.
+    pub name: String,
+    /// Reward (0 for backfill members without one).
+    pub reward: f64,
+    /// completed, truncated or aborted (backfill).
+    pub status: TrajectoryStatus,
+    /// Length in tokens or steps.
+    pub length: i64,
+    /// Artifact pointer the runner chose.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub artifact: Option<String>,
+}

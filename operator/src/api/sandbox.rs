@@ -1,0 +1,420 @@
+//! The `Sandbox` custom resource (`orchard.dev/v1alpha1`): one isolated environment built from an
+//! arbitrary task image, reachable through the injected agent at its pod IP.
+//!
+//! Every field carries a doc comment: they become the `kubectl explain` text of the CRD.
+
+use std::collections::BTreeMap;
+
+use k8s_openapi::api::core::v1::Toleration;
+use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
+use kube::{CustomResource, KubeSchema};
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
+
+/// Desired state of a Sandbox: which image to run and how it is isolated, sized and expired.
+// Each printer column repeats `type_ = ...`; clippy mistakes the repeats for duplicated attributes.
+#[allow(clippy::duplicated_attributes)]
+#[derive(CustomResource, KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq, Default)]
+#[kube(
+    group = "orchard.dev",
+    version = "v1alpha1",
+    kind = "Sandbox",
+    namespaced,
+    status = "SandboxStatus",
+    shortname = "sbx",
+    category = "orchard",
+    derive = "PartialEq",
+    doc = "An isolated sandbox built from an arbitrary task image. The operator runs it as a Pod whose task container serves the Orchard agent (exec, files, patches) on its pod IP.",
+    printcolumn(
+        name = "Phase",
+        type_ = "string",
+        json_path = ".status.phase",
+        description = "Lifecycle phase"
+    ),
+    printcolumn(
+        name = "Ready",
+        type_ = "string",
+        json_path = ".status.conditions[?(@.type==\"Ready\")].status",
+        description = "Whether the agent answers"
+    ),
+    printcolumn(
+        name = "IP",
+        type_ = "string",
+        json_path = ".status.podIP",
+        description = "Pod IP the agent listens on"
+    ),
+    printcolumn(
+        name = "Expires",
+        type_ = "date",
+        json_path = ".status.expiresAt",
+        description = "When the sandbox is deleted unless a heartbeat arrives"
+    ),
+    printcolumn(
+        name = "Age",
+        type_ = "date",
+        json_path = ".metadata.creationTimestamp"
+    )
+)]
+#[x_kube(validation = Rule::new("self.image == oldSelf.image").message("spec.image is immutable: create a new Sandbox"))]
+#[x_kube(validation = Rule::new("has(self.resources) == has(oldSelf.resources) && (!has(self.resources) || self.resources == oldSelf.resources)").message("spec.resources is immutable: create a new Sandbox"))]
+#[x_kube(validation = Rule::new("has(self.run) == has(oldSelf.run) && (!has(self.run) || self.run == oldSelf.run)").message("spec.run is immutable once the sandbox exists"))]
+#[serde(rename_all = "camelCase")]
+pub struct SandboxSpec {
+    /// Container image of the task environment (any Linux image: distroless and scratch work, no shell needed).
+    #[schemars(length(min = 1, max = 1024))]
+    pub image: String,
+
+    /// When the node pulls the image: Always, IfNotPresent or Never. Kubernetes' default applies when unset.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub image_pull_policy: Option<ImagePullPolicy>,
+
+    /// Secrets in the sandbox's namespace used to pull the image.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = 16))]
+    pub image_pull_secrets: Vec<SecretName>,
+
+    /// CPU, memory and ephemeral storage of the task container. Requests equal limits; unset values take the operator's defaults.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub resources: Option<SandboxResources>,
+
+    /// Environment variables of the task container and of every command run through the agent.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = 256))]
+    #[x_kube(merge_strategy = ListMerge::Map(vec!["name".into()]))]
+    pub env: Vec<EnvVar>,
+
+    /// Default working directory of commands run through the agent. Defaults to the image's working directory.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(min = 1, max = 4096))]
+    pub working_dir: Option<String>,
+
+    /// Network isolation of the sandbox. Egress is denied unless this says otherwise.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub network: Option<NetworkSpec>,
+
+    /// Expiry: a hard time-to-live and a heartbeat timeout, both counted from when the sandbox becomes Ready.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub lifecycle: Option<LifecycleSpec>,
+
+    /// RuntimeClass of the Pod, e.g. `gvisor` or `kata` for stronger isolation than runc.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(min = 1, max = 253))]
+    pub runtime_class_name: Option<String>,
+
+    /// Node labels the Pod must be scheduled onto.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub node_selector: BTreeMap<String, String>,
+
+    /// Tolerations of the Pod, e.g. for a tainted sandbox node pool.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = 64))]
+    pub tolerations: Vec<Toleration>,
+
+    /// PriorityClass of the Pod.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(min = 1, max = 253))]
+    pub priority_class_name: Option<String>,
+
+    /// Optional command the agent starts in the background at boot (for example a browser for GUI tasks).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub startup: Option<StartupSpec>,
+
+    /// Optional one-shot trajectory runner: when the sandbox is Ready the operator runs this command through the agent and records its JSON result in `status.result`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub run: Option<RunSpec>,
+}
+
+/// When the node pulls the sandbox image.
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, JsonSchema)]
+pub enum ImagePullPolicy {
+    /// Pull on every start.
+    Always,
+    /// Pull only when the image is not on the node.
+    IfNotPresent,
+    /// Never pull; the image must already be on the node.
+    Never,
+}
+
+/// A Secret in the same namespace, by name.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq, JsonSchema)]
+pub struct SecretName {
+    /// Name of the Secret.
+    #[schemars(length(min = 1, max = 253))]
+    pub name: String,
+}
+
+/// Compute resources of the task container; requests equal limits so sandboxes get a predictable share.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Default, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct SandboxResources {
+    /// CPU, e.g. `500m` or `2`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cpu: Option<Quantity>,
+    /// Memory, e.g. `512Mi` or `4Gi`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub memory: Option<Quantity>,
+    /// Ephemeral storage (container writable layer, logs and the agent's emptyDir), e.g. `10Gi`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ephemeral_storage: Option<Quantity>,
+}
+
+/// One environment variable.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq, JsonSchema)]
+pub struct EnvVar {
+    /// Variable name.
+    #[schemars(length(min = 1, max = 256))]
+    pub name: String,
+    /// Variable value (may be empty).
+    #[serde(default)]
+    #[schemars(length(max = 32768))]
+    pub value: String,
+}
+
+/// Network isolation of one sandbox. The namespace baseline denies all egress of sandbox pods; this adds
+/// only what the sandbox asks for, never a broad allow that would widen a user's own default-deny.
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq, Default)]
+#[x_kube(validation = Rule::new("self.egress == 'AllowList' || !has(self.allow) || size(self.allow) == 0").message("network.allow may only be set when network.egress is AllowList"))]
+#[x_kube(validation = Rule::new("self.egress != 'AllowList' || (has(self.allow) && size(self.allow) > 0)").message("network.egress AllowList needs at least one network.allow rule"))]
+#[serde(rename_all = "camelCase")]
+pub struct NetworkSpec {
+    /// Egress policy: `Deny` (default: no egress at all, not even DNS), `AllowAll` (any destination), or `AllowList` (only `allow`, plus DNS to the cluster resolver).
+    #[serde(default)]
+    pub egress: EgressPolicy,
+
+    /// Destinations the sandbox may reach when `egress` is `AllowList`.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = 64))]
+    pub allow: Vec<EgressRule>,
+}
+
+/// Egress policy of a sandbox.
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, Default, JsonSchema)]
+pub enum EgressPolicy {
+    /// No egress at all (the namespace baseline).
+    #[default]
+    Deny,
+    /// Any destination, plus DNS.
+    AllowAll,
+    /// Only the destinations listed in `allow`, plus DNS.
+    AllowList,
+}
+
+/// One allowed egress destination.
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq, Eq)]
+#[x_kube(validation = Rule::new("isCIDR(self.cidr)").message("network.allow[].cidr must be a CIDR such as 10.0.0.0/8 or 2001:db8::/32"))]
+pub struct EgressRule {
+    /// Destination network in CIDR notation, e.g. `203.0.113.0/24` or `10.1.2.3/32`.
+    #[schemars(length(min = 1, max = 64))]
+    pub cidr: String,
+
+    /// Destination ports; all ports when empty.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = 32))]
+    pub ports: Vec<EgressPort>,
+}
+
+/// One destination port of an egress rule.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq, JsonSchema)]
+pub struct EgressPort {
+    /// Port number.
+    #[schemars(range(min = 1, max = 65535))]
+    pub port: i32,
+    /// Protocol: TCP (default), UDP or SCTP.
+    #[serde(default)]
+    pub protocol: PortProtocol,
+}
+
+/// Transport protocol of an egress port.
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, Default, JsonSchema)]
+#[allow(clippy::upper_case_acronyms)]
+pub enum PortProtocol {
+    /// TCP.
+    #[default]
+    TCP,
+    /// UDP.
+    UDP,
+    /// SCTP.
+    SCTP,
+}
+
+/// Expiry of a sandbox. Both clocks start when it becomes Ready; it is deleted at the earlier deadline.
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq, Default)]
+#[x_kube(validation = Rule::new("!has(self.ttlSeconds) || self.ttlSeconds > 0").message("lifecycle.ttlSeconds must be positive"))]
+#[x_kube(validation = Rule::new("!has(self.heartbeatTimeoutSeconds) || self.heartbeatTimeoutSeconds >= 0").message("lifecycle.heartbeatTimeoutSeconds must be 0 (off) or positive"))]
+#[serde(rename_all = "camelCase")]
+pub struct LifecycleSpec {
+    /// Hard maximum age in seconds after Ready; the operator's default applies when unset.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ttl_seconds: Option<i64>,
+
+    /// Delete the sandbox when no heartbeat arrived for this many seconds (0 = off). Heartbeats: the `orchard.dev/heartbeat` annotation (RFC 3339 time) and calls through the gateway.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub heartbeat_timeout_seconds: Option<i64>,
+}
+
+/// A command the agent starts in the background at boot.
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq, Eq)]
+#[x_kube(validation = Rule::new("size(self.command) > 0").message("startup.command must name a program"))]
+pub struct StartupSpec {
+    /// Program and arguments (argv; no shell is involved, write `["/bin/sh", "-c", "..."]` for one).
+    #[schemars(length(max = 256))]
+    pub command: Vec<String>,
+}
+
+/// A one-shot trajectory runner. Its result file must hold JSON such as
+/// `{"reward": 1.0, "status": "completed", "length": 812, "artifact": "s3://bucket/traj-7"}`.
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq, Eq)]
+#[x_kube(validation = Rule::new("size(self.command) > 0").message("run.command must name a program"))]
+#[x_kube(validation = Rule::new("self.timeoutSeconds > 0").message("run.timeoutSeconds must be positive"))]
+#[x_kube(validation = Rule::new("self.resultPath.startsWith('/')").message("run.resultPath must be an absolute path"))]
+#[serde(rename_all = "camelCase")]
+pub struct RunSpec {
+    /// Program and arguments (argv; no shell is involved, write `["/bin/sh", "-c", "..."]` for one).
+    #[schemars(length(max = 256))]
+    pub command: Vec<String>,
+
+    /// Abort the run (status `aborted`, reason `TimeExceeded`) after this many seconds.
+    #[serde(default = "default_run_timeout_seconds")]
+    pub timeout_seconds: i64,
+
+    /// Where the runner writes its JSON result.
+    #[serde(default = "default_result_path")]
+    #[schemars(length(min = 1, max = 4096))]
+    pub result_path: String,
+}
+
+fn default_run_timeout_seconds() -> i64 {
+    3600
+}
+
+fn default_result_path() -> String {
+    "/tmp/orchard-result.json".to_string()
+}
+
+/// Observed state of a Sandbox, written only by the operator (and `result` by external drivers).
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq, Default)]
+#[x_kube(validation = Rule::new("!has(oldSelf.result) || (has(self.result) && self.result == oldSelf.result)").message("status.result is write-once: a recorded trajectory result is never overwritten"))]
+#[serde(rename_all = "camelCase")]
+pub struct SandboxStatus {
+    /// Lifecycle phase, for humans: Pending, Starting, Ready, Succeeded, Failed, Expired or Terminating.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub phase: Option<SandboxPhase>,
+
+    /// Conditions (`Scheduled`, `AgentReady`, `Ready`, `Expired`) in the metav1.Condition shape.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[x_kube(merge_strategy = ListMerge::Map(vec!["type".into()]))]
+    pub conditions: Vec<Condition>,
+
+    /// The `metadata.generation` this status was computed from.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub observed_generation: Option<i64>,
+
+    /// Name of the sandbox's Pod.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pod_name: Option<String>,
+
+    /// IP of the sandbox's Pod.
+    #[serde(default, rename = "podIP", skip_serializing_if = "Option::is_none")]
+    pub pod_ip: Option<String>,
+
+    /// Node the Pod runs on.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub node_name: Option<String>,
+
+    /// Base URL of the agent (`http://<podIP>:<port>`); exec and file calls go here, never through the API server.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub agent_endpoint: Option<String>,
+
+    /// When the sandbox first became Ready; the expiry clocks start here.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ready_time: Option<Time>,
+
+    /// Latest heartbeat seen (annotation or gateway).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_heartbeat_time: Option<Time>,
+
+    /// When the operator deletes the sandbox: min(readyTime + ttl, lastHeartbeatTime + heartbeatTimeout).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub expires_at: Option<Time>,
+
+    /// Outcome of the trajectory run in this sandbox (from `spec.run` or an external driver). Write-once.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub result: Option<TrajectoryResult>,
+
+    /// Machine-readable reason of the current phase, e.g. `ImagePullBackOff`, `Evicted`, `AgentUnhealthy`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reason: Option<String>,
+
+    /// Human-readable detail of the current phase.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub message: Option<String>,
+}
+
+/// Lifecycle phase of a sandbox.
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, JsonSchema)]
+pub enum SandboxPhase {
+    /// Accepted; the Pod is not scheduled yet.
+    Pending,
+    /// The Pod is scheduled and starting; the agent is not answering yet.
+    Starting,
+    /// The agent answers at `agentEndpoint`.
+    Ready,
+    /// The trajectory run finished and its result is recorded.
+    Succeeded,
+    /// The sandbox cannot run; `reason` says why.
+    Failed,
+    /// A deadline passed; the sandbox is being deleted.
+    Expired,
+    /// The sandbox is being deleted.
+    Terminating,
+}
+
+/// The outcome of one trajectory, as the RolloutGroup controller and trainers read it.
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
+#[x_kube(validation = Rule::new("self.status == 'aborted' || has(self.reward)").message("result.reward is required unless status is aborted"))]
+#[serde(rename_all = "camelCase")]
+pub struct TrajectoryResult {
+    /// Scalar reward; positive counts as a success for BAR. Absent only for aborted trajectories.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reward: Option<f64>,
+
+    /// completed (finished normally), truncated (cut at a length limit but usable) or aborted (unusable: crash, timeout, no result).
+    pub status: TrajectoryStatus,
+
+    /// Response length in tokens or steps; shorter ranks first among equals.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 0))]
+    pub length: Option<i64>,
+
+    /// Exit code of the run command, when there was one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub exit_code: Option<i32>,
+
+    /// Opaque pointer the runner chose to its payload (tokens, logprobs); never the payload itself.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = 4096))]
+    pub artifact: Option<String>,
+
+    /// Why the trajectory was aborted, e.g. `TimeExceeded`, `NoResult`, `InvalidResult`, `SandboxFailed`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = 128))]
+    pub reason: Option<String>,
+
+    /// Human-readable detail.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = 4096))]
+    pub message: Option<String>,
+}
+
+/// How a trajectory ended.
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, JsonSchema)]
+#[serde(rename_all = "lowercase")]
+pub enum TrajectoryStatus {
+    /// Finished normally.
+    Completed,
+    /// Cut at a length limit but usable.
+    Truncated,
+    /// Unusable (crash, timeout, missing or invalid result); BAR uses it only as backfill.
+    Aborted,
+}

@@ -1,0 +1,34 @@
+//! Prints the CustomResourceDefinitions of the Orchard Env API as YAML (`make crds` writes them to `crds/`).
+//!
+//! `crdgen` prints both CRDs as one multi-document stream; `crdgen sandbox` or `crdgen rolloutgroup`
+//! prints one.
+
+use kube::CustomResourceExt;
+use orchard_operator::api::{RolloutGroup, Sandbox};
+
+fn main() {
+    let which = std::env::args().nth(1);
+    let crds = match which.as_deref() {
+        None => vec![Sandbox::crd(), RolloutGroup::crd()],
+        Some("sandbox") => vec![Sandbox::crd()],
+        Some("rolloutgroup") => vec![RolloutGroup::crd()],
+        Some(other) => {
+            eprintln!("crdgen: unknown kind `{other}` (expected `sandbox` or `rolloutgroup`)");
+            std::process::exit(2);
+        }
+    };
+    let mut out = String::new();
+    for crd in crds {
+        match serde_yaml::to_string(&crd) {
+            Ok(yaml) => {
+                out.push_str("---\n");
+                out.push_str(&yaml);
+            }
+            Err(err) => {
+                eprintln!("crdgen: cannot serialise CRD: {err}");
+                std::process::exit(1);
+            }
+        }
+    }
+    print!("{out}");
+}

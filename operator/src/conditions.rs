@@ -1,0 +1,122 @@
+//! Status conditions in the `metav1.Condition` shape, shared by both controllers (pure).
+//!
+//! `lastTransitionTime` moves only when a condition's status really changes, so recomputing a status
+//! from the same observations yields the same object and costs no API write.
+
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
+use k8s_openapi::jiff::Timestamp;
+
+use crate::sandbox::expiry::floor_to_second;
+
+/// A condition as computed now; [`merge`] decides its `lastTransitionTime`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Desired {
+    /// Condition type, e.g. `Ready`.
+    pub type_: &'static str,
+    /// Whether it holds.
+    pub status: bool,
+    /// CamelCase reason.
+    pub reason: String,
+    /// Human-readable detail.
+    pub message: String,
+}
+
+impl Desired {
+    /// A condition of `type_` with the given truth, reason and message.
+    pub fn new(
+        type_: &'static str,
+        status: bool,
+        reason: impl Into<String>,
+        message: impl Into<String>,
+    ) -> Self {
+        Self {
+            type_,
+            status,
+            reason: reason.into(),
+            message: message.into(),
+        }
+    }
+}
+
+fn status_word(status: bool) -> &'static str {
+    if status { "True" } else { "False" }
+}
+
+/// Builds the new condition list: each desired condition keeps the previous `lastTransitionTime` when
+/// its status did not change, and gets `now` (whole seconds) when it did.
+pub fn merge(
+    previous: &[Condition],
+    desired: Vec<Desired>,
+    generation: Option<i64>,
+    now: Timestamp,
+) -> Vec<Condition> {
+    desired
+        .into_iter()
+        .map(|d| {
+            let word = status_word(d.status);
+            let last_transition_time = previous
+                .iter()
+                .find(|c| c.type_ == d.type_ && c.status == word)
+                .map(|c| c.last_transition_time.clone())
+                .unwrap_or_else(|| Time(floor_to_second(now)));
+            Condition {
+                type_: d.type_.to_string(),
+                status: word.to_string(),
+                reason: d.reason,
+                message: d.message,
+                observed_generation: generation,
+                last_transition_time,
+            }
+        })
+        .collect()
+}
+
+/// Whether the condition of `type_` is present and `True`.
+pub fn is_true(conditions: &[Condition], type_: &str) -> bool {
+    conditions
+        .iter()
+        .any(|c| c.type_ == type_ && c.status == "True")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn t(s: &str) -> Timestamp {
+        s.parse().unwrap()
+    }
+
+    #[test]
+    fn transition_time_moves_only_on_real_transitions() {
+        let first = merge(
+            &[],
+            vec![Desired::new("Ready", false, "Starting", "")],
+            Some(1),
+            t("2026-01-01T00:00:00.5Z"),
+        );
+        assert_eq!(
+            first[0].last_transition_time,
+            Time(t("2026-01-01T00:00:00Z"))
+        );
+        let same = merge(
+            &first,
+            vec![Desired::new("Ready", false, "Starting", "still")],
+            Some(2),
+            t("2026-01-01T00:00:09Z"),
+        );
+        assert_eq!(same[0].last_transition_time, first[0].last_transition_time);
+        assert_eq!(same[0].observed_generation, Some(2));
+        let flipped = merge(
+            &same,
+            vec![Desired::new("Ready", true, "AgentReady", "")],
+            Some(2),
+            t("2026-01-01T00:00:10Z"),
+        );
+        assert_eq!(
+            flipped[0].last_transition_time,
+            Time(t("2026-01-01T00:00:10Z"))
+        );
+        assert!(is_true(&flipped, "Ready"));
+        assert!(!is_true(&flipped, "Expired"));
+    }
+}

@@ -1,0 +1,216 @@
+//! Operator configuration: command-line flags (each with an environment variable) and the sandbox
+//! defaults they carry. Parsed once at startup; everything downstream takes plain values.
+
+use std::net::SocketAddr;
+
+use clap::{Parser, ValueEnum};
+
+/// `orchard-operator`: runs the Sandbox and RolloutGroup controllers, the gateway and the metrics server.
+#[derive(Parser, Debug, Clone)]
+#[command(name = "orchard-operator", version, about, long_about = None)]
+pub struct OperatorArgs {
+    /// Namespace to watch; all namespaces when empty.
+    #[arg(long, env = "ORCHARD_WATCH_NAMESPACE", default_value = "")]
+    pub watch_namespace: String,
+
+    /// Address of the gateway (REST API routing exec and file calls to sandboxes).
+    #[arg(long, env = "ORCHARD_GATEWAY_LISTEN", default_value = "0.0.0.0:8080")]
+    pub gateway_listen: SocketAddr,
+
+    /// Address of the metrics and health server (`/metrics`, `/healthz`, `/readyz`).
+    #[arg(long, env = "ORCHARD_METRICS_LISTEN", default_value = "0.0.0.0:8081")]
+    pub metrics_listen: SocketAddr,
+
+    /// Log format: `json` (structured, for clusters) or `text` (for terminals).
+    #[arg(long, env = "ORCHARD_LOG_FORMAT", value_enum, default_value_t = LogFormat::Json)]
+    pub log_format: LogFormat,
+
+    /// Sandbox defaults and pod shape.
+    #[command(flatten)]
+    pub sandbox: SandboxDefaults,
+
+    /// Controller tuning.
+    #[command(flatten)]
+    pub controller: ControllerTuning,
+
+    /// Leader election.
+    #[command(flatten)]
+    pub leader: LeaderElectionArgs,
+}
+
+/// Log output format.
+#[derive(ValueEnum, Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LogFormat {
+    /// One JSON object per line.
+    Json,
+    /// Human-readable lines.
+    Text,
+}
+
+/// Defaults applied to every sandbox, and the shape of the pods the operator builds.
+#[derive(clap::Args, Debug, Clone, PartialEq)]
+pub struct SandboxDefaults {
+    /// Image of the agent injector init container (holds the static `orchard-agent` binary).
+    #[arg(long, env = "ORCHARD_AGENT_IMAGE", default_value = concat!("ghcr.io/orchard-env/orchard-agent:", env!("CARGO_PKG_VERSION")))]
+    pub agent_image: String,
+
+    /// Port the agent listens on inside each sandbox pod.
+    #[arg(long, env = "ORCHARD_AGENT_PORT", default_value_t = 9090)]
+    pub agent_port: u16,
+
+    /// CPU of a sandbox whose spec sets none (requests = limits).
+    #[arg(long, env = "ORCHARD_DEFAULT_CPU", default_value = "1")]
+    pub default_cpu: String,
+
+    /// Memory of a sandbox whose spec sets none (requests = limits).
+    #[arg(long, env = "ORCHARD_DEFAULT_MEMORY", default_value = "2Gi")]
+    pub default_memory: String,
+
+    /// Ephemeral storage of a sandbox whose spec sets none; unlimited when empty.
+    #[arg(long, env = "ORCHARD_DEFAULT_EPHEMERAL_STORAGE", default_value = "")]
+    pub default_ephemeral_storage: String,
+
+    /// Time-to-live after Ready of a sandbox whose spec sets none.
+    #[arg(long, env = "ORCHARD_DEFAULT_TTL_SECONDS", default_value_t = 7200)]
+    pub default_ttl_seconds: i64,
+
+    /// Heartbeat timeout of a sandbox whose spec sets none (0 = off).
+    #[arg(
+        long,
+        env = "ORCHARD_DEFAULT_HEARTBEAT_TIMEOUT_SECONDS",
+        default_value_t = 0
+    )]
+    pub default_heartbeat_timeout_seconds: i64,
+
+    /// A sandbox that is not Ready this long after creation fails with reason StartupTimeout.
+    #[arg(long, env = "ORCHARD_STARTUP_TIMEOUT_SECONDS", default_value_t = 600)]
+    pub startup_timeout_seconds: i64,
+
+    /// Termination grace period of sandbox pods.
+    #[arg(long, env = "ORCHARD_TERMINATION_GRACE_SECONDS", default_value_t = 5)]
+    pub termination_grace_seconds: i64,
+
+    /// Namespace of the operator's own pods (ingress to agents is allowed only from them).
+    #[arg(long, env = "POD_NAMESPACE", default_value = "orchard-system")]
+    pub operator_namespace: String,
+
+    /// Label selector (`key=value[,key=value]`) of the operator's own pods.
+    #[arg(
+        long,
+        env = "ORCHARD_OPERATOR_POD_SELECTOR",
+        default_value = "app.kubernetes.io/name=orchard-operator"
+    )]
+    pub operator_pod_selector: String,
+
+    /// Namespace of the cluster DNS resolver (opened for egress unless a sandbox denies egress).
+    #[arg(long, env = "ORCHARD_DNS_NAMESPACE", default_value = "kube-system")]
+    pub dns_namespace: String,
+
+    /// Label selector of the cluster DNS resolver pods.
+    #[arg(
+        long,
+        env = "ORCHARD_DNS_POD_SELECTOR",
+        default_value = "k8s-app=kube-dns"
+    )]
+    pub dns_pod_selector: String,
+}
+
+impl Default for SandboxDefaults {
+    fn default() -> Self {
+        // Same values as the flags' defaults, for tests and library users.
+        let args = OperatorArgs::parse_from(["orchard-operator"]);
+        args.sandbox
+    }
+}
+
+/// Controller tuning knobs.
+#[derive(clap::Args, Debug, Clone, PartialEq)]
+pub struct ControllerTuning {
+    /// Most Sandbox reconciles running at once.
+    #[arg(long, env = "ORCHARD_SANDBOX_CONCURRENCY", default_value_t = 64)]
+    pub sandbox_concurrency: u16,
+
+    /// Most RolloutGroup reconciles running at once.
+    #[arg(long, env = "ORCHARD_ROLLOUT_CONCURRENCY", default_value_t = 16)]
+    pub rollout_concurrency: u16,
+
+    /// First retry delay after a failed reconcile, in milliseconds (doubles per failure).
+    #[arg(long, env = "ORCHARD_BACKOFF_BASE_MS", default_value_t = 500)]
+    pub backoff_base_ms: u64,
+
+    /// Longest retry delay after failed reconciles, in seconds.
+    #[arg(long, env = "ORCHARD_BACKOFF_MAX_SECONDS", default_value_t = 300)]
+    pub backoff_max_seconds: u64,
+
+    /// Periodic re-reconcile of healthy objects, in seconds (a safety net for missed watch events).
+    #[arg(long, env = "ORCHARD_RESYNC_SECONDS", default_value_t = 600)]
+    pub resync_seconds: u64,
+}
+
+/// Leader election with a `coordination.k8s.io` Lease.
+#[derive(clap::Args, Debug, Clone, PartialEq)]
+pub struct LeaderElectionArgs {
+    /// Gate the controllers on holding the Lease (the gateway serves on every replica regardless).
+    #[arg(long, env = "ORCHARD_LEADER_ELECTION", default_value_t = false)]
+    pub leader_election: bool,
+
+    /// Name of the Lease.
+    #[arg(long, env = "ORCHARD_LEASE_NAME", default_value = "orchard-operator")]
+    pub lease_name: String,
+
+    /// Namespace of the Lease; defaults to the operator namespace.
+    #[arg(long, env = "ORCHARD_LEASE_NAMESPACE")]
+    pub lease_namespace: Option<String>,
+
+    /// Lease duration in seconds: how long a stopped leader blocks takeover.
+    #[arg(long, env = "ORCHARD_LEASE_DURATION_SECONDS", default_value_t = 15)]
+    pub lease_duration_seconds: u64,
+
+    /// Identity of this replica in the Lease (defaults to the pod name or hostname).
+    #[arg(long, env = "POD_NAME")]
+    pub identity: Option<String>,
+}
+
+/// Parses a `key=value[,key=value]` label selector into pairs, rejecting anything else with a message.
+pub fn parse_label_pairs(selector: &str) -> Result<Vec<(String, String)>, String> {
+    selector
+        .split(',')
+        .map(str::trim)
+        .filter(|part| !part.is_empty())
+        .map(|part| match part.split_once('=') {
+            Some((key, value)) if !key.trim().is_empty() => {
+                Ok((key.trim().to_string(), value.trim().to_string()))
+            }
+            _ => Err(format!(
+                "`{part}` is not a `key=value` label pair (in selector `{selector}`)"
+            )),
+        })
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn label_pairs_parse_and_reject_garbage() {
+        assert_eq!(
+            parse_label_pairs("a=b, c=d").unwrap(),
+            vec![("a".into(), "b".into()), ("c".into(), "d".into())]
+        );
+        assert!(parse_label_pairs("").unwrap().is_empty());
+        assert!(
+            parse_label_pairs("novalue")
+                .unwrap_err()
+                .contains("novalue")
+        );
+        assert!(parse_label_pairs("=x").is_err());
+    }
+
+    #[test]
+    fn defaults_match_the_flags() {
+        let defaults = SandboxDefaults::default();
+        assert_eq!(defaults.agent_port, 9090);
+        assert_eq!(defaults.default_ttl_seconds, 7200);
+    }
+}

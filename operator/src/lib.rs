@@ -1,0 +1,20 @@
+//! Orchard Env operator: the `Sandbox` and `RolloutGroup` APIs, their controllers, the gateway that
+//! routes exec/file calls straight to pod IPs, and the pure Balanced Adaptive Rollout (BAR) engine.
+//!
+//! Data flow: [`api`] (types) -> [`sandbox`] controller (pure `build` and `status`, thin `apply`)
+//! -> gateway -> agent. [`bar`] is pure and does no I/O.
+
+pub mod admin;
+pub mod api;
+pub mod backoff;
+pub mod bar;
+pub mod bar_sim;
+pub mod conditions;
+pub mod config;
+pub mod context;
+pub mod error;
+pub mod metrics;
+pub mod runtime;
+pub mod sandbox;
+pub mod status_memory;
+pub mod telemetry;

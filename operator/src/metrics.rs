@@ -1,0 +1,189 @@
+//! Prometheus metrics of the operator: one registry owned by the process, served on `/metrics`.
+//! Every metric is listed (name, labels, meaning) in `docs/METRICS.md`; keep the two in sync.
+
+use prometheus::{
+    Encoder, Histogram, HistogramOpts, HistogramVec, IntCounterVec, IntGaugeVec, Opts, Registry,
+    TextEncoder,
+};
+
+/// Buckets for reconcile durations, in seconds.
+const RECONCILE_BUCKETS: &[f64] = &[
+    0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0,
+];
+/// Buckets for create->Ready latency, in seconds.
+const READY_BUCKETS: &[f64] = &[
+    0.1, 0.25, 0.5, 1.0, 2.0, 3.0, 5.0, 10.0, 20.0, 30.0, 60.0, 120.0, 300.0,
+];
+/// Buckets for HTTP request durations (gateway), in seconds.
+pub const HTTP_BUCKETS: &[f64] = &[
+    0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 5.0, 30.0,
+];
+
+/// All metrics of the operator.
+#[derive(Clone)]
+pub struct Metrics {
+    registry: Registry,
+    /// `orchard_reconciles_total{controller, outcome}`: reconciles by outcome (`ok` or `error`).
+    pub reconciles: IntCounterVec,
+    /// `orchard_reconcile_errors_total{controller, error}`: failed reconciles by error kind.
+    pub reconcile_errors: IntCounterVec,
+    /// `orchard_reconcile_duration_seconds{controller}`: reconcile latency.
+    pub reconcile_duration: HistogramVec,
+    /// `orchard_sandboxes{phase}`: sandboxes by phase (computed from the watch cache at scrape time).
+    pub sandboxes: IntGaugeVec,
+    /// `orchard_sandbox_ready_seconds`: sandbox creation to Ready.
+    pub sandbox_ready_seconds: Histogram,
+    /// `orchard_sandbox_failures_total{reason}`: sandboxes that became Failed, by reason.
+    pub sandbox_failures: IntCounterVec,
+    /// `orchard_sandbox_expirations_total{cause}`: sandboxes deleted at a deadline (`ttl` or `heartbeat`).
+    pub expirations: IntCounterVec,
+    /// `orchard_api_writes_total{resource, verb}`: writes the operator sent to the API server.
+    pub api_writes: IntCounterVec,
+}
+
+fn counter(
+    registry: &Registry,
+    name: &str,
+    help: &str,
+    labels: &[&str],
+) -> prometheus::Result<IntCounterVec> {
+    let metric = IntCounterVec::new(Opts::new(name, help), labels)?;
+    registry.register(Box::new(metric.clone()))?;
+    Ok(metric)
+}
+
+impl Metrics {
+    /// Creates and registers every metric.
+    pub fn new() -> prometheus::Result<Self> {
+        let registry = Registry::new();
+        let reconcile_duration = HistogramVec::new(
+            HistogramOpts::new(
+                "orchard_reconcile_duration_seconds",
+                "Duration of reconciles.",
+            )
+            .buckets(RECONCILE_BUCKETS.to_vec()),
+            &["controller"],
+        )?;
+        registry.register(Box::new(reconcile_duration.clone()))?;
+        let sandboxes = IntGaugeVec::new(
+            Opts::new(
+                "orchard_sandboxes",
+                "Sandboxes by phase, from the operator's watch cache.",
+            ),
+            &["phase"],
+        )?;
+        registry.register(Box::new(sandboxes.clone()))?;
+        let sandbox_ready_seconds = Histogram::with_opts(
+            HistogramOpts::new(
+                "orchard_sandbox_ready_seconds",
+                "Time from Sandbox creation to Ready (agent answering), as observed by the operator.",
+            )
+            .buckets(READY_BUCKETS.to_vec()),
+        )?;
+        registry.register(Box::new(sandbox_ready_seconds.clone()))?;
+        Ok(Self {
+            reconciles: counter(
+                &registry,
+                "orchard_reconciles_total",
+                "Reconciles by controller and outcome.",
+                &["controller", "outcome"],
+            )?,
+            reconcile_errors: counter(
+                &registry,
+                "orchard_reconcile_errors_total",
+                "Failed reconciles by controller and error kind.",
+                &["controller", "error"],
+            )?,
+            reconcile_duration,
+            sandboxes,
+            sandbox_ready_seconds,
+            sandbox_failures: counter(
+                &registry,
+                "orchard_sandbox_failures_total",
+                "Sandboxes that became Failed, by reason.",
+                &["reason"],
+            )?,
+            expirations: counter(
+                &registry,
+                "orchard_sandbox_expirations_total",
+                "Sandboxes deleted at their TTL or heartbeat deadline.",
+                &["cause"],
+            )?,
+            api_writes: counter(
+                &registry,
+                "orchard_api_writes_total",
+                "Write requests the operator sent to the Kubernetes API, by resource and verb.",
+                &["resource", "verb"],
+            )?,
+            registry,
+        })
+    }
+
+    /// The registry, for subsystems that register their own metrics (gateway, rollouts).
+    pub fn registry(&self) -> &Registry {
+        &self.registry
+    }
+
+    /// Records one API write.
+    pub fn api_write(&self, resource: &str, verb: &str) {
+        self.api_writes.with_label_values(&[resource, verb]).inc();
+    }
+
+    /// Renders every metric in the Prometheus text format.
+    pub fn render(&self) -> String {
+        let mut buffer = Vec::new();
+        let encoder = TextEncoder::new();
+        if let Err(err) = encoder.encode(&self.registry.gather(), &mut buffer) {
+            return format!("# error encoding metrics: {err}\n");
+        }
+        String::from_utf8(buffer).unwrap_or_default()
+    }
+}
+
+/// A guard that observes a reconcile's duration when dropped.
+pub struct ReconcileTimer {
+    timer: Option<prometheus::HistogramTimer>,
+}
+
+impl ReconcileTimer {
+    /// Starts timing a reconcile of `controller`.
+    pub fn start(metrics: &Metrics, controller: &str) -> Self {
+        Self {
+            timer: Some(
+                metrics
+                    .reconcile_duration
+                    .with_label_values(&[controller])
+                    .start_timer(),
+            ),
+        }
+    }
+}
+
+impl Drop for ReconcileTimer {
+    fn drop(&mut self) {
+        if let Some(timer) = self.timer.take() {
+            timer.observe_duration();
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn metrics_render_in_text_format() {
+        let metrics = Metrics::new().unwrap();
+        metrics.api_write("pods", "create");
+        metrics.sandboxes.with_label_values(&["Ready"]).set(3);
+        let text = metrics.render();
+        assert!(
+            text.contains(r#"orchard_api_writes_total{resource="pods",verb="create"} 1"#),
+            "{text}"
+        );
+        assert!(
+            text.contains(r#"orchard_sandboxes{phase="Ready"} 3"#),
+            "{text}"
+        );
+    }
+}

@@ -1,0 +1,252 @@
+//! Process wiring: one watch per resource kind feeding the reflector caches and the controllers, the
+//! Sandbox controller, the admin server, and one shutdown signal (SIGTERM/SIGINT) that stops all of them.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+
+use futures::{StreamExt, future};
+use k8s_openapi::api::core::v1::{Pod, Secret};
+use k8s_openapi::api::networking::v1::NetworkPolicy;
+use kube::api::{Api, ListParams};
+use kube::runtime::controller::{self, Controller};
+use kube::runtime::reflector::{self, Store};
+use kube::runtime::{WatchStreamExt, watcher};
+use kube::{Client, Resource};
+use serde::de::DeserializeOwned;
+use tokio_util::sync::CancellationToken;
+use tracing::{error, info};
+
+use crate::admin::{self, AdminState};
+use crate::api::{MANAGED_BY, MANAGED_BY_LABEL, SANDBOX_POD_LABEL, Sandbox};
+use crate::backoff::ReconcileBackoff;
+use crate::config::OperatorArgs;
+use crate::context::{Caches, Context, Settings};
+use crate::error::{Error, Result};
+use crate::metrics::Metrics;
+use crate::sandbox;
+
+/// An `Api` over every namespace, or over the one the operator is told to watch.
+pub fn scoped_api<K>(client: &Client, namespace: &str) -> Api<K>
+where
+    K: Resource<Scope = k8s_openapi::NamespaceResourceScope>
+        + Clone
+        + DeserializeOwned
+        + std::fmt::Debug,
+    K::DynamicType: Default,
+{
+    if namespace.is_empty() {
+        Api::all(client.clone())
+    } else {
+        Api::namespaced(client.clone(), namespace)
+    }
+}
+
+/// Resolves on SIGTERM or SIGINT.
+async fn termination_signal() {
+    #[cfg(unix)]
+    {
+        use tokio::signal::unix::{SignalKind, signal};
+        match signal(SignalKind::terminate()) {
+            Ok(mut term) => {
+                tokio::select! {
+                    _ = term.recv() => {},
+                    _ = tokio::signal::ctrl_c() => {},
+                }
+            }
+            Err(err) => {
+                error!(%err, "cannot listen for SIGTERM; only SIGINT stops the operator");
+                let _ = tokio::signal::ctrl_c().await;
+            }
+        }
+    }
+    #[cfg(not(unix))]
+    {
+        let _ = tokio::signal::ctrl_c().await;
+    }
+}
+
+/// Runs the operator until a termination signal.
+pub async fn run(args: OperatorArgs) -> Result<()> {
+    let settings = Settings::from_args(&args)?;
+    let client = Client::try_default().await?;
+    let metrics = Metrics::new().map_err(|e| Error::Config(format!("metrics registry: {e}")))?;
+    let shutdown = CancellationToken::new();
+    {
+        let shutdown = shutdown.clone();
+        tokio::spawn(async move {
+            termination_signal().await;
+            info!("termination signal received, shutting down");
+            shutdown.cancel();
+        });
+    }
+
+    let namespace = args.watch_namespace.clone();
+    let sandboxes: Api<Sandbox> = scoped_api(&client, &namespace);
+    if let Err(err) = sandboxes.list(&ListParams::default().limit(1)).await {
+        return Err(Error::Config(format!(
+            "cannot list sandboxes.orchard.dev ({err}); are the CRDs installed (`kubectl apply --server-side -f crds/`) and does the operator's RBAC allow it?"
+        )));
+    }
+
+    // Sandboxes: one watch shared by the Sandbox controller, the RolloutGroup controller and the gateway.
+    let (sandbox_store, sandbox_writer) = reflector::store_shared::<Sandbox>(4096);
+    let sandbox_trigger = sandbox_writer
+        .subscribe()
+        .ok_or_else(|| Error::Config("sandbox store is not shared".into()))?;
+    let filled = CacheFill::default();
+    let sandbox_watch = watcher(sandboxes, watcher::Config::default())
+        .default_backoff()
+        .modify(|s: &mut Sandbox| s.meta_mut().managed_fields = None)
+        .inspect(flag_on_init_done(filled.sandboxes.clone()))
+        .reflect_shared(sandbox_writer)
+        .for_each(|event| async move {
+            if let Err(err) = event {
+                tracing::warn!(%err, "sandbox watch error (retrying)");
+            }
+        });
+
+    let pod_labels = format!("{SANDBOX_POD_LABEL}=true");
+    let managed_labels = format!("{MANAGED_BY_LABEL}={MANAGED_BY}");
+    let (pods, pod_events) = cached_watch::<Pod>(
+        scoped_api(&client, &namespace),
+        &pod_labels,
+        filled.pods.clone(),
+    );
+    let (secrets, secret_events) = cached_watch::<Secret>(
+        scoped_api(&client, &namespace),
+        &managed_labels,
+        filled.secrets.clone(),
+    );
+    let (policies, policy_events) = cached_watch::<NetworkPolicy>(
+        scoped_api(&client, &namespace),
+        &managed_labels,
+        filled.policies.clone(),
+    );
+
+    let caches = Caches {
+        sandboxes: sandbox_store.clone(),
+        pods,
+        secrets,
+        policies,
+    };
+    let backoff = ReconcileBackoff::new(
+        Duration::from_millis(args.controller.backoff_base_ms),
+        Duration::from_secs(args.controller.backoff_max_seconds),
+    );
+    let ctx = Arc::new(Context::new(
+        client.clone(),
+        settings,
+        metrics.clone(),
+        backoff,
+        caches.clone(),
+    ));
+
+    let sandbox_controller = Controller::for_shared_stream(sandbox_trigger, sandbox_store)
+        .owns_stream(pod_events)
+        .owns_stream(secret_events)
+        .owns_stream(policy_events)
+        .with_config(controller::Config::default().concurrency(args.controller.sandbox_concurrency))
+        .graceful_shutdown_on(shutdown.clone().cancelled_owned())
+        .run(sandbox::reconcile, sandbox::error_policy, ctx.clone())
+        .for_each(|_| future::ready(()));
+
+    let admin_state = AdminState {
+        metrics,
+        caches,
+        filled,
+    };
+    let admin_server = admin::serve(args.metrics_listen, admin_state, shutdown.clone());
+
+    info!(
+        namespace = if namespace.is_empty() {
+            "*"
+        } else {
+            namespace.as_str()
+        },
+        "orchard-operator started"
+    );
+    let watch_until_shutdown = async {
+        tokio::select! {
+            _ = sandbox_watch => {},
+            _ = shutdown.cancelled() => {},
+        }
+    };
+    let (_, _, served) = tokio::join!(sandbox_controller, watch_until_shutdown, admin_server);
+    if let Err(err) = served {
+        return Err(Error::Config(format!(
+            "admin server on {}: {err}",
+            args.metrics_listen
+        )));
+    }
+    info!("orchard-operator stopped");
+    Ok(())
+}
+
+/// Whether each watch cache has received its first full list.
+///
+/// Readiness is tracked with flags set on the watcher's `InitDone` event instead of
+/// `Store::wait_until_ready`: in kube-runtime 5.0.0 that future keeps a single waker per store, and the
+/// Controller itself waits on its main store, so a second waiter (a readiness probe) can leave one of
+/// the two asleep forever.
+#[derive(Clone, Default)]
+pub struct CacheFill {
+    /// Sandboxes cache.
+    pub sandboxes: Arc<AtomicBool>,
+    /// Pods cache.
+    pub pods: Arc<AtomicBool>,
+    /// Secrets cache.
+    pub secrets: Arc<AtomicBool>,
+    /// NetworkPolicies cache.
+    pub policies: Arc<AtomicBool>,
+}
+
+impl CacheFill {
+    /// Whether every cache is filled.
+    pub fn all_filled(&self) -> bool {
+        [&self.sandboxes, &self.pods, &self.secrets, &self.policies]
+            .iter()
+            .all(|flag| flag.load(Ordering::Relaxed))
+    }
+}
+
+/// An `inspect` callback that sets `flag` when the watcher finishes its initial list.
+fn flag_on_init_done<K>(
+    flag: Arc<AtomicBool>,
+) -> impl FnMut(&std::result::Result<watcher::Event<K>, watcher::Error>) {
+    move |event| {
+        if let Ok(watcher::Event::InitDone) = event
+            && !flag.swap(true, Ordering::Relaxed)
+        {
+            tracing::debug!(kind = std::any::type_name::<K>(), "watch cache filled");
+        }
+    }
+}
+
+/// A watch of `K` selected by `labels`, kept in a cache, yielding changed objects for `owns_stream`.
+fn cached_watch<K>(
+    api: Api<K>,
+    labels: &str,
+    filled: Arc<AtomicBool>,
+) -> (
+    Store<K>,
+    impl futures::Stream<Item = std::result::Result<K, watcher::Error>> + Send + 'static,
+)
+where
+    K: Resource<DynamicType = ()>
+        + Clone
+        + DeserializeOwned
+        + std::fmt::Debug
+        + Send
+        + Sync
+        + 'static,
+{
+    let (store, writer) = reflector::store::<K>();
+    let events = watcher(api, watcher::Config::default().labels(labels))
+        .default_backoff()
+        .modify(|o: &mut K| o.meta_mut().managed_fields = None)
+        .inspect(flag_on_init_done(filled))
+        .reflect(writer)
+        .touched_objects();
+    (store, events)
+}

@@ -1,0 +1,896 @@
+//! Pure builders: a Sandbox spec plus the operator's defaults in, the desired Pod, agent-token Secret
+//! and NetworkPolicies out. No I/O; every variant of the spec is unit-tested here.
+
+use std::collections::BTreeMap;
+
+use k8s_openapi::ByteString;
+use k8s_openapi::api::core::v1::{
+    Capabilities, Container, ContainerPort, EmptyDirVolumeSource, EnvVar, HTTPGetAction, KeyToPath,
+    LocalObjectReference, Pod, PodSecurityContext, PodSpec, Probe, ResourceRequirements,
+    SeccompProfile, Secret, SecretVolumeSource, SecurityContext, Volume, VolumeMount,
+};
+use k8s_openapi::api::networking::v1::{
+    IPBlock, NetworkPolicy, NetworkPolicyEgressRule, NetworkPolicyIngressRule, NetworkPolicyPeer,
+    NetworkPolicyPort, NetworkPolicySpec,
+};
+use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, ObjectMeta, OwnerReference};
+use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
+
+use crate::api::{
+    EgressPolicy, MANAGED_BY, MANAGED_BY_LABEL, PortProtocol, ROLLOUT_GROUP_LABEL, SANDBOX_LABEL,
+    SANDBOX_POD_LABEL, STRIDE_LABEL, Sandbox, SandboxSpec,
+};
+
+/// Name of the task container (the one running the agent and every command).
+pub const TASK_CONTAINER: &str = "sandbox";
+/// Name of the init container that installs the agent.
+pub const INSTALL_CONTAINER: &str = "orchard-agent-install";
+/// Where the agent binary lives inside the task container.
+pub const AGENT_DIR: &str = "/opt/orchard";
+/// Where the agent's token file is mounted inside the task container.
+pub const TOKEN_DIR: &str = "/var/run/orchard";
+/// Key of the token in the agent-token Secret (and file name under [`TOKEN_DIR`]).
+pub const TOKEN_KEY: &str = "token";
+/// Name of the per-namespace baseline NetworkPolicy.
+pub const BASELINE_POLICY: &str = "orchard-sandbox-baseline";
+/// Name of the named container port of the agent.
+pub const AGENT_PORT_NAME: &str = "agent";
+
+const AGENT_VOLUME: &str = "orchard-agent";
+const TOKEN_VOLUME: &str = "orchard-token";
+
+/// Everything about the pods the operator builds that does not come from a Sandbox spec.
+#[derive(Debug, Clone, PartialEq)]
+pub struct PodShape {
+    /// Image holding the static agent binary at `/orchard-agent`.
+    pub agent_image: String,
+    /// Port the agent listens on.
+    pub agent_port: u16,
+    /// CPU when the spec sets none.
+    pub default_cpu: String,
+    /// Memory when the spec sets none.
+    pub default_memory: String,
+    /// Ephemeral storage when the spec sets none (`None`: no limit).
+    pub default_ephemeral_storage: Option<String>,
+    /// Termination grace period of sandbox pods.
+    pub termination_grace_seconds: i64,
+}
+
+/// Who may reach agents, and where DNS lives: the inputs of the NetworkPolicies.
+#[derive(Debug, Clone, PartialEq)]
+pub struct PolicyShape {
+    /// Port the agent listens on.
+    pub agent_port: u16,
+    /// Namespace of the operator's pods.
+    pub operator_namespace: String,
+    /// Labels of the operator's pods.
+    pub operator_pod_labels: BTreeMap<String, String>,
+    /// Namespace of the cluster DNS resolver.
+    pub dns_namespace: String,
+    /// Labels of the cluster DNS resolver pods.
+    pub dns_pod_labels: BTreeMap<String, String>,
+}
+
+/// Name of a sandbox's Pod (the Sandbox's own name; names are unique per kind and namespace).
+pub fn pod_name(sandbox_name: &str) -> String {
+    sandbox_name.to_string()
+}
+
+/// Name of a sandbox's agent-token Secret.
+pub fn token_secret_name(sandbox_name: &str) -> String {
+    format!("{sandbox_name}-agent-token")
+}
+
+/// Name of a sandbox's own egress NetworkPolicy.
+pub fn egress_policy_name(sandbox_name: &str) -> String {
+    format!("{sandbox_name}-egress")
+}
+
+/// Labels that select exactly one sandbox's Pod.
+pub fn sandbox_selector(sandbox_name: &str) -> BTreeMap<String, String> {
+    BTreeMap::from([(SANDBOX_LABEL.to_string(), sandbox_name.to_string())])
+}
+
+/// Labels of every object built for a sandbox (the selector plus managed-by, plus group labels of
+/// trajectory sandboxes so `kubectl get pods -l orchard.dev/rollout-group=g` works).
+fn child_labels(sandbox: &Sandbox, name: &str) -> BTreeMap<String, String> {
+    let mut labels = sandbox_selector(name);
+    labels.insert(MANAGED_BY_LABEL.to_string(), MANAGED_BY.to_string());
+    for key in [ROLLOUT_GROUP_LABEL, STRIDE_LABEL] {
+        if let Some(value) = sandbox.metadata.labels.as_ref().and_then(|l| l.get(key)) {
+            labels.insert(key.to_string(), value.clone());
+        }
+    }
+    labels
+}
+
+fn child_meta(
+    sandbox: &Sandbox,
+    name: &str,
+    object_name: String,
+    owner: &OwnerReference,
+) -> ObjectMeta {
+    ObjectMeta {
+        name: Some(object_name),
+        namespace: sandbox.metadata.namespace.clone(),
+        labels: Some(child_labels(sandbox, name)),
+        owner_references: Some(vec![owner.clone()]),
+        ..ObjectMeta::default()
+    }
+}
+
+/// Resource requirements with requests equal to limits, from the spec or the defaults.
+pub fn resource_requirements(spec: &SandboxSpec, shape: &PodShape) -> ResourceRequirements {
+    let wanted = spec.resources.clone().unwrap_or_default();
+    let mut amounts = BTreeMap::new();
+    amounts.insert(
+        "cpu".to_string(),
+        wanted
+            .cpu
+            .unwrap_or_else(|| Quantity(shape.default_cpu.clone())),
+    );
+    amounts.insert(
+        "memory".to_string(),
+        wanted
+            .memory
+            .unwrap_or_else(|| Quantity(shape.default_memory.clone())),
+    );
+    if let Some(storage) = wanted
+        .ephemeral_storage
+        .or_else(|| shape.default_ephemeral_storage.clone().map(Quantity))
+    {
+        amounts.insert("ephemeral-storage".to_string(), storage);
+    }
+    ResourceRequirements {
+        limits: Some(amounts.clone()),
+        requests: Some(amounts),
+        ..ResourceRequirements::default()
+    }
+}
+
+/// The environment of the task container: the user's variables, then what the agent needs.
+/// User variables cannot override the agent's own settings (the agent variables come last).
+fn task_env(sandbox: &Sandbox, name: &str, shape: &PodShape) -> Vec<EnvVar> {
+    let spec = &sandbox.spec;
+    let mut env: Vec<EnvVar> = spec
+        .env
+        .iter()
+        .filter(|v| !v.name.starts_with("ORCHARD_AGENT_"))
+        .map(|v| EnvVar {
+            name: v.name.clone(),
+            value: Some(v.value.clone()),
+            ..EnvVar::default()
+        })
+        .collect();
+    let mut push = |key: &str, value: String| {
+        env.push(EnvVar {
+            name: key.to_string(),
+            value: Some(value),
+            ..EnvVar::default()
+        })
+    };
+    push("ORCHARD_SANDBOX", name.to_string());
+    push(
+        "ORCHARD_AGENT_LISTEN",
+        format!("0.0.0.0:{}", shape.agent_port),
+    );
+    push(
+        "ORCHARD_AGENT_TOKEN_FILE",
+        format!("{TOKEN_DIR}/{TOKEN_KEY}"),
+    );
+    if let Some(startup) = &spec.startup {
+        push(
+            "ORCHARD_AGENT_STARTUP",
+            serde_json::json!({ "argv": startup.command }).to_string(),
+        );
+    }
+    env
+}
+
+/// The sandbox's Pod: an init container installs the static agent into an `emptyDir`, and the task
+/// container (the user's image) runs `orchard-agent serve` from there.
+pub fn desired_pod(sandbox: &Sandbox, owner: &OwnerReference, shape: &PodShape) -> Pod {
+    let name = sandbox.metadata.name.clone().unwrap_or_default();
+    let spec = &sandbox.spec;
+    let mut meta = child_meta(sandbox, &name, pod_name(&name), owner);
+    if let Some(labels) = meta.labels.as_mut() {
+        labels.insert(SANDBOX_POD_LABEL.to_string(), "true".to_string());
+    }
+    let no_escalation = SecurityContext {
+        allow_privilege_escalation: Some(false),
+        ..SecurityContext::default()
+    };
+    let install = Container {
+        name: INSTALL_CONTAINER.to_string(),
+        image: Some(shape.agent_image.clone()),
+        command: Some(vec![
+            "/orchard-agent".to_string(),
+            "install".to_string(),
+            AGENT_DIR.to_string(),
+        ]),
+        volume_mounts: Some(vec![VolumeMount {
+            name: AGENT_VOLUME.to_string(),
+            mount_path: AGENT_DIR.to_string(),
+            ..VolumeMount::default()
+        }]),
+        resources: Some(install_resources()),
+        security_context: Some(SecurityContext {
+            allow_privilege_escalation: Some(false),
+            read_only_root_filesystem: Some(true),
+            run_as_non_root: Some(true),
+            run_as_user: Some(65532),
+            capabilities: Some(Capabilities {
+                drop: Some(vec!["ALL".to_string()]),
+                ..Capabilities::default()
+            }),
+            ..SecurityContext::default()
+        }),
+        ..Container::default()
+    };
+    let task = Container {
+        name: TASK_CONTAINER.to_string(),
+        image: Some(spec.image.clone()),
+        image_pull_policy: spec.image_pull_policy.map(|p| format!("{p:?}")),
+        command: Some(vec![
+            format!("{AGENT_DIR}/orchard-agent"),
+            "serve".to_string(),
+        ]),
+        working_dir: spec.working_dir.clone(),
+        env: Some(task_env(sandbox, &name, shape)),
+        ports: Some(vec![ContainerPort {
+            name: Some(AGENT_PORT_NAME.to_string()),
+            container_port: i32::from(shape.agent_port),
+            protocol: Some("TCP".to_string()),
+            ..ContainerPort::default()
+        }]),
+        readiness_probe: Some(Probe {
+            http_get: Some(HTTPGetAction {
+                path: Some("/healthz".to_string()),
+                port: IntOrString::String(AGENT_PORT_NAME.to_string()),
+                ..HTTPGetAction::default()
+            }),
+            period_seconds: Some(1),
+            failure_threshold: Some(3),
+            timeout_seconds: Some(1),
+            ..Probe::default()
+        }),
+        resources: Some(resource_requirements(spec, shape)),
+        security_context: Some(no_escalation),
+        volume_mounts: Some(vec![
+            VolumeMount {
+                name: AGENT_VOLUME.to_string(),
+                mount_path: AGENT_DIR.to_string(),
+                read_only: Some(true),
+                ..VolumeMount::default()
+            },
+            VolumeMount {
+                name: TOKEN_VOLUME.to_string(),
+                mount_path: TOKEN_DIR.to_string(),
+                read_only: Some(true),
+                ..VolumeMount::default()
+            },
+        ]),
+        ..Container::default()
+    };
+    Pod {
+        metadata: meta,
+        spec: Some(PodSpec {
+            init_containers: Some(vec![install]),
+            containers: vec![task],
+            // A crashed agent means lost sandbox state: fail the sandbox instead of restarting silently.
+            restart_policy: Some("Never".to_string()),
+            automount_service_account_token: Some(false),
+            enable_service_links: Some(false),
+            termination_grace_period_seconds: Some(shape.termination_grace_seconds),
+            security_context: Some(PodSecurityContext {
+                seccomp_profile: Some(SeccompProfile {
+                    type_: "RuntimeDefault".to_string(),
+                    ..SeccompProfile::default()
+                }),
+                ..PodSecurityContext::default()
+            }),
+            runtime_class_name: spec.runtime_class_name.clone(),
+            node_selector: (!spec.node_selector.is_empty()).then(|| spec.node_selector.clone()),
+            tolerations: (!spec.tolerations.is_empty()).then(|| spec.tolerations.clone()),
+            priority_class_name: spec.priority_class_name.clone(),
+            image_pull_secrets: (!spec.image_pull_secrets.is_empty()).then(|| {
+                spec.image_pull_secrets
+                    .iter()
+                    .map(|s| LocalObjectReference {
+                        name: s.name.clone(),
+                    })
+                    .collect()
+            }),
+            volumes: Some(vec![
+                Volume {
+                    name: AGENT_VOLUME.to_string(),
+                    empty_dir: Some(EmptyDirVolumeSource {
+                        size_limit: Some(Quantity("64Mi".to_string())),
+                        ..EmptyDirVolumeSource::default()
+                    }),
+                    ..Volume::default()
+                },
+                Volume {
+                    name: TOKEN_VOLUME.to_string(),
+                    secret: Some(SecretVolumeSource {
+                        secret_name: Some(token_secret_name(&name)),
+                        items: Some(vec![KeyToPath {
+                            key: TOKEN_KEY.to_string(),
+                            path: TOKEN_KEY.to_string(),
+                            ..KeyToPath::default()
+                        }]),
+                        // Readable by whatever user the task image runs as; the token only opens this sandbox.
+                        default_mode: Some(0o444),
+                        ..SecretVolumeSource::default()
+                    }),
+                    ..Volume::default()
+                },
+            ]),
+            ..PodSpec::default()
+        }),
+        status: None,
+    }
+}
+
+/// The init container copies one binary: a small fixed budget, requests = limits.
+fn install_resources() -> ResourceRequirements {
+    let amounts = BTreeMap::from([
+        ("cpu".to_string(), Quantity("50m".to_string())),
+        ("memory".to_string(), Quantity("32Mi".to_string())),
+    ]);
+    ResourceRequirements {
+        limits: Some(amounts.clone()),
+        requests: Some(amounts),
+        ..ResourceRequirements::default()
+    }
+}
+
+/// The sandbox's agent-token Secret holding `token` (generated by the caller: builders are pure).
+pub fn desired_token_secret(sandbox: &Sandbox, owner: &OwnerReference, token: &str) -> Secret {
+    let name = sandbox.metadata.name.clone().unwrap_or_default();
+    Secret {
+        metadata: child_meta(sandbox, &name, token_secret_name(&name), owner),
+        data: Some(BTreeMap::from([(
+            TOKEN_KEY.to_string(),
+            ByteString(token.as_bytes().to_vec()),
+        )])),
+        type_: Some("Opaque".to_string()),
+        immutable: Some(true),
+        ..Secret::default()
+    }
+}
+
+fn labels_selector(labels: &BTreeMap<String, String>) -> LabelSelector {
+    LabelSelector {
+        match_labels: Some(labels.clone()),
+        ..LabelSelector::default()
+    }
+}
+
+/// The namespace baseline, ensured once per namespace that holds sandboxes: every sandbox pod gets no
+/// egress at all, and ingress only to the agent port from the operator's own pods. It selects only
+/// sandbox pods, so it never affects anything else in the namespace.
+pub fn baseline_policy(namespace: &str, shape: &PolicyShape) -> NetworkPolicy {
+    let sandbox_pods = BTreeMap::from([(SANDBOX_POD_LABEL.to_string(), "true".to_string())]);
+    NetworkPolicy {
+        metadata: ObjectMeta {
+            name: Some(BASELINE_POLICY.to_string()),
+            namespace: Some(namespace.to_string()),
+            labels: Some(BTreeMap::from([(
+                MANAGED_BY_LABEL.to_string(),
+                MANAGED_BY.to_string(),
+            )])),
+            ..ObjectMeta::default()
+        },
+        spec: Some(NetworkPolicySpec {
+            pod_selector: Some(labels_selector(&sandbox_pods)),
+            policy_types: Some(vec!["Ingress".to_string(), "Egress".to_string()]),
+            ingress: Some(vec![NetworkPolicyIngressRule {
+                from: Some(vec![NetworkPolicyPeer {
+                    namespace_selector: Some(labels_selector(&BTreeMap::from([(
+                        "kubernetes.io/metadata.name".to_string(),
+                        shape.operator_namespace.clone(),
+                    )]))),
+                    pod_selector: Some(labels_selector(&shape.operator_pod_labels)),
+                    ..NetworkPolicyPeer::default()
+                }]),
+                ports: Some(vec![tcp_port(i32::from(shape.agent_port))]),
+            }]),
+            egress: Some(Vec::new()),
+        }),
+    }
+}
+
+fn tcp_port(port: i32) -> NetworkPolicyPort {
+    NetworkPolicyPort {
+        port: Some(IntOrString::Int(port)),
+        protocol: Some("TCP".to_string()),
+        ..NetworkPolicyPort::default()
+    }
+}
+
+fn dns_rule(shape: &PolicyShape) -> NetworkPolicyEgressRule {
+    NetworkPolicyEgressRule {
+        to: Some(vec![NetworkPolicyPeer {
+            namespace_selector: Some(labels_selector(&BTreeMap::from([(
+                "kubernetes.io/metadata.name".to_string(),
+                shape.dns_namespace.clone(),
+            )]))),
+            pod_selector: Some(labels_selector(&shape.dns_pod_labels)),
+            ..NetworkPolicyPeer::default()
+        }]),
+        ports: Some(
+            ["UDP", "TCP"]
+                .into_iter()
+                .map(|protocol| NetworkPolicyPort {
+                    port: Some(IntOrString::Int(53)),
+                    protocol: Some(protocol.to_string()),
+                    ..NetworkPolicyPort::default()
+                })
+                .collect(),
+        ),
+    }
+}
+
+/// The sandbox's own egress policy: `None` for `Deny` (the baseline already denies everything); for
+/// `AllowAll` any destination, for `AllowList` exactly the listed destinations plus cluster DNS. It
+/// selects only this sandbox's pod, so it never widens anything else.
+pub fn desired_egress_policy(
+    sandbox: &Sandbox,
+    owner: &OwnerReference,
+    shape: &PolicyShape,
+) -> Option<NetworkPolicy> {
+    let name = sandbox.metadata.name.clone().unwrap_or_default();
+    let network = sandbox.spec.network.clone().unwrap_or_default();
+    let egress = match network.egress {
+        EgressPolicy::Deny => return None,
+        EgressPolicy::AllowAll => vec![NetworkPolicyEgressRule::default()],
+        EgressPolicy::AllowList => {
+            let mut rules: Vec<NetworkPolicyEgressRule> = network
+                .allow
+                .iter()
+                .map(|rule| NetworkPolicyEgressRule {
+                    to: Some(vec![NetworkPolicyPeer {
+                        ip_block: Some(IPBlock {
+                            cidr: rule.cidr.clone(),
+                            except: None,
+                        }),
+                        ..NetworkPolicyPeer::default()
+                    }]),
+                    ports: (!rule.ports.is_empty()).then(|| {
+                        rule.ports
+                            .iter()
+                            .map(|p| NetworkPolicyPort {
+                                port: Some(IntOrString::Int(p.port)),
+                                protocol: Some(protocol_name(p.protocol).to_string()),
+                                ..NetworkPolicyPort::default()
+                            })
+                            .collect()
+                    }),
+                })
+                .collect();
+            rules.push(dns_rule(shape));
+            rules
+        }
+    };
+    Some(NetworkPolicy {
+        metadata: child_meta(sandbox, &name, egress_policy_name(&name), owner),
+        spec: Some(NetworkPolicySpec {
+            pod_selector: Some(labels_selector(&sandbox_selector(&name))),
+            policy_types: Some(vec!["Egress".to_string()]),
+            egress: Some(egress),
+            ingress: None,
+        }),
+    })
+}
+
+fn protocol_name(protocol: PortProtocol) -> &'static str {
+    match protocol {
+        PortProtocol::TCP => "TCP",
+        PortProtocol::UDP => "UDP",
+        PortProtocol::SCTP => "SCTP",
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::api::{
+        EgressPort, EgressRule, EnvVar as SandboxEnv, ImagePullPolicy, NetworkSpec,
+        SandboxResources, SecretName, StartupSpec,
+    };
+    use k8s_openapi::api::core::v1::Toleration;
+
+    fn shape() -> PodShape {
+        PodShape {
+            agent_image: "ghcr.io/orchard-env/orchard-agent:test".into(),
+            agent_port: 9090,
+            default_cpu: "1".into(),
+            default_memory: "2Gi".into(),
+            default_ephemeral_storage: None,
+            termination_grace_seconds: 5,
+        }
+    }
+
+    fn policy_shape() -> PolicyShape {
+        PolicyShape {
+            agent_port: 9090,
+            operator_namespace: "orchard-system".into(),
+            operator_pod_labels: BTreeMap::from([(
+                "app.kubernetes.io/name".into(),
+                "orchard-operator".into(),
+            )]),
+            dns_namespace: "kube-system".into(),
+            dns_pod_labels: BTreeMap::from([("k8s-app".into(), "kube-dns".into())]),
+        }
+    }
+
+    fn owner() -> OwnerReference {
+        OwnerReference {
+            api_version: "orchard.dev/v1alpha1".into(),
+            kind: "Sandbox".into(),
+            name: "s1".into(),
+            uid: "uid-1".into(),
+            controller: Some(true),
+            ..OwnerReference::default()
+        }
+    }
+
+    fn sandbox(spec: SandboxSpec) -> Sandbox {
+        let mut s = Sandbox::new("s1", spec);
+        s.metadata.namespace = Some("ns".into());
+        s.metadata.uid = Some("uid-1".into());
+        s
+    }
+
+    fn minimal() -> Sandbox {
+        sandbox(SandboxSpec {
+            image: "python:3.11".into(),
+            ..SandboxSpec::default()
+        })
+    }
+
+    fn env_value(pod: &Pod, key: &str) -> Option<String> {
+        pod.spec.as_ref()?.containers[0]
+            .env
+            .as_ref()?
+            .iter()
+            .find(|e| e.name == key)
+            .and_then(|e| e.value.clone())
+    }
+
+    #[test]
+    fn pod_injects_the_agent_through_an_init_container() {
+        let pod = desired_pod(&minimal(), &owner(), &shape());
+        let spec = pod.spec.as_ref().unwrap();
+        let init = &spec.init_containers.as_ref().unwrap()[0];
+        assert_eq!(
+            init.image.as_deref(),
+            Some("ghcr.io/orchard-env/orchard-agent:test")
+        );
+        assert_eq!(
+            init.command.as_ref().unwrap(),
+            &["/orchard-agent", "install", "/opt/orchard"]
+        );
+        let task = &spec.containers[0];
+        assert_eq!(task.image.as_deref(), Some("python:3.11"));
+        assert_eq!(
+            task.command.as_ref().unwrap(),
+            &["/opt/orchard/orchard-agent", "serve"]
+        );
+        assert_eq!(
+            env_value(&pod, "ORCHARD_AGENT_LISTEN").as_deref(),
+            Some("0.0.0.0:9090")
+        );
+        assert_eq!(
+            env_value(&pod, "ORCHARD_AGENT_TOKEN_FILE").as_deref(),
+            Some("/var/run/orchard/token")
+        );
+        let probe = task
+            .readiness_probe
+            .as_ref()
+            .unwrap()
+            .http_get
+            .as_ref()
+            .unwrap();
+        assert_eq!(probe.path.as_deref(), Some("/healthz"));
+        assert_eq!(probe.port, IntOrString::String("agent".into()));
+        let volumes = spec.volumes.as_ref().unwrap();
+        assert!(volumes[0].empty_dir.is_some());
+        assert_eq!(
+            volumes[1].secret.as_ref().unwrap().secret_name.as_deref(),
+            Some("s1-agent-token")
+        );
+    }
+
+    #[test]
+    fn pod_is_hardened_and_owned() {
+        let pod = desired_pod(&minimal(), &owner(), &shape());
+        assert_eq!(
+            pod.metadata.owner_references.as_ref().unwrap(),
+            &vec![owner()]
+        );
+        let labels = pod.metadata.labels.as_ref().unwrap();
+        assert_eq!(labels.get(SANDBOX_LABEL).map(String::as_str), Some("s1"));
+        assert_eq!(
+            labels.get(SANDBOX_POD_LABEL).map(String::as_str),
+            Some("true")
+        );
+        let spec = pod.spec.as_ref().unwrap();
+        assert_eq!(spec.automount_service_account_token, Some(false));
+        assert_eq!(spec.restart_policy.as_deref(), Some("Never"));
+        assert_eq!(
+            spec.security_context
+                .as_ref()
+                .unwrap()
+                .seccomp_profile
+                .as_ref()
+                .unwrap()
+                .type_,
+            "RuntimeDefault"
+        );
+        for container in spec
+            .containers
+            .iter()
+            .chain(spec.init_containers.as_ref().unwrap())
+        {
+            assert_eq!(
+                container
+                    .security_context
+                    .as_ref()
+                    .unwrap()
+                    .allow_privilege_escalation,
+                Some(false),
+                "{}",
+                container.name
+            );
+        }
+    }
+
+    #[test]
+    fn resources_default_and_requests_equal_limits() {
+        let pod = desired_pod(&minimal(), &owner(), &shape());
+        let resources = pod.spec.unwrap().containers[0].resources.clone().unwrap();
+        assert_eq!(resources.requests, resources.limits);
+        let limits = resources.limits.unwrap();
+        assert_eq!(limits["cpu"], Quantity("1".into()));
+        assert_eq!(limits["memory"], Quantity("2Gi".into()));
+        assert!(!limits.contains_key("ephemeral-storage"));
+
+        let custom = sandbox(SandboxSpec {
+            image: "x".into(),
+            resources: Some(SandboxResources {
+                cpu: Some(Quantity("250m".into())),
+                memory: None,
+                ephemeral_storage: Some(Quantity("5Gi".into())),
+            }),
+            ..SandboxSpec::default()
+        });
+        let resources = resource_requirements(&custom.spec, &shape());
+        assert_eq!(resources.requests, resources.limits);
+        let limits = resources.limits.unwrap();
+        assert_eq!(limits["cpu"], Quantity("250m".into()));
+        assert_eq!(limits["memory"], Quantity("2Gi".into()));
+        assert_eq!(limits["ephemeral-storage"], Quantity("5Gi".into()));
+    }
+
+    #[test]
+    fn scheduling_fields_pass_through() {
+        let spec = SandboxSpec {
+            image: "x".into(),
+            image_pull_policy: Some(ImagePullPolicy::IfNotPresent),
+            image_pull_secrets: vec![SecretName {
+                name: "regcred".into(),
+            }],
+            runtime_class_name: Some("gvisor".into()),
+            node_selector: BTreeMap::from([("pool".into(), "sandbox".into())]),
+            tolerations: vec![Toleration {
+                key: Some("sandbox".into()),
+                operator: Some("Exists".into()),
+                effect: Some("NoSchedule".into()),
+                ..Toleration::default()
+            }],
+            priority_class_name: Some("rollouts".into()),
+            working_dir: Some("/workspace".into()),
+            ..SandboxSpec::default()
+        };
+        let pod = desired_pod(&sandbox(spec), &owner(), &shape());
+        let pod_spec = pod.spec.unwrap();
+        assert_eq!(pod_spec.runtime_class_name.as_deref(), Some("gvisor"));
+        assert_eq!(pod_spec.node_selector.unwrap()["pool"], "sandbox");
+        assert_eq!(
+            pod_spec.tolerations.unwrap()[0].key.as_deref(),
+            Some("sandbox")
+        );
+        assert_eq!(pod_spec.priority_class_name.as_deref(), Some("rollouts"));
+        assert_eq!(pod_spec.image_pull_secrets.unwrap()[0].name, "regcred");
+        assert_eq!(
+            pod_spec.containers[0].image_pull_policy.as_deref(),
+            Some("IfNotPresent")
+        );
+        assert_eq!(
+            pod_spec.containers[0].working_dir.as_deref(),
+            Some("/workspace")
+        );
+    }
+
+    #[test]
+    fn user_env_cannot_override_agent_settings_and_startup_is_passed() {
+        let spec = SandboxSpec {
+            image: "x".into(),
+            env: vec![
+                SandboxEnv {
+                    name: "TASK".into(),
+                    value: "fix-bug".into(),
+                },
+                SandboxEnv {
+                    name: "ORCHARD_AGENT_TOKEN".into(),
+                    value: "stolen".into(),
+                },
+            ],
+            startup: Some(StartupSpec {
+                command: vec!["/usr/bin/Xvfb".into(), ":1".into()],
+            }),
+            ..SandboxSpec::default()
+        };
+        let pod = desired_pod(&sandbox(spec), &owner(), &shape());
+        assert_eq!(env_value(&pod, "TASK").as_deref(), Some("fix-bug"));
+        assert_eq!(env_value(&pod, "ORCHARD_AGENT_TOKEN"), None);
+        assert_eq!(env_value(&pod, "ORCHARD_SANDBOX").as_deref(), Some("s1"));
+        assert_eq!(
+            env_value(&pod, "ORCHARD_AGENT_STARTUP").as_deref(),
+            Some(r#"{"argv":["/usr/bin/Xvfb",":1"]}"#)
+        );
+    }
+
+    #[test]
+    fn group_labels_are_copied_onto_children() {
+        let mut s = minimal();
+        s.metadata.labels = Some(BTreeMap::from([
+            (ROLLOUT_GROUP_LABEL.into(), "g".into()),
+            (STRIDE_LABEL.into(), "1".into()),
+            ("unrelated".into(), "x".into()),
+        ]));
+        let pod = desired_pod(&s, &owner(), &shape());
+        let labels = pod.metadata.labels.unwrap();
+        assert_eq!(labels[ROLLOUT_GROUP_LABEL], "g");
+        assert_eq!(labels[STRIDE_LABEL], "1");
+        assert!(!labels.contains_key("unrelated"));
+    }
+
+    #[test]
+    fn token_secret_is_owned_immutable_and_holds_the_token() {
+        let secret = desired_token_secret(&minimal(), &owner(), "abc");
+        assert_eq!(secret.metadata.name.as_deref(), Some("s1-agent-token"));
+        assert_eq!(secret.immutable, Some(true));
+        assert_eq!(secret.data.unwrap()["token"].0, b"abc");
+        assert_eq!(secret.metadata.owner_references.unwrap()[0].uid, "uid-1");
+    }
+
+    #[test]
+    fn baseline_denies_egress_and_admits_only_the_operator() {
+        let policy = baseline_policy("ns", &policy_shape());
+        let spec = policy.spec.unwrap();
+        assert_eq!(
+            spec.pod_selector.unwrap().match_labels.unwrap()[SANDBOX_POD_LABEL],
+            "true"
+        );
+        assert_eq!(spec.policy_types.unwrap(), vec!["Ingress", "Egress"]);
+        assert_eq!(spec.egress.unwrap(), Vec::<NetworkPolicyEgressRule>::new());
+        let ingress = &spec.ingress.unwrap()[0];
+        let peer = &ingress.from.as_ref().unwrap()[0];
+        assert_eq!(
+            peer.namespace_selector
+                .as_ref()
+                .unwrap()
+                .match_labels
+                .as_ref()
+                .unwrap()["kubernetes.io/metadata.name"],
+            "orchard-system"
+        );
+        assert_eq!(
+            peer.pod_selector
+                .as_ref()
+                .unwrap()
+                .match_labels
+                .as_ref()
+                .unwrap()["app.kubernetes.io/name"],
+            "orchard-operator"
+        );
+        assert_eq!(
+            ingress.ports.as_ref().unwrap()[0].port,
+            Some(IntOrString::Int(9090))
+        );
+    }
+
+    #[test]
+    fn deny_egress_builds_no_policy() {
+        assert!(desired_egress_policy(&minimal(), &owner(), &policy_shape()).is_none());
+    }
+
+    #[test]
+    fn allow_all_selects_only_this_sandbox() {
+        let s = sandbox(SandboxSpec {
+            image: "x".into(),
+            network: Some(NetworkSpec {
+                egress: EgressPolicy::AllowAll,
+                allow: vec![],
+            }),
+            ..SandboxSpec::default()
+        });
+        let policy = desired_egress_policy(&s, &owner(), &policy_shape()).unwrap();
+        assert_eq!(policy.metadata.name.as_deref(), Some("s1-egress"));
+        let spec = policy.spec.unwrap();
+        assert_eq!(
+            spec.pod_selector.unwrap().match_labels.unwrap()[SANDBOX_LABEL],
+            "s1"
+        );
+        assert_eq!(spec.policy_types.unwrap(), vec!["Egress"]);
+        assert_eq!(
+            spec.egress.unwrap(),
+            vec![NetworkPolicyEgressRule::default()]
+        );
+    }
+
+    #[test]
+    fn allow_list_opens_exactly_the_listed_destinations_and_dns() {
+        let s = sandbox(SandboxSpec {
+            image: "x".into(),
+            network: Some(NetworkSpec {
+                egress: EgressPolicy::AllowList,
+                allow: vec![
+                    EgressRule {
+                        cidr: "203.0.113.0/24".into(),
+                        ports: vec![EgressPort {
+                            port: 443,
+                            protocol: PortProtocol::TCP,
+                        }],
+                    },
+                    EgressRule {
+                        cidr: "10.1.2.3/32".into(),
+                        ports: vec![],
+                    },
+                ],
+            }),
+            ..SandboxSpec::default()
+        });
+        let egress = desired_egress_policy(&s, &owner(), &policy_shape())
+            .unwrap()
+            .spec
+            .unwrap()
+            .egress
+            .unwrap();
+        assert_eq!(egress.len(), 3);
+        assert_eq!(
+            egress[0].to.as_ref().unwrap()[0]
+                .ip_block
+                .as_ref()
+                .unwrap()
+                .cidr,
+            "203.0.113.0/24"
+        );
+        assert_eq!(
+            egress[0].ports.as_ref().unwrap()[0].port,
+            Some(IntOrString::Int(443))
+        );
+        assert!(
+            egress[1].ports.is_none(),
+            "no ports listed means all ports of that CIDR"
+        );
+        let dns = &egress[2];
+        assert_eq!(dns.ports.as_ref().unwrap().len(), 2);
+        assert_eq!(
+            dns.to.as_ref().unwrap()[0]
+                .pod_selector
+                .as_ref()
+                .unwrap()
+                .match_labels
+                .as_ref()
+                .unwrap()["k8s-app"],
+            "kube-dns"
+        );
+        // No rule may be the empty (allow-everything) rule.
+        assert!(egress.iter().all(|r| r.to.is_some()));
+    }
+}

@@ -1,0 +1,318 @@
+//! Expiry arithmetic (pure): when a sandbox must be deleted, and which heartbeat counts.
+//!
+//! Both clocks start when the sandbox becomes Ready: the deadline is
+//! `min(readyTime + ttl, lastHeartbeat + heartbeatTimeout)` where `lastHeartbeat` is never earlier
+//! than `readyTime`. Times have whole-second precision (the `metav1.Time` wire format), so a heartbeat
+//! is rounded *up* to the next second: it never makes a sandbox expire early.
+
+use k8s_openapi::jiff::{SignedDuration, Timestamp};
+
+use crate::api::{HEARTBEAT_ANNOTATION, Sandbox};
+
+/// Heartbeats more than this far in the future are ignored (clock skew or a typo, not a heartbeat).
+pub const MAX_HEARTBEAT_SKEW: SignedDuration = SignedDuration::from_secs(60);
+
+/// Which deadline ends a sandbox's life.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ExpiryCause {
+    /// `readyTime + ttlSeconds`.
+    Ttl,
+    /// `lastHeartbeatTime + heartbeatTimeoutSeconds`.
+    Heartbeat,
+}
+
+impl ExpiryCause {
+    /// Label value used in metrics and events.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Ttl => "ttl",
+            Self::Heartbeat => "heartbeat",
+        }
+    }
+}
+
+/// The effective lifecycle settings of one sandbox (spec values or the operator's defaults).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Lifecycle {
+    /// Hard maximum age after Ready, in seconds.
+    pub ttl_seconds: i64,
+    /// Heartbeat timeout in seconds; 0 is off.
+    pub heartbeat_timeout_seconds: i64,
+}
+
+impl Lifecycle {
+    /// Spec values, falling back to the operator's defaults.
+    pub fn of(
+        sandbox: &Sandbox,
+        default_ttl_seconds: i64,
+        default_heartbeat_timeout_seconds: i64,
+    ) -> Self {
+        let spec = sandbox.spec.lifecycle.clone().unwrap_or_default();
+        Self {
+            ttl_seconds: spec.ttl_seconds.unwrap_or(default_ttl_seconds),
+            heartbeat_timeout_seconds: spec
+                .heartbeat_timeout_seconds
+                .unwrap_or(default_heartbeat_timeout_seconds),
+        }
+    }
+}
+
+/// The deadline and its cause, or `None` before the sandbox is Ready.
+pub fn expiry_deadline(
+    ready_time: Option<Timestamp>,
+    last_heartbeat: Option<Timestamp>,
+    lifecycle: Lifecycle,
+) -> Option<(Timestamp, ExpiryCause)> {
+    let ready = ready_time?;
+    let ttl_deadline = ready
+        .saturating_add(SignedDuration::from_secs(lifecycle.ttl_seconds.max(0)))
+        .ok()?;
+    let mut deadline = (ttl_deadline, ExpiryCause::Ttl);
+    if lifecycle.heartbeat_timeout_seconds > 0 {
+        let beat = last_heartbeat.map_or(ready, |b| b.max(ready));
+        if let Ok(heartbeat_deadline) = beat.saturating_add(SignedDuration::from_secs(
+            lifecycle.heartbeat_timeout_seconds,
+        )) && heartbeat_deadline < deadline.0
+        {
+            deadline = (heartbeat_deadline, ExpiryCause::Heartbeat);
+        }
+    }
+    Some(deadline)
+}
+
+/// Rounds a time up to the next whole second (a time already on a second stays).
+pub fn ceil_to_second(t: Timestamp) -> Timestamp {
+    if t.subsec_nanosecond() == 0 {
+        return t;
+    }
+    Timestamp::from_second(t.as_second() + 1).unwrap_or(t)
+}
+
+/// Rounds a time down to a whole second.
+pub fn floor_to_second(t: Timestamp) -> Timestamp {
+    Timestamp::from_second(t.as_second()).unwrap_or(t)
+}
+
+/// Why a heartbeat annotation was not counted.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum HeartbeatError {
+    /// Not an RFC 3339 time.
+    Unparseable(String),
+    /// Too far in the future.
+    InTheFuture(String),
+}
+
+impl std::fmt::Display for HeartbeatError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Self::Unparseable(value) => write!(
+                f,
+                "annotation {HEARTBEAT_ANNOTATION}={value:?} is not an RFC 3339 time (e.g. 2026-01-02T15:04:05Z); heartbeat ignored"
+            ),
+            Self::InTheFuture(value) => write!(
+                f,
+                "annotation {HEARTBEAT_ANNOTATION}={value:?} lies more than {}s in the future; heartbeat ignored",
+                MAX_HEARTBEAT_SKEW.as_secs()
+            ),
+        }
+    }
+}
+
+/// The heartbeat recorded in the annotation, rounded up to a whole second; `Ok(None)` without one.
+pub fn annotated_heartbeat(
+    sandbox: &Sandbox,
+    now: Timestamp,
+) -> Result<Option<Timestamp>, HeartbeatError> {
+    let Some(value) = sandbox
+        .metadata
+        .annotations
+        .as_ref()
+        .and_then(|a| a.get(HEARTBEAT_ANNOTATION))
+    else {
+        return Ok(None);
+    };
+    let parsed: Timestamp = value
+        .trim()
+        .parse()
+        .map_err(|_| HeartbeatError::Unparseable(value.clone()))?;
+    if parsed > now.saturating_add(MAX_HEARTBEAT_SKEW).unwrap_or(now) {
+        return Err(HeartbeatError::InTheFuture(value.clone()));
+    }
+    Ok(Some(ceil_to_second(parsed)))
+}
+
+/// The latest of the heartbeats known (previous status and annotation), never earlier than Ready.
+pub fn latest_heartbeat(
+    ready_time: Option<Timestamp>,
+    previous: Option<Timestamp>,
+    annotated: Option<Timestamp>,
+) -> Option<Timestamp> {
+    let ready = ready_time?;
+    Some(
+        [previous, annotated]
+            .into_iter()
+            .flatten()
+            .fold(ready, Timestamp::max),
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::api::SandboxSpec;
+    use std::collections::BTreeMap;
+
+    fn t(s: &str) -> Timestamp {
+        s.parse().unwrap()
+    }
+
+    #[test]
+    fn no_deadline_before_ready() {
+        let lifecycle = Lifecycle {
+            ttl_seconds: 60,
+            heartbeat_timeout_seconds: 10,
+        };
+        assert_eq!(expiry_deadline(None, None, lifecycle), None);
+    }
+
+    #[test]
+    fn ttl_alone_counts_from_ready() {
+        let lifecycle = Lifecycle {
+            ttl_seconds: 60,
+            heartbeat_timeout_seconds: 0,
+        };
+        let deadline = expiry_deadline(
+            Some(t("2026-01-01T00:00:00Z")),
+            Some(t("2026-01-01T00:10:00Z")),
+            lifecycle,
+        );
+        assert_eq!(
+            deadline,
+            Some((t("2026-01-01T00:01:00Z"), ExpiryCause::Ttl))
+        );
+    }
+
+    #[test]
+    fn heartbeat_deadline_wins_when_earlier() {
+        let lifecycle = Lifecycle {
+            ttl_seconds: 3600,
+            heartbeat_timeout_seconds: 3,
+        };
+        let ready = t("2026-01-01T00:00:00Z");
+        assert_eq!(
+            expiry_deadline(Some(ready), None, lifecycle),
+            Some((t("2026-01-01T00:00:03Z"), ExpiryCause::Heartbeat))
+        );
+        assert_eq!(
+            expiry_deadline(Some(ready), Some(t("2026-01-01T00:00:10Z")), lifecycle),
+            Some((t("2026-01-01T00:00:13Z"), ExpiryCause::Heartbeat))
+        );
+    }
+
+    #[test]
+    fn ttl_caps_heartbeats() {
+        let lifecycle = Lifecycle {
+            ttl_seconds: 20,
+            heartbeat_timeout_seconds: 15,
+        };
+        let ready = t("2026-01-01T00:00:00Z");
+        assert_eq!(
+            expiry_deadline(Some(ready), Some(t("2026-01-01T00:00:10Z")), lifecycle),
+            Some((t("2026-01-01T00:00:20Z"), ExpiryCause::Ttl))
+        );
+    }
+
+    #[test]
+    fn heartbeats_before_ready_do_not_shorten_the_life() {
+        let lifecycle = Lifecycle {
+            ttl_seconds: 3600,
+            heartbeat_timeout_seconds: 5,
+        };
+        let ready = t("2026-01-01T00:01:00Z");
+        assert_eq!(
+            expiry_deadline(Some(ready), Some(t("2026-01-01T00:00:00Z")), lifecycle),
+            Some((t("2026-01-01T00:01:05Z"), ExpiryCause::Heartbeat))
+        );
+        assert_eq!(
+            latest_heartbeat(Some(ready), None, Some(t("2026-01-01T00:00:30Z"))),
+            Some(ready)
+        );
+    }
+
+    #[test]
+    fn latest_heartbeat_takes_the_maximum() {
+        let ready = t("2026-01-01T00:00:00Z");
+        assert_eq!(
+            latest_heartbeat(
+                Some(ready),
+                Some(t("2026-01-01T00:00:09Z")),
+                Some(t("2026-01-01T00:00:05Z"))
+            ),
+            Some(t("2026-01-01T00:00:09Z"))
+        );
+        assert_eq!(latest_heartbeat(None, Some(ready), None), None);
+    }
+
+    fn annotated(value: &str) -> Sandbox {
+        let mut s = Sandbox::new("s", SandboxSpec::default());
+        s.metadata.annotations = Some(BTreeMap::from([(
+            HEARTBEAT_ANNOTATION.to_string(),
+            value.to_string(),
+        )]));
+        s
+    }
+
+    #[test]
+    fn annotation_is_parsed_and_rounded_up() {
+        let now = t("2026-01-01T00:00:10Z");
+        assert_eq!(
+            annotated_heartbeat(&annotated("2026-01-01T00:00:05.250Z"), now),
+            Ok(Some(t("2026-01-01T00:00:06Z")))
+        );
+        assert_eq!(
+            annotated_heartbeat(&annotated("2026-01-01T01:00:05+01:00"), now),
+            Ok(Some(t("2026-01-01T00:00:05Z")))
+        );
+        assert_eq!(
+            annotated_heartbeat(&Sandbox::new("s", SandboxSpec::default()), now),
+            Ok(None)
+        );
+    }
+
+    #[test]
+    fn bad_annotations_are_rejected_with_a_reason() {
+        let now = t("2026-01-01T00:00:10Z");
+        let err = annotated_heartbeat(&annotated("yesterday"), now).unwrap_err();
+        assert!(err.to_string().contains("not an RFC 3339 time"), "{err}");
+        let err = annotated_heartbeat(&annotated("2026-01-01T00:05:00Z"), now).unwrap_err();
+        assert!(err.to_string().contains("in the future"), "{err}");
+    }
+
+    #[test]
+    fn defaults_fill_unset_lifecycle_fields() {
+        let s = Sandbox::new("s", SandboxSpec::default());
+        assert_eq!(
+            Lifecycle::of(&s, 7200, 0),
+            Lifecycle {
+                ttl_seconds: 7200,
+                heartbeat_timeout_seconds: 0
+            }
+        );
+    }
+
+    #[test]
+    fn rounding() {
+        assert_eq!(
+            ceil_to_second(t("2026-01-01T00:00:05Z")),
+            t("2026-01-01T00:00:05Z")
+        );
+        assert_eq!(
+            ceil_to_second(t("2026-01-01T00:00:05.001Z")),
+            t("2026-01-01T00:00:06Z")
+        );
+        assert_eq!(
+            floor_to_second(t("2026-01-01T00:00:05.999Z")),
+            t("2026-01-01T00:00:05Z")
+        );
+    }
+}

@@ -1,0 +1,11 @@
+//! The Sandbox controller: [`build`] (pure: desired Pod, token Secret, NetworkPolicies), [`status`]
+//! (pure: observed Pod -> status), [`expiry`] (pure deadline arithmetic), [`apply`] (thin I/O) and
+//! [`reconcile`] (the loop that ties them together).
+
+pub mod apply;
+pub mod build;
+pub mod expiry;
+pub mod reconcile;
+pub mod status;
+
+pub use reconcile::{CONTROLLER, error_policy, reconcile};

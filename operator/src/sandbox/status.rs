@@ -1,0 +1,777 @@
+//! Pure status computation: a Sandbox, its observed Pod and the current time in, the desired
+//! `SandboxStatus` out. Recomputing from the same observations gives the same status, so the
+//! controller writes only on real changes.
+
+use k8s_openapi::api::core::v1::{ContainerStatus, Pod};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+use k8s_openapi::jiff::{SignedDuration, Timestamp};
+
+use super::build::{INSTALL_CONTAINER, TASK_CONTAINER};
+use super::expiry::{
+    Lifecycle, annotated_heartbeat, expiry_deadline, floor_to_second, latest_heartbeat,
+};
+use crate::api::{Sandbox, SandboxPhase, SandboxStatus};
+use crate::conditions::{self, Desired};
+
+/// Condition types of a Sandbox.
+pub mod condition {
+    /// The Pod is bound to a node.
+    pub const SCHEDULED: &str = "Scheduled";
+    /// The agent answers its health probe.
+    pub const AGENT_READY: &str = "AgentReady";
+    /// The sandbox accepts exec and file calls.
+    pub const READY: &str = "Ready";
+    /// A deadline passed.
+    pub const EXPIRED: &str = "Expired";
+}
+
+/// Container waiting reasons that mean the container will not start without outside help.
+const START_FAILURES: &[&str] = &[
+    "ErrImagePull",
+    "ImagePullBackOff",
+    "InvalidImageName",
+    "ErrImageNeverPull",
+    "CreateContainerConfigError",
+    "CreateContainerError",
+    "RunContainerError",
+];
+
+/// Everything the status depends on.
+#[derive(Debug, Clone)]
+pub struct Observed<'a> {
+    /// The sandbox's Pod, if one exists.
+    pub pod: Option<&'a Pod>,
+    /// The Pod existed (status names it) and a live read confirmed it is gone.
+    pub pod_gone: bool,
+    /// Current time.
+    pub now: Timestamp,
+    /// Effective TTL and heartbeat timeout.
+    pub lifecycle: Lifecycle,
+    /// Seconds after creation a sandbox may take to become Ready.
+    pub startup_timeout_seconds: i64,
+    /// Port the agent listens on.
+    pub agent_port: u16,
+}
+
+/// Why a sandbox failed: a machine-readable reason and a message a user can act on.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Failure {
+    /// CamelCase reason, e.g. `ImagePullBackOff`.
+    pub reason: String,
+    /// What happened and what to do.
+    pub message: String,
+}
+
+impl Failure {
+    fn new(reason: impl Into<String>, message: impl Into<String>) -> Self {
+        Self {
+            reason: reason.into(),
+            message: message.into(),
+        }
+    }
+}
+
+fn container_status<'a>(
+    statuses: Option<&'a Vec<ContainerStatus>>,
+    name: &str,
+) -> Option<&'a ContainerStatus> {
+    statuses?.iter().find(|s| s.name == name)
+}
+
+fn pod_image(pod: &Pod, container: &str) -> String {
+    let spec = pod.spec.as_ref();
+    spec.and_then(|s| {
+        s.containers
+            .iter()
+            .chain(s.init_containers.iter().flatten())
+            .find(|c| c.name == container)
+            .and_then(|c| c.image.clone())
+    })
+    .unwrap_or_default()
+}
+
+fn start_failure(pod: &Pod, status: &ContainerStatus, what: &str) -> Option<Failure> {
+    let waiting = status.state.as_ref()?.waiting.as_ref()?;
+    let reason = waiting.reason.as_deref()?;
+    if !START_FAILURES.contains(&reason) {
+        return None;
+    }
+    let detail = waiting.message.clone().unwrap_or_default();
+    let message = if reason.contains("Image") {
+        format!(
+            "image pull failed for `{}` ({what}): {detail}",
+            pod_image(pod, &status.name)
+        )
+    } else {
+        format!("{what} cannot start: {detail}")
+    };
+    Some(Failure::new(
+        reason,
+        message.trim_end_matches([':', ' ']).to_string(),
+    ))
+}
+
+fn exit_description(status: &ContainerStatus) -> Option<String> {
+    let terminated = status.state.as_ref()?.terminated.as_ref()?;
+    let mut text = format!("exit code {}", terminated.exit_code);
+    if let Some(signal) = terminated.signal {
+        text.push_str(&format!(", signal {signal}"));
+    }
+    if let Some(reason) = &terminated.reason {
+        text.push_str(&format!(", {reason}"));
+    }
+    if let Some(message) = terminated.message.as_deref().filter(|m| !m.is_empty()) {
+        text.push_str(&format!(": {message}"));
+    }
+    Some(text)
+}
+
+/// Whether the Pod can no longer serve the sandbox, and why. `None` while it is healthy or starting.
+pub fn pod_failure(pod: &Pod) -> Option<Failure> {
+    let status = pod.status.as_ref()?;
+    let init = container_status(status.init_container_statuses.as_ref(), INSTALL_CONTAINER);
+    let task = container_status(status.container_statuses.as_ref(), TASK_CONTAINER);
+    if status.phase.as_deref() == Some("Failed")
+        && let Some(reason) = status.reason.as_deref().filter(|r| !r.is_empty())
+    {
+        let message = status
+            .message
+            .clone()
+            .unwrap_or_else(|| format!("pod failed: {reason}"));
+        return Some(Failure::new(reason, message));
+    }
+    if let Some(init) = init {
+        if let Some(failure) = start_failure(pod, init, "agent injector init container") {
+            return Some(failure);
+        }
+        if let Some(terminated) = init.state.as_ref().and_then(|s| s.terminated.as_ref())
+            && terminated.exit_code != 0
+        {
+            return Some(Failure::new(
+                "AgentInstallFailed",
+                format!(
+                    "installing the agent into the pod failed ({})",
+                    exit_description(init).unwrap_or_default()
+                ),
+            ));
+        }
+    }
+    if let Some(task) = task {
+        if let Some(failure) = start_failure(pod, task, "task container") {
+            return Some(failure);
+        }
+        if let Some(exit) = exit_description(task) {
+            return Some(Failure::new(
+                "AgentExited",
+                format!(
+                    "the agent in the task container stopped ({exit}); the sandbox's state is lost"
+                ),
+            ));
+        }
+    }
+    match status.phase.as_deref() {
+        Some("Failed") => Some(Failure::new(
+            "PodFailed",
+            status
+                .message
+                .clone()
+                .unwrap_or_else(|| "the pod failed".to_string()),
+        )),
+        Some("Succeeded") => Some(Failure::new(
+            "AgentExited",
+            "the agent exited; the sandbox's state is lost",
+        )),
+        _ => None,
+    }
+}
+
+fn pod_condition<'a>(
+    pod: &'a Pod,
+    type_: &str,
+) -> Option<&'a k8s_openapi::api::core::v1::PodCondition> {
+    pod.status
+        .as_ref()?
+        .conditions
+        .as_ref()?
+        .iter()
+        .find(|c| c.type_ == type_)
+}
+
+/// Whether the pod is bound to a node, with the scheduler's reason when it is not.
+fn scheduling(pod: &Pod) -> (bool, String, String) {
+    if pod
+        .spec
+        .as_ref()
+        .and_then(|s| s.node_name.as_ref())
+        .is_some()
+    {
+        return (true, "Scheduled".into(), String::new());
+    }
+    match pod_condition(pod, "PodScheduled") {
+        Some(c) if c.status == "False" => (
+            false,
+            c.reason.clone().unwrap_or_else(|| "Unschedulable".into()),
+            c.message.clone().unwrap_or_default(),
+        ),
+        _ => (
+            false,
+            "PodPending".into(),
+            "waiting for the scheduler".into(),
+        ),
+    }
+}
+
+fn pod_ready(pod: &Pod) -> bool {
+    pod_condition(pod, "Ready").is_some_and(|c| c.status == "True")
+}
+
+/// The agent's base URL for a pod IP (IPv6 in brackets).
+pub fn agent_endpoint(pod_ip: &str, port: u16) -> String {
+    if pod_ip.contains(':') {
+        format!("http://[{pod_ip}]:{port}")
+    } else {
+        format!("http://{pod_ip}:{port}")
+    }
+}
+
+/// The failed status: terminal, so the conditions say why and nothing is Ready.
+fn failed_status(
+    sandbox: &Sandbox,
+    mut status: SandboxStatus,
+    failure: Failure,
+    now: Timestamp,
+) -> SandboxStatus {
+    let previous = sandbox.status.clone().unwrap_or_default();
+    let scheduled = conditions::is_true(&previous.conditions, condition::SCHEDULED);
+    status.phase = Some(SandboxPhase::Failed);
+    status.conditions = conditions::merge(
+        &previous.conditions,
+        vec![
+            Desired::new(
+                condition::SCHEDULED,
+                scheduled,
+                if scheduled {
+                    "Scheduled"
+                } else {
+                    "NotScheduled"
+                },
+                "",
+            ),
+            Desired::new(
+                condition::AGENT_READY,
+                false,
+                failure.reason.clone(),
+                failure.message.clone(),
+            ),
+            Desired::new(
+                condition::READY,
+                false,
+                failure.reason.clone(),
+                failure.message.clone(),
+            ),
+            Desired::new(condition::EXPIRED, false, "Failed", ""),
+        ],
+        sandbox.metadata.generation,
+        now,
+    );
+    status.expires_at = None;
+    status.reason = Some(failure.reason);
+    status.message = Some(failure.message);
+    status
+}
+
+/// The status the sandbox should have given what is observed now.
+pub fn desired_status(sandbox: &Sandbox, observed: &Observed) -> SandboxStatus {
+    let previous = sandbox.status.clone().unwrap_or_default();
+    let now = observed.now;
+    // Failed is terminal: nothing observed later changes it (the result may still be recorded).
+    if previous.phase == Some(SandboxPhase::Failed) {
+        return previous;
+    }
+    let mut status = SandboxStatus {
+        observed_generation: sandbox.metadata.generation,
+        result: previous.result.clone(),
+        pod_name: previous.pod_name.clone(),
+        ready_time: previous.ready_time.clone(),
+        ..SandboxStatus::default()
+    };
+
+    if observed.pod_gone {
+        return failed_status(
+            sandbox,
+            status,
+            Failure::new(
+                "PodDeleted",
+                "the sandbox's pod was deleted from outside the operator; its state is lost",
+            ),
+            now,
+        );
+    }
+    if let Some(pod) = observed.pod {
+        status.pod_name = pod.metadata.name.clone();
+        status.node_name = pod.spec.as_ref().and_then(|s| s.node_name.clone());
+        status.pod_ip = pod
+            .status
+            .as_ref()
+            .and_then(|s| s.pod_ip.clone())
+            .filter(|ip| !ip.is_empty());
+        if let Some(failure) = pod_failure(pod) {
+            return failed_status(sandbox, status, failure, now);
+        }
+    }
+
+    let ready_now = observed.pod.is_some_and(pod_ready) && status.pod_ip.is_some();
+    if ready_now && status.ready_time.is_none() {
+        status.ready_time = Some(Time(floor_to_second(now)));
+    }
+    let ready_time = status.ready_time.as_ref().map(|t| t.0);
+    if ready_time.is_none() {
+        let created = sandbox.metadata.creation_timestamp.as_ref().map(|t| t.0);
+        let limit = SignedDuration::from_secs(observed.startup_timeout_seconds);
+        if let Some(created) = created
+            && now.duration_since(created) >= limit
+        {
+            let pod = status.pod_name.clone().unwrap_or_default();
+            return failed_status(
+                sandbox,
+                status,
+                Failure::new(
+                    "StartupTimeout",
+                    format!(
+                        "not Ready {}s after creation; check `kubectl describe pod {}` for scheduling or image problems",
+                        observed.startup_timeout_seconds, pod
+                    ),
+                ),
+                now,
+            );
+        }
+    }
+
+    status.agent_endpoint = status
+        .pod_ip
+        .as_deref()
+        .map(|ip| agent_endpoint(ip, observed.agent_port));
+    // A malformed heartbeat annotation is reported by the controller (event) and otherwise ignored.
+    let annotated = annotated_heartbeat(sandbox, now).ok().flatten();
+    let heartbeat = latest_heartbeat(
+        ready_time,
+        previous.last_heartbeat_time.as_ref().map(|t| t.0),
+        annotated,
+    );
+    status.last_heartbeat_time = heartbeat
+        .filter(|_| observed.lifecycle.heartbeat_timeout_seconds > 0)
+        .map(Time);
+    status.expires_at =
+        expiry_deadline(ready_time, heartbeat, observed.lifecycle).map(|(at, _)| Time(at));
+
+    let (scheduled, scheduled_reason, scheduled_message) = match observed.pod {
+        Some(pod) => scheduling(pod),
+        None => (
+            false,
+            "PodNotCreated".into(),
+            "creating the sandbox's pod".into(),
+        ),
+    };
+    let (agent_reason, agent_message) = if ready_now {
+        ("AgentHealthy", String::new())
+    } else if ready_time.is_some() {
+        (
+            "AgentNotResponding",
+            "the agent stopped answering its health probe".to_string(),
+        )
+    } else {
+        (
+            "AgentStarting",
+            "waiting for the agent to answer /healthz".to_string(),
+        )
+    };
+    status.phase = Some(if sandbox.metadata.deletion_timestamp.is_some() {
+        SandboxPhase::Terminating
+    } else if status.result.is_some() {
+        SandboxPhase::Succeeded
+    } else if ready_now {
+        SandboxPhase::Ready
+    } else if scheduled {
+        SandboxPhase::Starting
+    } else {
+        SandboxPhase::Pending
+    });
+    let (ready_reason, ready_message) = if ready_now {
+        ("SandboxReady", String::new())
+    } else if !scheduled {
+        ("NotScheduled", scheduled_message.clone())
+    } else {
+        (agent_reason, agent_message.clone())
+    };
+    status.conditions = conditions::merge(
+        &previous.conditions,
+        vec![
+            Desired::new(
+                condition::SCHEDULED,
+                scheduled,
+                scheduled_reason,
+                scheduled_message,
+            ),
+            Desired::new(
+                condition::AGENT_READY,
+                ready_now,
+                agent_reason,
+                agent_message,
+            ),
+            Desired::new(condition::READY, ready_now, ready_reason, ready_message),
+            Desired::new(condition::EXPIRED, false, "NotExpired", ""),
+        ],
+        sandbox.metadata.generation,
+        now,
+    );
+    status
+}
+
+/// The status written just before an expired sandbox is deleted (only when a trajectory result must
+/// be recorded first, so a RolloutGroup learns why the trajectory ended).
+pub fn expired_status(sandbox: &Sandbox, cause: &str, now: Timestamp) -> SandboxStatus {
+    let mut status = sandbox.status.clone().unwrap_or_default();
+    status.phase = Some(SandboxPhase::Expired);
+    let message = format!("the {cause} deadline passed; the sandbox is being deleted");
+    status.conditions = conditions::merge(
+        &status.conditions,
+        vec![
+            Desired::new(condition::SCHEDULED, true, "Scheduled", ""),
+            Desired::new(condition::AGENT_READY, false, "Expired", message.clone()),
+            Desired::new(condition::READY, false, "Expired", message.clone()),
+            Desired::new(condition::EXPIRED, true, "Expired", message.clone()),
+        ],
+        sandbox.metadata.generation,
+        now,
+    );
+    status.reason = Some("Expired".into());
+    status.message = Some(message);
+    status
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::api::{HEARTBEAT_ANNOTATION, SandboxSpec, TrajectoryResult, TrajectoryStatus};
+    use k8s_openapi::api::core::v1::{
+        ContainerState, ContainerStateTerminated, ContainerStateWaiting, PodCondition, PodSpec,
+        PodStatus,
+    };
+    use std::collections::BTreeMap;
+
+    fn t(s: &str) -> Timestamp {
+        s.parse().unwrap()
+    }
+
+    const CREATED: &str = "2026-01-01T00:00:00Z";
+
+    fn sandbox() -> Sandbox {
+        let mut s = Sandbox::new(
+            "s1",
+            SandboxSpec {
+                image: "python:3.11".into(),
+                ..SandboxSpec::default()
+            },
+        );
+        s.metadata.generation = Some(1);
+        s.metadata.creation_timestamp = Some(Time(t(CREATED)));
+        s
+    }
+
+    fn observed<'a>(pod: Option<&'a Pod>, now: &str) -> Observed<'a> {
+        Observed {
+            pod,
+            pod_gone: false,
+            now: t(now),
+            lifecycle: Lifecycle {
+                ttl_seconds: 3600,
+                heartbeat_timeout_seconds: 0,
+            },
+            startup_timeout_seconds: 600,
+            agent_port: 9090,
+        }
+    }
+
+    fn pod(node: Option<&str>, ip: Option<&str>, ready: bool) -> Pod {
+        Pod {
+            metadata: kube::api::ObjectMeta {
+                name: Some("s1".into()),
+                ..Default::default()
+            },
+            spec: Some(PodSpec {
+                node_name: node.map(String::from),
+                containers: vec![k8s_openapi::api::core::v1::Container {
+                    name: TASK_CONTAINER.into(),
+                    image: Some("python:3.11".into()),
+                    ..Default::default()
+                }],
+                ..Default::default()
+            }),
+            status: Some(PodStatus {
+                phase: Some(if node.is_some() { "Running" } else { "Pending" }.into()),
+                pod_ip: ip.map(String::from),
+                conditions: Some(vec![PodCondition {
+                    type_: "Ready".into(),
+                    status: if ready { "True" } else { "False" }.into(),
+                    ..Default::default()
+                }]),
+                ..Default::default()
+            }),
+        }
+    }
+
+    fn with_task_state(mut pod: Pod, state: ContainerState) -> Pod {
+        pod.status.as_mut().unwrap().container_statuses = Some(vec![ContainerStatus {
+            name: TASK_CONTAINER.into(),
+            state: Some(state),
+            ..Default::default()
+        }]);
+        pod
+    }
+
+    fn cond<'a>(
+        status: &'a SandboxStatus,
+        type_: &str,
+    ) -> &'a k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition {
+        status.conditions.iter().find(|c| c.type_ == type_).unwrap()
+    }
+
+    #[test]
+    fn no_pod_yet_is_pending() {
+        let status = desired_status(&sandbox(), &observed(None, "2026-01-01T00:00:01Z"));
+        assert_eq!(status.phase, Some(SandboxPhase::Pending));
+        assert_eq!(cond(&status, "Scheduled").reason, "PodNotCreated");
+        assert_eq!(cond(&status, "Ready").status, "False");
+        assert_eq!(status.observed_generation, Some(1));
+        assert!(status.expires_at.is_none());
+    }
+
+    #[test]
+    fn unscheduled_pod_is_pending_with_the_schedulers_reason() {
+        let mut p = pod(None, None, false);
+        p.status.as_mut().unwrap().conditions = Some(vec![PodCondition {
+            type_: "PodScheduled".into(),
+            status: "False".into(),
+            reason: Some("Unschedulable".into()),
+            message: Some("0/3 nodes are available".into()),
+            ..Default::default()
+        }]);
+        let status = desired_status(&sandbox(), &observed(Some(&p), "2026-01-01T00:00:01Z"));
+        assert_eq!(status.phase, Some(SandboxPhase::Pending));
+        assert_eq!(cond(&status, "Scheduled").reason, "Unschedulable");
+        assert_eq!(cond(&status, "Ready").message, "0/3 nodes are available");
+    }
+
+    #[test]
+    fn running_but_not_ready_is_starting() {
+        let p = pod(Some("node-1"), Some("10.0.0.7"), false);
+        let status = desired_status(&sandbox(), &observed(Some(&p), "2026-01-01T00:00:01Z"));
+        assert_eq!(status.phase, Some(SandboxPhase::Starting));
+        assert_eq!(cond(&status, "Scheduled").status, "True");
+        assert_eq!(cond(&status, "AgentReady").reason, "AgentStarting");
+        assert_eq!(status.node_name.as_deref(), Some("node-1"));
+        assert!(status.ready_time.is_none());
+    }
+
+    #[test]
+    fn ready_pod_makes_a_ready_sandbox_with_an_endpoint_and_deadline() {
+        let p = pod(Some("node-1"), Some("10.0.0.7"), true);
+        let status = desired_status(&sandbox(), &observed(Some(&p), "2026-01-01T00:00:02.7Z"));
+        assert_eq!(status.phase, Some(SandboxPhase::Ready));
+        assert_eq!(
+            status.agent_endpoint.as_deref(),
+            Some("http://10.0.0.7:9090")
+        );
+        assert_eq!(status.pod_ip.as_deref(), Some("10.0.0.7"));
+        assert_eq!(status.ready_time, Some(Time(t("2026-01-01T00:00:02Z"))));
+        assert_eq!(status.expires_at, Some(Time(t("2026-01-01T01:00:02Z"))));
+        assert!(conditions::is_true(&status.conditions, "Ready"));
+        assert!(conditions::is_true(&status.conditions, "AgentReady"));
+    }
+
+    #[test]
+    fn recomputing_gives_the_same_status() {
+        let p = pod(Some("node-1"), Some("10.0.0.7"), true);
+        let mut s = sandbox();
+        s.status = Some(desired_status(
+            &s,
+            &observed(Some(&p), "2026-01-01T00:00:02Z"),
+        ));
+        let again = desired_status(&s, &observed(Some(&p), "2026-01-01T00:05:00Z"));
+        assert_eq!(
+            Some(&again),
+            s.status.as_ref(),
+            "no change observed means no write"
+        );
+    }
+
+    #[test]
+    fn heartbeat_annotation_extends_the_deadline() {
+        let p = pod(Some("node-1"), Some("10.0.0.7"), true);
+        let mut s = sandbox();
+        let mut obs = observed(Some(&p), "2026-01-01T00:00:02Z");
+        obs.lifecycle = Lifecycle {
+            ttl_seconds: 3600,
+            heartbeat_timeout_seconds: 3,
+        };
+        s.status = Some(desired_status(&s, &obs));
+        assert_eq!(
+            s.status.as_ref().unwrap().expires_at,
+            Some(Time(t("2026-01-01T00:00:05Z")))
+        );
+        s.metadata.annotations = Some(BTreeMap::from([(
+            HEARTBEAT_ANNOTATION.into(),
+            "2026-01-01T00:00:04.2Z".into(),
+        )]));
+        obs.now = t("2026-01-01T00:00:04.3Z");
+        let status = desired_status(&s, &obs);
+        assert_eq!(
+            status.last_heartbeat_time,
+            Some(Time(t("2026-01-01T00:00:05Z")))
+        );
+        assert_eq!(status.expires_at, Some(Time(t("2026-01-01T00:00:08Z"))));
+    }
+
+    #[test]
+    fn evicted_pod_fails_the_sandbox() {
+        let mut p = pod(Some("node-1"), Some("10.0.0.7"), false);
+        let st = p.status.as_mut().unwrap();
+        st.phase = Some("Failed".into());
+        st.reason = Some("Evicted".into());
+        st.message = Some("The node was low on resource: memory.".into());
+        let status = desired_status(&sandbox(), &observed(Some(&p), "2026-01-01T00:00:05Z"));
+        assert_eq!(status.phase, Some(SandboxPhase::Failed));
+        assert_eq!(status.reason.as_deref(), Some("Evicted"));
+        assert_eq!(
+            status.message.as_deref(),
+            Some("The node was low on resource: memory.")
+        );
+        assert_eq!(cond(&status, "Ready").reason, "Evicted");
+    }
+
+    #[test]
+    fn image_pull_errors_fail_the_sandbox_naming_the_image() {
+        for reason in ["ErrImagePull", "ImagePullBackOff"] {
+            let p = with_task_state(
+                pod(Some("node-1"), None, false),
+                ContainerState {
+                    waiting: Some(ContainerStateWaiting {
+                        reason: Some(reason.into()),
+                        message: Some("not found".into()),
+                    }),
+                    ..Default::default()
+                },
+            );
+            let status = desired_status(&sandbox(), &observed(Some(&p), "2026-01-01T00:00:05Z"));
+            assert_eq!(status.phase, Some(SandboxPhase::Failed));
+            assert_eq!(status.reason.as_deref(), Some(reason));
+            let message = status.message.unwrap();
+            assert!(
+                message.contains("image pull failed for `python:3.11`"),
+                "{message}"
+            );
+            assert!(message.contains("not found"), "{message}");
+        }
+    }
+
+    #[test]
+    fn a_crashed_agent_fails_the_sandbox() {
+        let p = with_task_state(
+            pod(Some("node-1"), Some("10.0.0.7"), false),
+            ContainerState {
+                terminated: Some(ContainerStateTerminated {
+                    exit_code: 137,
+                    signal: Some(9),
+                    reason: Some("Error".into()),
+                    ..Default::default()
+                }),
+                ..Default::default()
+            },
+        );
+        let status = desired_status(&sandbox(), &observed(Some(&p), "2026-01-01T00:00:05Z"));
+        assert_eq!(status.reason.as_deref(), Some("AgentExited"));
+        assert!(status.message.unwrap().contains("exit code 137, signal 9"));
+    }
+
+    #[test]
+    fn containers_still_creating_are_not_failures() {
+        let p = with_task_state(
+            pod(Some("node-1"), None, false),
+            ContainerState {
+                waiting: Some(ContainerStateWaiting {
+                    reason: Some("ContainerCreating".into()),
+                    message: None,
+                }),
+                ..Default::default()
+            },
+        );
+        assert_eq!(pod_failure(&p), None);
+    }
+
+    #[test]
+    fn deleted_pod_fails_the_sandbox_and_failure_is_terminal() {
+        let mut s = sandbox();
+        let mut obs = observed(None, "2026-01-01T00:00:05Z");
+        obs.pod_gone = true;
+        let status = desired_status(&s, &obs);
+        assert_eq!(status.reason.as_deref(), Some("PodDeleted"));
+        s.status = Some(status.clone());
+        let healthy = pod(Some("node-1"), Some("10.0.0.7"), true);
+        let later = desired_status(&s, &observed(Some(&healthy), "2026-01-01T00:01:00Z"));
+        assert_eq!(later, status);
+    }
+
+    #[test]
+    fn never_ready_sandboxes_time_out() {
+        let p = pod(None, None, false);
+        let before = desired_status(&sandbox(), &observed(Some(&p), "2026-01-01T00:09:59Z"));
+        assert_eq!(before.phase, Some(SandboxPhase::Pending));
+        let after = desired_status(&sandbox(), &observed(Some(&p), "2026-01-01T00:10:00Z"));
+        assert_eq!(after.reason.as_deref(), Some("StartupTimeout"));
+    }
+
+    #[test]
+    fn an_agent_that_stops_answering_makes_the_sandbox_not_ready() {
+        let mut s = sandbox();
+        let ready = pod(Some("node-1"), Some("10.0.0.7"), true);
+        s.status = Some(desired_status(
+            &s,
+            &observed(Some(&ready), "2026-01-01T00:00:02Z"),
+        ));
+        let unready = pod(Some("node-1"), Some("10.0.0.7"), false);
+        let status = desired_status(&s, &observed(Some(&unready), "2026-01-01T00:00:30Z"));
+        assert_eq!(status.phase, Some(SandboxPhase::Starting));
+        assert_eq!(cond(&status, "Ready").reason, "AgentNotResponding");
+        assert_eq!(
+            status.ready_time,
+            Some(Time(t("2026-01-01T00:00:02Z"))),
+            "ready time is kept"
+        );
+    }
+
+    #[test]
+    fn a_recorded_result_means_succeeded() {
+        let mut s = sandbox();
+        s.status = Some(SandboxStatus {
+            result: Some(TrajectoryResult {
+                reward: Some(1.0),
+                status: TrajectoryStatus::Completed,
+                length: Some(10),
+                exit_code: Some(0),
+                artifact: None,
+                reason: None,
+                message: None,
+            }),
+            ..Default::default()
+        });
+        let p = pod(Some("node-1"), Some("10.0.0.7"), true);
+        let status = desired_status(&s, &observed(Some(&p), "2026-01-01T00:00:05Z"));
+        assert_eq!(status.phase, Some(SandboxPhase::Succeeded));
+        assert!(status.result.is_some());
+    }
+
+    #[test]
+    fn ipv6_endpoints_are_bracketed() {
+        assert_eq!(agent_endpoint("fd00::7", 9090), "http://[fd00::7]:9090");
+    }
+}
