@@ -1,0 +1,367 @@
+//! The upstream control plane on 127.0.0.1: etcd, kube-apiserver (RBAC on, static token users,
+//! self-signed serving certificate, service-account signing keys) and kube-controller-manager running
+//! only the garbage-collector and namespace controllers. Free ports, a generated kubeconfig, logs under
+//! the cluster directory, and teardown of every process.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+use base64::Engine;
+use kube::config::{KubeConfigOptions, Kubeconfig};
+use kube::{Client, Config};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+use crate::error::{E2eError, Result};
+use crate::ports::free_ports;
+use crate::supervise::{Child, Spec};
+
+/// Static users of the test cluster (token file): `admin` is in `system:masters`; the others have no
+/// rights until a test grants them some with RBAC.
+pub const USERS: &[&str] = &["admin", "alice", "bob"];
+
+/// A running control plane.
+pub struct ControlPlane {
+    /// Directory holding data, certificates, kubeconfig and logs.
+    pub dir: PathBuf,
+    /// Admin kubeconfig.
+    pub kubeconfig: PathBuf,
+    /// `https://127.0.0.1:<port>`.
+    pub server: String,
+    /// Bearer tokens of [`USERS`].
+    pub tokens: BTreeMap<String, String>,
+    bin_dir: PathBuf,
+    etcd_port: u16,
+    api_port: u16,
+    etcd: Mutex<Option<Child>>,
+    apiserver: Mutex<Option<Child>>,
+    controller_manager: Mutex<Option<Child>>,
+}
+
+fn random_hex(bytes: usize) -> String {
+    (0..bytes).map(|_| format!("{:02x}", rand_byte())).collect()
+}
+
+fn rand_byte() -> u8 {
+    let mut b = [0u8; 1];
+    // SAFETY: getrandom(2) into a one-byte buffer we own.
+    unsafe {
+        libc::getrandom(b.as_mut_ptr().cast(), 1, 0);
+    }
+    b[0]
+}
+
+async fn wait_etcd(port: u16, deadline: Instant) -> Result<()> {
+    let mut last = String::new();
+    while Instant::now() < deadline {
+        match tokio::net::TcpStream::connect(("127.0.0.1", port)).await {
+            Ok(mut stream) => {
+                let _ = stream.write_all(b"GET /health HTTP/1.0\r\n\r\n").await;
+                let mut body = String::new();
+                let _ = stream.read_to_string(&mut body).await;
+                if body.contains("\"health\":\"true\"") {
+                    return Ok(());
+                }
+                last = body;
+            }
+            Err(err) => last = err.to_string(),
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    Err(E2eError::NotReady {
+        component: "etcd".into(),
+        seconds: 30,
+        detail: last,
+    })
+}
+
+impl ControlPlane {
+    /// Starts etcd, kube-apiserver and kube-controller-manager with binaries from `bin_dir`, keeping
+    /// everything under `dir` (created). The CRDs in `crds_dir` are installed before the controller
+    /// manager starts, so its garbage collector knows them from the first moment (it rediscovers
+    /// resources only every 30 s).
+    pub async fn start(dir: &Path, bin_dir: &Path, crds_dir: &Path) -> Result<Self> {
+        std::fs::create_dir_all(dir.join("logs"))?;
+        std::fs::create_dir_all(dir.join("pki"))?;
+        let ports = free_ports(3)?;
+        let (etcd_port, peer_port, api_port) = (ports[0], ports[1], ports[2]);
+        let tokens: BTreeMap<String, String> = USERS
+            .iter()
+            .map(|u| (u.to_string(), random_hex(32)))
+            .collect();
+        let token_file: String = tokens
+            .iter()
+            .map(|(user, token)| {
+                if user == "admin" {
+                    format!("{token},{user},{user},system:masters\n")
+                } else {
+                    format!("{token},{user},{user}\n")
+                }
+            })
+            .collect();
+        std::fs::write(dir.join("tokens.csv"), token_file)?;
+        let key = dir.join("pki/sa.key");
+        let status = std::process::Command::new("openssl")
+            .args(["genrsa", "-out"])
+            .arg(&key)
+            .arg("2048")
+            .stderr(std::process::Stdio::null())
+            .status()
+            .map_err(|e| {
+                E2eError::Setup(format!(
+                    "openssl is needed for the service-account key: {e}"
+                ))
+            })?;
+        if !status.success() {
+            return Err(E2eError::Setup("openssl genrsa failed".into()));
+        }
+        let plane = Self {
+            dir: dir.to_path_buf(),
+            kubeconfig: dir.join("kubeconfig"),
+            server: format!("https://127.0.0.1:{api_port}"),
+            tokens,
+            bin_dir: bin_dir.to_path_buf(),
+            etcd_port,
+            api_port,
+            etcd: Mutex::new(None),
+            apiserver: Mutex::new(None),
+            controller_manager: Mutex::new(None),
+        };
+        let etcd = Child::spawn(
+            Spec::new("etcd", bin_dir.join("etcd"))
+                .args([
+                    "--name=default".to_string(),
+                    format!("--data-dir={}", dir.join("etcd").display()),
+                    format!("--listen-client-urls=http://127.0.0.1:{etcd_port}"),
+                    format!("--advertise-client-urls=http://127.0.0.1:{etcd_port}"),
+                    format!("--listen-peer-urls=http://127.0.0.1:{peer_port}"),
+                    format!("--initial-advertise-peer-urls=http://127.0.0.1:{peer_port}"),
+                    format!("--initial-cluster=default=http://127.0.0.1:{peer_port}"),
+                    "--unsafe-no-fsync".to_string(),
+                    "--log-level=warn".to_string(),
+                    // Room for thousands of sandboxes without compaction pressure in a short run.
+                    "--quota-backend-bytes=8589934592".to_string(),
+                ])
+                .log(dir.join("logs/etcd.log")),
+        )?;
+        *plane.etcd.lock().unwrap_or_else(|p| p.into_inner()) = Some(etcd);
+        wait_etcd(etcd_port, Instant::now() + Duration::from_secs(30)).await?;
+        plane.start_apiserver().await?;
+        plane
+            .wait_serving_certificate(Duration::from_secs(60))
+            .await?;
+        plane.write_kubeconfig("admin", &plane.kubeconfig)?;
+        plane.wait_apiserver(Duration::from_secs(90)).await?;
+        crate::crds::install(&plane.client().await?, crds_dir).await?;
+        plane.start_controller_manager()?;
+        Ok(plane)
+    }
+
+    fn apiserver_spec(&self) -> Spec {
+        let dir = &self.dir;
+        let key = dir.join("pki/sa.key");
+        Spec::new("kube-apiserver", self.bin_dir.join("kube-apiserver"))
+            .args([
+                format!("--etcd-servers=http://127.0.0.1:{}", self.etcd_port),
+                "--bind-address=127.0.0.1".to_string(),
+                format!("--secure-port={}", self.api_port),
+                format!("--cert-dir={}", dir.join("pki").display()),
+                format!("--token-auth-file={}", dir.join("tokens.csv").display()),
+                "--authorization-mode=RBAC".to_string(),
+                "--service-account-issuer=https://kubernetes.default.svc".to_string(),
+                format!("--service-account-key-file={}", key.display()),
+                format!("--service-account-signing-key-file={}", key.display()),
+                "--service-cluster-ip-range=10.0.0.0/24".to_string(),
+                "--endpoint-reconciler-type=none".to_string(),
+                "--disable-admission-plugins=ServiceAccount".to_string(),
+                "--allow-privileged=true".to_string(),
+                // Two cores: the defaults (400/200 in-flight) are fine, but be generous with the
+                // per-client rate so load tests measure the system, not a throttle.
+                "--max-requests-inflight=1000".to_string(),
+                "--max-mutating-requests-inflight=500".to_string(),
+                "--v=1".to_string(),
+            ])
+            .log(dir.join("logs/kube-apiserver.log"))
+    }
+
+    async fn start_apiserver(&self) -> Result<()> {
+        let child = Child::spawn(self.apiserver_spec())?;
+        *self.apiserver.lock().unwrap_or_else(|p| p.into_inner()) = Some(child);
+        Ok(())
+    }
+
+    fn start_controller_manager(&self) -> Result<()> {
+        let child = Child::spawn(
+            Spec::new(
+                "kube-controller-manager",
+                self.bin_dir.join("kube-controller-manager"),
+            )
+            .args([
+                format!("--kubeconfig={}", self.kubeconfig.display()),
+                "--controllers=garbage-collector-controller,namespace-controller".to_string(),
+                "--leader-elect=false".to_string(),
+                "--secure-port=0".to_string(),
+                // Garbage collection of thousands of pods should not queue behind 20 workers.
+                "--concurrent-gc-syncs=50".to_string(),
+                "--kube-api-qps=500".to_string(),
+                "--kube-api-burst=1000".to_string(),
+                "--v=1".to_string(),
+            ])
+            .log(self.dir.join("logs/kube-controller-manager.log")),
+        )?;
+        *self
+            .controller_manager
+            .lock()
+            .unwrap_or_else(|p| p.into_inner()) = Some(child);
+        Ok(())
+    }
+
+    /// Waits until kube-apiserver has written its self-signed serving certificate (the kubeconfig's CA).
+    async fn wait_serving_certificate(&self, timeout: Duration) -> Result<()> {
+        let path = self.dir.join("pki/apiserver.crt");
+        let deadline = Instant::now() + timeout;
+        while Instant::now() < deadline {
+            if std::fs::read(&path)
+                .is_ok_and(|pem| pem.windows(9).filter(|w| w == b"-----END ").count() >= 1)
+            {
+                return Ok(());
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        Err(E2eError::NotReady {
+            component: "kube-apiserver serving certificate".into(),
+            seconds: timeout.as_secs(),
+            detail: format!(
+                "{} missing (log: {})",
+                path.display(),
+                self.dir.join("logs/kube-apiserver.log").display()
+            ),
+        })
+    }
+
+    /// Waits until `/readyz` answers OK.
+    pub async fn wait_apiserver(&self, timeout: Duration) -> Result<()> {
+        let deadline = Instant::now() + timeout;
+        let mut last = String::from("no answer yet");
+        while Instant::now() < deadline {
+            match self.client().await {
+                Ok(client) => {
+                    let request = http::Request::get("/readyz").body(Vec::new());
+                    match request {
+                        Ok(request) => match client.request_text(request).await {
+                            Ok(body) if body.trim() == "ok" => return Ok(()),
+                            Ok(body) => last = body,
+                            Err(err) => last = err.to_string(),
+                        },
+                        Err(err) => last = err.to_string(),
+                    }
+                }
+                Err(err) => last = err.to_string(),
+            }
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+        Err(E2eError::NotReady {
+            component: "kube-apiserver".into(),
+            seconds: timeout.as_secs(),
+            detail: format!(
+                "{last} (log: {})",
+                self.dir.join("logs/kube-apiserver.log").display()
+            ),
+        })
+    }
+
+    /// PEM of the CA the serving certificate chains to (the apiserver writes its self-signed chain).
+    fn ca_pem(&self) -> Result<Vec<u8>> {
+        Ok(std::fs::read(self.dir.join("pki/apiserver.crt"))?)
+    }
+
+    /// Writes a kubeconfig for `user` (one of [`USERS`]) to `path`.
+    pub fn write_kubeconfig(&self, user: &str, path: &Path) -> Result<()> {
+        let token = self
+            .tokens
+            .get(user)
+            .ok_or_else(|| E2eError::Setup(format!("no such test user `{user}`")))?;
+        self.write_token_kubeconfig(token, path)
+    }
+
+    /// Writes a kubeconfig authenticating with `token` (any bearer token, e.g. a service account's).
+    pub fn write_token_kubeconfig(&self, token: &str, path: &Path) -> Result<()> {
+        let ca = base64::engine::general_purpose::STANDARD.encode(self.ca_pem()?);
+        let text = format!(
+            "apiVersion: v1\nkind: Config\nclusters:\n- name: orchard-local\n  cluster:\n    server: {server}\n    certificate-authority-data: {ca}\nusers:\n- name: user\n  user:\n    token: {token}\ncontexts:\n- name: orchard-local\n  context: {{cluster: orchard-local, user: user, namespace: default}}\ncurrent-context: orchard-local\n",
+            server = self.server
+        );
+        std::fs::write(path, text)?;
+        Ok(())
+    }
+
+    /// A client authenticated as `admin`.
+    pub async fn client(&self) -> Result<Client> {
+        client_from_kubeconfig(&self.kubeconfig).await
+    }
+
+    /// A client authenticated with `token`.
+    pub async fn client_with_token(&self, token: &str) -> Result<Client> {
+        let path = self.dir.join(format!("kubeconfig-{}", random_hex(4)));
+        self.write_token_kubeconfig(token, &path)?;
+        let client = client_from_kubeconfig(&path).await;
+        let _ = std::fs::remove_file(&path);
+        client
+    }
+
+    /// Stops kube-apiserver and starts it again on the same port (watches must recover).
+    pub async fn restart_apiserver(&self) -> Result<()> {
+        let old = self
+            .apiserver
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .take();
+        if let Some(old) = old {
+            old.stop(Duration::from_secs(10)).await;
+        }
+        self.start_apiserver().await?;
+        self.wait_apiserver(Duration::from_secs(90)).await
+    }
+
+    /// Process ids of etcd, kube-apiserver and kube-controller-manager (for resource accounting).
+    pub fn pids(&self) -> BTreeMap<&'static str, u32> {
+        let mut pids = BTreeMap::new();
+        for (name, slot) in [
+            ("etcd", &self.etcd),
+            ("kube-apiserver", &self.apiserver),
+            ("kube-controller-manager", &self.controller_manager),
+        ] {
+            if let Some(child) = slot.lock().unwrap_or_else(|p| p.into_inner()).as_ref() {
+                pids.insert(name, child.pid());
+            }
+        }
+        pids
+    }
+
+    /// Stops every process (controller manager, apiserver, then etcd) and removes etcd's data.
+    pub fn stop(&self) {
+        for slot in [&self.controller_manager, &self.apiserver, &self.etcd] {
+            if let Some(child) = slot.lock().unwrap_or_else(|p| p.into_inner()).take() {
+                child.kill_now();
+            }
+        }
+        let _ = std::fs::remove_dir_all(self.dir.join("etcd"));
+    }
+}
+
+impl Drop for ControlPlane {
+    fn drop(&mut self) {
+        self.stop();
+    }
+}
+
+/// A client from a kubeconfig file (never the developer's own configuration).
+pub async fn client_from_kubeconfig(path: &Path) -> Result<Client> {
+    let kubeconfig = Kubeconfig::read_from(path)
+        .map_err(|e| E2eError::Setup(format!("kubeconfig {}: {e}", path.display())))?;
+    let config = Config::from_custom_kubeconfig(kubeconfig, &KubeConfigOptions::default())
+        .await
+        .map_err(|e| E2eError::Setup(format!("kubeconfig {}: {e}", path.display())))?;
+    Ok(Client::try_from(config)?)
+}

@@ -1,0 +1,241 @@
+//! A whole local cluster for tests or the demo: control plane, CRDs, the local node and the operator
+//! process. Test binaries share one environment ([`TestEnv::shared`]), started on first use on a
+//! dedicated thread whose runtime lives as long as the process; each test works in its own namespace.
+
+use std::path::{Path, PathBuf};
+use std::sync::OnceLock;
+use std::time::Duration;
+
+use k8s_openapi::api::core::v1::Namespace;
+use kube::Client;
+use kube::api::{Api, DeleteParams, PostParams};
+
+use crate::binaries::{agent_bin, kubernetes_bin_dir, operator_bin, target_dir, workspace_root};
+use crate::control_plane::ControlPlane;
+use crate::error::{E2eError, Result};
+use crate::node::{LocalNode, NodeConfig};
+use crate::operator_process::OperatorProcess;
+use crate::supervise::{RUN_MARKER, kill_marked, run_marker, sweep_orphans};
+
+/// What to start.
+#[derive(Debug, Clone)]
+pub struct EnvOptions {
+    /// Start the operator process.
+    pub operator: bool,
+    /// Extra operator flags.
+    pub operator_args: Vec<String>,
+}
+
+impl Default for EnvOptions {
+    fn default() -> Self {
+        Self {
+            operator: true,
+            operator_args: Vec::new(),
+        }
+    }
+}
+
+/// A running local cluster.
+pub struct TestEnv {
+    /// Working directory (logs, kubeconfig, pod directories).
+    pub dir: PathBuf,
+    /// etcd, kube-apiserver, kube-controller-manager.
+    pub control_plane: ControlPlane,
+    /// The local node.
+    pub node: LocalNode,
+    /// The operator process, if started.
+    pub operator: Option<OperatorProcess>,
+    handle: tokio::runtime::Handle,
+}
+
+extern "C" fn kill_own_children_at_exit() {
+    kill_marked(RUN_MARKER, run_marker());
+}
+
+/// Removes working directories of earlier runs whose process is gone.
+fn remove_stale_dirs(root: &Path) {
+    let Ok(entries) = std::fs::read_dir(root) else {
+        return;
+    };
+    for entry in entries.flatten() {
+        let name = entry.file_name().to_string_lossy().to_string();
+        let pid = name.rsplit('-').next().and_then(|p| p.parse::<u32>().ok());
+        if let Some(pid) = pid
+            && !Path::new(&format!("/proc/{pid}")).exists()
+        {
+            let _ = std::fs::remove_dir_all(entry.path());
+        }
+    }
+}
+
+impl TestEnv {
+    /// Starts a cluster named `name` on the current runtime.
+    pub async fn start(name: &str, options: EnvOptions) -> Result<Self> {
+        let swept = sweep_orphans();
+        if swept > 0 {
+            tracing::warn!(swept, "killed processes left over by an earlier run");
+        }
+        static AT_EXIT: OnceLock<()> = OnceLock::new();
+        AT_EXIT.get_or_init(|| {
+            // SAFETY: registers a plain extern "C" function with no captured state.
+            unsafe {
+                libc::atexit(kill_own_children_at_exit);
+            }
+        });
+        let root = target_dir().join("e2e");
+        std::fs::create_dir_all(&root)?;
+        remove_stale_dirs(&root);
+        let dir = root.join(format!("{name}-{}", std::process::id()));
+        std::fs::create_dir_all(&dir)?;
+        let bin_dir = kubernetes_bin_dir()?;
+        let control_plane =
+            ControlPlane::start(&dir, &bin_dir, &workspace_root().join("crds")).await?;
+        let client = control_plane.client().await?;
+
+        // The agent injector "image": a root filesystem holding only the static agent binary.
+        let image_root = dir.join("images/orchard-agent");
+        std::fs::create_dir_all(&image_root)?;
+        let agent = agent_bin()?;
+        std::fs::copy(&agent, image_root.join("orchard-agent"))
+            .map_err(|e| E2eError::Setup(format!("cannot copy {}: {e}", agent.display())))?;
+        let node = LocalNode::start(
+            client,
+            NodeConfig::new("orchard-local-node", dir.join("pods"), image_root),
+        )
+        .await?;
+
+        let operator = if options.operator {
+            Some(
+                OperatorProcess::start(
+                    &operator_bin()?,
+                    &control_plane.kubeconfig,
+                    &dir.join("logs/orchard-operator.log"),
+                    &options.operator_args,
+                )
+                .await?,
+            )
+        } else {
+            None
+        };
+        Ok(Self {
+            dir,
+            control_plane,
+            node,
+            operator,
+            handle: tokio::runtime::Handle::current(),
+        })
+    }
+
+    /// The environment shared by every test of this test binary (started on first use).
+    pub fn shared() -> &'static TestEnv {
+        static ENV: OnceLock<TestEnv> = OnceLock::new();
+        ENV.get_or_init(|| {
+            let name = std::env::current_exe()
+                .ok()
+                .and_then(|p| p.file_stem().map(|s| s.to_string_lossy().to_string()))
+                .map(|s| s.split('-').next().unwrap_or("e2e").to_string())
+                .unwrap_or_else(|| "e2e".into());
+            let (tx, rx) = std::sync::mpsc::channel();
+            std::thread::Builder::new()
+                .name("e2e-env".into())
+                .spawn(move || {
+                    let runtime = match tokio::runtime::Builder::new_multi_thread()
+                        .worker_threads(2)
+                        .enable_all()
+                        .build()
+                    {
+                        Ok(runtime) => runtime,
+                        Err(err) => {
+                            let _ = tx.send(Err(E2eError::Setup(format!("tokio runtime: {err}"))));
+                            return;
+                        }
+                    };
+                    runtime.block_on(async move {
+                        let env = TestEnv::start(&name, EnvOptions::default()).await;
+                        let _ = tx.send(env);
+                        std::future::pending::<()>().await;
+                    });
+                })
+                .expect("cannot start the e2e environment thread");
+            match rx.recv() {
+                Ok(Ok(env)) => env,
+                Ok(Err(err)) => panic!("the local test cluster did not start: {err}"),
+                Err(_) => panic!("the local test cluster thread died while starting"),
+            }
+        })
+    }
+
+    /// A new admin client usable on the caller's runtime.
+    pub async fn client(&self) -> Client {
+        match self.control_plane.client().await {
+            Ok(client) => client,
+            Err(err) => panic!("cannot build a client for the local cluster: {err}"),
+        }
+    }
+
+    /// The operator process (panics when the environment was started without one).
+    pub fn operator(&self) -> &OperatorProcess {
+        self.operator
+            .as_ref()
+            .expect("this environment runs no operator")
+    }
+
+    /// Runs `future` on the environment's own runtime (for operations that use its long-lived client).
+    pub async fn on_env_runtime<F, T>(&self, future: F) -> T
+    where
+        F: std::future::Future<Output = T> + Send + 'static,
+        T: Send + 'static,
+    {
+        match self.handle.spawn(future).await {
+            Ok(value) => value,
+            Err(err) => panic!("task on the environment runtime failed: {err}"),
+        }
+    }
+
+    /// Creates a fresh namespace `<prefix>-<random>` and returns its name.
+    pub async fn namespace(&self, prefix: &str) -> String {
+        let client = self.client().await;
+        let name = format!("{prefix}-{:04x}", rand_u16());
+        let api: Api<Namespace> = Api::all(client);
+        let ns: Namespace = serde_json::from_value(serde_json::json!({"metadata": {"name": name}}))
+            .expect("namespace JSON is valid");
+        if let Err(err) = api.create(&PostParams::default(), &ns).await {
+            panic!("cannot create namespace {name}: {err}");
+        }
+        name
+    }
+
+    /// Deletes a namespace (best effort; the namespace controller finishes it asynchronously).
+    pub async fn delete_namespace(&self, name: &str) {
+        let api: Api<Namespace> = Api::all(self.client().await);
+        let _ = api.delete(name, &DeleteParams::default()).await;
+    }
+
+    /// The last `lines` lines of the operator's log (for failure messages).
+    pub fn operator_log_tail(&self, lines: usize) -> String {
+        let text =
+            std::fs::read_to_string(self.dir.join("logs/orchard-operator.log")).unwrap_or_default();
+        let all: Vec<&str> = text.lines().collect();
+        all[all.len().saturating_sub(lines)..].join("\n")
+    }
+
+    /// Stops the operator, the node's pods and the control plane.
+    pub async fn stop(&self) {
+        if let Some(operator) = &self.operator {
+            operator.kill();
+        }
+        self.node.shutdown().await;
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        self.control_plane.stop();
+        kill_marked(RUN_MARKER, run_marker());
+    }
+}
+
+fn rand_u16() -> u16 {
+    let mut b = [0u8; 2];
+    // SAFETY: getrandom(2) into a buffer we own.
+    unsafe {
+        libc::getrandom(b.as_mut_ptr().cast(), 2, 0);
+    }
+    u16::from_le_bytes(b)
+}

@@ -1,0 +1,407 @@
+//! The local node: a Ready `Node` that stands in for a scheduler and a kubelet on a machine without a
+//! container engine. It binds unscheduled pods to itself (honouring `nodeSelector`), and for each pod
+//! runs the init containers for real (the agent injector's `orchard-agent install`), starts the task
+//! container's agent as a process on the pod's own loopback address, reports `podIP`, container
+//! statuses and readiness from the pod's HTTP readiness probe, and on deletion kills the process tree
+//! and removes the pod. Tests inject faults through [`LocalNode`]: kill an agent, evict a pod, make
+//! images unpullable, pause the node.
+//!
+//! What differs from a kubelet (documented in `docs/TESTING.md`): task images are not pulled or
+//! unpacked, so task commands run on the host filesystem; there is no network or PID isolation between
+//! pods (loopback addresses stand in for pod IPs, and NetworkPolicies are stored but not enforced).
+
+mod ip_pool;
+pub mod mounts;
+pub mod pod_status;
+mod pod_worker;
+
+use std::collections::{BTreeMap, HashMap};
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
+use std::sync::{Arc, Mutex};
+
+use futures::{StreamExt, TryStreamExt};
+use k8s_openapi::api::core::v1::{Node, Pod};
+use kube::api::{Api, Patch, PatchParams, PostParams};
+use kube::runtime::{WatchStreamExt, watcher};
+use kube::{Client, ResourceExt};
+use serde_json::json;
+use tokio::sync::{Semaphore, mpsc};
+use tracing::{debug, warn};
+
+use crate::error::Result;
+use ip_pool::IpPool;
+use pod_worker::{PodCommand, PodWorker};
+
+/// How the local node behaves.
+#[derive(Debug, Clone)]
+pub struct NodeConfig {
+    /// Node name.
+    pub name: String,
+    /// Where per-pod directories (volumes, root) are created.
+    pub work_dir: PathBuf,
+    /// Root filesystem of the agent injector image: a directory holding `orchard-agent`.
+    pub agent_image_root: PathBuf,
+    /// Images whose reference contains this string use `agent_image_root`.
+    pub agent_image_pattern: String,
+    /// Labels of the Node (pods' `nodeSelector` must match them).
+    pub labels: BTreeMap<String, String>,
+}
+
+impl NodeConfig {
+    /// A node named `name` working under `work_dir`, with the agent image rooted at `agent_image_root`.
+    pub fn new(name: &str, work_dir: PathBuf, agent_image_root: PathBuf) -> Self {
+        Self {
+            name: name.to_string(),
+            work_dir,
+            agent_image_root,
+            agent_image_pattern: "orchard-agent".to_string(),
+            labels: BTreeMap::from([
+                ("kubernetes.io/hostname".to_string(), name.to_string()),
+                ("kubernetes.io/os".to_string(), "linux".to_string()),
+                ("orchard.dev/local-node".to_string(), "true".to_string()),
+            ]),
+        }
+    }
+}
+
+struct PodHandle {
+    namespace: String,
+    name: String,
+    commands: mpsc::UnboundedSender<PodCommand>,
+    agent_pid: Arc<AtomicU32>,
+}
+
+pub(crate) struct Inner {
+    client: Client,
+    config: NodeConfig,
+    pods: Mutex<HashMap<String, PodHandle>>,
+    unschedulable_reported: Mutex<std::collections::HashSet<String>>,
+    unpullable: Mutex<Option<String>>,
+    paused: AtomicBool,
+    ip_pool: Mutex<IpPool>,
+    bind_slots: Semaphore,
+}
+
+/// Handle to a running local node.
+#[derive(Clone)]
+pub struct LocalNode {
+    inner: Arc<Inner>,
+}
+
+impl LocalNode {
+    /// Registers the Node and starts serving pods on the current tokio runtime.
+    pub async fn start(client: Client, config: NodeConfig) -> Result<Self> {
+        std::fs::create_dir_all(&config.work_dir)?;
+        let inner = Arc::new(Inner {
+            client,
+            config,
+            pods: Mutex::new(HashMap::new()),
+            unschedulable_reported: Mutex::new(Default::default()),
+            unpullable: Mutex::new(None),
+            paused: AtomicBool::new(false),
+            ip_pool: Mutex::new(IpPool::for_this_process()),
+            bind_slots: Semaphore::new(32),
+        });
+        register(&inner, true).await?;
+        let node = Self { inner };
+        let watcher_node = node.clone();
+        tokio::spawn(async move { watcher_node.watch_pods().await });
+        Ok(node)
+    }
+
+    /// The node's name.
+    pub fn name(&self) -> &str {
+        &self.inner.config.name
+    }
+
+    async fn watch_pods(&self) {
+        let api: Api<Pod> = Api::all(self.inner.client.clone());
+        let mut events = watcher(api, watcher::Config::default())
+            .default_backoff()
+            .boxed();
+        loop {
+            match events.try_next().await {
+                Ok(Some(watcher::Event::Apply(pod) | watcher::Event::InitApply(pod))) => {
+                    self.on_pod(pod)
+                }
+                Ok(Some(watcher::Event::Delete(pod))) => self.on_deleted(&pod),
+                Ok(Some(_)) => {}
+                Ok(None) => return,
+                Err(err) => warn!(%err, "local node: pod watch error (retrying)"),
+            }
+        }
+    }
+
+    fn on_pod(&self, pod: Pod) {
+        if self.inner.paused.load(Ordering::SeqCst) {
+            return;
+        }
+        let uid = pod.uid().unwrap_or_default();
+        let node_name = pod.spec.as_ref().and_then(|s| s.node_name.clone());
+        let deleting = pod.metadata.deletion_timestamp.is_some();
+        match node_name {
+            None if !deleting => self.schedule(pod),
+            Some(node) if node == self.inner.config.name => {
+                let mut pods = self.inner.pods.lock().unwrap_or_else(|p| p.into_inner());
+                if let Some(handle) = pods.get(&uid) {
+                    if deleting {
+                        let _ = handle.commands.send(PodCommand::Terminate);
+                    }
+                    return;
+                }
+                let phase = pod
+                    .status
+                    .as_ref()
+                    .and_then(|s| s.phase.clone())
+                    .unwrap_or_default();
+                let finished = phase == "Failed" || phase == "Succeeded";
+                if finished && !deleting {
+                    return;
+                }
+                let (tx, rx) = mpsc::unbounded_channel();
+                let agent_pid = Arc::new(AtomicU32::new(0));
+                pods.insert(
+                    uid.clone(),
+                    PodHandle {
+                        namespace: pod.namespace().unwrap_or_default(),
+                        name: pod.name_any(),
+                        commands: tx.clone(),
+                        agent_pid: agent_pid.clone(),
+                    },
+                );
+                drop(pods);
+                if deleting {
+                    let _ = tx.send(PodCommand::Terminate);
+                }
+                let inner = self.inner.clone();
+                tokio::spawn(async move {
+                    PodWorker::new(inner.clone(), pod, rx, agent_pid)
+                        .run()
+                        .await;
+                    inner
+                        .pods
+                        .lock()
+                        .unwrap_or_else(|p| p.into_inner())
+                        .remove(&uid);
+                });
+            }
+            _ => {}
+        }
+    }
+
+    fn on_deleted(&self, pod: &Pod) {
+        let uid = pod.uid().unwrap_or_default();
+        if let Some(handle) = self
+            .inner
+            .pods
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .get(&uid)
+        {
+            let _ = handle.commands.send(PodCommand::Terminate);
+        }
+    }
+
+    fn schedule(&self, pod: Pod) {
+        let labels = &self.inner.config.labels;
+        let fits = pod
+            .spec
+            .as_ref()
+            .and_then(|s| s.node_selector.as_ref())
+            .is_none_or(|selector| selector.iter().all(|(k, v)| labels.get(k) == Some(v)));
+        let inner = self.inner.clone();
+        tokio::spawn(async move {
+            let Ok(_slot) = inner.bind_slots.acquire().await else {
+                return;
+            };
+            let namespace = pod.namespace().unwrap_or_default();
+            let name = pod.name_any();
+            let api: Api<Pod> = Api::namespaced(inner.client.clone(), &namespace);
+            if !fits {
+                let uid = pod.uid().unwrap_or_default();
+                if !inner
+                    .unschedulable_reported
+                    .lock()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .insert(uid)
+                {
+                    return;
+                }
+                let patch = json!({"status": {"conditions": [{
+                    "type": "PodScheduled", "status": "False", "reason": "Unschedulable",
+                    "message": format!("0/1 nodes are available: 1 node(s) didn't match Pod's node affinity/selector ({})", inner.config.name),
+                    "lastTransitionTime": crate::now_rfc3339(),
+                }]}});
+                if let Err(err) = api
+                    .patch_status(&name, &PatchParams::default(), &Patch::Merge(&patch))
+                    .await
+                {
+                    debug!(%err, pod = %name, "cannot report unschedulable");
+                }
+                return;
+            }
+            let binding = json!({
+                "apiVersion": "v1", "kind": "Binding",
+                "metadata": {"name": name, "namespace": namespace},
+                "target": {"apiVersion": "v1", "kind": "Node", "name": inner.config.name},
+            });
+            if let Err(err) = api
+                .create_subresource::<_, serde_json::Value>(
+                    "binding",
+                    &name,
+                    &PostParams::default(),
+                    &binding,
+                )
+                .await
+            {
+                debug!(%err, pod = %name, "bind failed (already bound or gone)");
+            }
+        });
+    }
+
+    fn handle_of(&self, namespace: &str, name: &str) -> Option<mpsc::UnboundedSender<PodCommand>> {
+        self.inner
+            .pods
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .values()
+            .find(|h| h.namespace == namespace && h.name == name)
+            .map(|h| h.commands.clone())
+    }
+
+    /// Fault: SIGKILLs the agent of pod `namespace/name` (the node then reports the container
+    /// terminated and the pod Failed, as a kubelet does with `restartPolicy: Never`).
+    pub fn kill_agent(&self, namespace: &str, name: &str) -> bool {
+        self.handle_of(namespace, name)
+            .is_some_and(|tx| tx.send(PodCommand::KillAgent).is_ok())
+    }
+
+    /// Fault: evicts pod `namespace/name` like node-pressure eviction (processes killed, pod Failed with
+    /// reason `Evicted`).
+    pub fn evict(&self, namespace: &str, name: &str) -> bool {
+        self.handle_of(namespace, name)
+            .is_some_and(|tx| tx.send(PodCommand::Evict).is_ok())
+    }
+
+    /// Fault: images matching `pattern` (`*` wildcards, else substring) fail to pull from now on.
+    pub fn set_unpullable(&self, pattern: Option<&str>) {
+        *self
+            .inner
+            .unpullable
+            .lock()
+            .unwrap_or_else(|p| p.into_inner()) = pattern.map(str::to_string);
+    }
+
+    /// Fault: freezes the node like a hung kubelet: agents are stopped (SIGSTOP), no pod is bound,
+    /// started, probed or reported, and the Node is marked NotReady.
+    pub async fn pause(&self) -> Result<()> {
+        self.inner.paused.store(true, Ordering::SeqCst);
+        for handle in self
+            .inner
+            .pods
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .values()
+        {
+            let _ = handle.commands.send(PodCommand::Freeze(true));
+        }
+        register(&self.inner, false).await
+    }
+
+    /// Undoes [`LocalNode::pause`] and catches up with every pod.
+    pub async fn resume(&self) -> Result<()> {
+        self.inner.paused.store(false, Ordering::SeqCst);
+        for handle in self
+            .inner
+            .pods
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .values()
+        {
+            let _ = handle.commands.send(PodCommand::Freeze(false));
+        }
+        register(&self.inner, true).await?;
+        let api: Api<Pod> = Api::all(self.inner.client.clone());
+        for pod in api.list(&Default::default()).await? {
+            self.on_pod(pod);
+        }
+        Ok(())
+    }
+
+    /// Process id of the agent of pod `namespace/name`, if it runs.
+    pub fn agent_pid(&self, namespace: &str, name: &str) -> Option<u32> {
+        self.inner
+            .pods
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .values()
+            .find(|h| h.namespace == namespace && h.name == name)
+            .map(|h| h.agent_pid.load(Ordering::SeqCst))
+            .filter(|pid| *pid != 0)
+    }
+
+    /// Number of pods the node is running.
+    pub fn running_pods(&self) -> usize {
+        self.inner
+            .pods
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .len()
+    }
+
+    /// Stops every pod's processes (for teardown).
+    pub async fn shutdown(&self) {
+        let handles: Vec<_> = self
+            .inner
+            .pods
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .values()
+            .map(|h| h.commands.clone())
+            .collect();
+        for tx in handles {
+            let _ = tx.send(PodCommand::Shutdown);
+        }
+    }
+}
+
+/// Creates or updates the Node with a Ready (or NotReady) condition.
+async fn register(inner: &Inner, ready: bool) -> Result<()> {
+    let nodes: Api<Node> = Api::all(inner.client.clone());
+    let name = &inner.config.name;
+    let node = json!({
+        "apiVersion": "v1", "kind": "Node",
+        "metadata": {"name": name, "labels": inner.config.labels},
+        "spec": {},
+    });
+    nodes
+        .patch(
+            name,
+            &PatchParams::apply("orchard-local-node").force(),
+            &Patch::Apply(&node),
+        )
+        .await?;
+    let now = crate::now_rfc3339();
+    let capacity =
+        json!({"cpu": "512", "memory": "2Ti", "pods": "20000", "ephemeral-storage": "100Ti"});
+    let status = json!({"status": {
+        "capacity": capacity, "allocatable": capacity,
+        "addresses": [{"type": "InternalIP", "address": "127.0.0.1"}, {"type": "Hostname", "address": name}],
+        "conditions": [{
+            "type": "Ready", "status": if ready { "True" } else { "Unknown" },
+            "reason": if ready { "KubeletReady" } else { "NodeStatusUnknown" },
+            "message": if ready { "orchard local node is posting ready status" } else { "local node paused" },
+            "lastHeartbeatTime": now, "lastTransitionTime": now,
+        }],
+        "nodeInfo": {
+            "machineID": "orchard-local", "systemUUID": "orchard-local", "bootID": "orchard-local",
+            "kernelVersion": "local", "osImage": "orchard local node", "containerRuntimeVersion": "process://local",
+            "kubeletVersion": "v1.36.3", "kubeProxyVersion": "v1.36.3", "operatingSystem": "linux", "architecture": "amd64",
+        },
+    }});
+    nodes
+        .patch_status(name, &PatchParams::default(), &Patch::Merge(&status))
+        .await?;
+    Ok(())
+}

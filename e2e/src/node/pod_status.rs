@@ -1,0 +1,230 @@
+//! The pod statuses the local node reports, built as JSON merge patches like a kubelet's (pure).
+
+use serde_json::{Value, json};
+
+/// State of one container.
+#[derive(Debug, Clone, PartialEq)]
+pub enum ContainerState {
+    /// Not started: `ContainerCreating`, `PodInitializing`, `ErrImagePull`, `ImagePullBackOff`, ...
+    Waiting {
+        /// Reason.
+        reason: String,
+        /// Detail.
+        message: Option<String>,
+    },
+    /// Running since `started_at` (RFC 3339).
+    Running {
+        /// Start time.
+        started_at: String,
+    },
+    /// Exited.
+    Terminated {
+        /// Exit code (128 + signal when killed).
+        exit_code: i32,
+        /// Signal that killed it.
+        signal: Option<i32>,
+        /// `Completed` or `Error`.
+        reason: String,
+        /// Start time.
+        started_at: String,
+        /// End time.
+        finished_at: String,
+    },
+}
+
+/// One container's line in the pod status.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ContainerView {
+    /// Container name.
+    pub name: String,
+    /// Image reference.
+    pub image: String,
+    /// State.
+    pub state: ContainerState,
+    /// Whether its readiness probe passes (init containers: whether they completed).
+    pub ready: bool,
+}
+
+/// Everything the node reports about one pod.
+#[derive(Debug, Clone, PartialEq)]
+pub struct PodView {
+    /// `Pending`, `Running`, `Succeeded` or `Failed`.
+    pub phase: &'static str,
+    /// The pod's loopback address once assigned.
+    pub pod_ip: Option<String>,
+    /// When the node accepted the pod (RFC 3339).
+    pub start_time: String,
+    /// Pod-level reason (e.g. `Evicted`).
+    pub reason: Option<String>,
+    /// Pod-level message.
+    pub message: Option<String>,
+    /// Init containers.
+    pub init_containers: Vec<ContainerView>,
+    /// App containers.
+    pub containers: Vec<ContainerView>,
+    /// Time of the last transition, for conditions (RFC 3339).
+    pub now: String,
+}
+
+fn container_json(c: &ContainerView) -> Value {
+    let state = match &c.state {
+        ContainerState::Waiting { reason, message } => {
+            json!({"waiting": {"reason": reason, "message": message}})
+        }
+        ContainerState::Running { started_at } => json!({"running": {"startedAt": started_at}}),
+        ContainerState::Terminated {
+            exit_code,
+            signal,
+            reason,
+            started_at,
+            finished_at,
+        } => json!({"terminated": {
+            "exitCode": exit_code, "signal": signal, "reason": reason,
+            "startedAt": started_at, "finishedAt": finished_at
+        }}),
+    };
+    let started = matches!(c.state, ContainerState::Running { .. });
+    json!({
+        "name": c.name,
+        "image": c.image,
+        "imageID": format!("local://{}", c.image),
+        "ready": c.ready,
+        "started": started,
+        "restartCount": 0,
+        "state": state,
+    })
+}
+
+fn condition(type_: &str, status: bool, now: &str, reason: Option<&str>) -> Value {
+    let mut c = json!({
+        "type": type_,
+        "status": if status { "True" } else { "False" },
+        "lastTransitionTime": now,
+    });
+    if let Some(reason) = reason {
+        c["reason"] = json!(reason);
+    }
+    c
+}
+
+/// The status merge patch for `view`.
+pub fn status_patch(view: &PodView) -> Value {
+    let initialized = view.init_containers.iter().all(|c| c.ready);
+    let containers_ready = !view.containers.is_empty() && view.containers.iter().all(|c| c.ready);
+    let ready = containers_ready && view.phase == "Running";
+    let mut conditions = vec![
+        condition("PodScheduled", true, &view.now, None),
+        condition(
+            "Initialized",
+            initialized,
+            &view.now,
+            (!initialized).then_some("ContainersNotInitialized"),
+        ),
+        condition(
+            "ContainersReady",
+            containers_ready,
+            &view.now,
+            (!containers_ready).then_some("ContainersNotReady"),
+        ),
+        condition(
+            "Ready",
+            ready,
+            &view.now,
+            (!ready).then_some("ContainersNotReady"),
+        ),
+    ];
+    if view.reason.as_deref() == Some("Evicted") {
+        conditions.push(condition(
+            "DisruptionTarget",
+            true,
+            &view.now,
+            Some("TerminationByKubelet"),
+        ));
+    }
+    let pod_ips: Vec<Value> = view.pod_ip.iter().map(|ip| json!({"ip": ip})).collect();
+    json!({
+        "status": {
+            "phase": view.phase,
+            "hostIP": "127.0.0.1",
+            "hostIPs": [{"ip": "127.0.0.1"}],
+            "podIP": view.pod_ip,
+            "podIPs": pod_ips,
+            "startTime": view.start_time,
+            "reason": view.reason,
+            "message": view.message,
+            "conditions": conditions,
+            "initContainerStatuses": view.init_containers.iter().map(container_json).collect::<Vec<_>>(),
+            "containerStatuses": view.containers.iter().map(container_json).collect::<Vec<_>>(),
+        }
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn view(phase: &'static str, ready: bool) -> PodView {
+        PodView {
+            phase,
+            pod_ip: Some("127.9.0.1".into()),
+            start_time: "2026-01-01T00:00:00Z".into(),
+            reason: None,
+            message: None,
+            init_containers: vec![ContainerView {
+                name: "install".into(),
+                image: "agent".into(),
+                state: ContainerState::Terminated {
+                    exit_code: 0,
+                    signal: None,
+                    reason: "Completed".into(),
+                    started_at: "2026-01-01T00:00:00Z".into(),
+                    finished_at: "2026-01-01T00:00:00Z".into(),
+                },
+                ready: true,
+            }],
+            containers: vec![ContainerView {
+                name: "sandbox".into(),
+                image: "python:3.11".into(),
+                state: ContainerState::Running {
+                    started_at: "2026-01-01T00:00:00Z".into(),
+                },
+                ready,
+            }],
+            now: "2026-01-01T00:00:01Z".into(),
+        }
+    }
+
+    fn cond(patch: &Value, type_: &str) -> String {
+        patch["status"]["conditions"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|c| c["type"] == type_)
+            .unwrap()["status"]
+            .as_str()
+            .unwrap()
+            .to_string()
+    }
+
+    #[test]
+    fn ready_pod_reports_ready_conditions_and_ip() {
+        let patch = status_patch(&view("Running", true));
+        assert_eq!(cond(&patch, "Ready"), "True");
+        assert_eq!(cond(&patch, "Initialized"), "True");
+        assert_eq!(patch["status"]["podIP"], "127.9.0.1");
+        assert_eq!(
+            patch["status"]["containerStatuses"][0]["state"]["running"]["startedAt"],
+            "2026-01-01T00:00:00Z"
+        );
+    }
+
+    #[test]
+    fn failed_pod_is_not_ready() {
+        let mut v = view("Failed", true);
+        v.reason = Some("Evicted".into());
+        let patch = status_patch(&v);
+        assert_eq!(cond(&patch, "Ready"), "False");
+        assert_eq!(cond(&patch, "DisruptionTarget"), "True");
+        assert_eq!(patch["status"]["reason"], "Evicted");
+    }
+}

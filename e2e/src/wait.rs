@@ -1,0 +1,78 @@
+//! Waiting on the cluster from tests: watch-based (`await_condition`), with a timeout and a message
+//! that says what was awaited.
+
+use std::fmt::Debug;
+use std::time::Duration;
+
+use kube::api::Api;
+use kube::runtime::wait::{Condition, await_condition};
+use kube::{Resource, ResourceExt};
+use serde::de::DeserializeOwned;
+
+/// Waits until `name` satisfies `condition`, or panics after `timeout` naming `what`.
+pub async fn until<K, C>(api: &Api<K>, name: &str, what: &str, timeout: Duration, condition: C) -> K
+where
+    K: Resource + Clone + DeserializeOwned + Debug + Send + 'static,
+    C: Condition<K>,
+{
+    match tokio::time::timeout(timeout, await_condition(api.clone(), name, condition)).await {
+        Ok(Ok(Some(object))) => object,
+        Ok(Ok(None)) => panic!("{name} was deleted while waiting for: {what}"),
+        Ok(Err(err)) => panic!("watch failed while waiting for {name}: {what}: {err}"),
+        Err(_) => {
+            let current = api.get_opt(name).await.ok().flatten();
+            panic!(
+                "timed out after {:?} waiting for {name}: {what}; last seen: {}",
+                timeout,
+                current
+                    .map(
+                        |o| serde_json::to_string(&o.meta().clone()).unwrap_or_default()
+                            + " "
+                            + &o.name_any()
+                    )
+                    .unwrap_or_else(|| "not found".into())
+            )
+        }
+    }
+}
+
+/// Waits until `name` no longer exists.
+pub async fn deleted<K>(api: &Api<K>, name: &str, timeout: Duration)
+where
+    K: Resource + Clone + DeserializeOwned + Debug + Send + 'static,
+{
+    let Some(uid) = api
+        .get_opt(name)
+        .await
+        .ok()
+        .flatten()
+        .map(|o| o.uid().unwrap_or_default())
+    else {
+        return;
+    };
+    let gone = kube::runtime::wait::conditions::is_deleted(&uid);
+    if tokio::time::timeout(timeout, await_condition(api.clone(), name, gone))
+        .await
+        .is_err()
+    {
+        panic!("timed out after {timeout:?} waiting for {name} to be deleted");
+    }
+}
+
+/// Polls `probe` every 100 ms until it returns `Some`, or panics after `timeout` naming `what`.
+pub async fn poll<T, F, Fut>(what: &str, timeout: Duration, mut probe: F) -> T
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Option<T>>,
+{
+    let deadline = tokio::time::Instant::now() + timeout;
+    loop {
+        if let Some(value) = probe().await {
+            return value;
+        }
+        if tokio::time::Instant::now() >= deadline {
+            panic!("timed out after {timeout:?} waiting for: {what}");
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}

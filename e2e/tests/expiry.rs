@@ -1,0 +1,184 @@
+//! Heartbeat and TTL expiry on the local cluster: the operator deletes a sandbox at its deadline
+//! (requeued exactly then, no sweep), and a heartbeat annotation postpones it.
+
+mod common_sandbox;
+
+use std::time::Duration;
+
+use common_sandbox::{is_ready, sandbox};
+use futures::StreamExt;
+use k8s_openapi::jiff::Timestamp;
+use kube::api::{Api, Patch, PatchParams, PostParams};
+use kube::runtime::watcher;
+use orchard_e2e::env::TestEnv;
+use orchard_e2e::wait;
+use orchard_operator::api::Sandbox;
+use serde_json::json;
+
+/// Waits for the deletion of `name` and returns when the watch saw it.
+async fn deletion_time(api: &Api<Sandbox>, name: &str, timeout: Duration) -> Timestamp {
+    let config = watcher::Config::default().fields(&format!("metadata.name={name}"));
+    let mut events = watcher(api.clone(), config).boxed();
+    let deadline = tokio::time::Instant::now() + timeout;
+    loop {
+        let next = tokio::time::timeout_at(deadline, events.next()).await;
+        match next {
+            Ok(Some(Ok(watcher::Event::Delete(_)))) => return Timestamp::now(),
+            Ok(Some(Ok(watcher::Event::InitDone))) => {
+                if api.get_opt(name).await.ok().flatten().is_none() {
+                    return Timestamp::now();
+                }
+            }
+            Ok(Some(_)) => {}
+            Ok(None) => panic!("watch ended"),
+            Err(_) => panic!("{name} was not deleted within {timeout:?}"),
+        }
+    }
+}
+
+fn expires_at(s: &Sandbox) -> Timestamp {
+    s.status
+        .as_ref()
+        .and_then(|st| st.expires_at.as_ref())
+        .expect("expiresAt set")
+        .0
+}
+
+#[tokio::test]
+async fn a_silent_sandbox_is_deleted_at_its_heartbeat_deadline() {
+    let env = TestEnv::shared();
+    let client = env.client().await;
+    let ns = env.namespace("heartbeat").await;
+    let api: Api<Sandbox> = Api::namespaced(client.clone(), &ns);
+    api.create(
+        &PostParams::default(),
+        &sandbox(
+            "quiet",
+            json!({"image": "busybox", "lifecycle": {"heartbeatTimeoutSeconds": 3}}),
+        ),
+    )
+    .await
+    .expect("create");
+    let ready = wait::until(&api, "quiet", "Ready", Duration::from_secs(60), is_ready).await;
+    let deadline = expires_at(&ready);
+    let ready_time = ready
+        .status
+        .as_ref()
+        .and_then(|s| s.ready_time.as_ref())
+        .expect("readyTime")
+        .0;
+    assert_eq!(
+        deadline.duration_since(ready_time).as_secs(),
+        3,
+        "deadline = readyTime + 3 s"
+    );
+    let deleted = deletion_time(&api, "quiet", Duration::from_secs(30)).await;
+    let lateness = deleted.duration_since(deadline).as_secs_f64();
+    println!("heartbeat expiry lateness: {lateness:.3} s");
+    assert!(
+        lateness >= -0.05,
+        "deleted {lateness:.3} s before the deadline"
+    );
+    assert!(
+        lateness <= 1.0,
+        "deleted {lateness:.3} s after the deadline (must be within 1 s)"
+    );
+    env.delete_namespace(&ns).await;
+}
+
+#[tokio::test]
+async fn a_heartbeat_annotation_postpones_expiry() {
+    let env = TestEnv::shared();
+    let client = env.client().await;
+    let ns = env.namespace("postpone").await;
+    let api: Api<Sandbox> = Api::namespaced(client.clone(), &ns);
+    api.create(
+        &PostParams::default(),
+        &sandbox(
+            "kept",
+            json!({"image": "busybox", "lifecycle": {"heartbeatTimeoutSeconds": 3}}),
+        ),
+    )
+    .await
+    .expect("create");
+    let ready = wait::until(&api, "kept", "Ready", Duration::from_secs(60), is_ready).await;
+    let first_deadline = expires_at(&ready);
+    // Beat twice, two seconds apart: each beat moves the deadline to beat + 3 s.
+    let mut beat = Timestamp::now();
+    for _ in 0..2 {
+        tokio::time::sleep(Duration::from_secs(2)).await;
+        beat = Timestamp::now();
+        let patch =
+            json!({"metadata": {"annotations": {"orchard.dev/heartbeat": beat.to_string()}}});
+        api.patch("kept", &PatchParams::default(), &Patch::Merge(&patch))
+            .await
+            .expect("annotate");
+    }
+    let expected = beat.as_second() + 3 + i64::from(beat.subsec_nanosecond() > 0);
+    let moved = wait::until(
+        &api,
+        "kept",
+        "deadline = last heartbeat (rounded up) + 3 s",
+        Duration::from_secs(10),
+        move |s: Option<&Sandbox>| {
+            s.and_then(|s| s.status.as_ref()?.expires_at.as_ref())
+                .is_some_and(|t| t.0.as_second() == expected)
+        },
+    )
+    .await;
+    let new_deadline = expires_at(&moved);
+    assert!(new_deadline > first_deadline);
+    assert!(
+        Timestamp::now() > first_deadline,
+        "the first deadline has passed and the sandbox still exists"
+    );
+    let deleted = deletion_time(&api, "kept", Duration::from_secs(30)).await;
+    let lateness = deleted.duration_since(new_deadline).as_secs_f64();
+    assert!(
+        (-0.05..=1.0).contains(&lateness),
+        "deleted {lateness:.3} s from the postponed deadline"
+    );
+    env.delete_namespace(&ns).await;
+}
+
+#[tokio::test]
+async fn ttl_deletes_even_a_beating_sandbox() {
+    let env = TestEnv::shared();
+    let client = env.client().await;
+    let ns = env.namespace("ttl").await;
+    let api: Api<Sandbox> = Api::namespaced(client.clone(), &ns);
+    api.create(&PostParams::default(), &sandbox("short", json!({"image": "busybox", "lifecycle": {"ttlSeconds": 4, "heartbeatTimeoutSeconds": 3}})))
+        .await
+        .expect("create");
+    let ready = wait::until(&api, "short", "Ready", Duration::from_secs(60), is_ready).await;
+    let ready_time = ready
+        .status
+        .as_ref()
+        .and_then(|s| s.ready_time.as_ref())
+        .expect("readyTime")
+        .0;
+    let beater = {
+        let api = api.clone();
+        tokio::spawn(async move {
+            loop {
+                let patch = json!({"metadata": {"annotations": {"orchard.dev/heartbeat": Timestamp::now().to_string()}}});
+                if api
+                    .patch("short", &PatchParams::default(), &Patch::Merge(&patch))
+                    .await
+                    .is_err()
+                {
+                    return;
+                }
+                tokio::time::sleep(Duration::from_millis(700)).await;
+            }
+        })
+    };
+    let deleted = deletion_time(&api, "short", Duration::from_secs(30)).await;
+    beater.abort();
+    let age = deleted.duration_since(ready_time).as_secs_f64();
+    assert!(
+        (4.0..=5.0).contains(&age),
+        "deleted {age:.3} s after Ready; TTL is 4 s"
+    );
+    env.delete_namespace(&ns).await;
+}

@@ -1,0 +1,125 @@
+//! Faults on the local node: an evicted pod, an unpullable image and a killed agent each end in a
+//! `Failed` sandbox with a reason a user can act on; the failed pod's resources are released.
+
+mod common_sandbox;
+
+use std::time::Duration;
+
+use common_sandbox::{is_failed, is_ready, sandbox};
+use k8s_openapi::api::core::v1::Pod;
+use kube::api::{Api, PostParams};
+use orchard_e2e::env::TestEnv;
+use orchard_e2e::wait;
+use orchard_operator::api::Sandbox;
+use serde_json::json;
+
+fn reason(s: &Sandbox) -> String {
+    s.status
+        .as_ref()
+        .and_then(|st| st.reason.clone())
+        .unwrap_or_default()
+}
+
+fn message(s: &Sandbox) -> String {
+    s.status
+        .as_ref()
+        .and_then(|st| st.message.clone())
+        .unwrap_or_default()
+}
+
+#[tokio::test]
+async fn an_evicted_pod_fails_the_sandbox_with_reason_evicted() {
+    let env = TestEnv::shared();
+    let client = env.client().await;
+    let ns = env.namespace("evict").await;
+    let api: Api<Sandbox> = Api::namespaced(client.clone(), &ns);
+    api.create(
+        &PostParams::default(),
+        &sandbox("victim", json!({"image": "busybox"})),
+    )
+    .await
+    .expect("create");
+    wait::until(&api, "victim", "Ready", Duration::from_secs(60), is_ready).await;
+    assert!(env.node.evict(&ns, "victim"), "the node runs the pod");
+    let failed = wait::until(&api, "victim", "Failed", Duration::from_secs(30), is_failed).await;
+    assert_eq!(reason(&failed), "Evicted");
+    assert!(
+        message(&failed).contains("low on resource"),
+        "{}",
+        message(&failed)
+    );
+    let pods: Api<Pod> = Api::namespaced(client.clone(), &ns);
+    wait::deleted(&pods, "victim", Duration::from_secs(30)).await;
+    let later = api
+        .get("victim")
+        .await
+        .expect("the failed sandbox stays for inspection");
+    assert_eq!(reason(&later), "Evicted");
+    env.delete_namespace(&ns).await;
+}
+
+#[tokio::test]
+async fn an_unpullable_image_fails_the_sandbox_naming_the_image() {
+    let env = TestEnv::shared();
+    let client = env.client().await;
+    let ns = env.namespace("pull").await;
+    env.node.set_unpullable(Some("registry.invalid/*"));
+    let api: Api<Sandbox> = Api::namespaced(client.clone(), &ns);
+    api.create(
+        &PostParams::default(),
+        &sandbox(
+            "broken",
+            json!({"image": "registry.invalid/no-such-image:1"}),
+        ),
+    )
+    .await
+    .expect("create");
+    let failed = wait::until(&api, "broken", "Failed", Duration::from_secs(60), is_failed).await;
+    let reason = reason(&failed);
+    assert!(
+        reason == "ErrImagePull" || reason == "ImagePullBackOff",
+        "reason {reason}"
+    );
+    let message = message(&failed);
+    assert!(
+        message.contains("image pull failed for `registry.invalid/no-such-image:1`"),
+        "{message}"
+    );
+    env.delete_namespace(&ns).await;
+}
+
+#[tokio::test]
+async fn a_killed_agent_is_detected() {
+    let env = TestEnv::shared();
+    let client = env.client().await;
+    let ns = env.namespace("kill").await;
+    let api: Api<Sandbox> = Api::namespaced(client.clone(), &ns);
+    api.create(
+        &PostParams::default(),
+        &sandbox("fragile", json!({"image": "busybox"})),
+    )
+    .await
+    .expect("create");
+    wait::until(&api, "fragile", "Ready", Duration::from_secs(60), is_ready).await;
+    let pid = env.node.agent_pid(&ns, "fragile").expect("agent runs");
+    assert!(env.node.kill_agent(&ns, "fragile"));
+    let failed = wait::until(
+        &api,
+        "fragile",
+        "Failed",
+        Duration::from_secs(30),
+        is_failed,
+    )
+    .await;
+    assert_eq!(reason(&failed), "AgentExited");
+    assert!(
+        message(&failed).contains("signal 9"),
+        "{}",
+        message(&failed)
+    );
+    assert!(
+        !std::path::Path::new(&format!("/proc/{pid}")).exists(),
+        "agent process is gone"
+    );
+    env.delete_namespace(&ns).await;
+}
