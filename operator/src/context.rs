@@ -12,7 +12,7 @@ use kube::Client;
 use kube::runtime::events::{Recorder, Reporter};
 use kube::runtime::reflector::Store;
 
-use crate::api::{Sandbox, SandboxStatus};
+use crate::api::{RolloutGroup, Sandbox, SandboxStatus};
 use crate::backoff::ReconcileBackoff;
 use crate::config::{OperatorArgs, parse_label_pairs};
 use crate::error::{Error, Result};
@@ -138,6 +138,8 @@ pub struct Caches {
     pub secrets: Store<Secret>,
     /// NetworkPolicies the operator manages.
     pub policies: Store<NetworkPolicy>,
+    /// Every RolloutGroup in scope.
+    pub rollout_groups: Store<RolloutGroup>,
 }
 
 /// Shared state of the Sandbox controller.

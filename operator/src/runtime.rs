@@ -18,11 +18,13 @@ use tokio_util::sync::CancellationToken;
 use tracing::{error, info};
 
 use crate::admin::{self, AdminState};
-use crate::api::{MANAGED_BY, MANAGED_BY_LABEL, SANDBOX_POD_LABEL, Sandbox};
+use crate::api::{MANAGED_BY, MANAGED_BY_LABEL, RolloutGroup, SANDBOX_POD_LABEL, Sandbox};
 use crate::backoff::ReconcileBackoff;
+use crate::change_feed::ChangeFeed;
 use crate::config::OperatorArgs;
 use crate::context::{Caches, Context, Settings};
 use crate::error::{Error, Result};
+use crate::gateway::{self, GatewayDeps};
 use crate::metrics::Metrics;
 use crate::sandbox;
 
@@ -95,16 +97,35 @@ pub async fn run(args: OperatorArgs) -> Result<()> {
         .subscribe()
         .ok_or_else(|| Error::Config("sandbox store is not shared".into()))?;
     let filled = CacheFill::default();
+    let changes = ChangeFeed::default();
     let sandbox_watch = watcher(sandboxes, watcher::Config::default())
         .default_backoff()
         .modify(|s: &mut Sandbox| s.meta_mut().managed_fields = None)
         .inspect(flag_on_init_done(filled.sandboxes.clone()))
         .reflect_shared(sandbox_writer)
+        .inspect(publish_changes(changes.clone(), "Sandbox"))
         .for_each(|event| async move {
             if let Err(err) = event {
                 tracing::warn!(%err, "sandbox watch error (retrying)");
             }
         });
+
+    // RolloutGroups: one watch shared by the RolloutGroup controller and the gateway.
+    let (rollout_store, rollout_writer) = reflector::store_shared::<RolloutGroup>(1024);
+    let rollout_watch = watcher(
+        scoped_api::<RolloutGroup>(&client, &namespace),
+        watcher::Config::default(),
+    )
+    .default_backoff()
+    .modify(|g: &mut RolloutGroup| g.meta_mut().managed_fields = None)
+    .inspect(flag_on_init_done(filled.rollout_groups.clone()))
+    .reflect_shared(rollout_writer)
+    .inspect(publish_changes(changes.clone(), "RolloutGroup"))
+    .for_each(|event| async move {
+        if let Err(err) = event {
+            tracing::warn!(%err, "rolloutgroup watch error (retrying)");
+        }
+    });
 
     let pod_labels = format!("{SANDBOX_POD_LABEL}=true");
     let managed_labels = format!("{MANAGED_BY_LABEL}={MANAGED_BY}");
@@ -129,11 +150,20 @@ pub async fn run(args: OperatorArgs) -> Result<()> {
         pods,
         secrets,
         policies,
+        rollout_groups: rollout_store.clone(),
     };
     let backoff = ReconcileBackoff::new(
         Duration::from_millis(args.controller.backoff_base_ms),
         Duration::from_secs(args.controller.backoff_max_seconds),
     );
+    let gateway_deps = GatewayDeps {
+        client: client.clone(),
+        caches: caches.clone(),
+        rollout_groups: rollout_store.clone(),
+        changes: changes.clone(),
+        metrics: metrics.clone(),
+        settings: settings.clone(),
+    };
     let ctx = Arc::new(Context::new(
         client.clone(),
         settings,
@@ -166,17 +196,29 @@ pub async fn run(args: OperatorArgs) -> Result<()> {
         },
         "orchard-operator started"
     );
+    let gateway_server = gateway::serve(args.gateway_listen, gateway_deps, shutdown.clone());
     let watch_until_shutdown = async {
         tokio::select! {
-            _ = sandbox_watch => {},
+            _ = futures::future::join(sandbox_watch, rollout_watch) => {},
             _ = shutdown.cancelled() => {},
         }
     };
-    let (_, _, served) = tokio::join!(sandbox_controller, watch_until_shutdown, admin_server);
-    if let Err(err) = served {
+    let (_, _, admin_served, gateway_served) = tokio::join!(
+        sandbox_controller,
+        watch_until_shutdown,
+        admin_server,
+        gateway_server
+    );
+    if let Err(err) = admin_served {
         return Err(Error::Config(format!(
             "admin server on {}: {err}",
             args.metrics_listen
+        )));
+    }
+    if let Err(err) = gateway_served {
+        return Err(Error::Config(format!(
+            "gateway on {}: {err}",
+            args.gateway_listen
         )));
     }
     info!("orchard-operator stopped");
@@ -199,14 +241,22 @@ pub struct CacheFill {
     pub secrets: Arc<AtomicBool>,
     /// NetworkPolicies cache.
     pub policies: Arc<AtomicBool>,
+    /// RolloutGroups cache.
+    pub rollout_groups: Arc<AtomicBool>,
 }
 
 impl CacheFill {
     /// Whether every cache is filled.
     pub fn all_filled(&self) -> bool {
-        [&self.sandboxes, &self.pods, &self.secrets, &self.policies]
-            .iter()
-            .all(|flag| flag.load(Ordering::Relaxed))
+        [
+            &self.sandboxes,
+            &self.pods,
+            &self.secrets,
+            &self.policies,
+            &self.rollout_groups,
+        ]
+        .iter()
+        .all(|flag| flag.load(Ordering::Relaxed))
     }
 }
 
@@ -220,6 +270,26 @@ fn flag_on_init_done<K>(
         {
             tracing::debug!(kind = std::any::type_name::<K>(), "watch cache filled");
         }
+    }
+}
+
+/// An `inspect` callback that publishes every applied or deleted object to `feed` (after the
+/// reflector put it in the cache, so a notified waiter reads the new state).
+fn publish_changes<K>(
+    feed: ChangeFeed,
+    kind: &'static str,
+) -> impl FnMut(&std::result::Result<watcher::Event<K>, watcher::Error>)
+where
+    K: Resource,
+{
+    move |event| match event {
+        Ok(watcher::Event::Apply(obj) | watcher::Event::Delete(obj)) => feed.publish(
+            kind,
+            obj.meta().namespace.as_deref(),
+            obj.meta().name.as_deref(),
+        ),
+        Ok(watcher::Event::InitDone) => feed.publish(kind, None, None),
+        _ => {}
     }
 }
 
