@@ -2,7 +2,7 @@
 //! backoff, the watch caches of children, and a short memory of our own recent writes (so a lagging
 //! watch cache does not make us write the same object twice).
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
@@ -12,7 +12,8 @@ use kube::Client;
 use kube::runtime::events::{Recorder, Reporter};
 use kube::runtime::reflector::Store;
 
-use crate::api::{RolloutGroup, Sandbox, SandboxStatus};
+use crate::agent_client::AgentClient;
+use crate::api::{RolloutGroup, RolloutGroupStatus, Sandbox, SandboxStatus};
 use crate::backoff::ReconcileBackoff;
 use crate::config::{OperatorArgs, parse_label_pairs};
 use crate::error::{Error, Result};
@@ -38,6 +39,8 @@ pub struct Settings {
     pub startup_timeout_seconds: i64,
     /// Periodic re-reconcile of healthy objects.
     pub resync: Duration,
+    /// Window after creation in which transient phases are not written.
+    pub status_coalesce: Duration,
 }
 
 impl Settings {
@@ -91,6 +94,7 @@ impl Settings {
             default_heartbeat_timeout_seconds: defaults.default_heartbeat_timeout_seconds,
             startup_timeout_seconds: defaults.startup_timeout_seconds,
             resync: Duration::from_secs(args.controller.resync_seconds.max(1)),
+            status_coalesce: Duration::from_millis(args.controller.status_coalesce_ms),
         })
     }
 }
@@ -160,6 +164,12 @@ pub struct Context {
     pub recent: RecentWrites,
     /// Sandbox statuses we wrote that the cache may not show yet.
     pub written_status: StatusMemory<SandboxStatus>,
+    /// RolloutGroup statuses we wrote that the cache may not show yet.
+    pub written_group_status: StatusMemory<RolloutGroupStatus>,
+    /// Client for the operator's own agent calls (trajectory runs).
+    pub agent: AgentClient,
+    /// Uids of sandboxes whose trajectory runner is in flight.
+    pub runners: Mutex<HashSet<String>>,
 }
 
 impl Context {
@@ -184,6 +194,9 @@ impl Context {
             caches,
             recent: RecentWrites::default(),
             written_status: StatusMemory::default(),
+            written_group_status: StatusMemory::default(),
+            agent: AgentClient::new(),
+            runners: Mutex::new(HashSet::new()),
         }
     }
 }

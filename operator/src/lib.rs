@@ -5,6 +5,7 @@
 //! -> gateway -> agent. [`bar`] is pure and does no I/O.
 
 pub mod admin;
+pub mod agent_client;
 pub mod api;
 pub mod backoff;
 pub mod bar;
@@ -14,8 +15,10 @@ pub mod conditions;
 pub mod config;
 pub mod context;
 pub mod error;
+pub mod events;
 pub mod gateway;
 pub mod metrics;
+pub mod rollout;
 pub mod runtime;
 pub mod sandbox;
 pub mod status_memory;

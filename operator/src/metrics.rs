@@ -39,6 +39,16 @@ pub struct Metrics {
     pub expirations: IntCounterVec,
     /// `orchard_api_writes_total{resource, verb}`: writes the operator sent to the API server.
     pub api_writes: IntCounterVec,
+    /// `orchard_trajectory_runs_total{outcome}`: `spec.run` results recorded by the operator, by
+    /// status (`completed`, `truncated`) or abort reason (`TimeExceeded`, `NoResult`, ...).
+    pub trajectory_runs: IntCounterVec,
+    /// `orchard_bar_trajectories_total{outcome}`: trajectories a RolloutGroup recorded as finished
+    /// (`completed`, `truncated`, `aborted`).
+    pub bar_trajectories: IntCounterVec,
+    /// `orchard_bar_groups_total{selection}`: RolloutGroups completed, by selection.
+    pub bar_groups: IntCounterVec,
+    /// `orchard_bar_trajectories_launched_per_group`: trajectories a completed group launched.
+    pub bar_launched_per_group: Histogram,
 }
 
 fn counter(
@@ -81,7 +91,36 @@ impl Metrics {
             .buckets(READY_BUCKETS.to_vec()),
         )?;
         registry.register(Box::new(sandbox_ready_seconds.clone()))?;
+        let bar_launched_per_group = Histogram::with_opts(
+            HistogramOpts::new(
+                "orchard_bar_trajectories_launched_per_group",
+                "Trajectories launched by each completed RolloutGroup.",
+            )
+            .buckets(vec![
+                1.0, 2.0, 4.0, 8.0, 12.0, 16.0, 24.0, 32.0, 48.0, 64.0, 128.0, 256.0,
+            ]),
+        )?;
+        registry.register(Box::new(bar_launched_per_group.clone()))?;
         Ok(Self {
+            trajectory_runs: counter(
+                &registry,
+                "orchard_trajectory_runs_total",
+                "Trajectory runs (spec.run) whose result the operator recorded, by status or abort reason.",
+                &["outcome"],
+            )?,
+            bar_trajectories: counter(
+                &registry,
+                "orchard_bar_trajectories_total",
+                "Finished trajectories recorded by RolloutGroups, by outcome.",
+                &["outcome"],
+            )?,
+            bar_groups: counter(
+                &registry,
+                "orchard_bar_groups_total",
+                "Completed RolloutGroups by selection.",
+                &["selection"],
+            )?,
+            bar_launched_per_group,
             reconciles: counter(
                 &registry,
                 "orchard_reconciles_total",

@@ -26,7 +26,7 @@ use crate::context::{Caches, Context, Settings};
 use crate::error::{Error, Result};
 use crate::gateway::{self, GatewayDeps};
 use crate::metrics::Metrics;
-use crate::sandbox;
+use crate::{rollout, sandbox};
 
 /// An `Api` over every namespace, or over the one the operator is told to watch.
 pub fn scoped_api<K>(client: &Client, namespace: &str) -> Api<K>
@@ -96,6 +96,9 @@ pub async fn run(args: OperatorArgs) -> Result<()> {
     let sandbox_trigger = sandbox_writer
         .subscribe()
         .ok_or_else(|| Error::Config("sandbox store is not shared".into()))?;
+    let sandbox_changes_for_groups = sandbox_writer
+        .subscribe()
+        .ok_or_else(|| Error::Config("sandbox store is not shared".into()))?;
     let filled = CacheFill::default();
     let changes = ChangeFeed::default();
     let sandbox_watch = watcher(sandboxes, watcher::Config::default())
@@ -112,6 +115,9 @@ pub async fn run(args: OperatorArgs) -> Result<()> {
 
     // RolloutGroups: one watch shared by the RolloutGroup controller and the gateway.
     let (rollout_store, rollout_writer) = reflector::store_shared::<RolloutGroup>(1024);
+    let rollout_trigger = rollout_writer
+        .subscribe()
+        .ok_or_else(|| Error::Config("rolloutgroup store is not shared".into()))?;
     let rollout_watch = watcher(
         scoped_api::<RolloutGroup>(&client, &namespace),
         watcher::Config::default(),
@@ -196,6 +202,12 @@ pub async fn run(args: OperatorArgs) -> Result<()> {
         },
         "orchard-operator started"
     );
+    let rollout_controller = Controller::for_shared_stream(rollout_trigger, rollout_store.clone())
+        .owns_shared_stream(sandbox_changes_for_groups)
+        .with_config(controller::Config::default().concurrency(args.controller.rollout_concurrency))
+        .graceful_shutdown_on(shutdown.clone().cancelled_owned())
+        .run(rollout::reconcile, rollout::error_policy, ctx.clone())
+        .for_each(|_| future::ready(()));
     let gateway_server = gateway::serve(args.gateway_listen, gateway_deps, shutdown.clone());
     let watch_until_shutdown = async {
         tokio::select! {
@@ -203,8 +215,9 @@ pub async fn run(args: OperatorArgs) -> Result<()> {
             _ = shutdown.cancelled() => {},
         }
     };
+    let controllers = future::join(sandbox_controller, rollout_controller);
     let (_, _, admin_served, gateway_served) = tokio::join!(
-        sandbox_controller,
+        controllers,
         watch_until_shutdown,
         admin_server,
         gateway_server

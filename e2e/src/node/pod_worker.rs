@@ -447,11 +447,17 @@ impl PodWorker {
         spec.clear_env = true;
         spec.cwd = Some(cwd);
         spec.log = Some(self.dir.join(format!("{}.log", container.name)));
-        for key in ["PATH", "HOME", "LANG", "TMPDIR"] {
+        for key in ["PATH", "LANG"] {
             if let Ok(value) = std::env::var(key) {
                 spec = spec.env(key, value);
             }
         }
+        // Each pod gets its own home and temporary directory (pods share the host filesystem otherwise).
+        let home = self.dir.join("rootfs/root");
+        let tmp = self.dir.join("rootfs/tmp");
+        let _ = std::fs::create_dir_all(&home);
+        let _ = std::fs::create_dir_all(&tmp);
+        spec = spec.env("HOME", &home).env("TMPDIR", &tmp);
         for var in container.env.iter().flatten() {
             let Some(value) = &var.value else { continue };
             let mut value = mounts.translate(value);

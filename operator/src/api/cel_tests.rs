@@ -125,7 +125,7 @@ fn heartbeat_timeout_must_not_be_negative() {
 }
 
 #[test]
-fn run_needs_a_command_a_positive_timeout_and_an_absolute_result_path() {
+fn run_needs_a_command_and_a_positive_timeout() {
     let ok = sandbox(
         json!({"image": "i", "run": {"command": ["/bin/run"], "timeoutSeconds": 5, "resultPath": "/out.json"}}),
     );
@@ -301,5 +301,27 @@ fn template_rules_apply_inside_a_group() {
     assert_rejects(
         violations::<RolloutGroup>(bad, None),
         "AllowList needs at least one network.allow rule",
+    );
+}
+
+#[test]
+fn names_must_fit_the_label_limits() {
+    let mut ok = sandbox(json!({"image": "i"}));
+    ok["metadata"]["name"] = json!("a".repeat(63));
+    assert!(violations::<Sandbox>(ok, None).is_empty());
+    let mut long = sandbox(json!({"image": "i"}));
+    long["metadata"]["name"] = json!("a".repeat(64));
+    assert_rejects(
+        violations::<Sandbox>(long, None),
+        "a Sandbox name must be at most 63 characters",
+    );
+    let mut group_ok = group(json!({}));
+    group_ok["metadata"]["name"] = json!("g".repeat(58));
+    assert!(violations::<RolloutGroup>(group_ok, None).is_empty());
+    let mut group_long = group(json!({}));
+    group_long["metadata"]["name"] = json!("g".repeat(59));
+    assert_rejects(
+        violations::<RolloutGroup>(group_long, None),
+        "a RolloutGroup name must be at most 58 characters",
     );
 }

@@ -53,7 +53,8 @@ use super::sandbox::{SandboxSpec, TrajectoryStatus};
         name = "Age",
         type_ = "date",
         json_path = ".metadata.creationTimestamp"
-    )
+    ),
+    validation = Rule::new("size(self.metadata.name) <= 58").message("a RolloutGroup name must be at most 58 characters (trajectory Sandboxes are named <group>-<index>)")
 )]
 #[x_kube(validation = Rule::new("self.groupSize <= self.maxTrajectories").message("groupSize must not exceed maxTrajectories"))]
 #[x_kube(validation = Rule::new("!has(self.stride) || self.maxTrajectories % self.stride == 0").message("stride must divide maxTrajectories"))]

@@ -54,7 +54,8 @@ use serde::{Deserialize, Serialize};
         name = "Age",
         type_ = "date",
         json_path = ".metadata.creationTimestamp"
-    )
+    ),
+    validation = Rule::new("size(self.metadata.name) <= 63").message("a Sandbox name must be at most 63 characters (it labels the sandbox's pod and policies)")
 )]
 #[x_kube(validation = Rule::new("self.image == oldSelf.image").message("spec.image is immutable: create a new Sandbox"))]
 #[x_kube(validation = Rule::new("has(self.resources) == has(oldSelf.resources) && (!has(self.resources) || self.resources == oldSelf.resources)").message("spec.resources is immutable: create a new Sandbox"))]
@@ -267,7 +268,6 @@ pub struct StartupSpec {
 #[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq, Eq)]
 #[x_kube(validation = Rule::new("size(self.command) > 0").message("run.command must name a program"))]
 #[x_kube(validation = Rule::new("self.timeoutSeconds > 0").message("run.timeoutSeconds must be positive"))]
-#[x_kube(validation = Rule::new("self.resultPath.startsWith('/')").message("run.resultPath must be an absolute path"))]
 #[serde(rename_all = "camelCase")]
 pub struct RunSpec {
     /// Program and arguments (argv; no shell is involved, write `["/bin/sh", "-c", "..."]` for one).
@@ -278,7 +278,7 @@ pub struct RunSpec {
     #[serde(default = "default_run_timeout_seconds")]
     pub timeout_seconds: i64,
 
-    /// Where the runner writes its JSON result.
+    /// Where the runner writes its JSON result: an absolute path, or one relative to the sandbox's working directory.
     #[serde(default = "default_result_path")]
     #[schemars(length(min = 1, max = 4096))]
     pub result_path: String,

@@ -1,11 +1,14 @@
 //! The Sandbox controller: [`build`] (pure: desired Pod, token Secret, NetworkPolicies), [`status`]
 //! (pure: observed Pod -> status), [`expiry`] (pure deadline arithmetic), [`apply`] (thin I/O) and
-//! [`reconcile`] (the loop that ties them together).
+//! [`reconcile`] (the loop that ties them together), and the trajectory [`runner`] of `spec.run`
+//! (its pure half: [`run_result`]).
 
 pub mod apply;
 pub mod build;
 pub mod expiry;
 pub mod reconcile;
+pub mod run_result;
+pub mod runner;
 pub mod status;
 
 pub use reconcile::{CONTROLLER, error_policy, reconcile};

@@ -7,18 +7,22 @@ use std::time::Duration;
 
 use k8s_openapi::jiff::Timestamp;
 use kube::runtime::controller::Action;
-use kube::runtime::events::{Event, EventType};
+use kube::runtime::events::EventType;
 use kube::runtime::reflector::ObjectRef;
 use kube::{Resource, ResourceExt};
 use tracing::{info, instrument, warn};
 
-use super::apply;
 use super::build::{desired_pod, pod_name};
 use super::expiry::{Lifecycle, annotated_heartbeat, expiry_deadline};
-use super::status::{Observed, desired_status, expired_status};
-use crate::api::{Sandbox, SandboxPhase, SandboxStatus, TrajectoryResult, TrajectoryStatus};
+use super::run_result::aborted;
+use super::status::{
+    Observed, desired_status, expired_status, hold_back_transient, is_trajectory, rollout_group_of,
+};
+use super::{apply, runner};
+use crate::api::{Sandbox, SandboxPhase, SandboxStatus};
 use crate::context::Context;
 use crate::error::{Error, Result};
+use crate::events::publish;
 use crate::metrics::ReconcileTimer;
 
 /// Controller name used in metrics and logs.
@@ -37,6 +41,7 @@ fn object_key(sandbox: &Sandbox) -> String {
 pub async fn reconcile(sandbox: Arc<Sandbox>, ctx: Arc<Context>) -> Result<Action> {
     let _timer = ReconcileTimer::start(&ctx.metrics, CONTROLLER);
     let result = reconcile_inner(&sandbox, &ctx).await;
+
     if result.is_ok() {
         ctx.backoff.reset(&object_key(&sandbox));
         ctx.metrics
@@ -63,7 +68,7 @@ pub fn error_policy(sandbox: Arc<Sandbox>, error: &Error, ctx: Arc<Context>) -> 
     Action::requeue(delay)
 }
 
-async fn reconcile_inner(cached: &Sandbox, ctx: &Context) -> Result<Action> {
+async fn reconcile_inner(cached: &Sandbox, ctx: &Arc<Context>) -> Result<Action> {
     if cached.meta().deletion_timestamp.is_some() {
         return Ok(Action::await_change());
     }
@@ -92,7 +97,10 @@ async fn reconcile_inner(cached: &Sandbox, ctx: &Context) -> Result<Action> {
         })?;
     let previous = sandbox.status.clone().unwrap_or_default();
 
-    if previous.phase == Some(SandboxPhase::Failed) {
+    if matches!(
+        previous.phase,
+        Some(SandboxPhase::Failed | SandboxPhase::Expired)
+    ) {
         // Terminal: free the pod's resources, keep the Sandbox so its status says why.
         if ctx
             .caches
@@ -149,6 +157,19 @@ async fn reconcile_inner(cached: &Sandbox, ctx: &Context) -> Result<Action> {
         agent_port: ctx.settings.pod.agent_port,
     };
     let status = desired_status(sandbox, &observed);
+    let created = sandbox.meta().creation_timestamp.as_ref().map(|t| t.0);
+    if sandbox.status.as_ref() != Some(&status)
+        && let Some(wait) = hold_back_transient(
+            sandbox.status.as_ref(),
+            &status,
+            created,
+            now,
+            ctx.settings.status_coalesce,
+        )
+    {
+        // A young sandbox usually becomes Ready within the window: write once, then.
+        return Ok(Action::requeue(wait));
+    }
     if sandbox.status.as_ref() != Some(&status) {
         let written = apply::patch_status(ctx, sandbox, &status).await?;
         ctx.written_status.remember(
@@ -157,6 +178,13 @@ async fn reconcile_inner(cached: &Sandbox, ctx: &Context) -> Result<Action> {
             status.clone(),
         );
         report_transition(ctx, sandbox, &previous, &status, now).await;
+    }
+    if sandbox.spec.run.is_some() {
+        let current = Sandbox {
+            status: Some(status.clone()),
+            ..sandbox.clone()
+        };
+        runner::ensure_runner(ctx, &current);
     }
 
     if status.phase == Some(SandboxPhase::Failed) {
@@ -203,8 +231,9 @@ fn until(now: Timestamp, deadline: Timestamp) -> Duration {
     Duration::try_from(remaining).unwrap_or(Duration::ZERO) + Duration::from_millis(1)
 }
 
-/// Deletes an expired sandbox. A trajectory sandbox without a result first records an aborted result
-/// (reason `Expired`) so its RolloutGroup learns why it ended.
+/// Ends an expired sandbox. A standalone sandbox is deleted. A trajectory of a RolloutGroup keeps its
+/// Sandbox object (phase Expired, with an aborted result if it had none) so the group cannot lose its
+/// outcome; only its pod is deleted, and the group's cleanup removes the object.
 async fn expire(
     ctx: &Context,
     sandbox: &Sandbox,
@@ -212,32 +241,32 @@ async fn expire(
     cause: &str,
     now: Timestamp,
 ) -> Result<()> {
-    if sandbox.spec.run.is_some() && status.result.is_none() {
+    let in_group = rollout_group_of(sandbox).is_some();
+    if in_group || (is_trajectory(sandbox) && status.result.is_none()) {
         let mut expired = expired_status(sandbox, cause, now);
-        expired.result = Some(TrajectoryResult {
-            reward: None,
-            status: TrajectoryStatus::Aborted,
-            length: None,
-            exit_code: None,
-            artifact: None,
-            reason: Some("Expired".into()),
-            message: Some(format!(
-                "the sandbox reached its {cause} deadline before the run finished"
-            )),
-        });
+        if expired.result.is_none() {
+            expired.result = Some(aborted(
+                "Expired",
+                format!("the sandbox reached its {cause} deadline before the trajectory finished"),
+                None,
+            ));
+        }
         apply::patch_status(ctx, sandbox, &expired).await?;
     }
-    apply::delete_sandbox(ctx, sandbox).await?;
+    let namespace = sandbox.namespace().unwrap_or_default();
+    if in_group {
+        apply::delete_pod(ctx, &namespace, &pod_name(&sandbox.name_any())).await?;
+    } else {
+        apply::delete_sandbox(ctx, sandbox).await?;
+    }
     ctx.metrics.expirations.with_label_values(&[cause]).inc();
-    info!(sandbox = %object_key(sandbox), cause, "sandbox expired and deleted");
-    publish(
-        ctx,
-        sandbox,
-        EventType::Normal,
-        "Expired",
-        format!("the {cause} deadline passed; sandbox deleted"),
-    )
-    .await;
+    info!(sandbox = %object_key(sandbox), cause, in_group, "sandbox expired");
+    let note = if in_group {
+        format!("the {cause} deadline passed; pod deleted, the RolloutGroup removes the sandbox")
+    } else {
+        format!("the {cause} deadline passed; sandbox deleted")
+    };
+    publish(ctx, sandbox, EventType::Normal, "Expired", note).await;
     Ok(())
 }
 
@@ -275,26 +304,5 @@ async fn report_transition(
             publish(ctx, sandbox, EventType::Warning, &reason, message).await;
         }
         _ => {}
-    }
-}
-
-/// Publishes an event; failing to publish is logged, never fatal.
-pub async fn publish(
-    ctx: &Context,
-    sandbox: &Sandbox,
-    type_: EventType,
-    reason: &str,
-    note: String,
-) {
-    let event = Event {
-        type_,
-        reason: reason.chars().take(128).collect(),
-        note: Some(note.chars().take(1024).collect()),
-        action: "Reconcile".into(),
-        secondary: None,
-    };
-    match ctx.recorder.publish(&event, &sandbox.object_ref(&())).await {
-        Ok(()) => ctx.metrics.api_write("events", "create"),
-        Err(error) => warn!(sandbox = %object_key(sandbox), %error, "cannot publish event"),
     }
 }

@@ -275,17 +275,44 @@ fn failed_status(
         now,
     );
     status.expires_at = None;
+    if is_trajectory(sandbox) && status.result.is_none() {
+        // A trajectory that cannot finish is aborted, so its RolloutGroup (or trainer) can move on.
+        status.result = Some(crate::sandbox::run_result::aborted(
+            "SandboxFailed",
+            format!("{}: {}", failure.reason, failure.message),
+            None,
+        ));
+    }
     status.reason = Some(failure.reason);
     status.message = Some(failure.message);
     status
+}
+
+/// Whether a sandbox is a trajectory: it runs `spec.run`, or belongs to a RolloutGroup.
+pub fn is_trajectory(sandbox: &Sandbox) -> bool {
+    sandbox.spec.run.is_some() || rollout_group_of(sandbox).is_some()
+}
+
+/// Name of the RolloutGroup that controls this sandbox, if any.
+pub fn rollout_group_of(sandbox: &Sandbox) -> Option<String> {
+    sandbox
+        .metadata
+        .owner_references
+        .as_ref()?
+        .iter()
+        .find(|o| o.controller == Some(true) && o.kind == "RolloutGroup")
+        .map(|o| o.name.clone())
 }
 
 /// The status the sandbox should have given what is observed now.
 pub fn desired_status(sandbox: &Sandbox, observed: &Observed) -> SandboxStatus {
     let previous = sandbox.status.clone().unwrap_or_default();
     let now = observed.now;
-    // Failed is terminal: nothing observed later changes it (the result may still be recorded).
-    if previous.phase == Some(SandboxPhase::Failed) {
+    // Failed and Expired are terminal: nothing observed later changes them.
+    if matches!(
+        previous.phase,
+        Some(SandboxPhase::Failed | SandboxPhase::Expired)
+    ) {
         return previous;
     }
     let mut status = SandboxStatus {
@@ -425,6 +452,29 @@ pub fn desired_status(sandbox: &Sandbox, observed: &Observed) -> SandboxStatus {
         now,
     );
     status
+}
+
+/// Whether writing `desired` can wait: a transient phase (Pending, Starting) of a sandbox younger than
+/// `window`, replacing nothing but another transient phase. Returns how long to wait, or `None` to
+/// write now. Ready, Failed and everything after them are written at once.
+pub fn hold_back_transient(
+    previous: Option<&SandboxStatus>,
+    desired: &SandboxStatus,
+    created: Option<Timestamp>,
+    now: Timestamp,
+    window: std::time::Duration,
+) -> Option<std::time::Duration> {
+    let transient = |phase: Option<SandboxPhase>| {
+        matches!(
+            phase,
+            None | Some(SandboxPhase::Pending | SandboxPhase::Starting)
+        )
+    };
+    if !transient(desired.phase) || !transient(previous.and_then(|p| p.phase)) {
+        return None;
+    }
+    let age = std::time::Duration::try_from(now.duration_since(created?)).unwrap_or_default();
+    window.checked_sub(age).filter(|left| !left.is_zero())
 }
 
 /// The status written just before an expired sandbox is deleted (only when a trajectory result must
@@ -768,6 +818,58 @@ mod tests {
         let status = desired_status(&s, &observed(Some(&p), "2026-01-01T00:00:05Z"));
         assert_eq!(status.phase, Some(SandboxPhase::Succeeded));
         assert!(status.result.is_some());
+    }
+
+    #[test]
+    fn transient_phases_of_young_sandboxes_are_held_back() {
+        let window = std::time::Duration::from_secs(1);
+        let created = Some(t(CREATED));
+        let pending = SandboxStatus {
+            phase: Some(SandboxPhase::Pending),
+            ..Default::default()
+        };
+        let starting = SandboxStatus {
+            phase: Some(SandboxPhase::Starting),
+            ..Default::default()
+        };
+        let ready = SandboxStatus {
+            phase: Some(SandboxPhase::Ready),
+            ..Default::default()
+        };
+        let failed = SandboxStatus {
+            phase: Some(SandboxPhase::Failed),
+            ..Default::default()
+        };
+        let young = t("2026-01-01T00:00:00.300Z");
+        let old = t("2026-01-01T00:00:01.500Z");
+        assert_eq!(
+            hold_back_transient(None, &pending, created, young, window),
+            Some(std::time::Duration::from_millis(700))
+        );
+        assert!(hold_back_transient(Some(&pending), &starting, created, young, window).is_some());
+        assert_eq!(
+            hold_back_transient(None, &pending, created, old, window),
+            None,
+            "old enough: write"
+        );
+        assert_eq!(
+            hold_back_transient(None, &ready, created, young, window),
+            None,
+            "Ready is never held back"
+        );
+        assert_eq!(
+            hold_back_transient(None, &failed, created, young, window),
+            None,
+            "Failed is never held back"
+        );
+        assert_eq!(
+            hold_back_transient(Some(&ready), &starting, created, young, window),
+            None
+        );
+        assert_eq!(
+            hold_back_transient(None, &pending, created, young, std::time::Duration::ZERO),
+            None
+        );
     }
 
     #[test]

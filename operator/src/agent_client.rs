@@ -1,0 +1,297 @@
+//! A small typed client for the operator's own calls to sandbox agents (the trajectory runner): start
+//! a background process, wait for it, read a file. Pooled HTTP/1.1 connections over the pod network;
+//! every call carries the sandbox's token. The gateway proxies user traffic separately.
+
+use std::time::Duration;
+
+use bytes::Bytes;
+use http_body_util::{BodyExt, Full, Limited};
+use hyper::{Method, Request, StatusCode};
+use hyper_util::client::legacy::Client;
+use hyper_util::client::legacy::connect::HttpConnector;
+use hyper_util::rt::TokioExecutor;
+use serde::Deserialize;
+use serde_json::Value;
+
+/// Where an agent listens and the token it accepts.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct AgentTarget {
+    /// `http://<podIP>:<port>`.
+    pub endpoint: String,
+    /// The sandbox's bearer token.
+    pub token: String,
+}
+
+/// What went wrong talking to an agent.
+#[derive(Debug, thiserror::Error)]
+pub enum AgentCallError {
+    /// The agent could not be reached (connection refused, reset, timeout): worth retrying.
+    #[error("agent unreachable: {0}")]
+    Unreachable(String),
+    /// The agent answered with an error status.
+    #[error("agent answered {status}: {body}")]
+    Status {
+        /// HTTP status.
+        status: u16,
+        /// Response body (truncated).
+        body: String,
+    },
+    /// The agent's answer was not what its API promises.
+    #[error("unexpected agent response: {0}")]
+    Protocol(String),
+}
+
+/// Status of a background process, as the agent reports it.
+#[derive(Debug, Clone, Deserialize, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct ProcessStatus {
+    /// Process id chosen at start.
+    pub id: String,
+    /// `running` or `exited`.
+    pub state: String,
+    /// Exit code, once exited normally.
+    #[serde(default)]
+    pub exit_code: Option<i32>,
+    /// Signal that ended it, if any.
+    #[serde(default)]
+    pub signal: Option<i32>,
+    /// Whether the agent killed it at its timeout.
+    #[serde(default)]
+    pub timed_out: bool,
+    /// Captured stderr (when requested).
+    #[serde(default)]
+    pub stderr: Option<String>,
+}
+
+impl ProcessStatus {
+    /// Whether the process has ended.
+    pub fn exited(&self) -> bool {
+        self.state == "exited"
+    }
+}
+
+/// Most bytes of a result file the operator reads.
+pub const MAX_RESULT_BYTES: usize = 1 << 20;
+
+/// A pooled client for agents.
+#[derive(Clone)]
+pub struct AgentClient {
+    http: Client<HttpConnector, Full<Bytes>>,
+}
+
+impl Default for AgentClient {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl AgentClient {
+    /// A client with connect timeouts suited to pod networks.
+    pub fn new() -> Self {
+        let mut connector = HttpConnector::new();
+        connector.set_connect_timeout(Some(Duration::from_secs(3)));
+        connector.set_nodelay(true);
+        let http = Client::builder(TokioExecutor::new())
+            .pool_idle_timeout(Duration::from_secs(30))
+            .pool_max_idle_per_host(4)
+            .build(connector);
+        Self { http }
+    }
+
+    async fn call(
+        &self,
+        target: &AgentTarget,
+        method: Method,
+        path_and_query: &str,
+        body: Option<Value>,
+        timeout: Duration,
+        limit: usize,
+    ) -> Result<(StatusCode, Bytes), AgentCallError> {
+        let uri = format!(
+            "{}{}",
+            target.endpoint.trim_end_matches('/'),
+            path_and_query
+        );
+        let mut builder = Request::builder()
+            .method(method)
+            .uri(&uri)
+            .header("authorization", format!("Bearer {}", target.token));
+        let payload = match body {
+            Some(json) => {
+                builder = builder.header("content-type", "application/json");
+                Bytes::from(json.to_string())
+            }
+            None => Bytes::new(),
+        };
+        let request = builder
+            .body(Full::new(payload))
+            .map_err(|e| AgentCallError::Protocol(format!("cannot build request to {uri}: {e}")))?;
+        let exchange = async {
+            let response = self
+                .http
+                .request(request)
+                .await
+                .map_err(|e| AgentCallError::Unreachable(format!("{uri}: {e}")))?;
+            let status = response.status();
+            let body = Limited::new(response.into_body(), limit)
+                .collect()
+                .await
+                .map_err(|e| AgentCallError::Protocol(format!("reading {uri}: {e}")))?
+                .to_bytes();
+            Ok((status, body))
+        };
+        tokio::time::timeout(timeout, exchange).await.map_err(|_| {
+            AgentCallError::Unreachable(format!("{uri}: no answer within {timeout:?}"))
+        })?
+    }
+
+    /// Starts `argv` as background process `id` with an agent-side timeout. If a process with that id
+    /// already exists (a restarted operator), returns its status instead.
+    pub async fn start_process(
+        &self,
+        target: &AgentTarget,
+        id: &str,
+        argv: &[String],
+        timeout_seconds: i64,
+    ) -> Result<ProcessStatus, AgentCallError> {
+        let body = serde_json::json!({"id": id, "argv": argv, "timeoutSeconds": timeout_seconds});
+        let (status, bytes) = self
+            .call(
+                target,
+                Method::POST,
+                "/v1/processes",
+                Some(body),
+                Duration::from_secs(30),
+                64 << 10,
+            )
+            .await?;
+        match status {
+            StatusCode::CREATED | StatusCode::OK => parse_status(&bytes),
+            StatusCode::CONFLICT => {
+                // The 409 body carries the existing process' status (the agent contract), but read it
+                // explicitly so a different body shape cannot confuse us.
+                self.process(target, id, 0).await
+            }
+            other => Err(status_error(other, &bytes)),
+        }
+    }
+
+    /// The status of process `id`; with `wait_seconds` > 0 the agent answers as soon as it exits, or
+    /// after that many seconds.
+    pub async fn process(
+        &self,
+        target: &AgentTarget,
+        id: &str,
+        wait_seconds: u64,
+    ) -> Result<ProcessStatus, AgentCallError> {
+        let path = format!("/v1/processes/{id}?wait={wait_seconds}&output=false");
+        let (status, bytes) = self
+            .call(
+                target,
+                Method::GET,
+                &path,
+                None,
+                Duration::from_secs(wait_seconds + 15),
+                64 << 10,
+            )
+            .await?;
+        if status != StatusCode::OK {
+            return Err(status_error(status, &bytes));
+        }
+        parse_status(&bytes)
+    }
+
+    /// Kills process `id` (its whole group).
+    pub async fn kill_process(&self, target: &AgentTarget, id: &str) -> Result<(), AgentCallError> {
+        let (status, bytes) = self
+            .call(
+                target,
+                Method::DELETE,
+                &format!("/v1/processes/{id}"),
+                None,
+                Duration::from_secs(15),
+                64 << 10,
+            )
+            .await?;
+        match status {
+            s if s.is_success() || s == StatusCode::NOT_FOUND => Ok(()),
+            other => Err(status_error(other, &bytes)),
+        }
+    }
+
+    /// Reads a file of at most [`MAX_RESULT_BYTES`]; `Ok(None)` when it does not exist.
+    pub async fn read_file(
+        &self,
+        target: &AgentTarget,
+        path: &str,
+    ) -> Result<Option<Bytes>, AgentCallError> {
+        let query = format!("/v1/files?path={}", percent_encode(path));
+        match self
+            .call(
+                target,
+                Method::GET,
+                &query,
+                None,
+                Duration::from_secs(30),
+                MAX_RESULT_BYTES,
+            )
+            .await
+        {
+            Ok((StatusCode::OK, bytes)) => Ok(Some(bytes)),
+            Ok((StatusCode::NOT_FOUND, _)) => Ok(None),
+            Ok((status, bytes)) => Err(status_error(status, &bytes)),
+            Err(AgentCallError::Protocol(message)) if message.contains("length limit") => Err(
+                AgentCallError::Protocol(format!("{path} is larger than {MAX_RESULT_BYTES} bytes")),
+            ),
+            Err(err) => Err(err),
+        }
+    }
+}
+
+fn parse_status(bytes: &[u8]) -> Result<ProcessStatus, AgentCallError> {
+    serde_json::from_slice(bytes)
+        .map_err(|e| AgentCallError::Protocol(format!("process status: {e}")))
+}
+
+fn status_error(status: StatusCode, bytes: &[u8]) -> AgentCallError {
+    AgentCallError::Status {
+        status: status.as_u16(),
+        body: String::from_utf8_lossy(&bytes[..bytes.len().min(512)]).to_string(),
+    }
+}
+
+/// Percent-encodes a query value (RFC 3986 unreserved characters and `/` pass through).
+pub fn percent_encode(value: &str) -> String {
+    let mut out = String::with_capacity(value.len());
+    for byte in value.bytes() {
+        match byte {
+            b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'-' | b'_' | b'.' | b'~' | b'/' => {
+                out.push(byte as char)
+            }
+            other => out.push_str(&format!("%{other:02X}")),
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn query_values_are_percent_encoded() {
+        assert_eq!(
+            percent_encode("/tmp/orchard-result.json"),
+            "/tmp/orchard-result.json"
+        );
+        assert_eq!(percent_encode("/a b/c&d=e"), "/a%20b/c%26d%3De");
+    }
+
+    #[test]
+    fn process_status_parses_the_agent_shape() {
+        let status = parse_status(br#"{"id":"orchard-run","pid":7,"state":"exited","exitCode":0,"signal":null,"timedOut":false,"startedAt":"x"}"#).unwrap();
+        assert!(status.exited());
+        assert_eq!(status.exit_code, Some(0));
+        assert!(!status.timed_out);
+    }
+}
