@@ -17,6 +17,7 @@ use crate::api::{RolloutGroup, RolloutGroupStatus, Sandbox, SandboxStatus};
 use crate::backoff::ReconcileBackoff;
 use crate::config::{OperatorArgs, parse_label_pairs};
 use crate::error::{Error, Result};
+use crate::leader::Leadership;
 use crate::metrics::Metrics;
 use crate::sandbox::build::{PodShape, PolicyShape};
 use crate::status_memory::StatusMemory;
@@ -170,6 +171,8 @@ pub struct Context {
     pub agent: AgentClient,
     /// Uids of sandboxes whose trajectory runner is in flight.
     pub runners: Mutex<HashSet<String>>,
+    /// Whether this replica may write (leader election).
+    pub leadership: Leadership,
 }
 
 impl Context {
@@ -180,6 +183,7 @@ impl Context {
         metrics: Metrics,
         backoff: ReconcileBackoff,
         caches: Caches,
+        leadership: Leadership,
     ) -> Self {
         let reporter = Reporter {
             controller: "orchard-operator".into(),
@@ -197,6 +201,7 @@ impl Context {
             written_group_status: StatusMemory::default(),
             agent: AgentClient::new(),
             runners: Mutex::new(HashSet::new()),
+            leadership,
         }
     }
 }

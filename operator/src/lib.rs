@@ -17,6 +17,7 @@ pub mod context;
 pub mod error;
 pub mod events;
 pub mod gateway;
+pub mod leader;
 pub mod metrics;
 pub mod rollout;
 pub mod runtime;

@@ -49,6 +49,8 @@ pub struct Metrics {
     pub bar_groups: IntCounterVec,
     /// `orchard_bar_trajectories_launched_per_group`: trajectories a completed group launched.
     pub bar_launched_per_group: Histogram,
+    /// `orchard_leader`: 1 while this replica holds the leader Lease (always 1 without election).
+    pub leader: prometheus::IntGauge,
 }
 
 fn counter(
@@ -101,6 +103,11 @@ impl Metrics {
             ]),
         )?;
         registry.register(Box::new(bar_launched_per_group.clone()))?;
+        let leader = prometheus::IntGauge::new(
+            "orchard_leader",
+            "1 while this replica holds the leader Lease and runs the controllers' writes.",
+        )?;
+        registry.register(Box::new(leader.clone()))?;
         Ok(Self {
             trajectory_runs: counter(
                 &registry,
@@ -121,6 +128,7 @@ impl Metrics {
                 &["selection"],
             )?,
             bar_launched_per_group,
+            leader,
             reconciles: counter(
                 &registry,
                 "orchard_reconciles_total",

@@ -25,6 +25,7 @@ use crate::config::OperatorArgs;
 use crate::context::{Caches, Context, Settings};
 use crate::error::{Error, Result};
 use crate::gateway::{self, GatewayDeps};
+use crate::leader::{self, Election, Leadership};
 use crate::metrics::Metrics;
 use crate::{rollout, sandbox};
 
@@ -42,6 +43,14 @@ where
     } else {
         Api::namespaced(client.clone(), namespace)
     }
+}
+
+/// This replica's identity in the Lease: the host name (the pod name in a cluster) and the pid.
+fn default_identity() -> String {
+    let host = std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .map(|h| h.trim().to_string())
+        .unwrap_or_else(|_| "orchard-operator".into());
+    format!("{host}-{}", std::process::id())
 }
 
 /// Resolves on SIGTERM or SIGINT.
@@ -170,12 +179,50 @@ pub async fn run(args: OperatorArgs) -> Result<()> {
         metrics: metrics.clone(),
         settings: settings.clone(),
     };
+    let leadership = if args.leader.leader_election {
+        Leadership::contended()
+    } else {
+        Leadership::always()
+    };
+    if args.leader.leader_election {
+        let election = Election {
+            namespace: args
+                .leader
+                .lease_namespace
+                .clone()
+                .unwrap_or_else(|| args.sandbox.operator_namespace.clone()),
+            name: args.leader.lease_name.clone(),
+            identity: args
+                .leader
+                .identity
+                .clone()
+                .unwrap_or_else(default_identity),
+            duration: Duration::from_secs(args.leader.lease_duration_seconds.max(1)),
+        };
+        tokio::spawn(leader::run(
+            client.clone(),
+            election,
+            leadership.clone(),
+            shutdown.clone(),
+        ));
+    }
+    {
+        let gauge = metrics.leader.clone();
+        let leadership = leadership.clone();
+        tokio::spawn(async move {
+            loop {
+                gauge.set(i64::from(leadership.is_leader()));
+                tokio::time::sleep(Duration::from_millis(250)).await;
+            }
+        });
+    }
     let ctx = Arc::new(Context::new(
         client.clone(),
         settings,
         metrics.clone(),
         backoff,
         caches.clone(),
+        leadership.clone(),
     ));
 
     let sandbox_controller = Controller::for_shared_stream(sandbox_trigger, sandbox_store)
@@ -183,6 +230,7 @@ pub async fn run(args: OperatorArgs) -> Result<()> {
         .owns_stream(secret_events)
         .owns_stream(policy_events)
         .with_config(controller::Config::default().concurrency(args.controller.sandbox_concurrency))
+        .reconcile_all_on(leadership.gained_stream())
         .graceful_shutdown_on(shutdown.clone().cancelled_owned())
         .run(sandbox::reconcile, sandbox::error_policy, ctx.clone())
         .for_each(|_| future::ready(()));
@@ -205,6 +253,7 @@ pub async fn run(args: OperatorArgs) -> Result<()> {
     let rollout_controller = Controller::for_shared_stream(rollout_trigger, rollout_store.clone())
         .owns_shared_stream(sandbox_changes_for_groups)
         .with_config(controller::Config::default().concurrency(args.controller.rollout_concurrency))
+        .reconcile_all_on(leadership.gained_stream())
         .graceful_shutdown_on(shutdown.clone().cancelled_owned())
         .run(rollout::reconcile, rollout::error_policy, ctx.clone())
         .for_each(|_| future::ready(()));

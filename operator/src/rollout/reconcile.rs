@@ -99,6 +99,10 @@ async fn reconcile_inner(cached: &RolloutGroup, ctx: &Arc<Context>) -> Result<Ac
     if cached.meta().deletion_timestamp.is_some() {
         return Ok(Action::await_change());
     }
+    if !ctx.leadership.is_leader() {
+        // A standby replica keeps its caches warm and writes nothing; gaining the Lease reconciles all.
+        return Ok(Action::await_change());
+    }
     let uid = cached.uid().unwrap_or_default();
     let group = &match ctx
         .written_group_status

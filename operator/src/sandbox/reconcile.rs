@@ -72,6 +72,10 @@ async fn reconcile_inner(cached: &Sandbox, ctx: &Arc<Context>) -> Result<Action>
     if cached.meta().deletion_timestamp.is_some() {
         return Ok(Action::await_change());
     }
+    if !ctx.leadership.is_leader() {
+        // A standby replica keeps its caches warm and writes nothing; gaining the Lease reconciles all.
+        return Ok(Action::await_change());
+    }
     // Work from our own last status write when the cache has not caught up with it yet.
     let uid = cached.uid().unwrap_or_default();
     let fresher = ctx

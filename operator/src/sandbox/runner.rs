@@ -77,6 +77,10 @@ pub fn ensure_runner(ctx: &Arc<Context>, sandbox: &Sandbox) {
 
 /// The sandbox as the cache has it now, if it is still the same object and still needs a result.
 fn still_wanted(ctx: &Context, key: &ObjectRef<Sandbox>, uid: &str) -> Option<Arc<Sandbox>> {
+    if !ctx.leadership.is_leader() {
+        // The new leader adopts the run (its start request gets 409 and waits on the same process).
+        return None;
+    }
     let sandbox = ctx.caches.sandboxes.get(key)?;
     if sandbox.uid().as_deref() != Some(uid) || sandbox.meta().deletion_timestamp.is_some() {
         return None;
