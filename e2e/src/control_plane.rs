@@ -199,7 +199,11 @@ impl ControlPlane {
             )
             .args([
                 format!("--kubeconfig={}", self.kubeconfig.display()),
-                "--controllers=garbage-collector-controller,namespace-controller".to_string(),
+                "--controllers=garbage-collector-controller,namespace-controller,node-lifecycle-controller"
+                    .to_string(),
+                // The local node renews its Lease every second: notice a silent node within 5 s.
+                "--node-monitor-grace-period=5s".to_string(),
+                "--node-monitor-period=1s".to_string(),
                 "--leader-elect=false".to_string(),
                 "--secure-port=0".to_string(),
                 // Garbage collection of thousands of pods should not queue behind 20 workers.

@@ -104,6 +104,8 @@ impl LocalNode {
             bind_slots: Semaphore::new(32),
         });
         register(&inner, true).await?;
+        register_witness(&inner).await?;
+        tokio::spawn(heartbeat(inner.clone()));
         let node = Self { inner };
         let watcher_node = node.clone();
         tokio::spawn(async move { watcher_node.watch_pods().await });
@@ -294,7 +296,8 @@ impl LocalNode {
     }
 
     /// Fault: freezes the node like a hung kubelet: agents are stopped (SIGSTOP), no pod is bound,
-    /// started, probed or reported, and the Node is marked NotReady.
+    /// started, probed or reported, and the node Lease is no longer renewed, so the controller
+    /// manager's node-lifecycle controller marks the Node unknown and its pods not ready.
     pub async fn pause(&self) -> Result<()> {
         self.inner.paused.store(true, Ordering::SeqCst);
         for handle in self
@@ -306,7 +309,8 @@ impl LocalNode {
         {
             let _ = handle.commands.send(PodCommand::Freeze(true));
         }
-        register(&self.inner, false).await
+        // Like a hung kubelet, say nothing: the node-lifecycle controller notices the silence.
+        Ok(())
     }
 
     /// Undoes [`LocalNode::pause`] and catches up with every pod.
@@ -364,6 +368,84 @@ impl LocalNode {
             let _ = tx.send(PodCommand::Shutdown);
         }
     }
+}
+
+/// How often the node renews its Lease (a kubelet renews every 10 s; the test cluster's node-lifecycle
+/// controller is configured with a 5 s grace period to match this faster beat).
+pub const HEARTBEAT: std::time::Duration = std::time::Duration::from_secs(1);
+
+/// Name of the witness node: a cordoned Node that only heartbeats. With a single node, a silent node
+/// would mean *all* nodes are silent, and the node-lifecycle controller then assumes a control-plane
+/// partition and deliberately leaves pods alone ("master disruption mode"); a second healthy node makes
+/// a paused node look like what it is.
+fn witness_name(node: &str) -> String {
+    format!("{node}-witness")
+}
+
+/// Renews the node Leases in `kube-node-lease` like a kubelet: the node's own while it is not paused,
+/// the witness' always.
+async fn heartbeat(inner: Arc<Inner>) {
+    use k8s_openapi::api::coordination::v1::Lease;
+    let leases: Api<Lease> = Api::namespaced(inner.client.clone(), "kube-node-lease");
+    let node = inner.config.name.clone();
+    let witness = witness_name(&node);
+    loop {
+        let paused = inner.paused.load(Ordering::SeqCst);
+        for name in [&node, &witness] {
+            if paused && name == &node {
+                continue;
+            }
+            // MicroTime: the API server insists on exactly microseconds.
+            let now = k8s_openapi::apimachinery::pkg::apis::meta::v1::MicroTime(
+                k8s_openapi::jiff::Timestamp::now(),
+            );
+            let lease = json!({
+                "apiVersion": "coordination.k8s.io/v1", "kind": "Lease",
+                "metadata": {"name": name, "namespace": "kube-node-lease"},
+                "spec": {"holderIdentity": name, "leaseDurationSeconds": 40, "renewTime": now},
+            });
+            if let Err(err) = leases
+                .patch(
+                    name,
+                    &PatchParams::apply("orchard-local-node").force(),
+                    &Patch::Apply(&lease),
+                )
+                .await
+            {
+                warn!(%err, "node lease renewal failed");
+            }
+        }
+        tokio::time::sleep(HEARTBEAT).await;
+    }
+}
+
+/// Registers the cordoned witness node (no pods are ever bound to it).
+async fn register_witness(inner: &Inner) -> Result<()> {
+    let nodes: Api<Node> = Api::all(inner.client.clone());
+    let name = witness_name(&inner.config.name);
+    let node = json!({
+        "apiVersion": "v1", "kind": "Node",
+        "metadata": {"name": name, "labels": {"orchard.dev/local-node-witness": "true"}},
+        "spec": {"unschedulable": true},
+    });
+    nodes
+        .patch(
+            &name,
+            &PatchParams::apply("orchard-local-node").force(),
+            &Patch::Apply(&node),
+        )
+        .await?;
+    let now = crate::now_rfc3339();
+    let status = json!({"status": {
+        "conditions": [{
+            "type": "Ready", "status": "True", "reason": "KubeletReady",
+            "message": "witness node of the orchard local node", "lastHeartbeatTime": now, "lastTransitionTime": now,
+        }],
+    }});
+    nodes
+        .patch_status(&name, &PatchParams::default(), &Patch::Merge(&status))
+        .await?;
+    Ok(())
 }
 
 /// Creates or updates the Node with a Ready (or NotReady) condition.

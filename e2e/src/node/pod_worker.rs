@@ -500,6 +500,10 @@ impl PodWorker {
                     Some(PodCommand::Freeze(frozen)) => {
                         self.frozen = frozen;
                         agent.signal_group(if frozen { libc::SIGSTOP } else { libc::SIGCONT });
+                        if !frozen {
+                            // The node-lifecycle controller may have marked the pod not ready meanwhile.
+                            self.report().await;
+                        }
                     }
                     Some(command) => {
                         self.stop_agent(&agent).await;

@@ -1,0 +1,55 @@
+//! kube-apiserver restarted under the operator and the node: their watches recover, so sandboxes
+//! created afterwards become Ready, and deadlines set before the restart still fire.
+
+mod common_sandbox;
+
+use std::time::Duration;
+
+use common_sandbox::{is_ready, sandbox};
+use kube::api::{Api, PostParams};
+use orchard_e2e::env::TestEnv;
+use orchard_e2e::wait;
+use orchard_operator::api::Sandbox;
+use serde_json::json;
+
+#[tokio::test]
+async fn watches_recover_after_an_apiserver_restart() {
+    let env = TestEnv::shared();
+    let client = env.client().await;
+    let ns = env.namespace("apiserver").await;
+    let api: Api<Sandbox> = Api::namespaced(client.clone(), &ns);
+    api.create(
+        &PostParams::default(),
+        &sandbox(
+            "before",
+            json!({"image": "busybox", "lifecycle": {"heartbeatTimeoutSeconds": 12}}),
+        ),
+    )
+    .await
+    .expect("create");
+    wait::until(&api, "before", "Ready", Duration::from_secs(60), is_ready).await;
+
+    env.control_plane
+        .restart_apiserver()
+        .await
+        .expect("apiserver restarts");
+    let client = env.client().await;
+    let api: Api<Sandbox> = Api::namespaced(client.clone(), &ns);
+    api.create(
+        &PostParams::default(),
+        &sandbox("after", json!({"image": "busybox"})),
+    )
+    .await
+    .expect("create after restart");
+    wait::until(
+        &api,
+        "after",
+        "Ready after the restart",
+        Duration::from_secs(90),
+        is_ready,
+    )
+    .await;
+    // The deadline requeued before the restart still deletes the first sandbox.
+    wait::deleted(&api, "before", Duration::from_secs(60)).await;
+    env.delete_namespace(&ns).await;
+}
