@@ -3,7 +3,7 @@
 //! 5 s, SIGKILL the rest).
 
 use std::future::{Future, IntoFuture};
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -23,7 +23,7 @@ use tokio::sync::{Semaphore, watch};
 use crate::auth::Token;
 use crate::cli::{ENV_PREFIX, ServeOptions};
 use crate::error::{AgentError, json_response};
-use crate::exec::request::{CommandRequest, RequestKind};
+use crate::exec::request::{CommandRequest, CommandSpec, RequestKind};
 use crate::files::paths::ProtectedFiles;
 use crate::process_group::ProcessGroups;
 use crate::processes::table::{ProcessTable, Started};
@@ -185,17 +185,22 @@ pub fn router(state: AppState) -> Router {
         .with_state(state)
 }
 
-/// Starts the `ORCHARD_AGENT_STARTUP` command as background process `startup`.
-pub fn start_startup_command(state: &AppState, json: &str) -> Result<(), String> {
+/// Validates the JSON of `ORCHARD_AGENT_STARTUP` into the command to run (relative `cwd` against `root`).
+pub fn startup_spec(root: &Path, json: &str) -> Result<CommandSpec, String> {
     let mut request: CommandRequest = crate::json_body::parse_json(json.as_bytes())
         .map_err(|error| format!("ORCHARD_AGENT_STARTUP: {error}"))?;
     if request.id.as_deref().is_some_and(|id| id != "startup") {
         return Err("ORCHARD_AGENT_STARTUP: `id` is always `startup`; leave it out".into());
     }
     request.id = None;
-    let spec = request
-        .into_spec(&state.config.root, RequestKind::Process)
-        .map_err(|error| format!("ORCHARD_AGENT_STARTUP: {error}"))?;
+    request
+        .into_spec(root, RequestKind::Process)
+        .map_err(|error| format!("ORCHARD_AGENT_STARTUP: {error}"))
+}
+
+/// Starts the `ORCHARD_AGENT_STARTUP` command as background process `startup`.
+pub fn start_startup_command(state: &AppState, json: &str) -> Result<(), String> {
+    let spec = startup_spec(&state.config.root, json)?;
     match state.processes.start(
         Some("startup".into()),
         spec,

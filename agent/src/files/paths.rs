@@ -2,6 +2,7 @@
 //! empty or NUL-bearing; the agent's executable and token file are off limits, whichever spelling
 //! (symlinks, `..`, hard links) a request uses.
 
+use std::collections::VecDeque;
 use std::fs;
 use std::os::unix::fs::MetadataExt;
 use std::path::{Component, Path, PathBuf};
@@ -21,26 +22,44 @@ pub fn resolve_request_path(root: &Path, raw: &str) -> Result<PathBuf, AgentErro
     Ok(root.join(raw))
 }
 
-/// Canonicalises the longest existing prefix of `path` and applies the remaining components lexically
-/// (they do not exist yet, so they cannot be symlinks). `path` must be absolute.
+/// Linux's limit of symlinks followed in one lookup (ELOOP beyond).
+const MAX_SYMLINKS: usize = 40;
+
+/// Where `path` leads once its missing directories exist (the files and patch APIs create parents before
+/// writing): every existing symlink is followed, components that do not exist yet are taken as the
+/// directories a write would create, and `..` steps back from where the path has got to, as the kernel
+/// does, not lexically (`missing/../link/x` is `link`'s target, not `link/x`). `path` must be absolute.
 pub fn canonicalize_lenient(path: &Path) -> PathBuf {
-    let components: Vec<Component<'_>> = path.components().collect();
-    for split in (1..=components.len()).rev() {
-        let prefix: PathBuf = components[..split].iter().collect();
-        if let Ok(mut resolved) = fs::canonicalize(&prefix) {
-            for component in &components[split..] {
-                match component {
-                    Component::ParentDir => {
-                        resolved.pop();
+    let mut pending: VecDeque<PathBuf> = path
+        .components()
+        .map(|component| PathBuf::from(component.as_os_str()))
+        .collect();
+    let mut resolved = PathBuf::from("/");
+    let mut followed = 0;
+    while let Some(part) = pending.pop_front() {
+        match part.components().next() {
+            Some(Component::RootDir | Component::Prefix(_)) => resolved = PathBuf::from("/"),
+            Some(Component::ParentDir) => {
+                resolved.pop();
+            }
+            Some(Component::Normal(name)) => {
+                let next = resolved.join(name);
+                let link = fs::symlink_metadata(&next)
+                    .is_ok_and(|metadata| metadata.file_type().is_symlink());
+                match fs::read_link(&next) {
+                    Ok(target) if link && followed < MAX_SYMLINKS => {
+                        followed += 1;
+                        for component in target.components().rev() {
+                            pending.push_front(PathBuf::from(component.as_os_str()));
+                        }
                     }
-                    Component::Normal(name) => resolved.push(name),
-                    Component::CurDir | Component::RootDir | Component::Prefix(_) => {}
+                    _ => resolved = next,
                 }
             }
-            return resolved;
+            Some(Component::CurDir) | None => {}
         }
     }
-    path.to_path_buf()
+    resolved
 }
 
 /// The same file under any name: device and inode.
@@ -71,9 +90,13 @@ impl ProtectedFiles {
     /// Protects the running executable (`/proc/self/exe`, or `argv[0]` without /proc) and, if given,
     /// the token file.
     pub fn discover(token_file: Option<&Path>) -> Self {
+        ProtectedFiles::new(crate::install::own_executable().as_deref(), token_file)
+    }
+
+    /// Protects the given files (the fuzz targets and tests use stand-ins for the real executable).
+    pub fn new(executable: Option<&Path>, token_file: Option<&Path>) -> Self {
         ProtectedFiles {
-            executable: crate::install::own_executable()
-                .map(|exe| protect("the agent's own executable", &exe)),
+            executable: executable.map(|exe| protect("the agent's own executable", exe)),
             token_file: token_file.map(|path| protect("the agent's token file", path)),
         }
     }
@@ -256,6 +279,49 @@ mod tests {
                 .check_delete(&dir.0.join("secret/other"), true)
                 .is_ok()
         );
+    }
+
+    /// Found with the `file_paths` fuzz target's kernel model: `..` after a directory that does not
+    /// exist yet was applied lexically, so `missing/../link-secret/token` passed the check, and a PUT (which
+    /// creates `missing` first) then replaced the token through the symlink.
+    #[test]
+    fn dot_dot_after_a_missing_directory_resolves_like_the_kernel() {
+        let dir = TempDir::new("dotdot");
+        let token = dir.0.join("secret/token");
+        fs::create_dir_all(dir.0.join("secret")).unwrap();
+        fs::create_dir_all(dir.0.join("work")).unwrap();
+        fs::write(&token, "t").unwrap();
+        symlink("secret", dir.0.join("link-secret")).unwrap();
+        let protected = ProtectedFiles::new(None, Some(&token));
+        for spelling in [
+            "missing/../link-secret/token",
+            "work/missing/../../link-secret/token",
+            "a/b/../../link-secret/token",
+            "missing/../link-secret/../link-secret/./token",
+        ] {
+            let path = dir.0.join(spelling);
+            assert!(protected.check_write(&path).is_err(), "{spelling}");
+            assert!(protected.check_delete(&path, false).is_err(), "{spelling}");
+        }
+        assert_eq!(
+            canonicalize_lenient(&dir.0.join("missing/../link-secret/x")),
+            dir.0.join("secret/x")
+        );
+        assert!(
+            protected
+                .check_write(&dir.0.join("missing/../link-secret/other"))
+                .is_ok()
+        );
+    }
+
+    #[test]
+    fn symlink_loops_do_not_hang() {
+        let dir = TempDir::new("loop");
+        symlink("loop", dir.0.join("loop")).unwrap();
+        symlink("b", dir.0.join("a")).unwrap();
+        symlink("a", dir.0.join("b")).unwrap();
+        assert!(canonicalize_lenient(&dir.0.join("loop/x")).starts_with(&dir.0));
+        assert!(canonicalize_lenient(&dir.0.join("a/x")).starts_with(&dir.0));
     }
 
     #[test]

@@ -128,7 +128,8 @@ pub fn apply_hunks(original: &[u8], hunks: &[Hunk]) -> Result<Vec<u8>, Vec<HunkF
             push_line(&mut output, line);
         }
         cursor = position + old.len();
-        offset = position as isize - stated as isize;
+        // Saturating: a header may state any line number, up to `usize::MAX`.
+        offset = (position as isize).saturating_sub_unsigned(stated);
     }
     if !failures.is_empty() {
         return Err(failures);
@@ -236,6 +237,16 @@ mod tests {
             apply_hunks(b"x\na\n", &hunks(drop_newline)).unwrap(),
             b"x\nb"
         );
+    }
+
+    /// Found by the `patch_apply` fuzz target: a hunk numbered past `isize::MAX` overflowed the offset
+    /// carried to the next hunk (a panic with overflow checks, a wrapped offset without).
+    #[test]
+    fn huge_line_numbers_do_not_overflow() {
+        let diff = "--- a/f\n+++ b/f\n@@ -9223372036854775809,1 +1,1 @@\n-a\n+b\n@@ -1,1 +1,1 @@\n-c\n+d\n";
+        assert_eq!(apply_hunks(b"a\nc\n", &hunks(diff)).unwrap(), b"b\nd\n");
+        let diff = "--- a/f\n+++ b/f\n@@ -18446744073709551615,0 +1 @@\n+end\n";
+        assert_eq!(apply_hunks(b"a\n", &hunks(diff)).unwrap(), b"a\nend\n");
     }
 
     #[test]

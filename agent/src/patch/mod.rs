@@ -94,6 +94,17 @@ pub fn apply_patch(
     let mut order: Vec<PathBuf> = Vec::new();
     let mut failures: Vec<FailedHunk> = Vec::new();
 
+    if let Some(name) = files
+        .iter()
+        .flat_map(|file| [file.old_path.as_deref(), file.new_path.as_deref()])
+        .flatten()
+        .find(|name| !is_file_name(name))
+    {
+        return Err(AgentError::BadRequest(format!(
+            "malformed patch: `{name}` is not a file name (it is empty or ends in `/`, `.` or `..`)"
+        )));
+    }
+
     for file in files {
         let fail = |failures: &mut Vec<FailedHunk>, reason: String| {
             failures.push(FailedHunk {
@@ -219,6 +230,16 @@ pub fn apply_patch(
     write_changes(&pending, &order)
 }
 
+/// Whether `name` can name a file: a rename onto `dir/`, `dir/.` or `..` fails only after the
+/// directories of the other files were created, so such names are refused before anything is touched.
+fn is_file_name(name: &str) -> bool {
+    !name.is_empty()
+        && !name.ends_with('/')
+        && !name.ends_with("/.")
+        && name != "."
+        && Path::new(name).file_name().is_some()
+}
+
 /// The pending state of `name`, reading it from disk on first use.
 fn lookup<'a>(
     pending: &'a mut HashMap<PathBuf, PendingFile>,
@@ -228,8 +249,18 @@ fn lookup<'a>(
 ) -> Result<&'a mut PendingFile, AgentError> {
     let path = cwd.join(name);
     if !pending.contains_key(&path) {
-        let content = match fs::read(&path) {
-            Ok(content) => Some(content),
+        // Only regular files: reading a FIFO would block forever and a device (`/dev/zero`) never ends.
+        let content = match fs::metadata(&path) {
+            Ok(metadata) if !metadata.is_file() => {
+                return Err(AgentError::InvalidPath(format!(
+                    "`{}` is not a regular file; a patch changes regular files only",
+                    path.display()
+                )));
+            }
+            Ok(_) => match fs::read(&path) {
+                Ok(content) => Some(content),
+                Err(error) => return Err(AgentError::io("cannot read", &path, error)),
+            },
             Err(error) if error.kind() == std::io::ErrorKind::NotFound => None,
             Err(error) => return Err(AgentError::io("cannot read", &path, error)),
         };
@@ -250,10 +281,27 @@ fn lookup<'a>(
         .ok_or_else(|| AgentError::Internal("pending file vanished".into()))
 }
 
-/// Writes every new content to a temp file first, then renames them all into place, then deletes.
+/// Writes every new content to a temp file first, then renames them all into place, then deletes. If
+/// staging fails, the directories it created for new files are removed again (the temp files remove
+/// themselves), so a failed patch leaves the tree as it was.
 fn write_changes(
     pending: &HashMap<PathBuf, PendingFile>,
     order: &[PathBuf],
+) -> Result<Vec<PatchedFile>, AgentError> {
+    let mut created = Vec::new();
+    let result = stage_and_persist(pending, order, &mut created);
+    if result.is_err() {
+        for directory in created.iter().rev() {
+            let _ = fs::remove_dir(directory);
+        }
+    }
+    result
+}
+
+fn stage_and_persist(
+    pending: &HashMap<PathBuf, PendingFile>,
+    order: &[PathBuf],
+    created: &mut Vec<PathBuf>,
 ) -> Result<Vec<PatchedFile>, AgentError> {
     let mut staged: Vec<(TempFile, &Path, u32)> = Vec::new();
     let mut report = Vec::new();
@@ -265,7 +313,14 @@ fn write_changes(
             continue;
         };
         if let Some(parent) = path.parent() {
-            fs::create_dir_all(parent).map_err(|error| {
+            let missing: Vec<PathBuf> = parent
+                .ancestors()
+                .take_while(|ancestor| fs::symlink_metadata(ancestor).is_err())
+                .map(Path::to_path_buf)
+                .collect();
+            let made = fs::create_dir_all(parent);
+            created.extend(missing.into_iter().rev());
+            made.map_err(|error| {
                 AgentError::io("cannot create parent directories of", path, error)
             })?;
         }
@@ -461,6 +516,83 @@ rename to new.sh
             & 0o777;
         assert_eq!(mode, 0o755);
         assert_eq!(report.len(), 2);
+    }
+
+    /// Found by the `patch_tree` fuzz target: `+++ b/sub/new/c.txt/` failed only at the rename, after
+    /// `sub/new` had been created, so a failed patch left directories behind.
+    #[test]
+    fn names_that_cannot_be_files_are_refused_before_anything_is_created() {
+        let tree = Tree::new();
+        for name in ["sub/new/c.txt/", "sub/new/.", "sub/..", "."] {
+            let diff = format!("--- /dev/null\n+++ {name}\n@@ -0,0 +1 @@\n+x\n");
+            let files = parse_patch(&diff, 0).unwrap();
+            assert!(
+                matches!(
+                    apply_patch(&tree.0, &files, &ProtectedFiles::default()),
+                    Err(AgentError::BadRequest(_))
+                ),
+                "{name}"
+            );
+        }
+        assert!(!tree.0.join("sub").exists());
+    }
+
+    #[test]
+    fn failed_writes_remove_the_directories_they_created() {
+        let tree = Tree::new();
+        let path = tree.0.join("sub/new/c.txt/");
+        let pending = HashMap::from([(
+            path.clone(),
+            PendingFile {
+                name: "sub/new/c.txt/".into(),
+                existed: false,
+                content: Some(b"x\n".to_vec()),
+                mode: None,
+                touched: true,
+            },
+        )]);
+        assert!(write_changes(&pending, &[path]).is_err());
+        assert!(!tree.0.join("sub").exists());
+    }
+
+    /// Found while writing the `patch_tree` fuzz target: the patch read any file it named, so a FIFO
+    /// blocked the request forever and `/dev/zero` read until memory ran out.
+    #[test]
+    fn only_regular_files_are_patched() {
+        let tree = Tree::new();
+        let fifo =
+            std::ffi::CString::new(tree.0.join("fifo").into_os_string().into_encoded_bytes())
+                .unwrap();
+        // SAFETY: a valid NUL-terminated path.
+        assert_eq!(unsafe { libc::mkfifo(fifo.as_ptr(), 0o644) }, 0);
+        for diff in [
+            "--- a/fifo\n+++ b/fifo\n@@ -1 +1 @@\n-a\n+b\n",
+            "--- /dev/zero\n+++ /dev/zero\n@@ -1 +1 @@\n-a\n+b\n",
+        ] {
+            let strip = usize::from(diff.starts_with("--- a/"));
+            let files = parse_patch(diff, strip).unwrap();
+            assert!(matches!(
+                apply_patch(&tree.0, &files, &ProtectedFiles::default()),
+                Err(AgentError::InvalidPath(_))
+            ));
+        }
+    }
+
+    /// Found with the `file_paths` fuzz target's kernel model (see `files::paths`): a new file named
+    /// `missing/../link-secret/token` replaced the token, because `missing` is created before the write.
+    #[test]
+    fn a_patch_cannot_reach_the_token_through_a_missing_directory() {
+        let tree = Tree::new();
+        tree.write("secret/token", "s3cret\n");
+        std::os::unix::fs::symlink("secret", tree.0.join("link-secret")).unwrap();
+        let protected = ProtectedFiles::new(None, Some(&tree.0.join("secret/token")));
+        let diff = "--- /dev/null\n+++ b/missing/../link-secret/token\n@@ -0,0 +1 @@\n+mine\n";
+        assert!(matches!(
+            apply_patch(&tree.0, &parse_patch(diff, 1).unwrap(), &protected),
+            Err(AgentError::Forbidden(_))
+        ));
+        assert_eq!(tree.read("secret/token").as_deref(), Some("s3cret\n"));
+        assert!(!tree.0.join("missing").exists());
     }
 
     #[test]

@@ -32,6 +32,17 @@ pub fn valid_id(id: &str) -> bool {
             .all(|byte| byte.is_ascii_alphanumeric() || matches!(byte, b'.' | b'_' | b'-'))
 }
 
+/// The id of a new process: the client's, if valid (400 otherwise), or a generated `p-<hex>`.
+pub fn process_id(requested: Option<String>) -> Result<String, AgentError> {
+    match requested {
+        Some(id) if valid_id(&id) => Ok(id),
+        Some(id) => Err(AgentError::BadRequest(format!(
+            "invalid process id `{id}`: use 1-63 characters [A-Za-z0-9._-] starting with a letter or digit"
+        ))),
+        None => Ok(format!("p-{}", random_hex())),
+    }
+}
+
 #[derive(Debug, Clone)]
 enum ProcessState {
     Running {
@@ -226,15 +237,7 @@ impl ProcessTable {
         scrubbed_env: &[String],
         groups: &Arc<ProcessGroups>,
     ) -> Result<Started, AgentError> {
-        let id = match id {
-            Some(id) if valid_id(&id) => id,
-            Some(id) => {
-                return Err(AgentError::BadRequest(format!(
-                    "invalid process id `{id}`: use 1-63 characters [A-Za-z0-9._-] starting with a letter or digit"
-                )));
-            }
-            None => format!("p-{}", random_hex()),
-        };
+        let id = process_id(id)?;
         let mut entries = lock(&self.entries);
         if let Some(existing) = entries.get(&id) {
             return Ok(Started::Exists(Arc::clone(existing)));

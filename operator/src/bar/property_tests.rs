@@ -126,8 +126,16 @@ fn drive(params: &Params, draws: &[Draw]) -> Run {
     panic!("the schedule did not finish");
 }
 
+/// Cases per property: 512 in `make test`; `PROPTEST_CASES` asks for more (`make fuzz` runs 20,000).
+fn cases() -> u32 {
+    std::env::var("PROPTEST_CASES")
+        .ok()
+        .and_then(|cases| cases.parse().ok())
+        .unwrap_or(512)
+}
+
 proptest! {
-    #![proptest_config(ProptestConfig::with_cases(512))]
+    #![proptest_config(ProptestConfig::with_cases(cases()))]
 
     #[test]
     fn schedule_respects_budget_strides_and_group_invariants(
