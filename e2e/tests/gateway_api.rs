@@ -1,0 +1,526 @@
+//! The gateway on the local cluster with the real operator: authentication (TokenReview) and
+//! authorisation (SubjectAccessReview against real RBAC Roles of the test users), the sandbox lifecycle,
+//! exec (unary and streamed), files, patches and background processes proxied to the agent at the pod
+//! IP, result recording (write-once), and the error codes a client acts on.
+
+mod gateway_support;
+
+use std::time::{Duration, Instant};
+
+use futures::StreamExt;
+use gateway_support::{Caller, grant, sandbox_path, trainer_rules};
+use kube::api::Api;
+use orchard_e2e::env::TestEnv;
+use orchard_operator::api::Sandbox;
+use serde_json::json;
+
+#[tokio::test]
+async fn callers_are_authenticated_and_authorised_with_rbac() {
+    let env = TestEnv::shared();
+    let team_a = env.namespace("gw-auth-a").await;
+    let team_b = env.namespace("gw-auth-b").await;
+    grant(env, &team_a, "alice", "trainer", trainer_rules()).await;
+    // bob may only read files in team A.
+    grant(
+        env,
+        &team_a,
+        "bob",
+        "reader",
+        json!([{"apiGroups": ["orchard.dev"], "resources": ["sandboxes/files"], "verbs": ["get"]}]),
+    )
+    .await;
+    let alice = Caller::user(env, "alice");
+    let bob = Caller::user(env, "bob");
+    let admin = Caller::user(env, "admin");
+
+    let anonymous = Caller::with_token(env, None)
+        .get(&format!("/v1/namespaces/{team_a}/sandboxes"))
+        .await;
+    assert_eq!(anonymous.status, 401, "{anonymous:?}");
+    assert_eq!(anonymous.code(), "Unauthorized");
+    assert!(
+        anonymous.message().contains("Authorization: Bearer"),
+        "{anonymous:?}"
+    );
+    let forged = Caller::with_token(env, Some("not-a-real-token"))
+        .get(&format!("/v1/namespaces/{team_a}/sandboxes"))
+        .await;
+    assert_eq!(forged.status, 401, "{forged:?}");
+    assert!(forged.message().contains("not accepted"), "{forged:?}");
+
+    let denied = bob.get(&format!("/v1/namespaces/{team_a}/sandboxes")).await;
+    assert_eq!(denied.status, 403, "{denied:?}");
+    assert!(
+        denied.message().starts_with(&format!(
+            "user bob cannot list sandboxes in namespace {team_a}"
+        )),
+        "{denied:?}"
+    );
+
+    let name = alice
+        .create_sandbox(&team_a, json!({"image": "busybox", "name": "mine"}))
+        .await;
+    alice.wait_ready(&team_a, &name).await;
+    let ran = alice
+        .exec(
+            &team_a,
+            &name,
+            json!({"argv": ["/bin/sh", "-c", "echo $ORCHARD_SANDBOX"]}),
+        )
+        .await;
+    assert_eq!(ran.status, 200, "{ran:?}");
+    assert_eq!(ran.body["stdout"], "mine\n");
+
+    // alice has no rights in team B, even on a sandbox that exists there.
+    let theirs = admin
+        .create_sandbox(&team_b, json!({"image": "busybox", "name": "theirs"}))
+        .await;
+    admin.wait_ready(&team_b, &theirs).await;
+    let cross = alice
+        .exec(&team_b, &theirs, json!({"argv": ["true"]}))
+        .await;
+    assert_eq!(cross.status, 403, "{cross:?}");
+    assert!(
+        cross.message().starts_with(&format!(
+            "user alice cannot create sandboxes/exec in namespace {team_b}"
+        )),
+        "{cross:?}"
+    );
+    let peek = alice.get(&sandbox_path(&team_b, &theirs, "")).await;
+    assert_eq!(peek.status, 403, "{peek:?}");
+
+    // Subresources are separate permissions: bob reads files but cannot write them or exec.
+    let upload = alice
+        .send(
+            alice
+                .request(
+                    reqwest::Method::PUT,
+                    &sandbox_path(&team_a, &name, "/files?path=notes.txt"),
+                )
+                .body("from alice"),
+        )
+        .await;
+    assert_eq!(upload.status, 201, "{upload:?}");
+    let read = bob
+        .get(&sandbox_path(&team_a, &name, "/files?path=notes.txt"))
+        .await;
+    assert_eq!(read.status, 200, "{read:?}");
+    assert_eq!(read.bytes, b"from alice");
+    let write = bob
+        .send(
+            bob.request(
+                reqwest::Method::PUT,
+                &sandbox_path(&team_a, &name, "/files?path=x"),
+            )
+            .body("no"),
+        )
+        .await;
+    assert_eq!(write.status, 403, "{write:?}");
+    assert!(
+        write.message().contains("cannot create sandboxes/files"),
+        "{write:?}"
+    );
+    let exec = bob.exec(&team_a, &name, json!({"argv": ["true"]})).await;
+    assert!(
+        exec.message().contains("cannot create sandboxes/exec"),
+        "{exec:?}"
+    );
+
+    // Decisions are cached briefly, and the cache shows up in the metrics.
+    let metrics = env.operator().metrics().await.expect("metrics");
+    assert!(
+        orchard_e2e::operator_process::metric_sum(
+            &metrics,
+            "orchard_gateway_auth_cache_total",
+            &[("result", "hit")]
+        ) > 0.0,
+        "auth cache hits counted"
+    );
+    env.delete_namespace(&team_a).await;
+    env.delete_namespace(&team_b).await;
+}
+
+#[tokio::test]
+async fn sandboxes_run_commands_move_files_and_apply_patches_through_the_gateway() {
+    let env = TestEnv::shared();
+    let ns = env.namespace("gw-life").await;
+    grant(env, &ns, "alice", "trainer", trainer_rules()).await;
+    let alice = Caller::user(env, "alice");
+
+    let started = Instant::now();
+    let created = alice
+        .post(
+            &format!("/v1/namespaces/{ns}/sandboxes"),
+            json!({"image": "python:3.11", "env": {"GREETING": "hi"}, "ttlSeconds": 600,
+                   "labels": {"experiment": "e1"}}),
+        )
+        .await;
+    assert_eq!(created.status, 201, "{created:?}");
+    assert!(
+        created.body["status"].is_null(),
+        "create answers before the sandbox starts: {created:?}"
+    );
+    println!("create answered in {:?}", started.elapsed());
+    let name = created.body["metadata"]["name"]
+        .as_str()
+        .expect("name")
+        .to_string();
+    assert!(name.starts_with("sbx-"), "{name}");
+    assert_eq!(
+        created.body["metadata"]["annotations"]["orchard.dev/created-by"],
+        "alice"
+    );
+    let ready = alice.wait_ready(&ns, &name).await;
+    assert!(ready["status"]["agentEndpoint"].as_str().is_some());
+    println!(
+        "create -> Ready through the gateway: {:?}",
+        started.elapsed()
+    );
+
+    let got = alice.get(&sandbox_path(&ns, &name, "")).await;
+    assert_eq!(got.status, 200);
+    assert_eq!(got.body["spec"]["lifecycle"]["ttlSeconds"], 600);
+    let listed = alice
+        .get(&format!(
+            "/v1/namespaces/{ns}/sandboxes?labelSelector=experiment%3De1"
+        ))
+        .await;
+    assert_eq!(
+        listed.body["items"].as_array().map(Vec::len),
+        Some(1),
+        "{listed:?}"
+    );
+    let none = alice
+        .get(&format!(
+            "/v1/namespaces/{ns}/sandboxes?labelSelector=experiment%3De2"
+        ))
+        .await;
+    assert_eq!(none.body["items"].as_array().map(Vec::len), Some(0));
+
+    // Exec: argv, env from the spec and the request, cwd, stdin.
+    let ran = alice
+        .exec(
+            &ns,
+            &name,
+            json!({"argv": ["/bin/sh", "-c", "cat; echo \" $GREETING $EXTRA\"; pwd"],
+                   "env": {"EXTRA": "there"}, "cwd": "/tmp", "stdin": "in"}),
+        )
+        .await;
+    assert_eq!(ran.status, 200, "{ran:?}");
+    assert_eq!(ran.body["stdout"], "in hi there\n/tmp\n");
+    assert_eq!(ran.body["exitCode"], 0);
+    let failed = alice
+        .exec(&ns, &name, json!({"command": "echo oops >&2; exit 3"}))
+        .await;
+    assert_eq!(failed.body["exitCode"], 3);
+    assert_eq!(failed.body["stderr"], "oops\n");
+    // Agent errors pass through unchanged.
+    let bad_cwd = alice
+        .exec(&ns, &name, json!({"argv": ["true"], "cwd": "/no/such/dir"}))
+        .await;
+    assert_eq!(bad_cwd.status, 400, "{bad_cwd:?}");
+    assert_eq!(bad_cwd.code(), "InvalidCwd");
+
+    // Streaming: the first line arrives while the command still runs.
+    let started = Instant::now();
+    let response = alice
+        .request(
+            reqwest::Method::POST,
+            &sandbox_path(&ns, &name, "/exec/stream"),
+        )
+        .json(&json!({"command": "echo first; sleep 1.5; echo second"}))
+        .send()
+        .await
+        .expect("stream");
+    assert_eq!(response.status(), 200);
+    assert_eq!(
+        response.headers()["content-type"].to_str().unwrap_or(""),
+        "application/x-ndjson"
+    );
+    let mut chunks = response.bytes_stream();
+    let mut text = String::new();
+    let mut first_at = None;
+    while let Some(chunk) = chunks.next().await {
+        text.push_str(&String::from_utf8_lossy(&chunk.expect("chunk")));
+        if first_at.is_none() && text.contains("first") {
+            first_at = Some(started.elapsed());
+        }
+    }
+    let first_at = first_at.expect("first line streamed");
+    assert!(
+        first_at < Duration::from_millis(1200),
+        "first line after {first_at:?}: not streamed"
+    );
+    let events: Vec<serde_json::Value> = text
+        .lines()
+        .map(|l| serde_json::from_str(l).expect("NDJSON line"))
+        .collect();
+    assert_eq!(
+        events.first().map(|e| e["type"].clone()),
+        Some(json!("started"))
+    );
+    assert_eq!(events.last().map(|e| e["exitCode"].clone()), Some(json!(0)));
+
+    // Files: a binary round trip, listing, deletion.
+    let payload: Vec<u8> = (0..(1 << 20)).map(|i| (i % 251) as u8).collect();
+    let put = alice
+        .send(
+            alice
+                .request(
+                    reqwest::Method::PUT,
+                    &sandbox_path(&ns, &name, "/files?path=work/data.bin"),
+                )
+                .body(payload.clone()),
+        )
+        .await;
+    assert_eq!(put.status, 201, "{put:?}");
+    assert_eq!(put.body["size"], 1 << 20);
+    let got = alice
+        .get(&sandbox_path(&ns, &name, "/files?path=work/data.bin"))
+        .await;
+    assert_eq!(got.status, 200);
+    assert!(got.bytes == payload, "download differs");
+    let listing = alice
+        .get(&sandbox_path(&ns, &name, "/files/list?path=work"))
+        .await;
+    assert_eq!(
+        listing.body["entries"][0]["name"], "data.bin",
+        "{listing:?}"
+    );
+    let deleted = alice
+        .delete(&sandbox_path(&ns, &name, "/files?path=work/data.bin"))
+        .await;
+    assert_eq!(deleted.status, 200, "{deleted:?}");
+    let missing = alice
+        .get(&sandbox_path(&ns, &name, "/files?path=work/data.bin"))
+        .await;
+    assert_eq!(missing.status, 404);
+    assert_eq!(missing.code(), "NotFound");
+
+    // Patches: applied natively; a conflicting one changes nothing and says which hunk failed.
+    alice
+        .send(
+            alice
+                .request(
+                    reqwest::Method::PUT,
+                    &sandbox_path(&ns, &name, "/files?path=repo/a.txt"),
+                )
+                .body("one\ntwo\nthree\n"),
+        )
+        .await;
+    let diff = "--- a/a.txt\n+++ b/a.txt\n@@ -1,3 +1,3 @@\n one\n-two\n+2\n three\n";
+    let patched = alice
+        .post(
+            &sandbox_path(&ns, &name, "/patch"),
+            json!({"patch": diff, "cwd": "repo"}),
+        )
+        .await;
+    assert_eq!(patched.status, 200, "{patched:?}");
+    assert_eq!(patched.body["files"][0]["action"], "modified");
+    let content = alice
+        .get(&sandbox_path(&ns, &name, "/files?path=repo/a.txt"))
+        .await;
+    assert_eq!(content.bytes, b"one\n2\nthree\n");
+    let conflict = alice
+        .post(
+            &sandbox_path(&ns, &name, "/patch"),
+            json!({"patch": diff, "cwd": "repo"}),
+        )
+        .await;
+    assert_eq!(conflict.status, 409, "{conflict:?}");
+    assert_eq!(conflict.code(), "PatchConflict");
+    assert!(conflict.body["failedHunks"].is_array());
+
+    // Background processes: start, list, signal, wait for the exit, forget.
+    let process = alice
+        .post(
+            &sandbox_path(&ns, &name, "/processes"),
+            json!({"id": "server", "argv": ["sleep", "60"]}),
+        )
+        .await;
+    assert_eq!(process.status, 201, "{process:?}");
+    assert_eq!(process.body["state"], "running");
+    let list = alice
+        .get(&sandbox_path(&ns, &name, "/processes?output=false"))
+        .await;
+    assert_eq!(list.body["processes"][0]["id"], "server", "{list:?}");
+    let signalled = alice
+        .post(
+            &sandbox_path(&ns, &name, "/processes/server/signal"),
+            json!({"signal": "TERM"}),
+        )
+        .await;
+    assert_eq!(signalled.status, 200, "{signalled:?}");
+    let exited = alice
+        .get(&sandbox_path(&ns, &name, "/processes/server?wait=10"))
+        .await;
+    assert_eq!(exited.body["state"], "exited", "{exited:?}");
+    let forgotten = alice
+        .delete(&sandbox_path(&ns, &name, "/processes/server"))
+        .await;
+    assert_eq!(forgotten.status, 200);
+    let gone = alice
+        .get(&sandbox_path(&ns, &name, "/processes/server"))
+        .await;
+    assert_eq!(gone.status, 404);
+
+    // Delete: the sandbox goes away and the routes say so.
+    let removed = alice.delete(&sandbox_path(&ns, &name, "")).await;
+    assert_eq!(removed.status, 200, "{removed:?}");
+    assert_eq!(removed.body["deleted"], true);
+    let sandboxes: Api<Sandbox> = Api::namespaced(env.client().await, &ns);
+    orchard_e2e::wait::deleted(&sandboxes, &name, Duration::from_secs(30)).await;
+    let after = alice.exec(&ns, &name, json!({"argv": ["true"]})).await;
+    assert_eq!(after.status, 404, "{after:?}");
+    env.delete_namespace(&ns).await;
+}
+
+#[tokio::test]
+async fn errors_say_what_to_do() {
+    let env = TestEnv::shared();
+    let ns = env.namespace("gw-errors").await;
+    let admin = Caller::user(env, "admin");
+
+    let unknown = admin.get(&sandbox_path(&ns, "nope", "")).await;
+    assert_eq!(unknown.status, 404, "{unknown:?}");
+    assert_eq!(unknown.code(), "NotFound");
+    assert_eq!(unknown.message(), format!("sandbox {ns}/nope not found"));
+    let unknown_exec = admin.exec(&ns, "nope", json!({"argv": ["true"]})).await;
+    assert_eq!(unknown_exec.status, 404);
+    let unknown_wait = admin
+        .get(&sandbox_path(&ns, "nope", "/wait?timeoutSeconds=1"))
+        .await;
+    assert_eq!(unknown_wait.status, 404);
+
+    // A sandbox that cannot be scheduled stays Pending: 409 with the phase, retryable.
+    let pending = admin
+        .create_sandbox(
+            &ns,
+            json!({"name": "stuck", "image": "busybox", "nodeSelector": {"orchard.dev/test": "nowhere"}}),
+        )
+        .await;
+    let early = admin.exec(&ns, &pending, json!({"argv": ["true"]})).await;
+    assert_eq!(early.status, 409, "{early:?}");
+    assert_eq!(early.code(), "NotReady");
+    assert_eq!(early.body["phase"], "Pending");
+    assert_eq!(early.body["retryable"], true);
+    let started = Instant::now();
+    let waited = admin
+        .get(&sandbox_path(&ns, &pending, "/wait?timeoutSeconds=1"))
+        .await;
+    assert_eq!(waited.status, 504, "{waited:?}");
+    assert_eq!(waited.code(), "WaitTimeout");
+    assert_eq!(waited.body["phase"], "Pending");
+    assert!(started.elapsed() < Duration::from_secs(5));
+
+    let typo = admin
+        .post(
+            &format!("/v1/namespaces/{ns}/sandboxes"),
+            json!({"imgae": "busybox"}),
+        )
+        .await;
+    assert_eq!(typo.status, 400, "{typo:?}");
+    assert!(typo.message().contains("imgae"), "{typo:?}");
+    let invalid = admin
+        .post(
+            &format!("/v1/namespaces/{ns}/sandboxes"),
+            json!({"image": "busybox", "ttlSeconds": 0}),
+        )
+        .await;
+    assert_eq!(invalid.status, 422, "{invalid:?}");
+    assert!(
+        invalid
+            .message()
+            .contains("lifecycle.ttlSeconds must be positive"),
+        "{invalid:?}"
+    );
+    let duplicate = admin
+        .post(
+            &format!("/v1/namespaces/{ns}/sandboxes"),
+            json!({"name": "stuck", "image": "busybox"}),
+        )
+        .await;
+    assert_eq!(duplicate.status, 409, "{duplicate:?}");
+    assert_eq!(duplicate.code(), "AlreadyExists");
+    let selector = admin
+        .get(&format!(
+            "/v1/namespaces/{ns}/sandboxes?labelSelector=a%20in%20b"
+        ))
+        .await;
+    assert_eq!(selector.status, 400, "{selector:?}");
+    let timeout_header = admin
+        .send(
+            admin
+                .request(reqwest::Method::POST, &sandbox_path(&ns, &pending, "/exec"))
+                .header("x-orchard-timeout", "soon")
+                .json(&json!({"argv": ["true"]})),
+        )
+        .await;
+    assert_eq!(timeout_header.status, 400, "{timeout_header:?}");
+
+    let route = admin.get("/v2/nothing").await;
+    assert_eq!(route.status, 404);
+    assert_eq!(route.code(), "NotFound");
+    let health = Caller::with_token(env, None).get("/healthz").await;
+    assert_eq!(health.status, 200);
+    let openapi = Caller::with_token(env, None).get("/openapi.json").await;
+    assert_eq!(openapi.status, 200);
+    assert!(
+        openapi.body["paths"]["/v1/namespaces/{namespace}/sandboxes/{name}/exec"]["post"]
+            .is_object(),
+        "exec documented"
+    );
+    assert!(openapi.body["components"]["schemas"]["Sandbox"]["properties"]["spec"].is_object());
+    env.delete_namespace(&ns).await;
+}
+
+#[tokio::test]
+async fn trajectory_results_are_recorded_once() {
+    let env = TestEnv::shared();
+    let ns = env.namespace("gw-result").await;
+    grant(env, &ns, "alice", "trainer", trainer_rules()).await;
+    let alice = Caller::user(env, "alice");
+    let name = alice
+        .create_sandbox(&ns, json!({"name": "traj", "image": "busybox"}))
+        .await;
+    alice.wait_ready(&ns, &name).await;
+
+    let result =
+        json!({"reward": 1.0, "status": "completed", "length": 12, "artifact": "s3://bucket/traj"});
+    let recorded = alice
+        .post(&sandbox_path(&ns, &name, "/result"), result.clone())
+        .await;
+    assert_eq!(recorded.status, 200, "{recorded:?}");
+    assert_eq!(recorded.body["recorded"], true);
+    let sandboxes: Api<Sandbox> = Api::namespaced(env.client().await, &ns);
+    let stored = sandboxes.get(&name).await.expect("sandbox");
+    let stored = stored
+        .status
+        .and_then(|s| s.result)
+        .expect("result recorded");
+    assert_eq!(stored.reward, Some(1.0));
+    assert_eq!(stored.artifact.as_deref(), Some("s3://bucket/traj"));
+
+    // The same result again is fine (a retried request); a different one is a 409.
+    let again = alice
+        .post(&sandbox_path(&ns, &name, "/result"), result)
+        .await;
+    assert_eq!(again.status, 200, "{again:?}");
+    let other = alice
+        .post(
+            &sandbox_path(&ns, &name, "/result"),
+            json!({"reward": 0.0, "status": "completed"}),
+        )
+        .await;
+    assert_eq!(other.status, 409, "{other:?}");
+    assert_eq!(other.code(), "ResultAlreadyRecorded");
+    assert!(other.message().contains("write-once"), "{other:?}");
+    let invalid = alice
+        .post(
+            &sandbox_path(&ns, &name, "/result"),
+            json!({"status": "completed"}),
+        )
+        .await;
+    assert_eq!(invalid.status, 400, "{invalid:?}");
+    env.delete_namespace(&ns).await;
+}

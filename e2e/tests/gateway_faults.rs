@@ -1,0 +1,130 @@
+//! The gateway when an agent stops answering (local cluster, real operator): a frozen agent gives
+//! 504 `AgentTimeout` after `X-Orchard-Timeout`, a dead one 502 (retryable), and once the operator
+//! has marked the sandbox Failed, 409 `NotReady` with phase Failed. This binary freezes the whole
+//! local node, so it holds this one test only. (An agent killed while the node is paused is never
+//! reported by the local node after it resumes, so the Failed case uses a second sandbox.)
+
+mod gateway_support;
+
+use std::time::{Duration, Instant};
+
+use gateway_support::{Caller, sandbox_path};
+use kube::api::Api;
+use orchard_e2e::env::TestEnv;
+use orchard_operator::api::{Sandbox, SandboxPhase};
+use serde_json::json;
+
+#[tokio::test]
+async fn frozen_and_dead_agents_give_retryable_gateway_errors() {
+    let env = TestEnv::shared();
+    let ns = env.namespace("gw-faults").await;
+    let admin = Caller::user(env, "admin");
+    let name = admin
+        .create_sandbox(&ns, json!({"name": "victim", "image": "busybox"}))
+        .await;
+    let doomed = admin
+        .create_sandbox(&ns, json!({"name": "doomed", "image": "busybox"}))
+        .await;
+    admin.wait_ready(&ns, &name).await;
+    admin.wait_ready(&ns, &doomed).await;
+    let ok = admin.exec(&ns, &name, json!({"argv": ["true"]})).await;
+    assert_eq!(ok.status, 200, "{ok:?}");
+
+    // Frozen (SIGSTOP): connections are accepted by the kernel, nothing answers.
+    env.node.pause().await.expect("pause node");
+    let started = Instant::now();
+    let frozen = admin
+        .send(
+            admin
+                .request(reqwest::Method::POST, &sandbox_path(&ns, &name, "/exec"))
+                .header("x-orchard-timeout", "2")
+                .json(&json!({"argv": ["true"]})),
+        )
+        .await;
+    let waited = started.elapsed();
+    assert_eq!(frozen.status, 504, "{frozen:?}");
+    assert_eq!(frozen.code(), "AgentTimeout");
+    assert_eq!(
+        frozen.body["retryable"], false,
+        "an exec may have run: {frozen:?}"
+    );
+    assert!(
+        waited >= Duration::from_secs(2) && waited < Duration::from_secs(6),
+        "{waited:?}"
+    );
+    let frozen_read = admin
+        .send(
+            admin
+                .request(
+                    reqwest::Method::GET,
+                    &sandbox_path(&ns, &name, "/files/list?path=/"),
+                )
+                .header("x-orchard-timeout", "1"),
+        )
+        .await;
+    assert_eq!(frozen_read.status, 504, "{frozen_read:?}");
+    assert_eq!(frozen_read.body["retryable"], true, "reads may be retried");
+
+    // Dead: the agent process is gone while the node (frozen) has not reported it yet.
+    let pid = env.node.agent_pid(&ns, &name).expect("agent pid");
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(pid as i32),
+        nix::sys::signal::Signal::SIGKILL,
+    )
+    .expect("kill agent");
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let dead = admin.exec(&ns, &name, json!({"argv": ["true"]})).await;
+    assert_eq!(dead.status, 502, "{dead:?}");
+    assert!(
+        ["AgentUnreachable", "AgentConnectionLost"].contains(&dead.code()),
+        "{dead:?}"
+    );
+    let dead_again = admin.exec(&ns, &name, json!({"argv": ["true"]})).await;
+    assert_eq!(dead_again.status, 502, "{dead_again:?}");
+    assert_eq!(dead_again.code(), "AgentUnreachable");
+    assert_eq!(dead_again.body["retryable"], true);
+
+    env.node.resume().await.expect("resume node");
+
+    // An agent that dies on a running node: the node reports it, the operator fails the sandbox,
+    // and calls get 409 NotReady with phase Failed (not retryable).
+    assert!(
+        env.node.kill_agent(&ns, &doomed),
+        "kill the agent of {doomed}"
+    );
+    let sandboxes: Api<Sandbox> = Api::namespaced(env.client().await, &ns);
+    orchard_e2e::wait::until(
+        &sandboxes,
+        &doomed,
+        "phase Failed",
+        Duration::from_secs(60),
+        |s: Option<&Sandbox>| {
+            s.and_then(|s| s.status.as_ref())
+                .is_some_and(|st| st.phase == Some(SandboxPhase::Failed))
+        },
+    )
+    .await;
+    let settled = admin
+        .get(&sandbox_path(&ns, &doomed, "/wait?timeoutSeconds=5"))
+        .await;
+    assert_eq!(settled.status, 200, "{settled:?}");
+    assert_eq!(settled.body["status"]["phase"], "Failed", "{settled:?}");
+    let failed = admin.exec(&ns, &doomed, json!({"argv": ["true"]})).await;
+    assert_eq!(failed.status, 409, "{failed:?}");
+    assert_eq!(failed.code(), "NotReady");
+    assert_eq!(failed.body["phase"], "Failed");
+    assert_eq!(failed.body["retryable"], false);
+
+    let metrics = env.operator().metrics().await.expect("metrics");
+    for kind in ["timeout", "unreachable"] {
+        assert!(
+            orchard_e2e::operator_process::metric_sum(
+                &metrics,
+                "orchard_gateway_agent_errors_total",
+                &[("kind", kind)]
+            ) >= 1.0,
+            "agent error kind {kind} counted"
+        );
+    }
+    env.delete_namespace(&ns).await;
+}

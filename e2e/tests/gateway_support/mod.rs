@@ -1,0 +1,188 @@
+//! Helpers of the gateway end-to-end tests (included with `mod gateway_support;`): RBAC for the test
+//! cluster's token users, an HTTP client that speaks to the gateway as one of them, and sandbox setup.
+
+#![allow(dead_code)]
+
+use std::time::Duration;
+
+use k8s_openapi::api::rbac::v1::{Role, RoleBinding};
+use kube::api::{Api, PostParams};
+use orchard_e2e::env::TestEnv;
+use serde_json::{Value, json};
+
+/// Every permission a trainer needs in a namespace (what docs/API.md's example Role grants).
+pub fn trainer_rules() -> Value {
+    json!([
+        {"apiGroups": ["orchard.dev"], "resources": ["sandboxes", "rolloutgroups"],
+         "verbs": ["get", "list", "watch", "create", "delete"]},
+        {"apiGroups": ["orchard.dev"],
+         "resources": ["sandboxes/exec", "sandboxes/files", "sandboxes/heartbeat", "sandboxes/result"],
+         "verbs": ["get", "create"]},
+    ])
+}
+
+/// Grants `user` the `rules` in `namespace` with a Role and RoleBinding named `name`.
+pub async fn grant(env: &TestEnv, namespace: &str, user: &str, name: &str, rules: Value) {
+    let client = env.client().await;
+    let role: Role = serde_json::from_value(json!({
+        "metadata": {"name": name, "namespace": namespace},
+        "rules": rules,
+    }))
+    .expect("role JSON");
+    let binding: RoleBinding = serde_json::from_value(json!({
+        "metadata": {"name": name, "namespace": namespace},
+        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": name},
+        "subjects": [{"apiGroup": "rbac.authorization.k8s.io", "kind": "User", "name": user}],
+    }))
+    .expect("binding JSON");
+    Api::<Role>::namespaced(client.clone(), namespace)
+        .create(&PostParams::default(), &role)
+        .await
+        .expect("create role");
+    Api::<RoleBinding>::namespaced(client, namespace)
+        .create(&PostParams::default(), &binding)
+        .await
+        .expect("create role binding");
+}
+
+/// A caller of the gateway.
+#[derive(Clone)]
+pub struct Caller {
+    /// Gateway base URL.
+    pub base: String,
+    /// Bearer token (none: unauthenticated).
+    pub token: Option<String>,
+    /// HTTP client (keep-alive).
+    pub http: reqwest::Client,
+}
+
+/// An answer: status and body (JSON when it parses, else a string).
+#[derive(Clone)]
+pub struct Answer {
+    /// HTTP status.
+    pub status: u16,
+    /// Body.
+    pub body: Value,
+    /// Raw body.
+    pub bytes: Vec<u8>,
+}
+
+impl std::fmt::Debug for Answer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let body = self.body.to_string();
+        let shown: String = body.chars().take(600).collect();
+        write!(f, "HTTP {} {shown}", self.status)
+    }
+}
+
+impl Answer {
+    /// The error code of a gateway or agent error.
+    pub fn code(&self) -> &str {
+        self.body["code"].as_str().unwrap_or("")
+    }
+
+    /// The error message.
+    pub fn message(&self) -> &str {
+        self.body["message"].as_str().unwrap_or("")
+    }
+}
+
+impl Caller {
+    /// A caller authenticating as test user `user` (`admin`, `alice`, `bob`).
+    pub fn user(env: &TestEnv, user: &str) -> Self {
+        Self {
+            base: env.operator().gateway_url(),
+            token: Some(env.control_plane.tokens[user].clone()),
+            http: reqwest::Client::new(),
+        }
+    }
+
+    /// A caller with an arbitrary token (or none).
+    pub fn with_token(env: &TestEnv, token: Option<&str>) -> Self {
+        Self {
+            base: env.operator().gateway_url(),
+            token: token.map(str::to_string),
+            http: reqwest::Client::new(),
+        }
+    }
+
+    /// A request builder for `method path` with the bearer token.
+    pub fn request(&self, method: reqwest::Method, path: &str) -> reqwest::RequestBuilder {
+        let builder = self
+            .http
+            .request(method, format!("{}{path}", self.base))
+            .timeout(Duration::from_secs(120));
+        match &self.token {
+            Some(token) => builder.bearer_auth(token),
+            None => builder,
+        }
+    }
+
+    /// Sends a built request and reads the whole answer.
+    pub async fn send(&self, builder: reqwest::RequestBuilder) -> Answer {
+        let response = builder.send().await.expect("gateway answers");
+        let status = response.status().as_u16();
+        let bytes = response.bytes().await.expect("body").to_vec();
+        let body = serde_json::from_slice(&bytes)
+            .unwrap_or_else(|_| Value::String(String::from_utf8_lossy(&bytes).to_string()));
+        Answer {
+            status,
+            body,
+            bytes,
+        }
+    }
+
+    /// `GET path`.
+    pub async fn get(&self, path: &str) -> Answer {
+        self.send(self.request(reqwest::Method::GET, path)).await
+    }
+
+    /// `DELETE path`.
+    pub async fn delete(&self, path: &str) -> Answer {
+        self.send(self.request(reqwest::Method::DELETE, path)).await
+    }
+
+    /// `POST path` with a JSON body.
+    pub async fn post(&self, path: &str, body: Value) -> Answer {
+        self.send(self.request(reqwest::Method::POST, path).json(&body))
+            .await
+    }
+
+    /// Creates a sandbox from `body` in `namespace`; returns its name.
+    pub async fn create_sandbox(&self, namespace: &str, body: Value) -> String {
+        let answer = self
+            .post(&format!("/v1/namespaces/{namespace}/sandboxes"), body)
+            .await;
+        assert_eq!(answer.status, 201, "create: {answer:?}");
+        answer.body["metadata"]["name"]
+            .as_str()
+            .expect("created sandbox has a name")
+            .to_string()
+    }
+
+    /// Waits (server side) until the sandbox is Ready; panics otherwise.
+    pub async fn wait_ready(&self, namespace: &str, name: &str) -> Value {
+        let answer = self
+            .get(&format!(
+                "/v1/namespaces/{namespace}/sandboxes/{name}/wait?timeoutSeconds=90"
+            ))
+            .await;
+        assert_eq!(answer.status, 200, "wait: {answer:?}");
+        assert_eq!(answer.body["status"]["phase"], "Ready", "{answer:?}");
+        answer.body
+    }
+
+    /// `POST .../exec` with `request`.
+    pub async fn exec(&self, namespace: &str, name: &str, request: Value) -> Answer {
+        self.post(
+            &format!("/v1/namespaces/{namespace}/sandboxes/{name}/exec"),
+            request,
+        )
+        .await
+    }
+}
+
+/// Path of a sandbox route.
+pub fn sandbox_path(namespace: &str, name: &str, rest: &str) -> String {
+    format!("/v1/namespaces/{namespace}/sandboxes/{name}{rest}")
+}

@@ -1,0 +1,217 @@
+//! Finding what a request names: sandboxes and groups from the watch caches (one API read only when
+//! the cache does not have the object yet, e.g. right after it was created), whether a sandbox's agent
+//! can take calls, and the sandbox's agent token from the Secret cache.
+
+use std::sync::Arc;
+
+use k8s_openapi::api::core::v1::Secret;
+use kube::api::Api;
+use kube::runtime::reflector::{ObjectRef, Store};
+use kube::{Client, Resource, ResourceExt};
+use serde::de::DeserializeOwned;
+
+use super::errors::{ApiError, from_kube};
+use crate::api::{RolloutGroup, RolloutPhase, Sandbox, SandboxPhase};
+use crate::sandbox::build::{TOKEN_KEY, token_secret_name};
+
+/// Phase name as the API shows it.
+pub fn sandbox_phase_name(phase: SandboxPhase) -> &'static str {
+    match phase {
+        SandboxPhase::Pending => "Pending",
+        SandboxPhase::Starting => "Starting",
+        SandboxPhase::Ready => "Ready",
+        SandboxPhase::Succeeded => "Succeeded",
+        SandboxPhase::Failed => "Failed",
+        SandboxPhase::Expired => "Expired",
+        SandboxPhase::Terminating => "Terminating",
+    }
+}
+
+/// Phase name of a RolloutGroup.
+pub fn group_phase_name(phase: RolloutPhase) -> &'static str {
+    match phase {
+        RolloutPhase::Pending => "Pending",
+        RolloutPhase::Generating => "Generating",
+        RolloutPhase::Complete => "Complete",
+        RolloutPhase::Failed => "Failed",
+    }
+}
+
+/// Whether condition `type_` is `True` in `conditions`.
+pub fn condition_true(
+    conditions: &[k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition],
+    type_: &str,
+) -> bool {
+    conditions
+        .iter()
+        .any(|c| c.type_ == type_ && c.status == "True")
+}
+
+/// The agent endpoint of a sandbox that can take calls, or the 409 saying why it cannot (pure).
+pub fn agent_endpoint(sandbox: &Sandbox) -> Result<String, ApiError> {
+    let namespace = sandbox.namespace().unwrap_or_default();
+    let name = sandbox.name_any();
+    if sandbox.meta().deletion_timestamp.is_some() {
+        return Err(ApiError::not_ready(&namespace, &name, Some("Terminating")));
+    }
+    let status = sandbox.status.as_ref();
+    let phase = status.and_then(|s| s.phase).map(sandbox_phase_name);
+    let ready = status.is_some_and(|s| condition_true(&s.conditions, "Ready"));
+    match status.and_then(|s| s.agent_endpoint.clone()) {
+        Some(endpoint) if ready && !endpoint.is_empty() => Ok(endpoint),
+        _ => Err(ApiError::not_ready(&namespace, &name, phase)),
+    }
+}
+
+/// An object from `store`, or from one API read when the cache does not have it (yet); 404 if neither.
+pub async fn find<K>(
+    client: &Client,
+    store: &Store<K>,
+    kind: &str,
+    namespace: &str,
+    name: &str,
+) -> Result<Arc<K>, ApiError>
+where
+    K: Resource<DynamicType = (), Scope = k8s_openapi::NamespaceResourceScope>
+        + Clone
+        + DeserializeOwned
+        + std::fmt::Debug
+        + Send
+        + Sync
+        + 'static,
+{
+    if let Some(object) = store.get(&ObjectRef::new(name).within(namespace)) {
+        return Ok(object);
+    }
+    let api: Api<K> = Api::namespaced(client.clone(), namespace);
+    match api.get_opt(name).await {
+        Ok(Some(object)) => Ok(Arc::new(object)),
+        Ok(None) => Err(ApiError::not_found(kind, namespace, name)),
+        Err(err) => Err(from_kube(&err, &format!("{kind} {namespace}/{name}"))),
+    }
+}
+
+/// The sandbox `namespace/name`.
+pub async fn find_sandbox(
+    client: &Client,
+    store: &Store<Sandbox>,
+    namespace: &str,
+    name: &str,
+) -> Result<Arc<Sandbox>, ApiError> {
+    find(client, store, "sandbox", namespace, name).await
+}
+
+/// The rollout group `namespace/name`.
+pub async fn find_group(
+    client: &Client,
+    store: &Store<RolloutGroup>,
+    namespace: &str,
+    name: &str,
+) -> Result<Arc<RolloutGroup>, ApiError> {
+    find(client, store, "rolloutgroup", namespace, name).await
+}
+
+fn token_from(secret: &Secret) -> Option<String> {
+    let bytes = secret.data.as_ref()?.get(TOKEN_KEY)?;
+    let text = String::from_utf8(bytes.0.clone()).ok()?;
+    let token = text.trim().to_string();
+    (!token.is_empty()).then_some(token)
+}
+
+/// The agent token of `namespace/sandbox` (Secret cache first, then one API read).
+pub async fn agent_token(
+    client: &Client,
+    secrets: &Store<Secret>,
+    namespace: &str,
+    sandbox: &str,
+) -> Result<String, ApiError> {
+    let secret_name = token_secret_name(sandbox);
+    if let Some(token) = secrets
+        .get(&ObjectRef::new(&secret_name).within(namespace))
+        .and_then(|s| token_from(&s))
+    {
+        return Ok(token);
+    }
+    let api: Api<Secret> = Api::namespaced(client.clone(), namespace);
+    let secret = api.get_opt(&secret_name).await.map_err(|err| {
+        from_kube(
+            &err,
+            &format!("agent token of sandbox {namespace}/{sandbox}"),
+        )
+    })?;
+    secret.as_ref().and_then(token_from).ok_or_else(|| {
+        ApiError::unavailable(format!(
+            "the agent token of sandbox {namespace}/{sandbox} (Secret {secret_name}) does not exist yet; retry shortly"
+        ))
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::api::{SandboxSpec, SandboxStatus};
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
+
+    fn sandbox(status: Option<SandboxStatus>) -> Sandbox {
+        let mut s = Sandbox::new("s", SandboxSpec::default());
+        s.metadata.namespace = Some("ns".into());
+        s.status = status;
+        s
+    }
+
+    fn ready_condition(status: &str) -> Condition {
+        Condition {
+            type_: "Ready".into(),
+            status: status.into(),
+            reason: "AgentReady".into(),
+            message: String::new(),
+            last_transition_time: Time(k8s_openapi::jiff::Timestamp::UNIX_EPOCH),
+            observed_generation: None,
+        }
+    }
+
+    #[test]
+    fn ready_sandboxes_give_their_endpoint() {
+        let s = sandbox(Some(SandboxStatus {
+            phase: Some(SandboxPhase::Ready),
+            conditions: vec![ready_condition("True")],
+            agent_endpoint: Some("http://10.0.0.5:9090".into()),
+            ..SandboxStatus::default()
+        }));
+        assert_eq!(agent_endpoint(&s).unwrap(), "http://10.0.0.5:9090");
+    }
+
+    #[test]
+    fn sandboxes_not_ready_are_409_with_their_phase() {
+        let pending = agent_endpoint(&sandbox(None)).unwrap_err();
+        assert_eq!(pending.status, 409);
+        assert_eq!(pending.body.phase.as_deref(), Some("Pending"));
+        let starting = agent_endpoint(&sandbox(Some(SandboxStatus {
+            phase: Some(SandboxPhase::Starting),
+            conditions: vec![ready_condition("False")],
+            agent_endpoint: Some("http://10.0.0.5:9090".into()),
+            ..SandboxStatus::default()
+        })))
+        .unwrap_err();
+        assert_eq!(starting.body.phase.as_deref(), Some("Starting"));
+        assert!(starting.body.retryable);
+        let failed = agent_endpoint(&sandbox(Some(SandboxStatus {
+            phase: Some(SandboxPhase::Failed),
+            ..SandboxStatus::default()
+        })))
+        .unwrap_err();
+        assert_eq!(failed.body.phase.as_deref(), Some("Failed"));
+        assert!(!failed.body.retryable);
+        let mut deleting = sandbox(Some(SandboxStatus {
+            phase: Some(SandboxPhase::Ready),
+            conditions: vec![ready_condition("True")],
+            agent_endpoint: Some("http://10.0.0.5:9090".into()),
+            ..SandboxStatus::default()
+        }));
+        deleting.metadata.deletion_timestamp = Some(Time(k8s_openapi::jiff::Timestamp::UNIX_EPOCH));
+        assert_eq!(
+            agent_endpoint(&deleting).unwrap_err().body.phase.as_deref(),
+            Some("Terminating")
+        );
+    }
+}

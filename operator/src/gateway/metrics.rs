@@ -1,0 +1,82 @@
+//! The gateway's Prometheus metrics, registered on the operator's registry. Route labels are route
+//! templates (`/v1/namespaces/{namespace}/sandboxes/{name}/exec`), so cardinality stays bounded.
+
+use prometheus::{HistogramOpts, HistogramVec, IntCounter, IntCounterVec, Opts, Registry};
+
+use crate::metrics::HTTP_BUCKETS;
+
+/// Metrics of the gateway.
+#[derive(Clone)]
+pub struct GatewayMetrics {
+    /// `orchard_gateway_requests_total{route, code}`.
+    pub requests: IntCounterVec,
+    /// `orchard_gateway_request_duration_seconds{route}` (until the response head is sent).
+    pub duration: HistogramVec,
+    /// `orchard_gateway_heartbeat_writes_total`: heartbeat annotation patches sent.
+    pub heartbeat_writes: IntCounter,
+    /// `orchard_gateway_heartbeats_coalesced_total`: heartbeats absorbed without an API write.
+    pub heartbeats_coalesced: IntCounter,
+    /// `orchard_gateway_auth_cache_total{cache, result}`: `cache` is `token` (TokenReview) or
+    /// `access` (SubjectAccessReview); `result` is `hit` or `miss`.
+    pub auth_cache: IntCounterVec,
+    /// `orchard_gateway_agent_errors_total{kind}`: proxied calls that got no answer from the agent
+    /// (`unreachable`, `connect_timeout`, `timeout`, `broken`).
+    pub agent_errors: IntCounterVec,
+}
+
+impl GatewayMetrics {
+    /// Creates the metrics and registers them on `registry`.
+    pub fn register(registry: &Registry) -> prometheus::Result<Self> {
+        let requests = IntCounterVec::new(
+            Opts::new(
+                "orchard_gateway_requests_total",
+                "Gateway requests by route template and HTTP status code.",
+            ),
+            &["route", "code"],
+        )?;
+        let duration = HistogramVec::new(
+            HistogramOpts::new(
+                "orchard_gateway_request_duration_seconds",
+                "Gateway request latency by route template, until the response head is sent (streamed bodies continue after).",
+            )
+            .buckets(HTTP_BUCKETS.to_vec()),
+            &["route"],
+        )?;
+        let heartbeat_writes = IntCounter::new(
+            "orchard_gateway_heartbeat_writes_total",
+            "Heartbeat annotation patches the gateway sent to the Kubernetes API (coalesced: at most one per sandbox per third of its heartbeat timeout).",
+        )?;
+        let heartbeats_coalesced = IntCounter::new(
+            "orchard_gateway_heartbeats_coalesced_total",
+            "Heartbeats (explicit or from gateway activity) absorbed without an API write.",
+        )?;
+        let auth_cache = IntCounterVec::new(
+            Opts::new(
+                "orchard_gateway_auth_cache_total",
+                "Authentication (token) and authorisation (access) decisions served from the gateway's cache (hit) or asked of the API server (miss).",
+            ),
+            &["cache", "result"],
+        )?;
+        let agent_errors = IntCounterVec::new(
+            Opts::new(
+                "orchard_gateway_agent_errors_total",
+                "Proxied calls that got no answer from the sandbox's agent, by kind.",
+            ),
+            &["kind"],
+        )?;
+        registry.register(Box::new(requests.clone()))?;
+        registry.register(Box::new(duration.clone()))?;
+        registry.register(Box::new(heartbeat_writes.clone()))?;
+        registry.register(Box::new(heartbeats_coalesced.clone()))?;
+        registry.register(Box::new(auth_cache.clone()))?;
+        registry.register(Box::new(agent_errors.clone()))?;
+        Ok(Self {
+            requests,
+            duration,
+            heartbeat_writes,
+            heartbeats_coalesced,
+            auth_cache,
+            agent_errors,
+        })
+    }
+}

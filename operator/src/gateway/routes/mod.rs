@@ -1,0 +1,152 @@
+//! The gateway's routes, one module per resource: [`sandboxes`] (lifecycle, wait, heartbeat, result),
+//! [`agent`] (calls proxied to the sandbox's agent), [`rollout_groups`], and [`system`] (health and the
+//! OpenAPI document). Every handler authorises first, then reads caches, then acts.
+
+pub mod agent;
+pub mod rollout_groups;
+pub mod sandboxes;
+pub mod system;
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+
+use axum::body::Bytes;
+use axum::extract::rejection::QueryRejection;
+use axum::http::HeaderMap;
+use serde::de::DeserializeOwned;
+use serde_json::Value;
+use utoipa::IntoParams;
+
+use super::GatewayDeps;
+use super::access::{Access, Operation};
+use super::auth::{Authorizer, Identity};
+use super::errors::ApiError;
+use super::heartbeat::Heartbeats;
+use super::metrics::GatewayMetrics;
+use super::proxy::AgentProxy;
+
+/// Route templates (also the `route` label of the request metrics).
+pub mod paths {
+    /// Sandboxes of a namespace.
+    pub const SANDBOXES: &str = "/v1/namespaces/{namespace}/sandboxes";
+    /// One sandbox.
+    pub const SANDBOX: &str = "/v1/namespaces/{namespace}/sandboxes/{name}";
+    /// RolloutGroups of a namespace.
+    pub const GROUPS: &str = "/v1/namespaces/{namespace}/rolloutgroups";
+    /// One RolloutGroup.
+    pub const GROUP: &str = "/v1/namespaces/{namespace}/rolloutgroups/{name}";
+}
+
+/// Whether the Sandbox and RolloutGroup caches have received their first full list (set from the
+/// change feed's `InitDone` notes). Until then, lists are read from the API server.
+#[derive(Default)]
+pub struct CachesFilled {
+    /// Sandboxes.
+    pub sandboxes: AtomicBool,
+    /// RolloutGroups.
+    pub rollout_groups: AtomicBool,
+}
+
+impl CachesFilled {
+    /// Whether the cache of `kind` (`Sandbox`, `RolloutGroup`) is filled.
+    pub fn is_filled(&self, kind: &str) -> bool {
+        match kind {
+            "Sandbox" => self.sandboxes.load(Ordering::Relaxed),
+            "RolloutGroup" => self.rollout_groups.load(Ordering::Relaxed),
+            _ => false,
+        }
+    }
+}
+
+/// Everything a handler needs.
+pub struct GatewayState {
+    /// The operator's client, caches, change feed and settings.
+    pub deps: GatewayDeps,
+    /// TokenReview + SubjectAccessReview with a short cache.
+    pub auth: Authorizer,
+    /// Coalesced heartbeat writes.
+    pub heartbeats: Heartbeats,
+    /// Pooled client of the agents.
+    pub proxy: AgentProxy,
+    /// Request metrics.
+    pub metrics: GatewayMetrics,
+    /// Cache fill flags.
+    pub filled: CachesFilled,
+}
+
+/// Shared state of the router.
+pub type State = Arc<GatewayState>;
+
+impl GatewayState {
+    /// Authorises `operation` on `namespace`/`name` for the caller of `headers`.
+    pub async fn authorize(
+        &self,
+        headers: &HeaderMap,
+        operation: Operation,
+        namespace: &str,
+        name: &str,
+    ) -> Result<Arc<Identity>, ApiError> {
+        self.auth
+            .authorize(headers, &Access::of(operation, namespace, name))
+            .await
+    }
+}
+
+/// Path parameters of collection routes.
+#[derive(serde::Deserialize, IntoParams)]
+#[into_params(parameter_in = Path)]
+pub struct NamespacePath {
+    /// Namespace.
+    pub namespace: String,
+}
+
+/// Path parameters of object routes.
+#[derive(serde::Deserialize, IntoParams)]
+#[into_params(parameter_in = Path)]
+pub struct ObjectPath {
+    /// Namespace.
+    pub namespace: String,
+    /// Name of the object.
+    pub name: String,
+}
+
+/// `?labelSelector=` of list routes.
+#[derive(serde::Deserialize, IntoParams, Default)]
+#[serde(rename_all = "camelCase")]
+#[into_params(parameter_in = Query)]
+pub struct ListQuery {
+    /// Label selector, e.g. `experiment=e1,stage in (a,b)`.
+    pub label_selector: Option<String>,
+}
+
+/// `?timeoutSeconds=` of wait routes.
+#[derive(serde::Deserialize, IntoParams, Default)]
+#[serde(rename_all = "camelCase")]
+#[into_params(parameter_in = Query)]
+pub struct WaitQuery {
+    /// Longest wait in seconds (default 30, at most 300; loop for longer waits).
+    pub timeout_seconds: Option<f64>,
+}
+
+/// A query string, or the 400 naming what is wrong with it.
+pub fn query<T: Default>(
+    query: Result<axum::extract::Query<T>, QueryRejection>,
+) -> Result<T, ApiError> {
+    query
+        .map(|q| q.0)
+        .map_err(|err| ApiError::bad_request(format!("invalid query string: {}", err.body_text())))
+}
+
+/// Parses a JSON request body (400 with serde's message otherwise).
+pub fn json_body<T: DeserializeOwned>(body: &Bytes) -> Result<T, ApiError> {
+    if body.is_empty() {
+        return Err(ApiError::bad_request("the request needs a JSON body"));
+    }
+    serde_json::from_slice(body)
+        .map_err(|err| ApiError::bad_request(format!("invalid JSON body: {err}")))
+}
+
+/// A JSON object body as a value.
+pub fn json_value(body: &Bytes) -> Result<Value, ApiError> {
+    json_body(body)
+}

@@ -1,0 +1,271 @@
+//! RolloutGroup routes: create (returns at once), list and get (watch cache), delete, and wait until
+//! the group is recorded (`Complete`) or `Failed`, driven by the watch.
+
+use axum::Json;
+use axum::body::Bytes;
+use axum::extract::rejection::QueryRejection;
+use axum::extract::{Path, Query, State as AxumState};
+use axum::http::{HeaderMap, StatusCode};
+use axum::response::{IntoResponse, Response};
+use kube::ResourceExt;
+use kube::api::{Api, DeleteParams, ListParams, PostParams};
+use serde_json::{Value, json};
+
+use super::sandboxes::{cached_items, wait_timeout};
+use super::{ListQuery, NamespacePath, ObjectPath, State, WaitQuery, json_value, query};
+use crate::api::{RolloutGroup, RolloutPhase};
+use crate::gateway::GATEWAY_FIELD_MANAGER;
+use crate::gateway::access::Operation;
+use crate::gateway::errors::{ApiError, ErrorBody, from_kube, json_response};
+use crate::gateway::lookup::{condition_true, find_group, group_phase_name};
+use crate::gateway::openapi::{
+    CreateRolloutGroupRequest, Deleted, RolloutGroupList, RolloutGroupSchema,
+};
+use crate::gateway::selector;
+use crate::gateway::spec::rollout_group_from_request;
+use crate::gateway::wait::{WaitFor, WaitOutcome, wait_duration};
+
+fn api(state: &State, namespace: &str) -> Api<RolloutGroup> {
+    Api::namespaced(state.deps.client.clone(), namespace)
+}
+
+/// Creates a RolloutGroup and answers at once (201).
+#[utoipa::path(
+    post,
+    path = "/v1/namespaces/{namespace}/rolloutgroups",
+    tag = "rolloutgroups",
+    params(NamespacePath),
+    request_body = CreateRolloutGroupRequest,
+    responses(
+        (status = 201, description = "Created; `metadata.name` holds the (generated) name", body = RolloutGroupSchema),
+        (status = 400, body = ErrorBody),
+        (status = 401, body = ErrorBody),
+        (status = 403, description = "RBAC denies `create rolloutgroups`", body = ErrorBody),
+        (status = 409, description = "`AlreadyExists`", body = ErrorBody),
+        (status = 422, description = "Rejected by the CRD's rules (e.g. stride must divide maxTrajectories)", body = ErrorBody),
+    )
+)]
+pub async fn create_group(
+    AxumState(state): AxumState<State>,
+    Path(path): Path<NamespacePath>,
+    headers: HeaderMap,
+    body: Bytes,
+) -> Result<Response, ApiError> {
+    let identity = state
+        .authorize(&headers, Operation::CreateRolloutGroup, &path.namespace, "")
+        .await?;
+    let group =
+        rollout_group_from_request(&path.namespace, json_value(&body)?, &identity.username)?;
+    let params = PostParams {
+        field_manager: Some(GATEWAY_FIELD_MANAGER.to_string()),
+        ..PostParams::default()
+    };
+    let created = api(&state, &path.namespace)
+        .create(&params, &group)
+        .await
+        .map_err(|err| {
+            from_kube(
+                &err,
+                &format!("creating a rollout group in {}", path.namespace),
+            )
+        })?;
+    state.deps.metrics.api_write("rolloutgroups", "create");
+    tracing::info!(group = %format!("{}/{}", path.namespace, created.name_any()), user = %identity.username, "rollout group created through the gateway");
+    Ok(json_response(StatusCode::CREATED, &created))
+}
+
+/// Lists RolloutGroups of a namespace from the watch cache (`?labelSelector=`).
+#[utoipa::path(
+    get,
+    path = "/v1/namespaces/{namespace}/rolloutgroups",
+    tag = "rolloutgroups",
+    params(NamespacePath, ListQuery),
+    responses(
+        (status = 200, body = RolloutGroupList),
+        (status = 400, body = ErrorBody),
+        (status = 403, description = "RBAC denies `list rolloutgroups`", body = ErrorBody),
+    )
+)]
+pub async fn list_groups(
+    AxumState(state): AxumState<State>,
+    Path(path): Path<NamespacePath>,
+    list: Result<Query<ListQuery>, QueryRejection>,
+    headers: HeaderMap,
+) -> Result<Response, ApiError> {
+    state
+        .authorize(&headers, Operation::ListRolloutGroups, &path.namespace, "")
+        .await?;
+    let text = query(list)?.label_selector.unwrap_or_default();
+    let selector = selector::parse(&text).map_err(ApiError::bad_request)?;
+    let items: Vec<Value> = if state.filled.is_filled("RolloutGroup") {
+        cached_items(&state.deps.rollout_groups, &path.namespace, &selector)
+            .iter()
+            .filter_map(|g| serde_json::to_value(g.as_ref()).ok())
+            .collect()
+    } else {
+        api(&state, &path.namespace)
+            .list(&ListParams::default().labels(&text))
+            .await
+            .map_err(|err| {
+                from_kube(
+                    &err,
+                    &format!("listing rollout groups in {}", path.namespace),
+                )
+            })?
+            .items
+            .iter()
+            .filter_map(|g| serde_json::to_value(g).ok())
+            .collect()
+    };
+    Ok(json_response(
+        StatusCode::OK,
+        &json!({"apiVersion": "orchard.dev/v1alpha1", "kind": "RolloutGroupList", "items": items}),
+    ))
+}
+
+/// Reads one RolloutGroup.
+#[utoipa::path(
+    get,
+    path = "/v1/namespaces/{namespace}/rolloutgroups/{name}",
+    tag = "rolloutgroups",
+    params(ObjectPath),
+    responses(
+        (status = 200, body = RolloutGroupSchema),
+        (status = 403, body = ErrorBody),
+        (status = 404, body = ErrorBody),
+    )
+)]
+pub async fn get_group(
+    AxumState(state): AxumState<State>,
+    Path(path): Path<ObjectPath>,
+    headers: HeaderMap,
+) -> Result<Response, ApiError> {
+    state
+        .authorize(
+            &headers,
+            Operation::GetRolloutGroup,
+            &path.namespace,
+            &path.name,
+        )
+        .await?;
+    let group = find_group(
+        &state.deps.client,
+        &state.deps.rollout_groups,
+        &path.namespace,
+        &path.name,
+    )
+    .await?;
+    Ok(json_response(StatusCode::OK, group.as_ref()))
+}
+
+/// Deletes a RolloutGroup (its trajectory Sandboxes are garbage-collected).
+#[utoipa::path(
+    delete,
+    path = "/v1/namespaces/{namespace}/rolloutgroups/{name}",
+    tag = "rolloutgroups",
+    params(ObjectPath),
+    responses(
+        (status = 200, body = Deleted),
+        (status = 403, body = ErrorBody),
+        (status = 404, body = ErrorBody),
+    )
+)]
+pub async fn delete_group(
+    AxumState(state): AxumState<State>,
+    Path(path): Path<ObjectPath>,
+    headers: HeaderMap,
+) -> Result<Response, ApiError> {
+    state
+        .authorize(
+            &headers,
+            Operation::DeleteRolloutGroup,
+            &path.namespace,
+            &path.name,
+        )
+        .await?;
+    api(&state, &path.namespace)
+        .delete(&path.name, &DeleteParams::background())
+        .await
+        .map_err(|err| {
+            from_kube(
+                &err,
+                &format!("rollout group {}/{}", path.namespace, path.name),
+            )
+        })?;
+    state.deps.metrics.api_write("rolloutgroups", "delete");
+    Ok(
+        Json(json!({"namespace": path.namespace, "name": path.name, "deleted": true}))
+            .into_response(),
+    )
+}
+
+/// Whether a group is done: `Complete=True`, phase Complete, or phase Failed.
+pub fn group_settled(group: &RolloutGroup) -> bool {
+    group.status.as_ref().is_some_and(|s| {
+        condition_true(&s.conditions, "Complete")
+            || matches!(s.phase, Some(RolloutPhase::Complete | RolloutPhase::Failed))
+    })
+}
+
+/// Blocks until the group is recorded (`Complete`) or `Failed`, driven by the watch.
+#[utoipa::path(
+    get,
+    path = "/v1/namespaces/{namespace}/rolloutgroups/{name}/wait",
+    tag = "rolloutgroups",
+    params(ObjectPath, WaitQuery),
+    responses(
+        (status = 200, description = "Settled: `status.group` holds the members when Complete", body = RolloutGroupSchema),
+        (status = 403, description = "RBAC denies `get rolloutgroups`", body = ErrorBody),
+        (status = 404, body = ErrorBody),
+        (status = 504, description = "`WaitTimeout` (retryable): wait again", body = ErrorBody),
+    )
+)]
+pub async fn wait_group(
+    AxumState(state): AxumState<State>,
+    Path(path): Path<ObjectPath>,
+    wait: Result<Query<WaitQuery>, QueryRejection>,
+    headers: HeaderMap,
+) -> Result<Response, ApiError> {
+    state
+        .authorize(
+            &headers,
+            Operation::GetRolloutGroup,
+            &path.namespace,
+            &path.name,
+        )
+        .await?;
+    let timeout = wait_duration(query(wait)?.timeout_seconds);
+    let waiter = WaitFor {
+        client: &state.deps.client,
+        store: &state.deps.rollout_groups,
+        changes: &state.deps.changes,
+        kind: "RolloutGroup",
+        noun: "rolloutgroup",
+        namespace: &path.namespace,
+        name: &path.name,
+    };
+    match waiter.until(timeout, group_settled).await? {
+        WaitOutcome::Done(group) => Ok(json_response(StatusCode::OK, group.as_ref())),
+        WaitOutcome::TimedOut(group) => {
+            let phase = group
+                .status
+                .as_ref()
+                .and_then(|s| s.phase)
+                .map(group_phase_name);
+            Err(wait_timeout(
+                "rolloutgroup",
+                &path.namespace,
+                &path.name,
+                phase,
+            ))
+        }
+        WaitOutcome::Deleted => Err(ApiError::new(
+            StatusCode::NOT_FOUND,
+            "NotFound",
+            format!(
+                "rolloutgroup {}/{} was deleted while waiting",
+                path.namespace, path.name
+            ),
+        )),
+    }
+}

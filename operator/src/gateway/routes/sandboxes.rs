@@ -1,0 +1,484 @@
+//! Sandbox lifecycle routes: create (returns at once), list and get (from the watch cache), delete,
+//! wait (watch-driven), heartbeat (coalesced annotation write) and result (write-once status field).
+
+use axum::Json;
+use axum::body::Bytes;
+use axum::extract::rejection::QueryRejection;
+use axum::extract::{Path, Query, State as AxumState};
+use axum::http::{HeaderMap, StatusCode};
+use axum::response::{IntoResponse, Response};
+use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
+use kube::runtime::reflector::Store;
+use kube::{Resource, ResourceExt};
+use serde_json::{Value, json};
+
+use super::{ListQuery, NamespacePath, ObjectPath, State, WaitQuery, json_body, json_value, query};
+use crate::api::{Sandbox, SandboxPhase, TrajectoryResult, TrajectoryStatus};
+use crate::gateway::GATEWAY_FIELD_MANAGER;
+use crate::gateway::access::Operation;
+use crate::gateway::errors::{ApiError, ErrorBody, from_kube, json_response};
+use crate::gateway::lookup::{condition_true, find_sandbox, sandbox_phase_name};
+use crate::gateway::openapi::{
+    CreateSandboxRequest, Deleted, HeartbeatResponse, ResultResponse, SandboxList, SandboxSchema,
+    TrajectoryResultSchema,
+};
+use crate::gateway::selector;
+use crate::gateway::spec::sandbox_from_request;
+use crate::gateway::wait::{WaitFor, WaitOutcome, wait_duration};
+
+fn api(state: &State, namespace: &str) -> Api<Sandbox> {
+    Api::namespaced(state.deps.client.clone(), namespace)
+}
+
+fn params() -> PostParams {
+    PostParams {
+        field_manager: Some(GATEWAY_FIELD_MANAGER.to_string()),
+        ..PostParams::default()
+    }
+}
+
+/// Creates a Sandbox and answers at once (201) without waiting for it to start.
+#[utoipa::path(
+    post,
+    path = "/v1/namespaces/{namespace}/sandboxes",
+    tag = "sandboxes",
+    params(NamespacePath),
+    request_body = CreateSandboxRequest,
+    responses(
+        (status = 201, description = "Created; `metadata.name` holds the (generated) name. It starts in the background: wait with `.../wait`.", body = SandboxSchema),
+        (status = 400, description = "Malformed request or unknown field", body = ErrorBody),
+        (status = 401, description = "Missing or invalid token", body = ErrorBody),
+        (status = 403, description = "RBAC denies `create sandboxes`", body = ErrorBody),
+        (status = 409, description = "A sandbox with this name exists (`AlreadyExists`)", body = ErrorBody),
+        (status = 422, description = "The API server rejected the spec (CEL rule message)", body = ErrorBody),
+    )
+)]
+pub async fn create_sandbox(
+    AxumState(state): AxumState<State>,
+    Path(path): Path<NamespacePath>,
+    headers: HeaderMap,
+    body: Bytes,
+) -> Result<Response, ApiError> {
+    let identity = state
+        .authorize(&headers, Operation::CreateSandbox, &path.namespace, "")
+        .await?;
+    let sandbox = sandbox_from_request(&path.namespace, json_value(&body)?, &identity.username)?;
+    let created = api(&state, &path.namespace)
+        .create(&params(), &sandbox)
+        .await
+        .map_err(|err| from_kube(&err, &format!("creating a sandbox in {}", path.namespace)))?;
+    state.deps.metrics.api_write("sandboxes", "create");
+    tracing::info!(sandbox = %format!("{}/{}", path.namespace, created.name_any()), user = %identity.username, "sandbox created through the gateway");
+    Ok(json_response(StatusCode::CREATED, &created))
+}
+
+/// Items of `store` in `namespace` matching `selector`, sorted by name.
+pub fn cached_items<K>(
+    store: &Store<K>,
+    namespace: &str,
+    selector: &selector::LabelSelector,
+) -> Vec<std::sync::Arc<K>>
+where
+    K: Resource<DynamicType = ()> + Clone + 'static,
+{
+    let mut items = store.state_filter(|o| {
+        o.meta().namespace.as_deref() == Some(namespace) && selector.matches(o.labels())
+    });
+    items.sort_by(|a, b| a.meta().name.cmp(&b.meta().name));
+    items
+}
+
+/// Lists the Sandboxes of a namespace from the watch cache (`?labelSelector=`).
+#[utoipa::path(
+    get,
+    path = "/v1/namespaces/{namespace}/sandboxes",
+    tag = "sandboxes",
+    params(NamespacePath, ListQuery),
+    responses(
+        (status = 200, description = "The sandboxes, sorted by name", body = SandboxList),
+        (status = 400, description = "Invalid label selector", body = ErrorBody),
+        (status = 401, body = ErrorBody),
+        (status = 403, description = "RBAC denies `list sandboxes`", body = ErrorBody),
+    )
+)]
+pub async fn list_sandboxes(
+    AxumState(state): AxumState<State>,
+    Path(path): Path<NamespacePath>,
+    list: Result<Query<ListQuery>, QueryRejection>,
+    headers: HeaderMap,
+) -> Result<Response, ApiError> {
+    state
+        .authorize(&headers, Operation::ListSandboxes, &path.namespace, "")
+        .await?;
+    let list = query(list)?;
+    let text = list.label_selector.unwrap_or_default();
+    let selector = selector::parse(&text).map_err(ApiError::bad_request)?;
+    let items: Vec<Value> = if state.filled.is_filled("Sandbox") {
+        cached_items(&state.deps.caches.sandboxes, &path.namespace, &selector)
+            .iter()
+            .filter_map(|s| serde_json::to_value(s.as_ref()).ok())
+            .collect()
+    } else {
+        // The cache is still filling (operator start): read once from the API server.
+        let listed = api(&state, &path.namespace)
+            .list(&ListParams::default().labels(&text))
+            .await
+            .map_err(|err| from_kube(&err, &format!("listing sandboxes in {}", path.namespace)))?;
+        listed
+            .items
+            .iter()
+            .filter_map(|s| serde_json::to_value(s).ok())
+            .collect()
+    };
+    Ok(json_response(
+        StatusCode::OK,
+        &json!({"apiVersion": "orchard.dev/v1alpha1", "kind": "SandboxList", "items": items}),
+    ))
+}
+
+/// Reads one Sandbox (watch cache; one API read if the cache does not have it yet).
+#[utoipa::path(
+    get,
+    path = "/v1/namespaces/{namespace}/sandboxes/{name}",
+    tag = "sandboxes",
+    params(ObjectPath),
+    responses(
+        (status = 200, body = SandboxSchema),
+        (status = 401, body = ErrorBody),
+        (status = 403, body = ErrorBody),
+        (status = 404, description = "No such sandbox", body = ErrorBody),
+    )
+)]
+pub async fn get_sandbox(
+    AxumState(state): AxumState<State>,
+    Path(path): Path<ObjectPath>,
+    headers: HeaderMap,
+) -> Result<Response, ApiError> {
+    state
+        .authorize(&headers, Operation::GetSandbox, &path.namespace, &path.name)
+        .await?;
+    let sandbox = find_sandbox(
+        &state.deps.client,
+        &state.deps.caches.sandboxes,
+        &path.namespace,
+        &path.name,
+    )
+    .await?;
+    Ok(json_response(StatusCode::OK, sandbox.as_ref()))
+}
+
+/// Deletes a Sandbox (its Pod, token Secret and policies are garbage-collected).
+#[utoipa::path(
+    delete,
+    path = "/v1/namespaces/{namespace}/sandboxes/{name}",
+    tag = "sandboxes",
+    params(ObjectPath),
+    responses(
+        (status = 200, body = Deleted),
+        (status = 401, body = ErrorBody),
+        (status = 403, body = ErrorBody),
+        (status = 404, body = ErrorBody),
+    )
+)]
+pub async fn delete_sandbox(
+    AxumState(state): AxumState<State>,
+    Path(path): Path<ObjectPath>,
+    headers: HeaderMap,
+) -> Result<Response, ApiError> {
+    let identity = state
+        .authorize(
+            &headers,
+            Operation::DeleteSandbox,
+            &path.namespace,
+            &path.name,
+        )
+        .await?;
+    api(&state, &path.namespace)
+        .delete(&path.name, &DeleteParams::background())
+        .await
+        .map_err(|err| from_kube(&err, &format!("sandbox {}/{}", path.namespace, path.name)))?;
+    state.deps.metrics.api_write("sandboxes", "delete");
+    tracing::info!(sandbox = %format!("{}/{}", path.namespace, path.name), user = %identity.username, "sandbox deleted through the gateway");
+    Ok(
+        Json(json!({"namespace": path.namespace, "name": path.name, "deleted": true}))
+            .into_response(),
+    )
+}
+
+/// Whether a sandbox has settled: Ready, or a phase it will not leave on its own.
+pub fn sandbox_settled(sandbox: &Sandbox) -> bool {
+    sandbox.status.as_ref().is_some_and(|s| {
+        condition_true(&s.conditions, "Ready")
+            || matches!(
+                s.phase,
+                Some(SandboxPhase::Failed | SandboxPhase::Succeeded | SandboxPhase::Expired)
+            )
+    })
+}
+
+/// The 504 of a wait that ran out of time.
+pub fn wait_timeout(kind: &str, namespace: &str, name: &str, phase: Option<&str>) -> ApiError {
+    let mut error = ApiError::new(
+        StatusCode::GATEWAY_TIMEOUT,
+        "WaitTimeout",
+        format!(
+            "{kind} {namespace}/{name} did not settle in time (phase {}); wait again",
+            phase.unwrap_or("Pending")
+        ),
+    )
+    .retryable(true);
+    error.body.phase = Some(phase.unwrap_or("Pending").to_string());
+    error
+}
+
+/// Blocks until the sandbox is Ready or has Failed (or Succeeded/Expired), driven by the watch.
+#[utoipa::path(
+    get,
+    path = "/v1/namespaces/{namespace}/sandboxes/{name}/wait",
+    tag = "sandboxes",
+    params(ObjectPath, WaitQuery),
+    responses(
+        (status = 200, description = "Settled: check `status.phase` (Ready, or Failed with `status.reason`)", body = SandboxSchema),
+        (status = 401, body = ErrorBody),
+        (status = 403, description = "RBAC denies `get sandboxes`", body = ErrorBody),
+        (status = 404, description = "No such sandbox, or deleted while waiting", body = ErrorBody),
+        (status = 504, description = "`WaitTimeout`: not settled within timeoutSeconds (retryable; `phase` says where it is)", body = ErrorBody),
+    )
+)]
+pub async fn wait_sandbox(
+    AxumState(state): AxumState<State>,
+    Path(path): Path<ObjectPath>,
+    wait: Result<Query<WaitQuery>, QueryRejection>,
+    headers: HeaderMap,
+) -> Result<Response, ApiError> {
+    state
+        .authorize(&headers, Operation::GetSandbox, &path.namespace, &path.name)
+        .await?;
+    let timeout = wait_duration(query(wait)?.timeout_seconds);
+    let waiter = WaitFor {
+        client: &state.deps.client,
+        store: &state.deps.caches.sandboxes,
+        changes: &state.deps.changes,
+        kind: "Sandbox",
+        noun: "sandbox",
+        namespace: &path.namespace,
+        name: &path.name,
+    };
+    match waiter.until(timeout, sandbox_settled).await? {
+        WaitOutcome::Done(sandbox) => Ok(json_response(StatusCode::OK, sandbox.as_ref())),
+        WaitOutcome::TimedOut(sandbox) => {
+            let phase = sandbox
+                .status
+                .as_ref()
+                .and_then(|s| s.phase)
+                .map(sandbox_phase_name);
+            Err(wait_timeout("sandbox", &path.namespace, &path.name, phase))
+        }
+        WaitOutcome::Deleted => Err(ApiError::new(
+            StatusCode::NOT_FOUND,
+            "NotFound",
+            format!(
+                "sandbox {}/{} was deleted while waiting",
+                path.namespace, path.name
+            ),
+        )),
+    }
+}
+
+/// Refreshes the sandbox's expiry (coalesced: at most one API write per third of its heartbeat
+/// timeout). Calls through the gateway's agent routes count as heartbeats too.
+#[utoipa::path(
+    post,
+    path = "/v1/namespaces/{namespace}/sandboxes/{name}/heartbeat",
+    tag = "sandboxes",
+    params(ObjectPath),
+    responses(
+        (status = 200, body = HeartbeatResponse),
+        (status = 401, body = ErrorBody),
+        (status = 403, description = "RBAC denies `create sandboxes/heartbeat`", body = ErrorBody),
+        (status = 404, body = ErrorBody),
+    )
+)]
+pub async fn heartbeat(
+    AxumState(state): AxumState<State>,
+    Path(path): Path<ObjectPath>,
+    headers: HeaderMap,
+) -> Result<Response, ApiError> {
+    state
+        .authorize(&headers, Operation::Heartbeat, &path.namespace, &path.name)
+        .await?;
+    let sandbox = find_sandbox(
+        &state.deps.client,
+        &state.deps.caches.sandboxes,
+        &path.namespace,
+        &path.name,
+    )
+    .await?;
+    let beat = state.heartbeats.beat(&sandbox).await?;
+    let expires_at = sandbox
+        .status
+        .as_ref()
+        .and_then(|s| s.expires_at.as_ref())
+        .map(|t| t.0.to_string());
+    Ok(Json(json!({
+        "heartbeatTimeoutSeconds": beat.timeout_seconds,
+        "written": beat.written,
+        "expiresAt": expires_at,
+    }))
+    .into_response())
+}
+
+/// Checks a result the way the CRD's CEL rules will, so the caller gets a 400 naming the field.
+fn validate_result(body: &Value) -> Result<TrajectoryResult, ApiError> {
+    let result: TrajectoryResult = json_body(&Bytes::from(body.to_string()))?;
+    let known = [
+        "reward", "status", "length", "exitCode", "artifact", "reason", "message",
+    ];
+    if let Some(object) = body.as_object()
+        && let Some(unknown) = object.keys().find(|k| !known.contains(&k.as_str()))
+    {
+        return Err(ApiError::bad_request(format!(
+            "unknown field `{unknown}` in the result; allowed: {}",
+            known.join(", ")
+        )));
+    }
+    if result.status != TrajectoryStatus::Aborted && result.reward.is_none() {
+        return Err(ApiError::bad_request(
+            "`reward` is required unless `status` is `aborted`",
+        ));
+    }
+    Ok(result)
+}
+
+/// Records the trajectory result of an externally driven sandbox in `status.result` (write-once).
+#[utoipa::path(
+    post,
+    path = "/v1/namespaces/{namespace}/sandboxes/{name}/result",
+    tag = "sandboxes",
+    params(ObjectPath),
+    request_body = TrajectoryResultSchema,
+    responses(
+        (status = 200, description = "Recorded (or the same result was already recorded)", body = ResultResponse),
+        (status = 400, description = "Invalid result", body = ErrorBody),
+        (status = 401, body = ErrorBody),
+        (status = 403, description = "RBAC denies `create sandboxes/result`", body = ErrorBody),
+        (status = 404, body = ErrorBody),
+        (status = 409, description = "`ResultAlreadyRecorded`: a different result is recorded (write-once)", body = ErrorBody),
+    )
+)]
+pub async fn record_result(
+    AxumState(state): AxumState<State>,
+    Path(path): Path<ObjectPath>,
+    headers: HeaderMap,
+    body: Bytes,
+) -> Result<Response, ApiError> {
+    state
+        .authorize(
+            &headers,
+            Operation::RecordResult,
+            &path.namespace,
+            &path.name,
+        )
+        .await?;
+    let value = json_value(&body)?;
+    let result = validate_result(&value)?;
+    let sandbox = find_sandbox(
+        &state.deps.client,
+        &state.deps.caches.sandboxes,
+        &path.namespace,
+        &path.name,
+    )
+    .await?;
+    let already = |recorded: &TrajectoryResult| {
+        ApiError::new(
+            StatusCode::CONFLICT,
+            "ResultAlreadyRecorded",
+            format!(
+                "sandbox {}/{} already has a different result recorded (status.result is write-once): {}",
+                path.namespace,
+                path.name,
+                serde_json::to_string(recorded).unwrap_or_default()
+            ),
+        )
+    };
+    if let Some(recorded) = sandbox.status.as_ref().and_then(|s| s.result.as_ref()) {
+        if *recorded == result {
+            return Ok(Json(json!({"recorded": false, "result": recorded})).into_response());
+        }
+        return Err(already(recorded));
+    }
+    let patch = json!({"status": {"result": result}});
+    let patch_params = PatchParams {
+        field_manager: Some(GATEWAY_FIELD_MANAGER.to_string()),
+        ..PatchParams::default()
+    };
+    match api(&state, &path.namespace)
+        .patch_status(&path.name, &patch_params, &Patch::Merge(&patch))
+        .await
+    {
+        Ok(patched) => {
+            state.deps.metrics.api_write("sandboxes", "patch");
+            let recorded = patched.status.and_then(|s| s.result).unwrap_or(result);
+            Ok(Json(json!({"recorded": true, "result": recorded})).into_response())
+        }
+        Err(kube::Error::Api(status))
+            if status.code == 422 && status.message.contains("write-once") =>
+        {
+            // The cache had not seen the first result yet; the CEL rule kept it.
+            Err(ApiError::new(
+                StatusCode::CONFLICT,
+                "ResultAlreadyRecorded",
+                format!(
+                    "sandbox {}/{} already has a different result recorded (status.result is write-once)",
+                    path.namespace, path.name
+                ),
+            ))
+        }
+        Err(err) => Err(from_kube(
+            &err,
+            &format!(
+                "recording the result of sandbox {}/{}",
+                path.namespace, path.name
+            ),
+        )),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn results_are_validated_before_the_api_server_sees_them() {
+        assert!(validate_result(&json!({"reward": 1.0, "status": "completed"})).is_ok());
+        assert!(validate_result(&json!({"status": "aborted", "reason": "Crashed"})).is_ok());
+        let err = validate_result(&json!({"status": "completed"})).unwrap_err();
+        assert!(err.body.message.contains("`reward` is required"));
+        let err = validate_result(&json!({"reward": 1, "status": "done"})).unwrap_err();
+        assert_eq!(err.status, 400);
+        let err =
+            validate_result(&json!({"rewrad": 1, "reward": 1, "status": "completed"})).unwrap_err();
+        assert!(err.body.message.contains("rewrad"));
+    }
+
+    #[test]
+    fn settled_means_ready_or_terminal() {
+        use crate::api::{SandboxSpec, SandboxStatus};
+        let mut s = Sandbox::new("s", SandboxSpec::default());
+        assert!(!sandbox_settled(&s));
+        s.status = Some(SandboxStatus {
+            phase: Some(SandboxPhase::Starting),
+            ..SandboxStatus::default()
+        });
+        assert!(!sandbox_settled(&s));
+        s.status = Some(SandboxStatus {
+            phase: Some(SandboxPhase::Failed),
+            ..SandboxStatus::default()
+        });
+        assert!(sandbox_settled(&s));
+        let timeout = wait_timeout("sandbox", "ns", "s", Some("Starting"));
+        assert_eq!(timeout.status, 504);
+        assert!(timeout.body.retryable);
+        assert_eq!(timeout.body.phase.as_deref(), Some("Starting"));
+    }
+}

@@ -1,0 +1,210 @@
+//! Server-side waits (`.../wait?timeoutSeconds=`), driven by the watch: the waiter subscribes to the
+//! change feed, reads the cache, and re-reads it only when a note names its object (or the cache was
+//! re-listed, or the receiver lagged). The API server is read at most once, when the cache does not
+//! have the object yet (just created, or the caches are still filling at startup). Never
+//! `Store::wait_until_ready()`: in kube-runtime 5.0.0 it keeps one waker per store and the controller
+//! already waits on it.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use kube::runtime::reflector::{ObjectRef, Store};
+use kube::{Client, Resource};
+use serde::de::DeserializeOwned;
+use tokio::sync::broadcast::error::RecvError;
+
+use super::errors::ApiError;
+use super::lookup::find;
+use crate::change_feed::{ChangeFeed, Changed};
+
+/// Default `timeoutSeconds` of wait routes.
+pub const DEFAULT_WAIT_SECONDS: u64 = 30;
+
+/// Longest accepted `timeoutSeconds` (clients loop for longer waits).
+pub const MAX_WAIT_SECONDS: u64 = 300;
+
+/// How a wait ended.
+#[derive(Debug)]
+pub enum WaitOutcome<K> {
+    /// The condition holds; the object as it was then.
+    Done(Arc<K>),
+    /// Time ran out; the object as last seen.
+    TimedOut(Arc<K>),
+    /// The object was deleted while waiting.
+    Deleted,
+}
+
+/// The effective wait: `timeoutSeconds` clamped to `[0, MAX_WAIT_SECONDS]`, default
+/// [`DEFAULT_WAIT_SECONDS`].
+pub fn wait_duration(timeout_seconds: Option<f64>) -> Duration {
+    let seconds = timeout_seconds
+        .filter(|s| s.is_finite())
+        .unwrap_or(DEFAULT_WAIT_SECONDS as f64)
+        .clamp(0.0, MAX_WAIT_SECONDS as f64);
+    Duration::from_secs_f64(seconds)
+}
+
+/// Whether a change-feed note may concern `kind` `namespace/name`: a note naming it, or an `InitDone`
+/// note of that kind (published with an empty name after a (re-)list replaced the cache).
+pub fn concerns(note: &Changed, kind: &str, namespace: &str, name: &str) -> bool {
+    note.kind == kind
+        && ((note.namespace == namespace && note.name == name)
+            || (note.namespace.is_empty() && note.name.is_empty()))
+}
+
+/// What to wait on.
+pub struct WaitFor<'a, K: Resource<DynamicType = ()> + 'static> {
+    /// Client for the one API read when the cache lacks the object.
+    pub client: &'a Client,
+    /// The watch cache of `K`.
+    pub store: &'a Store<K>,
+    /// Notes of changes, published after the cache applied them.
+    pub changes: &'a ChangeFeed,
+    /// `Sandbox` or `RolloutGroup` (the change feed's kind).
+    pub kind: &'static str,
+    /// Lower-case kind for messages (`sandbox`, `rolloutgroup`).
+    pub noun: &'static str,
+    /// Namespace.
+    pub namespace: &'a str,
+    /// Name.
+    pub name: &'a str,
+}
+
+impl<K> WaitFor<'_, K>
+where
+    K: Resource<DynamicType = (), Scope = k8s_openapi::NamespaceResourceScope>
+        + Clone
+        + DeserializeOwned
+        + std::fmt::Debug
+        + Send
+        + Sync
+        + 'static,
+{
+    /// Waits up to `timeout` until `done` holds for the object.
+    pub async fn until(
+        &self,
+        timeout: Duration,
+        done: impl Fn(&K) -> bool,
+    ) -> Result<WaitOutcome<K>, ApiError> {
+        // Subscribe before reading, so no change between the read and the subscription is missed.
+        let mut notes = self.changes.subscribe();
+        let key = ObjectRef::new(self.name).within(self.namespace);
+        let mut last = find(
+            self.client,
+            self.store,
+            self.noun,
+            self.namespace,
+            self.name,
+        )
+        .await?;
+        if done(&last) {
+            return Ok(WaitOutcome::Done(last));
+        }
+        let deadline = tokio::time::Instant::now() + timeout;
+        loop {
+            let note = tokio::select! {
+                note = notes.recv() => note,
+                () = tokio::time::sleep_until(deadline) => return Ok(WaitOutcome::TimedOut(last)),
+            };
+            let named = match note {
+                Ok(note) if concerns(&note, self.kind, self.namespace, self.name) => {
+                    !note.name.is_empty()
+                }
+                Ok(_) => continue,
+                Err(RecvError::Lagged(_)) => false,
+                Err(RecvError::Closed) => {
+                    return Err(ApiError::unavailable(
+                        "the operator is shutting down; retry against another replica",
+                    ));
+                }
+            };
+            match self.store.get(&key) {
+                Some(object) => {
+                    if done(&object) {
+                        return Ok(WaitOutcome::Done(object));
+                    }
+                    last = object;
+                }
+                // A note naming the object after the cache applied it, and the cache lacks it: deleted.
+                None if named => return Ok(WaitOutcome::Deleted),
+                // After a re-list or a lag the cache may still be filling: ask once more.
+                None => {
+                    match find(
+                        self.client,
+                        self.store,
+                        self.noun,
+                        self.namespace,
+                        self.name,
+                    )
+                    .await
+                    {
+                        Ok(object) => {
+                            if done(&object) {
+                                return Ok(WaitOutcome::Done(object));
+                            }
+                            last = object;
+                        }
+                        Err(err) if err.status == 404 => return Ok(WaitOutcome::Deleted),
+                        Err(err) => return Err(err),
+                    }
+                }
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn note(kind: &'static str, namespace: &str, name: &str) -> Changed {
+        Changed {
+            kind,
+            namespace: namespace.into(),
+            name: name.into(),
+        }
+    }
+
+    #[test]
+    fn notes_concern_their_object_or_a_relist_of_the_kind() {
+        assert!(concerns(&note("Sandbox", "ns", "s"), "Sandbox", "ns", "s"));
+        assert!(concerns(&note("Sandbox", "", ""), "Sandbox", "ns", "s"));
+        assert!(!concerns(&note("Sandbox", "ns", "t"), "Sandbox", "ns", "s"));
+        assert!(!concerns(
+            &note("Sandbox", "other", "s"),
+            "Sandbox",
+            "ns",
+            "s"
+        ));
+        assert!(!concerns(
+            &note("RolloutGroup", "ns", "s"),
+            "Sandbox",
+            "ns",
+            "s"
+        ));
+        assert!(!concerns(
+            &note("RolloutGroup", "", ""),
+            "Sandbox",
+            "ns",
+            "s"
+        ));
+    }
+
+    #[test]
+    fn wait_durations_default_and_clamp() {
+        assert_eq!(
+            wait_duration(None),
+            Duration::from_secs(DEFAULT_WAIT_SECONDS)
+        );
+        assert_eq!(wait_duration(Some(1.5)), Duration::from_millis(1500));
+        assert_eq!(wait_duration(Some(-3.0)), Duration::ZERO);
+        assert_eq!(
+            wait_duration(Some(1e9)),
+            Duration::from_secs(MAX_WAIT_SECONDS)
+        );
+        assert_eq!(
+            wait_duration(Some(f64::NAN)),
+            Duration::from_secs(DEFAULT_WAIT_SECONDS)
+        );
+    }
+}

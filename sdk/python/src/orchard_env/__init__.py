@@ -1,0 +1,74 @@
+"""Orchard Env: isolated sandboxes for RL trainers and reward-balanced rollout groups (BAR), through
+the operator's gateway.
+
+>>> from orchard_env import SandboxClient
+>>> with SandboxClient() as client, client.create(image="python:3.11") as sbx:   # doctest: +SKIP
+...     print(sbx.exec(["python3", "-c", "print(6 * 7)"]).stdout)
+"""
+
+from ._retry import RetryPolicy
+from .aio import AsyncProcess, AsyncRolloutGroup, AsyncSandbox, AsyncSandboxClient
+from .client import Process, RolloutGroup, Sandbox, SandboxClient
+from .errors import (
+    AgentUnavailable,
+    CommandFailed,
+    Conflict,
+    Forbidden,
+    GatewayUnreachable,
+    InvalidRequest,
+    NotFound,
+    NotReady,
+    OrchardError,
+    PatchConflict,
+    SandboxFailed,
+    Timeout,
+    TooManyRequests,
+    Unauthorized,
+)
+from .models import (
+    ExecEvent,
+    ExecResult,
+    FileEntry,
+    GroupMember,
+    GroupResult,
+    PatchResult,
+    ProcessInfo,
+    Trajectory,
+)
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "AgentUnavailable",
+    "AsyncProcess",
+    "AsyncRolloutGroup",
+    "AsyncSandbox",
+    "AsyncSandboxClient",
+    "CommandFailed",
+    "Conflict",
+    "ExecEvent",
+    "ExecResult",
+    "FileEntry",
+    "Forbidden",
+    "GatewayUnreachable",
+    "GroupMember",
+    "GroupResult",
+    "InvalidRequest",
+    "NotFound",
+    "NotReady",
+    "OrchardError",
+    "PatchConflict",
+    "PatchResult",
+    "Process",
+    "ProcessInfo",
+    "RetryPolicy",
+    "RolloutGroup",
+    "Sandbox",
+    "SandboxClient",
+    "SandboxFailed",
+    "Timeout",
+    "TooManyRequests",
+    "Trajectory",
+    "Unauthorized",
+    "__version__",
+]

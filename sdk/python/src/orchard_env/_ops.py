@@ -1,0 +1,222 @@
+"""Pure request builders shared by the sync and async clients (no I/O here)."""
+
+from __future__ import annotations
+
+import base64
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+#: Seconds added to a command's own timeout for the gateway's answer timeout and the HTTP read timeout.
+ANSWER_MARGIN = 30.0
+#: The agent's default command timeout (docs/AGENT.md).
+AGENT_DEFAULT_EXEC_TIMEOUT = 600.0
+#: Longest server-side wait per request (the gateway clamps ``timeoutSeconds`` to it).
+MAX_SERVER_WAIT = 300.0
+
+
+def camel(name: str) -> str:
+    """``working_dir`` -> ``workingDir`` (names already in camelCase stay)."""
+    head, *rest = name.split("_")
+    return head + "".join(part[:1].upper() + part[1:] for part in rest)
+
+
+def sandbox_body(
+    image: str | None,
+    *,
+    name: str | None = None,
+    generate_name: str | None = None,
+    labels: Mapping[str, str] | None = None,
+    annotations: Mapping[str, str] | None = None,
+    env: Mapping[str, str] | Sequence[Mapping[str, str]] | None = None,
+    cpu: str | int | float | None = None,
+    memory: str | None = None,
+    ttl_seconds: int | None = None,
+    heartbeat_timeout_seconds: int | None = None,
+    network: str | Mapping[str, Any] | None = None,
+    spec: Mapping[str, Any] | None = None,
+    extra: Mapping[str, Any] | None = None,
+) -> dict[str, Any]:
+    """The body of ``POST .../sandboxes``: shorthand fields, or a full ``spec``.
+
+    ``network`` may be an egress mode (``"Deny"``, ``"AllowAll"``) or the spec's object; ``extra``
+    holds any other spec field in snake_case or camelCase (``working_dir``, ``run``, ``startup``...).
+    """
+    body: dict[str, Any] = {}
+    if name:
+        body["name"] = name
+    if generate_name:
+        body["generateName"] = generate_name
+    if labels:
+        body["labels"] = dict(labels)
+    if annotations:
+        body["annotations"] = dict(annotations)
+    fields: dict[str, Any] = {}
+    if image is not None:
+        fields["image"] = image
+    if env:
+        fields["env"] = dict(env) if isinstance(env, Mapping) else [dict(e) for e in env]
+    if cpu is not None:
+        fields["cpu"] = str(cpu)
+    if memory is not None:
+        fields["memory"] = memory
+    if ttl_seconds is not None:
+        fields["ttlSeconds"] = int(ttl_seconds)
+    if heartbeat_timeout_seconds is not None:
+        fields["heartbeatTimeoutSeconds"] = int(heartbeat_timeout_seconds)
+    if network is not None:
+        fields["network"] = {"egress": network} if isinstance(network, str) else dict(network)
+    for key, value in (extra or {}).items():
+        if value is not None:
+            fields[camel(key)] = value
+    if spec is not None:
+        if fields:
+            raise ValueError(
+                f"give either spec= or spec fields ({', '.join(sorted(fields))}), not both"
+            )
+        body["spec"] = dict(spec)
+    else:
+        if "image" not in fields:
+            raise ValueError("image is required (any Linux image, e.g. 'python:3.11')")
+        body.update(fields)
+    return body
+
+
+def command_fields(
+    cmd: str | Sequence[str], shell: str | None = None
+) -> dict[str, Any]:
+    """``argv`` for a list, ``command`` (run by ``shell``, default ``/bin/sh``) for a string."""
+    if isinstance(cmd, str):
+        fields: dict[str, Any] = {"command": cmd}
+        if shell:
+            fields["shell"] = shell
+        return fields
+    argv = [str(a) for a in cmd]
+    if not argv:
+        raise ValueError("argv must name a program")
+    if shell:
+        raise ValueError("shell= only applies to a command string")
+    return {"argv": argv}
+
+
+def exec_body(
+    cmd: str | Sequence[str],
+    *,
+    timeout: float | None = None,
+    cwd: str | None = None,
+    env: Mapping[str, str] | None = None,
+    stdin: str | bytes | None = None,
+    shell: str | None = None,
+    max_output_bytes: int | None = None,
+    output_encoding: str | None = None,
+) -> dict[str, Any]:
+    """The agent's exec request (docs/AGENT.md)."""
+    body = command_fields(cmd, shell)
+    if timeout is not None:
+        body["timeoutSeconds"] = timeout
+    if cwd is not None:
+        body["cwd"] = cwd
+    if env:
+        body["env"] = {str(k): str(v) for k, v in env.items()}
+    if isinstance(stdin, bytes):
+        body["stdinBase64"] = base64.b64encode(stdin).decode()
+    elif stdin is not None:
+        body["stdin"] = stdin
+    if max_output_bytes is not None:
+        body["maxOutputBytes"] = int(max_output_bytes)
+    if output_encoding is not None:
+        body["outputEncoding"] = output_encoding
+    return body
+
+
+def answer_timeout(command_timeout: float | None) -> float:
+    """Seconds the gateway should wait for a command's answer (its ``X-Orchard-Timeout``)."""
+    return (command_timeout if command_timeout is not None else AGENT_DEFAULT_EXEC_TIMEOUT) + ANSWER_MARGIN
+
+
+def heartbeat_interval(timeout_seconds: float | None) -> float | None:
+    """Seconds between automatic heartbeats: a third of the sandbox's heartbeat timeout; None when off."""
+    if timeout_seconds is None or timeout_seconds <= 0:
+        return None
+    return max(0.5, timeout_seconds / 3.0)
+
+
+def spec_heartbeat_timeout(sandbox: Mapping[str, Any]) -> int | None:
+    """``spec.lifecycle.heartbeatTimeoutSeconds`` of a Sandbox object, if set."""
+    lifecycle = (sandbox.get("spec") or {}).get("lifecycle") or {}
+    value = lifecycle.get("heartbeatTimeoutSeconds")
+    return int(value) if value is not None else None
+
+
+def group_body(
+    template: Mapping[str, Any],
+    *,
+    name: str | None = None,
+    generate_name: str | None = None,
+    labels: Mapping[str, str] | None = None,
+    group_size: int | None = None,
+    max_trajectories: int | None = None,
+    stride: int | None = None,
+    positive_fraction: tuple[float, float] | Mapping[str, float] | None = None,
+    early_stop: str | None = None,
+    filter: Mapping[str, Any] | bool | None = None,
+    trajectory_timeout_seconds: int | None = None,
+    cleanup: str | None = None,
+) -> dict[str, Any]:
+    """The body of ``POST .../rolloutgroups``. ``template`` is a sandbox shorthand
+    (``{"image": ..., "run": {...}}``) or ``{"metadata": ..., "spec": ...}``."""
+    body: dict[str, Any] = {"template": {camel(k): v for k, v in template.items()}}
+    if name:
+        body["name"] = name
+    if generate_name:
+        body["generateName"] = generate_name
+    if labels:
+        body["labels"] = dict(labels)
+    if group_size is not None:
+        body["groupSize"] = int(group_size)
+    if max_trajectories is not None:
+        body["maxTrajectories"] = int(max_trajectories)
+    if stride is not None:
+        body["stride"] = int(stride)
+    if positive_fraction is not None:
+        if isinstance(positive_fraction, Mapping):
+            body["positiveFraction"] = dict(positive_fraction)
+        else:
+            low, high = positive_fraction
+            body["positiveFraction"] = {"min": float(low), "max": float(high)}
+    if early_stop is not None:
+        body["earlyStop"] = early_stop
+    if filter is not None:
+        body["filter"] = {"enabled": filter} if isinstance(filter, bool) else dict(filter)
+    if trajectory_timeout_seconds is not None:
+        body["trajectoryTimeoutSeconds"] = int(trajectory_timeout_seconds)
+    if cleanup is not None:
+        body["cleanup"] = cleanup
+    return body
+
+
+def sandbox_path(namespace: str, name: str, rest: str = "") -> str:
+    """Gateway path of a sandbox route."""
+    return f"/v1/namespaces/{namespace}/sandboxes/{name}{rest}"
+
+
+def group_path(namespace: str, name: str, rest: str = "") -> str:
+    """Gateway path of a rollout group route."""
+    return f"/v1/namespaces/{namespace}/rolloutgroups/{name}{rest}"
+
+
+def json_object(value: Any) -> dict[str, Any]:
+    """A parsed JSON answer as an object (an empty one if the answer was not an object)."""
+    return value if isinstance(value, dict) else {}
+
+
+def phase_of(sandbox: Mapping[str, Any]) -> str | None:
+    """``status.phase`` of a Sandbox object."""
+    return (sandbox.get("status") or {}).get("phase")
+
+
+def is_ready(sandbox: Mapping[str, Any]) -> bool:
+    """Whether the Sandbox object has ``Ready=True``."""
+    return any(
+        c.get("type") == "Ready" and c.get("status") == "True"
+        for c in (sandbox.get("status") or {}).get("conditions") or []
+    )

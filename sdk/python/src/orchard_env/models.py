@@ -1,0 +1,242 @@
+"""Typed views of the gateway's and agent's JSON answers. Every model keeps the full JSON in ``raw``."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+
+@dataclass(frozen=True)
+class ExecResult:
+    """The outcome of one command."""
+
+    exit_code: int | None
+    """Exit code; None when a signal killed the command (see :attr:`signal`)."""
+    stdout: str
+    stderr: str
+    timed_out: bool
+    """True when ``timeout`` killed the command's process group."""
+    stdout_truncated: bool
+    stderr_truncated: bool
+    duration: float
+    """Run time in seconds, measured by the agent."""
+    signal: int | None = None
+    raw: dict[str, Any] = field(default_factory=dict, repr=False)
+
+    @property
+    def ok(self) -> bool:
+        """Exit code 0 and no timeout."""
+        return self.exit_code == 0 and not self.timed_out
+
+    @property
+    def truncated(self) -> bool:
+        """Whether either stream hit ``max_output_bytes``."""
+        return self.stdout_truncated or self.stderr_truncated
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> ExecResult:
+        return cls(
+            exit_code=data.get("exitCode"),
+            stdout=data.get("stdout", ""),
+            stderr=data.get("stderr", ""),
+            timed_out=bool(data.get("timedOut")),
+            stdout_truncated=bool(data.get("stdoutTruncated")),
+            stderr_truncated=bool(data.get("stderrTruncated")),
+            duration=float(data.get("durationMs") or 0) / 1000.0,
+            signal=data.get("signal"),
+            raw=data,
+        )
+
+
+@dataclass(frozen=True)
+class ExecEvent:
+    """One event of a streamed command: ``started`` (pid), ``stdout``/``stderr`` (data) or ``exit``."""
+
+    type: str
+    data: str = ""
+    pid: int | None = None
+    exit_code: int | None = None
+    timed_out: bool = False
+    raw: dict[str, Any] = field(default_factory=dict, repr=False)
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> ExecEvent:
+        return cls(
+            type=str(data.get("type", "")),
+            data=data.get("data", "") or "",
+            pid=data.get("pid"),
+            exit_code=data.get("exitCode"),
+            timed_out=bool(data.get("timedOut")),
+            raw=data,
+        )
+
+
+@dataclass(frozen=True)
+class ProcessInfo:
+    """Status of a background process."""
+
+    id: str
+    state: str
+    """``running`` or ``exited``."""
+    pid: int | None
+    exit_code: int | None
+    stdout: str
+    stderr: str
+    timed_out: bool
+    raw: dict[str, Any] = field(default_factory=dict, repr=False)
+
+    @property
+    def running(self) -> bool:
+        return self.state == "running"
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> ProcessInfo:
+        return cls(
+            id=str(data.get("id", "")),
+            state=str(data.get("state", "")),
+            pid=data.get("pid"),
+            exit_code=data.get("exitCode"),
+            stdout=data.get("stdout", "") or "",
+            stderr=data.get("stderr", "") or "",
+            timed_out=bool(data.get("timedOut")),
+            raw=data,
+        )
+
+
+@dataclass(frozen=True)
+class FileEntry:
+    """One entry of a directory listing."""
+
+    name: str
+    type: str
+    """``file``, ``directory``, ``symlink`` or ``other``."""
+    size: int
+    mode: int
+    modified: str
+    raw: dict[str, Any] = field(default_factory=dict, repr=False)
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> FileEntry:
+        return cls(
+            name=str(data.get("name", "")),
+            type=str(data.get("type", "")),
+            size=int(data.get("size") or 0),
+            mode=int(data.get("mode") or 0),
+            modified=str(data.get("modified", "")),
+            raw=data,
+        )
+
+
+@dataclass(frozen=True)
+class PatchResult:
+    """A patch that applied: the files it touched with their action (created, modified, deleted)."""
+
+    files: list[dict[str, str]]
+    raw: dict[str, Any] = field(default_factory=dict, repr=False)
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> PatchResult:
+        return cls(files=list(data.get("files") or []), raw=data)
+
+
+@dataclass(frozen=True)
+class GroupMember:
+    """One member of a RolloutGroup's selected group."""
+
+    name: str
+    reward: float
+    status: str
+    length: int
+    artifact: str | None
+    raw: dict[str, Any] = field(default_factory=dict, repr=False)
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> GroupMember:
+        return cls(
+            name=str(data.get("name", "")),
+            reward=float(data.get("reward") or 0.0),
+            status=str(data.get("status", "")),
+            length=int(data.get("length") or 0),
+            artifact=data.get("artifact"),
+            raw=data,
+        )
+
+
+@dataclass(frozen=True)
+class Trajectory:
+    """One launched trajectory of a RolloutGroup."""
+
+    name: str
+    stride: int
+    status: str | None
+    reward: float | None
+    length: int | None
+    artifact: str | None
+    reason: str | None
+    raw: dict[str, Any] = field(default_factory=dict, repr=False)
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> Trajectory:
+        return cls(
+            name=str(data.get("name", "")),
+            stride=int(data.get("stride") or 0),
+            status=data.get("status"),
+            reward=data.get("reward"),
+            length=data.get("length"),
+            artifact=data.get("artifact"),
+            reason=data.get("reason"),
+            raw=data,
+        )
+
+
+@dataclass(frozen=True)
+class GroupResult:
+    """A RolloutGroup as a trainer reads it: phase, selection and the reward-balanced group."""
+
+    name: str
+    namespace: str
+    phase: str | None
+    selection: str | None
+    """Balanced, Relaxed, TopRanked or Dropped (then ``group`` is empty)."""
+    positives: int | None
+    group: list[GroupMember]
+    trajectories: list[Trajectory]
+    drop_reason: str | None
+    message: str | None
+    raw: dict[str, Any] = field(default_factory=dict, repr=False)
+
+    @property
+    def complete(self) -> bool:
+        """Whether the group is recorded (``Complete=True``)."""
+        status = self.raw.get("status") or {}
+        return any(
+            c.get("type") == "Complete" and c.get("status") == "True"
+            for c in status.get("conditions") or []
+        ) or self.phase == "Complete"
+
+    @property
+    def rewards(self) -> list[float]:
+        """Rewards of the group's members, in group order."""
+        return [m.reward for m in self.group]
+
+    @property
+    def artifacts(self) -> list[str | None]:
+        """Artifact pointers of the group's members, in group order."""
+        return [m.artifact for m in self.group]
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> GroupResult:
+        meta = data.get("metadata") or {}
+        status = data.get("status") or {}
+        return cls(
+            name=str(meta.get("name", "")),
+            namespace=str(meta.get("namespace", "")),
+            phase=status.get("phase"),
+            selection=status.get("selection"),
+            positives=status.get("positives"),
+            group=[GroupMember.from_json(m) for m in status.get("group") or []],
+            trajectories=[Trajectory.from_json(t) for t in status.get("trajectories") or []],
+            drop_reason=status.get("dropReason"),
+            message=status.get("message"),
+            raw=data,
+        )

@@ -1,0 +1,61 @@
+"""Fixtures of the SDK tests. Cluster tests need the environment ``e2e/tests/python_sdk.rs`` sets
+(a local cluster with the real operator, a namespace with RBAC for the test user); without it they are
+skipped, except under ``CI=true`` where they fail."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import AsyncIterator, Iterator
+from dataclasses import dataclass
+
+import pytest
+
+from orchard_env import AsyncSandboxClient, SandboxClient
+
+
+@dataclass(frozen=True)
+class Cluster:
+    gateway: str
+    token: str
+    namespace: str
+    other_namespace: str
+    bob_token: str
+    kube_server: str
+    kube_ca: str
+    metrics_url: str
+
+
+def _need(name: str) -> str:
+    value = os.environ.get(name)
+    if value:
+        return value
+    message = f"{name} is not set: run the SDK tests with `make test-sdk` (driven by e2e/tests/python_sdk.rs)"
+    if os.environ.get("CI") == "true":
+        pytest.fail(message)
+    pytest.skip(message)
+
+
+@pytest.fixture(scope="session")
+def cluster() -> Cluster:
+    return Cluster(
+        gateway=_need("ORCHARD_TEST_GATEWAY_URL"),
+        token=_need("ORCHARD_TEST_TOKEN"),
+        namespace=_need("ORCHARD_TEST_NAMESPACE"),
+        other_namespace=_need("ORCHARD_TEST_OTHER_NAMESPACE"),
+        bob_token=_need("ORCHARD_TEST_BOB_TOKEN"),
+        kube_server=_need("ORCHARD_TEST_KUBE_SERVER"),
+        kube_ca=_need("ORCHARD_TEST_KUBE_CA"),
+        metrics_url=_need("ORCHARD_TEST_METRICS_URL"),
+    )
+
+
+@pytest.fixture
+def client(cluster: Cluster) -> Iterator[SandboxClient]:
+    with SandboxClient(cluster.gateway, cluster.token, namespace=cluster.namespace) as c:
+        yield c
+
+
+@pytest.fixture
+async def aclient(cluster: Cluster) -> AsyncIterator[AsyncSandboxClient]:
+    async with AsyncSandboxClient(cluster.gateway, cluster.token, namespace=cluster.namespace) as c:
+        yield c

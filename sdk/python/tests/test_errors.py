@@ -1,0 +1,60 @@
+"""Errors a trainer can act on, as exceptions (local cluster, real operator)."""
+
+from __future__ import annotations
+
+import pytest
+
+from orchard_env import (
+    Conflict,
+    Forbidden,
+    InvalidRequest,
+    NotFound,
+    NotReady,
+    SandboxClient,
+    Timeout,
+    Unauthorized,
+)
+
+from conftest import Cluster
+
+
+def test_not_found(client: SandboxClient) -> None:
+    with pytest.raises(NotFound) as missing:
+        client.get("no-such-sandbox")
+    assert missing.value.status == 404 and "no-such-sandbox" in missing.value.message
+    with pytest.raises(NotFound):
+        client.connect("no-such-sandbox")
+
+
+def test_unauthorized_and_forbidden(cluster: Cluster) -> None:
+    with SandboxClient(cluster.gateway, "not-a-token", namespace=cluster.namespace) as stranger:
+        with pytest.raises(Unauthorized):
+            stranger.list()
+    with SandboxClient(cluster.gateway, cluster.bob_token, namespace=cluster.namespace) as bob:
+        with pytest.raises(Forbidden) as denied:
+            bob.list()
+        assert f"user bob cannot list sandboxes in namespace {cluster.namespace}" in denied.value.message
+    with SandboxClient(cluster.gateway, cluster.token, namespace=cluster.other_namespace) as alice:
+        with pytest.raises(Forbidden) as denied:
+            alice.create(image="busybox")
+        assert "cannot create sandboxes" in denied.value.message
+
+
+def test_not_ready_conflict_invalid_and_wait_timeout(client: SandboxClient) -> None:
+    with client.create(
+        image="busybox", name="unschedulable", node_selector={"orchard.dev/test": "nowhere"}, wait=False
+    ) as stuck:
+        with pytest.raises(NotReady) as early:
+            stuck.exec(["true"])
+        assert early.value.phase == "Pending" and early.value.retryable
+        with pytest.raises(Timeout):
+            stuck.wait_ready(timeout=1.5)
+        with pytest.raises(Conflict) as taken:
+            client.create(image="busybox", name="unschedulable", wait=False)
+        assert taken.value.code == "AlreadyExists"
+    with pytest.raises(InvalidRequest) as invalid:
+        client.create(image="busybox", ttl_seconds=0)
+    assert "ttlSeconds must be positive" in invalid.value.message
+    with pytest.raises(InvalidRequest) as typo:
+        client.create(image="busybox", imagee="x")
+    assert "imagee" in typo.value.message

@@ -1,0 +1,140 @@
+"""The full sandbox lifecycle through the gateway with the sync client (local cluster, real operator)."""
+
+from __future__ import annotations
+
+import io
+import time
+from pathlib import Path
+
+import pytest
+
+from orchard_env import CommandFailed, Conflict, NotFound, PatchConflict, SandboxClient
+
+from conftest import Cluster
+
+
+def wait_gone(client: SandboxClient, name: str, seconds: float = 30.0) -> None:
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        try:
+            client.get(name)
+        except NotFound:
+            return
+        time.sleep(0.2)
+    pytest.fail(f"sandbox {name} still exists {seconds}s after the handle closed")
+
+
+def test_sandbox_lifecycle(client: SandboxClient, tmp_path: Path) -> None:
+    with client.create(
+        image="python:3.11", env={"GREETING": "hi"}, labels={"suite": "sdk"}, ttl_seconds=600
+    ) as sbx:
+        assert sbx.phase == "Ready"
+        assert sbx.agent_endpoint and sbx.agent_endpoint.startswith("http://")
+        assert any(s["metadata"]["name"] == sbx.name for s in client.list(label_selector="suite=sdk"))
+
+        # exec: argv, shell string, env, cwd, stdin (text and bytes), exit codes, timeouts
+        assert sbx.exec(["echo", "hello"]).stdout == "hello\n"
+        result = sbx.exec("echo $GREETING $EXTRA; pwd", env={"EXTRA": "there"}, cwd="/tmp")
+        assert result.ok and result.stdout == "hi there\n/tmp\n"
+        assert sbx.exec(["cat"], stdin=b"\x00raw\xff").raw["stdout"].startswith("\x00raw")
+        failed = sbx.exec("echo boom >&2; exit 4")
+        assert failed.exit_code == 4 and failed.stderr == "boom\n" and not failed.ok
+        with pytest.raises(CommandFailed):
+            sbx.exec("exit 1", check=True)
+        slow = sbx.exec(["sleep", "10"], timeout=1)
+        assert slow.timed_out and slow.duration < 5
+        capped = sbx.exec("head -c 100000 /dev/zero | tr '\\0' x", max_output_bytes=1000)
+        assert capped.stdout_truncated and len(capped.stdout) == 1000
+
+        # streaming: events arrive while the command runs
+        started = time.monotonic()
+        first_at = None
+        events = []
+        for event in sbx.exec_stream("echo one; sleep 1; echo two"):
+            events.append(event)
+            if event.type == "stdout" and first_at is None:
+                first_at = time.monotonic() - started
+        assert [e.type for e in events][0] == "started"
+        assert events[-1].type == "exit" and events[-1].exit_code == 0
+        assert "".join(e.data for e in events if e.type == "stdout") == "one\ntwo\n"
+        assert first_at is not None and first_at < 0.9, f"first output after {first_at}s"
+
+        # files: bytes, text, a local path and a file object up; bytes and a local file down
+        payload = bytes(range(256)) * 4096  # 1 MiB
+        assert sbx.upload("data/blob.bin", payload)["size"] == len(payload)
+        assert sbx.download("data/blob.bin") == payload
+        local = tmp_path / "in.txt"
+        local.write_text("from a path\n")
+        sbx.upload("data/path.txt", local)
+        sbx.upload("data/text.txt", "text\n", mode=0o600)
+        sbx.upload("data/obj.bin", io.BytesIO(b"file object"))
+        out = tmp_path / "out.bin"
+        assert sbx.download("data/blob.bin", out) == len(payload)
+        assert out.read_bytes() == payload
+        entries = {e.name: e for e in sbx.list_files("data")}
+        assert set(entries) == {"blob.bin", "obj.bin", "path.txt", "text.txt"}
+        assert entries["text.txt"].mode == 0o600 and entries["blob.bin"].type == "file"
+        sbx.delete_file("data/obj.bin")
+        with pytest.raises(NotFound):
+            sbx.download("data/obj.bin")
+        sbx.delete_file("data", recursive=True)
+
+        # patches
+        sbx.upload("repo/a.txt", "one\ntwo\n")
+        diff = "--- a/a.txt\n+++ b/a.txt\n@@ -1,2 +1,2 @@\n one\n-two\n+2\n"
+        applied = sbx.apply_patch(diff, cwd="repo")
+        assert applied.files == [{"path": "a.txt", "action": "modified"}]
+        assert sbx.download("repo/a.txt") == b"one\n2\n"
+        with pytest.raises(PatchConflict) as conflict:
+            sbx.apply_patch(diff, cwd="repo")
+        assert conflict.value.failed_hunks
+
+        # background processes
+        server = sbx.start_process(["sleep", "60"], id="server")
+        assert server.info is not None and server.info.running
+        assert [p.id for p in sbx.list_processes()] == ["server"]
+        server.signal("TERM")
+        final = server.wait(timeout=10)
+        assert final.state == "exited"
+        job = sbx.start_process("echo done")
+        assert job.wait(timeout=10).stdout == "done\n"
+        assert job.kill().state == "exited"
+        with pytest.raises(NotFound):
+            sbx.get_process(job.id)
+
+        # the trajectory result, write-once
+        recorded = sbx.record_result(1.0, length=42, artifact="s3://bucket/run-1")
+        assert recorded["result"]["reward"] == 1.0
+        with pytest.raises(Conflict) as again:
+            sbx.record_result(0.0)
+        assert again.value.code == "ResultAlreadyRecorded"
+        name = sbx.name
+    wait_gone(client, name)
+
+
+def test_direct_mode_talks_to_the_agent_at_the_pod_ip(cluster: Cluster) -> None:
+    import httpx
+
+    route = 'route="/v1/namespaces/{namespace}/sandboxes/{name}/exec"'
+
+    def gateway_execs() -> float:
+        text = httpx.get(cluster.metrics_url, timeout=10).text
+        return sum(
+            float(line.rsplit(" ", 1)[1])
+            for line in text.splitlines()
+            if line.startswith("orchard_gateway_requests_total{") and route in line
+        )
+
+    with SandboxClient(
+        cluster.gateway, cluster.token, namespace=cluster.namespace, direct=True,
+        kube_server=cluster.kube_server, kube_token=cluster.token, kube_ca_file=cluster.kube_ca,
+    ) as client:
+        with client.create(image="busybox") as sbx:
+            before = gateway_execs()
+            for _ in range(5):
+                assert sbx.exec(["echo", "direct"]).stdout == "direct\n"
+            sbx.upload("d.txt", b"direct bytes")
+            assert sbx.download("d.txt") == b"direct bytes"
+            assert gateway_execs() == before, "direct mode must bypass the gateway"
+            name = sbx.name
+        wait_gone(client, name)

@@ -1,0 +1,236 @@
+"""Pure parts of the SDK and its retry/error behaviour against a fake transport (no cluster)."""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+
+from orchard_env import (
+    AgentUnavailable,
+    AsyncSandboxClient,
+    Conflict,
+    GatewayUnreachable,
+    InvalidRequest,
+    NotFound,
+    NotReady,
+    PatchConflict,
+    RetryPolicy,
+    SandboxClient,
+    Timeout,
+    Unauthorized,
+)
+from orchard_env import _ops
+from orchard_env._config import TokenSource
+from orchard_env._retry import retry_exception, retry_status
+from orchard_env.errors import error_from_response
+
+FAST = RetryPolicy(attempts=4, backoff=0.001, max_backoff=0.002)
+
+
+def test_shorthand_body() -> None:
+    body = _ops.sandbox_body(
+        "python:3.11", name="s", labels={"a": "b"}, env={"K": "V"}, cpu=2, memory="1Gi",
+        ttl_seconds=60, heartbeat_timeout_seconds=0, network="AllowAll", extra={"working_dir": "/w"},
+    )
+    assert body == {
+        "name": "s", "labels": {"a": "b"}, "image": "python:3.11", "env": {"K": "V"}, "cpu": "2",
+        "memory": "1Gi", "ttlSeconds": 60, "heartbeatTimeoutSeconds": 0,
+        "network": {"egress": "AllowAll"}, "workingDir": "/w",
+    }
+    assert _ops.sandbox_body(None, spec={"image": "x"}) == {"spec": {"image": "x"}}
+    with pytest.raises(ValueError, match="not both"):
+        _ops.sandbox_body("x", spec={"image": "x"})
+    with pytest.raises(ValueError, match="image is required"):
+        _ops.sandbox_body(None)
+
+
+def test_exec_body_forms() -> None:
+    assert _ops.exec_body(["ls", "-l"]) == {"argv": ["ls", "-l"]}
+    assert _ops.exec_body("ls | wc", shell="/bin/bash", timeout=5) == {
+        "command": "ls | wc", "shell": "/bin/bash", "timeoutSeconds": 5,
+    }
+    assert _ops.exec_body(["cat"], stdin=b"\x00\x01")["stdinBase64"] == "AAE="
+    assert _ops.exec_body(["cat"], stdin="hi", env={"A": 1})["env"] == {"A": "1"}  # type: ignore[dict-item]
+    with pytest.raises(ValueError):
+        _ops.exec_body([])
+    with pytest.raises(ValueError):
+        _ops.exec_body(["ls"], shell="/bin/sh")
+    assert _ops.answer_timeout(None) == 630.0
+    assert _ops.answer_timeout(10) == 40.0
+
+
+def test_group_body_and_heartbeat_interval() -> None:
+    body = _ops.group_body(
+        {"image": "x", "working_dir": "/w"}, group_size=4, max_trajectories=8, stride=4,
+        positive_fraction=(0.25, 0.75), filter=False,
+    )
+    assert body == {
+        "template": {"image": "x", "workingDir": "/w"}, "groupSize": 4, "maxTrajectories": 8,
+        "stride": 4, "positiveFraction": {"min": 0.25, "max": 0.75}, "filter": {"enabled": False},
+    }
+    assert _ops.heartbeat_interval(30) == 10.0
+    assert _ops.heartbeat_interval(0) is None
+    assert _ops.heartbeat_interval(None) is None
+    assert _ops.spec_heartbeat_timeout({"spec": {"lifecycle": {"heartbeatTimeoutSeconds": 9}}}) == 9
+
+
+def test_errors_map_to_exception_types() -> None:
+    def err(status: int, body: object) -> Exception:
+        return error_from_response(status, json.dumps(body).encode())
+
+    assert isinstance(err(404, {"code": "NotFound", "message": "x"}), NotFound)
+    ready = err(409, {"code": "NotReady", "message": "m", "phase": "Pending", "retryable": True})
+    assert isinstance(ready, NotReady) and isinstance(ready, Conflict)
+    assert ready.phase == "Pending" and ready.retryable
+    patch = err(409, {"code": "PatchConflict", "message": "m", "failedHunks": [{"hunk": 2}]})
+    assert isinstance(patch, PatchConflict) and patch.failed_hunks == [{"hunk": 2}]
+    unavailable = err(502, {"code": "AgentUnreachable", "message": "m", "retryable": True})
+    assert isinstance(unavailable, AgentUnavailable) and unavailable.retryable
+    timeout = err(504, {"code": "AgentTimeout", "message": "m", "retryable": False})
+    assert isinstance(timeout, Timeout) and isinstance(timeout, TimeoutError)
+    assert isinstance(err(401, {"code": "Unauthorized", "message": "m"}), Unauthorized)
+    assert isinstance(err(422, {"code": "Invalid", "message": "m"}), InvalidRequest)
+    plain = error_from_response(502, b"<html>bad gateway</html>")
+    assert isinstance(plain, AgentUnavailable) and "bad gateway" in str(plain)
+
+
+def test_retry_decisions() -> None:
+    assert retry_status(503, True, "POST")
+    assert not retry_status(504, False, "POST")
+    assert retry_status(502, None, "GET") and not retry_status(502, None, "POST")
+    assert not retry_status(409, True, "GET"), "4xx are never retried"
+    assert retry_status(429, True, "POST")
+    request = httpx.Request("POST", "http://x")
+    assert retry_exception(httpx.ConnectError("refused", request=request), "POST")
+    assert not retry_exception(httpx.ReadTimeout("slow", request=request), "POST")
+    assert retry_exception(httpx.ReadTimeout("slow", request=request), "GET")
+    delays = [RetryPolicy(backoff=1, max_backoff=3).delay(n) for n in range(6)]
+    assert all(0 <= d <= 3 for d in delays)
+
+
+def fake(handler):  # type: ignore[no-untyped-def]
+    calls: list[httpx.Request] = []
+
+    def record(request: httpx.Request) -> httpx.Response:
+        calls.append(request)
+        return handler(request, len(calls))
+
+    return httpx.MockTransport(record), calls
+
+
+def error(status: int, code: str, retryable: bool) -> httpx.Response:
+    return httpx.Response(status, json={"code": code, "message": code, "retryable": retryable})
+
+
+SANDBOX = {"metadata": {"name": "s1"}, "spec": {"image": "x"}, "status": {"phase": "Ready", "conditions": [{"type": "Ready", "status": "True"}], "agentEndpoint": "http://10.0.0.1:9090"}}
+EXEC_OK = {"exitCode": 0, "stdout": "ok\n", "stderr": "", "timedOut": False, "durationMs": 3}
+
+
+def test_retryable_answers_are_retried_with_backoff() -> None:
+    transport, calls = fake(lambda r, n: error(503, "AgentUnavailable", True) if n < 3 else httpx.Response(200, json=EXEC_OK))
+    with SandboxClient("http://gw", "t", namespace="ns", transport=transport, retry=FAST) as client:
+        result = client._gateway("POST", "/v1/namespaces/ns/sandboxes/s1/exec", json_body={"argv": ["true"]})
+    assert result.json()["stdout"] == "ok\n"
+    assert len(calls) == 3
+    assert calls[0].headers["authorization"] == "Bearer t"
+
+
+def test_client_errors_and_unsafe_timeouts_are_not_retried() -> None:
+    transport, calls = fake(lambda r, n: error(400, "BadRequest", False))
+    with SandboxClient("http://gw", "t", namespace="ns", transport=transport, retry=FAST) as client:
+        with pytest.raises(InvalidRequest):
+            client.get("s1")
+    assert len(calls) == 1
+    transport, calls = fake(lambda r, n: error(504, "AgentTimeout", False))
+    with SandboxClient("http://gw", "t", namespace="ns", transport=transport, retry=FAST) as client:
+        with pytest.raises(Timeout):
+            client._gateway("POST", "/v1/namespaces/ns/sandboxes/s1/exec", json_body={})
+    assert len(calls) == 1, "an exec that may have run is not sent twice"
+    transport, calls = fake(lambda r, n: error(409, "NotReady", True))
+    with SandboxClient("http://gw", "t", namespace="ns", transport=transport, retry=FAST) as client:
+        with pytest.raises(NotReady):
+            client._gateway("POST", "/v1/namespaces/ns/sandboxes/s1/exec", json_body={})
+    assert len(calls) == 1
+
+
+def test_connection_errors_are_retried_then_reported() -> None:
+    def flaky(request: httpx.Request, n: int) -> httpx.Response:
+        if n < 3:
+            raise httpx.ConnectError("connection refused", request=request)
+        return httpx.Response(200, json=SANDBOX)
+
+    transport, calls = fake(flaky)
+    with SandboxClient("http://gw", "t", namespace="ns", transport=transport, retry=FAST) as client:
+        assert client.get("s1")["metadata"]["name"] == "s1"
+    assert len(calls) == 3
+
+    def down(request: httpx.Request, n: int) -> httpx.Response:
+        raise httpx.ConnectError("connection refused", request=request)
+
+    transport, calls = fake(down)
+    with SandboxClient("http://gw", "t", namespace="ns", transport=transport, retry=FAST) as client:
+        with pytest.raises(GatewayUnreachable):
+            client.get("s1")
+    assert len(calls) == FAST.attempts
+
+
+def test_context_manager_deletes_the_sandbox() -> None:
+    def gateway(request: httpx.Request, n: int) -> httpx.Response:
+        if request.method == "POST" and request.url.path.endswith("/sandboxes"):
+            return httpx.Response(201, json={"metadata": {"name": "s1"}})
+        if request.url.path.endswith("/wait"):
+            return httpx.Response(200, json=SANDBOX)
+        if request.url.path.endswith("/exec"):
+            assert json.loads(request.content) == {"argv": ["true"], "timeoutSeconds": 5}
+            assert request.headers["x-orchard-timeout"] == "35"
+            return httpx.Response(200, json=EXEC_OK)
+        if request.method == "DELETE":
+            return httpx.Response(200, json={"deleted": True})
+        return httpx.Response(404, json={"code": "NotFound", "message": "?"})
+
+    transport, calls = fake(gateway)
+    with SandboxClient("http://gw", "t", namespace="ns", transport=transport, retry=FAST) as client:
+        with client.create(image="x", auto_heartbeat=False) as sbx:
+            assert sbx.exec(["true"], timeout=5).ok
+    methods = [(c.method, c.url.path) for c in calls]
+    assert methods[-1] == ("DELETE", "/v1/namespaces/ns/sandboxes/s1")
+
+
+async def test_async_client_retries_and_cleans_up() -> None:
+    attempts = {"exec": 0}
+
+    def gateway(request: httpx.Request) -> httpx.Response:
+        if request.method == "POST" and request.url.path.endswith("/sandboxes"):
+            return httpx.Response(201, json={"metadata": {"name": "s1"}})
+        if request.url.path.endswith("/wait"):
+            return httpx.Response(200, json=SANDBOX)
+        if request.url.path.endswith("/exec"):
+            attempts["exec"] += 1
+            if attempts["exec"] == 1:
+                return error(502, "AgentUnreachable", True)
+            return httpx.Response(200, json=EXEC_OK)
+        if request.method == "DELETE":
+            attempts["deleted"] = 1
+            return httpx.Response(200, json={"deleted": True})
+        return httpx.Response(404, json={"code": "NotFound", "message": "?"})
+
+    async with AsyncSandboxClient("http://gw", "t", namespace="ns", transport=httpx.MockTransport(gateway), retry=FAST) as client:
+        async with client.create(image="x", auto_heartbeat=False) as sbx:
+            assert (await sbx.exec("true")).stdout == "ok\n"
+    assert attempts == {"exec": 2, "deleted": 1}
+
+
+def test_token_files_are_reread_when_rotated(tmp_path: Path) -> None:
+    path = tmp_path / "token"
+    path.write_text("first\n")
+    source = TokenSource(path=path)
+    assert source.get() == "first"
+    path.write_text("second\n")
+    os.utime(path, (time.time() + 5, time.time() + 5))
+    source._checked = 0.0  # as if 10 s had passed
+    assert source.get() == "second"
