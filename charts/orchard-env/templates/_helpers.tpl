@@ -1,0 +1,125 @@
+{{/*
+Shared names, labels and decisions of the orchard-env chart.
+*/}}
+
+{{/* Name prefix of every object: `<release>-operator` unless fullnameOverride is set. */}}
+{{- define "orchard-env.fullname" -}}
+{{- if .Values.fullnameOverride -}}
+{{- .Values.fullnameOverride | trunc 63 | trimSuffix "-" -}}
+{{- else -}}
+{{- printf "%s-operator" .Release.Name | trunc 63 | trimSuffix "-" -}}
+{{- end -}}
+{{- end -}}
+
+{{/* Labels that select the operator pods. The operator also uses them (ORCHARD_OPERATOR_POD_SELECTOR)
+in the per-namespace baseline NetworkPolicy that admits traffic to sandbox agents only from these pods. */}}
+{{- define "orchard-env.selectorLabels" -}}
+app.kubernetes.io/name: orchard-operator
+app.kubernetes.io/instance: {{ .Release.Name }}
+{{- end -}}
+
+{{/* The selector labels as a `key=value,key=value` selector string. */}}
+{{- define "orchard-env.selectorString" -}}
+{{- printf "app.kubernetes.io/name=orchard-operator,app.kubernetes.io/instance=%s" .Release.Name -}}
+{{- end -}}
+
+{{/* Labels of every object of the release. */}}
+{{- define "orchard-env.labels" -}}
+{{ include "orchard-env.selectorLabels" . }}
+app.kubernetes.io/part-of: orchard-env
+app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
+app.kubernetes.io/managed-by: {{ .Release.Service }}
+helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" }}
+{{- end -}}
+
+{{/* Name of the operator's ServiceAccount. */}}
+{{- define "orchard-env.serviceAccountName" -}}
+{{- if .Values.serviceAccount.create -}}
+{{- default (include "orchard-env.fullname" .) .Values.serviceAccount.name -}}
+{{- else -}}
+{{- required "serviceAccount.name is required when serviceAccount.create is false" .Values.serviceAccount.name -}}
+{{- end -}}
+{{- end -}}
+
+{{/* An image reference from {repository, tag, digest}; the tag defaults to the chart's appVersion. */}}
+{{- define "orchard-env.image" -}}
+{{- $image := index . 0 -}}
+{{- $chart := index . 1 -}}
+{{- if $image.digest -}}
+{{- printf "%s@%s" $image.repository $image.digest -}}
+{{- else -}}
+{{- printf "%s:%s" $image.repository (default $chart.AppVersion $image.tag) -}}
+{{- end -}}
+{{- end -}}
+
+{{/* "true" when leader election is on: `auto` means on exactly when replicas > 1. Two replicas without a
+Lease would both write (duplicate pods, racing status), so that combination is refused. */}}
+{{- define "orchard-env.leaderElection" -}}
+{{- $setting := toString .Values.leaderElection.enabled -}}
+{{- $enabled := "" -}}
+{{- if eq $setting "auto" -}}
+{{- $enabled = ternary "true" "false" (gt (int .Values.replicas) 1) -}}
+{{- else if or (eq $setting "true") (eq $setting "false") -}}
+{{- $enabled = $setting -}}
+{{- else -}}
+{{- fail (printf "leaderElection.enabled must be auto, true or false (got %q)" $setting) -}}
+{{- end -}}
+{{- if and (eq $enabled "false") (gt (int .Values.replicas) 1) -}}
+{{- fail "replicas > 1 needs leader election: set leaderElection.enabled to auto or true" -}}
+{{- end -}}
+{{- $enabled -}}
+{{- end -}}
+
+{{/*
+RBAC rules on namespaced resources: exactly what the Sandbox and RolloutGroup controllers and the gateway
+call. Granted cluster-wide (ClusterRole) or, with watchNamespace, by a Role in that namespace.
+config/rbac/role.yaml holds the same rules (e2e/tests/install_manifests.rs compares them); no wildcards.
+*/}}
+{{- define "orchard-env.namespacedRules" -}}
+# Sandboxes: watched, created by RolloutGroups, deleted at their deadline; heartbeats are patches.
+- apiGroups: ["orchard.dev"]
+  resources: ["sandboxes"]
+  verbs: ["get", "list", "watch", "create", "patch", "delete"]
+- apiGroups: ["orchard.dev"]
+  resources: ["sandboxes/status"]
+  verbs: ["get", "patch", "update"]
+- apiGroups: ["orchard.dev"]
+  resources: ["rolloutgroups"]
+  verbs: ["get", "list", "watch", "create", "patch", "delete"]
+- apiGroups: ["orchard.dev"]
+  resources: ["rolloutgroups/status"]
+  verbs: ["get", "patch", "update"]
+# Sandbox pods: created by server-side apply, watched, deleted on failure or expiry.
+- apiGroups: [""]
+  resources: ["pods"]
+  verbs: ["get", "list", "watch", "create", "patch", "delete"]
+# Per-sandbox agent-token Secrets: created once, never updated (garbage-collected with the Sandbox).
+- apiGroups: [""]
+  resources: ["secrets"]
+  verbs: ["get", "list", "watch", "create"]
+# Events on transitions: the kube Recorder creates events and patches them to aggregate repeats.
+- apiGroups: ["events.k8s.io"]
+  resources: ["events"]
+  verbs: ["create", "patch"]
+# The per-namespace baseline policy and per-sandbox egress policies.
+- apiGroups: ["networking.k8s.io"]
+  resources: ["networkpolicies"]
+  verbs: ["get", "list", "watch", "create", "patch", "delete"]
+{{- end -}}
+
+{{/* Cluster-scoped rules: the gateway authenticates bearer tokens and authorizes each call. */}}
+{{- define "orchard-env.clusterRules" -}}
+- apiGroups: ["authentication.k8s.io"]
+  resources: ["tokenreviews"]
+  verbs: ["create"]
+- apiGroups: ["authorization.k8s.io"]
+  resources: ["subjectaccessreviews"]
+  verbs: ["create"]
+{{- end -}}
+
+{{/* Leader election: the Lease in the release namespace. `create` cannot be limited by resourceNames. */}}
+{{- define "orchard-env.leaseRules" -}}
+- apiGroups: ["coordination.k8s.io"]
+  resources: ["leases"]
+  verbs: ["get", "create", "update", "patch"]
+{{- end -}}
