@@ -47,10 +47,31 @@ bench-bar: ## run the seeded BAR simulator; writes docs/bar-sim.json and the res
 	$(CARGO) run --release -p orchard-operator --bin bar-sim -j 2 -- $(BAR_SIM_ARGS) \
 		--out-json docs/bar-sim.json --out-md docs/BAR.md
 
+# Fuzzing (agent/fuzz, docs/RELIABILITY.md): cargo-fuzz pinned into ~/.cache/orchard/cargo-fuzz, nightly
+# for libFuzzer. Each target runs FUZZ_SECONDS, one at a time, from the committed seeds; new inputs go
+# to agent/fuzz/target/fuzz-corpus, crashes to agent/fuzz/artifacts. Not part of `make test`.
+FUZZ_SECONDS ?= 50
+FUZZ_TARGETS ?=
+BAR_PROPTEST_CASES ?= 20000
+CARGO_FUZZ_VERSION := 0.13.2
+CARGO_FUZZ_ROOT := $(HOME)/.cache/orchard/cargo-fuzz
+
+.PHONY: fuzz-tools
+fuzz-tools: ## install cargo-fuzz 0.13.2 (pinned) into ~/.cache/orchard/cargo-fuzz (once)
+	@if $(CARGO_FUZZ_ROOT)/bin/cargo-fuzz --version 2>/dev/null | grep -qF '$(CARGO_FUZZ_VERSION)'; then \
+		echo "cargo-fuzz $(CARGO_FUZZ_VERSION) present in $(CARGO_FUZZ_ROOT)"; \
+	else $(CARGO) install --locked --root $(CARGO_FUZZ_ROOT) cargo-fuzz --version $(CARGO_FUZZ_VERSION); fi
+
+.PHONY: fuzz
+fuzz: fuzz-tools ## fuzz the agent (FUZZ_SECONDS per target, default 50) and run the BAR property tests with 20,000 cases
+	PATH=$(CARGO_FUZZ_ROOT)/bin:$$PATH bash agent/fuzz/run.sh $(FUZZ_SECONDS) $(FUZZ_TARGETS)
+	PROPTEST_CASES=$(BAR_PROPTEST_CASES) timeout 900 $(CARGO) test -p orchard-operator --lib -j 2 -- bar::property_tests
+
 .PHONY: crds
 crds: ## regenerate crds/*.yaml from the Rust types
 	$(CARGO) run -q -p orchard-operator --bin crdgen -- sandbox > crds/sandboxes.orchard.dev.yaml
 	$(CARGO) run -q -p orchard-operator --bin crdgen -- rolloutgroup > crds/rolloutgroups.orchard.dev.yaml
+	$(MAKE) sync-crds
 
 .PHONY: crds-check
 crds-check: ## fail if crds/ differs from what the Rust types generate
@@ -65,3 +86,124 @@ crds-check: ## fail if crds/ differs from what the Rust types generate
 lint: ## rustfmt check and clippy with warnings as errors
 	$(CARGO) fmt --all -- --check
 	$(CARGO) clippy --workspace --all-targets -- -D warnings
+
+.PHONY: k8s
+k8s: ## build kube-apiserver, kube-controller-manager and etcd from pinned Go modules into ~/.cache (once)
+	@e2e/k8s-tools/build.sh
+
+.PHONY: test-unit
+test-unit: ## unit tests of the operator (API/CEL, builders, status, BAR, bar-sim) and the e2e harness
+	$(CARGO) test -p orchard-operator -j 2
+	$(CARGO) test -p orchard-e2e --lib --bins -j 2
+
+.PHONY: e2e
+e2e: k8s agent ## end-to-end tests on the local cluster (real control plane, local node, operator process)
+	$(CARGO) build -p orchard-operator -j 2
+	$(CARGO) test -p orchard-e2e --tests -j 2 -- --test-threads=2
+
+.PHONY: test
+test: ## everything CI runs: lint, CRD drift, unit, agent and end-to-end tests
+	$(MAKE) lint
+	$(MAKE) crds-check
+	$(MAKE) test-unit
+	$(MAKE) test-agent
+	$(MAKE) e2e
+
+.PHONY: demo
+demo: k8s agent ## the main job on the local cluster: samples, kubectl get orchard, exec, a BAR group; then teardown
+	$(CARGO) build -p orchard-operator -p orchard-e2e --bins -j 2
+	@scripts/demo.sh
+
+.PHONY: sdk-venv
+sdk-venv: ## create the Python SDK venv (~/.cache/orchard/sdk-venv: pinned httpx, pytest, pytest-asyncio; SDK editable)
+	@bash sdk/python/scripts/venv.sh
+
+.PHONY: test-sdk
+test-sdk: k8s agent sdk-venv ## Python SDK tests (pytest) against the local cluster with the real operator
+	$(CARGO) build -p orchard-operator -j 2
+	ORCHARD_AGENT_BIN=$(abspath $(AGENT_BIN)) $(CARGO) test -p orchard-e2e --test python_sdk -j 2 -- --nocapture
+
+.PHONY: bench-gateway
+bench-gateway: k8s agent sdk-venv ## gateway vs direct exec latency (p50/p99 at concurrency 1 and 64), SDK create->Ready; writes docs/BENCHMARKS.md
+	$(CARGO) build --release -p orchard-operator -j 2
+	ORCHARD_AGENT_BIN=$(abspath $(AGENT_BIN)) ORCHARD_OPERATOR_BIN=$(abspath $(TARGET_DIR))/release/orchard-operator \
+		$(CARGO) run --release -p orchard-e2e --example bench_gateway -j 2 -- --write-doc $(abspath docs/BENCHMARKS.md)
+
+# ---------------------------------------------------------------------------------------------------
+# Packaging: Helm chart, kustomize, images and real clusters (docs/INSTALL.md).
+# helm, kubeconform and openapi2schema are built from the pinned Go module in e2e/packaging-tools
+# (GOTOOLCHAIN=local, committed go.sum) into $HOME/.cache/orchard/tools, once.
+PACKAGING_TOOLS := e2e/packaging-tools/build.sh
+CHART := charts/orchard-env
+VERSION := $(shell sed -n 's/^version = "\(.*\)"/\1/p' Cargo.toml | head -n 1)
+REGISTRY ?= ghcr.io/orchard-env
+IMG_TAG ?= $(VERSION)
+OPERATOR_REPO ?= $(REGISTRY)/orchard-operator
+AGENT_REPO ?= $(REGISTRY)/orchard-agent
+OPERATOR_IMG := $(OPERATOR_REPO):$(IMG_TAG)
+AGENT_IMG := $(AGENT_REPO):$(IMG_TAG)
+KIND_CLUSTER ?= orchard
+RELEASE ?= orchard
+RELEASE_NAMESPACE ?= orchard-system
+
+.PHONY: tools
+tools: ## build helm, kubeconform and openapi2schema from pinned Go modules into ~/.cache/orchard/tools (once)
+	@$(PACKAGING_TOOLS)
+
+.PHONY: sync-crds
+sync-crds: ## copy the generated crds/*.yaml into the Helm chart and config/crd/bases (run after `make crds`)
+	@rm -f $(CHART)/files/crds/*.yaml config/crd/bases/*.yaml
+	cp crds/*.yaml $(CHART)/files/crds/
+	cp crds/*.yaml config/crd/bases/
+
+.PHONY: helm-lint
+helm-lint: ## helm lint --strict the chart with default values and ci/full-values.yaml
+	@helm=$$($(PACKAGING_TOOLS) | tail -n 1)/helm; \
+	$$helm lint --strict $(CHART) && $$helm lint --strict $(CHART) -f $(CHART)/ci/full-values.yaml
+
+.PHONY: manifests-check
+manifests-check: ## CRD copies, helm lint, helm template + kustomize renders, kubeconform -strict (k8s 1.36 + CRDs)
+	@hack/manifests-check.sh
+
+.PHONY: image
+image: ## build the operator and agent-injector images (needs docker with a reachable daemon)
+	@command -v docker >/dev/null || { echo "make image: no 'docker' command; install a container engine (docker, or podman with DOCKER=podman-docker)" >&2; exit 1; }
+	@docker info >/dev/null 2>&1 || { echo "make image: docker cannot reach a daemon ('docker info' failed); start one (this development machine has none)" >&2; exit 1; }
+	DOCKER_BUILDKIT=1 docker build -f images/operator.Dockerfile -t $(OPERATOR_IMG) .
+	DOCKER_BUILDKIT=1 docker build -f images/agent.Dockerfile -t $(AGENT_IMG) .
+
+.PHONY: kind-up
+kind-up: ## create a kind cluster named $(KIND_CLUSTER) (needs kind and docker; not runnable on the dev machines)
+	@command -v kind >/dev/null || { echo "make kind-up: 'kind' not found (go install sigs.k8s.io/kind@latest)" >&2; exit 1; }
+	@kind get clusters 2>/dev/null | grep -qx '$(KIND_CLUSTER)' || kind create cluster --name $(KIND_CLUSTER) --wait 120s
+	kubectl cluster-info --context kind-$(KIND_CLUSTER)
+
+.PHONY: deploy
+deploy: image ## build the images, load them into kind (if KIND_CLUSTER exists) and helm upgrade --install the chart
+	@helm=$$($(PACKAGING_TOOLS) | tail -n 1)/helm; \
+	if command -v kind >/dev/null && kind get clusters 2>/dev/null | grep -qx '$(KIND_CLUSTER)'; then \
+		kind load docker-image --name $(KIND_CLUSTER) $(OPERATOR_IMG) $(AGENT_IMG); fi; \
+	$$helm upgrade --install $(RELEASE) $(CHART) --namespace $(RELEASE_NAMESPACE) --create-namespace \
+		--set image.repository=$(OPERATOR_REPO) --set image.tag=$(IMG_TAG) \
+		--set agentImage.repository=$(AGENT_REPO) --set agentImage.tag=$(IMG_TAG) \
+		--wait --timeout 5m
+	kubectl -n $(RELEASE_NAMESPACE) rollout status deploy/$(RELEASE)-operator
+
+.PHONY: undeploy
+undeploy: ## helm uninstall the release (the CRDs and your Sandboxes stay: see docs/INSTALL.md)
+	@helm=$$($(PACKAGING_TOOLS) | tail -n 1)/helm; \
+	$$helm uninstall $(RELEASE) --namespace $(RELEASE_NAMESPACE) --wait
+
+# The scale benchmark: N sandboxes through create -> Ready -> 4 execs -> delete through the gateway.
+BENCH_SANDBOXES ?= 1000
+BENCH_CONCURRENCY ?= 250
+
+.PHONY: bench-scale
+bench-scale: k8s agent ## 1,000 sandboxes through create -> Ready -> 4 execs -> delete on the local cluster; writes docs/BENCHMARKS.md
+	$(CARGO) build --release -p orchard-operator -p orchard-e2e --bins -j 2
+	ORCHARD_OPERATOR_BIN=$(abspath $(TARGET_DIR))/release/orchard-operator \
+		$(TARGET_DIR)/release/bench-scale --sandboxes $(BENCH_SANDBOXES) --concurrency $(BENCH_CONCURRENCY) \
+		--write-doc docs/BENCHMARKS.md
+
+.PHONY: bench
+bench: bench-agent bench-gateway bench-bar bench-scale ## every benchmark (numbers go to docs/BENCHMARKS.md and docs/BAR.md)

@@ -33,6 +33,7 @@ serve options (flag, then environment variable, then default):
   --max-upload-bytes SIZE  ORCHARD_AGENT_MAX_UPLOAD_BYTES  uploaded file limit, default 8GiB
   ORCHARD_AGENT_STARTUP    JSON {\"argv\":[..]} or {\"command\":\"..\"}: background process `startup` at boot
   ORCHARD_AGENT_LOG        log filter (error|warn|info|debug|trace, or target=level,...), default info
+  ORCHARD_AGENT_DIE_WITH_PARENT  pid of the expected parent: exit when it exits (supervisors other than a container runtime)
 SIZE accepts a byte count or a suffix: K, M, G (also KiB, MiB, GiB; all powers of 1024).";
 
 /// What the command line asked for.

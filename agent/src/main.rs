@@ -40,6 +40,10 @@ fn main() -> ExitCode {
             }
         },
         Invocation::Serve(options) => {
+            if let Err(error) = arm_parent_death_signal() {
+                eprintln!("orchard-agent: {error}");
+                return ExitCode::FAILURE;
+            }
             scrub_agent_environment();
             if std::process::id() == 1 {
                 init::run_as_init(|| serve(options))
@@ -48,6 +52,32 @@ fn main() -> ExitCode {
             }
         }
     }
+}
+
+/// `ORCHARD_AGENT_DIE_WITH_PARENT=<pid>`: for supervisors that are not a container runtime (the local
+/// test node), ask the kernel to SIGKILL the agent when the thread that started it exits. The pid is the
+/// expected parent: if it is already gone (the agent was re-parented before arming), exit at once.
+fn arm_parent_death_signal() -> Result<(), String> {
+    let Ok(value) = std::env::var("ORCHARD_AGENT_DIE_WITH_PARENT") else {
+        return Ok(());
+    };
+    let expected: i32 = value
+        .trim()
+        .parse()
+        .map_err(|_| format!("ORCHARD_AGENT_DIE_WITH_PARENT={value:?} is not a process id"))?;
+    // SAFETY: prctl(PR_SET_PDEATHSIG) and getppid have no memory-safety preconditions.
+    unsafe {
+        if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL) != 0 {
+            return Err(format!(
+                "cannot arm the parent-death signal: {}",
+                std::io::Error::last_os_error()
+            ));
+        }
+        if libc::getppid() != expected {
+            return Err(format!("parent {expected} is already gone"));
+        }
+    }
+    Ok(())
 }
 
 /// Removes `ORCHARD_AGENT_*` (the token among them) from this process' environment, so no command the

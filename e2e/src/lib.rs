@@ -15,6 +15,7 @@ pub mod error;
 pub mod node;
 pub mod operator_process;
 pub mod ports;
+pub mod proc_stats;
 pub mod supervise;
 pub mod wait;
 

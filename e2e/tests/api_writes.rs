@@ -80,8 +80,8 @@ async fn a_sandbox_lifecycle_costs_a_handful_of_writes() {
     println!("operator API writes per sandbox (create -> Ready -> delete): {per_sandbox:.2}");
     for (resource, verb) in [
         ("secrets", "create"),
-        ("pods", "apply"),
-        ("sandboxes/status", "apply"),
+        ("pods", "create"),
+        ("sandboxes/status", "patch"),
         ("events", "create"),
         ("networkpolicies", "apply"),
         ("pods", "delete"),

@@ -143,9 +143,10 @@ pub struct ControllerTuning {
     pub backoff_max_seconds: u64,
 
     /// Transient sandbox phases (Pending, Starting) are not written during a sandbox's first this-many
-    /// milliseconds: a sandbox that becomes Ready in that window costs one status write, not three.
+    /// milliseconds: a sandbox that becomes Ready in that window (even under load) costs one status
+    /// write, not three.
     /// Ready and Failed are always written at once. 0 writes every phase.
-    #[arg(long, env = "ORCHARD_STATUS_COALESCE_MS", default_value_t = 1000)]
+    #[arg(long, env = "ORCHARD_STATUS_COALESCE_MS", default_value_t = 5000)]
     pub status_coalesce_ms: u64,
 
     /// Periodic re-reconcile of healthy objects, in seconds (a safety net for missed watch events).

@@ -132,6 +132,32 @@ impl RecentWrites {
     }
 }
 
+/// Pods we created moments ago, until the watch cache shows them: a reconcile running in that window
+/// uses the Pod the create returned instead of reading it from the API server.
+#[derive(Debug, Default)]
+pub struct CreatedPods {
+    entries: Mutex<HashMap<String, (Instant, k8s_openapi::api::core::v1::Pod)>>,
+}
+
+impl CreatedPods {
+    /// Remembers a created Pod under `key` (`namespace/name`).
+    pub fn record(&self, key: String, pod: k8s_openapi::api::core::v1::Pod) {
+        let mut entries = self.entries.lock().unwrap_or_else(|p| p.into_inner());
+        let now = Instant::now();
+        entries.retain(|_, (at, _)| now.duration_since(*at) < RecentWrites::TTL);
+        entries.insert(key, (now, pod));
+    }
+
+    /// The Pod created under `key` within the TTL.
+    pub fn get(&self, key: &str) -> Option<k8s_openapi::api::core::v1::Pod> {
+        let entries = self.entries.lock().unwrap_or_else(|p| p.into_inner());
+        entries
+            .get(key)
+            .filter(|(at, _)| at.elapsed() < RecentWrites::TTL)
+            .map(|(_, pod)| pod.clone())
+    }
+}
+
 /// Watch caches (reflector stores) the controllers and the gateway read instead of the API server.
 #[derive(Clone)]
 pub struct Caches {
@@ -163,6 +189,8 @@ pub struct Context {
     pub caches: Caches,
     /// Writes the caches may not show yet.
     pub recent: RecentWrites,
+    /// Pods created that the cache may not show yet.
+    pub created_pods: CreatedPods,
     /// Sandbox statuses we wrote that the cache may not show yet.
     pub written_status: StatusMemory<SandboxStatus>,
     /// RolloutGroup statuses we wrote that the cache may not show yet.
@@ -197,6 +225,7 @@ impl Context {
             backoff,
             caches,
             recent: RecentWrites::default(),
+            created_pods: CreatedPods::default(),
             written_status: StatusMemory::default(),
             written_group_status: StatusMemory::default(),
             agent: AgentClient::new(),

@@ -18,6 +18,7 @@ pub mod error;
 pub mod events;
 pub mod gateway;
 pub mod leader;
+pub mod merge_patch;
 pub mod metrics;
 pub mod rollout;
 pub mod runtime;

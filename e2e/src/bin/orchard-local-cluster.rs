@@ -60,6 +60,13 @@ async fn main() {
         "metricsURL": env.operator.as_ref().map(|o| format!("http://127.0.0.1:{}/metrics", o.metrics_port)),
         "logs": env.dir.join("logs"),
         "pid": std::process::id(),
+        "pids": {
+            "etcd": env.control_plane.pids().get("etcd"),
+            "kube-apiserver": env.control_plane.pids().get("kube-apiserver"),
+            "kube-controller-manager": env.control_plane.pids().get("kube-controller-manager"),
+            "orchard-operator": env.operator.as_ref().and_then(|o| o.pid()),
+            "local-node": std::process::id(),
+        },
     });
     if let Err(err) = std::fs::write(&info_file, info.to_string()) {
         eprintln!(
@@ -87,7 +94,10 @@ async fn main() {
         _ = term.recv() => {},
         _ = tokio::signal::ctrl_c() => {},
     }
-    eprintln!("stopping the local cluster...");
+    let (spawns, seconds) = orchard_e2e::supervise::spawn_stats();
+    eprintln!(
+        "stopping the local cluster... ({spawns} processes spawned, {seconds:.2} s in the spawner thread)"
+    );
     env.stop().await;
     let _ = std::fs::remove_file(&info_file);
 }

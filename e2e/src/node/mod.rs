@@ -81,6 +81,10 @@ pub(crate) struct Inner {
     paused: AtomicBool,
     ip_pool: Mutex<IpPool>,
     bind_slots: Semaphore,
+    /// Secrets from a watch, like a kubelet's watch-based secret manager (no GET per pod).
+    secrets: kube::runtime::reflector::Store<k8s_openapi::api::core::v1::Secret>,
+    /// Woken on every Secret change.
+    secret_changed: tokio::sync::Notify,
 }
 
 /// Handle to a running local node.
@@ -93,6 +97,7 @@ impl LocalNode {
     /// Registers the Node and starts serving pods on the current tokio runtime.
     pub async fn start(client: Client, config: NodeConfig) -> Result<Self> {
         std::fs::create_dir_all(&config.work_dir)?;
+        let (secrets, secret_writer) = kube::runtime::reflector::store();
         let inner = Arc::new(Inner {
             client,
             config,
@@ -101,8 +106,25 @@ impl LocalNode {
             unpullable: Mutex::new(None),
             paused: AtomicBool::new(false),
             ip_pool: Mutex::new(IpPool::for_this_process()),
-            bind_slots: Semaphore::new(32),
+            bind_slots: Semaphore::new(64),
+            secrets,
+            secret_changed: tokio::sync::Notify::new(),
         });
+        {
+            let inner = inner.clone();
+            let api: Api<k8s_openapi::api::core::v1::Secret> = Api::all(inner.client.clone());
+            tokio::spawn(async move {
+                let mut events = watcher(api, watcher::Config::default())
+                    .default_backoff()
+                    .reflect(secret_writer)
+                    .boxed();
+                while let Some(event) = events.next().await {
+                    if event.is_ok() {
+                        inner.secret_changed.notify_waiters();
+                    }
+                }
+            });
+        }
         register(&inner, true).await?;
         register_witness(&inner).await?;
         tokio::spawn(heartbeat(inner.clone()));

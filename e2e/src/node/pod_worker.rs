@@ -380,12 +380,14 @@ impl PodWorker {
         Ok(volumes)
     }
 
-    /// Waits for a Secret like a kubelet does for a secret volume (the pod stays ContainerCreating).
+    /// Waits for a Secret like a kubelet does for a secret volume (the pod stays ContainerCreating), from
+    /// the node's Secret watch cache.
     async fn wait_for_secret(&mut self, name: &str) -> Result<Secret, PodCommand> {
-        let api: Api<Secret> = Api::namespaced(self.inner.client.clone(), &self.namespace());
+        let key = kube::runtime::reflector::ObjectRef::new(name).within(&self.namespace());
         loop {
-            if let Ok(Some(secret)) = api.get_opt(name).await {
-                return Ok(secret);
+            let changed = self.inner.secret_changed.notified();
+            if let Some(secret) = self.inner.secrets.get(&key) {
+                return Ok((*secret).clone());
             }
             tokio::select! {
                 command = self.commands.recv() => match command {
@@ -394,7 +396,9 @@ impl PodWorker {
                     Some(command) => return Err(command),
                     None => return Err(PodCommand::Shutdown),
                 },
-                _ = tokio::time::sleep(Duration::from_millis(200)) => {}
+                _ = changed => {}
+                // The cache may not have started yet: look again now and then.
+                _ = tokio::time::sleep(Duration::from_millis(500)) => {}
             }
         }
     }
@@ -445,6 +449,7 @@ impl PodWorker {
         );
         spec.args = args.into_iter().map(Into::into).collect();
         spec.clear_env = true;
+        spec.fast = true;
         spec.cwd = Some(cwd);
         spec.log = Some(self.dir.join(format!("{}.log", container.name)));
         for key in ["PATH", "LANG"] {

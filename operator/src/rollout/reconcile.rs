@@ -26,6 +26,7 @@ use crate::bar::{Progress, Step, next_step};
 use crate::context::{Context, FIELD_MANAGER};
 use crate::error::{Error, Result};
 use crate::events::publish;
+use crate::merge_patch;
 use crate::metrics::ReconcileTimer;
 
 /// Controller name used in metrics and logs.
@@ -269,24 +270,27 @@ async fn write_status(
     previous: &RolloutGroupStatus,
     status: &RolloutGroupStatus,
 ) -> Result<()> {
-    if previous == status {
+    let from = serde_json::to_value(previous).map_err(|source| Error::Serialize {
+        what: "rolloutgroup status",
+        source,
+    })?;
+    let to = serde_json::to_value(status).map_err(|source| Error::Serialize {
+        what: "rolloutgroup status",
+        source,
+    })?;
+    let Some(change) = merge_patch::diff(&from, &to) else {
         return Ok(());
-    }
+    };
     let namespace = group.namespace().unwrap_or_default();
     let api: Api<RolloutGroup> = Api::namespaced(ctx.client.clone(), &namespace);
-    let body = json!({
-        "apiVersion": RolloutGroup::api_version(&()),
-        "kind": RolloutGroup::kind(&()),
-        "status": status,
-    });
     let written = api
         .patch_status(
             &group.name_any(),
-            &PatchParams::apply(FIELD_MANAGER).force(),
-            &Patch::Apply(&body),
+            &PatchParams::default(),
+            &Patch::Merge(&json!({"status": change})),
         )
         .await?;
-    ctx.metrics.api_write("rolloutgroups/status", "apply");
+    ctx.metrics.api_write("rolloutgroups/status", "patch");
     ctx.written_group_status.remember(
         &group.uid().unwrap_or_default(),
         written.meta().resource_version.clone(),

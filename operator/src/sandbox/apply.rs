@@ -17,6 +17,7 @@ use super::build::{
 use crate::api::{Sandbox, SandboxStatus};
 use crate::context::{Context, FIELD_MANAGER};
 use crate::error::{Error, Result};
+use crate::merge_patch;
 
 fn apply_params() -> PatchParams {
     PatchParams::apply(FIELD_MANAGER).force()
@@ -118,7 +119,9 @@ pub async fn ensure_egress_policy(
     Ok(())
 }
 
-/// Creates the sandbox's Pod (server-side apply, so a repeat is harmless) and returns it.
+/// Creates the sandbox's Pod and returns it. A plain create, not server-side apply: a Pod's spec is
+/// immutable, so field ownership buys nothing and costs the API server a managed-fields computation on a
+/// large object. Repeating it is harmless (AlreadyExists reads the existing Pod).
 pub async fn create_pod(ctx: &Context, pod: &Pod) -> Result<Pod> {
     let namespace = pod.namespace().ok_or(Error::MissingField {
         kind: "Pod",
@@ -126,11 +129,19 @@ pub async fn create_pod(ctx: &Context, pod: &Pod) -> Result<Pod> {
     })?;
     let name = pod.name_any();
     let api: Api<Pod> = Api::namespaced(ctx.client.clone(), &namespace);
-    let created = api
-        .patch(&name, &apply_params(), &Patch::Apply(pod))
-        .await?;
-    ctx.metrics.api_write("pods", "apply");
+    let created = match api.create(&PostParams::default(), pod).await {
+        Ok(created) => {
+            ctx.metrics.api_write("pods", "create");
+            created
+        }
+        Err(err) if is_status(&err, kube::core::Status::is_already_exists) => {
+            api.get(&name).await?
+        }
+        Err(err) => return Err(err.into()),
+    };
     ctx.recent.record(format!("pods/{namespace}/{name}"));
+    ctx.created_pods
+        .record(format!("{namespace}/{name}"), created.clone());
     Ok(created)
 }
 
@@ -151,24 +162,38 @@ pub async fn delete_pod(ctx: &Context, namespace: &str, name: &str) -> Result<()
     Ok(())
 }
 
-/// Writes the status (server-side apply of the whole status with the operator's field manager).
+/// Writes the status as the smallest merge patch from the status we last saw (nothing when equal).
+/// Returns the updated Sandbox, or `None` when nothing had to be written.
 pub async fn patch_status(
     ctx: &Context,
     sandbox: &Sandbox,
     status: &SandboxStatus,
-) -> Result<Sandbox> {
+) -> Result<Option<Sandbox>> {
+    let from =
+        serde_json::to_value(sandbox.status.clone().unwrap_or_default()).map_err(|source| {
+            Error::Serialize {
+                what: "sandbox status",
+                source,
+            }
+        })?;
+    let to = serde_json::to_value(status).map_err(|source| Error::Serialize {
+        what: "sandbox status",
+        source,
+    })?;
+    let Some(change) = merge_patch::diff(&from, &to) else {
+        return Ok(None);
+    };
     let namespace = sandbox.namespace().unwrap_or_default();
     let api: Api<Sandbox> = Api::namespaced(ctx.client.clone(), &namespace);
-    let body = json!({
-        "apiVersion": Sandbox::api_version(&()),
-        "kind": Sandbox::kind(&()),
-        "status": status,
-    });
     let updated = api
-        .patch_status(&sandbox.name_any(), &apply_params(), &Patch::Apply(&body))
+        .patch_status(
+            &sandbox.name_any(),
+            &PatchParams::default(),
+            &Patch::Merge(&json!({"status": change})),
+        )
         .await?;
-    ctx.metrics.api_write("sandboxes/status", "apply");
-    Ok(updated)
+    ctx.metrics.api_write("sandboxes/status", "patch");
+    Ok(Some(updated))
 }
 
 /// Deletes a Sandbox (its children follow by garbage collection).

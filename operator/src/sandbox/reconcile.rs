@@ -118,29 +118,35 @@ async fn reconcile_inner(cached: &Sandbox, ctx: &Arc<Context>) -> Result<Action>
     }
 
     apply::ensure_baseline(ctx, &namespace).await?;
-    apply::ensure_token_secret(ctx, sandbox, &owner).await?;
     apply::ensure_egress_policy(ctx, sandbox, &owner).await?;
 
+    let pod_key = format!("{namespace}/{}", pod_name(&name));
     let cached_pod = ctx
         .caches
         .pods
         .get(&ObjectRef::new(&pod_name(&name)).within(&namespace));
-    let mut pod = cached_pod.map(|p| (*p).clone());
+    let mut pod = cached_pod
+        .map(|p| (*p).clone())
+        .or_else(|| ctx.created_pods.get(&pod_key));
     let mut pod_gone = false;
-    if pod.is_none() {
-        let created_before = previous.pod_name.is_some()
-            || ctx
-                .recent
-                .contains(&format!("pods/{namespace}/{}", pod_name(&name)));
-        if created_before {
-            // The cache may lag behind our own create: ask the API server before declaring it gone.
-            pod = apply::fetch_pod(ctx, &namespace, &pod_name(&name)).await?;
-            pod_gone = pod.is_none();
-        } else {
-            pod = Some(
-                apply::create_pod(ctx, &desired_pod(sandbox, &owner, &ctx.settings.pod)).await?,
-            );
-        }
+    if pod.is_none() && previous.pod_name.is_some() {
+        // The status names a pod the cache does not show: ask the API server before declaring it gone.
+        pod = apply::fetch_pod(ctx, &namespace, &pod_name(&name)).await?;
+        pod_gone = pod.is_none();
+    }
+    if pod.is_none() && !pod_gone {
+        // The token Secret and the Pod are independent writes: send them together (the kubelet waits
+        // for the Secret before it starts the Pod).
+        let desired = desired_pod(sandbox, &owner, &ctx.settings.pod);
+        let (secret, created) = futures::future::join(
+            apply::ensure_token_secret(ctx, sandbox, &owner),
+            apply::create_pod(ctx, &desired),
+        )
+        .await;
+        secret?;
+        pod = Some(created?);
+    } else {
+        apply::ensure_token_secret(ctx, sandbox, &owner).await?;
     }
 
     let now = Timestamp::now();
@@ -175,12 +181,13 @@ async fn reconcile_inner(cached: &Sandbox, ctx: &Arc<Context>) -> Result<Action>
         return Ok(Action::requeue(wait));
     }
     if sandbox.status.as_ref() != Some(&status) {
-        let written = apply::patch_status(ctx, sandbox, &status).await?;
-        ctx.written_status.remember(
-            &uid,
-            written.meta().resource_version.clone(),
-            status.clone(),
-        );
+        if let Some(written) = apply::patch_status(ctx, sandbox, &status).await? {
+            ctx.written_status.remember(
+                &uid,
+                written.meta().resource_version.clone(),
+                status.clone(),
+            );
+        }
         report_transition(ctx, sandbox, &previous, &status, now).await;
     }
     if sandbox.spec.run.is_some() {

@@ -1,0 +1,768 @@
+//! `bench-scale` (`make bench-scale`): the paper's headline lifecycle at scale on the local cluster.
+//! N sandboxes (default 1,000) go through create -> wait Ready -> 4 execs through the gateway -> delete,
+//! with bounded client concurrency. Reports success rate, end-to-end time, create->Ready and exec
+//! latency percentiles, API writes per sandbox, CPU seconds and memory per component (etcd,
+//! kube-apiserver, kube-controller-manager, operator, local node, agents, this driver).
+//!
+//! ```text
+//! bench-scale [--sandboxes N] [--concurrency C] [--execs E] [--write-doc docs/BENCHMARKS.md] [-- OPERATOR_FLAGS...]
+//! ```
+//! The cluster runs in a separate `orchard-local-cluster` process so each component's CPU is its own.
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use futures::StreamExt;
+use orchard_e2e::control_plane::client_from_kubeconfig;
+use orchard_e2e::operator_process::metric_sum;
+use orchard_e2e::proc_stats::{cpu_seconds, peak_rss_bytes, percentile, rss_bytes};
+use orchard_e2e::supervise::processes_with_env;
+use serde_json::{Value, json};
+
+struct Args {
+    sandboxes: usize,
+    concurrency: usize,
+    execs: usize,
+    image: String,
+    write_doc: Option<PathBuf>,
+    operator_args: Vec<String>,
+}
+
+fn usage() -> ! {
+    eprintln!(
+        "usage: bench-scale [--sandboxes N] [--concurrency C] [--execs E] [--image I] [--write-doc PATH] [-- OPERATOR_FLAGS...]"
+    );
+    std::process::exit(2);
+}
+
+fn parse_args() -> Args {
+    let mut args = Args {
+        sandboxes: 1000,
+        concurrency: 250,
+        execs: 4,
+        image: "busybox:1.36".into(),
+        write_doc: None,
+        operator_args: Vec::new(),
+    };
+    let mut it = std::env::args().skip(1);
+    let number = |v: Option<String>| {
+        v.and_then(|v| v.parse::<usize>().ok())
+            .filter(|n| *n > 0)
+            .unwrap_or_else(|| usage())
+    };
+    while let Some(arg) = it.next() {
+        match arg.as_str() {
+            "--sandboxes" => args.sandboxes = number(it.next()),
+            "--concurrency" => args.concurrency = number(it.next()),
+            "--execs" => args.execs = number(it.next()),
+            "--image" => args.image = it.next().unwrap_or_else(|| usage()),
+            "--write-doc" => {
+                args.write_doc = Some(PathBuf::from(it.next().unwrap_or_else(|| usage())))
+            }
+            "--" => args.operator_args.extend(it.by_ref()),
+            _ => usage(),
+        }
+    }
+    args
+}
+
+/// The cluster process, stopped (SIGTERM, then waited for) when dropped.
+struct Cluster(Child);
+
+impl Drop for Cluster {
+    fn drop(&mut self) {
+        // SAFETY: kill(2) on our own child.
+        unsafe {
+            libc::kill(self.0.id() as libc::pid_t, libc::SIGTERM);
+        }
+        let _ = self.0.wait();
+    }
+}
+
+#[derive(Default)]
+struct Outcome {
+    ok: bool,
+    error: Option<String>,
+    create_ms: f64,
+    ready_ms: f64,
+    exec_ms: Vec<f64>,
+    delete_ms: f64,
+}
+
+async fn lifecycle(
+    http: &reqwest::Client,
+    base: &str,
+    token: &str,
+    name: String,
+    image: &str,
+    execs: usize,
+) -> Outcome {
+    let mut out = Outcome::default();
+    let sandboxes = format!("{base}/v1/namespaces/default/sandboxes");
+    let started = Instant::now();
+    let fail = |mut out: Outcome, step: &str, detail: String| {
+        out.error = Some(format!("{step}: {detail}"));
+        out
+    };
+    match http
+        .post(&sandboxes)
+        .bearer_auth(token)
+        .json(&json!({"name": name, "image": image}))
+        .send()
+        .await
+    {
+        Ok(r) if r.status().is_success() => {}
+        Ok(r) => {
+            return fail(
+                out,
+                "create",
+                format!("{} {}", r.status(), r.text().await.unwrap_or_default()),
+            );
+        }
+        Err(e) => return fail(out, "create", e.to_string()),
+    }
+    out.create_ms = started.elapsed().as_secs_f64() * 1e3;
+    match http
+        .get(format!("{sandboxes}/{name}/wait?timeoutSeconds=300"))
+        .bearer_auth(token)
+        .send()
+        .await
+    {
+        Ok(r) if r.status().is_success() => {
+            let body: Value = r.json().await.unwrap_or(Value::Null);
+            let phase = body
+                .pointer("/status/phase")
+                .or_else(|| body.get("phase"))
+                .and_then(Value::as_str)
+                .unwrap_or("");
+            if phase != "Ready" {
+                return fail(out, "wait", format!("phase {phase:?}: {body}"));
+            }
+        }
+        Ok(r) => {
+            return fail(
+                out,
+                "wait",
+                format!("{} {}", r.status(), r.text().await.unwrap_or_default()),
+            );
+        }
+        Err(e) => return fail(out, "wait", e.to_string()),
+    }
+    out.ready_ms = started.elapsed().as_secs_f64() * 1e3;
+    for i in 0..execs {
+        let t = Instant::now();
+        let request =
+            json!({"argv": ["/bin/sh", "-c", format!("echo step {i} of $ORCHARD_SANDBOX")]});
+        match http
+            .post(format!("{sandboxes}/{name}/exec"))
+            .bearer_auth(token)
+            .json(&request)
+            .send()
+            .await
+        {
+            Ok(r) if r.status().is_success() => {
+                let body: Value = r.json().await.unwrap_or(Value::Null);
+                if body.get("exitCode").and_then(Value::as_i64) != Some(0) {
+                    return fail(out, "exec", body.to_string());
+                }
+            }
+            Ok(r) => {
+                return fail(
+                    out,
+                    "exec",
+                    format!("{} {}", r.status(), r.text().await.unwrap_or_default()),
+                );
+            }
+            Err(e) => return fail(out, "exec", e.to_string()),
+        }
+        out.exec_ms.push(t.elapsed().as_secs_f64() * 1e3);
+    }
+    let t = Instant::now();
+    match http
+        .delete(format!("{sandboxes}/{name}"))
+        .bearer_auth(token)
+        .send()
+        .await
+    {
+        Ok(r) if r.status().is_success() => {}
+        Ok(r) => {
+            return fail(
+                out,
+                "delete",
+                format!("{} {}", r.status(), r.text().await.unwrap_or_default()),
+            );
+        }
+        Err(e) => return fail(out, "delete", e.to_string()),
+    }
+    out.delete_ms = t.elapsed().as_secs_f64() * 1e3;
+    out.ok = true;
+    out
+}
+
+fn agent_pids() -> Vec<u32> {
+    // The local node marks each pod's agent process (and only it keeps the marker with this value
+    // shape); commands inherit it too, so keep processes whose executable is the agent.
+    processes_with_env("ORCHARD_E2E_AGENT", None)
+        .into_iter()
+        .filter(|pid| {
+            std::fs::read_link(format!("/proc/{pid}/exe"))
+                .map(|p| p.to_string_lossy().ends_with("orchard-agent"))
+                .unwrap_or(false)
+        })
+        .collect()
+}
+
+fn mib(bytes: f64) -> String {
+    format!("{:.1} MiB", bytes / (1024.0 * 1024.0))
+}
+
+#[tokio::main(flavor = "multi_thread", worker_threads = 2)]
+async fn main() {
+    let args = parse_args();
+    let exe_dir = std::env::current_exe()
+        .ok()
+        .and_then(|p| p.parent().map(PathBuf::from))
+        .unwrap_or_else(|| PathBuf::from("."));
+    let info_file = std::env::temp_dir().join(format!("bench-scale-{}.json", std::process::id()));
+    eprintln!("starting the local cluster...");
+    let mut command = Command::new(exe_dir.join("orchard-local-cluster"));
+    command
+        .arg("--info-file")
+        .arg(&info_file)
+        .arg("--")
+        .args(&args.operator_args);
+    command.stdout(Stdio::null());
+    let cluster = Cluster(command.spawn().unwrap_or_else(|e| {
+        eprintln!("bench-scale: cannot start orchard-local-cluster: {e}");
+        std::process::exit(1)
+    }));
+    let info: Value = loop {
+        if let Ok(text) = std::fs::read_to_string(&info_file)
+            && let Ok(info) = serde_json::from_str(&text)
+        {
+            break info;
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    };
+    let gateway = info["gatewayURL"].as_str().unwrap_or_default().to_string();
+    let metrics_url = info["metricsURL"].as_str().unwrap_or_default().to_string();
+    let token = info["adminToken"].as_str().unwrap_or_default().to_string();
+    let kubeconfig = PathBuf::from(info["kubeconfig"].as_str().unwrap_or_default());
+    let mut pids: BTreeMap<String, u32> = info["pids"]
+        .as_object()
+        .map(|o| {
+            o.iter()
+                .filter_map(|(k, v)| Some((k.clone(), u32::try_from(v.as_u64()?).ok()?)))
+                .collect()
+        })
+        .unwrap_or_default();
+    pids.insert("bench driver (client)".into(), std::process::id());
+    let kube = client_from_kubeconfig(&kubeconfig)
+        .await
+        .unwrap_or_else(|e| {
+            eprintln!("bench-scale: {e}");
+            std::process::exit(1)
+        });
+    let operator_metrics = || {
+        let url = metrics_url.clone();
+        async move { reqwest::get(&url).await.ok()?.text().await.ok() }
+    };
+    let apiserver_writes = || {
+        let kube = kube.clone();
+        async move {
+            let text = kube
+                .request_text(http::Request::get("/metrics").body(Vec::new()).ok()?)
+                .await
+                .ok()?;
+            Some(
+                ["POST", "PUT", "PATCH", "DELETE"]
+                    .iter()
+                    .map(|verb| metric_sum(&text, "apiserver_request_total", &[("verb", verb)]))
+                    .sum::<f64>(),
+            )
+        }
+    };
+    let writes_before = operator_metrics()
+        .await
+        .map(|m| metric_sum(&m, "orchard_api_writes_total", &[]))
+        .unwrap_or(0.0);
+    let all_writes_before = apiserver_writes().await.unwrap_or(0.0);
+    let cpu_before: BTreeMap<String, f64> = pids
+        .iter()
+        .filter_map(|(k, p)| Some((k.clone(), cpu_seconds(*p)?)))
+        .collect();
+
+    // Sample memory while the load runs.
+    let peak_agents = Arc::new(AtomicU64::new(0));
+    let peak_agent_rss = Arc::new(AtomicU64::new(0));
+    let agent_cpu = Arc::new(std::sync::Mutex::new(BTreeMap::<u32, f64>::new()));
+    let sampler = {
+        let (peak_agents, peak_agent_rss, agent_cpu) = (
+            peak_agents.clone(),
+            peak_agent_rss.clone(),
+            agent_cpu.clone(),
+        );
+        tokio::spawn(async move {
+            loop {
+                let agents = agent_pids();
+                let rss: u64 = agents.iter().filter_map(|p| rss_bytes(*p)).sum();
+                peak_agents.fetch_max(agents.len() as u64, Ordering::Relaxed);
+                peak_agent_rss.fetch_max(rss, Ordering::Relaxed);
+                {
+                    let mut cpu = agent_cpu.lock().unwrap_or_else(|p| p.into_inner());
+                    for pid in agents {
+                        if let Some(seconds) = cpu_seconds(pid) {
+                            cpu.insert(pid, seconds);
+                        }
+                    }
+                }
+                tokio::time::sleep(Duration::from_millis(500)).await;
+            }
+        })
+    };
+
+    let http = reqwest::Client::builder()
+        .pool_max_idle_per_host(args.concurrency)
+        .timeout(Duration::from_secs(330))
+        .build()
+        .unwrap_or_else(|e| {
+            eprintln!("bench-scale: http client: {e}");
+            std::process::exit(1)
+        });
+    let milestones = Arc::new(std::sync::Mutex::new(BTreeMap::<String, Milestones>::new()));
+    let tracker = tokio::spawn(track_milestones(kube.clone(), milestones.clone()));
+    eprintln!(
+        "running {} sandboxes with concurrency {} ...",
+        args.sandboxes, args.concurrency
+    );
+    let started = Instant::now();
+    let outcomes: Vec<Outcome> = futures::stream::iter(0..args.sandboxes)
+        .map(|i| {
+            lifecycle(
+                &http,
+                &gateway,
+                &token,
+                format!("bench-{i}"),
+                &args.image,
+                args.execs,
+            )
+        })
+        .buffer_unordered(args.concurrency)
+        .collect()
+        .await;
+    let end_to_end = started.elapsed();
+    let pods: kube::Api<k8s_openapi::api::core::v1::Pod> =
+        kube::Api::namespaced(kube.clone(), "default");
+    loop {
+        let left = pods
+            .list(&Default::default())
+            .await
+            .map(|l| l.items.len())
+            .unwrap_or(usize::MAX);
+        if left == 0 || started.elapsed() > end_to_end + Duration::from_secs(300) {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+    let cleaned = started.elapsed();
+    sampler.abort();
+    tracker.abort();
+    let breakdown = milestone_table(&milestones.lock().unwrap_or_else(|p| p.into_inner()));
+
+    let cpu_after: BTreeMap<String, f64> = pids
+        .iter()
+        .filter_map(|(k, p)| Some((k.clone(), cpu_seconds(*p)?)))
+        .collect();
+    let gateway_latency = operator_metrics()
+        .await
+        .map(|m| mean_latencies(&m, "orchard_gateway_request_duration_seconds", "route"))
+        .unwrap_or_default();
+    let apiserver_latency = match kube
+        .request_text(
+            http::Request::get("/metrics")
+                .body(Vec::new())
+                .unwrap_or_default(),
+        )
+        .await
+    {
+        Ok(text) => mean_latencies(&text, "apiserver_request_duration_seconds", "resource_verb"),
+        Err(_) => Vec::new(),
+    };
+    let writes_after = operator_metrics()
+        .await
+        .map(|m| metric_sum(&m, "orchard_api_writes_total", &[]))
+        .unwrap_or(0.0);
+    let all_writes_after = apiserver_writes().await.unwrap_or(0.0);
+    let operator_peak = pids
+        .get("orchard-operator")
+        .and_then(|p| peak_rss_bytes(*p))
+        .unwrap_or(0) as f64;
+    let agents_cpu: f64 = agent_cpu
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .values()
+        .sum();
+
+    let ok = outcomes.iter().filter(|o| o.ok).count();
+    let mut errors: BTreeMap<String, usize> = BTreeMap::new();
+    for o in outcomes.iter().filter(|o| !o.ok) {
+        let key: String = o
+            .error
+            .clone()
+            .unwrap_or_default()
+            .chars()
+            .take(120)
+            .collect();
+        *errors.entry(key).or_default() += 1;
+    }
+    let mut ready: Vec<f64> = outcomes
+        .iter()
+        .filter(|o| o.ok)
+        .map(|o| o.ready_ms)
+        .collect();
+    let mut create: Vec<f64> = outcomes
+        .iter()
+        .filter(|o| o.ok)
+        .map(|o| o.create_ms)
+        .collect();
+    let mut exec: Vec<f64> = outcomes
+        .iter()
+        .flat_map(|o| o.exec_ms.iter().copied())
+        .collect();
+    let mut delete: Vec<f64> = outcomes
+        .iter()
+        .filter(|o| o.ok)
+        .map(|o| o.delete_ms)
+        .collect();
+    for v in [&mut ready, &mut create, &mut exec, &mut delete] {
+        v.sort_by(f64::total_cmp);
+    }
+    let mean = |v: &[f64]| v.iter().sum::<f64>() / v.len().max(1) as f64;
+    let n = args.sandboxes as f64;
+    let mut table = String::new();
+    table.push_str("| metric | this run | Orchard paper (8 nodes x 32 vCPU) |\n|---|---|---|\n");
+    table.push_str(&format!(
+        "| sandboxes (create -> Ready -> {} execs -> delete) | {} | 1,000 |\n",
+        args.execs, args.sandboxes
+    ));
+    table.push_str(&format!(
+        "| success | {ok}/{} ({:.1} %) | 100 % |\n",
+        args.sandboxes,
+        100.0 * ok as f64 / n
+    ));
+    table.push_str(&format!(
+        "| end-to-end time (last delete answered) | {:.1} s | 26 s |\n",
+        end_to_end.as_secs_f64()
+    ));
+    table.push_str(&format!(
+        "| all pods gone (garbage collection done) | {:.1} s | — |\n",
+        cleaned.as_secs_f64()
+    ));
+    table.push_str(&format!(
+        "| create -> Ready p50 / p99 / mean | {:.2} / {:.2} / {:.2} s | mean 11.75 s |\n",
+        percentile(&ready, 50.0) / 1e3,
+        percentile(&ready, 99.0) / 1e3,
+        mean(&ready) / 1e3
+    ));
+    table.push_str(&format!(
+        "| exec through the gateway p50 / p99 / mean | {:.1} / {:.1} / {:.1} ms | mean 280 ms |\n",
+        percentile(&exec, 50.0),
+        percentile(&exec, 99.0),
+        mean(&exec)
+    ));
+    table.push_str(&format!(
+        "| create request p50 / p99; delete request p50 / p99 | {:.1} / {:.1} ms; {:.1} / {:.1} ms | — |\n",
+        percentile(&create, 50.0),
+        percentile(&create, 99.0),
+        percentile(&delete, 50.0),
+        percentile(&delete, 99.0)
+    ));
+    table.push_str(&format!(
+        "| operator API writes per sandbox | {:.2} | — |\n",
+        (writes_after - writes_before) / n
+    ));
+    table.push_str(&format!(
+        "| all API writes per sandbox (operator, node, GC, driver) | {:.2} | — |\n",
+        (all_writes_after - all_writes_before) / n
+    ));
+    table.push_str(&format!(
+        "| operator peak RSS | {} | — |\n",
+        mib(operator_peak)
+    ));
+    let agents = peak_agents.load(Ordering::Relaxed).max(1);
+    table.push_str(&format!(
+        "| agents at peak; their total RSS (per agent) | {agents}; {} ({}) | — |\n",
+        mib(peak_agent_rss.load(Ordering::Relaxed) as f64),
+        mib(peak_agent_rss.load(Ordering::Relaxed) as f64 / agents as f64)
+    ));
+    let mut cpu =
+        String::from("| component | CPU seconds during the run | share |\n|---|---|---|\n");
+    let mut rows: Vec<(String, f64)> = cpu_after
+        .iter()
+        .map(|(k, after)| (k.clone(), after - cpu_before.get(k).copied().unwrap_or(0.0)))
+        .collect();
+    rows.push(("agents (all sandboxes)".into(), agents_cpu));
+    let total: f64 = rows.iter().map(|(_, s)| s).sum();
+    rows.sort_by(|a, b| b.1.total_cmp(&a.1));
+    for (name, seconds) in &rows {
+        cpu.push_str(&format!(
+            "| {name} | {seconds:.1} | {:.0} % |\n",
+            100.0 * seconds / total.max(1e-9)
+        ));
+    }
+    cpu.push_str(&format!(
+        "| **total** (2 cores x {:.0} s = {:.0} core-seconds available) | {total:.1} | |\n",
+        cleaned.as_secs_f64(),
+        2.0 * cleaned.as_secs_f64()
+    ));
+    let command = format!(
+        "make bench-scale BENCH_SANDBOXES={} BENCH_CONCURRENCY={}",
+        args.sandboxes, args.concurrency
+    );
+    let mut latency = String::from("| where | mean latency | requests |\n|---|---|---|\n");
+    for (label, mean_s, count) in gateway_latency.iter().filter(|(_, _, c)| *c >= 10.0) {
+        latency.push_str(&format!(
+            "| gateway `{label}` | {:.1} ms | {count:.0} |\n",
+            mean_s * 1e3
+        ));
+    }
+    let mut api_rows: Vec<_> = apiserver_latency
+        .iter()
+        .filter(|(l, _, c)| *c >= 50.0 && !l.contains("WATCH"))
+        .cloned()
+        .collect();
+    api_rows.sort_by(|a, b| (b.1 * b.2).total_cmp(&(a.1 * a.2)));
+    for (label, mean_s, count) in api_rows.iter().take(10) {
+        latency.push_str(&format!(
+            "| kube-apiserver {label} | {:.1} ms | {count:.0} |\n",
+            mean_s * 1e3
+        ));
+    }
+    println!("{table}\n{cpu}\n{breakdown}\n{latency}");
+    if !errors.is_empty() {
+        println!("errors:");
+        for (error, count) in &errors {
+            println!("  {count} x {error}");
+        }
+    }
+    if let Some(path) = &args.write_doc {
+        let section = format!(
+            "## Scale\n\nCommand: `{command}` (release build; the local cluster of `docs/TESTING.md` on this machine: 2 cores, 24 GiB; everything — etcd, kube-apiserver, kube-controller-manager, the operator, the local node, {} agents and this driver — shares the two cores).\n\n{table}\nWhere the CPU goes (CPU seconds from `/proc/<pid>/stat`, from the first create until every pod was gone):\n\n{cpu}\nWhere create -> Ready goes (first time the driver's watches saw each milestone; p50 / p99 of the step):\n\n{breakdown}\nWhere the latency goes (means over the run, from the gateway's and kube-apiserver's own histograms; the busiest kube-apiserver requests by total time):\n\n{latency}",
+            args.sandboxes
+        );
+        let text = std::fs::read_to_string(path).unwrap_or_default();
+        let updated = replace_section(&text, "## Scale", &section);
+        if let Err(err) = std::fs::write(path, updated) {
+            eprintln!("bench-scale: cannot write {}: {err}", path.display());
+        }
+    }
+    drop(cluster);
+    let _ = std::fs::remove_file(&info_file);
+    if ok != args.sandboxes {
+        std::process::exit(1);
+    }
+}
+
+/// When the driver's watches first saw each step of one sandbox's start.
+#[derive(Default, Clone, Copy)]
+struct Milestones {
+    sandbox_seen: Option<Instant>,
+    pod_created: Option<Instant>,
+    pod_bound: Option<Instant>,
+    pod_ready: Option<Instant>,
+    sandbox_ready: Option<Instant>,
+}
+
+async fn track_milestones(
+    kube: kube::Client,
+    milestones: Arc<std::sync::Mutex<BTreeMap<String, Milestones>>>,
+) {
+    use k8s_openapi::api::core::v1::Pod;
+    use kube::runtime::watcher;
+    use orchard_operator::api::Sandbox;
+    let sandboxes = watcher(
+        kube::Api::<Sandbox>::namespaced(kube.clone(), "default"),
+        watcher::Config::default(),
+    )
+    .boxed();
+    let pods = watcher(
+        kube::Api::<Pod>::namespaced(kube, "default"),
+        watcher::Config::default(),
+    )
+    .boxed();
+    enum Seen {
+        Sandbox(Box<Sandbox>),
+        Pod(Box<Pod>),
+    }
+    let mut events = std::pin::pin!(futures::stream::select(
+        sandboxes.filter_map(|e| async move {
+            match e {
+                Ok(watcher::Event::Apply(s) | watcher::Event::InitApply(s)) => {
+                    Some(Seen::Sandbox(Box::new(s)))
+                }
+                _ => None,
+            }
+        }),
+        pods.filter_map(|e| async move {
+            match e {
+                Ok(watcher::Event::Apply(p) | watcher::Event::InitApply(p)) => {
+                    Some(Seen::Pod(Box::new(p)))
+                }
+                _ => None,
+            }
+        }),
+    ));
+    while let Some(seen) = events.next().await {
+        let now = Instant::now();
+        let mut all = milestones.lock().unwrap_or_else(|p| p.into_inner());
+        match seen {
+            Seen::Sandbox(s) => {
+                let m = all
+                    .entry(s.metadata.name.clone().unwrap_or_default())
+                    .or_default();
+                m.sandbox_seen.get_or_insert(now);
+                let ready = s.status.as_ref().is_some_and(|st| {
+                    st.conditions
+                        .iter()
+                        .any(|c| c.type_ == "Ready" && c.status == "True")
+                });
+                if ready {
+                    m.sandbox_ready.get_or_insert(now);
+                }
+            }
+            Seen::Pod(p) => {
+                let m = all
+                    .entry(p.metadata.name.clone().unwrap_or_default())
+                    .or_default();
+                m.pod_created.get_or_insert(now);
+                if p.spec.as_ref().and_then(|s| s.node_name.as_ref()).is_some() {
+                    m.pod_bound.get_or_insert(now);
+                }
+                let ready = p
+                    .status
+                    .as_ref()
+                    .and_then(|s| s.conditions.as_ref())
+                    .is_some_and(|cs| cs.iter().any(|c| c.type_ == "Ready" && c.status == "True"));
+                if ready {
+                    m.pod_ready.get_or_insert(now);
+                }
+            }
+        }
+    }
+}
+
+/// One step of a sandbox's start: from one milestone to the next.
+type Step = fn(&Milestones) -> Option<(Instant, Instant)>;
+
+fn milestone_table(all: &BTreeMap<String, Milestones>) -> String {
+    let steps: [(&str, Step); 4] = [
+        (
+            "Sandbox created -> Pod created (operator: token Secret, Pod)",
+            |m| Some((m.sandbox_seen?, m.pod_created?)),
+        ),
+        ("Pod created -> Pod bound (local node: scheduling)", |m| {
+            Some((m.pod_created?, m.pod_bound?))
+        }),
+        (
+            "Pod bound -> Pod Ready (local node: volumes, install, agent start, probe, status)",
+            |m| Some((m.pod_bound?, m.pod_ready?)),
+        ),
+        ("Pod Ready -> Sandbox Ready (operator: status)", |m| {
+            Some((m.pod_ready?, m.sandbox_ready?))
+        }),
+    ];
+    let mut table = String::from("| step | p50 | p99 |\n|---|---|---|\n");
+    for (name, step) in steps {
+        let mut values: Vec<f64> = all
+            .values()
+            .filter_map(step)
+            .map(|(a, b)| b.saturating_duration_since(a).as_secs_f64())
+            .collect();
+        values.sort_by(f64::total_cmp);
+        table.push_str(&format!(
+            "| {name} | {:.2} s | {:.2} s |\n",
+            percentile(&values, 50.0),
+            percentile(&values, 99.0)
+        ));
+    }
+    table
+}
+
+/// Mean latency per label value of a Prometheus histogram (`_sum` / `_count`), as (label, seconds,
+/// count). `label` may be `resource_verb` to combine kube-apiserver's `resource` and `verb` labels.
+fn mean_latencies(text: &str, histogram: &str, label: &str) -> Vec<(String, f64, f64)> {
+    let label_of = |line: &str, key: &str| -> Option<String> {
+        let start = line.find(&format!("{key}=\""))? + key.len() + 2;
+        let end = line[start..].find('"')? + start;
+        Some(line[start..end].to_string())
+    };
+    let mut sums: BTreeMap<String, (f64, f64)> = BTreeMap::new();
+    for line in text.lines().filter(|l| !l.starts_with('#')) {
+        let (is_sum, is_count) = (
+            line.starts_with(&format!("{histogram}_sum")),
+            line.starts_with(&format!("{histogram}_count")),
+        );
+        if !is_sum && !is_count {
+            continue;
+        }
+        let key = if label == "resource_verb" {
+            match (
+                label_of(line, "verb"),
+                label_of(line, "resource"),
+                label_of(line, "subresource"),
+            ) {
+                (Some(verb), Some(resource), sub) => {
+                    let sub = sub
+                        .filter(|s| !s.is_empty())
+                        .map(|s| format!("/{s}"))
+                        .unwrap_or_default();
+                    format!("{verb} {resource}{sub}")
+                }
+                _ => continue,
+            }
+        } else {
+            match label_of(line, label) {
+                Some(value) => value,
+                None => continue,
+            }
+        };
+        let Some(value) = line.rsplit(' ').next().and_then(|v| v.parse::<f64>().ok()) else {
+            continue;
+        };
+        let entry = sums.entry(key).or_default();
+        if is_sum {
+            entry.0 += value;
+        } else {
+            entry.1 += value;
+        }
+    }
+    sums.into_iter()
+        .filter(|(_, (_, count))| *count > 0.0)
+        .map(|(key, (sum, count))| (key, sum / count, count))
+        .collect()
+}
+
+/// Replaces the markdown section starting with `heading` (up to the next `## `) by `section`, or
+/// appends it.
+fn replace_section(text: &str, heading: &str, section: &str) -> String {
+    let Some(start) = text.find(&format!("{heading}\n")) else {
+        let mut out = text.trim_end().to_string();
+        out.push_str("\n\n");
+        out.push_str(section);
+        return out;
+    };
+    let after = &text[start + heading.len()..];
+    let end = after
+        .find("\n## ")
+        .map_or(text.len(), |i| start + heading.len() + i + 1);
+    format!(
+        "{}{}{}",
+        &text[..start],
+        section.trim_end_matches('\n').to_string() + "\n\n",
+        &text[end..]
+    )
+}

@@ -1,0 +1,70 @@
+//! CPU time and memory of processes, read from `/proc` (for benchmarks: where the time goes).
+
+/// CPU seconds (user + system) a process has used, or `None` if it is gone.
+pub fn cpu_seconds(pid: u32) -> Option<f64> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    let rest = &stat[stat.rfind(')')? + 2..];
+    let fields: Vec<&str> = rest.split_whitespace().collect();
+    // After the command name: state is field 3, utime 14, stime 15 (1-based in proc(5)).
+    let utime: f64 = fields.get(11)?.parse().ok()?;
+    let stime: f64 = fields.get(12)?.parse().ok()?;
+    Some((utime + stime) / clock_ticks_per_second())
+}
+
+fn clock_ticks_per_second() -> f64 {
+    // SAFETY: sysconf has no preconditions.
+    let ticks = unsafe { libc::sysconf(libc::_SC_CLK_TCK) };
+    if ticks > 0 { ticks as f64 } else { 100.0 }
+}
+
+fn status_kib(pid: u32, field: &str) -> Option<u64> {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+    status
+        .lines()
+        .find(|l| l.starts_with(field))?
+        .split_whitespace()
+        .nth(1)?
+        .parse()
+        .ok()
+}
+
+/// Resident memory in bytes.
+pub fn rss_bytes(pid: u32) -> Option<u64> {
+    status_kib(pid, "VmRSS:").map(|k| k * 1024)
+}
+
+/// Peak resident memory in bytes (high-water mark).
+pub fn peak_rss_bytes(pid: u32) -> Option<u64> {
+    status_kib(pid, "VmHWM:").map(|k| k * 1024)
+}
+
+/// Percentile `p` (0..=100) of sorted values (nearest rank).
+pub fn percentile(sorted: &[f64], p: f64) -> f64 {
+    if sorted.is_empty() {
+        return f64::NAN;
+    }
+    let rank = ((p / 100.0) * (sorted.len() as f64 - 1.0)).round() as usize;
+    sorted[rank.min(sorted.len() - 1)]
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn this_process_has_cpu_and_memory() {
+        let me = std::process::id();
+        assert!(cpu_seconds(me).is_some());
+        assert!(rss_bytes(me).unwrap() > 0);
+        assert!(peak_rss_bytes(me).unwrap() >= rss_bytes(me).unwrap() / 2);
+    }
+
+    #[test]
+    fn percentiles_use_the_nearest_rank() {
+        let values: Vec<f64> = (1..=100).map(f64::from).collect();
+        assert_eq!(percentile(&values, 50.0), 51.0);
+        assert_eq!(percentile(&values, 99.0), 99.0);
+        assert_eq!(percentile(&values, 100.0), 100.0);
+        assert!(percentile(&[], 50.0).is_nan());
+    }
+}
