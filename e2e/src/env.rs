@@ -50,6 +50,16 @@ pub struct TestEnv {
 
 extern "C" fn kill_own_children_at_exit() {
     kill_marked(RUN_MARKER, run_marker());
+    // Pod directories on tmpfs hold memory: remove this run's.
+    if let Ok(entries) = std::fs::read_dir("/dev/shm") {
+        let suffix = format!("-{}", std::process::id());
+        for entry in entries.flatten() {
+            let name = entry.file_name().to_string_lossy().to_string();
+            if name.starts_with("orchard-e2e-") && name.ends_with(&suffix) {
+                let _ = std::fs::remove_dir_all(entry.path());
+            }
+        }
+    }
 }
 
 /// Removes working directories of earlier runs whose process is gone.
@@ -85,6 +95,7 @@ impl TestEnv {
         let root = target_dir().join("e2e");
         std::fs::create_dir_all(&root)?;
         remove_stale_dirs(&root);
+        remove_stale_pod_roots();
         let dir = root.join(format!("{name}-{}", std::process::id()));
         std::fs::create_dir_all(&dir)?;
         let bin_dir = kubernetes_bin_dir()?;
@@ -228,7 +239,48 @@ impl TestEnv {
         tokio::time::sleep(Duration::from_millis(200)).await;
         self.control_plane.stop();
         kill_marked(RUN_MARKER, run_marker());
+        if let Some(shm_dir) = pod_root(&self.dir)
+            .parent()
+            .filter(|p| p.starts_with("/dev/shm"))
+        {
+            let _ = std::fs::remove_dir_all(shm_dir);
+        }
     }
+}
+
+/// Removes pod directories on tmpfs of runs whose process is gone (they hold memory: no grace period).
+fn remove_stale_pod_roots() {
+    let Ok(entries) = std::fs::read_dir("/dev/shm") else {
+        return;
+    };
+    for entry in entries.flatten() {
+        let name = entry.file_name().to_string_lossy().to_string();
+        let Some(rest) = name.strip_prefix("orchard-e2e-") else {
+            continue;
+        };
+        let pid = rest.rsplit('-').next().and_then(|p| p.parse::<u32>().ok());
+        if let Some(pid) = pid
+            && !Path::new(&format!("/proc/{pid}")).exists()
+        {
+            let _ = std::fs::remove_dir_all(entry.path());
+        }
+    }
+}
+
+/// Where pod directories live: on tmpfs (`/dev/shm`) when there is one, like `emptyDir` with
+/// `medium: Memory` (thousands of short-lived pod directories cost ext4 a lot of journal work), else
+/// under the cluster directory.
+fn pod_root(dir: &Path) -> PathBuf {
+    let shm = Path::new("/dev/shm");
+    let name = dir
+        .file_name()
+        .map(|n| n.to_string_lossy().to_string())
+        .unwrap_or_else(|| "cluster".into());
+    let candidate = shm.join(format!("orchard-e2e-{name}"));
+    if shm.is_dir() && std::fs::create_dir_all(&candidate).is_ok() {
+        return candidate.join("pods");
+    }
+    dir.join("pods")
 }
 
 fn rand_u16() -> u16 {

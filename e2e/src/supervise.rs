@@ -383,6 +383,31 @@ pub fn kill_marked(key: &str, value: &str) -> usize {
     pids.len()
 }
 
+/// SIGKILLs every process whose `key` has one of `values`, reading each environment once (one pass
+/// over `/proc` for any number of values). Returns how many it signalled.
+pub fn kill_marked_any(key: &str, values: &std::collections::HashSet<String>) -> usize {
+    if values.is_empty() {
+        return 0;
+    }
+    let Ok(entries) = std::fs::read_dir("/proc") else {
+        return 0;
+    };
+    let mut killed = 0;
+    for pid in entries.filter_map(|e| e.ok()?.file_name().to_str()?.parse::<u32>().ok()) {
+        if pid == std::process::id() {
+            continue;
+        }
+        if env_of(pid, key).is_some_and(|v| values.contains(&v)) {
+            // SAFETY: kill(2) on a process of a finished pod.
+            unsafe {
+                libc::kill(pid as libc::pid_t, libc::SIGKILL);
+            }
+            killed += 1;
+        }
+    }
+    killed
+}
+
 /// Kills processes left behind by earlier harness runs that are gone (their marker's pid no longer
 /// runs with the same start time). Returns how many it killed.
 pub fn sweep_orphans() -> usize {

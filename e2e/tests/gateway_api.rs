@@ -524,3 +524,47 @@ async fn trajectory_results_are_recorded_once() {
     assert_eq!(invalid.status, 400, "{invalid:?}");
     env.delete_namespace(&ns).await;
 }
+
+#[tokio::test]
+async fn roles_limited_to_resource_names_are_honoured() {
+    // The gateway first asks namespace-wide (one review covers every sandbox of a namespace); a Role
+    // limited to resourceNames is denied that and must still be allowed by name, for that name only.
+    let env = TestEnv::shared();
+    let namespace = env.namespace("gw-names").await;
+    let admin = Caller::user(env, "admin");
+    let allowed = admin
+        .create_sandbox(&namespace, json!({"image": "busybox"}))
+        .await;
+    let other = admin
+        .create_sandbox(&namespace, json!({"image": "busybox"}))
+        .await;
+    admin.wait_ready(&namespace, &allowed).await;
+    admin.wait_ready(&namespace, &other).await;
+    grant(
+        env,
+        &namespace,
+        "bob",
+        "one-sandbox",
+        json!([{"apiGroups": ["orchard.dev"], "resources": ["sandboxes/exec"],
+                "verbs": ["create"], "resourceNames": [allowed]}]),
+    )
+    .await;
+    let bob = Caller::user(env, "bob");
+    let ok = bob
+        .exec(
+            &namespace,
+            &allowed,
+            json!({"argv": ["/bin/echo", "named"]}),
+        )
+        .await;
+    assert_eq!(ok.status, 200, "{ok:?}");
+    let denied = bob
+        .exec(&namespace, &other, json!({"argv": ["/bin/echo", "named"]}))
+        .await;
+    assert_eq!(denied.status, 403, "{denied:?}");
+    assert!(
+        denied.message().contains("cannot create sandboxes/exec"),
+        "{denied:?}"
+    );
+    env.delete_namespace(&namespace).await;
+}

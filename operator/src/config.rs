@@ -146,7 +146,7 @@ pub struct ControllerTuning {
     /// milliseconds: a sandbox that becomes Ready in that window (even under load) costs one status
     /// write, not three.
     /// Ready and Failed are always written at once. 0 writes every phase.
-    #[arg(long, env = "ORCHARD_STATUS_COALESCE_MS", default_value_t = 5000)]
+    #[arg(long, env = "ORCHARD_STATUS_COALESCE_MS", default_value_t = 10000)]
     pub status_coalesce_ms: u64,
 
     /// Periodic re-reconcile of healthy objects, in seconds (a safety net for missed watch events).

@@ -85,6 +85,8 @@ pub(crate) struct Inner {
     secrets: kube::runtime::reflector::Store<k8s_openapi::api::core::v1::Secret>,
     /// Woken on every Secret change.
     secret_changed: tokio::sync::Notify,
+    /// Uids of pods removed since the last sweep for processes that escaped their agent.
+    finished_pods: Mutex<std::collections::HashSet<String>>,
 }
 
 /// Handle to a running local node.
@@ -109,7 +111,9 @@ impl LocalNode {
             bind_slots: Semaphore::new(64),
             secrets,
             secret_changed: tokio::sync::Notify::new(),
+            finished_pods: Mutex::new(Default::default()),
         });
+        tokio::spawn(sweep_finished_pods(inner.clone()));
         {
             let inner = inner.clone();
             let api: Api<k8s_openapi::api::core::v1::Secret> = Api::all(inner.client.clone());
@@ -395,6 +399,34 @@ impl LocalNode {
 /// How often the node renews its Lease (a kubelet renews every 10 s; the test cluster's node-lifecycle
 /// controller is configured with a 5 s grace period to match this faster beat).
 pub const HEARTBEAT: std::time::Duration = std::time::Duration::from_secs(1);
+
+/// How often processes of removed pods that escaped their agent are swept.
+const SWEEP_PERIOD: std::time::Duration = std::time::Duration::from_secs(2);
+
+/// Kills, every [`SWEEP_PERIOD`], leftover processes of pods removed since the last sweep. A stopped
+/// agent kills its own commands; only processes that left their command's process group (daemons) can
+/// outlive it. One pass over `/proc` per sweep keeps this cheap with thousands of pods.
+async fn sweep_finished_pods(inner: Arc<Inner>) {
+    loop {
+        tokio::time::sleep(SWEEP_PERIOD).await;
+        let finished = std::mem::take(
+            &mut *inner
+                .finished_pods
+                .lock()
+                .unwrap_or_else(|p| p.into_inner()),
+        );
+        if !finished.is_empty() {
+            let killed = tokio::task::spawn_blocking(move || {
+                crate::supervise::kill_marked_any(pod_worker::POD_MARKER, &finished)
+            })
+            .await
+            .unwrap_or(0);
+            if killed > 0 {
+                debug!(killed, "killed processes that outlived their pods");
+            }
+        }
+    }
+}
 
 /// Name of the witness node: a cordoned Node that only heartbeats. With a single node, a silent node
 /// would mean *all* nodes are silent, and the node-lifecycle controller then assumes a control-plane

@@ -613,7 +613,12 @@ impl PodWorker {
     }
 
     async fn cleanup(&mut self, reason: PodCommand) {
-        kill_marked(POD_MARKER, &self.uid());
+        // The agent was stopped (it kills its commands); anything that escaped is swept shortly.
+        self.inner
+            .finished_pods
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .insert(self.uid());
         if let Some(ip) = self.ip.take() {
             self.inner
                 .ip_pool

@@ -161,25 +161,44 @@ impl Authorizer {
         let token = bearer_token(headers)?;
         let key = token_key(token);
         let identity = self.authenticate(token, &key).await?;
-        let decision_key = access_key(&key, access);
-        let decision = match self.decisions.get(&decision_key) {
-            Some(decision) => {
-                self.count("access", true);
-                decision
+        // Most Roles grant a verb on every object of a namespace: one namespace-wide review (no name)
+        // then covers every sandbox, instead of one review per sandbox name. RBAC allows an unnamed
+        // review only through a rule without resourceNames, which grants every name; when it is not
+        // allowed, the per-name review below decides (rules restricted to resourceNames still work).
+        if !access.name.is_empty() {
+            let namespace_wide = Access {
+                name: String::new(),
+                ..access.clone()
+            };
+            if self.decide(&key, &identity, &namespace_wide).await?.is_ok() {
+                return Ok(identity);
             }
-            None => {
-                self.count("access", false);
-                let decision = self.review_access(&identity, access).await?;
-                self.decisions.insert(decision_key, decision.clone());
-                decision
-            }
-        };
+        }
+        let decision = self.decide(&key, &identity, access).await?;
         match decision {
             Ok(()) => Ok(identity),
             Err(reason) => Err(ApiError::forbidden(
                 access.denied_message(&identity.username, Some(&reason)),
             )),
         }
+    }
+
+    /// The (cached) decision for `access`.
+    async fn decide(
+        &self,
+        key: &Key,
+        identity: &Identity,
+        access: &Access,
+    ) -> Result<Result<(), String>, ApiError> {
+        let decision_key = access_key(key, access);
+        if let Some(decision) = self.decisions.get(&decision_key) {
+            self.count("access", true);
+            return Ok(decision);
+        }
+        self.count("access", false);
+        let decision = self.review_access(identity, access).await?;
+        self.decisions.insert(decision_key, decision.clone());
+        Ok(decision)
     }
 
     async fn authenticate(&self, token: &str, key: &Key) -> Result<Arc<Identity>, ApiError> {
