@@ -33,8 +33,8 @@ grep -h "ready in" "$TARGET_DIR/local-cluster.out" || true
 echo "KUBECONFIG=$KUBECONFIG"
 kubectl get nodes
 
-step "applying config/samples"
-kubectl apply -f config/samples/
+step "applying config/samples (kubectl apply -k)"
+kubectl apply -k config/samples/
 
 step "kubectl get orchard -A"
 kubectl get orchard -A
@@ -58,9 +58,11 @@ if [ -n "$GROUP" ]; then
   kubectl get rolloutgroup "$GROUP" -o jsonpath='{.status}' | python3 -c '
 import json, sys
 status = json.load(sys.stdin)
-print(f"selection={status.get(\"selection\")} positives={status.get(\"positives\")} launched={status.get(\"trajectoriesLaunched\")}")
+print("selection={} positives={} launched={}".format(
+    status.get("selection"), status.get("positives"), status.get("trajectoriesLaunched")))
 for member in status.get("group", []):
-    print(f"  {member[\"name\"]:<24} reward={member[\"reward\"]:<6} status={member[\"status\"]:<10} length={member[\"length\"]}")
+    print("  {:<24} reward={:<6} status={:<10} length={}".format(
+        member["name"], member["reward"], member["status"], member.get("length")))
 '
 fi
 

@@ -46,9 +46,10 @@ use serde::{Deserialize, Serialize};
     ),
     printcolumn(
         name = "Expires",
-        type_ = "date",
+        // `string`, not `date`: kubectl renders a future `date` as `<invalid>`.
+        type_ = "string",
         json_path = ".status.expiresAt",
-        description = "When the sandbox is deleted unless a heartbeat arrives"
+        description = "When the sandbox is deleted unless a heartbeat arrives (UTC)"
     ),
     printcolumn(
         name = "Age",
