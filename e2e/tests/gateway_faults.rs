@@ -1,6 +1,7 @@
 //! The gateway when an agent stops answering (local cluster, real operator): a frozen agent gives
 //! 504 `AgentTimeout` after `X-Orchard-Timeout`, a dead one 502 (retryable), and once the operator
-//! has marked the sandbox Failed, 409 `NotReady` with phase Failed. This binary freezes the whole
+//! has marked the sandbox Failed, 409 `NotReady` with phase Failed. An agent killed mid-exec gives the
+//! waiting caller 502 `AgentConnectionLost` at once and leaves no process behind. This binary freezes the whole
 //! local node, so it holds this one test only. (An agent killed while the node is paused is never
 //! reported by the local node after it resumes, so the Failed case uses a second sandbox.)
 
@@ -13,6 +14,21 @@ use kube::api::Api;
 use orchard_e2e::env::TestEnv;
 use orchard_operator::api::{Sandbox, SandboxPhase};
 use serde_json::json;
+
+/// The `sleep` argument that marks the command killed mid-exec (unique on this machine).
+const MID_EXEC_SLEEP: &str = "31.4159";
+
+/// Pids of processes whose argv is exactly `argv`.
+fn processes_running(argv: &[&str]) -> Vec<u32> {
+    let wanted: Vec<u8> = argv.iter().flat_map(|a| [a.as_bytes(), b"\0"].concat()).collect();
+    std::fs::read_dir("/proc")
+        .into_iter()
+        .flatten()
+        .flatten()
+        .filter_map(|entry| entry.file_name().to_str()?.parse::<u32>().ok())
+        .filter(|pid| std::fs::read(format!("/proc/{pid}/cmdline")).is_ok_and(|c| c == wanted))
+        .collect()
+}
 
 #[tokio::test]
 async fn frozen_and_dead_agents_give_retryable_gateway_errors() {
@@ -86,12 +102,51 @@ async fn frozen_and_dead_agents_give_retryable_gateway_errors() {
 
     env.node.resume().await.expect("resume node");
 
-    // An agent that dies on a running node: the node reports it, the operator fails the sandbox,
-    // and calls get 409 NotReady with phase Failed (not retryable).
+    // An agent that dies mid-exec on a running node: the caller gets 502 AgentConnectionLost at once
+    // (not retryable: the command may have run), the node kills the command with the container, the
+    // operator fails the sandbox, and later calls get 409 NotReady with phase Failed.
+    let long_exec = {
+        let admin = admin.clone();
+        let (ns, doomed) = (ns.clone(), doomed.clone());
+        tokio::spawn(async move {
+            admin
+                .send(
+                    admin
+                        .request(reqwest::Method::POST, &sandbox_path(&ns, &doomed, "/exec"))
+                        .header("x-orchard-timeout", "60")
+                        .json(&json!({"argv": ["sleep", MID_EXEC_SLEEP]})),
+                )
+                .await
+        })
+    };
+    orchard_e2e::wait::poll("the long exec to start", Duration::from_secs(20), || async {
+        (!processes_running(&["sleep", MID_EXEC_SLEEP]).is_empty()).then_some(())
+    })
+    .await;
+    let killed_at = Instant::now();
     assert!(
         env.node.kill_agent(&ns, &doomed),
         "kill the agent of {doomed}"
     );
+    let broken = long_exec.await.expect("exec task");
+    assert!(
+        killed_at.elapsed() < Duration::from_secs(5),
+        "the caller learns at once, not at its timeout: {:?}",
+        killed_at.elapsed()
+    );
+    assert_eq!(broken.status, 502, "{broken:?}");
+    assert_eq!(broken.code(), "AgentConnectionLost", "{broken:?}");
+    assert_eq!(broken.body["retryable"], false, "{broken:?}");
+    assert!(
+        broken.message().contains("may have run"),
+        "the message says what is unknown: {broken:?}"
+    );
+    orchard_e2e::wait::poll(
+        "the killed agent's command to be gone",
+        Duration::from_secs(10),
+        || async { processes_running(&["sleep", MID_EXEC_SLEEP]).is_empty().then_some(()) },
+    )
+    .await;
     let sandboxes: Api<Sandbox> = Api::namespaced(env.client().await, &ns);
     orchard_e2e::wait::until(
         &sandboxes,

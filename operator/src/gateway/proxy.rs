@@ -106,12 +106,23 @@ pub fn agent_error(failure: AgentFailure, method: &Method, target: &Target) -> A
             ),
         )
         .retryable(is_idempotent(method)),
+        AgentFailure::Broken if is_idempotent(method) => ApiError::new(
+            StatusCode::BAD_GATEWAY,
+            "AgentConnectionLost",
+            format!(
+                "the connection to the agent of sandbox {sandbox} broke before it answered; the request is safe to retry"
+            ),
+        )
+        .retryable(true),
         AgentFailure::Broken => ApiError::new(
             StatusCode::BAD_GATEWAY,
             "AgentConnectionLost",
-            format!("the connection to the agent of sandbox {sandbox} broke before it answered"),
+            format!(
+                "the connection to the agent of sandbox {sandbox} broke before it answered: the command may have run; \
+                 if the agent died the sandbox turns Failed (check its phase) and the work belongs on a new sandbox"
+            ),
         )
-        .retryable(is_idempotent(method)),
+        .retryable(false),
     }
 }
 
@@ -346,6 +357,7 @@ mod tests {
         let broken = agent_error(AgentFailure::Broken, &post, &target());
         assert_eq!(broken.status, StatusCode::BAD_GATEWAY);
         assert!(!broken.body.retryable);
+        assert!(broken.body.message.contains("may have run"));
         assert!(
             agent_error(AgentFailure::Broken, &Method::PUT, &target())
                 .body
