@@ -20,7 +20,10 @@ const MID_EXEC_SLEEP: &str = "31.4159";
 
 /// Pids of processes whose argv is exactly `argv`.
 fn processes_running(argv: &[&str]) -> Vec<u32> {
-    let wanted: Vec<u8> = argv.iter().flat_map(|a| [a.as_bytes(), b"\0"].concat()).collect();
+    let wanted: Vec<u8> = argv
+        .iter()
+        .flat_map(|a| [a.as_bytes(), b"\0"].concat())
+        .collect();
     std::fs::read_dir("/proc")
         .into_iter()
         .flatten()
@@ -119,9 +122,11 @@ async fn frozen_and_dead_agents_give_retryable_gateway_errors() {
                 .await
         })
     };
-    orchard_e2e::wait::poll("the long exec to start", Duration::from_secs(20), || async {
-        (!processes_running(&["sleep", MID_EXEC_SLEEP]).is_empty()).then_some(())
-    })
+    orchard_e2e::wait::poll(
+        "the long exec to start",
+        Duration::from_secs(20),
+        || async { (!processes_running(&["sleep", MID_EXEC_SLEEP]).is_empty()).then_some(()) },
+    )
     .await;
     let killed_at = Instant::now();
     assert!(
@@ -144,7 +149,11 @@ async fn frozen_and_dead_agents_give_retryable_gateway_errors() {
     orchard_e2e::wait::poll(
         "the killed agent's command to be gone",
         Duration::from_secs(10),
-        || async { processes_running(&["sleep", MID_EXEC_SLEEP]).is_empty().then_some(()) },
+        || async {
+            processes_running(&["sleep", MID_EXEC_SLEEP])
+                .is_empty()
+                .then_some(())
+        },
     )
     .await;
     let sandboxes: Api<Sandbox> = Api::namespaced(env.client().await, &ns);

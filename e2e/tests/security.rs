@@ -49,7 +49,12 @@ async fn exec_status(endpoint: &str, token: Option<&str>) -> u16 {
         Some(token) => request.bearer_auth(token),
         None => request,
     };
-    request.send().await.expect("agent answers").status().as_u16()
+    request
+        .send()
+        .await
+        .expect("agent answers")
+        .status()
+        .as_u16()
 }
 
 #[tokio::test]
@@ -87,9 +92,7 @@ fn environ_of(pid: u32, key: &str) -> Option<String> {
     let raw = std::fs::read(format!("/proc/{pid}/environ")).ok()?;
     raw.split(|b| *b == 0).find_map(|entry| {
         let entry = String::from_utf8_lossy(entry);
-        entry
-            .strip_prefix(&format!("{key}="))
-            .map(str::to_string)
+        entry.strip_prefix(&format!("{key}=")).map(str::to_string)
     })
 }
 
@@ -129,7 +132,10 @@ async fn file_apis_cannot_touch_the_agents_token_or_executable() {
     let got = admin
         .get(&sandbox_path(&ns, "target", "/files?path=notes/plan.txt"))
         .await;
-    assert_eq!((got.status, got.bytes.as_slice()), (200, b"mine".as_slice()));
+    assert_eq!(
+        (got.status, got.bytes.as_slice()),
+        (200, b"mine".as_slice())
+    );
 
     let token_spellings = [
         token_file.clone(),
