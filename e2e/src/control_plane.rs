@@ -1,6 +1,6 @@
 //! The upstream control plane on 127.0.0.1: etcd, kube-apiserver (RBAC on, static token users,
 //! self-signed serving certificate, service-account signing keys) and kube-controller-manager running
-//! only the garbage-collector and namespace controllers. Free ports, a generated kubeconfig, logs under
+//! the garbage-collector, namespace and node-lifecycle controllers. Free ports, a generated kubeconfig, logs under
 //! the cluster directory, and teardown of every process.
 
 use std::collections::BTreeMap;

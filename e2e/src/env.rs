@@ -62,7 +62,12 @@ extern "C" fn kill_own_children_at_exit() {
     }
 }
 
-/// Removes working directories of earlier runs whose process is gone.
+/// How long the working directory (logs, etcd data) of a finished run is kept, so that `make e2e`
+/// running the next test binary does not delete the logs of one that failed.
+const KEEP_FINISHED_RUNS: Duration = Duration::from_secs(3600);
+
+/// Removes working directories of earlier runs whose process is gone and that have not changed for
+/// [`KEEP_FINISHED_RUNS`].
 fn remove_stale_dirs(root: &Path) {
     let Ok(entries) = std::fs::read_dir(root) else {
         return;
@@ -70,8 +75,14 @@ fn remove_stale_dirs(root: &Path) {
     for entry in entries.flatten() {
         let name = entry.file_name().to_string_lossy().to_string();
         let pid = name.rsplit('-').next().and_then(|p| p.parse::<u32>().ok());
+        let age = entry
+            .metadata()
+            .and_then(|m| m.modified())
+            .ok()
+            .and_then(|modified| modified.elapsed().ok());
         if let Some(pid) = pid
             && !Path::new(&format!("/proc/{pid}")).exists()
+            && age.is_none_or(|age| age > KEEP_FINISHED_RUNS)
         {
             let _ = std::fs::remove_dir_all(entry.path());
         }
@@ -111,7 +122,7 @@ impl TestEnv {
             .map_err(|e| E2eError::Setup(format!("cannot copy {}: {e}", agent.display())))?;
         let node = LocalNode::start(
             client,
-            NodeConfig::new("orchard-local-node", dir.join("pods"), image_root),
+            NodeConfig::new("orchard-local-node", pod_root(&dir), image_root),
         )
         .await?;
 

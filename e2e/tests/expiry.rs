@@ -96,16 +96,18 @@ async fn a_heartbeat_annotation_postpones_expiry() {
         &PostParams::default(),
         &sandbox(
             "kept",
-            json!({"image": "busybox", "lifecycle": {"heartbeatTimeoutSeconds": 3}}),
+            json!({"image": "busybox", "lifecycle": {"heartbeatTimeoutSeconds": 5}}),
         ),
     )
     .await
     .expect("create");
     let ready = wait::until(&api, "kept", "Ready", Duration::from_secs(60), is_ready).await;
     let first_deadline = expires_at(&ready);
-    // Beat twice, two seconds apart: each beat moves the deadline to beat + 3 s.
+    // Beat three times, two seconds apart: each beat moves the deadline to beat + 5 s. (The first
+    // beat is 2 s after the test saw Ready: the 5 s timeout leaves 3 s for the watch to be late under
+    // the load of the whole suite; by the last beat the first deadline has passed.)
     let mut beat = Timestamp::now();
-    for _ in 0..2 {
+    for _ in 0..3 {
         tokio::time::sleep(Duration::from_secs(2)).await;
         beat = Timestamp::now();
         let patch =
@@ -114,11 +116,11 @@ async fn a_heartbeat_annotation_postpones_expiry() {
             .await
             .expect("annotate");
     }
-    let expected = beat.as_second() + 3 + i64::from(beat.subsec_nanosecond() > 0);
+    let expected = beat.as_second() + 5 + i64::from(beat.subsec_nanosecond() > 0);
     let moved = wait::until(
         &api,
         "kept",
-        "deadline = last heartbeat (rounded up) + 3 s",
+        "deadline = last heartbeat (rounded up) + 5 s",
         Duration::from_secs(10),
         move |s: Option<&Sandbox>| {
             s.and_then(|s| s.status.as_ref()?.expires_at.as_ref())

@@ -2,8 +2,8 @@
 //! 504 `AgentTimeout` after `X-Orchard-Timeout`, a dead one 502 (retryable), and once the operator
 //! has marked the sandbox Failed, 409 `NotReady` with phase Failed. An agent killed mid-exec gives the
 //! waiting caller 502 `AgentConnectionLost` at once and leaves no process behind. This binary freezes the whole
-//! local node, so it holds this one test only. (An agent killed while the node is paused is never
-//! reported by the local node after it resumes, so the Failed case uses a second sandbox.)
+//! local node, so it holds this one test only. The agent killed while the node was paused is
+//! reported when the node resumes (the sandbox turns Failed), like a kubelet that recovers.
 
 mod gateway_support;
 
@@ -104,6 +104,18 @@ async fn frozen_and_dead_agents_give_retryable_gateway_errors() {
     assert_eq!(dead_again.body["retryable"], true);
 
     env.node.resume().await.expect("resume node");
+    let sandboxes: Api<Sandbox> = Api::namespaced(env.client().await, &ns);
+    orchard_e2e::wait::until(
+        &sandboxes,
+        &name,
+        "phase Failed once the resumed node reports the dead agent",
+        Duration::from_secs(60),
+        |s: Option<&Sandbox>| {
+            s.and_then(|s| s.status.as_ref())
+                .is_some_and(|st| st.phase == Some(SandboxPhase::Failed))
+        },
+    )
+    .await;
 
     // An agent that dies mid-exec on a running node: the caller gets 502 AgentConnectionLost at once
     // (not retryable: the command may have run), the node kills the command with the container, the
@@ -156,7 +168,6 @@ async fn frozen_and_dead_agents_give_retryable_gateway_errors() {
         },
     )
     .await;
-    let sandboxes: Api<Sandbox> = Api::namespaced(env.client().await, &ns);
     orchard_e2e::wait::until(
         &sandboxes,
         &doomed,

@@ -604,7 +604,14 @@ impl PodWorker {
     async fn wait_for_stop(&mut self) -> PodCommand {
         loop {
             match self.commands.recv().await {
-                Some(PodCommand::Freeze(frozen)) => self.frozen = frozen,
+                Some(PodCommand::Freeze(frozen)) => {
+                    self.frozen = frozen;
+                    if !frozen {
+                        // Like a kubelet that recovers: report what happened while it was hung
+                        // (an agent that died meanwhile was not reported then).
+                        self.report().await;
+                    }
+                }
                 Some(PodCommand::KillAgent | PodCommand::Evict) => {}
                 Some(command) => return command,
                 None => return PodCommand::Shutdown,
