@@ -25,3 +25,4 @@ pub mod runtime;
 pub mod sandbox;
 pub mod status_memory;
 pub mod telemetry;
+pub mod triggers;

@@ -27,6 +27,7 @@ use crate::error::{Error, Result};
 use crate::gateway::{self, GatewayDeps};
 use crate::leader::{self, Election, Leadership};
 use crate::metrics::Metrics;
+use crate::triggers::{Forward, trigger};
 use crate::{rollout, sandbox};
 
 /// An `Api` over every namespace, or over the one the operator is told to watch.
@@ -100,21 +101,23 @@ pub async fn run(args: OperatorArgs) -> Result<()> {
         )));
     }
 
-    // Sandboxes: one watch shared by the Sandbox controller, the RolloutGroup controller and the gateway.
-    let (sandbox_store, sandbox_writer) = reflector::store_shared::<Sandbox>(4096);
-    let sandbox_trigger = sandbox_writer
-        .subscribe()
-        .ok_or_else(|| Error::Config("sandbox store is not shared".into()))?;
-    let sandbox_changes_for_groups = sandbox_writer
-        .subscribe()
-        .ok_or_else(|| Error::Config("sandbox store is not shared".into()))?;
+    // Sandboxes: one watch and cache shared by the Sandbox controller, the RolloutGroup controller and
+    // the gateway. The controllers are triggered through our own channels, fed after the cache was
+    // updated, not through the shared store's subscribers (see `triggers.rs` for why).
+    let (sandbox_store, sandbox_writer) = reflector::store::<Sandbox>();
+    let (sandbox_trigger_tx, sandbox_trigger) = trigger::<Sandbox>(Forward::Applied);
+    let (group_children_tx, group_children) = trigger::<Sandbox>(Forward::AppliedAndDeleted);
     let filled = CacheFill::default();
     let changes = ChangeFeed::default();
     let sandbox_watch = watcher(sandboxes, watcher::Config::default())
         .default_backoff()
         .modify(|s: &mut Sandbox| s.meta_mut().managed_fields = None)
         .inspect(flag_on_init_done(filled.sandboxes.clone()))
-        .reflect_shared(sandbox_writer)
+        .reflect(sandbox_writer)
+        .inspect(move |event| {
+            sandbox_trigger_tx.forward(event);
+            group_children_tx.forward(event);
+        })
         .inspect(publish_changes(changes.clone(), "Sandbox"))
         .for_each(|event| async move {
             if let Err(err) = event {
@@ -123,10 +126,8 @@ pub async fn run(args: OperatorArgs) -> Result<()> {
         });
 
     // RolloutGroups: one watch shared by the RolloutGroup controller and the gateway.
-    let (rollout_store, rollout_writer) = reflector::store_shared::<RolloutGroup>(1024);
-    let rollout_trigger = rollout_writer
-        .subscribe()
-        .ok_or_else(|| Error::Config("rolloutgroup store is not shared".into()))?;
+    let (rollout_store, rollout_writer) = reflector::store::<RolloutGroup>();
+    let (rollout_trigger_tx, rollout_trigger) = trigger::<RolloutGroup>(Forward::Applied);
     let rollout_watch = watcher(
         scoped_api::<RolloutGroup>(&client, &namespace),
         watcher::Config::default(),
@@ -134,7 +135,8 @@ pub async fn run(args: OperatorArgs) -> Result<()> {
     .default_backoff()
     .modify(|g: &mut RolloutGroup| g.meta_mut().managed_fields = None)
     .inspect(flag_on_init_done(filled.rollout_groups.clone()))
-    .reflect_shared(rollout_writer)
+    .reflect(rollout_writer)
+    .inspect(move |event| rollout_trigger_tx.forward(event))
     .inspect(publish_changes(changes.clone(), "RolloutGroup"))
     .for_each(|event| async move {
         if let Err(err) = event {
@@ -251,7 +253,7 @@ pub async fn run(args: OperatorArgs) -> Result<()> {
         "orchard-operator started"
     );
     let rollout_controller = Controller::for_shared_stream(rollout_trigger, rollout_store.clone())
-        .owns_shared_stream(sandbox_changes_for_groups)
+        .owns_stream(group_children.map(|child| Ok(Sandbox::clone(&child))))
         .with_config(controller::Config::default().concurrency(args.controller.rollout_concurrency))
         .reconcile_all_on(leadership.gained_stream())
         .graceful_shutdown_on(shutdown.clone().cancelled_owned())

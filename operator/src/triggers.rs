@@ -1,0 +1,179 @@
+//! Controller triggers fed from a watch stream right after the reflector updated its cache.
+//!
+//! Why not the shared store's subscribers (`Writer::subscribe` / `ReflectHandle`): in kube-runtime
+//! 5.0.0 a `ReflectHandle` that is told about an object which has left the cache by the time it is
+//! polled (deleted in between) returns `Pending` without registering a waker, so its controller
+//! stops seeing that stream until something else happens to wake the task. A RolloutGroup waited
+//! more than two minutes for its children's results that way, after an `Eager` group in the same
+//! operator deleted running trajectories. The handle also never forwards deletions. These channels
+//! do neither: every forwarded object is delivered, and the receiving end wakes on each send.
+
+use std::sync::Arc;
+
+use futures::Stream;
+use futures::channel::mpsc;
+use kube::runtime::watcher;
+
+/// Which objects of a watch event a trigger forwards.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Forward {
+    /// Applied and (re-)listed objects: what makes a controller reconcile the object itself.
+    Applied,
+    /// Applied, (re-)listed and deleted objects: what makes a controller reconcile their owner.
+    AppliedAndDeleted,
+}
+
+/// The object of `event` that a trigger of kind `forward` passes on, if any (pure).
+pub fn forwarded<K>(
+    event: &Result<watcher::Event<K>, watcher::Error>,
+    forward: Forward,
+) -> Option<&K> {
+    match event {
+        Ok(watcher::Event::Apply(obj) | watcher::Event::InitApply(obj)) => Some(obj),
+        Ok(watcher::Event::Delete(obj)) if forward == Forward::AppliedAndDeleted => Some(obj),
+        _ => None,
+    }
+}
+
+/// The sending side: call [`Trigger::forward`] from an `inspect` placed after the reflector.
+#[derive(Clone)]
+pub struct Trigger<K> {
+    sender: mpsc::UnboundedSender<Arc<K>>,
+    forward: Forward,
+}
+
+/// A trigger and the stream a controller consumes (`for_shared_stream` for the controller's own
+/// kind; map to owned objects for `owns_stream`).
+pub fn trigger<K>(forward: Forward) -> (Trigger<K>, impl Stream<Item = Arc<K>> + Send + 'static)
+where
+    K: Send + Sync + 'static,
+{
+    let (sender, receiver) = mpsc::unbounded();
+    (Trigger { sender, forward }, receiver)
+}
+
+impl<K: Clone> Trigger<K> {
+    /// Passes the event's object on. A receiver that is gone (the controller stopped at shutdown) is
+    /// not an error.
+    pub fn forward(&self, event: &Result<watcher::Event<K>, watcher::Error>) {
+        if let Some(obj) = forwarded(event, self.forward) {
+            let _ = self.sender.unbounded_send(Arc::new(obj.clone()));
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use futures::StreamExt;
+    use k8s_openapi::api::core::v1::ConfigMap;
+    use kube::api::ObjectMeta;
+
+    use super::*;
+
+    fn named(name: &str) -> ConfigMap {
+        ConfigMap {
+            metadata: ObjectMeta {
+                name: Some(name.into()),
+                ..ObjectMeta::default()
+            },
+            ..ConfigMap::default()
+        }
+    }
+
+    #[test]
+    fn applied_and_listed_objects_are_forwarded_deletions_only_when_asked() {
+        let apply = Ok(watcher::Event::Apply(named("a")));
+        let listed = Ok(watcher::Event::InitApply(named("b")));
+        let deleted = Ok(watcher::Event::Delete(named("c")));
+        let name = |o: Option<&ConfigMap>| o.and_then(|o| o.metadata.name.clone());
+        for forward in [Forward::Applied, Forward::AppliedAndDeleted] {
+            assert_eq!(name(forwarded(&apply, forward)), Some("a".into()));
+            assert_eq!(name(forwarded(&listed, forward)), Some("b".into()));
+        }
+        assert_eq!(name(forwarded(&deleted, Forward::Applied)), None);
+        assert_eq!(
+            name(forwarded(&deleted, Forward::AppliedAndDeleted)),
+            Some("c".into())
+        );
+        let markers: [Result<watcher::Event<ConfigMap>, watcher::Error>; 2] =
+            [Ok(watcher::Event::Init), Ok(watcher::Event::InitDone)];
+        for marker in &markers {
+            assert!(forwarded(marker, Forward::AppliedAndDeleted).is_none());
+        }
+    }
+
+    #[tokio::test]
+    async fn a_waiting_consumer_wakes_for_every_object_even_deleted_ones() {
+        let (trigger, stream) = trigger::<ConfigMap>(Forward::AppliedAndDeleted);
+        let consumer = tokio::spawn(
+            stream
+                .take(3)
+                .map(|o| o.metadata.name.clone())
+                .collect::<Vec<_>>(),
+        );
+        // The consumer is parked on an empty channel before anything is sent.
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        trigger.forward(&Ok(watcher::Event::Apply(named("child"))));
+        trigger.forward(&Ok(watcher::Event::Delete(named("child"))));
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        trigger.forward(&Ok(watcher::Event::Apply(named("later"))));
+        let seen = tokio::time::timeout(Duration::from_secs(5), consumer)
+            .await
+            .expect("the consumer was woken")
+            .expect("consumer task");
+        assert_eq!(
+            seen,
+            vec![
+                Some("child".to_string()),
+                Some("child".to_string()),
+                Some("later".to_string())
+            ]
+        );
+    }
+
+    /// Canary for the kube-runtime bug this module works around: a shared store's subscriber that
+    /// is told about an object deleted before it looked stops waking up, even for later objects.
+    /// When this fails, kube-runtime has fixed `ReflectHandle` and the subscribers can come back.
+    #[tokio::test]
+    async fn kube_runtime_reflect_handle_still_stalls_after_a_deleted_object() {
+        use kube::runtime::WatchStreamExt;
+        use kube::runtime::reflector;
+
+        let (_store, writer) = reflector::store_shared::<ConfigMap>(16);
+        let mut handle = writer.subscribe().expect("shared store");
+        let (events, watch) =
+            mpsc::unbounded::<Result<watcher::Event<ConfigMap>, watcher::Error>>();
+        tokio::spawn(watch.reflect_shared(writer).for_each(|_| async {}));
+
+        // Applied, then deleted before the subscriber looks.
+        events
+            .unbounded_send(Ok(watcher::Event::Apply(named("gone"))))
+            .expect("send");
+        events
+            .unbounded_send(Ok(watcher::Event::Delete(named("gone"))))
+            .expect("send");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        let consumer =
+            tokio::spawn(async move { handle.next().await.map(|o| o.metadata.name.clone()) });
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        // A later object is in the store and dispatched, but nothing wakes the subscriber.
+        events
+            .unbounded_send(Ok(watcher::Event::Apply(named("later"))))
+            .expect("send");
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        assert!(
+            !consumer.is_finished(),
+            "kube-runtime's ReflectHandle delivered the later object: the bug is fixed upstream"
+        );
+        consumer.abort();
+    }
+
+    #[test]
+    fn a_stopped_controller_is_not_an_error() {
+        let (trigger, stream) = trigger::<ConfigMap>(Forward::Applied);
+        drop(stream);
+        trigger.forward(&Ok(watcher::Event::Apply(named("x"))));
+    }
+}
