@@ -233,6 +233,35 @@ impl Context {
             leadership,
         }
     }
+
+    /// Bookkeeping after `controller` reconciled the object `key` (`namespace/name`): forgets its
+    /// failures and counts the success.
+    pub fn reconciled(&self, controller: &str, key: &str) {
+        self.backoff.reset(&format!("{controller}/{key}"));
+        self.metrics
+            .reconciles
+            .with_label_values(&[controller, "ok"])
+            .inc();
+    }
+
+    /// Bookkeeping after a failed reconcile: counts it by error kind and returns the object's next
+    /// retry delay (per-object exponential backoff).
+    pub fn reconcile_failed(&self, controller: &str, key: &str, error: &Error) -> Duration {
+        self.metrics
+            .reconciles
+            .with_label_values(&[controller, "error"])
+            .inc();
+        self.metrics
+            .reconcile_errors
+            .with_label_values(&[controller, error.metric_label()])
+            .inc();
+        self.backoff.next_delay(&format!("{controller}/{key}"))
+    }
+}
+
+/// `namespace/name` of an object, for logs and per-object bookkeeping.
+pub fn object_key<K: kube::ResourceExt>(obj: &K) -> String {
+    format!("{}/{}", obj.namespace().unwrap_or_default(), obj.name_any())
 }
 
 #[cfg(test)]

@@ -93,6 +93,20 @@ struct Outcome {
     delete_ms: f64,
 }
 
+/// Sends `request` and reads a successful answer's JSON body (`Null` when there is none); any
+/// other answer or a transport error is the failure message of `step`.
+async fn send_ok(request: reqwest::RequestBuilder, step: &str) -> Result<Value, String> {
+    match request.send().await {
+        Ok(r) if r.status().is_success() => Ok(r.json().await.unwrap_or(Value::Null)),
+        Ok(r) => Err(format!(
+            "{step}: {} {}",
+            r.status(),
+            r.text().await.unwrap_or_default()
+        )),
+        Err(e) => Err(format!("{step}: {e}")),
+    }
+}
+
 async fn lifecycle(
     http: &reqwest::Client,
     base: &str,
@@ -102,105 +116,73 @@ async fn lifecycle(
     execs: usize,
 ) -> Outcome {
     let mut out = Outcome::default();
+    if let Err(error) = run_lifecycle(http, base, token, &name, image, execs, &mut out).await {
+        out.error = Some(error);
+    } else {
+        out.ok = true;
+    }
+    out
+}
+
+async fn run_lifecycle(
+    http: &reqwest::Client,
+    base: &str,
+    token: &str,
+    name: &str,
+    image: &str,
+    execs: usize,
+    out: &mut Outcome,
+) -> Result<(), String> {
     let sandboxes = format!("{base}/v1/namespaces/default/sandboxes");
     let started = Instant::now();
-    let fail = |mut out: Outcome, step: &str, detail: String| {
-        out.error = Some(format!("{step}: {detail}"));
-        out
-    };
-    match http
-        .post(&sandboxes)
-        .bearer_auth(token)
-        .json(&json!({"name": name, "image": image}))
-        .send()
-        .await
-    {
-        Ok(r) if r.status().is_success() => {}
-        Ok(r) => {
-            return fail(
-                out,
-                "create",
-                format!("{} {}", r.status(), r.text().await.unwrap_or_default()),
-            );
-        }
-        Err(e) => return fail(out, "create", e.to_string()),
-    }
+    send_ok(
+        http.post(&sandboxes)
+            .bearer_auth(token)
+            .json(&json!({"name": name, "image": image})),
+        "create",
+    )
+    .await?;
     out.create_ms = started.elapsed().as_secs_f64() * 1e3;
-    match http
-        .get(format!("{sandboxes}/{name}/wait?timeoutSeconds=300"))
-        .bearer_auth(token)
-        .send()
-        .await
-    {
-        Ok(r) if r.status().is_success() => {
-            let body: Value = r.json().await.unwrap_or(Value::Null);
-            let phase = body
-                .pointer("/status/phase")
-                .or_else(|| body.get("phase"))
-                .and_then(Value::as_str)
-                .unwrap_or("");
-            if phase != "Ready" {
-                return fail(out, "wait", format!("phase {phase:?}: {body}"));
-            }
-        }
-        Ok(r) => {
-            return fail(
-                out,
-                "wait",
-                format!("{} {}", r.status(), r.text().await.unwrap_or_default()),
-            );
-        }
-        Err(e) => return fail(out, "wait", e.to_string()),
+    let body = send_ok(
+        http.get(format!("{sandboxes}/{name}/wait?timeoutSeconds=300"))
+            .bearer_auth(token),
+        "wait",
+    )
+    .await?;
+    let phase = body
+        .pointer("/status/phase")
+        .or_else(|| body.get("phase"))
+        .and_then(Value::as_str)
+        .unwrap_or("");
+    if phase != "Ready" {
+        return Err(format!("wait: phase {phase:?}: {body}"));
     }
     out.ready_ms = started.elapsed().as_secs_f64() * 1e3;
     for i in 0..execs {
         let t = Instant::now();
         let request =
             json!({"argv": ["/bin/sh", "-c", format!("echo step {i} of $ORCHARD_SANDBOX")]});
-        match http
-            .post(format!("{sandboxes}/{name}/exec"))
-            .bearer_auth(token)
-            .json(&request)
-            .send()
-            .await
-        {
-            Ok(r) if r.status().is_success() => {
-                let body: Value = r.json().await.unwrap_or(Value::Null);
-                if body.get("exitCode").and_then(Value::as_i64) != Some(0) {
-                    return fail(out, "exec", body.to_string());
-                }
-            }
-            Ok(r) => {
-                return fail(
-                    out,
-                    "exec",
-                    format!("{} {}", r.status(), r.text().await.unwrap_or_default()),
-                );
-            }
-            Err(e) => return fail(out, "exec", e.to_string()),
+        let body = send_ok(
+            http.post(format!("{sandboxes}/{name}/exec"))
+                .bearer_auth(token)
+                .json(&request),
+            "exec",
+        )
+        .await?;
+        if body.get("exitCode").and_then(Value::as_i64) != Some(0) {
+            return Err(format!("exec: {body}"));
         }
         out.exec_ms.push(t.elapsed().as_secs_f64() * 1e3);
     }
     let t = Instant::now();
-    match http
-        .delete(format!("{sandboxes}/{name}"))
-        .bearer_auth(token)
-        .send()
-        .await
-    {
-        Ok(r) if r.status().is_success() => {}
-        Ok(r) => {
-            return fail(
-                out,
-                "delete",
-                format!("{} {}", r.status(), r.text().await.unwrap_or_default()),
-            );
-        }
-        Err(e) => return fail(out, "delete", e.to_string()),
-    }
+    send_ok(
+        http.delete(format!("{sandboxes}/{name}"))
+            .bearer_auth(token),
+        "delete",
+    )
+    .await?;
     out.delete_ms = t.elapsed().as_secs_f64() * 1e3;
-    out.ok = true;
-    out
+    Ok(())
 }
 
 fn agent_pids() -> Vec<u32> {

@@ -23,7 +23,7 @@ use crate::api::{
     STRIDE_LABEL, Sandbox, TrajectoryRecord, TrajectoryStatus,
 };
 use crate::bar::{Progress, Step, next_step};
-use crate::context::{Context, FIELD_MANAGER};
+use crate::context::{Context, FIELD_MANAGER, object_key};
 use crate::error::{Error, Result};
 use crate::events::publish;
 use crate::merge_patch;
@@ -32,41 +32,21 @@ use crate::metrics::ReconcileTimer;
 /// Controller name used in metrics and logs.
 pub const CONTROLLER: &str = "rolloutgroup";
 
-fn object_key(group: &RolloutGroup) -> String {
-    format!(
-        "{}/{}",
-        group.namespace().unwrap_or_default(),
-        group.name_any()
-    )
-}
-
 /// Reconciles one RolloutGroup.
-#[instrument(skip_all, fields(group = %object_key(&group)))]
+#[instrument(skip_all, fields(group = %object_key(group.as_ref())))]
 pub async fn reconcile(group: Arc<RolloutGroup>, ctx: Arc<Context>) -> Result<Action> {
     let _timer = ReconcileTimer::start(&ctx.metrics, CONTROLLER);
     let result = reconcile_inner(&group, &ctx).await;
     if result.is_ok() {
-        ctx.backoff.reset(&format!("rg/{}", object_key(&group)));
-        ctx.metrics
-            .reconciles
-            .with_label_values(&[CONTROLLER, "ok"])
-            .inc();
+        ctx.reconciled(CONTROLLER, &object_key(group.as_ref()));
     }
     result
 }
 
 /// Retries a failed reconcile with per-object exponential backoff.
 pub fn error_policy(group: Arc<RolloutGroup>, error: &Error, ctx: Arc<Context>) -> Action {
-    let key = object_key(&group);
-    let delay = ctx.backoff.next_delay(&format!("rg/{key}"));
-    ctx.metrics
-        .reconciles
-        .with_label_values(&[CONTROLLER, "error"])
-        .inc();
-    ctx.metrics
-        .reconcile_errors
-        .with_label_values(&[CONTROLLER, error.metric_label()])
-        .inc();
+    let key = object_key(group.as_ref());
+    let delay = ctx.reconcile_failed(CONTROLLER, &key, error);
     warn!(group = %key, %error, retry_in_ms = delay.as_millis() as u64, "rolloutgroup reconcile failed");
     Action::requeue(delay)
 }

@@ -20,7 +20,7 @@ use super::status::{
 };
 use super::{apply, runner};
 use crate::api::{Sandbox, SandboxPhase, SandboxStatus};
-use crate::context::Context;
+use crate::context::{Context, object_key};
 use crate::error::{Error, Result};
 use crate::events::publish;
 use crate::metrics::ReconcileTimer;
@@ -28,42 +28,22 @@ use crate::metrics::ReconcileTimer;
 /// Controller name used in metrics and logs.
 pub const CONTROLLER: &str = "sandbox";
 
-fn object_key(sandbox: &Sandbox) -> String {
-    format!(
-        "{}/{}",
-        sandbox.namespace().unwrap_or_default(),
-        sandbox.name_any()
-    )
-}
-
 /// Reconciles one Sandbox.
-#[instrument(skip_all, fields(sandbox = %object_key(&sandbox)))]
+#[instrument(skip_all, fields(sandbox = %object_key(sandbox.as_ref())))]
 pub async fn reconcile(sandbox: Arc<Sandbox>, ctx: Arc<Context>) -> Result<Action> {
     let _timer = ReconcileTimer::start(&ctx.metrics, CONTROLLER);
     let result = reconcile_inner(&sandbox, &ctx).await;
 
     if result.is_ok() {
-        ctx.backoff.reset(&object_key(&sandbox));
-        ctx.metrics
-            .reconciles
-            .with_label_values(&[CONTROLLER, "ok"])
-            .inc();
+        ctx.reconciled(CONTROLLER, &object_key(sandbox.as_ref()));
     }
     result
 }
 
 /// Retries a failed reconcile with per-object exponential backoff.
 pub fn error_policy(sandbox: Arc<Sandbox>, error: &Error, ctx: Arc<Context>) -> Action {
-    let key = object_key(&sandbox);
-    let delay = ctx.backoff.next_delay(&key);
-    ctx.metrics
-        .reconciles
-        .with_label_values(&[CONTROLLER, "error"])
-        .inc();
-    ctx.metrics
-        .reconcile_errors
-        .with_label_values(&[CONTROLLER, error.metric_label()])
-        .inc();
+    let key = object_key(sandbox.as_ref());
+    let delay = ctx.reconcile_failed(CONTROLLER, &key, error);
     warn!(sandbox = %key, %error, retry_in_ms = delay.as_millis() as u64, "sandbox reconcile failed");
     Action::requeue(delay)
 }
