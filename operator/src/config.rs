@@ -126,11 +126,11 @@ impl Default for SandboxDefaults {
 /// Controller tuning knobs.
 #[derive(clap::Args, Debug, Clone, PartialEq)]
 pub struct ControllerTuning {
-    /// Most Sandbox reconciles running at once.
+    /// Most Sandbox reconciles running at once (more wait their turn, first come first served).
     #[arg(long, env = "ORCHARD_SANDBOX_CONCURRENCY", default_value_t = 64)]
     pub sandbox_concurrency: u16,
 
-    /// Most RolloutGroup reconciles running at once.
+    /// Most RolloutGroup reconciles running at once (more wait their turn, first come first served).
     #[arg(long, env = "ORCHARD_ROLLOUT_CONCURRENCY", default_value_t = 16)]
     pub rollout_concurrency: u16,
 

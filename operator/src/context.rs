@@ -1,26 +1,28 @@
 //! What every reconcile shares: the client, settings, metrics, the event recorder, per-object
-//! backoff, the watch caches of children, and a short memory of our own recent writes (so a lagging
-//! watch cache does not make us write the same object twice).
+//! backoff, the watch caches of children, and the short memory of our own writes (so a lagging watch
+//! cache does not make us write the same object twice; see `own_writes`).
 
-use std::collections::{BTreeMap, HashMap, HashSet};
-use std::sync::Mutex;
-use std::time::{Duration, Instant};
+use std::collections::{BTreeMap, HashSet};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
 
 use k8s_openapi::api::core::v1::{Pod, Secret};
 use k8s_openapi::api::networking::v1::NetworkPolicy;
 use kube::Client;
+use kube::runtime::controller::Action;
 use kube::runtime::events::{Recorder, Reporter};
 use kube::runtime::reflector::Store;
 
 use crate::agent_client::AgentClient;
-use crate::api::{RolloutGroup, RolloutGroupStatus, Sandbox, SandboxStatus};
+use crate::api::{RolloutGroup, Sandbox};
 use crate::backoff::ReconcileBackoff;
 use crate::config::{OperatorArgs, parse_label_pairs};
 use crate::error::{Error, Result};
 use crate::leader::Leadership;
 use crate::metrics::Metrics;
+use crate::own_writes::OwnWrites;
+use crate::reconcile_slots::ReconcileSlots;
 use crate::sandbox::build::{PodShape, PolicyShape};
-use crate::status_memory::StatusMemory;
 
 /// Field manager of every server-side apply the operator sends.
 pub const FIELD_MANAGER: &str = "orchard-operator";
@@ -42,6 +44,10 @@ pub struct Settings {
     pub resync: Duration,
     /// Window after creation in which transient phases are not written.
     pub status_coalesce: Duration,
+    /// Sandbox reconciles running at once.
+    pub sandbox_concurrency: u16,
+    /// RolloutGroup reconciles running at once.
+    pub rollout_concurrency: u16,
 }
 
 impl Settings {
@@ -96,65 +102,9 @@ impl Settings {
             startup_timeout_seconds: defaults.startup_timeout_seconds,
             resync: Duration::from_secs(args.controller.resync_seconds.max(1)),
             status_coalesce: Duration::from_millis(args.controller.status_coalesce_ms),
+            sandbox_concurrency: args.controller.sandbox_concurrency,
+            rollout_concurrency: args.controller.rollout_concurrency,
         })
-    }
-}
-
-/// Keys of objects we wrote moments ago, so a reconcile running before the watch cache caught up
-/// does not send the same write again. Entries expire after [`RecentWrites::TTL`].
-#[derive(Debug, Default)]
-pub struct RecentWrites {
-    entries: Mutex<HashMap<String, Instant>>,
-}
-
-impl RecentWrites {
-    /// How long a write is remembered.
-    pub const TTL: Duration = Duration::from_secs(30);
-
-    /// Remembers a write of `key`.
-    pub fn record(&self, key: String) {
-        let mut entries = self.entries.lock().unwrap_or_else(|p| p.into_inner());
-        let now = Instant::now();
-        entries.retain(|_, at| now.duration_since(*at) < Self::TTL);
-        entries.insert(key, now);
-    }
-
-    /// Whether `key` was written within the TTL.
-    pub fn contains(&self, key: &str) -> bool {
-        let entries = self.entries.lock().unwrap_or_else(|p| p.into_inner());
-        entries.get(key).is_some_and(|at| at.elapsed() < Self::TTL)
-    }
-
-    /// Forgets `key`.
-    pub fn forget(&self, key: &str) {
-        let mut entries = self.entries.lock().unwrap_or_else(|p| p.into_inner());
-        entries.remove(key);
-    }
-}
-
-/// Pods we created moments ago, until the watch cache shows them: a reconcile running in that window
-/// uses the Pod the create returned instead of reading it from the API server.
-#[derive(Debug, Default)]
-pub struct CreatedPods {
-    entries: Mutex<HashMap<String, (Instant, k8s_openapi::api::core::v1::Pod)>>,
-}
-
-impl CreatedPods {
-    /// Remembers a created Pod under `key` (`namespace/name`).
-    pub fn record(&self, key: String, pod: k8s_openapi::api::core::v1::Pod) {
-        let mut entries = self.entries.lock().unwrap_or_else(|p| p.into_inner());
-        let now = Instant::now();
-        entries.retain(|_, (at, _)| now.duration_since(*at) < RecentWrites::TTL);
-        entries.insert(key, (now, pod));
-    }
-
-    /// The Pod created under `key` within the TTL.
-    pub fn get(&self, key: &str) -> Option<k8s_openapi::api::core::v1::Pod> {
-        let entries = self.entries.lock().unwrap_or_else(|p| p.into_inner());
-        entries
-            .get(key)
-            .filter(|(at, _)| at.elapsed() < RecentWrites::TTL)
-            .map(|(_, pod)| pod.clone())
     }
 }
 
@@ -183,40 +133,73 @@ pub struct Context {
     pub metrics: Metrics,
     /// Event recorder (one for the whole process).
     pub recorder: Recorder,
-    /// Per-object backoff of failed reconciles.
-    pub backoff: ReconcileBackoff,
+    /// Per-object backoff of failed reconciles (by UID).
+    pub backoff: Arc<ReconcileBackoff>,
     /// Watch caches.
     pub caches: Caches,
-    /// Writes the caches may not show yet.
-    pub recent: RecentWrites,
-    /// Pods created that the cache may not show yet.
-    pub created_pods: CreatedPods,
-    /// Sandbox statuses we wrote that the cache may not show yet.
-    pub written_status: StatusMemory<SandboxStatus>,
-    /// RolloutGroup statuses we wrote that the cache may not show yet.
-    pub written_group_status: StatusMemory<RolloutGroupStatus>,
+    /// Our own writes the caches may not show yet (by UID).
+    pub own_writes: Arc<OwnWrites>,
     /// Client for the operator's own agent calls (trajectory runs).
     pub agent: AgentClient,
     /// Uids of sandboxes whose trajectory runner is in flight.
     pub runners: Mutex<HashSet<String>>,
     /// Whether this replica may write (leader election).
     pub leadership: Leadership,
+    /// Sandbox reconciles running at once (FIFO; see `reconcile_slots`).
+    pub sandbox_slots: ReconcileSlots,
+    /// RolloutGroup reconciles running at once.
+    pub rollout_slots: ReconcileSlots,
+    /// One baseline-policy apply in flight per namespace (the first sandboxes of a new namespace would
+    /// otherwise all apply the same object at once, and the API server serialises those updates).
+    pub baseline_applies: KeyedLocks,
+}
+
+/// Async locks by key, created on first use and dropped when nobody holds or waits for them.
+#[derive(Default)]
+pub struct KeyedLocks {
+    locks: Mutex<std::collections::HashMap<String, Arc<tokio::sync::Mutex<()>>>>,
+}
+
+impl KeyedLocks {
+    /// Runs `work` while holding the lock of `key`.
+    pub async fn with<T>(&self, key: &str, work: impl std::future::Future<Output = T>) -> T {
+        let lock = {
+            let mut locks = self.locks.lock().unwrap_or_else(|p| p.into_inner());
+            locks.entry(key.to_string()).or_default().clone()
+        };
+        let result = {
+            let _held = lock.lock().await;
+            work.await
+        };
+        let mut locks = self.locks.lock().unwrap_or_else(|p| p.into_inner());
+        // Ours and the map's: nobody else holds or waits for it.
+        if Arc::strong_count(&lock) == 2 {
+            locks.remove(key);
+        }
+        result
+    }
 }
 
 impl Context {
-    /// Builds the context; `backoff` carries the configured base and cap.
+    /// Builds the context; `backoff` carries the configured base and cap. The watches share `backoff`
+    /// and `own_writes` to forget deleted objects.
     pub fn new(
         client: Client,
         settings: Settings,
         metrics: Metrics,
-        backoff: ReconcileBackoff,
+        backoff: Arc<ReconcileBackoff>,
         caches: Caches,
+        own_writes: Arc<OwnWrites>,
         leadership: Leadership,
     ) -> Self {
         let reporter = Reporter {
             controller: "orchard-operator".into(),
             instance: std::env::var("POD_NAME").ok(),
         };
+        let (sandbox_slots, rollout_slots) = (
+            ReconcileSlots::new(settings.sandbox_concurrency),
+            ReconcileSlots::new(settings.rollout_concurrency),
+        );
         Self {
             recorder: Recorder::new(client.clone(), reporter),
             client,
@@ -224,29 +207,29 @@ impl Context {
             metrics,
             backoff,
             caches,
-            recent: RecentWrites::default(),
-            created_pods: CreatedPods::default(),
-            written_status: StatusMemory::default(),
-            written_group_status: StatusMemory::default(),
+            own_writes,
             agent: AgentClient::new(),
             runners: Mutex::new(HashSet::new()),
             leadership,
+            sandbox_slots,
+            rollout_slots,
+            baseline_applies: KeyedLocks::default(),
         }
     }
 
-    /// Bookkeeping after `controller` reconciled the object `key` (`namespace/name`): forgets its
-    /// failures and counts the success.
-    pub fn reconciled(&self, controller: &str, key: &str) {
-        self.backoff.reset(&format!("{controller}/{key}"));
+    /// Bookkeeping after `controller` reconciled the object with `uid`: forgets its failures and
+    /// counts the success.
+    pub fn reconciled(&self, controller: &str, uid: &str) {
+        self.backoff.reset(uid);
         self.metrics
             .reconciles
             .with_label_values(&[controller, "ok"])
             .inc();
     }
 
-    /// Bookkeeping after a failed reconcile: counts it by error kind and returns the object's next
-    /// retry delay (per-object exponential backoff).
-    pub fn reconcile_failed(&self, controller: &str, key: &str, error: &Error) -> Duration {
+    /// Bookkeeping after a failed reconcile of the object with `uid`: counts it by error kind and
+    /// returns the object's next retry delay (per-object exponential backoff).
+    pub fn reconcile_failed(&self, controller: &str, uid: &str, error: &Error) -> Duration {
         self.metrics
             .reconciles
             .with_label_values(&[controller, "error"])
@@ -255,7 +238,19 @@ impl Context {
             .reconcile_errors
             .with_label_values(&[controller, error.metric_label()])
             .inc();
-        self.backoff.next_delay(&format!("{controller}/{key}"))
+        self.backoff.next_delay(uid)
+    }
+
+    /// The controller action for a reconcile of `uid` that wants to run again after `next` (`None`:
+    /// on the next change only): never later than the expiry of anything the operator remembers about
+    /// the object, so no wait on a memory ends without a reconcile.
+    pub fn next_action(&self, uid: &str, next: Option<Duration>) -> Action {
+        let memory = self.own_writes.next_expiry(uid);
+        match (next, memory) {
+            (Some(a), Some(b)) => Action::requeue(a.min(b)),
+            (Some(a), None) | (None, Some(a)) => Action::requeue(a),
+            (None, None) => Action::await_change(),
+        }
     }
 }
 
@@ -287,15 +282,5 @@ mod tests {
         assert!(err.contains("--dns-pod-selector"), "{err}");
         let args = OperatorArgs::parse_from(["orchard-operator", "--default-ttl-seconds", "0"]);
         assert!(Settings::from_args(&args).is_err());
-    }
-
-    #[test]
-    fn recent_writes_expire_and_can_be_forgotten() {
-        let recent = RecentWrites::default();
-        recent.record("pods/ns/a".into());
-        assert!(recent.contains("pods/ns/a"));
-        assert!(!recent.contains("pods/ns/b"));
-        recent.forget("pods/ns/a");
-        assert!(!recent.contains("pods/ns/a"));
     }
 }

@@ -27,8 +27,14 @@ use crate::error::{Error, Result};
 use crate::gateway::{self, GatewayDeps};
 use crate::leader::{self, Election, Leadership};
 use crate::metrics::Metrics;
-use crate::triggers::{Forward, trigger};
+use crate::own_writes::{OwnWrites, child_key, namespace_scope};
+use crate::ownership::controller_uid;
+use crate::triggers::{Forward, forwarded, trigger};
 use crate::{rollout, sandbox};
+
+/// kube-runtime's own concurrency limit, off: the reconcilers bound themselves with FIFO slots
+/// (`reconcile_slots`), because kube-runtime 5.0.0 starves some objects when its limit is reached.
+const UNLIMITED: u16 = 0;
 
 /// An `Api` over every namespace, or over the one the operator is told to watch.
 pub fn scoped_api<K>(client: &Client, namespace: &str) -> Api<K>
@@ -104,6 +110,13 @@ pub async fn run(args: OperatorArgs) -> Result<()> {
     // Sandboxes: one watch and cache shared by the Sandbox controller, the RolloutGroup controller and
     // the gateway. The controllers are triggered through our own channels, fed after the cache was
     // updated, not through the shared store's subscribers (see `triggers.rs` for why).
+    // The operator's memory of its own writes and its per-object backoff: every watch below tells them
+    // what it delivered, so entries end when the cache shows them or their object is deleted.
+    let own_writes = Arc::new(OwnWrites::default());
+    let backoff = Arc::new(ReconcileBackoff::new(
+        Duration::from_millis(args.controller.backoff_base_ms),
+        Duration::from_secs(args.controller.backoff_max_seconds),
+    ));
     let (sandbox_store, sandbox_writer) = reflector::store::<Sandbox>();
     let (sandbox_trigger_tx, sandbox_trigger) = trigger::<Sandbox>(Forward::Applied);
     let (group_children_tx, group_children) = trigger::<Sandbox>(Forward::AppliedAndDeleted);
@@ -114,6 +127,7 @@ pub async fn run(args: OperatorArgs) -> Result<()> {
         .modify(|s: &mut Sandbox| s.meta_mut().managed_fields = None)
         .inspect(flag_on_init_done(filled.sandboxes.clone()))
         .reflect(sandbox_writer)
+        .inspect(tell_memory(own_writes.clone(), backoff.clone()))
         .inspect(move |event| {
             sandbox_trigger_tx.forward(event);
             group_children_tx.forward(event);
@@ -136,6 +150,7 @@ pub async fn run(args: OperatorArgs) -> Result<()> {
     .modify(|g: &mut RolloutGroup| g.meta_mut().managed_fields = None)
     .inspect(flag_on_init_done(filled.rollout_groups.clone()))
     .reflect(rollout_writer)
+    .inspect(tell_memory(own_writes.clone(), backoff.clone()))
     .inspect(move |event| rollout_trigger_tx.forward(event))
     .inspect(publish_changes(changes.clone(), "RolloutGroup"))
     .for_each(|event| async move {
@@ -150,16 +165,19 @@ pub async fn run(args: OperatorArgs) -> Result<()> {
         scoped_api(&client, &namespace),
         &pod_labels,
         filled.pods.clone(),
+        tell_memory(own_writes.clone(), backoff.clone()),
     );
     let (secrets, secret_events) = cached_watch::<Secret>(
         scoped_api(&client, &namespace),
         &managed_labels,
         filled.secrets.clone(),
+        tell_memory(own_writes.clone(), backoff.clone()),
     );
     let (policies, policy_events) = cached_watch::<NetworkPolicy>(
         scoped_api(&client, &namespace),
         &managed_labels,
         filled.policies.clone(),
+        tell_memory(own_writes.clone(), backoff.clone()),
     );
 
     let caches = Caches {
@@ -169,10 +187,6 @@ pub async fn run(args: OperatorArgs) -> Result<()> {
         policies,
         rollout_groups: rollout_store.clone(),
     };
-    let backoff = ReconcileBackoff::new(
-        Duration::from_millis(args.controller.backoff_base_ms),
-        Duration::from_secs(args.controller.backoff_max_seconds),
-    );
     let gateway_deps = GatewayDeps {
         client: client.clone(),
         caches: caches.clone(),
@@ -224,6 +238,7 @@ pub async fn run(args: OperatorArgs) -> Result<()> {
         metrics.clone(),
         backoff,
         caches.clone(),
+        own_writes,
         leadership.clone(),
     ));
 
@@ -231,7 +246,7 @@ pub async fn run(args: OperatorArgs) -> Result<()> {
         .owns_stream(pod_events)
         .owns_stream(secret_events)
         .owns_stream(policy_events)
-        .with_config(controller::Config::default().concurrency(args.controller.sandbox_concurrency))
+        .with_config(controller::Config::default().concurrency(UNLIMITED))
         .reconcile_all_on(leadership.gained_stream())
         .graceful_shutdown_on(shutdown.clone().cancelled_owned())
         .run(sandbox::reconcile, sandbox::error_policy, ctx.clone())
@@ -254,7 +269,7 @@ pub async fn run(args: OperatorArgs) -> Result<()> {
     );
     let rollout_controller = Controller::for_shared_stream(rollout_trigger, rollout_store.clone())
         .owns_stream(group_children.map(|child| Ok(Sandbox::clone(&child))))
-        .with_config(controller::Config::default().concurrency(args.controller.rollout_concurrency))
+        .with_config(controller::Config::default().concurrency(UNLIMITED))
         .reconcile_all_on(leadership.gained_stream())
         .graceful_shutdown_on(shutdown.clone().cancelled_owned())
         .run(rollout::reconcile, rollout::error_policy, ctx.clone())
@@ -357,11 +372,47 @@ where
     }
 }
 
-/// A watch of `K` selected by `labels`, kept in a cache, yielding changed objects for `owns_stream`.
+/// An `inspect` callback, placed after a reflector, that tells the operator's memory what the watch
+/// delivered: a version of an object (its remembered status may end), a child shown or deleted (the
+/// owner's entry for it ends), an object deleted (everything remembered about its UID ends, backoff
+/// included).
+fn tell_memory<K>(
+    own_writes: Arc<OwnWrites>,
+    backoff: Arc<ReconcileBackoff>,
+) -> impl FnMut(&std::result::Result<watcher::Event<K>, watcher::Error>)
+where
+    K: Resource<DynamicType = ()>,
+{
+    move |event| {
+        let (object, deleted) = match event {
+            Ok(watcher::Event::Apply(o) | watcher::Event::InitApply(o)) => (o, false),
+            Ok(watcher::Event::Delete(o)) => (o, true),
+            _ => return,
+        };
+        let meta = object.meta();
+        let uid = meta.uid.as_deref().unwrap_or_default();
+        let parent = controller_uid(meta)
+            .map(str::to_string)
+            .unwrap_or_else(|| namespace_scope(meta.namespace.as_deref().unwrap_or_default()));
+        let key = child_key(&K::kind(&()), meta.name.as_deref().unwrap_or_default());
+        own_writes.child_observed(&parent, &key);
+        if deleted {
+            own_writes.forget(uid);
+            backoff.reset(uid);
+        } else {
+            own_writes.observed(uid, meta.resource_version.as_deref());
+        }
+    }
+}
+
+/// A watch of `K` selected by `labels`, kept in a cache, yielding changed and deleted objects for
+/// `owns_stream` (a deleted child wakes its owner: a Sandbox waiting for a previous incarnation's Pod
+/// to go, or one whose Pod was deleted from outside).
 fn cached_watch<K>(
     api: Api<K>,
     labels: &str,
     filled: Arc<AtomicBool>,
+    after_cache: impl FnMut(&std::result::Result<watcher::Event<K>, watcher::Error>) + Send + 'static,
 ) -> (
     Store<K>,
     impl futures::Stream<Item = std::result::Result<K, watcher::Error>> + Send + 'static,
@@ -381,6 +432,12 @@ where
         .modify(|o: &mut K| o.meta_mut().managed_fields = None)
         .inspect(flag_on_init_done(filled))
         .reflect(writer)
-        .touched_objects();
+        .inspect(after_cache)
+        .filter_map(|event| {
+            future::ready(match event {
+                Err(err) => Some(Err(err)),
+                ok => forwarded(&ok, Forward::AppliedAndDeleted).cloned().map(Ok),
+            })
+        });
     (store, events)
 }

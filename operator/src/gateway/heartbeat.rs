@@ -149,8 +149,9 @@ impl Heartbeats {
                 let this = self.clone();
                 let namespace = sandbox.namespace().unwrap_or_default();
                 let name = sandbox.name_any();
+                let uid = sandbox.uid().unwrap_or_default();
                 tokio::spawn(async move {
-                    if let Err(err) = this.write(&namespace, &name).await {
+                    if let Err(err) = this.write(&namespace, &name, &uid).await {
                         this.release(&key);
                         tracing::warn!(sandbox = %format!("{namespace}/{name}"), error = %err, "heartbeat write failed");
                     }
@@ -173,7 +174,8 @@ impl Heartbeats {
             });
         };
         let namespace = sandbox.namespace().unwrap_or_default();
-        if let Err(err) = self.write(&namespace, &sandbox.name_any()).await {
+        let uid = sandbox.uid().unwrap_or_default();
+        if let Err(err) = self.write(&namespace, &sandbox.name_any(), &uid).await {
             self.release(&key);
             return Err(err);
         }
@@ -183,9 +185,11 @@ impl Heartbeats {
         })
     }
 
-    async fn write(&self, namespace: &str, name: &str) -> Result<(), ApiError> {
+    /// Writes the annotation on the sandbox with `uid` only: a UID in a merge patch of the object
+    /// itself is checked by the API server (422 if the name now holds another object).
+    async fn write(&self, namespace: &str, name: &str, uid: &str) -> Result<(), ApiError> {
         let api: Api<Sandbox> = Api::namespaced(self.client.clone(), namespace);
-        let patch = json!({"metadata": {"annotations": {HEARTBEAT_ANNOTATION: Timestamp::now().to_string()}}});
+        let patch = json!({"metadata": {"uid": uid, "annotations": {HEARTBEAT_ANNOTATION: Timestamp::now().to_string()}}});
         let params = PatchParams {
             field_manager: Some(GATEWAY_FIELD_MANAGER.to_string()),
             ..PatchParams::default()

@@ -12,6 +12,7 @@ use serde::de::DeserializeOwned;
 
 use super::errors::{ApiError, from_kube};
 use crate::api::{RolloutGroup, RolloutPhase, Sandbox, SandboxPhase};
+use crate::ownership::controlled_by;
 use crate::sandbox::build::{TOKEN_KEY, token_secret_name};
 
 /// Phase name as the API shows it.
@@ -118,30 +119,33 @@ fn token_from(secret: &Secret) -> Option<String> {
     (!token.is_empty()).then_some(token)
 }
 
-/// The agent token of `namespace/sandbox` (Secret cache first, then one API read).
+/// The agent token of `sandbox`, from its own token Secret (controlled by the sandbox's UID: a Secret
+/// left by a deleted sandbox of the same name is never used). Secret cache first, then one API read.
 pub async fn agent_token(
     client: &Client,
     secrets: &Store<Secret>,
-    namespace: &str,
-    sandbox: &str,
+    sandbox: &Sandbox,
 ) -> Result<String, ApiError> {
-    let secret_name = token_secret_name(sandbox);
+    let namespace = sandbox.namespace().unwrap_or_default();
+    let name = sandbox.name_any();
+    let uid = sandbox.uid().unwrap_or_default();
+    let secret_name = token_secret_name(&name);
+    let own = |secret: &Secret| controlled_by(secret.meta(), &uid);
     if let Some(token) = secrets
-        .get(&ObjectRef::new(&secret_name).within(namespace))
+        .get(&ObjectRef::new(&secret_name).within(&namespace))
+        .filter(|s| own(s))
         .and_then(|s| token_from(&s))
     {
         return Ok(token);
     }
-    let api: Api<Secret> = Api::namespaced(client.clone(), namespace);
-    let secret = api.get_opt(&secret_name).await.map_err(|err| {
-        from_kube(
-            &err,
-            &format!("agent token of sandbox {namespace}/{sandbox}"),
-        )
-    })?;
-    secret.as_ref().and_then(token_from).ok_or_else(|| {
+    let api: Api<Secret> = Api::namespaced(client.clone(), &namespace);
+    let secret = api
+        .get_opt(&secret_name)
+        .await
+        .map_err(|err| from_kube(&err, &format!("agent token of sandbox {namespace}/{name}")))?;
+    secret.filter(own).as_ref().and_then(token_from).ok_or_else(|| {
         ApiError::unavailable(format!(
-            "the agent token of sandbox {namespace}/{sandbox} (Secret {secret_name}) does not exist yet; retry shortly"
+            "the agent token of sandbox {namespace}/{name} (Secret {secret_name}) does not exist yet; retry shortly"
         ))
     })
 }

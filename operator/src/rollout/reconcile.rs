@@ -1,17 +1,20 @@
 //! One RolloutGroup reconcile: observe progress from the group's status and its child Sandboxes,
 //! finish an interrupted stride launch, ask the BAR engine for the next step, launch a stride or record
 //! the group, and clean up. Children are created before the status lists them, so a crash at any point
-//! neither launches a stride twice nor forgets one.
+//! neither launches a stride twice nor forgets one. Only children whose controller reference carries
+//! the group's UID count: a group recreated under an old name never sees its predecessor's trajectories.
 
 use std::collections::BTreeSet;
 use std::sync::Arc;
+use std::time::Duration;
 
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
 use k8s_openapi::jiff::Timestamp;
-use kube::api::{Api, DeleteParams, Patch, PatchParams, PropagationPolicy};
+use kube::api::Api;
 use kube::runtime::controller::Action;
 use kube::runtime::events::EventType;
+use kube::runtime::reflector::ObjectRef;
 use kube::{Resource, ResourceExt};
-use serde_json::json;
 use tracing::{info, instrument, warn};
 
 use super::build::desired_trajectory;
@@ -19,50 +22,68 @@ use super::observe::{ChildView, Observation, observe};
 use super::params::bar_params;
 use super::status::{failed_status, group_status};
 use crate::api::{
-    CleanupPolicy, EarlyStop, ROLLOUT_GROUP_LABEL, RolloutGroup, RolloutGroupStatus, RolloutPhase,
-    STRIDE_LABEL, Sandbox, TrajectoryRecord, TrajectoryStatus,
+    CleanupPolicy, EarlyStop, RolloutGroup, RolloutGroupStatus, RolloutPhase, STRIDE_LABEL,
+    Sandbox, TrajectoryRecord, TrajectoryStatus,
 };
 use crate::bar::{Progress, Step, next_step};
-use crate::context::{Context, FIELD_MANAGER, object_key};
+use crate::context::{Context, object_key};
 use crate::error::{Error, Result};
 use crate::events::publish;
-use crate::merge_patch;
 use crate::metrics::ReconcileTimer;
+use crate::own_writes::child_key;
+use crate::ownership::{Owner, controlled_by};
+use crate::writes::{self, ChildState, StatusWrite, create_child, delete_if_same, existing_state};
 
 /// Controller name used in metrics and logs.
 pub const CONTROLLER: &str = "rolloutgroup";
 
+/// How often a group waiting for a previous group's trajectories to be removed looks again, in case
+/// the watch misses their deletion (it wakes the reconcile first in the normal case).
+const PREVIOUS_INCARNATION_RECHECK: Duration = Duration::from_secs(1);
+
 /// Reconciles one RolloutGroup.
 #[instrument(skip_all, fields(group = %object_key(group.as_ref())))]
 pub async fn reconcile(group: Arc<RolloutGroup>, ctx: Arc<Context>) -> Result<Action> {
+    let _slot = ctx.rollout_slots.acquire().await;
     let _timer = ReconcileTimer::start(&ctx.metrics, CONTROLLER);
-    let result = reconcile_inner(&group, &ctx).await;
-    if result.is_ok() {
-        ctx.reconciled(CONTROLLER, &object_key(group.as_ref()));
-    }
-    result
+    let next = reconcile_inner(&group, &ctx).await?;
+    // The incarnation that holds the name now (the queued object may be an older one).
+    let uid = ctx
+        .caches
+        .rollout_groups
+        .get(&ObjectRef::from_obj(group.as_ref()))
+        .and_then(|o| o.uid())
+        .unwrap_or_default();
+    ctx.reconciled(CONTROLLER, &uid);
+    Ok(ctx.next_action(&uid, next))
 }
 
 /// Retries a failed reconcile with per-object exponential backoff.
 pub fn error_policy(group: Arc<RolloutGroup>, error: &Error, ctx: Arc<Context>) -> Action {
     let key = object_key(group.as_ref());
-    let delay = ctx.reconcile_failed(CONTROLLER, &key, error);
+    let delay = ctx.reconcile_failed(CONTROLLER, &group.uid().unwrap_or_default(), error);
     warn!(group = %key, %error, retry_in_ms = delay.as_millis() as u64, "rolloutgroup reconcile failed");
     Action::requeue(delay)
 }
 
-/// The group's children as the Sandbox cache shows them (same namespace, group label, owned by this uid).
-fn children_of(ctx: &Context, group: &RolloutGroup) -> Vec<ChildView> {
+/// The group's children as the Sandbox cache shows them: same namespace, controlled by this group's
+/// UID.
+fn owned_children(ctx: &Context, group: &RolloutGroup) -> Vec<Arc<Sandbox>> {
     let namespace = group.namespace().unwrap_or_default();
-    let name = group.name_any();
     let uid = group.uid().unwrap_or_default();
     ctx.caches
         .sandboxes
         .state()
         .into_iter()
         .filter(|s| s.namespace().as_deref() == Some(namespace.as_str()))
-        .filter(|s| s.labels().get(ROLLOUT_GROUP_LABEL) == Some(&name))
-        .filter(|s| s.owner_references().iter().any(|o| o.uid == uid))
+        .filter(|s| controlled_by(s.meta(), &uid))
+        .collect()
+}
+
+/// What the pure observation needs of the group's children.
+fn children_of(ctx: &Context, group: &RolloutGroup) -> Vec<ChildView> {
+    owned_children(ctx, group)
+        .into_iter()
         .map(|s| ChildView {
             name: s.name_any(),
             stride: s
@@ -76,26 +97,23 @@ fn children_of(ctx: &Context, group: &RolloutGroup) -> Vec<ChildView> {
         .collect()
 }
 
-async fn reconcile_inner(cached: &RolloutGroup, ctx: &Arc<Context>) -> Result<Action> {
+/// Returns when to reconcile again (`None`: on the next change only).
+async fn reconcile_inner(cached: &RolloutGroup, ctx: &Arc<Context>) -> Result<Option<Duration>> {
     if cached.meta().deletion_timestamp.is_some() {
-        return Ok(Action::await_change());
+        return Ok(None);
     }
     if !ctx.leadership.is_leader() {
         // A standby replica keeps its caches warm and writes nothing; gaining the Lease reconciles all.
-        return Ok(Action::await_change());
+        return Ok(None);
     }
-    let uid = cached.uid().unwrap_or_default();
-    let group = &match ctx
-        .written_group_status
-        .newer_than_cache(&uid, cached.meta().resource_version.as_deref())
-    {
-        Some(status) => RolloutGroup {
-            status: Some(status),
-            ..cached.clone()
-        },
-        None => cached.clone(),
+    let Some(group) = writes::freshest(ctx, &ctx.caches.rollout_groups, cached, |g, status| {
+        g.status = Some(status);
+    }) else {
+        // Deleted since it was queued.
+        return Ok(None);
     };
-    let namespace = group.namespace().ok_or(Error::MissingField {
+    let group = &group;
+    group.namespace().ok_or(Error::MissingField {
         kind: "RolloutGroup",
         field: "metadata.namespace",
     })?;
@@ -105,17 +123,27 @@ async fn reconcile_inner(cached: &RolloutGroup, ctx: &Arc<Context>) -> Result<Ac
 
     if previous.phase == Some(RolloutPhase::Complete) {
         cleanup(ctx, group, &previous).await?;
-        return Ok(Action::requeue(ctx.settings.resync));
+        return Ok(Some(ctx.settings.resync));
     }
     let params = match bar_params(&group.spec) {
         Ok(params) => params,
         Err(message) => {
-            let status = failed_status(group, message.clone(), now);
-            write_status(ctx, group, &previous, &status).await?;
+            let status = failed_status(group, "InvalidSpec", message.clone(), now);
+            writes::write_status(
+                ctx,
+                &ctx.caches.rollout_groups,
+                group,
+                group.status.as_ref(),
+                &status,
+            )
+            .await?;
             warn!(group = %object_key(group), %message, "rolloutgroup cannot run");
-            return Ok(Action::await_change());
+            return Ok(None);
         }
     };
+    if previous.phase == Some(RolloutPhase::Failed) {
+        return Ok(None);
+    }
     let owner = group.controller_owner_ref(&()).ok_or(Error::MissingField {
         kind: "RolloutGroup",
         field: "metadata.uid",
@@ -124,14 +152,17 @@ async fn reconcile_inner(cached: &RolloutGroup, ctx: &Arc<Context>) -> Result<Ac
     let children = children_of(ctx, group);
     let mut observation = observe(&name, &previous, &children, &BTreeSet::new());
     if !observation.unseen.is_empty() {
-        let gone = confirm_gone(ctx, &namespace, &observation.unseen).await?;
+        let gone = confirm_gone(ctx, group, &observation.unseen).await?;
         if !gone.is_empty() {
             observation = observe(&name, &previous, &children, &gone);
         }
     }
-    // A crash between creating a stride's children may have left it short: finish it.
+    let mut blocked = Vec::new();
+    // A crash between creating a stride's children, or a name still held by a previous group's
+    // trajectory, may have left the latest stride short: finish it.
     for (index, stride) in observation.incomplete_latest_stride(params.stride) {
-        create_trajectory(ctx, group, &owner, index, stride, &mut observation).await?;
+        blocked
+            .extend(create_trajectory(ctx, group, &owner, index, stride, &mut observation).await?);
     }
 
     let pool = observation.pool();
@@ -149,8 +180,10 @@ async fn reconcile_inner(cached: &RolloutGroup, ctx: &Arc<Context>) -> Result<Ac
         } => {
             let first = stride_index * params.stride;
             for index in first..first + count {
-                create_trajectory(ctx, group, &owner, index, stride_index, &mut observation)
-                    .await?;
+                blocked.extend(
+                    create_trajectory(ctx, group, &owner, index, stride_index, &mut observation)
+                        .await?,
+                );
             }
             info!(group = %object_key(group), stride = stride_index, count, "stride launched");
             publish(
@@ -167,9 +200,37 @@ async fn reconcile_inner(cached: &RolloutGroup, ctx: &Arc<Context>) -> Result<Ac
         Step::Finish(decision) => Some(decision),
     };
 
+    if let Some(conflict) = blocked.iter().find_map(|b| match b {
+        ChildState::Conflict(why) => Some(why.clone()),
+        _ => None,
+    }) {
+        let status = failed_status(group, "NameConflict", conflict.clone(), now);
+        writes::write_status(
+            ctx,
+            &ctx.caches.rollout_groups,
+            group,
+            group.status.as_ref(),
+            &status,
+        )
+        .await?;
+        warn!(group = %object_key(group), %conflict, "rolloutgroup cannot launch a trajectory");
+        publish(ctx, group, EventType::Warning, "NameConflict", conflict).await;
+        return Ok(None);
+    }
     let status = group_status(group, &observation, decision.as_ref(), params.stride, now);
+    let written = writes::write_status(
+        ctx,
+        &ctx.caches.rollout_groups,
+        group,
+        group.status.as_ref(),
+        &status,
+    )
+    .await?;
+    if written == StatusWrite::Gone {
+        // Deleted (and perhaps recreated) since the cache showed it: its events bring us back.
+        return Ok(None);
+    }
     count_new_outcomes(ctx, &previous, &status);
-    write_status(ctx, group, &previous, &status).await?;
     if let Some(decision) = decision {
         ctx.metrics
             .bar_groups
@@ -183,52 +244,81 @@ async fn reconcile_inner(cached: &RolloutGroup, ctx: &Arc<Context>) -> Result<Ac
         publish(ctx, group, EventType::Normal, "Complete", message).await;
         cleanup(ctx, group, &status).await?;
     }
-    Ok(Action::requeue(ctx.settings.resync))
+    if !blocked.is_empty() {
+        return Ok(Some(PREVIOUS_INCARNATION_RECHECK));
+    }
+    Ok(Some(ctx.settings.resync))
 }
 
-/// Which of `names` are really gone (the cache may lag behind our own creates).
+/// Which of `names` are really gone (the cache may lag behind our own creates). A Sandbox under the
+/// name that is not this group's counts as gone.
 async fn confirm_gone(
     ctx: &Context,
-    namespace: &str,
+    group: &RolloutGroup,
     names: &[String],
 ) -> Result<BTreeSet<String>> {
-    let api: Api<Sandbox> = Api::namespaced(ctx.client.clone(), namespace);
+    let namespace = group.namespace().unwrap_or_default();
+    let uid = group.uid().unwrap_or_default();
+    let api: Api<Sandbox> = Api::namespaced(ctx.client.clone(), &namespace);
     let mut gone = BTreeSet::new();
     for name in names {
         if ctx
-            .recent
-            .contains(&format!("sandboxes/{namespace}/{name}"))
+            .own_writes
+            .recorded(&uid, &child_key("Sandbox", name), "create")
         {
             continue;
         }
-        if api.get_opt(name).await?.is_none() {
+        let ours = api
+            .get_opt(name)
+            .await?
+            .is_some_and(|s| controlled_by(s.meta(), &uid));
+        if !ours {
             gone.insert(name.clone());
         }
     }
     Ok(gone)
 }
 
-/// Creates trajectory `index` (server-side apply: repeating it is harmless) and records it as running.
+/// Creates trajectory `index` and records it as running. A name held by a previous group's trajectory
+/// comes back as a wait (the stride is finished once it is gone), one held by anything else as a
+/// conflict; neither object is touched.
 async fn create_trajectory(
     ctx: &Context,
     group: &RolloutGroup,
-    owner: &k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference,
+    owner: &OwnerReference,
     index: u32,
     stride: u32,
     observation: &mut Observation,
-) -> Result<()> {
+) -> Result<Option<ChildState<()>>> {
     let sandbox = desired_trajectory(group, owner, index, stride);
     let namespace = group.namespace().unwrap_or_default();
     let name = sandbox.name_any();
-    let api: Api<Sandbox> = Api::namespaced(ctx.client.clone(), &namespace);
-    api.patch(
-        &name,
-        &PatchParams::apply(FIELD_MANAGER).force(),
-        &Patch::Apply(&sandbox),
-    )
-    .await?;
-    ctx.metrics.api_write("sandboxes", "apply");
-    ctx.recent.record(format!("sandboxes/{namespace}/{name}"));
+    let uid = group.uid().unwrap_or_default();
+    let key = child_key("Sandbox", &name);
+    let as_owner = Owner {
+        kind: "RolloutGroup",
+        name: group.meta().name.as_deref().unwrap_or_default(),
+        uid: &uid,
+    };
+    let cached = ctx
+        .caches
+        .sandboxes
+        .get(&ObjectRef::new(&name).within(&namespace));
+    let state = match cached {
+        Some(existing) => existing_state((*existing).clone(), as_owner).unit(),
+        None if ctx.own_writes.recorded(&uid, &key, "create") => ChildState::Ours(()),
+        None => {
+            let state = create_child(ctx, &namespace, &sandbox, as_owner).await?;
+            if matches!(state, ChildState::Ours(_)) {
+                ctx.own_writes.record(&uid, &key, "create");
+            }
+            state.unit()
+        }
+    };
+    if state != ChildState::Ours(()) {
+        info!(group = %object_key(group), trajectory = %name, ?state, "trajectory name not available yet");
+        return Ok(Some(state));
+    }
     observation
         .records
         .entry(index)
@@ -241,42 +331,7 @@ async fn create_trajectory(
             artifact: None,
             reason: None,
         });
-    Ok(())
-}
-
-async fn write_status(
-    ctx: &Context,
-    group: &RolloutGroup,
-    previous: &RolloutGroupStatus,
-    status: &RolloutGroupStatus,
-) -> Result<()> {
-    let from = serde_json::to_value(previous).map_err(|source| Error::Serialize {
-        what: "rolloutgroup status",
-        source,
-    })?;
-    let to = serde_json::to_value(status).map_err(|source| Error::Serialize {
-        what: "rolloutgroup status",
-        source,
-    })?;
-    let Some(change) = merge_patch::diff(&from, &to) else {
-        return Ok(());
-    };
-    let namespace = group.namespace().unwrap_or_default();
-    let api: Api<RolloutGroup> = Api::namespaced(ctx.client.clone(), &namespace);
-    let written = api
-        .patch_status(
-            &group.name_any(),
-            &PatchParams::default(),
-            &Patch::Merge(&json!({"status": change})),
-        )
-        .await?;
-    ctx.metrics.api_write("rolloutgroups/status", "patch");
-    ctx.written_group_status.remember(
-        &group.uid().unwrap_or_default(),
-        written.meta().resource_version.clone(),
-        status.clone(),
-    );
-    Ok(())
+    Ok(None)
 }
 
 fn count_new_outcomes(ctx: &Context, previous: &RolloutGroupStatus, status: &RolloutGroupStatus) {
@@ -313,27 +368,18 @@ async fn cleanup(ctx: &Context, group: &RolloutGroup, status: &RolloutGroupStatu
     let delete_all = group.spec.cleanup == CleanupPolicy::Delete;
     let eager = group.spec.early_stop == EarlyStop::Eager;
     let namespace = group.namespace().unwrap_or_default();
-    let api: Api<Sandbox> = Api::namespaced(ctx.client.clone(), &namespace);
-    let params = DeleteParams {
-        propagation_policy: Some(PropagationPolicy::Background),
-        ..DeleteParams::default()
-    };
-    for child in children_of(ctx, group) {
-        if child.deleting {
-            continue;
-        }
-        let key = format!("delete/sandboxes/{namespace}/{}", child.name);
-        if !(delete_all || (eager && cancelled.contains(child.name.as_str())))
-            || ctx.recent.contains(&key)
+    let uid = group.uid().unwrap_or_default();
+    for child in owned_children(ctx, group) {
+        let name = child.name_any();
+        let key = child_key("Sandbox", &name);
+        if child.meta().deletion_timestamp.is_some()
+            || !(delete_all || (eager && cancelled.contains(name.as_str())))
+            || ctx.own_writes.recorded(&uid, &key, "delete")
         {
             continue;
         }
-        match api.delete(&child.name, &params).await {
-            Ok(_) => ctx.metrics.api_write("sandboxes", "delete"),
-            Err(kube::Error::Api(s)) if s.is_not_found() => {}
-            Err(err) => return Err(err.into()),
-        }
-        ctx.recent.record(key);
+        delete_if_same::<Sandbox>(ctx, &namespace, &name, &child.uid().unwrap_or_default()).await?;
+        ctx.own_writes.record(&uid, &key, "delete");
     }
     Ok(())
 }

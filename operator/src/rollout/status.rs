@@ -145,8 +145,15 @@ pub fn group_status(
     status
 }
 
-/// A Failed status for a group that cannot run (its spec cannot be turned into BAR parameters).
-pub fn failed_status(group: &RolloutGroup, message: String, now: Timestamp) -> RolloutGroupStatus {
+/// A Failed status for a group that cannot run: `reason` is `InvalidSpec` (its spec cannot be turned
+/// into BAR parameters) or `NameConflict` (a trajectory's name is held by an object not its own).
+/// Terminal: the spec is immutable.
+pub fn failed_status(
+    group: &RolloutGroup,
+    reason: &str,
+    message: String,
+    now: Timestamp,
+) -> RolloutGroupStatus {
     let previous = group.status.clone().unwrap_or_default();
     RolloutGroupStatus {
         phase: Some(RolloutPhase::Failed),
@@ -154,7 +161,7 @@ pub fn failed_status(group: &RolloutGroup, message: String, now: Timestamp) -> R
         observed_generation: group.metadata.generation,
         conditions: conditions::merge(
             &previous.conditions,
-            vec![Desired::new(COMPLETE, false, "InvalidSpec", message)],
+            vec![Desired::new(COMPLETE, false, reason, message)],
             group.metadata.generation,
             now,
         ),

@@ -1,79 +1,97 @@
-//! The thin I/O layer of the Sandbox controller: server-side apply of built objects, creates, deletes
-//! and status patches. Each function writes only when the watch caches say the cluster differs from
-//! what the pure builders want, and counts every write in `orchard_api_writes_total`.
+//! The thin I/O layer of the Sandbox controller: the baseline and egress policies, the token Secret and
+//! the Pod. Each function writes only when neither the watch caches nor the operator's memory of its
+//! own writes (scoped by the Sandbox's UID) show what the pure builders want, and uses an existing
+//! object only when its controller owner reference carries the Sandbox's UID.
 
-use k8s_openapi::api::core::v1::{Pod, Secret};
+use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::api::networking::v1::NetworkPolicy;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
-use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams, PropagationPolicy};
+use kube::api::{Api, Patch, PatchParams};
 use kube::runtime::reflector::ObjectRef;
 use kube::{Resource, ResourceExt};
-use serde_json::json;
 
 use super::build::{
     BASELINE_POLICY, baseline_policy, desired_egress_policy, desired_token_secret,
-    egress_policy_name, token_secret_name,
+    egress_policy_name, pod_name, token_secret_name,
 };
-use crate::api::{Sandbox, SandboxStatus};
+use crate::api::Sandbox;
 use crate::context::{Context, FIELD_MANAGER};
 use crate::error::{Error, Result};
-use crate::merge_patch;
+use crate::own_writes::{child_key, namespace_scope};
+use crate::ownership::{Owner, controlled_by};
+use crate::writes::{ChildState, create_child, delete_if_same, existing_state};
 
 fn apply_params() -> PatchParams {
     PatchParams::apply(FIELD_MANAGER).force()
 }
 
-fn is_status(err: &kube::Error, check: fn(&kube::core::Status) -> bool) -> bool {
-    matches!(err, kube::Error::Api(status) if check(status))
+/// The Sandbox as the owner of its children.
+pub fn owner_of(sandbox: &Sandbox) -> Owner<'_> {
+    Owner {
+        kind: "Sandbox",
+        name: sandbox.meta().name.as_deref().unwrap_or_default(),
+        uid: sandbox.meta().uid.as_deref().unwrap_or_default(),
+    }
 }
 
 /// Ensures the namespace baseline policy (default-deny egress, agent ingress only from the operator).
+/// One apply per namespace at a time: the others wait for it and then find it done.
 pub async fn ensure_baseline(ctx: &Context, namespace: &str) -> Result<()> {
     let desired = baseline_policy(namespace, &ctx.settings.policy);
-    let key = format!("networkpolicies/{namespace}/{BASELINE_POLICY}");
-    let cached = ctx
-        .caches
-        .policies
-        .get(&ObjectRef::new(BASELINE_POLICY).within(namespace));
-    if cached.is_some_and(|p| p.spec == desired.spec) || ctx.recent.contains(&key) {
+    let scope = namespace_scope(namespace);
+    let key = child_key("NetworkPolicy", BASELINE_POLICY);
+    let done = || {
+        ctx.caches
+            .policies
+            .get(&ObjectRef::new(BASELINE_POLICY).within(namespace))
+            .is_some_and(|p| p.spec == desired.spec)
+            || ctx.own_writes.recorded(&scope, &key, "apply")
+    };
+    if done() {
         return Ok(());
     }
-    let api: Api<NetworkPolicy> = Api::namespaced(ctx.client.clone(), namespace);
-    api.patch(BASELINE_POLICY, &apply_params(), &Patch::Apply(&desired))
-        .await?;
-    ctx.metrics.api_write("networkpolicies", "apply");
-    ctx.recent.record(key);
-    Ok(())
+    ctx.baseline_applies
+        .with(namespace, async {
+            if done() {
+                return Ok(());
+            }
+            let api: Api<NetworkPolicy> = Api::namespaced(ctx.client.clone(), namespace);
+            api.patch(BASELINE_POLICY, &apply_params(), &Patch::Apply(&desired))
+                .await?;
+            ctx.metrics.api_write("networkpolicies", "apply");
+            ctx.own_writes.record(&scope, &key, "apply");
+            Ok(())
+        })
+        .await
 }
 
-/// Ensures the sandbox's agent-token Secret exists. The token is generated here, once; an existing
-/// Secret is never replaced (the running agent read its token at start).
+/// Ensures the sandbox's agent-token Secret is its own. The token is generated here, once; an
+/// existing Secret of ours is never replaced (the running agent read its token at start).
 pub async fn ensure_token_secret(
     ctx: &Context,
     sandbox: &Sandbox,
     owner: &OwnerReference,
-) -> Result<()> {
+) -> Result<ChildState<()>> {
     let namespace = sandbox.namespace().unwrap_or_default();
     let name = token_secret_name(&sandbox.name_any());
-    let key = format!("secrets/{namespace}/{name}");
-    if ctx
+    let scope = owner.uid.as_str();
+    let key = child_key("Secret", &name);
+    if let Some(cached) = ctx
         .caches
         .secrets
         .get(&ObjectRef::new(&name).within(&namespace))
-        .is_some()
-        || ctx.recent.contains(&key)
     {
-        return Ok(());
+        return Ok(existing_state((*cached).clone(), owner_of(sandbox)).unit());
+    }
+    if ctx.own_writes.recorded(scope, &key, "create") {
+        return Ok(ChildState::Ours(()));
     }
     let secret = desired_token_secret(sandbox, owner, &new_token());
-    let api: Api<Secret> = Api::namespaced(ctx.client.clone(), &namespace);
-    match api.create(&PostParams::default(), &secret).await {
-        Ok(_) => ctx.metrics.api_write("secrets", "create"),
-        Err(err) if is_status(&err, kube::core::Status::is_already_exists) => {}
-        Err(err) => return Err(err.into()),
+    let state = create_child(ctx, &namespace, &secret, owner_of(sandbox)).await?;
+    if matches!(state, ChildState::Ours(_)) {
+        ctx.own_writes.record(scope, &key, "create");
     }
-    ctx.recent.record(key);
-    Ok(())
+    Ok(state.unit())
 }
 
 /// 32 random bytes, hex-encoded: the per-sandbox agent token.
@@ -82,138 +100,153 @@ pub fn new_token() -> String {
     bytes.iter().map(|b| format!("{b:02x}")).collect()
 }
 
-/// Ensures the sandbox's own egress policy matches its spec (applied, or deleted for `Deny`).
+/// Ensures the sandbox's own egress policy matches its spec (applied, or deleted for `Deny`). A
+/// policy under its name that is not its own is never changed: a previous incarnation's is waited
+/// for (it selects pods by the sandbox's name, so the new Pod must not start under it).
 pub async fn ensure_egress_policy(
     ctx: &Context,
     sandbox: &Sandbox,
     owner: &OwnerReference,
-) -> Result<()> {
+) -> Result<ChildState<()>> {
     let namespace = sandbox.namespace().unwrap_or_default();
     let name = egress_policy_name(&sandbox.name_any());
+    let scope = owner.uid.as_str();
+    let key = child_key("NetworkPolicy", &name);
     let cached = ctx
         .caches
         .policies
         .get(&ObjectRef::new(&name).within(&namespace));
-    let api: Api<NetworkPolicy> = Api::namespaced(ctx.client.clone(), &namespace);
-    match desired_egress_policy(sandbox, owner, &ctx.settings.policy) {
+    let desired = desired_egress_policy(sandbox, owner, &ctx.settings.policy);
+    if let Some(cached) = &cached {
+        match existing_state((**cached).clone(), owner_of(sandbox)) {
+            ChildState::Ours(_) => {}
+            // Somebody else's policy under a name we do not need is none of our business.
+            ChildState::Conflict(_) if desired.is_none() => return Ok(ChildState::Ours(())),
+            other => return Ok(other.unit()),
+        }
+    }
+    match desired {
         Some(desired) => {
-            let key = format!(
-                "networkpolicies/{namespace}/{name}/{}",
-                sandbox.meta().generation.unwrap_or(0)
-            );
-            if cached.is_some_and(|p| p.spec == desired.spec) || ctx.recent.contains(&key) {
-                return Ok(());
+            let tag = format!("apply@{}", sandbox.meta().generation.unwrap_or(0));
+            if cached.as_ref().is_some_and(|p| p.spec == desired.spec)
+                || ctx.own_writes.recorded(scope, &key, &tag)
+            {
+                return Ok(ChildState::Ours(()));
             }
+            if cached.is_none() {
+                // Created, not applied: an object that appeared under the name meanwhile is classified,
+                // never taken over (a later reconcile applies the spec to our own).
+                let state = create_child(ctx, &namespace, &desired, owner_of(sandbox)).await?;
+                if matches!(state, ChildState::Ours(_)) {
+                    ctx.own_writes.record(scope, &key, &tag);
+                }
+                return Ok(state.unit());
+            }
+            let api: Api<NetworkPolicy> = Api::namespaced(ctx.client.clone(), &namespace);
             api.patch(&name, &apply_params(), &Patch::Apply(&desired))
                 .await?;
             ctx.metrics.api_write("networkpolicies", "apply");
-            ctx.recent.record(key);
+            ctx.own_writes.record(scope, &key, &tag);
         }
-        None if cached.is_some() => match api.delete(&name, &DeleteParams::default()).await {
-            Ok(_) => ctx.metrics.api_write("networkpolicies", "delete"),
-            Err(err) if is_status(&err, kube::core::Status::is_not_found) => {}
-            Err(err) => return Err(err.into()),
-        },
-        None => {}
+        None => {
+            if let Some(cached) = cached
+                && !ctx.own_writes.recorded(scope, &key, "delete")
+            {
+                delete_if_same::<NetworkPolicy>(
+                    ctx,
+                    &namespace,
+                    &name,
+                    &cached.uid().unwrap_or_default(),
+                )
+                .await?;
+                ctx.own_writes.record(scope, &key, "delete");
+            }
+        }
     }
-    Ok(())
+    Ok(ChildState::Ours(()))
 }
 
-/// Creates the sandbox's Pod and returns it. A plain create, not server-side apply: a Pod's spec is
-/// immutable, so field ownership buys nothing and costs the API server a managed-fields computation on a
-/// large object. Repeating it is harmless (AlreadyExists reads the existing Pod).
-pub async fn create_pod(ctx: &Context, pod: &Pod) -> Result<Pod> {
+/// The sandbox's Pod as far as the operator knows without asking: the cache (classified by owner),
+/// else the Pod this incarnation created moments ago.
+pub fn known_pod(ctx: &Context, sandbox: &Sandbox) -> Option<ChildState<Pod>> {
+    let namespace = sandbox.namespace().unwrap_or_default();
+    let name = pod_name(&sandbox.name_any());
+    if let Some(cached) = ctx
+        .caches
+        .pods
+        .get(&ObjectRef::new(&name).within(&namespace))
+    {
+        return Some(existing_state((*cached).clone(), owner_of(sandbox)));
+    }
+    let uid = sandbox.uid().unwrap_or_default();
+    ctx.own_writes
+        .object::<Pod>(&uid, &child_key("Pod", &name))
+        .map(ChildState::Ours)
+}
+
+/// Creates the sandbox's Pod. A plain create, not server-side apply: a Pod's spec is immutable, so
+/// field ownership buys nothing and costs the API server a managed-fields computation on a large
+/// object. A Pod already under the name is classified, never adopted.
+pub async fn create_pod(ctx: &Context, sandbox: &Sandbox, pod: &Pod) -> Result<ChildState<Pod>> {
     let namespace = pod.namespace().ok_or(Error::MissingField {
         kind: "Pod",
         field: "metadata.namespace",
     })?;
-    let name = pod.name_any();
+    let state = create_child(ctx, &namespace, pod, owner_of(sandbox)).await?;
+    if let ChildState::Ours(created) = &state {
+        let uid = sandbox.uid().unwrap_or_default();
+        ctx.own_writes.record_object(
+            &uid,
+            &child_key("Pod", &created.name_any()),
+            "create",
+            created.clone(),
+        );
+    }
+    Ok(state)
+}
+
+/// Reads the sandbox's Pod from the API server (used only when the cache lacks a pod the status
+/// names); a Pod under the name that is not this sandbox's counts as none.
+pub async fn fetch_own_pod(ctx: &Context, sandbox: &Sandbox) -> Result<Option<Pod>> {
+    let namespace = sandbox.namespace().unwrap_or_default();
     let api: Api<Pod> = Api::namespaced(ctx.client.clone(), &namespace);
-    let created = match api.create(&PostParams::default(), pod).await {
-        Ok(created) => {
-            ctx.metrics.api_write("pods", "create");
-            created
-        }
-        Err(err) if is_status(&err, kube::core::Status::is_already_exists) => {
-            api.get(&name).await?
-        }
-        Err(err) => return Err(err.into()),
+    let uid = sandbox.uid().unwrap_or_default();
+    Ok(api
+        .get_opt(&pod_name(&sandbox.name_any()))
+        .await?
+        .filter(|pod| controlled_by(pod.meta(), &uid)))
+}
+
+/// Deletes the sandbox's Pod if the cache shows one of its own (by UID; never another object under
+/// the name).
+pub async fn delete_own_pod(ctx: &Context, sandbox: &Sandbox) -> Result<()> {
+    let namespace = sandbox.namespace().unwrap_or_default();
+    let name = pod_name(&sandbox.name_any());
+    let uid = sandbox.uid().unwrap_or_default();
+    let cached = ctx
+        .caches
+        .pods
+        .get(&ObjectRef::new(&name).within(&namespace))
+        .filter(|pod| controlled_by(pod.meta(), &uid));
+    let pod_uid = match cached {
+        Some(pod) if pod.meta().deletion_timestamp.is_none() => pod.uid(),
+        Some(_) => return Ok(()),
+        None => ctx
+            .own_writes
+            .object::<Pod>(&uid, &child_key("Pod", &name))
+            .and_then(|pod| pod.uid()),
     };
-    ctx.recent.record(format!("pods/{namespace}/{name}"));
-    ctx.created_pods
-        .record(format!("{namespace}/{name}"), created.clone());
-    Ok(created)
-}
-
-/// Reads a Pod from the API server (used only when the cache lacks a pod the status names).
-pub async fn fetch_pod(ctx: &Context, namespace: &str, name: &str) -> Result<Option<Pod>> {
-    let api: Api<Pod> = Api::namespaced(ctx.client.clone(), namespace);
-    Ok(api.get_opt(name).await?)
-}
-
-/// Deletes a Pod if it exists.
-pub async fn delete_pod(ctx: &Context, namespace: &str, name: &str) -> Result<()> {
-    let api: Api<Pod> = Api::namespaced(ctx.client.clone(), namespace);
-    match api.delete(name, &DeleteParams::default()).await {
-        Ok(_) => ctx.metrics.api_write("pods", "delete"),
-        Err(err) if is_status(&err, kube::core::Status::is_not_found) => {}
-        Err(err) => return Err(err.into()),
+    if let Some(pod_uid) = pod_uid {
+        delete_if_same::<Pod>(ctx, &namespace, &name, &pod_uid).await?;
     }
     Ok(())
-}
-
-/// Writes the status as the smallest merge patch from the status we last saw (nothing when equal).
-/// Returns the updated Sandbox, or `None` when nothing had to be written.
-pub async fn patch_status(
-    ctx: &Context,
-    sandbox: &Sandbox,
-    status: &SandboxStatus,
-) -> Result<Option<Sandbox>> {
-    let from =
-        serde_json::to_value(sandbox.status.clone().unwrap_or_default()).map_err(|source| {
-            Error::Serialize {
-                what: "sandbox status",
-                source,
-            }
-        })?;
-    let to = serde_json::to_value(status).map_err(|source| Error::Serialize {
-        what: "sandbox status",
-        source,
-    })?;
-    let Some(change) = merge_patch::diff(&from, &to) else {
-        return Ok(None);
-    };
-    let namespace = sandbox.namespace().unwrap_or_default();
-    let api: Api<Sandbox> = Api::namespaced(ctx.client.clone(), &namespace);
-    let updated = api
-        .patch_status(
-            &sandbox.name_any(),
-            &PatchParams::default(),
-            &Patch::Merge(&json!({"status": change})),
-        )
-        .await?;
-    ctx.metrics.api_write("sandboxes/status", "patch");
-    Ok(Some(updated))
 }
 
 /// Deletes a Sandbox (its children follow by garbage collection).
 pub async fn delete_sandbox(ctx: &Context, sandbox: &Sandbox) -> Result<()> {
     let namespace = sandbox.namespace().unwrap_or_default();
-    let api: Api<Sandbox> = Api::namespaced(ctx.client.clone(), &namespace);
-    let params = DeleteParams {
-        propagation_policy: Some(PropagationPolicy::Background),
-        preconditions: sandbox.uid().map(|uid| kube::api::Preconditions {
-            uid: Some(uid),
-            resource_version: None,
-        }),
-        ..DeleteParams::default()
-    };
-    match api.delete(&sandbox.name_any(), &params).await {
-        Ok(_) => ctx.metrics.api_write("sandboxes", "delete"),
-        Err(err) if is_status(&err, kube::core::Status::is_not_found) => {}
-        Err(err) => return Err(err.into()),
-    }
-    Ok(())
+    let uid = sandbox.uid().unwrap_or_default();
+    delete_if_same::<Sandbox>(ctx, &namespace, &sandbox.name_any(), &uid).await
 }
 
 #[cfg(test)]

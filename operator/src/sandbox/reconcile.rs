@@ -12,11 +12,12 @@ use kube::runtime::reflector::ObjectRef;
 use kube::{Resource, ResourceExt};
 use tracing::{info, instrument, warn};
 
-use super::build::{desired_pod, pod_name};
+use super::build::desired_pod;
 use super::expiry::{Lifecycle, annotated_heartbeat, expiry_deadline};
 use super::run_result::aborted;
 use super::status::{
-    Observed, desired_status, expired_status, hold_back_transient, is_trajectory, rollout_group_of,
+    Blocked, Observed, desired_status, expired_status, hold_back_transient, is_trajectory,
+    rollout_group_of,
 };
 use super::{apply, runner};
 use crate::api::{Sandbox, SandboxPhase, SandboxStatus};
@@ -24,6 +25,7 @@ use crate::context::{Context, object_key};
 use crate::error::{Error, Result};
 use crate::events::publish;
 use crate::metrics::ReconcileTimer;
+use crate::writes::{self, ChildState, StatusWrite};
 
 /// Controller name used in metrics and logs.
 pub const CONTROLLER: &str = "sandbox";
@@ -31,48 +33,66 @@ pub const CONTROLLER: &str = "sandbox";
 /// Reconciles one Sandbox.
 #[instrument(skip_all, fields(sandbox = %object_key(sandbox.as_ref())))]
 pub async fn reconcile(sandbox: Arc<Sandbox>, ctx: Arc<Context>) -> Result<Action> {
+    let _slot = ctx.sandbox_slots.acquire().await;
     let _timer = ReconcileTimer::start(&ctx.metrics, CONTROLLER);
-    let result = reconcile_inner(&sandbox, &ctx).await;
-
-    if result.is_ok() {
-        ctx.reconciled(CONTROLLER, &object_key(sandbox.as_ref()));
-    }
-    result
+    let next = reconcile_inner(&sandbox, &ctx).await?;
+    // The incarnation that holds the name now (the queued object may be an older one).
+    let uid = ctx
+        .caches
+        .sandboxes
+        .get(&ObjectRef::from_obj(sandbox.as_ref()))
+        .and_then(|o| o.uid())
+        .unwrap_or_default();
+    ctx.reconciled(CONTROLLER, &uid);
+    Ok(ctx.next_action(&uid, next))
 }
 
 /// Retries a failed reconcile with per-object exponential backoff.
 pub fn error_policy(sandbox: Arc<Sandbox>, error: &Error, ctx: Arc<Context>) -> Action {
     let key = object_key(sandbox.as_ref());
-    let delay = ctx.reconcile_failed(CONTROLLER, &key, error);
+    let delay = ctx.reconcile_failed(CONTROLLER, &sandbox.uid().unwrap_or_default(), error);
     warn!(sandbox = %key, %error, retry_in_ms = delay.as_millis() as u64, "sandbox reconcile failed");
     Action::requeue(delay)
 }
 
-async fn reconcile_inner(cached: &Sandbox, ctx: &Arc<Context>) -> Result<Action> {
+/// How often a sandbox waiting for a previous incarnation's children looks again, in case the watch
+/// misses their deletion (it wakes the reconcile first in the normal case).
+const PREVIOUS_INCARNATION_RECHECK: Duration = Duration::from_secs(1);
+
+/// The first blocked child, a conflict before a wait.
+fn blocked_by(states: &[&ChildState<()>]) -> Option<Blocked> {
+    let conflict = states.iter().find_map(|s| match s {
+        ChildState::Conflict(why) => Some(Blocked::NameConflict(why.clone())),
+        _ => None,
+    });
+    conflict.or_else(|| {
+        states.iter().find_map(|s| match s {
+            ChildState::Waiting(why) => Some(Blocked::PreviousIncarnation(why.clone())),
+            _ => None,
+        })
+    })
+}
+
+/// Returns when to reconcile again (`None`: on the next change only).
+async fn reconcile_inner(cached: &Sandbox, ctx: &Arc<Context>) -> Result<Option<Duration>> {
     if cached.meta().deletion_timestamp.is_some() {
-        return Ok(Action::await_change());
+        return Ok(None);
     }
     if !ctx.leadership.is_leader() {
         // A standby replica keeps its caches warm and writes nothing; gaining the Lease reconciles all.
-        return Ok(Action::await_change());
+        return Ok(None);
     }
-    // Work from our own last status write when the cache has not caught up with it yet.
-    let uid = cached.uid().unwrap_or_default();
-    let fresher = ctx
-        .written_status
-        .newer_than_cache(&uid, cached.meta().resource_version.as_deref());
-    let sandbox = &match fresher {
-        Some(status) => Sandbox {
-            status: Some(status),
-            ..cached.clone()
-        },
-        None => cached.clone(),
+    let Some(sandbox) = writes::freshest(ctx, &ctx.caches.sandboxes, cached, |s, status| {
+        s.status = Some(status);
+    }) else {
+        // Deleted since it was queued.
+        return Ok(None);
     };
+    let sandbox = &sandbox;
     let namespace = sandbox.namespace().ok_or(Error::MissingField {
         kind: "Sandbox",
         field: "metadata.namespace",
     })?;
-    let name = sandbox.name_any();
     let owner = sandbox
         .controller_owner_ref(&())
         .ok_or(Error::MissingField {
@@ -86,47 +106,39 @@ async fn reconcile_inner(cached: &Sandbox, ctx: &Arc<Context>) -> Result<Action>
         Some(SandboxPhase::Failed | SandboxPhase::Expired)
     ) {
         // Terminal: free the pod's resources, keep the Sandbox so its status says why.
-        if ctx
-            .caches
-            .pods
-            .get(&ObjectRef::new(&pod_name(&name)).within(&namespace))
-            .is_some()
-        {
-            apply::delete_pod(ctx, &namespace, &pod_name(&name)).await?;
-        }
-        return Ok(Action::await_change());
+        apply::delete_own_pod(ctx, sandbox).await?;
+        return Ok(None);
     }
 
     apply::ensure_baseline(ctx, &namespace).await?;
-    apply::ensure_egress_policy(ctx, sandbox, &owner).await?;
+    // The token Secret and the egress policy are independent writes; the Pod waits for both, so it
+    // never starts with a previous incarnation's token or under its policy.
+    let (egress, secret) = futures::future::join(
+        apply::ensure_egress_policy(ctx, sandbox, &owner),
+        apply::ensure_token_secret(ctx, sandbox, &owner),
+    )
+    .await;
+    let (egress, secret) = (egress?, secret?);
+    let mut blocked = blocked_by(&[&egress, &secret]);
 
-    let pod_key = format!("{namespace}/{}", pod_name(&name));
-    let cached_pod = ctx
-        .caches
-        .pods
-        .get(&ObjectRef::new(&pod_name(&name)).within(&namespace));
-    let mut pod = cached_pod
-        .map(|p| (*p).clone())
-        .or_else(|| ctx.created_pods.get(&pod_key));
+    let mut pod = None;
     let mut pod_gone = false;
-    if pod.is_none() && previous.pod_name.is_some() {
-        // The status names a pod the cache does not show: ask the API server before declaring it gone.
-        pod = apply::fetch_pod(ctx, &namespace, &pod_name(&name)).await?;
-        pod_gone = pod.is_none();
-    }
-    if pod.is_none() && !pod_gone {
-        // The token Secret and the Pod are independent writes: send them together (the kubelet waits
-        // for the Secret before it starts the Pod).
-        let desired = desired_pod(sandbox, &owner, &ctx.settings.pod);
-        let (secret, created) = futures::future::join(
-            apply::ensure_token_secret(ctx, sandbox, &owner),
-            apply::create_pod(ctx, &desired),
-        )
-        .await;
-        secret?;
-        pod = Some(created?);
-    } else {
-        apply::ensure_token_secret(ctx, sandbox, &owner).await?;
+    match apply::known_pod(ctx, sandbox) {
+        Some(ChildState::Ours(own)) => pod = Some(own),
+        Some(other) => blocked = blocked_by(&[&other.unit()]).or(blocked),
+        None if previous.pod_name.is_some() => {
+            // The status names a pod the cache does not show: ask the API server before declaring it gone.
+            pod = apply::fetch_own_pod(ctx, sandbox).await?;
+            pod_gone = pod.is_none();
+        }
+        None if blocked.is_none() => {
+            let desired = desired_pod(sandbox, &owner, &ctx.settings.pod);
+            match apply::create_pod(ctx, sandbox, &desired).await? {
+                ChildState::Ours(created) => pod = Some(created),
+                other => blocked = blocked_by(&[&other.unit()]),
+            }
+        }
+        None => {}
     }
 
     let now = Timestamp::now();
@@ -138,6 +150,7 @@ async fn reconcile_inner(cached: &Sandbox, ctx: &Arc<Context>) -> Result<Action>
     if let Err(problem) = annotated_heartbeat(sandbox, now) {
         warn!(sandbox = %object_key(sandbox), %problem, "heartbeat annotation ignored");
     }
+    let waiting = matches!(blocked, Some(Blocked::PreviousIncarnation(_)));
     let observed = Observed {
         pod: pod.as_ref(),
         pod_gone,
@@ -145,6 +158,7 @@ async fn reconcile_inner(cached: &Sandbox, ctx: &Arc<Context>) -> Result<Action>
         lifecycle,
         startup_timeout_seconds: ctx.settings.startup_timeout_seconds,
         agent_port: ctx.settings.pod.agent_port,
+        blocked,
     };
     let status = desired_status(sandbox, &observed);
     let created = sandbox.meta().creation_timestamp.as_ref().map(|t| t.0);
@@ -158,15 +172,25 @@ async fn reconcile_inner(cached: &Sandbox, ctx: &Arc<Context>) -> Result<Action>
         )
     {
         // A young sandbox usually becomes Ready within the window: write once, then.
-        return Ok(Action::requeue(wait));
+        let wait = if waiting {
+            wait.min(PREVIOUS_INCARNATION_RECHECK)
+        } else {
+            wait
+        };
+        return Ok(Some(wait));
     }
     if sandbox.status.as_ref() != Some(&status) {
-        if let Some(written) = apply::patch_status(ctx, sandbox, &status).await? {
-            ctx.written_status.remember(
-                &uid,
-                written.meta().resource_version.clone(),
-                status.clone(),
-            );
+        let written = writes::write_status(
+            ctx,
+            &ctx.caches.sandboxes,
+            sandbox,
+            sandbox.status.as_ref(),
+            &status,
+        )
+        .await?;
+        if written == StatusWrite::Gone {
+            // Deleted (and perhaps recreated) since the cache showed it: its events bring us back.
+            return Ok(None);
         }
         report_transition(ctx, sandbox, &previous, &status, now).await;
     }
@@ -179,8 +203,11 @@ async fn reconcile_inner(cached: &Sandbox, ctx: &Arc<Context>) -> Result<Action>
     }
 
     if status.phase == Some(SandboxPhase::Failed) {
-        apply::delete_pod(ctx, &namespace, &pod_name(&name)).await?;
-        return Ok(Action::await_change());
+        apply::delete_own_pod(ctx, sandbox).await?;
+        return Ok(None);
+    }
+    if waiting {
+        return Ok(Some(PREVIOUS_INCARNATION_RECHECK));
     }
 
     let ready_time = status.ready_time.as_ref().map(|t| t.0);
@@ -192,11 +219,9 @@ async fn reconcile_inner(cached: &Sandbox, ctx: &Arc<Context>) -> Result<Action>
     if let Some((deadline, cause)) = expiry_deadline(ready_time, heartbeat, lifecycle) {
         if now >= deadline {
             expire(ctx, sandbox, &status, cause.as_str(), now).await?;
-            return Ok(Action::await_change());
+            return Ok(None);
         }
-        return Ok(Action::requeue(
-            until(now, deadline).min(ctx.settings.resync),
-        ));
+        return Ok(Some(until(now, deadline).min(ctx.settings.resync)));
     }
     // Not Ready yet: come back when the startup timeout would fail it (watch events usually come first).
     let created = sandbox
@@ -210,9 +235,7 @@ async fn reconcile_inner(cached: &Sandbox, ctx: &Arc<Context>) -> Result<Action>
             ctx.settings.startup_timeout_seconds,
         ))
         .unwrap_or(now);
-    Ok(Action::requeue(
-        until(now, startup_deadline).min(ctx.settings.resync),
-    ))
+    Ok(Some(until(now, startup_deadline).min(ctx.settings.resync)))
 }
 
 /// Time from `now` until `deadline` (zero if it passed), with a millisecond of slack so the requeue
@@ -242,11 +265,10 @@ async fn expire(
                 None,
             ));
         }
-        apply::patch_status(ctx, sandbox, &expired).await?;
+        writes::write_status(ctx, &ctx.caches.sandboxes, sandbox, Some(status), &expired).await?;
     }
-    let namespace = sandbox.namespace().unwrap_or_default();
     if in_group {
-        apply::delete_pod(ctx, &namespace, &pod_name(&sandbox.name_any())).await?;
+        apply::delete_own_pod(ctx, sandbox).await?;
     } else {
         apply::delete_sandbox(ctx, sandbox).await?;
     }

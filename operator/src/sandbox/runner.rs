@@ -14,7 +14,6 @@ use k8s_openapi::jiff::{SignedDuration, Timestamp};
 use kube::api::{Api, Patch, PatchParams};
 use kube::runtime::reflector::ObjectRef;
 use kube::{Resource, ResourceExt};
-use serde_json::json;
 use tracing::{info, warn};
 
 use super::build::{TOKEN_KEY, token_secret_name};
@@ -22,6 +21,14 @@ use super::run_result::{aborted, result_of_run};
 use crate::agent_client::{AgentCallError, AgentTarget};
 use crate::api::{RunSpec, Sandbox, SandboxPhase, TrajectoryResult};
 use crate::context::Context;
+use crate::ownership::controlled_by;
+use crate::status_patch::status_member_patch;
+
+/// The patch that sets `status.result` of the sandbox with `uid`.
+fn result_patch(uid: &str, result: &TrajectoryResult) -> Option<json_patch::Patch> {
+    let value = serde_json::to_value(result).ok()?;
+    Some(status_member_patch(uid, "result", value))
+}
 
 /// Id of the run's background process inside the agent.
 pub const RUN_PROCESS_ID: &str = "orchard-run";
@@ -30,14 +37,16 @@ pub const DEADLINE_GRACE: Duration = Duration::from_secs(60);
 /// Seconds each long poll waits for the process to exit.
 const LONG_POLL_SECONDS: u64 = 20;
 
-/// The agent endpoint and token of a sandbox, from its status and the Secret cache.
+/// The agent endpoint and token of a sandbox, from its status and its own Secret (by owner UID) in
+/// the cache.
 pub fn agent_target(ctx: &Context, sandbox: &Sandbox) -> Option<AgentTarget> {
     let endpoint = sandbox.status.as_ref()?.agent_endpoint.clone()?;
     let namespace = sandbox.namespace()?;
     let secret = ctx
         .caches
         .secrets
-        .get(&ObjectRef::new(&token_secret_name(&sandbox.name_any())).within(&namespace))?;
+        .get(&ObjectRef::new(&token_secret_name(&sandbox.name_any())).within(&namespace))
+        .filter(|s| controlled_by(s.meta(), sandbox.meta().uid.as_deref().unwrap_or_default()))?;
     let token = String::from_utf8(secret.data.as_ref()?.get(TOKEN_KEY)?.0.clone()).ok()?;
     Some(AgentTarget { endpoint, token })
 }
@@ -205,17 +214,24 @@ async fn drive(
     ))
 }
 
-/// Records `result` in the sandbox's status (write-once: a result already there wins).
+/// Records `result` in the sandbox's status (write-once: a result already there wins), only on the
+/// sandbox with `uid` (a UID-guarded JSON Patch: never on a new sandbox under the same name).
 async fn record(ctx: &Context, key: &ObjectRef<Sandbox>, uid: &str, result: &TrajectoryResult) {
     let Some(namespace) = key.namespace.as_deref() else {
         return;
     };
     let api: Api<Sandbox> = Api::namespaced(ctx.client.clone(), namespace);
-    let patch = json!({"metadata": {"uid": uid}, "status": {"result": result}});
+    let Some(patch) = result_patch(uid, result) else {
+        return;
+    };
     let mut delay = Duration::from_millis(200);
     for _ in 0..8 {
         match api
-            .patch_status(&key.name, &PatchParams::default(), &Patch::Merge(&patch))
+            .patch_status(
+                &key.name,
+                &PatchParams::default(),
+                &Patch::Json::<()>(patch.clone()),
+            )
             .await
         {
             Ok(_) => {
@@ -230,7 +246,8 @@ async fn record(ctx: &Context, key: &ObjectRef<Sandbox>, uid: &str, result: &Tra
             Err(kube::Error::Api(status))
                 if status.is_not_found() || status.code == 422 || status.is_conflict() =>
             {
-                // Gone, or a result was recorded first (the CRD makes status.result write-once).
+                // Gone, replaced by a new sandbox of the same name (the UID test failed), or a result
+                // was recorded first (the CRD makes status.result write-once).
                 return;
             }
             Err(err) => {

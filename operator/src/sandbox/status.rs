@@ -51,6 +51,18 @@ pub struct Observed<'a> {
     pub startup_timeout_seconds: i64,
     /// Port the agent listens on.
     pub agent_port: u16,
+    /// A child the sandbox needs whose name is held by an object that is not its own.
+    pub blocked: Option<Blocked>,
+}
+
+/// Why the sandbox cannot have one of its children under the name it needs.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Blocked {
+    /// A deleted sandbox of the same name still has children the garbage collector is removing; the
+    /// Pod is created once they are gone.
+    PreviousIncarnation(String),
+    /// Somebody else's object holds the name: the sandbox fails, nothing is touched.
+    NameConflict(String),
 }
 
 /// Why a sandbox failed: a machine-readable reason and a message a user can act on.
@@ -334,6 +346,14 @@ pub fn desired_status(sandbox: &Sandbox, observed: &Observed) -> SandboxStatus {
             now,
         );
     }
+    if let Some(Blocked::NameConflict(message)) = &observed.blocked {
+        return failed_status(
+            sandbox,
+            status,
+            Failure::new("NameConflict", message.clone()),
+            now,
+        );
+    }
     if let Some(pod) = observed.pod {
         status.pod_name = pod.metadata.name.clone();
         status.node_name = pod.spec.as_ref().and_then(|s| s.node_name.clone());
@@ -393,11 +413,16 @@ pub fn desired_status(sandbox: &Sandbox, observed: &Observed) -> SandboxStatus {
 
     let (scheduled, scheduled_reason, scheduled_message) = match observed.pod {
         Some(pod) => scheduling(pod),
-        None => (
-            false,
-            "PodNotCreated".into(),
-            "creating the sandbox's pod".into(),
-        ),
+        None => match &observed.blocked {
+            Some(Blocked::PreviousIncarnation(message)) => {
+                (false, "PreviousIncarnation".into(), message.clone())
+            }
+            _ => (
+                false,
+                "PodNotCreated".into(),
+                "creating the sandbox's pod".into(),
+            ),
+        },
     };
     let (agent_reason, agent_message) = if ready_now {
         ("AgentHealthy", String::new())
@@ -539,6 +564,7 @@ mod tests {
             },
             startup_timeout_seconds: 600,
             agent_port: 9090,
+            blocked: None,
         }
     }
 
@@ -769,6 +795,30 @@ mod tests {
         let healthy = pod(Some("node-1"), Some("10.0.0.7"), true);
         let later = desired_status(&s, &observed(Some(&healthy), "2026-01-01T00:01:00Z"));
         assert_eq!(later, status);
+    }
+
+    #[test]
+    fn a_previous_incarnations_children_keep_the_sandbox_pending_with_the_reason() {
+        let mut obs = observed(None, "2026-01-01T00:00:05Z");
+        obs.blocked = Some(Blocked::PreviousIncarnation(
+            "Pod s1 of a deleted Sandbox with this name is still being removed".into(),
+        ));
+        let status = desired_status(&sandbox(), &obs);
+        assert_eq!(status.phase, Some(SandboxPhase::Pending));
+        let scheduled = cond(&status, condition::SCHEDULED);
+        assert_eq!(scheduled.reason, "PreviousIncarnation");
+        assert!(scheduled.message.contains("still being removed"));
+    }
+
+    #[test]
+    fn a_name_held_by_somebody_else_fails_the_sandbox() {
+        let mut obs = observed(None, "2026-01-01T00:00:05Z");
+        obs.blocked = Some(Blocked::NameConflict(
+            "Pod s1 already exists and is not created by the operator".into(),
+        ));
+        let status = desired_status(&sandbox(), &obs);
+        assert_eq!(status.phase, Some(SandboxPhase::Failed));
+        assert_eq!(status.reason.as_deref(), Some("NameConflict"));
     }
 
     #[test]

@@ -79,13 +79,7 @@ async fn proxy(
     )
     .await?;
     let endpoint = agent_endpoint(&sandbox)?;
-    let token = agent_token(
-        &state.deps.client,
-        &state.deps.caches.secrets,
-        namespace,
-        name,
-    )
-    .await?;
+    let token = agent_token(&state.deps.client, &state.deps.caches.secrets, &sandbox).await?;
     let path = agent_path(parts.uri.path(), parts.uri.query())
         .ok_or_else(|| ApiError::internal(format!("unroutable path {}", parts.uri.path())))?;
     state.heartbeats.activity(&sandbox);

@@ -25,6 +25,7 @@ use crate::gateway::openapi::{
 use crate::gateway::selector;
 use crate::gateway::spec::sandbox_from_request;
 use crate::gateway::wait::{WaitFor, WaitOutcome, wait_duration};
+use crate::status_patch::status_member_patch;
 
 fn api(state: &State, namespace: &str) -> Api<Sandbox> {
     Api::namespaced(state.deps.client.clone(), namespace)
@@ -407,13 +408,17 @@ pub async fn record_result(
         }
         return Err(already(recorded));
     }
-    let patch = json!({"status": {"result": result}});
+    let value = serde_json::to_value(&result)
+        .map_err(|e| ApiError::internal(format!("cannot serialise the result: {e}")))?;
+    // Guarded by the sandbox's UID: a sandbox deleted and recreated under the name meanwhile is not
+    // the one the caller means.
+    let patch = status_member_patch(&sandbox.uid().unwrap_or_default(), "result", value);
     let patch_params = PatchParams {
         field_manager: Some(GATEWAY_FIELD_MANAGER.to_string()),
         ..PatchParams::default()
     };
     match api(&state, &path.namespace)
-        .patch_status(&path.name, &patch_params, &Patch::Merge(&patch))
+        .patch_status(&path.name, &patch_params, &Patch::Json::<()>(patch))
         .await
     {
         Ok(patched) => {
@@ -433,6 +438,10 @@ pub async fn record_result(
                     path.namespace, path.name
                 ),
             ))
+        }
+        Err(kube::Error::Api(status)) if status.code == 422 => {
+            // The UID test failed: the sandbox was deleted (and recreated under its name) meanwhile.
+            Err(ApiError::not_found("sandbox", &path.namespace, &path.name))
         }
         Err(err) => Err(from_kube(
             &err,

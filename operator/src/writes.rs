@@ -1,0 +1,279 @@
+//! The writes both controllers send, each in one place: create a child unless its name is taken
+//! (an existing object is classified by owner UID, never modified), delete an object only if it is
+//! still the one we mean (UID precondition; gone is done), and write a status as the smallest merge
+//! JSON Patch guarded by the object's UID, remembered until the watch delivers it. Every write is counted in
+//! `orchard_api_writes_total`.
+
+use std::any::Any;
+use std::fmt::Debug;
+
+use kube::api::{
+    Api, DeleteParams, Patch, PatchParams, PostParams, Preconditions, PropagationPolicy,
+};
+use kube::runtime::reflector::{ObjectRef, Store};
+use kube::{Resource, ResourceExt};
+use serde::Serialize;
+use serde::de::DeserializeOwned;
+
+use crate::context::Context;
+use crate::error::{Error, Result};
+use crate::ownership::{Claim, Owner, claim};
+use crate::status_patch::status_patch;
+
+/// What became of a child we want under a given name.
+#[derive(Debug, Clone, PartialEq)]
+pub enum ChildState<T> {
+    /// Ours (created now, or found with our UID).
+    Ours(T),
+    /// A previous incarnation's object holds the name until the garbage collector removes it; its
+    /// deletion wakes the owner's reconcile.
+    Waiting(String),
+    /// Somebody else's object holds the name; nothing was touched.
+    Conflict(String),
+}
+
+impl<T> ChildState<T> {
+    /// The same state without the value.
+    pub fn unit(&self) -> ChildState<()> {
+        match self {
+            Self::Ours(_) => ChildState::Ours(()),
+            Self::Waiting(why) => ChildState::Waiting(why.clone()),
+            Self::Conflict(why) => ChildState::Conflict(why.clone()),
+        }
+    }
+}
+
+/// The state of an existing object `K` named `name`, as seen from `owner` (pure).
+pub fn existing_state<K: Resource<DynamicType = ()>>(
+    existing: K,
+    owner: Owner<'_>,
+) -> ChildState<K> {
+    let what = format!("{} {}", K::kind(&()), existing.name_any());
+    match claim(existing.meta(), owner) {
+        Claim::Ours => ChildState::Ours(existing),
+        Claim::PreviousIncarnation => ChildState::Waiting(format!(
+            "{what} of a deleted {} with this name is still being removed",
+            owner.kind
+        )),
+        Claim::Foreign(who) => ChildState::Conflict(format!(
+            "{what} already exists and is {who}; delete it or choose another {} name",
+            owner.kind
+        )),
+    }
+}
+
+/// Creates `desired` in `namespace`; if its name is taken, reads the existing object and classifies
+/// it. Counts the create.
+pub async fn create_child<K>(
+    ctx: &Context,
+    namespace: &str,
+    desired: &K,
+    owner: Owner<'_>,
+) -> Result<ChildState<K>>
+where
+    K: Resource<DynamicType = (), Scope = k8s_openapi::NamespaceResourceScope>
+        + Clone
+        + Serialize
+        + DeserializeOwned
+        + Debug,
+{
+    let api: Api<K> = Api::namespaced(ctx.client.clone(), namespace);
+    match api.create(&PostParams::default(), desired).await {
+        Ok(created) => {
+            ctx.metrics.api_write(&K::plural(&()), "create");
+            Ok(ChildState::Ours(created))
+        }
+        Err(kube::Error::Api(status)) if status.is_already_exists() => {
+            match api.get_opt(&desired.name_any()).await? {
+                Some(existing) => Ok(existing_state(existing, owner)),
+                // Deleted between the two calls: the deletion event brings us back.
+                None => Ok(ChildState::Waiting(format!(
+                    "{} {} was being deleted",
+                    K::kind(&()),
+                    desired.name_any()
+                ))),
+            }
+        }
+        Err(err) => Err(err.into()),
+    }
+}
+
+/// Deletes `namespace/name` if it is still the object with `uid` (a precondition: a newer object
+/// under the same name is never touched). Gone, or replaced, counts as done.
+pub async fn delete_if_same<K>(ctx: &Context, namespace: &str, name: &str, uid: &str) -> Result<()>
+where
+    K: Resource<DynamicType = (), Scope = k8s_openapi::NamespaceResourceScope>
+        + Clone
+        + DeserializeOwned
+        + Debug,
+{
+    let api: Api<K> = Api::namespaced(ctx.client.clone(), namespace);
+    let params = DeleteParams {
+        propagation_policy: Some(PropagationPolicy::Background),
+        preconditions: Some(Preconditions {
+            uid: Some(uid.to_string()),
+            resource_version: None,
+        }),
+        ..DeleteParams::default()
+    };
+    match api.delete(name, &params).await {
+        Ok(_) => {
+            ctx.metrics.api_write(&K::plural(&()), "delete");
+            Ok(())
+        }
+        // Not found: already gone. Conflict: the precondition failed, the name holds another object.
+        Err(kube::Error::Api(status)) if status.is_not_found() || status.is_conflict() => Ok(()),
+        Err(err) => Err(err.into()),
+    }
+}
+
+/// What a status write did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum StatusWrite {
+    /// The status was written.
+    Written,
+    /// Nothing changed; nothing was sent.
+    Unchanged,
+    /// The object is gone (deleted, or replaced by a new one under the name); nothing was written.
+    Gone,
+}
+
+/// Writes `status` to `object` as the smallest JSON Patch from `previous` (what the object's status
+/// is as far as we know; nothing is sent when equal), guarded by the object's UID, and remembers it
+/// until the watch delivers the version the write returned. An object that now holds the name after a
+/// delete and recreate is left untouched ([`StatusWrite::Gone`]).
+pub async fn write_status<K, S>(
+    ctx: &Context,
+    cache: &Store<K>,
+    object: &K,
+    previous: Option<&S>,
+    status: &S,
+) -> Result<StatusWrite>
+where
+    K: Resource<DynamicType = (), Scope = k8s_openapi::NamespaceResourceScope>
+        + Clone
+        + DeserializeOwned
+        + Debug,
+    S: Serialize + Clone + Any + Send + Sync,
+{
+    let what = "status";
+    let from = previous
+        .map(serde_json::to_value)
+        .transpose()
+        .map_err(|source| Error::Serialize { what, source })?;
+    let to = serde_json::to_value(status).map_err(|source| Error::Serialize { what, source })?;
+    let uid = object.uid().unwrap_or_default();
+    let Some(patch) = status_patch(&uid, from.as_ref(), &to) else {
+        return Ok(StatusWrite::Unchanged);
+    };
+    let namespace = object.namespace().unwrap_or_default();
+    let name = object.name_any();
+    let api: Api<K> = Api::namespaced(ctx.client.clone(), &namespace);
+    let written = match api
+        .patch_status(&name, &PatchParams::default(), &Patch::Json::<()>(patch))
+        .await
+    {
+        Ok(written) => written,
+        Err(kube::Error::Api(status)) if status.code == 422 || status.is_not_found() => {
+            // The UID test failed (another object holds the name now) or the object is gone: nothing
+            // of this incarnation is left to write to. Any other rejection is an error.
+            let replaced = api
+                .get_opt(&name)
+                .await?
+                .is_none_or(|current| current.uid().as_deref() != Some(uid.as_str()));
+            if replaced {
+                return Ok(StatusWrite::Gone);
+            }
+            return Err(kube::Error::Api(status).into());
+        }
+        Err(err) => return Err(err.into()),
+    };
+    ctx.metrics
+        .api_write(&format!("{}/status", K::plural(&())), "patch");
+    let key = ObjectRef::from_obj(object);
+    ctx.own_writes.remember_status(
+        &uid,
+        written.meta().resource_version.clone(),
+        status.clone(),
+        || {
+            cache
+                .get(&key)
+                .filter(|cached| cached.uid().as_deref() == Some(uid.as_str()))
+                .and_then(|cached| cached.meta().resource_version.clone())
+        },
+    );
+    Ok(StatusWrite::Written)
+}
+
+/// The object to reconcile: the one the cache holds under the name now (the controller may hand us an
+/// older incarnation it queued before a delete and recreate), with our own last status write put in with
+/// `set_status` if the watch has not delivered it yet; `None` when the name holds nothing any more.
+/// Memory first, cache second: a status dropped from memory has reached the cache by then.
+pub fn freshest<K, S>(
+    ctx: &Context,
+    cache: &Store<K>,
+    queued: &K,
+    set_status: impl FnOnce(&mut K, S),
+) -> Option<K>
+where
+    K: Resource<DynamicType = ()> + Clone,
+    S: Any + Clone,
+{
+    let key = ObjectRef::from_obj(queued);
+    let uid_now = cache.get(&key)?.uid().unwrap_or_default();
+    let ahead = ctx.own_writes.status_ahead_of_cache::<S>(&uid_now);
+    let mut object = (*cache.get(&key)?).clone();
+    if let Some(status) = ahead.filter(|_| object.uid().as_deref() == Some(uid_now.as_str())) {
+        set_status(&mut object, status);
+    }
+    Some(object)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use k8s_openapi::api::core::v1::Secret;
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference};
+
+    fn secret(owner_kind: &str, owner_name: &str, owner_uid: &str) -> Secret {
+        Secret {
+            metadata: ObjectMeta {
+                name: Some("again-agent-token".into()),
+                owner_references: Some(vec![OwnerReference {
+                    api_version: "orchard.dev/v1alpha1".into(),
+                    kind: owner_kind.into(),
+                    name: owner_name.into(),
+                    uid: owner_uid.into(),
+                    controller: Some(true),
+                    block_owner_deletion: Some(true),
+                }]),
+                ..ObjectMeta::default()
+            },
+            ..Secret::default()
+        }
+    }
+
+    const OWNER: Owner<'static> = Owner {
+        kind: "Sandbox",
+        name: "again",
+        uid: "uid-2",
+    };
+
+    #[test]
+    fn existing_objects_are_ours_waited_for_or_conflicts() {
+        assert!(matches!(
+            existing_state(secret("Sandbox", "again", "uid-2"), OWNER),
+            ChildState::Ours(_)
+        ));
+        let ChildState::Waiting(why) = existing_state(secret("Sandbox", "again", "uid-1"), OWNER)
+        else {
+            panic!("a previous incarnation's Secret is waited for");
+        };
+        assert!(why.contains("Secret again-agent-token"), "{why}");
+        let ChildState::Conflict(why) = existing_state(secret("Sandbox", "other", "uid-9"), OWNER)
+        else {
+            panic!("somebody else's Secret is a conflict");
+        };
+        assert!(why.contains("controlled by Sandbox other"), "{why}");
+    }
+}
