@@ -10,6 +10,7 @@ export CARGO_INCREMENTAL ?= 0
 endif
 # The agent is linked statically against glibc (crt-static): there is no musl target on this machine.
 AGENT_BIN := $(TARGET_DIR)/$(HOST_TRIPLE)/agent/orchard-agent
+NODE_BIN_DIR := $(TARGET_DIR)/$(HOST_TRIPLE)/agent
 
 .PHONY: help
 help: ## list targets
@@ -23,6 +24,10 @@ build: agent ## build the operator, crdgen, bar-sim and the static agent
 agent: ## build the static orchard-agent binary (glibc crt-static)
 	RUSTFLAGS="-C target-feature=+crt-static" $(CARGO) build --profile agent -p orchard-agent --target $(HOST_TRIPLE)
 	@ls -l $(AGENT_BIN) | awk '{printf "orchard-agent: %s bytes\n", $$5}'
+
+.PHONY: node-bins
+node-bins: ## build the real node's static programs (orchard-pause, orchard-probe), glibc crt-static like the agent
+	RUSTFLAGS="-C target-feature=+crt-static" $(CARGO) build --profile agent -p orchard-node-bins --target $(HOST_TRIPLE)
 
 .PHONY: agent-check
 agent-check: agent ## prove the static agent runs in an empty root (chroot): --version, serve, /healthz, exec
@@ -92,8 +97,21 @@ lint: ## rustfmt check and clippy with warnings as errors
 	$(CARGO) clippy --workspace --all-targets -- -D warnings
 
 .PHONY: k8s
-k8s: ## build kube-apiserver, kube-controller-manager and etcd from pinned Go modules into ~/.cache (once)
+k8s: ## build kube-apiserver, kube-controller-manager, etcd, kubelet, kube-scheduler, kube-proxy from pinned Go modules into ~/.cache (once)
 	@e2e/k8s-tools/build.sh
+
+# The real node (docs/TESTING.md, "The real node"): Debian packages, containerd and crane, images.
+.PHONY: node-deps
+node-deps: ## install the real node's Debian packages (runc, CNI plugins, iptables, mmdebstrap, busybox-static; pinned, needs root)
+	@e2e/node-tools/debs.sh
+
+.PHONY: node-tools
+node-tools: ## build containerd 2.4, its runc shim, ctr and crane from pinned Go modules into ~/.cache (once)
+	@e2e/node-tools/build.sh
+
+.PHONY: node-images
+node-images: node-deps node-tools agent node-bins ## build the real node's images with crane (Debian+python3+git, busybox, a static probe, pause, the agent) into ~/.cache/orchard/images
+	@e2e/node-tools/images.sh agent=$(AGENT_BIN) pause=$(NODE_BIN_DIR)/orchard-pause probe=$(NODE_BIN_DIR)/orchard-probe
 
 .PHONY: test-unit
 test-unit: ## unit tests of the operator (API/CEL, builders, status, BAR, bar-sim) and the e2e harness
@@ -101,8 +119,8 @@ test-unit: ## unit tests of the operator (API/CEL, builders, status, BAR, bar-si
 	$(CARGO) test -p orchard-e2e --lib --bins -j 2
 
 .PHONY: e2e
-e2e: k8s agent ## end-to-end tests on the local cluster (real control plane, local node, operator process)
-	$(CARGO) build -p orchard-operator -j 2
+e2e: k8s agent node-images ## end-to-end tests on the local cluster (real control plane; the hollow node, and the real node for real_node*)
+	$(CARGO) build -p orchard-operator -p orchard-e2e --bins -j 2
 	$(CARGO) test -p orchard-e2e --tests -j 2 -- --test-threads=2
 
 .PHONY: test
@@ -114,9 +132,19 @@ test: ## everything CI runs: lint, CRD drift, unit, agent and end-to-end tests
 	$(MAKE) e2e
 
 .PHONY: demo
-demo: k8s agent ## the main job on the local cluster: samples, kubectl get orchard, exec, a BAR group; then teardown
+demo: k8s agent ## the main job: samples on the real node (hollow node where it cannot run), kubectl get orchard, exec, a BAR group; then teardown
+	@$(MAKE) -s node-images || echo "make demo: the real node's parts could not be built here; the demo will use the hollow node"
 	$(CARGO) build -p orchard-operator -p orchard-e2e --bins -j 2
 	@scripts/demo.sh
+
+# Name churn for minutes (not part of `make test`): docs/RELIABILITY.md.
+SOAK_SECONDS ?= 600
+SOAK_NAMES ?= 50
+
+.PHONY: soak
+soak: k8s agent ## churn 50 Sandbox and 50 RolloutGroup names for 10 min (SOAK_SECONDS, SOAK_NAMES): stuck objects, leaks, operator memory
+	$(CARGO) build -p orchard-operator -p orchard-e2e --bins -j 2
+	$(TARGET_DIR)/debug/soak --seconds $(SOAK_SECONDS) --names $(SOAK_NAMES)
 
 .PHONY: sdk-venv
 sdk-venv: ## create the Python SDK venv (~/.cache/orchard/sdk-venv: pinned httpx, pytest, pytest-asyncio; SDK editable)
@@ -209,5 +237,11 @@ bench-scale: k8s agent ## 1,000 sandboxes through create -> Ready -> 4 execs -> 
 		$(TARGET_DIR)/release/bench-scale --sandboxes $(BENCH_SANDBOXES) --concurrency $(BENCH_CONCURRENCY) \
 		--write-doc docs/BENCHMARKS.md
 
+.PHONY: bench-real
+bench-real: k8s agent node-images ## the hollow and the real node side by side (1 at a time, 50 at once, 200 with execs); writes docs/BENCHMARKS.md
+	$(CARGO) build --release -p orchard-operator -p orchard-e2e --bins -j 2
+	ORCHARD_OPERATOR_BIN=$(abspath $(TARGET_DIR))/release/orchard-operator \
+		$(TARGET_DIR)/release/bench-real --write-doc docs/BENCHMARKS.md
+
 .PHONY: bench
-bench: bench-agent bench-gateway bench-bar bench-scale ## every benchmark (numbers go to docs/BENCHMARKS.md and docs/BAR.md)
+bench: bench-agent bench-gateway bench-bar bench-scale bench-real ## every benchmark (numbers go to docs/BENCHMARKS.md and docs/BAR.md)

@@ -6,7 +6,7 @@
 //! concurrency 1 and 64, alternating the two paths in rounds so drift on a shared machine hits both.
 //! Prints a table; with `--write-doc PATH` replaces the `## Gateway` section of that Markdown file.
 
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 use k8s_openapi::api::core::v1::Secret;
@@ -145,27 +145,6 @@ fn load_average() -> String {
         .unwrap_or_default()
 }
 
-fn write_section(doc: &Path, section: &str) {
-    let text = std::fs::read_to_string(doc).unwrap_or_else(|_| "# Benchmarks\n".into());
-    let start = text.find("\n## Gateway\n").map(|i| i + 1);
-    let updated = match start {
-        Some(start) => {
-            let rest = &text[start + "## Gateway\n".len()..];
-            let end = rest
-                .find("\n## ")
-                .map(|i| start + "## Gateway\n".len() + i + 1)
-                .unwrap_or(text.len());
-            format!("{}{}{}", &text[..start], section, &text[end..])
-        }
-        None => format!(
-            "{}\n{}",
-            text.trim_end_matches('\n').to_string() + "\n",
-            section
-        ),
-    };
-    std::fs::write(doc, updated).expect("write the benchmark doc");
-}
-
 #[tokio::main]
 async fn main() {
     let args: Vec<String> = std::env::args().collect();
@@ -286,7 +265,8 @@ Create -> Ready is timed in Python around `client.create(image=\"busybox\")` (PO
 Machine: 2 CPUs shared with other builds (load average {load_before} before, {load_after} after): absolute numbers are noisy, at concurrency 64 both paths queue on process spawns.\n\n{table}"
     );
     if let Some(doc) = doc {
-        write_section(&doc, &section);
+        orchard_e2e::docs::write_section(&doc, "## Gateway", &section)
+            .expect("write the benchmark doc");
         println!("wrote the Gateway section of {}", doc.display());
     }
 }

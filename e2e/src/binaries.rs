@@ -30,17 +30,44 @@ pub fn target_dir() -> PathBuf {
     workspace_root().join("target")
 }
 
-/// Directory holding `kube-apiserver`, `kube-controller-manager` and `etcd`; builds them on first use
-/// (a cold build takes about 11 minutes on 2 cores; later calls return at once).
+/// Directory holding the upstream Kubernetes binaries (`kube-apiserver`, `kube-controller-manager`,
+/// `etcd`; `kubelet`, `kube-scheduler`, `kube-proxy` for the real node); builds them on first use (a
+/// cold build takes about 15 minutes on 2 cores; later calls return at once).
 pub fn kubernetes_bin_dir() -> Result<PathBuf> {
-    if let Ok(dir) = std::env::var("ORCHARD_K8S_BIN_DIR") {
+    tool_dir("ORCHARD_K8S_BIN_DIR", "e2e/k8s-tools/build.sh", "kubelet")
+}
+
+/// Directory holding `containerd`, `containerd-shim-runc-v2`, `ctr` and `crane` for the real node
+/// (built once from Go modules by `e2e/node-tools/build.sh`).
+pub fn node_tools_dir() -> Result<PathBuf> {
+    tool_dir(
+        "ORCHARD_NODE_BIN_DIR",
+        "e2e/node-tools/build.sh",
+        "containerd",
+    )
+}
+
+/// The directory `script` prints last (it builds what is missing), or `env`'s directory if it holds
+/// `probe`.
+fn tool_dir(env: &str, script: &str, probe: &str) -> Result<PathBuf> {
+    if let Ok(dir) = std::env::var(env) {
         let dir = PathBuf::from(dir);
-        if dir.join("kube-apiserver").exists() {
+        if dir.join(probe).exists() {
             return Ok(dir);
         }
     }
-    let script = workspace_root().join("e2e/k8s-tools/build.sh");
-    let output = Command::new(&script)
+    let stdout = run_script(&workspace_root().join(script), &[])?;
+    stdout
+        .lines()
+        .last()
+        .map(|l| PathBuf::from(l.trim()))
+        .ok_or_else(|| E2eError::Setup(format!("{script} printed no directory")))
+}
+
+/// Runs one of the repository's scripts and returns its standard output.
+pub fn run_script(script: &Path, args: &[String]) -> Result<String> {
+    let output = Command::new(script)
+        .args(args)
         .output()
         .map_err(|e| E2eError::Setup(format!("cannot run {}: {e}", script.display())))?;
     if !output.status.success() {
@@ -50,13 +77,17 @@ pub fn kubernetes_bin_dir() -> Result<PathBuf> {
             String::from_utf8_lossy(&output.stderr)
         )));
     }
-    let stdout = String::from_utf8_lossy(&output.stdout);
-    let dir = stdout
-        .lines()
-        .last()
-        .map(|l| PathBuf::from(l.trim()))
-        .ok_or_else(|| E2eError::Setup("build.sh printed no directory".into()))?;
-    Ok(dir)
+    Ok(String::from_utf8_lossy(&output.stdout).to_string())
+}
+
+/// A static binary of the `orchard-node-bins` crate (`orchard-pause`, `orchard-probe`), built by
+/// `make node-bins`.
+pub fn node_bin(name: &str) -> Result<PathBuf> {
+    first_existing(
+        &[target_dir().join(format!("x86_64-unknown-linux-gnu/agent/{name}"))],
+        name,
+        "build it with `make node-bins`",
+    )
 }
 
 fn first_existing(candidates: &[PathBuf], what: &str, hint: &str) -> Result<PathBuf> {

@@ -1,9 +1,13 @@
-//! The upstream control plane on 127.0.0.1: etcd, kube-apiserver (RBAC on, static token users,
-//! self-signed serving certificate, service-account signing keys) and kube-controller-manager running
-//! the garbage-collector, namespace and node-lifecycle controllers. Free ports, a generated kubeconfig, logs under
+//! The upstream control plane: etcd, kube-apiserver (RBAC on, static token users, self-signed serving
+//! certificate, service-account signing keys) and kube-controller-manager running the
+//! garbage-collector, namespace and node-lifecycle controllers. kube-apiserver listens on 127.0.0.1 for
+//! the hollow node, or on the host's end of the real node's veth pair, where it also serves a real
+//! kubelet (Node authorization, a client certificate for its calls to the kubelet, tokens of the node's
+//! components, endpoints of the `kubernetes` Service). Free ports, a generated kubeconfig, logs under
 //! the cluster directory, and teardown of every process.
 
 use std::collections::BTreeMap;
+use std::net::Ipv4Addr;
 use std::path::{Path, PathBuf};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
@@ -29,6 +33,33 @@ fn gogc() -> String {
     std::env::var("ORCHARD_E2E_GOGC").unwrap_or_else(|_| "400".to_string())
 }
 
+/// Identities of the real node's components (token file users): the kubelet (Node authorizer), and
+/// the users kube-proxy and kube-scheduler have default RBAC bindings for.
+pub const NODE_USERS: &[(&str, &str)] = &[
+    ("system:node:orchard-node", "system:nodes"),
+    ("system:kube-proxy", ""),
+    ("system:kube-scheduler", ""),
+];
+
+/// Where kube-apiserver listens and whether it serves a real kubelet.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PlaneOptions {
+    /// Address kube-apiserver listens on and advertises.
+    pub address: Ipv4Addr,
+    /// Serve a real node: Node authorization, kubelet client certificate, node component users,
+    /// `kubernetes` Service endpoints, the EndpointSlice controller.
+    pub real_node: bool,
+}
+
+impl Default for PlaneOptions {
+    fn default() -> Self {
+        Self {
+            address: Ipv4Addr::LOCALHOST,
+            real_node: false,
+        }
+    }
+}
+
 /// A running control plane.
 pub struct ControlPlane {
     /// Directory holding data, certificates, kubeconfig and logs.
@@ -37,8 +68,10 @@ pub struct ControlPlane {
     pub kubeconfig: PathBuf,
     /// `https://127.0.0.1:<port>`.
     pub server: String,
-    /// Bearer tokens of [`USERS`].
+    /// Bearer tokens of [`USERS`] (and [`NODE_USERS`] for a real node).
     pub tokens: BTreeMap<String, String>,
+    /// How it was started.
+    pub options: PlaneOptions,
     bin_dir: PathBuf,
     etcd_port: u16,
     api_port: u16,
@@ -89,22 +122,36 @@ impl ControlPlane {
     /// everything under `dir` (created). The CRDs in `crds_dir` are installed before the controller
     /// manager starts, so its garbage collector knows them from the first moment (it rediscovers
     /// resources only every 30 s).
-    pub async fn start(dir: &Path, bin_dir: &Path, crds_dir: &Path) -> Result<Self> {
+    pub async fn start(
+        dir: &Path,
+        bin_dir: &Path,
+        crds_dir: &Path,
+        options: PlaneOptions,
+    ) -> Result<Self> {
         std::fs::create_dir_all(dir.join("logs"))?;
         std::fs::create_dir_all(dir.join("pki"))?;
         let ports = free_ports(3)?;
         let (etcd_port, peer_port, api_port) = (ports[0], ports[1], ports[2]);
-        let tokens: BTreeMap<String, String> = USERS
+        let mut users: Vec<(&str, &str)> = USERS
             .iter()
-            .map(|u| (u.to_string(), random_hex(32)))
+            .map(|u| (*u, if *u == "admin" { "system:masters" } else { "" }))
             .collect();
-        let token_file: String = tokens
+        if options.real_node {
+            users.extend_from_slice(NODE_USERS);
+            write_kubelet_client_certificate(&dir.join("pki"))?;
+        }
+        let tokens: BTreeMap<String, String> = users
             .iter()
-            .map(|(user, token)| {
-                if user == "admin" {
-                    format!("{token},{user},{user},system:masters\n")
-                } else {
+            .map(|(u, _)| (u.to_string(), random_hex(32)))
+            .collect();
+        let token_file: String = users
+            .iter()
+            .map(|(user, group)| {
+                let token = &tokens[*user];
+                if group.is_empty() {
                     format!("{token},{user},{user}\n")
+                } else {
+                    format!("{token},{user},{user},{group}\n")
                 }
             })
             .collect();
@@ -127,8 +174,9 @@ impl ControlPlane {
         let plane = Self {
             dir: dir.to_path_buf(),
             kubeconfig: dir.join("kubeconfig"),
-            server: format!("https://127.0.0.1:{api_port}"),
+            server: format!("https://{}:{api_port}", options.address),
             tokens,
+            options,
             bin_dir: bin_dir.to_path_buf(),
             etcd_port,
             api_port,
@@ -170,27 +218,50 @@ impl ControlPlane {
     fn apiserver_spec(&self) -> Spec {
         let dir = &self.dir;
         let key = dir.join("pki/sa.key");
-        Spec::new("kube-apiserver", self.bin_dir.join("kube-apiserver"))
-            .args([
-                format!("--etcd-servers=http://127.0.0.1:{}", self.etcd_port),
-                "--bind-address=127.0.0.1".to_string(),
-                format!("--secure-port={}", self.api_port),
-                format!("--cert-dir={}", dir.join("pki").display()),
-                format!("--token-auth-file={}", dir.join("tokens.csv").display()),
+        let address = self.options.address;
+        let mut args = vec![
+            format!("--etcd-servers=http://127.0.0.1:{}", self.etcd_port),
+            format!("--bind-address={address}"),
+            format!("--advertise-address={address}"),
+            format!("--secure-port={}", self.api_port),
+            format!("--cert-dir={}", dir.join("pki").display()),
+            format!("--token-auth-file={}", dir.join("tokens.csv").display()),
+            "--service-account-issuer=https://kubernetes.default.svc".to_string(),
+            format!("--service-account-key-file={}", key.display()),
+            format!("--service-account-signing-key-file={}", key.display()),
+            "--service-cluster-ip-range=10.0.0.0/24".to_string(),
+            "--disable-admission-plugins=ServiceAccount".to_string(),
+            "--allow-privileged=true".to_string(),
+            // Two cores: the defaults (400/200 in-flight) are fine, but be generous with the
+            // per-client rate so load tests measure the system, not a throttle.
+            "--max-requests-inflight=1000".to_string(),
+            "--max-mutating-requests-inflight=500".to_string(),
+            "--v=1".to_string(),
+        ];
+        if self.options.real_node {
+            let pki = dir.join("pki");
+            args.extend([
+                "--authorization-mode=Node,RBAC".to_string(),
+                "--endpoint-reconciler-type=lease".to_string(),
+                format!(
+                    "--kubelet-client-certificate={}",
+                    pki.join("kubelet-client.crt").display()
+                ),
+                format!(
+                    "--kubelet-client-key={}",
+                    pki.join("kubelet-client.key").display()
+                ),
+                // No DNS for node names here: reach the kubelet at its InternalIP (--node-ip).
+                "--kubelet-preferred-address-types=InternalIP,Hostname".to_string(),
+            ]);
+        } else {
+            args.extend([
                 "--authorization-mode=RBAC".to_string(),
-                "--service-account-issuer=https://kubernetes.default.svc".to_string(),
-                format!("--service-account-key-file={}", key.display()),
-                format!("--service-account-signing-key-file={}", key.display()),
-                "--service-cluster-ip-range=10.0.0.0/24".to_string(),
                 "--endpoint-reconciler-type=none".to_string(),
-                "--disable-admission-plugins=ServiceAccount".to_string(),
-                "--allow-privileged=true".to_string(),
-                // Two cores: the defaults (400/200 in-flight) are fine, but be generous with the
-                // per-client rate so load tests measure the system, not a throttle.
-                "--max-requests-inflight=1000".to_string(),
-                "--max-mutating-requests-inflight=500".to_string(),
-                "--v=1".to_string(),
-            ])
+            ]);
+        }
+        Spec::new("kube-apiserver", self.bin_dir.join("kube-apiserver"))
+            .args(args)
             .env("GOGC", gogc())
             .log(dir.join("logs/kube-apiserver.log"))
     }
@@ -209,8 +280,12 @@ impl ControlPlane {
             )
             .args([
                 format!("--kubeconfig={}", self.kubeconfig.display()),
-                "--controllers=garbage-collector-controller,namespace-controller,node-lifecycle-controller"
-                    .to_string(),
+                if self.options.real_node {
+                    "--controllers=garbage-collector-controller,namespace-controller,node-lifecycle-controller,endpointslice-controller"
+                } else {
+                    "--controllers=garbage-collector-controller,namespace-controller,node-lifecycle-controller"
+                }
+                .to_string(),
                 // The local node renews its Lease every second: notice a silent node within 5 s.
                 "--node-monitor-grace-period=5s".to_string(),
                 "--node-monitor-period=1s".to_string(),
@@ -284,6 +359,17 @@ impl ControlPlane {
                 self.dir.join("logs/kube-apiserver.log").display()
             ),
         })
+    }
+
+    /// The CA that signed the client certificate kube-apiserver presents to kubelets (a real node's
+    /// kubelet trusts it for exec, logs and port-forward).
+    pub fn kubelet_client_ca(&self) -> PathBuf {
+        self.dir.join("pki/kubelet-ca.crt")
+    }
+
+    /// The file holding the CA of kube-apiserver's serving certificate.
+    pub fn serving_ca(&self) -> PathBuf {
+        self.dir.join("pki/apiserver.crt")
     }
 
     /// PEM of the CA the serving certificate chains to (the apiserver writes its self-signed chain).
@@ -369,6 +455,78 @@ impl Drop for ControlPlane {
     fn drop(&mut self) {
         self.stop();
     }
+}
+
+/// A CA and, signed by it, the client certificate (in `system:masters`) kube-apiserver uses to call
+/// kubelets, written to `pki` with openssl.
+fn write_kubelet_client_certificate(pki: &Path) -> Result<()> {
+    let key = |name: &str| pki.join(name).display().to_string();
+    let steps: [Vec<String>; 3] = [
+        vec![
+            "req".into(),
+            "-x509".into(),
+            "-newkey".into(),
+            "ec".into(),
+            "-pkeyopt".into(),
+            "ec_paramgen_curve:prime256v1".into(),
+            "-nodes".into(),
+            "-days".into(),
+            "3650".into(),
+            "-subj".into(),
+            "/CN=orchard-e2e-kubelet-client-ca".into(),
+            "-keyout".into(),
+            key("kubelet-ca.key"),
+            "-out".into(),
+            key("kubelet-ca.crt"),
+        ],
+        vec![
+            "req".into(),
+            "-newkey".into(),
+            "ec".into(),
+            "-pkeyopt".into(),
+            "ec_paramgen_curve:prime256v1".into(),
+            "-nodes".into(),
+            "-subj".into(),
+            "/O=system:masters/CN=kube-apiserver-kubelet-client".into(),
+            "-keyout".into(),
+            key("kubelet-client.key"),
+            "-out".into(),
+            key("kubelet-client.csr"),
+        ],
+        vec![
+            "x509".into(),
+            "-req".into(),
+            "-days".into(),
+            "3650".into(),
+            "-in".into(),
+            key("kubelet-client.csr"),
+            "-CA".into(),
+            key("kubelet-ca.crt"),
+            "-CAkey".into(),
+            key("kubelet-ca.key"),
+            "-CAcreateserial".into(),
+            "-out".into(),
+            key("kubelet-client.crt"),
+        ],
+    ];
+    for args in steps {
+        let output = std::process::Command::new("openssl")
+            .args(&args)
+            .output()
+            .map_err(|e| {
+                E2eError::Setup(format!(
+                    "openssl is needed for the kubelet client certificate: {e}"
+                ))
+            })?;
+        if !output.status.success() {
+            return Err(E2eError::Setup(format!(
+                "openssl {} failed: {}",
+                args[0],
+                String::from_utf8_lossy(&output.stderr)
+            )));
+        }
+    }
+    Ok(())
 }
 
 /// A client from a kubeconfig file (never the developer's own configuration).

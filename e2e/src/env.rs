@@ -1,5 +1,7 @@
-//! A whole local cluster for tests or the demo: control plane, CRDs, the local node and the operator
-//! process. Test binaries share one environment ([`TestEnv::shared`]), started on first use on a
+//! A whole local cluster for tests or the demo: control plane, CRDs, a node and the operator process.
+//! The node is the hollow node (each pod's agent a host process: fast, for the scale run and most
+//! tests) or a real node (kubelet, containerd, runc, CNI: every sandbox a real container). Test binaries
+//! share one environment ([`TestEnv::shared`] or [`TestEnv::shared_real`]), started on first use on a
 //! dedicated thread whose runtime lives as long as the process; each test works in its own namespace.
 
 use std::path::{Path, PathBuf};
@@ -10,12 +12,34 @@ use k8s_openapi::api::core::v1::Namespace;
 use kube::Client;
 use kube::api::{Api, DeleteParams, PostParams};
 
-use crate::binaries::{agent_bin, kubernetes_bin_dir, operator_bin, target_dir, workspace_root};
-use crate::control_plane::ControlPlane;
+use crate::binaries::{
+    agent_bin, kubernetes_bin_dir, node_bin, operator_bin, target_dir, workspace_root,
+};
+use crate::control_plane::{ControlPlane, PlaneOptions};
 use crate::error::{E2eError, Result};
-use crate::node::{LocalNode, NodeConfig};
+use crate::hollow_node::{HollowNode, NodeConfig};
 use crate::operator_process::OperatorProcess;
+use crate::real_node::namespaces::{remove_cgroups, stale_cgroup_roots};
+use crate::real_node::{NodeNamespaces, RealNode, images};
 use crate::supervise::{RUN_MARKER, kill_marked, run_marker, sweep_orphans};
+
+/// CPU of a sandbox on the real node whose spec sets none (the operator's default is 1): 200 sandboxes
+/// fit on the node's two cores. The node does not enforce CPU limits as quotas (`real_node::layout`),
+/// so this reserves capacity without throttling.
+pub const REAL_NODE_DEFAULT_CPU: &str = "10m";
+/// Memory of a sandbox on the real node whose spec sets none (the operator's default is 2Gi): 200
+/// sandboxes fit in this machine's memory. Enforced: a spec that needs more asks for more.
+pub const REAL_NODE_DEFAULT_MEMORY: &str = "64Mi";
+
+/// Which node the cluster gets.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum NodeKind {
+    /// Pods' agents as host processes (`hollow_node`).
+    #[default]
+    Hollow,
+    /// kubelet, containerd, runc and CNI in namespaces of their own (`real_node`).
+    Real,
+}
 
 /// What to start.
 #[derive(Debug, Clone)]
@@ -24,6 +48,8 @@ pub struct EnvOptions {
     pub operator: bool,
     /// Extra operator flags.
     pub operator_args: Vec<String>,
+    /// The node.
+    pub node: NodeKind,
 }
 
 impl Default for EnvOptions {
@@ -31,6 +57,40 @@ impl Default for EnvOptions {
         Self {
             operator: true,
             operator_args: Vec::new(),
+            node: NodeKind::Hollow,
+        }
+    }
+}
+
+/// The cluster's node.
+pub enum ClusterNode {
+    /// The hollow node.
+    Hollow(HollowNode),
+    /// A real node.
+    Real(Box<RealNode>),
+}
+
+impl ClusterNode {
+    /// The hollow node (panics on a real node: the test needs the hollow node's fault injection).
+    pub fn hollow(&self) -> &HollowNode {
+        match self {
+            Self::Hollow(node) => node,
+            Self::Real(_) => panic!("this test needs the hollow node"),
+        }
+    }
+
+    /// The real node (panics on the hollow node).
+    pub fn real(&self) -> &RealNode {
+        match self {
+            Self::Real(node) => node,
+            Self::Hollow(_) => panic!("this test needs the real node"),
+        }
+    }
+
+    async fn stop(&self) {
+        match self {
+            Self::Hollow(node) => node.shutdown().await,
+            Self::Real(node) => node.stop().await,
         }
     }
 }
@@ -41,8 +101,8 @@ pub struct TestEnv {
     pub dir: PathBuf,
     /// etcd, kube-apiserver, kube-controller-manager.
     pub control_plane: ControlPlane,
-    /// The local node.
-    pub node: LocalNode,
+    /// The node.
+    pub node: ClusterNode,
     /// The operator process, if started.
     pub operator: Option<OperatorProcess>,
     handle: tokio::runtime::Handle,
@@ -50,6 +110,11 @@ pub struct TestEnv {
 
 extern "C" fn kill_own_children_at_exit() {
     kill_marked(RUN_MARKER, run_marker());
+    // A real node's processes are gone with its namespaces; the kernel keeps its (now empty) cgroup.
+    remove_cgroups(
+        &crate::real_node::Layout::for_this_process(Path::new("/")).cgroup_root,
+        Duration::from_secs(5),
+    );
     // Pod directories on tmpfs hold memory: remove this run's.
     if let Ok(entries) = std::fs::read_dir("/dev/shm") {
         let suffix = format!("-{}", std::process::id());
@@ -96,6 +161,11 @@ impl TestEnv {
         if swept > 0 {
             tracing::warn!(swept, "killed processes left over by an earlier run");
         }
+        // Interrupted real-node runs leave empty cgroups (the kernel keeps them): remove them.
+        for root in stale_cgroup_roots() {
+            tracing::warn!(%root, "removing the cgroup of an interrupted real-node run");
+            remove_cgroups(&root, Duration::from_secs(5));
+        }
         static AT_EXIT: OnceLock<()> = OnceLock::new();
         AT_EXIT.get_or_init(|| {
             // SAFETY: registers a plain extern "C" function with no captured state.
@@ -108,23 +178,66 @@ impl TestEnv {
         remove_stale_dirs(&root);
         remove_stale_pod_roots();
         let dir = root.join(format!("{name}-{}", std::process::id()));
-        std::fs::create_dir_all(&dir)?;
+        std::fs::create_dir_all(dir.join("logs"))?;
+        log_harness_to(&dir.join("logs/harness.log"));
         let bin_dir = kubernetes_bin_dir()?;
-        let control_plane =
-            ControlPlane::start(&dir, &bin_dir, &workspace_root().join("crds")).await?;
-        let client = control_plane.client().await?;
-
-        // The agent injector "image": a root filesystem holding only the static agent binary.
-        let image_root = dir.join("images/orchard-agent");
-        std::fs::create_dir_all(&image_root)?;
-        let agent = agent_bin()?;
-        std::fs::copy(&agent, image_root.join("orchard-agent"))
-            .map_err(|e| E2eError::Setup(format!("cannot copy {}: {e}", agent.display())))?;
-        let node = LocalNode::start(
-            client,
-            NodeConfig::new("orchard-local-node", pod_root(&dir), image_root),
-        )
-        .await?;
+        let crds = workspace_root().join("crds");
+        let mut operator_args = options.operator_args.clone();
+        let (control_plane, node) = match options.node {
+            NodeKind::Hollow => {
+                let control_plane =
+                    ControlPlane::start(&dir, &bin_dir, &crds, PlaneOptions::default()).await?;
+                let client = control_plane.client().await?;
+                // The agent injector "image": a root filesystem holding only the static agent binary.
+                let image_root = dir.join("images/orchard-agent");
+                std::fs::create_dir_all(&image_root)?;
+                let agent = agent_bin()?;
+                std::fs::copy(&agent, image_root.join("orchard-agent")).map_err(|e| {
+                    E2eError::Setup(format!("cannot copy {}: {e}", agent.display()))
+                })?;
+                let node = HollowNode::start(
+                    client,
+                    NodeConfig::new("orchard-local-node", pod_root(&dir), image_root),
+                )
+                .await?;
+                (control_plane, ClusterNode::Hollow(node))
+            }
+            NodeKind::Real => {
+                if let Some(why) = RealNode::unavailable() {
+                    return Err(E2eError::Setup(format!("no real node here: {why}")));
+                }
+                let built = images::build()?;
+                let namespaces =
+                    NodeNamespaces::create(&dir.join("node"), &node_bin("orchard-pause")?)?;
+                let options = PlaneOptions {
+                    address: namespaces.layout.host_ip,
+                    real_node: true,
+                };
+                let control_plane = match ControlPlane::start(&dir, &bin_dir, &crds, options).await
+                {
+                    Ok(plane) => plane,
+                    Err(err) => {
+                        namespaces.destroy().await;
+                        return Err(err);
+                    }
+                };
+                let node =
+                    RealNode::start(namespaces, &control_plane, &built, &dir.join("logs/node"))
+                        .await?;
+                operator_args.push(format!("--agent-image={}", node.image("orchard-agent")));
+                // The node has this machine's two cores and the scheduler counts requests: a small
+                // default lets tests and benchmarks run many sandboxes at once.
+                for (flag, value) in [
+                    ("--default-cpu", REAL_NODE_DEFAULT_CPU),
+                    ("--default-memory", REAL_NODE_DEFAULT_MEMORY),
+                ] {
+                    if !operator_args.iter().any(|a| a.starts_with(flag)) {
+                        operator_args.push(format!("{flag}={value}"));
+                    }
+                }
+                (control_plane, ClusterNode::Real(Box::new(node)))
+            }
+        };
 
         let operator = if options.operator {
             Some(
@@ -132,7 +245,7 @@ impl TestEnv {
                     &operator_bin()?,
                     &control_plane.kubeconfig,
                     &dir.join("logs/orchard-operator.log"),
-                    &options.operator_args,
+                    &operator_args,
                 )
                 .await?,
             )
@@ -148,43 +261,56 @@ impl TestEnv {
         })
     }
 
-    /// The environment shared by every test of this test binary (started on first use).
+    /// The environment with the hollow node shared by every test of this test binary (started on first
+    /// use).
     pub fn shared() -> &'static TestEnv {
         static ENV: OnceLock<TestEnv> = OnceLock::new();
-        ENV.get_or_init(|| {
-            let name = std::env::current_exe()
-                .ok()
-                .and_then(|p| p.file_stem().map(|s| s.to_string_lossy().to_string()))
-                .map(|s| s.split('-').next().unwrap_or("e2e").to_string())
-                .unwrap_or_else(|| "e2e".into());
-            let (tx, rx) = std::sync::mpsc::channel();
-            std::thread::Builder::new()
-                .name("e2e-env".into())
-                .spawn(move || {
-                    let runtime = match tokio::runtime::Builder::new_multi_thread()
-                        .worker_threads(2)
-                        .enable_all()
-                        .build()
-                    {
-                        Ok(runtime) => runtime,
-                        Err(err) => {
-                            let _ = tx.send(Err(E2eError::Setup(format!("tokio runtime: {err}"))));
-                            return;
-                        }
+        ENV.get_or_init(|| Self::start_on_own_thread(NodeKind::Hollow))
+    }
+
+    /// The environment with a real node shared by every test of this test binary.
+    pub fn shared_real() -> &'static TestEnv {
+        static ENV: OnceLock<TestEnv> = OnceLock::new();
+        ENV.get_or_init(|| Self::start_on_own_thread(NodeKind::Real))
+    }
+
+    fn start_on_own_thread(node: NodeKind) -> TestEnv {
+        let name = std::env::current_exe()
+            .ok()
+            .and_then(|p| p.file_stem().map(|s| s.to_string_lossy().to_string()))
+            .map(|s| s.split('-').next().unwrap_or("e2e").to_string())
+            .unwrap_or_else(|| "e2e".into());
+        let (tx, rx) = std::sync::mpsc::channel();
+        std::thread::Builder::new()
+            .name("e2e-env".into())
+            .spawn(move || {
+                let runtime = match tokio::runtime::Builder::new_multi_thread()
+                    .worker_threads(2)
+                    .enable_all()
+                    .build()
+                {
+                    Ok(runtime) => runtime,
+                    Err(err) => {
+                        let _ = tx.send(Err(E2eError::Setup(format!("tokio runtime: {err}"))));
+                        return;
+                    }
+                };
+                runtime.block_on(async move {
+                    let options = EnvOptions {
+                        node,
+                        ..EnvOptions::default()
                     };
-                    runtime.block_on(async move {
-                        let env = TestEnv::start(&name, EnvOptions::default()).await;
-                        let _ = tx.send(env);
-                        std::future::pending::<()>().await;
-                    });
-                })
-                .expect("cannot start the e2e environment thread");
-            match rx.recv() {
-                Ok(Ok(env)) => env,
-                Ok(Err(err)) => panic!("the local test cluster did not start: {err}"),
-                Err(_) => panic!("the local test cluster thread died while starting"),
-            }
-        })
+                    let env = TestEnv::start(&name, options).await;
+                    let _ = tx.send(env);
+                    std::future::pending::<()>().await;
+                });
+            })
+            .expect("cannot start the e2e environment thread");
+        match rx.recv() {
+            Ok(Ok(env)) => env,
+            Ok(Err(err)) => panic!("the local test cluster did not start: {err}"),
+            Err(_) => panic!("the local test cluster thread died while starting"),
+        }
     }
 
     /// A new admin client usable on the caller's runtime.
@@ -246,7 +372,7 @@ impl TestEnv {
         if let Some(operator) = &self.operator {
             operator.kill();
         }
-        self.node.shutdown().await;
+        self.node.stop().await;
         tokio::time::sleep(Duration::from_millis(200)).await;
         self.control_plane.stop();
         kill_marked(RUN_MARKER, run_marker());
@@ -257,6 +383,29 @@ impl TestEnv {
             let _ = std::fs::remove_dir_all(shm_dir);
         }
     }
+}
+
+/// Sends the harness's own warnings (the hollow node's watches and status writes, the real node's
+/// start) to `path`, once per process (`ORCHARD_E2E_LOG` sets the filter; default `warn`). A process
+/// that installed a subscriber of its own (a binary) keeps it.
+fn log_harness_to(path: &Path) {
+    static INSTALLED: OnceLock<()> = OnceLock::new();
+    INSTALLED.get_or_init(|| {
+        let Ok(file) = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(path)
+        else {
+            return;
+        };
+        let filter = tracing_subscriber::EnvFilter::try_from_env("ORCHARD_E2E_LOG")
+            .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn"));
+        let _ = tracing_subscriber::fmt()
+            .with_env_filter(filter)
+            .with_ansi(false)
+            .with_writer(std::sync::Mutex::new(file))
+            .try_init();
+    });
 }
 
 /// Removes pod directories on tmpfs of runs whose process is gone (they hold memory: no grace period).

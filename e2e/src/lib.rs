@@ -8,14 +8,17 @@
 //! `make demo`. See `docs/TESTING.md`.
 
 pub mod binaries;
+pub mod churn;
 pub mod control_plane;
 pub mod crds;
+pub mod docs;
 pub mod env;
 pub mod error;
-pub mod node;
+pub mod hollow_node;
 pub mod operator_process;
 pub mod ports;
 pub mod proc_stats;
+pub mod real_node;
 pub mod supervise;
 pub mod wait;
 

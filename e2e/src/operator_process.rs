@@ -9,7 +9,8 @@ use crate::error::{E2eError, Result};
 use crate::ports::free_ports;
 use crate::supervise::{Child, Spec};
 
-/// Image reference the operator injects; the local node maps it to the built agent binary.
+/// Image reference the operator injects on the hollow node (which maps it to the built agent binary);
+/// the real node's environment passes its own registry's agent image instead.
 pub const AGENT_IMAGE: &str = "orchard.local/orchard-agent:dev";
 
 /// A running operator process.
@@ -34,13 +35,16 @@ impl OperatorProcess {
     ) -> Result<Self> {
         let ports = free_ports(2)?;
         let (metrics_port, gateway_port) = (ports[0], ports[1]);
+        let mut args = vec![
+            format!("--metrics-listen=127.0.0.1:{metrics_port}"),
+            format!("--gateway-listen=127.0.0.1:{gateway_port}"),
+            "--log-format=json".to_string(),
+        ];
+        if !extra_args.iter().any(|a| a.starts_with("--agent-image")) {
+            args.push(format!("--agent-image={AGENT_IMAGE}"));
+        }
         let mut spec = Spec::new("orchard-operator", binary)
-            .args([
-                format!("--metrics-listen=127.0.0.1:{metrics_port}"),
-                format!("--gateway-listen=127.0.0.1:{gateway_port}"),
-                format!("--agent-image={AGENT_IMAGE}"),
-                "--log-format=json".to_string(),
-            ])
+            .args(args)
             .args(extra_args.iter().cloned())
             .env("KUBECONFIG", kubeconfig)
             .env(

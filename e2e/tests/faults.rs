@@ -40,7 +40,10 @@ async fn an_evicted_pod_fails_the_sandbox_with_reason_evicted() {
     .await
     .expect("create");
     wait::until(&api, "victim", "Ready", Duration::from_secs(60), is_ready).await;
-    assert!(env.node.evict(&ns, "victim"), "the node runs the pod");
+    assert!(
+        env.node.hollow().evict(&ns, "victim"),
+        "the node runs the pod"
+    );
     let failed = wait::until(&api, "victim", "Failed", Duration::from_secs(30), is_failed).await;
     assert_eq!(reason(&failed), "Evicted");
     assert!(
@@ -63,7 +66,7 @@ async fn an_unpullable_image_fails_the_sandbox_naming_the_image() {
     let env = TestEnv::shared();
     let client = env.client().await;
     let ns = env.namespace("pull").await;
-    env.node.set_unpullable(Some("registry.invalid/*"));
+    env.node.hollow().set_unpullable(Some("registry.invalid/*"));
     let api: Api<Sandbox> = Api::namespaced(client.clone(), &ns);
     api.create(
         &PostParams::default(),
@@ -101,8 +104,12 @@ async fn a_killed_agent_is_detected() {
     .await
     .expect("create");
     wait::until(&api, "fragile", "Ready", Duration::from_secs(60), is_ready).await;
-    let pid = env.node.agent_pid(&ns, "fragile").expect("agent runs");
-    assert!(env.node.kill_agent(&ns, "fragile"));
+    let pid = env
+        .node
+        .hollow()
+        .agent_pid(&ns, "fragile")
+        .expect("agent runs");
+    assert!(env.node.hollow().kill_agent(&ns, "fragile"));
     let failed = wait::until(
         &api,
         "fragile",

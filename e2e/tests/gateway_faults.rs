@@ -50,7 +50,7 @@ async fn frozen_and_dead_agents_give_retryable_gateway_errors() {
     assert_eq!(ok.status, 200, "{ok:?}");
 
     // Frozen (SIGSTOP): connections are accepted by the kernel, nothing answers.
-    env.node.pause().await.expect("pause node");
+    env.node.hollow().pause().await.expect("pause node");
     let started = Instant::now();
     let frozen = admin
         .send(
@@ -85,7 +85,7 @@ async fn frozen_and_dead_agents_give_retryable_gateway_errors() {
     assert_eq!(frozen_read.body["retryable"], true, "reads may be retried");
 
     // Dead: the agent process is gone while the node (frozen) has not reported it yet.
-    let pid = env.node.agent_pid(&ns, &name).expect("agent pid");
+    let pid = env.node.hollow().agent_pid(&ns, &name).expect("agent pid");
     nix::sys::signal::kill(
         nix::unistd::Pid::from_raw(pid as i32),
         nix::sys::signal::Signal::SIGKILL,
@@ -103,7 +103,7 @@ async fn frozen_and_dead_agents_give_retryable_gateway_errors() {
     assert_eq!(dead_again.code(), "AgentUnreachable");
     assert_eq!(dead_again.body["retryable"], true);
 
-    env.node.resume().await.expect("resume node");
+    env.node.hollow().resume().await.expect("resume node");
     let sandboxes: Api<Sandbox> = Api::namespaced(env.client().await, &ns);
     orchard_e2e::wait::until(
         &sandboxes,
@@ -142,7 +142,7 @@ async fn frozen_and_dead_agents_give_retryable_gateway_errors() {
     .await;
     let killed_at = Instant::now();
     assert!(
-        env.node.kill_agent(&ns, &doomed),
+        env.node.hollow().kill_agent(&ns, &doomed),
         "kill the agent of {doomed}"
     );
     let broken = long_exec.await.expect("exec task");

@@ -1111,7 +1111,7 @@ async fn operator_under_service_account_runs_a_sandbox(
 /// Stops this test's node and control plane only: `TestEnv::stop` also kills every process this test
 /// binary started, which would take down the other test's cluster running in parallel.
 async fn stop_own_cluster(env: &TestEnv) {
-    env.node.shutdown().await;
+    env.node.hollow().shutdown().await;
     env.control_plane.stop();
 }
 
@@ -1121,7 +1121,7 @@ async fn helm_chart_installs_and_its_service_account_runs_the_operator() {
         "install-helm",
         EnvOptions {
             operator: false,
-            operator_args: Vec::new(),
+            ..EnvOptions::default()
         },
     )
     .await
@@ -1164,7 +1164,7 @@ async fn kustomize_default_installs_and_its_service_account_runs_the_operator() 
         "install-kustomize",
         EnvOptions {
             operator: false,
-            operator_args: Vec::new(),
+            ..EnvOptions::default()
         },
     )
     .await

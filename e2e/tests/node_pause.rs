@@ -30,7 +30,7 @@ async fn sandboxes_on_a_paused_node_are_not_reported_ready() {
     for name in ["p0", "p1"] {
         wait::until(&api, name, "Ready", Duration::from_secs(60), is_ready).await;
     }
-    let node = env.node.clone();
+    let node = env.node.hollow().clone();
     env.on_env_runtime(async move { node.pause().await })
         .await
         .expect("pause");
@@ -55,7 +55,7 @@ async fn sandboxes_on_a_paused_node_are_not_reported_ready() {
         "sandboxes not Ready {:.1} s after the node paused",
         paused.elapsed().as_secs_f64()
     );
-    let node = env.node.clone();
+    let node = env.node.hollow().clone();
     env.on_env_runtime(async move { node.resume().await })
         .await
         .expect("resume");

@@ -126,7 +126,11 @@ async fn sandbox_becomes_ready_runs_commands_and_is_garbage_collected() {
     wait::deleted(&pods, "s1", Duration::from_secs(60)).await;
     wait::deleted(&secrets, "s1-agent-token", Duration::from_secs(60)).await;
     wait::poll("agent process gone", Duration::from_secs(30), || async {
-        env.node.agent_pid(&ns, "s1").is_none().then_some(())
+        env.node
+            .hollow()
+            .agent_pid(&ns, "s1")
+            .is_none()
+            .then_some(())
     })
     .await;
     let exec_after = http

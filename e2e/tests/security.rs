@@ -106,7 +106,11 @@ async fn file_apis_cannot_touch_the_agents_token_or_executable() {
 
     // Where the local node put the token file and the agent executable for this pod (the container
     // paths /var/run/orchard/token and /opt/orchard/orchard-agent, mapped onto the host).
-    let pid = env.node.agent_pid(&ns, "target").expect("agent pid");
+    let pid = env
+        .node
+        .hollow()
+        .agent_pid(&ns, "target")
+        .expect("agent pid");
     let token_file = environ_of(pid, "ORCHARD_AGENT_TOKEN_FILE").expect("token file env");
     let executable = std::fs::read_link(format!("/proc/{pid}/exe")).expect("agent executable");
     let token_dir = std::path::Path::new(&token_file)

@@ -2,6 +2,7 @@
 //! capping and encoding output (`output`), driving them to the end (`supervise`), and the HTTP routes
 //! `/v1/exec` and `/v1/exec/stream` (`routes`).
 
+pub mod oom;
 pub mod output;
 pub mod request;
 pub mod routes;

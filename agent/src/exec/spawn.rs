@@ -6,6 +6,7 @@ use std::sync::Arc;
 
 use tokio::process::{Child, ChildStderr, ChildStdin, ChildStdout, Command};
 
+use super::oom;
 use super::request::CommandSpec;
 use crate::error::AgentError;
 use crate::process_group::{ProcessGroup, ProcessGroups, start_in_new_session};
@@ -19,6 +20,8 @@ pub struct RunningCommand {
     pub stdin: Option<ChildStdin>,
     pub stdout: ChildStdout,
     pub stderr: ChildStderr,
+    /// The memory cgroup's OOM kill count just before the command started.
+    pub oom_kills_before: Option<u64>,
 }
 
 /// A command that could not be started, reported like a shell would (`exitCode` 126/127).
@@ -58,11 +61,13 @@ pub fn spawn(
         command.env(key, value);
     }
     start_in_new_session(&mut command);
+    let oom_kills_before = oom::oom_kills();
     match command.spawn() {
         Ok(mut child) => {
             let Some(pid) = child.id() else {
                 return Err(AgentError::Internal("spawned command has no pid".into()));
             };
+            oom::prefer_for_oom_kill(pid);
             // From here on the guard owns the group: it is killed however this request ends.
             let group = groups.track(pid as i32);
             let (Some(stdout), Some(stderr)) = (child.stdout.take(), child.stderr.take()) else {
@@ -78,6 +83,7 @@ pub fn spawn(
                 stdin,
                 stdout,
                 stderr,
+                oom_kills_before,
             })))
         }
         Err(error) => classify_spawn_error(argv[0], &error).map(Spawned::Failed),

@@ -9,6 +9,7 @@ use std::time::Duration;
 use tokio::io::AsyncWriteExt;
 use tokio::time::Instant;
 
+use super::oom;
 use super::output::{OutputSink, pump};
 use super::spawn::RunningCommand;
 
@@ -22,14 +23,24 @@ pub struct Finished {
     pub exit_code: Option<i32>,
     pub signal: Option<i32>,
     pub timed_out: bool,
+    /// Killed by the out-of-memory killer (see `oom`).
+    pub oom_killed: bool,
 }
 
 impl Finished {
-    fn from_status(status: Option<ExitStatus>, timed_out: bool) -> Self {
+    fn from_status(
+        status: Option<ExitStatus>,
+        timed_out: bool,
+        oom_kills_before: Option<u64>,
+    ) -> Self {
+        let signal = status.and_then(|status| status.signal());
+        let oom_killed = signal == Some(libc::SIGKILL)
+            && oom::was_oom_killed(signal, timed_out, oom_kills_before, oom::oom_kills());
         Finished {
             exit_code: status.and_then(|status| status.code()),
-            signal: status.and_then(|status| status.signal()),
+            signal,
             timed_out,
+            oom_killed,
         }
     }
 }
@@ -50,6 +61,7 @@ pub async fn supervise(
         stdin,
         stdout,
         stderr,
+        oom_kills_before,
         ..
     } = *command;
     let feed_stdin = async move {
@@ -84,7 +96,7 @@ pub async fn supervise(
     if !output_done {
         let _ = tokio::time::timeout(drain_grace, &mut output).await;
     }
-    Finished::from_status(status, timed_out)
+    Finished::from_status(status, timed_out, oom_kills_before)
 }
 
 async fn sleep_until(deadline: Option<Instant>) {

@@ -84,6 +84,7 @@ pub struct ProcessStatus {
     pub exit_code: Option<i32>,
     pub signal: Option<i32>,
     pub timed_out: bool,
+    pub oom_killed: bool,
     pub started_at: String,
     pub finished_at: Option<String>,
     pub duration_ms: u64,
@@ -138,6 +139,7 @@ impl ManagedProcess {
             exit_code: finished.exit_code,
             signal: finished.signal,
             timed_out: finished.timed_out,
+            oom_killed: finished.oom_killed,
             started_at: rfc3339(self.started_at),
             finished_at,
             duration_ms: duration.as_millis() as u64,
@@ -275,8 +277,7 @@ impl ProcessTable {
                 lock(&stderr).push(format!("{}\n", failure.message).as_bytes());
                 let finished = Finished {
                     exit_code: Some(failure.exit_code),
-                    signal: None,
-                    timed_out: false,
+                    ..Finished::default()
                 };
                 let state = ProcessState::Exited {
                     finished,

@@ -5,9 +5,12 @@
 //! kube-apiserver, kube-controller-manager, operator, local node, agents, this driver).
 //!
 //! ```text
-//! bench-scale [--sandboxes N] [--concurrency C] [--execs E] [--write-doc docs/BENCHMARKS.md] [-- OPERATOR_FLAGS...]
+//! bench-scale [--sandboxes N] [--concurrency C] [--execs E] [--real-node] [--json PATH]
+//!             [--write-doc docs/BENCHMARKS.md] [-- OPERATOR_FLAGS...]
 //! ```
-//! The cluster runs in a separate `orchard-local-cluster` process so each component's CPU is its own.
+//! The cluster runs in a separate `orchard-local-cluster` process so each component's CPU is its own;
+//! `--real-node` gives it the real node (every sandbox a container; default image: the busybox image
+//! built here). `--json` writes a summary that `bench-real` puts side by side.
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
@@ -27,14 +30,16 @@ struct Args {
     sandboxes: usize,
     concurrency: usize,
     execs: usize,
-    image: String,
+    image: Option<String>,
+    real_node: bool,
+    json: Option<PathBuf>,
     write_doc: Option<PathBuf>,
     operator_args: Vec<String>,
 }
 
 fn usage() -> ! {
     eprintln!(
-        "usage: bench-scale [--sandboxes N] [--concurrency C] [--execs E] [--image I] [--write-doc PATH] [-- OPERATOR_FLAGS...]"
+        "usage: bench-scale [--sandboxes N] [--concurrency C] [--execs E] [--image I] [--real-node] [--json PATH] [--write-doc PATH] [-- OPERATOR_FLAGS...]"
     );
     std::process::exit(2);
 }
@@ -44,7 +49,9 @@ fn parse_args() -> Args {
         sandboxes: 1000,
         concurrency: 250,
         execs: 4,
-        image: "busybox:1.36".into(),
+        image: None,
+        real_node: false,
+        json: None,
         write_doc: None,
         operator_args: Vec::new(),
     };
@@ -59,7 +66,9 @@ fn parse_args() -> Args {
             "--sandboxes" => args.sandboxes = number(it.next()),
             "--concurrency" => args.concurrency = number(it.next()),
             "--execs" => args.execs = number(it.next()),
-            "--image" => args.image = it.next().unwrap_or_else(|| usage()),
+            "--image" => args.image = Some(it.next().unwrap_or_else(|| usage())),
+            "--real-node" => args.real_node = true,
+            "--json" => args.json = Some(PathBuf::from(it.next().unwrap_or_else(|| usage()))),
             "--write-doc" => {
                 args.write_doc = Some(PathBuf::from(it.next().unwrap_or_else(|| usage())))
             }
@@ -212,11 +221,11 @@ async fn main() {
     let info_file = std::env::temp_dir().join(format!("bench-scale-{}.json", std::process::id()));
     eprintln!("starting the local cluster...");
     let mut command = Command::new(exe_dir.join("orchard-local-cluster"));
-    command
-        .arg("--info-file")
-        .arg(&info_file)
-        .arg("--")
-        .args(&args.operator_args);
+    command.arg("--info-file").arg(&info_file);
+    if args.real_node {
+        command.arg("--real-node");
+    }
+    command.arg("--").args(&args.operator_args);
     command.stdout(Stdio::null());
     let cluster = Cluster(command.spawn().unwrap_or_else(|e| {
         eprintln!("bench-scale: cannot start orchard-local-cluster: {e}");
@@ -231,6 +240,12 @@ async fn main() {
         tokio::time::sleep(Duration::from_millis(200)).await;
     };
     let gateway = info["gatewayURL"].as_str().unwrap_or_default().to_string();
+    let image = args.image.clone().unwrap_or_else(|| {
+        info["node"]["images"]["busybox"]
+            .as_str()
+            .unwrap_or("busybox:1.36")
+            .to_string()
+    });
     let metrics_url = info["metricsURL"].as_str().unwrap_or_default().to_string();
     let token = info["adminToken"].as_str().unwrap_or_default().to_string();
     let kubeconfig = PathBuf::from(info["kubeconfig"].as_str().unwrap_or_default());
@@ -243,6 +258,19 @@ async fn main() {
         })
         .unwrap_or_default();
     pids.insert("bench driver (client)".into(), std::process::id());
+    // On the real node every pod's containers (agents included) are accounted in one cgroup.
+    let pods_cpu_file = info["podsCpuUsageFile"].as_str().map(PathBuf::from);
+    let pods_cpu = || {
+        pods_cpu_file.as_ref().and_then(|f| {
+            std::fs::read_to_string(f)
+                .ok()?
+                .trim()
+                .parse::<f64>()
+                .ok()
+                .map(|ns| ns / 1e9)
+        })
+    };
+    let pods_cpu_before = pods_cpu();
     let kube = client_from_kubeconfig(&kubeconfig)
         .await
         .unwrap_or_else(|e| {
@@ -329,7 +357,7 @@ async fn main() {
                 &gateway,
                 &token,
                 format!("bench-{i}"),
-                &args.image,
+                &image,
                 args.execs,
             )
         })
@@ -353,7 +381,8 @@ async fn main() {
     let cleaned = started.elapsed();
     sampler.abort();
     tracker.abort();
-    let breakdown = milestone_table(&milestones.lock().unwrap_or_else(|p| p.into_inner()));
+    let steps = milestone_percentiles(&milestones.lock().unwrap_or_else(|p| p.into_inner()));
+    let breakdown = milestone_table(&steps);
 
     let cpu_after: BTreeMap<String, f64> = pids
         .iter()
@@ -487,7 +516,13 @@ async fn main() {
         .iter()
         .map(|(k, after)| (k.clone(), after - cpu_before.get(k).copied().unwrap_or(0.0)))
         .collect();
-    rows.push(("agents (all sandboxes)".into(), agents_cpu));
+    match (pods_cpu_before, pods_cpu()) {
+        (Some(before), Some(after)) => rows.push((
+            "pods (every container, agents included)".into(),
+            after - before,
+        )),
+        _ => rows.push(("agents (all sandboxes)".into(), agents_cpu)),
+    }
     let total: f64 = rows.iter().map(|(_, s)| s).sum();
     rows.sort_by(|a, b| b.1.total_cmp(&a.1));
     for (name, seconds) in &rows {
@@ -537,9 +572,25 @@ async fn main() {
             "## Scale\n\nCommand: `{command}` (release build; the local cluster of `docs/TESTING.md` on this machine: 2 cores, 24 GiB; everything — etcd, kube-apiserver, kube-controller-manager, the operator, the local node, {} agents and this driver — shares the two cores).\n\n{table}\nWhere the CPU goes (CPU seconds from `/proc/<pid>/stat`, from the first create until every pod was gone):\n\n{cpu}\nWhere create -> Ready goes (first time the driver's watches saw each milestone; p50 / p99 of the step):\n\n{breakdown}\nWhere the latency goes (means over the run, from the gateway's and kube-apiserver's own histograms; the busiest kube-apiserver requests by total time):\n\n{latency}",
             args.sandboxes
         );
-        let text = std::fs::read_to_string(path).unwrap_or_default();
-        let updated = replace_section(&text, "## Scale", &section);
-        if let Err(err) = std::fs::write(path, updated) {
+        if let Err(err) = orchard_e2e::docs::write_section(path, "## Scale", &section) {
+            eprintln!("bench-scale: cannot write {}: {err}", path.display());
+        }
+    }
+    if let Some(path) = &args.json {
+        let summary = json!({
+            "node": if args.real_node { "real" } else { "hollow" },
+            "image": image,
+            "sandboxes": args.sandboxes,
+            "concurrency": args.concurrency,
+            "execs": args.execs,
+            "ok": ok,
+            "endToEndSeconds": end_to_end.as_secs_f64(),
+            "readySeconds": {"p50": percentile(&ready, 50.0) / 1e3, "p99": percentile(&ready, 99.0) / 1e3},
+            "execMilliseconds": {"p50": percentile(&exec, 50.0), "p99": percentile(&exec, 99.0)},
+            "steps": steps.iter().map(|(name, p50, p99)| json!({"step": name, "p50": p50, "p99": p99})).collect::<Vec<_>>(),
+            "errors": errors,
+        });
+        if let Err(err) = std::fs::write(path, summary.to_string()) {
             eprintln!("bench-scale: cannot write {}: {err}", path.display());
         }
     }
@@ -556,6 +607,7 @@ struct Milestones {
     sandbox_seen: Option<Instant>,
     pod_created: Option<Instant>,
     pod_bound: Option<Instant>,
+    container_running: Option<Instant>,
     pod_ready: Option<Instant>,
     sandbox_ready: Option<Instant>,
 }
@@ -625,6 +677,17 @@ async fn track_milestones(
                 if p.spec.as_ref().and_then(|s| s.node_name.as_ref()).is_some() {
                     m.pod_bound.get_or_insert(now);
                 }
+                let running = p
+                    .status
+                    .as_ref()
+                    .and_then(|s| s.container_statuses.as_ref())
+                    .is_some_and(|cs| {
+                        cs.iter()
+                            .any(|c| c.state.as_ref().is_some_and(|s| s.running.is_some()))
+                    });
+                if running {
+                    m.container_running.get_or_insert(now);
+                }
                 let ready = p
                     .status
                     .as_ref()
@@ -641,36 +704,50 @@ async fn track_milestones(
 /// One step of a sandbox's start: from one milestone to the next.
 type Step = fn(&Milestones) -> Option<(Instant, Instant)>;
 
-fn milestone_table(all: &BTreeMap<String, Milestones>) -> String {
-    let steps: [(&str, Step); 4] = [
+/// The steps of a sandbox's start, by name, in order.
+fn milestone_steps() -> [(&'static str, Step); 5] {
+    [
         (
             "Sandbox created -> Pod created (operator: token Secret, Pod)",
             |m| Some((m.sandbox_seen?, m.pod_created?)),
         ),
-        ("Pod created -> Pod bound (local node: scheduling)", |m| {
+        ("Pod created -> Pod bound (scheduling)", |m| {
             Some((m.pod_created?, m.pod_bound?))
         }),
         (
-            "Pod bound -> Pod Ready (local node: volumes, install, agent start, probe, status)",
-            |m| Some((m.pod_bound?, m.pod_ready?)),
+            "Pod bound -> task container running (volumes, image, agent install, container start)",
+            |m| Some((m.pod_bound?, m.container_running?)),
+        ),
+        (
+            "task container running -> Pod Ready (agent start, readiness probe, status)",
+            |m| Some((m.container_running?, m.pod_ready?)),
         ),
         ("Pod Ready -> Sandbox Ready (operator: status)", |m| {
             Some((m.pod_ready?, m.sandbox_ready?))
         }),
-    ];
+    ]
+}
+
+/// p50 and p99 (seconds) of each step.
+fn milestone_percentiles(all: &BTreeMap<String, Milestones>) -> Vec<(&'static str, f64, f64)> {
+    milestone_steps()
+        .into_iter()
+        .map(|(name, step)| {
+            let mut values: Vec<f64> = all
+                .values()
+                .filter_map(step)
+                .map(|(a, b)| b.saturating_duration_since(a).as_secs_f64())
+                .collect();
+            values.sort_by(f64::total_cmp);
+            (name, percentile(&values, 50.0), percentile(&values, 99.0))
+        })
+        .collect()
+}
+
+fn milestone_table(steps: &[(&str, f64, f64)]) -> String {
     let mut table = String::from("| step | p50 | p99 |\n|---|---|---|\n");
-    for (name, step) in steps {
-        let mut values: Vec<f64> = all
-            .values()
-            .filter_map(step)
-            .map(|(a, b)| b.saturating_duration_since(a).as_secs_f64())
-            .collect();
-        values.sort_by(f64::total_cmp);
-        table.push_str(&format!(
-            "| {name} | {:.2} s | {:.2} s |\n",
-            percentile(&values, 50.0),
-            percentile(&values, 99.0)
-        ));
+    for (name, p50, p99) in steps {
+        table.push_str(&format!("| {name} | {p50:.2} s | {p99:.2} s |\n"));
     }
     table
 }
@@ -727,25 +804,4 @@ fn mean_latencies(text: &str, histogram: &str, label: &str) -> Vec<(String, f64,
         .filter(|(_, (_, count))| *count > 0.0)
         .map(|(key, (sum, count))| (key, sum / count, count))
         .collect()
-}
-
-/// Replaces the markdown section starting with `heading` (up to the next `## `) by `section`, or
-/// appends it.
-fn replace_section(text: &str, heading: &str, section: &str) -> String {
-    let Some(start) = text.find(&format!("{heading}\n")) else {
-        let mut out = text.trim_end().to_string();
-        out.push_str("\n\n");
-        out.push_str(section);
-        return out;
-    };
-    let after = &text[start + heading.len()..];
-    let end = after
-        .find("\n## ")
-        .map_or(text.len(), |i| start + heading.len() + i + 1);
-    format!(
-        "{}{}{}",
-        &text[..start],
-        section.trim_end_matches('\n').to_string() + "\n\n",
-        &text[end..]
-    )
 }

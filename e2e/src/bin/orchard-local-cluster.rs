@@ -1,9 +1,10 @@
 //! `orchard-local-cluster`: runs the local test cluster (etcd, kube-apiserver,
-//! kube-controller-manager, the CRDs, the local node and the operator) in the foreground until
-//! SIGINT/SIGTERM, for `make demo` and for trying things by hand.
+//! kube-controller-manager, the CRDs, a node and the operator) in the foreground until
+//! SIGINT/SIGTERM, for `make demo` and for trying things by hand. The node is the hollow node, or with
+//! `--real-node` a real one (kubelet, containerd, runc; root only).
 //!
 //! ```text
-//! orchard-local-cluster [--info-file PATH] [--no-operator] [-- OPERATOR_FLAGS...]
+//! orchard-local-cluster [--info-file PATH] [--no-operator] [--real-node] [-- OPERATOR_FLAGS...]
 //! ```
 //! Once everything is up it writes a JSON file (`--info-file`, default `target/local-cluster.json`)
 //! with the kubeconfig path, the gateway URL, the metrics URL and the admin token, and prints
@@ -11,12 +12,12 @@
 
 use std::path::PathBuf;
 
-use orchard_e2e::env::{EnvOptions, TestEnv};
+use orchard_e2e::env::{ClusterNode, EnvOptions, NodeKind, TestEnv};
 use serde_json::json;
 
 fn usage() -> ! {
     eprintln!(
-        "usage: orchard-local-cluster [--info-file PATH] [--no-operator] [-- OPERATOR_FLAGS...]"
+        "usage: orchard-local-cluster [--info-file PATH] [--no-operator] [--real-node] [-- OPERATOR_FLAGS...]"
     );
     std::process::exit(2);
 }
@@ -30,6 +31,7 @@ async fn main() {
         match arg.as_str() {
             "--info-file" => info_file = PathBuf::from(args.next().unwrap_or_else(|| usage())),
             "--no-operator" => options.operator = false,
+            "--real-node" => options.node = NodeKind::Real,
             "--" => {
                 options.operator_args.extend(args.by_ref());
             }
@@ -42,7 +44,11 @@ async fn main() {
     }
     let _ = std::fs::remove_file(&info_file);
     eprintln!(
-        "starting etcd, kube-apiserver, kube-controller-manager, the local node and the operator..."
+        "starting etcd, kube-apiserver, kube-controller-manager, the {} node and the operator...",
+        match options.node {
+            NodeKind::Hollow => "hollow",
+            NodeKind::Real => "real",
+        }
     );
     let started = std::time::Instant::now();
     let env = match TestEnv::start("local-cluster", options).await {
@@ -52,6 +58,19 @@ async fn main() {
             std::process::exit(1);
         }
     };
+    let mut pids = json!({
+        "etcd": env.control_plane.pids().get("etcd"),
+        "kube-apiserver": env.control_plane.pids().get("kube-apiserver"),
+        "kube-controller-manager": env.control_plane.pids().get("kube-controller-manager"),
+        "orchard-operator": env.operator.as_ref().and_then(|o| o.pid()),
+        "local-node": std::process::id(),
+    });
+    if let ClusterNode::Real(node) = &env.node {
+        for (name, pid) in node.pids() {
+            pids[name] = json!(pid);
+        }
+        pids["local-node"] = json!(null);
+    }
     let info = json!({
         "kubeconfig": env.control_plane.kubeconfig,
         "server": env.control_plane.server,
@@ -59,13 +78,22 @@ async fn main() {
         "gatewayURL": env.operator.as_ref().map(|o| o.gateway_url()),
         "metricsURL": env.operator.as_ref().map(|o| format!("http://127.0.0.1:{}/metrics", o.metrics_port)),
         "logs": env.dir.join("logs"),
+        "node": match &env.node {
+            ClusterNode::Hollow(_) => json!({"kind": "hollow"}),
+            ClusterNode::Real(node) => json!({
+                "kind": "real",
+                "images": {
+                    "debian-python": node.image("debian-python"),
+                    "busybox": node.image("busybox"),
+                    "probe": node.image("probe"),
+                },
+            }),
+        },
         "pid": std::process::id(),
-        "pids": {
-            "etcd": env.control_plane.pids().get("etcd"),
-            "kube-apiserver": env.control_plane.pids().get("kube-apiserver"),
-            "kube-controller-manager": env.control_plane.pids().get("kube-controller-manager"),
-            "orchard-operator": env.operator.as_ref().and_then(|o| o.pid()),
-            "local-node": std::process::id(),
+        "pids": pids,
+        "podsCpuUsageFile": match &env.node {
+            ClusterNode::Real(node) => json!(node.pods_cpu_usage_file()),
+            ClusterNode::Hollow(_) => json!(null),
         },
     });
     if let Err(err) = std::fs::write(&info_file, info.to_string()) {

@@ -3,7 +3,7 @@
 //! runs the init containers for real (the agent injector's `orchard-agent install`), starts the task
 //! container's agent as a process on the pod's own loopback address, reports `podIP`, container
 //! statuses and readiness from the pod's HTTP readiness probe, and on deletion kills the process tree
-//! and removes the pod. Tests inject faults through [`LocalNode`]: kill an agent, evict a pod, make
+//! and removes the pod. Tests inject faults through [`HollowNode`]: kill an agent, evict a pod, make
 //! images unpullable, pause the node.
 //!
 //! What differs from a kubelet (documented in `docs/TESTING.md`): task images are not pulled or
@@ -91,11 +91,11 @@ pub(crate) struct Inner {
 
 /// Handle to a running local node.
 #[derive(Clone)]
-pub struct LocalNode {
+pub struct HollowNode {
     inner: Arc<Inner>,
 }
 
-impl LocalNode {
+impl HollowNode {
     /// Registers the Node and starts serving pods on the current tokio runtime.
     pub async fn start(client: Client, config: NodeConfig) -> Result<Self> {
         std::fs::create_dir_all(&config.work_dir)?;
@@ -283,7 +283,7 @@ impl LocalNode {
                 )
                 .await
             {
-                debug!(%err, pod = %name, "bind failed (already bound or gone)");
+                warn!(%err, pod = %name, "bind failed");
             }
         });
     }
@@ -339,7 +339,7 @@ impl LocalNode {
         Ok(())
     }
 
-    /// Undoes [`LocalNode::pause`] and catches up with every pod.
+    /// Undoes [`HollowNode::pause`] and catches up with every pod.
     pub async fn resume(&self) -> Result<()> {
         self.inner.paused.store(false, Ordering::SeqCst);
         for handle in self
@@ -400,6 +400,9 @@ impl LocalNode {
 /// controller is configured with a 5 s grace period to match this faster beat).
 pub const HEARTBEAT: std::time::Duration = std::time::Duration::from_secs(1);
 
+/// How long one Lease renewal may take before the beat moves on.
+const LEASE_RENEWAL_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(3);
+
 /// How often processes of removed pods that escaped their agent are swept.
 const SWEEP_PERIOD: std::time::Duration = std::time::Duration::from_secs(2);
 
@@ -458,15 +461,18 @@ async fn heartbeat(inner: Arc<Inner>) {
                 "metadata": {"name": name, "namespace": "kube-node-lease"},
                 "spec": {"holderIdentity": name, "leaseDurationSeconds": 40, "renewTime": now},
             });
-            if let Err(err) = leases
-                .patch(
-                    name,
-                    &PatchParams::apply("orchard-local-node").force(),
-                    &Patch::Apply(&lease),
-                )
-                .await
-            {
-                warn!(%err, "node lease renewal failed");
+            // Bounded like a kubelet's renewal: a request that hangs (an API server restarting under
+            // it) must not stop every later beat, or the node would look dead for good.
+            let params = PatchParams::apply("orchard-local-node").force();
+            let patch = Patch::Apply(&lease);
+            let renewal = leases.patch(name, &params, &patch);
+            match tokio::time::timeout(LEASE_RENEWAL_TIMEOUT, renewal).await {
+                Ok(Ok(_)) => {}
+                Ok(Err(err)) => warn!(%err, "node lease renewal failed"),
+                Err(_) => warn!(
+                    lease = %name,
+                    "node lease renewal timed out after {LEASE_RENEWAL_TIMEOUT:?}"
+                ),
             }
         }
         tokio::time::sleep(HEARTBEAT).await;

@@ -25,6 +25,8 @@ pub enum ContainerState {
         signal: Option<i32>,
         /// `Completed` or `Error`.
         reason: String,
+        /// The end of the container's output when it failed (a kubelet's `FallbackToLogsOnError`).
+        message: Option<String>,
         /// Start time.
         started_at: String,
         /// End time.
@@ -76,10 +78,11 @@ fn container_json(c: &ContainerView) -> Value {
             exit_code,
             signal,
             reason,
+            message,
             started_at,
             finished_at,
         } => json!({"terminated": {
-            "exitCode": exit_code, "signal": signal, "reason": reason,
+            "exitCode": exit_code, "signal": signal, "reason": reason, "message": message,
             "startedAt": started_at, "finishedAt": finished_at
         }}),
     };
@@ -177,6 +180,7 @@ mod tests {
                     exit_code: 0,
                     signal: None,
                     reason: "Completed".into(),
+                    message: None,
                     started_at: "2026-01-01T00:00:00Z".into(),
                     finished_at: "2026-01-01T00:00:00Z".into(),
                 },

@@ -246,10 +246,12 @@ impl PodWorker {
                 Exit::Code(code) => (code, None),
                 Exit::Signal(sig) => (128 + sig, Some(sig)),
             };
+            let name = self.view.init_containers[index].name.clone();
             self.view.init_containers[index].state = ContainerState::Terminated {
                 exit_code,
                 signal,
                 reason: if exit_code == 0 { "Completed" } else { "Error" }.into(),
+                message: (exit_code != 0).then(|| self.log_tail(&name)).flatten(),
                 started_at: started,
                 finished_at: now_rfc3339(),
             };
@@ -570,10 +572,12 @@ impl PodWorker {
             ContainerState::Running { started_at } => started_at.clone(),
             _ => now_rfc3339(),
         };
+        let name = self.view.containers[0].name.clone();
         self.view.containers[0].state = ContainerState::Terminated {
             exit_code,
             signal,
             reason: if exit_code == 0 { "Completed" } else { "Error" }.into(),
+            message: (exit_code != 0).then(|| self.log_tail(&name)).flatten(),
             started_at,
             finished_at: now_rfc3339(),
         };
@@ -583,6 +587,14 @@ impl PodWorker {
         } else {
             "Failed"
         };
+    }
+
+    /// The last 1 KiB of container `name`'s output (its termination message when it failed).
+    fn log_tail(&self, name: &str) -> Option<String> {
+        let log = std::fs::read(self.dir.join(format!("{name}.log"))).ok()?;
+        let tail = &log[log.len().saturating_sub(1024)..];
+        let text = String::from_utf8_lossy(tail).trim().to_string();
+        (!text.is_empty()).then_some(text)
     }
 
     async fn container_exited(&mut self, exit: Exit) {

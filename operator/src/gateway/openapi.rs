@@ -230,6 +230,8 @@ pub struct ExecResponse {
     signal: Option<i32>,
     /// Whether the timeout killed it.
     timed_out: bool,
+    /// Whether the out-of-memory killer killed it (the sandbox's memory limit was reached).
+    oom_killed: bool,
     /// Standard output.
     stdout: String,
     /// Standard error.

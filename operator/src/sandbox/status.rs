@@ -102,6 +102,27 @@ fn pod_image(pod: &Pod, container: &str) -> String {
     .unwrap_or_default()
 }
 
+/// What an image pull error says when the image cannot be had by waiting: it does not exist, the
+/// registry refuses us, or it has no build for this platform.
+const PERMANENT_PULL_ERRORS: &[&str] = &[
+    "not found",
+    "manifest unknown",
+    "name unknown",
+    "unauthorized",
+    "denied",
+    "forbidden",
+    "no match for platform",
+    "invalid reference",
+];
+
+/// Whether an image pull error will stay (pure). Others (the kubelet's pull rate limit, a registry
+/// that is briefly unreachable or overloaded) are retried by the kubelet: the sandbox waits, and the
+/// startup timeout ends the wait if they never clear.
+pub fn permanent_pull_error(message: &str) -> bool {
+    let message = message.to_ascii_lowercase();
+    PERMANENT_PULL_ERRORS.iter().any(|m| message.contains(m))
+}
+
 fn start_failure(pod: &Pod, status: &ContainerStatus, what: &str) -> Option<Failure> {
     let waiting = status.state.as_ref()?.waiting.as_ref()?;
     let reason = waiting.reason.as_deref()?;
@@ -109,6 +130,9 @@ fn start_failure(pod: &Pod, status: &ContainerStatus, what: &str) -> Option<Fail
         return None;
     }
     let detail = waiting.message.clone().unwrap_or_default();
+    if matches!(reason, "ErrImagePull" | "ImagePullBackOff") && !permanent_pull_error(&detail) {
+        return None;
+    }
     let message = if reason.contains("Image") {
         format!(
             "image pull failed for `{}` ({what}): {detail}",
@@ -748,6 +772,31 @@ mod tests {
             );
             assert!(message.contains("not found"), "{message}");
         }
+    }
+
+    #[test]
+    fn transient_image_pull_errors_are_waited_out() {
+        let p = with_task_state(
+            pod(Some("node-1"), Some("10.0.0.7"), false),
+            ContainerState {
+                waiting: Some(ContainerStateWaiting {
+                    reason: Some("ErrImagePull".into()),
+                    message: Some("pull QPS exceeded".into()),
+                }),
+                ..Default::default()
+            },
+        );
+        let status = desired_status(&sandbox(), &observed(Some(&p), "2026-01-01T00:00:05Z"));
+        assert_eq!(status.phase, Some(SandboxPhase::Starting), "{status:?}");
+        assert!(permanent_pull_error(
+            "failed to resolve reference \"localhost:5000/x:1\": localhost:5000/x:1: not found"
+        ));
+        assert!(permanent_pull_error(
+            "pull access denied, repository does not exist"
+        ));
+        assert!(!permanent_pull_error(
+            "dial tcp 127.0.0.1:5000: connect: connection refused"
+        ));
     }
 
     #[test]

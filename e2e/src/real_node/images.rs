@@ -1,0 +1,136 @@
+//! The real node's images: built by `e2e/node-tools/images.sh` with crane (cached as OCI image
+//! layouts under `~/.cache/orchard/images`), pushed into the registry on the node's loopback at every
+//! start (crane's registry keeps manifests in memory; the blobs stay on disk across runs), and pulled
+//! by the kubelet through containerd like on any cluster.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use super::layout::{IMAGE_HOST, REGISTRY};
+use super::namespaces::exec_in_node;
+use crate::binaries::{agent_bin, node_bin, run_script, workspace_root};
+use crate::error::{E2eError, Result};
+
+/// An image built by `images.sh`: its name and OCI layout directory.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Built {
+    /// `debian-python`, `busybox`, `probe`, `pause`, `orchard-agent`, `orchard-operator`.
+    pub name: String,
+    /// OCI image layout.
+    pub layout: PathBuf,
+}
+
+/// The tag each image is pushed under (pure).
+pub fn tag_of(name: &str) -> &'static str {
+    match name {
+        "debian-python" => "trixie",
+        "busybox" => "1.35",
+        "pause" => "3.10",
+        "probe" => "1",
+        _ => "dev",
+    }
+}
+
+/// Images in the node's registry: name -> reference pods use.
+#[derive(Debug, Clone, Default)]
+pub struct Pushed(BTreeMap<String, String>);
+
+impl Pushed {
+    /// The reference of image `name` (`localhost:5000/<name>:<tag>`); a name that was not pushed gives
+    /// a reference the registry does not have (what an image-pull failure test wants anyway).
+    pub fn reference(&self, name: &str) -> String {
+        self.0
+            .get(name)
+            .cloned()
+            .unwrap_or_else(|| format!("{IMAGE_HOST}/{name}:{}", tag_of(name)))
+    }
+}
+
+/// Builds (or finds cached) every image the node needs; the agent image from `agent_bin()`.
+pub fn build() -> Result<Vec<Built>> {
+    let script = workspace_root().join("e2e/node-tools/images.sh");
+    let args = vec![
+        format!("agent={}", agent_bin()?.display()),
+        format!("pause={}", node_bin("orchard-pause")?.display()),
+        format!("probe={}", node_bin("orchard-probe")?.display()),
+    ];
+    let stdout = run_script(&script, &args)?;
+    Ok(parse_built(&stdout))
+}
+
+/// `<name> <layout>` lines of `images.sh` (pure).
+pub fn parse_built(stdout: &str) -> Vec<Built> {
+    stdout
+        .lines()
+        .filter_map(|line| {
+            let (name, layout) = line.trim().split_once(' ')?;
+            Some(Built {
+                name: name.to_string(),
+                layout: PathBuf::from(layout.trim()),
+            })
+        })
+        .collect()
+}
+
+/// Where the node registry keeps blobs between runs.
+pub fn blob_dir() -> Result<PathBuf> {
+    let home = std::env::var("HOME").map_err(|_| E2eError::Setup("HOME is not set".into()))?;
+    let dir = Path::new(&home).join(".cache/orchard/node-registry");
+    std::fs::create_dir_all(&dir)?;
+    Ok(dir)
+}
+
+/// Pushes `images` into the registry of the node whose PID 1 is `init_pid`, waiting for the registry
+/// to answer first.
+pub async fn push(init_pid: u32, crane: &Path, images: &[Built]) -> Result<Pushed> {
+    let crane = crane.display().to_string();
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        match exec_in_node(init_pid, "crane catalog", &crane, &["catalog", REGISTRY]) {
+            Ok(_) => break,
+            Err(err) if Instant::now() >= deadline => return Err(err),
+            Err(_) => tokio::time::sleep(Duration::from_millis(100)).await,
+        }
+    }
+    let mut pushed = BTreeMap::new();
+    for image in images {
+        let target = format!("{REGISTRY}/{}:{}", image.name, tag_of(&image.name));
+        let layout = image.layout.display().to_string();
+        exec_in_node(
+            init_pid,
+            &format!("pushing image {}", image.name),
+            &crane,
+            &["push", &layout, &target],
+        )?;
+        pushed.insert(
+            image.name.clone(),
+            format!("{IMAGE_HOST}/{}:{}", image.name, tag_of(&image.name)),
+        );
+    }
+    Ok(Pushed(pushed))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn built_images_are_read_from_the_scripts_output() {
+        let built = parse_built("busybox /c/busybox/ab12\norchard-agent /c/agent/cd34\n\n");
+        assert_eq!(built.len(), 2);
+        assert_eq!(built[1].name, "orchard-agent");
+        assert_eq!(built[1].layout, PathBuf::from("/c/agent/cd34"));
+    }
+
+    #[test]
+    fn references_use_the_node_registry_name() {
+        let pushed = Pushed(BTreeMap::from([(
+            "busybox".to_string(),
+            "localhost:5000/busybox:1.35".to_string(),
+        )]));
+        assert_eq!(pushed.reference("busybox"), "localhost:5000/busybox:1.35");
+        assert_eq!(pushed.reference("missing"), "localhost:5000/missing:dev");
+        assert_eq!(tag_of("debian-python"), "trixie");
+    }
+}

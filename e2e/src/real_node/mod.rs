@@ -1,0 +1,456 @@
+//! A real Kubernetes node on this machine: kubelet, containerd with runc, a CNI bridge and kube-proxy,
+//! in namespaces of their own ([`namespaces`]), pulling images built here ([`images`]) from a registry
+//! on the node's loopback; kube-scheduler on the host binds pods to it. Every sandbox is then a real
+//! container from a real image. See `docs/TESTING.md`, "The real node".
+//!
+//! Start: [`NodeNamespaces::create`] (before the control plane, which listens on the host's end of
+//! the node's veth pair), then [`RealNode::start`]. Stop: [`RealNode::stop`] kills the namespaces and
+//! removes the node's cgroups; nothing is left on the host.
+
+pub mod images;
+pub mod layout;
+pub mod namespaces;
+
+use std::path::{Path, PathBuf};
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+use k8s_openapi::api::core::v1::Node;
+use kube::Client;
+use kube::api::Api;
+
+pub use self::layout::{IMAGE_HOST, Layout, NODE_NAME};
+pub use self::namespaces::NodeNamespaces;
+use crate::binaries::{kubernetes_bin_dir, node_tools_dir};
+use crate::control_plane::ControlPlane;
+use crate::error::{E2eError, Result};
+use crate::supervise::{Child, Spec};
+
+/// Where Debian's packages put runc and the CNI plugins (`make node-deps`).
+const RUNC: &str = "/usr/sbin/runc";
+const CNI_BIN_DIR: &str = "/usr/lib/cni";
+
+/// A running real node.
+pub struct RealNode {
+    /// The node's namespaces and addresses.
+    pub namespaces: NodeNamespaces,
+    /// Images pushed into the node's registry: name (`debian-python`) -> pod image reference.
+    pub images: images::Pushed,
+    /// Log directory of the node's components.
+    pub logs: PathBuf,
+    components: Mutex<Vec<Child>>,
+}
+
+impl RealNode {
+    /// What is missing for a real node on this machine, if anything (root, the Debian packages, kernel
+    /// features), as a sentence.
+    pub fn unavailable() -> Option<String> {
+        // SAFETY: geteuid cannot fail.
+        if unsafe { libc::geteuid() } != 0 {
+            return Some("the real node needs root (namespaces, mounts, cgroups)".into());
+        }
+        for (path, package) in [
+            (RUNC, "runc"),
+            ("/usr/lib/cni/bridge", "containernetworking-plugins"),
+            ("/usr/sbin/iptables", "iptables"),
+        ] {
+            if !Path::new(path).exists() {
+                return Some(format!(
+                    "{path} is missing: install {package} (make node-deps)"
+                ));
+            }
+        }
+        if !std::fs::read_to_string("/proc/filesystems").is_ok_and(|f| f.contains("overlay")) {
+            return Some("the kernel has no overlayfs".into());
+        }
+        None
+    }
+
+    /// Starts containerd, the kubelet and kube-proxy in `namespaces`, kube-scheduler on the host, and
+    /// waits until the node is Ready. `images` come from [`images::build`].
+    pub async fn start(
+        namespaces: NodeNamespaces,
+        plane: &ControlPlane,
+        images: &[images::Built],
+        logs: &Path,
+    ) -> Result<Self> {
+        let k8s = kubernetes_bin_dir()?;
+        let tools = node_tools_dir()?;
+        let layout = namespaces.layout.clone();
+        let init = namespaces.init_pid;
+        std::fs::create_dir_all(logs)?;
+        write_configs(&layout, plane)?;
+
+        let node = Self {
+            namespaces,
+            images: images::Pushed::default(),
+            logs: logs.to_path_buf(),
+            components: Mutex::new(Vec::new()),
+        };
+        let blobs = images::blob_dir()?;
+        node.spawn(namespaces::component(
+            "registry",
+            init,
+            &tools.join("crane"),
+            &[
+                "registry".into(),
+                "serve".into(),
+                "--address".into(),
+                layout::REGISTRY.into(),
+                "--disk".into(),
+                blobs.display().to_string(),
+            ],
+            logs.join("registry.log"),
+        ))?;
+        let pushed = images::push(init, &tools.join("crane"), images).await?;
+
+        node.spawn(
+            namespaces::component(
+                "containerd",
+                init,
+                &tools.join("containerd"),
+                &[
+                    "--config".into(),
+                    layout.path("containerd/config.toml").display().to_string(),
+                ],
+                logs.join("containerd.log"),
+            )
+            // containerd finds its shim next to itself.
+            .env(
+                "PATH",
+                format!("{}:/usr/sbin:/usr/bin:/sbin:/bin", tools.display()),
+            ),
+        )?;
+        wait_for(
+            &layout.containerd_socket(),
+            Duration::from_secs(30),
+            "containerd socket",
+        )
+        .await?;
+
+        node.spawn(namespaces::component(
+            "kubelet",
+            init,
+            &k8s.join("kubelet"),
+            &[
+                format!("--config={}", layout.path("kubelet/config.yaml").display()),
+                format!(
+                    "--kubeconfig={}",
+                    layout.path("kubelet/kubeconfig").display()
+                ),
+                format!("--hostname-override={NODE_NAME}"),
+                format!("--node-ip={}", layout.node_ip),
+                format!("--root-dir={}", layout.path("kubelet/root").display()),
+                format!("--cert-dir={}", layout.path("kubelet/pki").display()),
+                "--v=1".into(),
+            ],
+            logs.join("kubelet.log"),
+        ))?;
+        node.spawn(namespaces::component(
+            "kube-proxy",
+            init,
+            &k8s.join("kube-proxy"),
+            &[
+                format!(
+                    "--config={}",
+                    layout.path("kube-proxy/config.yaml").display()
+                ),
+                "--v=1".into(),
+            ],
+            logs.join("kube-proxy.log"),
+        ))?;
+        node.spawn(
+            Spec::new("kube-scheduler", k8s.join("kube-scheduler"))
+                .args([
+                    format!(
+                        "--kubeconfig={}",
+                        layout.path("kube-scheduler.kubeconfig").display()
+                    ),
+                    "--leader-elect=false".to_string(),
+                    "--secure-port=0".to_string(),
+                    "--v=1".to_string(),
+                ])
+                .log(logs.join("kube-scheduler.log")),
+        )?;
+        let node = Self {
+            images: pushed,
+            ..node
+        };
+        node.wait_ready(&plane.client().await?, Duration::from_secs(90))
+            .await?;
+        Ok(node)
+    }
+
+    fn spawn(&self, spec: Spec) -> Result<()> {
+        let child = Child::spawn(spec)?;
+        self.components
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .push(child);
+        Ok(())
+    }
+
+    /// Waits until the Node object reports Ready.
+    async fn wait_ready(&self, client: &Client, timeout: Duration) -> Result<()> {
+        let nodes: Api<Node> = Api::all(client.clone());
+        let deadline = Instant::now() + timeout;
+        let mut last = "not registered".to_string();
+        while Instant::now() < deadline {
+            if let Some(node) = nodes.get_opt(NODE_NAME).await? {
+                let ready = node
+                    .status
+                    .as_ref()
+                    .and_then(|s| s.conditions.as_ref())
+                    .and_then(|c| c.iter().find(|c| c.type_ == "Ready"));
+                match ready {
+                    Some(c) if c.status == "True" => return Ok(()),
+                    Some(c) => {
+                        last = format!(
+                            "{}: {}",
+                            c.reason.clone().unwrap_or_default(),
+                            c.message.clone().unwrap_or_default()
+                        )
+                    }
+                    None => last = "no Ready condition yet".into(),
+                }
+            }
+            if let Some(dead) = self.dead_component() {
+                return Err(E2eError::Setup(format!(
+                    "{dead} exited while the node was starting; see {}",
+                    self.logs.join(format!("{dead}.log")).display()
+                )));
+            }
+            tokio::time::sleep(Duration::from_millis(250)).await;
+        }
+        Err(E2eError::NotReady {
+            component: format!("node {NODE_NAME}"),
+            seconds: timeout.as_secs(),
+            detail: format!("{last} (logs: {})", self.logs.display()),
+        })
+    }
+
+    fn dead_component(&self) -> Option<String> {
+        self.components
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .iter()
+            .find(|c| c.has_exited())
+            .map(|c| c.name().to_string())
+    }
+
+    /// The image reference of a built image (`debian-python`, `busybox`, `probe`, `orchard-agent`).
+    pub fn image(&self, name: &str) -> String {
+        self.images.reference(name)
+    }
+
+    /// Runs a command inside the node's network and mount namespaces (`crictl`-free debugging: `ip`,
+    /// `ctr`, `iptables`).
+    pub fn exec(&self, program: &str, args: &[&str]) -> Result<String> {
+        namespaces::exec_in_node(self.namespaces.init_pid, program, program, args)
+    }
+
+    /// IDs of containerd's Kubernetes containers, all of them or those carrying label `key=value`
+    /// (e.g. `io.kubernetes.pod.uid`), read with `ctr`.
+    pub fn containers(&self, label: Option<(&str, &str)>) -> Result<Vec<String>> {
+        let ctr = node_tools_dir()?.join("ctr");
+        let socket = self.namespaces.layout.containerd_socket();
+        let mut command = std::process::Command::new(ctr);
+        command.arg("--address").arg(&socket).args([
+            "--namespace",
+            "k8s.io",
+            "containers",
+            "ls",
+            "--quiet",
+        ]);
+        if let Some((key, value)) = label {
+            command.arg(format!("labels.\"{key}\"=={value}"));
+        }
+        let listed = namespaces::run("listing containers", &mut command)?;
+        Ok(listed
+            .lines()
+            .map(str::to_string)
+            .filter(|l| !l.is_empty())
+            .collect())
+    }
+
+    /// IDs of containerd tasks (running or stopped container processes the runtime still tracks).
+    pub fn tasks(&self) -> Result<Vec<String>> {
+        let ctr = node_tools_dir()?.join("ctr");
+        let socket = self.namespaces.layout.containerd_socket();
+        let listed = namespaces::run(
+            "listing tasks",
+            std::process::Command::new(ctr)
+                .arg("--address")
+                .arg(&socket)
+                .args(["--namespace", "k8s.io", "tasks", "ls", "--quiet"]),
+        )?;
+        Ok(listed
+            .lines()
+            .map(str::to_string)
+            .filter(|l| !l.is_empty())
+            .collect())
+    }
+
+    /// The network namespace file of pod `pod_uid`, from its sandbox container's spec (`None` when
+    /// the pod has no sandbox container).
+    pub fn pod_network_namespace(&self, pod_uid: &str) -> Result<Option<PathBuf>> {
+        let ctr = node_tools_dir()?.join("ctr");
+        let socket = self.namespaces.layout.containerd_socket();
+        let filter = format!(
+            "labels.\"io.kubernetes.pod.uid\"=={pod_uid},labels.\"io.cri-containerd.kind\"==sandbox"
+        );
+        let ids = namespaces::run(
+            "listing the pod's sandbox",
+            std::process::Command::new(&ctr)
+                .arg("--address")
+                .arg(&socket)
+                .args([
+                    "--namespace",
+                    "k8s.io",
+                    "containers",
+                    "ls",
+                    "--quiet",
+                    &filter,
+                ]),
+        )?;
+        let Some(id) = ids.lines().find(|l| !l.is_empty()) else {
+            return Ok(None);
+        };
+        let info = namespaces::run(
+            "reading the pod's sandbox",
+            std::process::Command::new(&ctr)
+                .arg("--address")
+                .arg(&socket)
+                .args(["--namespace", "k8s.io", "containers", "info", id]),
+        )?;
+        let info: serde_json::Value = serde_json::from_str(&info)
+            .map_err(|e| E2eError::Setup(format!("ctr containers info: {e}")))?;
+        Ok(network_namespace_path(&info))
+    }
+
+    /// Process ids of the node's components by name (for resource accounting): the programs
+    /// themselves, not the `nsenter` that started them inside the node.
+    pub fn pids(&self) -> Vec<(String, u32)> {
+        self.components
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .iter()
+            .map(|c| {
+                let pid = c.pid();
+                let child = std::fs::read_to_string(format!("/proc/{pid}/task/{pid}/children"))
+                    .ok()
+                    .and_then(|text| text.split_whitespace().next()?.parse().ok());
+                (c.name().to_string(), child.unwrap_or(pid))
+            })
+            .collect()
+    }
+
+    /// The cgroup v1 `cpuacct.usage` file of all the node's pods (their containers' CPU time, in
+    /// nanoseconds).
+    pub fn pods_cpu_usage_file(&self) -> PathBuf {
+        Path::new("/sys/fs/cgroup/cpuacct")
+            .join(self.namespaces.layout.cgroup_root.trim_start_matches('/'))
+            .join("kubepods/cpuacct.usage")
+    }
+
+    /// Stops everything: kube-scheduler, then the namespaces (every node process, container, mount and
+    /// network device with them), then the node's cgroups and unpacked image layers.
+    pub async fn stop(&self) {
+        let components: Vec<Child> = self
+            .components
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .drain(..)
+            .collect();
+        for child in components.iter().filter(|c| c.name() == "kube-scheduler") {
+            child.stop(Duration::from_secs(5)).await;
+        }
+        self.namespaces.destroy().await;
+        for child in &components {
+            child.stop(Duration::from_secs(1)).await;
+        }
+        let _ = std::fs::remove_dir_all(self.namespaces.layout.path("containerd/root"));
+    }
+}
+
+/// The network namespace path in a `ctr containers info` document (pure).
+pub fn network_namespace_path(info: &serde_json::Value) -> Option<PathBuf> {
+    info["Spec"]["linux"]["namespaces"]
+        .as_array()?
+        .iter()
+        .find(|ns| ns["type"] == "network")?["path"]
+        .as_str()
+        .map(PathBuf::from)
+}
+
+async fn wait_for(path: &Path, timeout: Duration, what: &str) -> Result<()> {
+    let deadline = Instant::now() + timeout;
+    while Instant::now() < deadline {
+        if path.exists() {
+            return Ok(());
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    Err(E2eError::NotReady {
+        component: what.into(),
+        seconds: timeout.as_secs(),
+        detail: format!("{} does not exist", path.display()),
+    })
+}
+
+/// Writes containerd's, the CNI's, the kubelet's, kube-proxy's and kube-scheduler's files.
+fn write_configs(layout: &Layout, plane: &ControlPlane) -> Result<()> {
+    let write = |relative: &str, text: String| -> Result<()> {
+        let path = layout.path(relative);
+        if let Some(parent) = path.parent() {
+            std::fs::create_dir_all(parent)?;
+        }
+        std::fs::write(path, text)?;
+        Ok(())
+    };
+    write(
+        "containerd/config.toml",
+        layout::containerd_config(layout, Path::new(RUNC), Path::new(CNI_BIN_DIR)),
+    )?;
+    write(
+        &format!("containerd/certs.d/{IMAGE_HOST}/hosts.toml"),
+        layout::registry_hosts(),
+    )?;
+    write(
+        "cni/net.d/10-orchard.conflist",
+        serde_json::to_string_pretty(&layout::cni_conflist(layout)).unwrap_or_default(),
+    )?;
+    let token = |user: &str| {
+        plane.tokens.get(user).cloned().ok_or_else(|| {
+            E2eError::Setup(format!(
+                "the control plane has no user {user}: start it with real_node"
+            ))
+        })
+    };
+    let ca = plane.serving_ca();
+    write(
+        "kubelet/config.yaml",
+        layout::kubelet_config(layout, &plane.kubelet_client_ca()),
+    )?;
+    write(
+        "kubelet/kubeconfig",
+        layout::token_kubeconfig(
+            &plane.server,
+            &ca,
+            &token(&format!("system:node:{NODE_NAME}"))?,
+        ),
+    )?;
+    write(
+        "kube-proxy/config.yaml",
+        layout::kube_proxy_config(layout, &layout.path("kube-proxy/kubeconfig")),
+    )?;
+    write(
+        "kube-proxy/kubeconfig",
+        layout::token_kubeconfig(&plane.server, &ca, &token("system:kube-proxy")?),
+    )?;
+    write(
+        "kube-scheduler.kubeconfig",
+        layout::token_kubeconfig(&plane.server, &ca, &token("system:kube-scheduler")?),
+    )?;
+    Ok(())
+}

@@ -1,0 +1,475 @@
+//! Sandboxes on the real node: kubelet, containerd, runc and a CNI bridge, images built here and pulled
+//! from the node's own registry. Every sandbox is a real container, and the agent gets into it only
+//! through the init container and the `emptyDir`, whatever the image holds: a Debian root filesystem,
+//! a static busybox, or one static binary with no shell and no libc.
+
+mod common_rollout;
+mod gateway_support;
+
+use std::time::Duration;
+
+use common_rollout::{GROUP_TIMEOUT, group, is_complete, reward_script};
+use gateway_support::{Caller, sandbox_path};
+use k8s_openapi::api::core::v1::Pod;
+use kube::ResourceExt;
+use kube::api::{Api, DeleteParams, PostParams};
+use orchard_e2e::env::TestEnv;
+use orchard_e2e::wait;
+use orchard_operator::api::{RolloutGroup, RolloutPhase, Sandbox, SandboxPhase};
+use serde_json::{Value, json};
+
+const READY: Duration = Duration::from_secs(120);
+
+fn env() -> &'static TestEnv {
+    TestEnv::shared_real()
+}
+
+fn sandbox(name: &str, spec: Value) -> Sandbox {
+    serde_json::from_value(json!({
+        "apiVersion": "orchard.dev/v1alpha1", "kind": "Sandbox",
+        "metadata": {"name": name}, "spec": spec,
+    }))
+    .expect("valid sandbox JSON")
+}
+
+fn ready(s: Option<&Sandbox>) -> bool {
+    s.and_then(|s| s.status.as_ref()).is_some_and(|st| {
+        st.conditions
+            .iter()
+            .any(|c| c.type_ == "Ready" && c.status == "True")
+    })
+}
+
+/// Creates a sandbox from `image` (plus `extra` spec fields) and waits until it is Ready, also in the
+/// gateway's cache (the calls that follow go through the gateway).
+async fn ready_sandbox(ns: &str, name: &str, image: &str, extra: Value) -> Sandbox {
+    let client = env().client().await;
+    let api: Api<Sandbox> = Api::namespaced(client, ns);
+    let mut spec = json!({"image": image});
+    if let (Some(spec), Some(extra)) = (spec.as_object_mut(), extra.as_object()) {
+        spec.extend(extra.clone());
+    }
+    api.create(&PostParams::default(), &sandbox(name, spec))
+        .await
+        .expect("create sandbox");
+    let ready = wait::until(&api, name, "Ready", READY, ready).await;
+    Caller::user(env(), "admin").wait_ready(ns, name).await;
+    ready
+}
+
+/// Waits until containerd runs no process of the containers labelled `label` (at once), and then
+/// holds no record of them (the kubelet's container garbage collection runs once a minute).
+async fn gone_from_containerd(node: &orchard_e2e::real_node::RealNode, label: (&str, &str)) {
+    let ids = node.containers(Some(label)).expect("ctr containers");
+    wait::poll("their processes gone", Duration::from_secs(30), || async {
+        let tasks = node.tasks().ok()?;
+        (!ids.iter().any(|id| tasks.contains(id))).then_some(())
+    })
+    .await;
+    wait::poll(
+        "their containers removed",
+        Duration::from_secs(100),
+        || async { node.containers(Some(label)).ok()?.is_empty().then_some(()) },
+    )
+    .await;
+}
+
+async fn exec(caller: &Caller, ns: &str, name: &str, request: Value) -> Value {
+    let answer = caller.exec(ns, name, request).await;
+    assert_eq!(answer.status, 200, "exec: {answer:?}");
+    answer.body
+}
+
+async fn sh(caller: &Caller, ns: &str, name: &str, script: &str) -> Value {
+    exec(caller, ns, name, json!({"argv": ["/bin/sh", "-c", script]})).await
+}
+
+fn stdout(answer: &Value) -> &str {
+    answer["stdout"].as_str().unwrap_or_default()
+}
+
+#[tokio::test]
+async fn a_debian_image_runs_as_its_own_root_filesystem() {
+    let env = env();
+    let ns = env.namespace("real-debian").await;
+    let image = env.node.real().image("debian-python");
+    let admin = Caller::user(env, "admin");
+    ready_sandbox(&ns, "deb", &image, json!({})).await;
+
+    let release = sh(&admin, &ns, "deb", "cat /etc/os-release").await;
+    assert!(
+        stdout(&release).contains("VERSION_CODENAME=trixie"),
+        "the image's os-release (Debian 13): {release}"
+    );
+    let host = std::fs::read_to_string("/etc/os-release").unwrap_or_default();
+    assert_ne!(stdout(&release), host, "not the host's os-release");
+    let inside = sh(
+        &admin,
+        &ns,
+        "deb",
+        "uname -n; python3 -c 'import sys; print(sys.version_info[0])'; git --version; test -e /work && echo host-filesystem || echo own-root",
+    )
+    .await;
+    let lines: Vec<&str> = stdout(&inside).lines().collect();
+    assert_eq!(lines.first(), Some(&"deb"), "its own hostname: {inside}");
+    assert_eq!(lines.get(1), Some(&"3"), "python3 from the image: {inside}");
+    assert!(
+        lines.get(2).is_some_and(|l| l.starts_with("git version")),
+        "{inside}"
+    );
+    assert_eq!(lines.get(3), Some(&"own-root"), "{inside}");
+
+    // Files and patches through the gateway.
+    let put = admin
+        .send(
+            admin
+                .request(
+                    reqwest::Method::PUT,
+                    &sandbox_path(&ns, "deb", "/files?path=/srv/app/greet.py"),
+                )
+                .body("print('hello')\n"),
+        )
+        .await;
+    assert!(put.status == 201 || put.status == 200, "upload: {put:?}");
+    let patch = "--- a/app/greet.py\n+++ b/app/greet.py\n@@ -1 +1 @@\n-print('hello')\n+print('hello from the patch')\n";
+    let patched = admin
+        .post(
+            &sandbox_path(&ns, "deb", "/patch"),
+            json!({"patch": patch, "cwd": "/srv", "strip": 1}),
+        )
+        .await;
+    assert_eq!(patched.status, 200, "patch: {patched:?}");
+    let run = exec(
+        &admin,
+        &ns,
+        "deb",
+        json!({"argv": ["python3", "/srv/app/greet.py"]}),
+    )
+    .await;
+    assert_eq!(stdout(&run), "hello from the patch\n", "{run}");
+    let got = admin
+        .get(&sandbox_path(&ns, "deb", "/files?path=/srv/app/greet.py"))
+        .await;
+    assert_eq!(got.bytes, b"print('hello from the patch')\n");
+
+    // Streaming exec: NDJSON events, the last one the exit.
+    let stream = admin
+        .send(
+            admin
+                .request(
+                    reqwest::Method::POST,
+                    &sandbox_path(&ns, "deb", "/exec/stream"),
+                )
+                .json(&json!({"argv": ["/bin/sh", "-c", "echo one; sleep 0.2; echo two"]})),
+        )
+        .await;
+    assert_eq!(stream.status, 200, "{stream:?}");
+    let text = String::from_utf8_lossy(&stream.bytes);
+    assert!(text.contains("one") && text.contains("two"), "{text}");
+    assert!(text.lines().count() >= 3, "several events: {text}");
+    env.delete_namespace(&ns).await;
+}
+
+#[tokio::test]
+async fn a_busybox_image_runs_with_the_agent_as_pid_1() {
+    let env = env();
+    let ns = env.namespace("real-busybox").await;
+    let image = env.node.real().image("busybox");
+    let admin = Caller::user(env, "admin");
+    ready_sandbox(&ns, "bb", &image, json!({})).await;
+
+    let init = sh(&admin, &ns, "bb", "tr '\\0' ' ' < /proc/1/cmdline").await;
+    assert!(
+        stdout(&init).starts_with("/opt/orchard/orchard-agent serve"),
+        "the agent is PID 1 of the task container: {init}"
+    );
+    // Orphans are re-parented to PID 1, which must reap them: no zombie is left.
+    sh(
+        &admin,
+        &ns,
+        "bb",
+        "for i in 1 2 3 4 5; do (sleep 0.1 &) ; done",
+    )
+    .await;
+    tokio::time::sleep(Duration::from_millis(800)).await;
+    let zombies = sh(
+        &admin,
+        &ns,
+        "bb",
+        "grep -l '^State:.*Z' /proc/[0-9]*/status 2>/dev/null | wc -l",
+    )
+    .await;
+    assert_eq!(stdout(&zombies).trim(), "0", "orphans reaped: {zombies}");
+
+    // A time-out kills the command's whole process group, background children included.
+    let timed_out = exec(
+        &admin,
+        &ns,
+        "bb",
+        json!({"argv": ["/bin/sh", "-c", "sleep 300 & sleep 301"], "timeoutSeconds": 1}),
+    )
+    .await;
+    assert_eq!(timed_out["timedOut"], true, "{timed_out}");
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let left = sh(
+        &admin,
+        &ns,
+        "bb",
+        "cat /proc/[0-9]*/cmdline 2>/dev/null | tr '\\0' ' ' | grep -c 'sleep 30[01]' || true",
+    )
+    .await;
+    assert_eq!(stdout(&left).trim(), "0", "no sleep survives: {left}");
+    env.delete_namespace(&ns).await;
+}
+
+#[tokio::test]
+async fn an_image_with_one_static_binary_and_no_shell_serves_argv_exec() {
+    let env = env();
+    let ns = env.namespace("real-probe").await;
+    let image = env.node.real().image("probe");
+    let admin = Caller::user(env, "admin");
+    ready_sandbox(&ns, "bare", &image, json!({})).await;
+
+    let echo = exec(
+        &admin,
+        &ns,
+        "bare",
+        json!({"argv": ["/orchard-probe", "echo", "no", "shell", "needed"]}),
+    )
+    .await;
+    assert_eq!(echo["exitCode"], 0, "{echo}");
+    assert_eq!(stdout(&echo), "no shell needed\n");
+    let root = exec(
+        &admin,
+        &ns,
+        "bare",
+        json!({"argv": ["/orchard-probe", "ls", "/"]}),
+    )
+    .await;
+    let entries: Vec<&str> = stdout(&root).lines().collect();
+    assert!(entries.contains(&"orchard-probe"), "{root}");
+    assert!(
+        !entries.contains(&"bin") && !entries.contains(&"lib"),
+        "nothing else in the image: {root}"
+    );
+    // There is no shell to run: the agent answers like a shell would, 127 and why.
+    let shell = exec(
+        &admin,
+        &ns,
+        "bare",
+        json!({"argv": ["/bin/sh", "-c", "true"]}),
+    )
+    .await;
+    assert_eq!(shell["exitCode"], 127, "{shell}");
+    assert!(
+        shell["error"]
+            .as_str()
+            .unwrap_or_default()
+            .contains("/bin/sh"),
+        "{shell}"
+    );
+    env.delete_namespace(&ns).await;
+}
+
+#[tokio::test]
+async fn a_memory_limit_is_enforced_by_the_cgroup() {
+    let env = env();
+    let ns = env.namespace("real-memory").await;
+    let image = env.node.real().image("debian-python");
+    let admin = Caller::user(env, "admin");
+    ready_sandbox(
+        &ns,
+        "small",
+        &image,
+        json!({"resources": {"memory": "64Mi"}}),
+    )
+    .await;
+    let limit = sh(
+        &admin,
+        &ns,
+        "small",
+        "cat /sys/fs/cgroup/memory.max 2>/dev/null || cat /sys/fs/cgroup/memory/memory.limit_in_bytes",
+    )
+    .await;
+    assert_eq!(stdout(&limit).trim(), (64u64 << 20).to_string(), "{limit}");
+    let hog = admin
+        .exec(
+            &ns,
+            "small",
+            json!({"argv": ["python3", "-c", "b = bytearray(128 << 20); print(len(b))"], "timeoutSeconds": 60}),
+        )
+        .await;
+    println!("allocating twice the limit: {hog:?}");
+    assert_eq!(hog.status, 200, "{hog:?}");
+    assert_eq!(
+        hog.body["signal"], 9,
+        "the allocation is OOM-killed: {hog:?}"
+    );
+    assert_eq!(hog.body["oomKilled"], true, "and says so: {hog:?}");
+    assert_eq!(stdout(&hog.body), "", "{hog:?}");
+    // The sandbox itself survives its command's OOM kill.
+    let after = sh(&admin, &ns, "small", "echo alive").await;
+    assert_eq!(stdout(&after), "alive\n");
+    env.delete_namespace(&ns).await;
+}
+
+#[tokio::test]
+async fn an_image_missing_from_the_registry_fails_with_its_name() {
+    let env = env();
+    let ns = env.namespace("real-missing").await;
+    let client = env.client().await;
+    let api: Api<Sandbox> = Api::namespaced(client.clone(), &ns);
+    let image = env.node.real().image("no-such-image");
+    api.create(
+        &PostParams::default(),
+        &sandbox("ghost", json!({"image": image})),
+    )
+    .await
+    .expect("create");
+    let failed = wait::until(&api, "ghost", "Failed", READY, |s: Option<&Sandbox>| {
+        s.and_then(|s| s.status.as_ref())
+            .is_some_and(|st| st.phase == Some(SandboxPhase::Failed))
+    })
+    .await;
+    let status = failed.status.expect("status");
+    let reason = status.reason.clone().unwrap_or_default();
+    assert!(
+        reason == "ErrImagePull" || reason == "ImagePullBackOff",
+        "{status:?}"
+    );
+    assert!(
+        status.message.clone().unwrap_or_default().contains(&image),
+        "the message names the image: {status:?}"
+    );
+    // Failed frees the pod; deleting the Sandbox removes the rest; containerd keeps nothing of it.
+    let pods: Api<Pod> = Api::namespaced(client.clone(), &ns);
+    wait::deleted(&pods, "ghost", Duration::from_secs(60)).await;
+    api.delete("ghost", &DeleteParams::default())
+        .await
+        .expect("delete");
+    wait::deleted(&api, "ghost", Duration::from_secs(30)).await;
+    gone_from_containerd(env.node.real(), ("io.kubernetes.pod.namespace", &ns)).await;
+    env.delete_namespace(&ns).await;
+}
+
+#[tokio::test]
+async fn a_rollout_group_completes_on_real_containers() {
+    let env = env();
+    let ns = env.namespace("real-group").await;
+    let client = env.client().await;
+    let groups: Api<RolloutGroup> = Api::namespaced(client.clone(), &ns);
+    let image = env.node.real().image("busybox");
+    let mut template = common_rollout::template(&reward_script(7, 50, None, None), 60);
+    template["spec"]["image"] = json!(image);
+    groups
+        .create(
+            &PostParams::default(),
+            &group(
+                "prompt-1",
+                json!({"groupSize": 2, "maxTrajectories": 6, "stride": 2, "template": template}),
+            ),
+        )
+        .await
+        .expect("create group");
+    let done = wait::until(&groups, "prompt-1", "Complete", GROUP_TIMEOUT, is_complete).await;
+    let status = done.status.expect("status");
+    assert_eq!(status.phase, Some(RolloutPhase::Complete), "{status:?}");
+    assert_eq!(status.group.len(), 2, "{status:?}");
+    common_rollout::assert_matches_engine(&groups.get("prompt-1").await.expect("group"));
+    env.delete_namespace(&ns).await;
+}
+
+#[tokio::test]
+async fn heartbeat_expiry_removes_the_container_and_its_network_namespace() {
+    let env = env();
+    let ns = env.namespace("real-expiry").await;
+    let node = env.node.real();
+    let image = node.image("busybox");
+    let client = env.client().await;
+    let api: Api<Sandbox> = Api::namespaced(client.clone(), &ns);
+    ready_sandbox(
+        &ns,
+        "brief",
+        &image,
+        json!({"lifecycle": {"heartbeatTimeoutSeconds": 3}}),
+    )
+    .await;
+    let pod_uid = Api::<Pod>::namespaced(client.clone(), &ns)
+        .get("brief")
+        .await
+        .expect("pod")
+        .uid()
+        .expect("pod uid");
+    assert!(
+        node.containers(Some(("io.kubernetes.pod.uid", &pod_uid)))
+            .expect("ctr")
+            .len()
+            >= 2,
+        "the sandbox runs (pause and task containers)"
+    );
+    let netns = node
+        .pod_network_namespace(&pod_uid)
+        .expect("ctr")
+        .expect("the pod has a network namespace");
+    assert!(netns.exists(), "{}", netns.display());
+    wait::deleted(&api, "brief", Duration::from_secs(30)).await;
+    let pods: Api<Pod> = Api::namespaced(client.clone(), &ns);
+    wait::deleted(&pods, "brief", Duration::from_secs(60)).await;
+    wait::poll(
+        "the pod's network namespace gone",
+        Duration::from_secs(30),
+        || async { (!netns.exists()).then_some(()) },
+    )
+    .await;
+    gone_from_containerd(node, ("io.kubernetes.pod.uid", &pod_uid)).await;
+    env.delete_namespace(&ns).await;
+}
+
+#[tokio::test]
+async fn kubectl_exec_logs_and_port_forward_reach_a_sandbox_pod() {
+    let env = env();
+    let ns = env.namespace("real-kubectl").await;
+    let image = env.node.real().image("busybox");
+    ready_sandbox(&ns, "kc", &image, json!({})).await;
+    let kubectl = |args: &[&str]| {
+        std::process::Command::new("kubectl")
+            .args(args)
+            .env("KUBECONFIG", &env.control_plane.kubeconfig)
+            .output()
+            .expect("kubectl runs")
+    };
+    let exec = kubectl(&["exec", "-n", &ns, "kc", "--", "/bin/busybox", "uname", "-n"]);
+    assert!(
+        exec.status.success(),
+        "kubectl exec: {}",
+        String::from_utf8_lossy(&exec.stderr)
+    );
+    assert_eq!(String::from_utf8_lossy(&exec.stdout).trim(), "kc");
+    let logs = kubectl(&["logs", "-n", &ns, "kc", "-c", "sandbox"]);
+    assert!(
+        logs.status.success(),
+        "kubectl logs: {}",
+        String::from_utf8_lossy(&logs.stderr)
+    );
+    assert!(!logs.stdout.is_empty(), "the agent logs at start");
+
+    let port = orchard_e2e::ports::free_ports(1).expect("port")[0];
+    let mut forward = std::process::Command::new("kubectl")
+        .args(["port-forward", "-n", &ns, "pod/kc", &format!("{port}:9090")])
+        .env("KUBECONFIG", &env.control_plane.kubeconfig)
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .expect("kubectl port-forward");
+    let answer = wait::poll("port-forward answers", Duration::from_secs(30), || async {
+        let (status, _) = orchard_e2e::http_get(&format!("127.0.0.1:{port}"), "/healthz")
+            .await
+            .ok()?;
+        (status == 200).then_some(status)
+    })
+    .await;
+    let _ = forward.kill();
+    let _ = forward.wait();
+    assert_eq!(answer, 200);
+    env.delete_namespace(&ns).await;
+}
