@@ -109,6 +109,12 @@ node-deps: ## install the real node's Debian packages (runc, CNI plugins, iptabl
 node-tools: ## build containerd 2.4, its runc shim, ctr and crane from pinned Go modules into ~/.cache (once)
 	@e2e/node-tools/build.sh
 
+.PHONY: operator-image
+operator-image: node-tools agent node-bins ## the operator image for the real node: a static (glibc crt-static) release operator assembled with crane
+	RUSTFLAGS="-C target-feature=+crt-static" $(CARGO) build --release -p orchard-operator --bin orchard-operator --target $(HOST_TRIPLE)
+	@e2e/node-tools/images.sh agent=$(AGENT_BIN) pause=$(NODE_BIN_DIR)/orchard-pause probe=$(NODE_BIN_DIR)/orchard-probe \
+		operator=$(TARGET_DIR)/$(HOST_TRIPLE)/release/orchard-operator
+
 .PHONY: node-images
 node-images: node-deps node-tools agent node-bins ## build the real node's images with crane (Debian+python3+git, busybox, a static probe, pause, the agent) into ~/.cache/orchard/images
 	@e2e/node-tools/images.sh agent=$(AGENT_BIN) pause=$(NODE_BIN_DIR)/orchard-pause probe=$(NODE_BIN_DIR)/orchard-probe

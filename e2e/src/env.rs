@@ -23,10 +23,10 @@ use crate::real_node::namespaces::{remove_cgroups, stale_cgroup_roots};
 use crate::real_node::{NodeNamespaces, RealNode, images};
 use crate::supervise::{RUN_MARKER, kill_marked, run_marker, sweep_orphans};
 
-/// CPU of a sandbox on the real node whose spec sets none (the operator's default is 1): 200 sandboxes
+/// CPU of a sandbox on the real node whose spec sets none (the operator's default is 1): 400 sandboxes
 /// fit on the node's two cores. The node does not enforce CPU limits as quotas (`real_node::layout`),
 /// so this reserves capacity without throttling.
-pub const REAL_NODE_DEFAULT_CPU: &str = "10m";
+pub const REAL_NODE_DEFAULT_CPU: &str = "5m";
 /// Memory of a sandbox on the real node whose spec sets none (the operator's default is 2Gi): 200
 /// sandboxes fit in this machine's memory. Enforced: a spec that needs more asks for more.
 pub const REAL_NODE_DEFAULT_MEMORY: &str = "64Mi";

@@ -118,6 +118,15 @@ async fn a_debian_image_runs_as_its_own_root_filesystem() {
         "{inside}"
     );
     assert_eq!(lines.get(3), Some(&"own-root"), "{inside}");
+    // kube-proxy gives pods the `kubernetes` Service (the API server on the host's side of the node).
+    let service = sh(
+        &admin,
+        &ns,
+        "deb",
+        "python3 -c \"import socket; socket.create_connection(('10.0.0.1', 443), 5); print('connected')\"",
+    )
+    .await;
+    assert_eq!(stdout(&service), "connected\n", "{service}");
 
     // Files and patches through the gateway.
     let put = admin

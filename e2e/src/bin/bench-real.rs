@@ -169,7 +169,9 @@ fn main() {
     println!("{table}");
     if let Some(path) = write_doc {
         let section = format!(
-            "## Real node\n\nCommand: `make bench-real` (release build). The same driver (`bench-scale`) on the hollow node (each sandbox's agent a host process) and on the real node (kubelet, containerd 2.4, runc, CNI bridge; every sandbox a container from the busybox image built here, 100m CPU each), sizes alternating between the nodes in one run. Steps are the first time the driver's watches saw each milestone. Everything shares this machine's two cores.\n\n{table}"
+            "## Real node\n\nCommand: `make bench-real` (release build). The same driver (`bench-scale`) on the hollow node (each sandbox's agent a host process) and on the real node (kubelet, containerd 2.4, runc, CNI bridge; every sandbox a container from the busybox image built here, with the real-node environment's defaults of {cpu} CPU and {memory} memory: the scheduler counts these requests against the node's two cores and 24 GiB, CPU limits are not enforced as quotas there), sizes alternating between the nodes in one run. Steps are the first time the driver's watches saw each milestone. Everything shares this machine's two cores.\n\n{table}",
+            cpu = orchard_e2e::env::REAL_NODE_DEFAULT_CPU,
+            memory = orchard_e2e::env::REAL_NODE_DEFAULT_MEMORY,
         );
         if let Err(err) = orchard_e2e::docs::write_section(&path, "## Real node", &section) {
             eprintln!("bench-real: cannot write {}: {err}", path.display());
