@@ -125,7 +125,7 @@ test-unit: ## unit tests of the operator (API/CEL, builders, status, BAR, bar-si
 	$(CARGO) test -p orchard-e2e --lib --bins -j 2
 
 .PHONY: e2e
-e2e: k8s agent node-images ## end-to-end tests on the local cluster (real control plane; the hollow node, and the real node for real_node*)
+e2e: k8s agent node-images operator-image ## end-to-end tests on the local cluster (real control plane; the hollow node, and the real node for real_node*)
 	$(CARGO) build -p orchard-operator -p orchard-e2e --bins -j 2
 	$(CARGO) test -p orchard-e2e --tests -j 2 -- --test-threads=2
 

@@ -2,7 +2,8 @@
 # Installs the Debian packages the real node needs, at pinned versions, keeping the downloaded .debs in
 # $HOME/.cache/orchard/apt so a reinstall needs no download:
 #   runc, containernetworking-plugins (bridge, host-local, loopback, portmap), iptables (kubelet and
-#   kube-proxy), mmdebstrap (the Debian task image), busybox-static (the busybox image).
+#   kube-proxy), ipset (kube-router's NetworkPolicy sets), mmdebstrap (the Debian task image),
+#   busybox-static (the busybox image).
 # Already installed at the pinned version: returns at once. A pinned version the mirror no longer has
 # (Debian replaces point releases) is reported and the mirror's version installed instead.
 set -euo pipefail
@@ -10,6 +11,7 @@ PACKAGES=(
   "runc=1.1.5+ds1-1+deb12u1"
   "containernetworking-plugins=1.1.1+ds1-3+b5"
   "iptables=1.8.9-2"
+  "ipset=7.17-1"
   "mmdebstrap=1.3.5-7"
   "busybox-static=1:1.35.0-4+deb12u1+b1"
 )

@@ -47,6 +47,16 @@ pub fn node_tools_dir() -> Result<PathBuf> {
     )
 }
 
+/// Directory holding `helm`, `kubeconform` and `openapi2schema` (built once from Go modules by
+/// `e2e/packaging-tools/build.sh`).
+pub fn packaging_tools_dir() -> Result<PathBuf> {
+    tool_dir(
+        "ORCHARD_PACKAGING_TOOLS_DIR",
+        "e2e/packaging-tools/build.sh",
+        "helm",
+    )
+}
+
 /// The directory `script` prints last (it builds what is missing), or `env`'s directory if it holds
 /// `probe`.
 fn tool_dir(env: &str, script: &str, probe: &str) -> Result<PathBuf> {
@@ -121,6 +131,13 @@ pub fn operator_bin() -> Result<PathBuf> {
         "orchard-operator",
         "build it with `cargo build -p orchard-operator` (make e2e does)",
     )
+}
+
+/// The static (glibc crt-static) release operator that goes into the operator image, built by
+/// `make operator-image`; `None` when it has not been built.
+pub fn static_operator_bin() -> Option<PathBuf> {
+    let path = target_dir().join("x86_64-unknown-linux-gnu/release/orchard-operator");
+    path.is_file().then_some(path)
 }
 
 /// The static `orchard-agent` binary (`ORCHARD_AGENT_BIN`, `make agent`'s output, or a debug build).

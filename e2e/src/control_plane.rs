@@ -33,19 +33,23 @@ fn gogc() -> String {
     std::env::var("ORCHARD_E2E_GOGC").unwrap_or_else(|_| "400".to_string())
 }
 
-/// Identities of the real node's components (token file users): the kubelet (Node authorizer), and
-/// the users kube-proxy and kube-scheduler have default RBAC bindings for.
+/// Identities of the real node's components (token file users): the kubelet (Node authorizer), the
+/// users kube-proxy and kube-scheduler have default RBAC bindings for, and kube-router (the
+/// NetworkPolicy enforcer; the node binds its ClusterRole when it runs it).
 pub const NODE_USERS: &[(&str, &str)] = &[
     ("system:node:orchard-node", "system:nodes"),
     ("system:kube-proxy", ""),
     ("system:kube-scheduler", ""),
+    ("system:kube-router", ""),
 ];
 
 /// Where kube-apiserver listens and whether it serves a real kubelet.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct PlaneOptions {
     /// Address kube-apiserver listens on and advertises.
     pub address: Ipv4Addr,
+    /// Service addresses (`--service-cluster-ip-range`).
+    pub service_cidr: String,
     /// Serve a real node: Node authorization, kubelet client certificate, node component users,
     /// `kubernetes` Service endpoints, the EndpointSlice controller.
     pub real_node: bool,
@@ -55,6 +59,7 @@ impl Default for PlaneOptions {
     fn default() -> Self {
         Self {
             address: Ipv4Addr::LOCALHOST,
+            service_cidr: "10.0.0.0/24".into(),
             real_node: false,
         }
     }
@@ -229,8 +234,7 @@ impl ControlPlane {
             "--service-account-issuer=https://kubernetes.default.svc".to_string(),
             format!("--service-account-key-file={}", key.display()),
             format!("--service-account-signing-key-file={}", key.display()),
-            "--service-cluster-ip-range=10.0.0.0/24".to_string(),
-            "--disable-admission-plugins=ServiceAccount".to_string(),
+            format!("--service-cluster-ip-range={}", self.options.service_cidr),
             "--allow-privileged=true".to_string(),
             // Two cores: the defaults (400/200 in-flight) are fine, but be generous with the
             // per-client rate so load tests measure the system, not a throttle.
@@ -241,6 +245,9 @@ impl ControlPlane {
         if self.options.real_node {
             let pki = dir.join("pki");
             args.extend([
+                // Pods that run in-cluster clients (the chart-installed operator) get projected
+                // ServiceAccount tokens; Pod Security admission is on as in every cluster.
+                "--enable-admission-plugins=ServiceAccount,PodSecurity".to_string(),
                 "--authorization-mode=Node,RBAC".to_string(),
                 "--endpoint-reconciler-type=lease".to_string(),
                 format!(
@@ -256,6 +263,8 @@ impl ControlPlane {
             ]);
         } else {
             args.extend([
+                // The hollow node cannot mount projected ServiceAccount tokens.
+                "--disable-admission-plugins=ServiceAccount".to_string(),
                 "--authorization-mode=RBAC".to_string(),
                 "--endpoint-reconciler-type=none".to_string(),
             ]);
@@ -281,7 +290,7 @@ impl ControlPlane {
             .args([
                 format!("--kubeconfig={}", self.kubeconfig.display()),
                 if self.options.real_node {
-                    "--controllers=garbage-collector-controller,namespace-controller,node-lifecycle-controller,endpointslice-controller"
+                    "--controllers=garbage-collector-controller,namespace-controller,node-lifecycle-controller,endpointslice-controller,serviceaccount-controller,root-ca-certificate-publisher-controller,deployment-controller,replicaset-controller,disruption-controller"
                 } else {
                     "--controllers=garbage-collector-controller,namespace-controller,node-lifecycle-controller"
                 }

@@ -50,6 +50,9 @@ pub struct EnvOptions {
     pub operator_args: Vec<String>,
     /// The node.
     pub node: NodeKind,
+    /// Enforce NetworkPolicies on the real node (kube-router). Off by default: an operator running
+    /// as a host process reaches agents from the host, which the sandboxes' policies do not allow.
+    pub enforce_network_policies: bool,
 }
 
 impl Default for EnvOptions {
@@ -58,6 +61,7 @@ impl Default for EnvOptions {
             operator: true,
             operator_args: Vec::new(),
             node: NodeKind::Hollow,
+            enforce_network_policies: false,
         }
     }
 }
@@ -209,21 +213,27 @@ impl TestEnv {
                 let built = images::build()?;
                 let namespaces =
                     NodeNamespaces::create(&dir.join("node"), &node_bin("orchard-pause")?)?;
-                let options = PlaneOptions {
+                let plane_options = PlaneOptions {
                     address: namespaces.layout.host_ip,
+                    service_cidr: namespaces.layout.service_cidr(),
                     real_node: true,
                 };
-                let control_plane = match ControlPlane::start(&dir, &bin_dir, &crds, options).await
-                {
-                    Ok(plane) => plane,
-                    Err(err) => {
-                        namespaces.destroy().await;
-                        return Err(err);
-                    }
-                };
-                let node =
-                    RealNode::start(namespaces, &control_plane, &built, &dir.join("logs/node"))
-                        .await?;
+                let control_plane =
+                    match ControlPlane::start(&dir, &bin_dir, &crds, plane_options).await {
+                        Ok(plane) => plane,
+                        Err(err) => {
+                            namespaces.destroy().await;
+                            return Err(err);
+                        }
+                    };
+                let node = RealNode::start(
+                    namespaces,
+                    &control_plane,
+                    &built,
+                    &dir.join("logs/node"),
+                    options.enforce_network_policies,
+                )
+                .await?;
                 operator_args.push(format!("--agent-image={}", node.image("orchard-agent")));
                 // The node has this machine's two cores and the scheduler counts requests: a small
                 // default lets tests and benchmarks run many sandboxes at once.
@@ -265,16 +275,35 @@ impl TestEnv {
     /// use).
     pub fn shared() -> &'static TestEnv {
         static ENV: OnceLock<TestEnv> = OnceLock::new();
-        ENV.get_or_init(|| Self::start_on_own_thread(NodeKind::Hollow))
+        ENV.get_or_init(|| Self::start_on_own_thread(EnvOptions::default()))
     }
 
     /// The environment with a real node shared by every test of this test binary.
     pub fn shared_real() -> &'static TestEnv {
         static ENV: OnceLock<TestEnv> = OnceLock::new();
-        ENV.get_or_init(|| Self::start_on_own_thread(NodeKind::Real))
+        ENV.get_or_init(|| {
+            Self::start_on_own_thread(EnvOptions {
+                node: NodeKind::Real,
+                ..EnvOptions::default()
+            })
+        })
     }
 
-    fn start_on_own_thread(node: NodeKind) -> TestEnv {
+    /// A real node that enforces NetworkPolicies, and no operator process, shared by every test of
+    /// this test binary: the tests install the operator into the cluster (`chart_install`).
+    pub fn shared_in_cluster() -> &'static TestEnv {
+        static ENV: OnceLock<TestEnv> = OnceLock::new();
+        ENV.get_or_init(|| {
+            Self::start_on_own_thread(EnvOptions {
+                operator: false,
+                node: NodeKind::Real,
+                enforce_network_policies: true,
+                ..EnvOptions::default()
+            })
+        })
+    }
+
+    fn start_on_own_thread(options: EnvOptions) -> TestEnv {
         let name = std::env::current_exe()
             .ok()
             .and_then(|p| p.file_stem().map(|s| s.to_string_lossy().to_string()))
@@ -296,10 +325,6 @@ impl TestEnv {
                     }
                 };
                 runtime.block_on(async move {
-                    let options = EnvOptions {
-                        node,
-                        ..EnvOptions::default()
-                    };
                     let env = TestEnv::start(&name, options).await;
                     let _ = tx.send(env);
                     std::future::pending::<()>().await;

@@ -8,6 +8,7 @@
 //! `make demo`. See `docs/TESTING.md`.
 
 pub mod binaries;
+pub mod chart_install;
 pub mod churn;
 pub mod control_plane;
 pub mod crds;

@@ -123,7 +123,7 @@ async fn a_debian_image_runs_as_its_own_root_filesystem() {
         &admin,
         &ns,
         "deb",
-        "python3 -c \"import socket; socket.create_connection(('10.0.0.1', 443), 5); print('connected')\"",
+        "python3 -c \"import os, socket; socket.create_connection((os.environ['KUBERNETES_SERVICE_HOST'], 443), 5); print('connected')\"",
     )
     .await;
     assert_eq!(stdout(&service), "connected\n", "{service}");

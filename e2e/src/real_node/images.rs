@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 
 use super::layout::{IMAGE_HOST, REGISTRY};
 use super::namespaces::exec_in_node;
-use crate::binaries::{agent_bin, node_bin, run_script, workspace_root};
+use crate::binaries::{agent_bin, node_bin, run_script, static_operator_bin, workspace_root};
 use crate::error::{E2eError, Result};
 
 /// An image built by `images.sh`: its name and OCI layout directory.
@@ -37,6 +37,11 @@ pub fn tag_of(name: &str) -> &'static str {
 pub struct Pushed(BTreeMap<String, String>);
 
 impl Pushed {
+    /// Whether image `name` was pushed.
+    pub fn contains(&self, name: &str) -> bool {
+        self.0.contains_key(name)
+    }
+
     /// The reference of image `name` (`localhost:5000/<name>:<tag>`); a name that was not pushed gives
     /// a reference the registry does not have (what an image-pull failure test wants anyway).
     pub fn reference(&self, name: &str) -> String {
@@ -47,14 +52,18 @@ impl Pushed {
     }
 }
 
-/// Builds (or finds cached) every image the node needs; the agent image from `agent_bin()`.
+/// Builds (or finds cached) every image the node needs; the agent image from `agent_bin()`, and the
+/// operator image when `make operator-image` built its static binary.
 pub fn build() -> Result<Vec<Built>> {
     let script = workspace_root().join("e2e/node-tools/images.sh");
-    let args = vec![
+    let mut args = vec![
         format!("agent={}", agent_bin()?.display()),
         format!("pause={}", node_bin("orchard-pause")?.display()),
         format!("probe={}", node_bin("orchard-probe")?.display()),
     ];
+    if let Some(operator) = static_operator_bin() {
+        args.push(format!("operator={}", operator.display()));
+    }
     let stdout = run_script(&script, &args)?;
     Ok(parse_built(&stdout))
 }

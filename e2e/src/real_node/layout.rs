@@ -17,8 +17,6 @@ pub const REGISTRY: &str = "127.0.0.1:5000";
 pub const IMAGE_HOST: &str = "localhost:5000";
 /// The pod sandbox image (our own pause program).
 pub const PAUSE_IMAGE: &str = "localhost:5000/pause:3.10";
-/// Service addresses of the test control plane (kube-apiserver `--service-cluster-ip-range`).
-pub const SERVICE_CIDR: &str = "10.0.0.0/24";
 
 /// Addresses and names of one node, derived from a small index so concurrent runs do not collide.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -29,8 +27,14 @@ pub struct Layout {
     pub host_ip: Ipv4Addr,
     /// The node's end of the veth pair (`--node-ip`).
     pub node_ip: Ipv4Addr,
+    /// A second address on the host's end (`10.251.<index>.1`), routed from the node: a host outside
+    /// the cluster for network tests, distinct from the API server's address.
+    pub outside_ip: Ipv4Addr,
     /// The pod subnet on the node's bridge (a /24).
     pub pod_subnet: Ipv4Addr,
+    /// The cluster's Service addresses (a /24, kube-apiserver `--service-cluster-ip-range`), routed
+    /// from the host to the node: each live node has its own, so runs never share a route.
+    pub service_subnet: Ipv4Addr,
     /// Host-side veth name.
     pub host_veth: String,
     /// Node-side veth name.
@@ -53,7 +57,9 @@ impl Layout {
             index,
             host_ip: Ipv4Addr::new(10, 250, 0, quad + 1),
             node_ip: Ipv4Addr::new(10, 250, 0, quad + 2),
+            outside_ip: Ipv4Addr::new(10, 251, index, 1),
             pod_subnet: Ipv4Addr::new(10, 244, index, 0),
+            service_subnet: Ipv4Addr::new(10, 96, index, 0),
             host_veth: format!("orh{index}"),
             node_veth: format!("orn{index}"),
             cgroup_root: format!("/{CGROUP_PREFIX}{pid}"),
@@ -61,10 +67,17 @@ impl Layout {
         }
     }
 
-    /// The layout for this process, its index taken from the pid.
+    /// The Service range as a CIDR (`10.96.<index>.0/24`).
+    pub fn service_cidr(&self) -> String {
+        format!("{}/24", self.service_subnet)
+    }
+
+    /// The layout for this process: the first index from the pid's on (mod 64) whose host link does
+    /// not exist yet, so a run never collides with another live node on this machine.
     pub fn for_this_process(dir: &Path) -> Self {
         let pid = std::process::id();
-        Self::new(u8::try_from(pid % 64).unwrap_or(0), pid, dir)
+        let taken = |index: u8| Path::new(&format!("/sys/class/net/orh{index}")).exists();
+        Self::new(free_index(pid, taken), pid, dir)
     }
 
     /// The bridge's address, the pods' gateway.
@@ -269,9 +282,27 @@ pub fn token_kubeconfig(server: &str, ca: &Path, token: &str) -> String {
     )
 }
 
+/// The first index from `pid % 64` on (wrapping) that `taken` does not claim; `pid % 64` when all are
+/// taken (creating the link then fails with a clear error) (pure given `taken`).
+pub fn free_index(pid: u32, taken: impl Fn(u8) -> bool) -> u8 {
+    let start = u8::try_from(pid % 64).unwrap_or(0);
+    (0..64u8)
+        .map(|offset| (start + offset) % 64)
+        .find(|&index| !taken(index))
+        .unwrap_or(start)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_taken_index_is_skipped() {
+        assert_eq!(free_index(70, |_| false), 6);
+        assert_eq!(free_index(70, |i| i == 6 || i == 7), 8);
+        assert_eq!(free_index(63, |i| i == 63), 0);
+        assert_eq!(free_index(5, |_| true), 5);
+    }
 
     #[test]
     fn subnets_follow_the_index_and_never_overlap() {

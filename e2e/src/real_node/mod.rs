@@ -10,6 +10,7 @@
 pub mod images;
 pub mod layout;
 pub mod namespaces;
+pub mod network_policy;
 
 use std::path::{Path, PathBuf};
 use std::sync::Mutex;
@@ -73,6 +74,7 @@ impl RealNode {
         plane: &ControlPlane,
         images: &[images::Built],
         logs: &Path,
+        enforce_network_policies: bool,
     ) -> Result<Self> {
         let k8s = kubernetes_bin_dir()?;
         let tools = node_tools_dir()?;
@@ -178,6 +180,22 @@ impl RealNode {
         };
         node.wait_ready(&plane.client().await?, Duration::from_secs(90))
             .await?;
+        // kube-router needs the registered Node (its addresses): it starts once the node is Ready.
+        if enforce_network_policies {
+            let client = plane.client().await?;
+            network_policy::grant_kube_router(&client).await?;
+            node.spawn(
+                namespaces::component(
+                    "kube-router",
+                    init,
+                    &tools.join("kube-router"),
+                    &network_policy::kube_router_args(&layout),
+                    logs.join("kube-router.log"),
+                )
+                .env("PATH", "/usr/sbin:/usr/bin:/sbin:/bin"),
+            )?;
+            network_policy::wait_enforcing(init, Duration::from_secs(60)).await?;
+        }
         Ok(node)
     }
 
@@ -241,6 +259,43 @@ impl RealNode {
     /// The image reference of a built image (`debian-python`, `busybox`, `probe`, `orchard-agent`).
     pub fn image(&self, name: &str) -> String {
         self.images.reference(name)
+    }
+
+    /// Host pids and real uids of this node's processes (those in its cgroup) whose command line
+    /// starts with `program` (e.g. a container's `/orchard-operator`).
+    pub fn processes(&self, program: &str) -> Vec<(u32, u32)> {
+        let node_cgroup = format!("{}/", self.namespaces.layout.cgroup_root);
+        let mut found = Vec::new();
+        for entry in std::fs::read_dir("/proc").into_iter().flatten().flatten() {
+            let Some(pid) = entry
+                .file_name()
+                .to_str()
+                .and_then(|n| n.parse::<u32>().ok())
+            else {
+                continue;
+            };
+            let path = entry.path();
+            let cmdline = std::fs::read(path.join("cmdline")).unwrap_or_default();
+            let first = cmdline.split(|b| *b == 0).next().unwrap_or_default();
+            let cgroups = std::fs::read_to_string(path.join("cgroup")).unwrap_or_default();
+            if first != program.as_bytes() || !cgroups.contains(&node_cgroup) {
+                continue;
+            }
+            let status = std::fs::read_to_string(path.join("status")).unwrap_or_default();
+            if let Some(uid) = status
+                .lines()
+                .find_map(|l| l.strip_prefix("Uid:"))
+                .and_then(|rest| rest.split_whitespace().next()?.parse().ok())
+            {
+                found.push((pid, uid));
+            }
+        }
+        found
+    }
+
+    /// Whether image `name` was built and pushed (the operator image only after `make operator-image`).
+    pub fn has_image(&self, name: &str) -> bool {
+        self.images.contains(name)
     }
 
     /// Runs a command inside the node's network and mount namespaces (`crictl`-free debugging: `ip`,
@@ -447,6 +502,10 @@ fn write_configs(layout: &Layout, plane: &ControlPlane) -> Result<()> {
     write(
         "kube-proxy/kubeconfig",
         layout::token_kubeconfig(&plane.server, &ca, &token("system:kube-proxy")?),
+    )?;
+    write(
+        "kube-router/kubeconfig",
+        layout::token_kubeconfig(&plane.server, &ca, &token("system:kube-router")?),
     )?;
     write(
         "kube-scheduler.kubeconfig",

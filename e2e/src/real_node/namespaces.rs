@@ -246,7 +246,15 @@ impl NodeNamespaces {
             "bringing up the host's veth",
             Command::new("ip").args(["link", "set", &layout.host_veth, "up"]),
         )?;
+        // A second host address that is neither the API server's nor the node's: the network tests'
+        // "outside" host (listeners in the test process). It goes with the veth.
+        let outside_address = format!("{}/32", layout.outside_ip);
+        run(
+            "addressing the outside test host",
+            Command::new("ip").args(["addr", "add", &outside_address, "dev", &layout.host_veth]),
+        )?;
         let node_address = format!("{}/30", layout.node_ip);
+        let host_ip = layout.host_ip.to_string();
         for (what, args) in [
             ("loopback", vec!["link", "set", "lo", "up"]),
             (
@@ -254,6 +262,18 @@ impl NodeNamespaces {
                 vec!["addr", "add", &node_address, "dev", &layout.node_veth],
             ),
             ("node veth", vec!["link", "set", &layout.node_veth, "up"]),
+            (
+                "route to the outside test host",
+                vec![
+                    "route",
+                    "add",
+                    &outside_address,
+                    "via",
+                    &host_ip,
+                    "dev",
+                    &layout.node_veth,
+                ],
+            ),
         ] {
             exec_in_node(self.init_pid, what, "ip", &args)?;
         }
@@ -276,7 +296,7 @@ impl NodeNamespaces {
             Command::new("ip").args([
                 "route",
                 "add",
-                super::layout::SERVICE_CIDR,
+                &layout.service_cidr(),
                 "via",
                 &layout.node_ip.to_string(),
                 "dev",

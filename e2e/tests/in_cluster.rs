@@ -1,0 +1,601 @@
+//! The operator installed by its own Helm chart on the real node: two replicas from the operator image
+//! built here, the chart's securityContext, RBAC, probes and leader election as shipped. The gateway is
+//! used through its Service (kube-proxy) and through `kubectl port-forward`, and the leader pod is
+//! killed in the middle of a RolloutGroup.
+
+mod common_rollout;
+mod gateway_support;
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::time::Duration;
+
+use common_rollout::{GROUP_TIMEOUT, expected, group, is_complete, reward_script};
+use futures::StreamExt;
+use gateway_support::Caller;
+use k8s_openapi::api::core::v1::Pod;
+use kube::ResourceExt;
+use kube::api::{Api, DeleteParams, PostParams};
+use kube::runtime::watcher;
+use orchard_e2e::chart_install::{ChartRelease, ReleaseOptions};
+use orchard_e2e::env::TestEnv;
+use orchard_e2e::wait;
+use orchard_operator::api::{RolloutGroup, RolloutPhase, Sandbox};
+use serde_json::{Value, json};
+use tokio::sync::{OnceCell, RwLock};
+
+fn env() -> &'static TestEnv {
+    TestEnv::shared_in_cluster()
+}
+
+/// The chart, installed once for the whole binary.
+async fn release() -> &'static ChartRelease {
+    static RELEASE: OnceCell<ChartRelease> = OnceCell::const_new();
+    RELEASE
+        .get_or_init(|| async {
+            let env = env();
+            env.on_env_runtime(async {
+                ChartRelease::install(env, &ReleaseOptions::default())
+                    .await
+                    .unwrap_or_else(|e| panic!("helm install: {e}"))
+            })
+            .await
+        })
+        .await
+}
+
+/// Tests that use the gateway hold this shared; the test that kills an operator pod holds it alone
+/// (its Service loses an endpoint meanwhile).
+static OPERATOR_PODS: RwLock<()> = RwLock::const_new(());
+
+fn admin_at(env: &TestEnv, base: String) -> Caller {
+    Caller {
+        base,
+        token: Some(env.control_plane.tokens["admin"].clone()),
+        http: reqwest::Client::new(),
+    }
+}
+
+#[tokio::test]
+async fn the_chart_runs_two_replicas_as_non_root_with_one_leader() {
+    let _shared = OPERATOR_PODS.read().await;
+    let env = env();
+    let release = release().await;
+    let client = env.client().await;
+    let pods = release.pods(&client).await.expect("operator pods");
+    assert_eq!(pods.len(), 2, "two replicas");
+    for pod in &pods {
+        let ready = pod
+            .status
+            .as_ref()
+            .and_then(|s| s.conditions.as_ref())
+            .is_some_and(|c| c.iter().any(|c| c.type_ == "Ready" && c.status == "True"));
+        assert!(ready, "{} Ready (its /readyz probe)", pod.name_any());
+        let image = pod.spec.as_ref().map(|s| s.containers[0].image.clone());
+        assert_eq!(
+            image.flatten().as_deref(),
+            Some(env.node.real().image("orchard-operator").as_str())
+        );
+    }
+    let leader = wait::poll("a Lease holder", Duration::from_secs(30), || async {
+        release.leader(&client).await.ok().flatten()
+    })
+    .await;
+    assert!(
+        pods.iter().any(|p| p.name_any() == leader),
+        "the leader {leader} is one of the pods"
+    );
+    let uids: Vec<u32> = env
+        .node
+        .real()
+        .processes("/orchard-operator")
+        .into_iter()
+        .map(|(_, uid)| uid)
+        .collect();
+    assert_eq!(
+        uids.len(),
+        2,
+        "two operator processes on the node: {uids:?}"
+    );
+    assert!(
+        uids.iter().all(|&uid| uid == 65532),
+        "the chart's runAsUser, not root: {uids:?}"
+    );
+}
+
+#[tokio::test]
+async fn the_gateway_answers_through_its_service_and_a_port_forward() {
+    let _shared = OPERATOR_PODS.read().await;
+    let env = env();
+    let release = release().await;
+    let client = env.client().await;
+    let ns = env.namespace("incluster-gw").await;
+    let image = env.node.real().image("debian-python");
+    let service = admin_at(env, release.gateway_url(&client).await.expect("url"));
+    service
+        .create_sandbox(&ns, json!({"image": image, "name": "svc"}))
+        .await;
+    service.wait_ready(&ns, "svc").await;
+    let answer = service
+        .exec(&ns, "svc", json!({"argv": ["cat", "/etc/os-release"]}))
+        .await;
+    assert_eq!(answer.status, 200, "{answer:?}");
+    assert!(
+        answer.body["stdout"]
+            .as_str()
+            .is_some_and(|s| s.contains("trixie")),
+        "{answer:?}"
+    );
+
+    let forward = release.port_forward_gateway().await.expect("port-forward");
+    let forwarded = admin_at(env, forward.url());
+    let answer = forwarded
+        .exec(&ns, "svc", json!({"argv": ["uname", "-n"]}))
+        .await;
+    assert_eq!(answer.status, 200, "{answer:?}");
+    assert_eq!(answer.body["stdout"], "svc\n", "{answer:?}");
+    // RBAC through the in-cluster gateway: bob has no rights here.
+    let bob = Caller {
+        token: Some(env.control_plane.tokens["bob"].clone()),
+        ..forwarded.clone()
+    };
+    let denied = bob.exec(&ns, "svc", json!({"argv": ["true"]})).await;
+    assert_eq!(denied.status, 403, "{denied:?}");
+    forward.stop().await;
+    env.delete_namespace(&ns).await;
+}
+
+#[tokio::test]
+async fn the_standby_finishes_a_rollout_group_when_the_leader_pod_is_killed() {
+    let _alone = OPERATOR_PODS.write().await;
+    let env = env();
+    let release = release().await;
+    let client = env.client().await;
+    let ns = env.namespace("incluster-failover").await;
+    let groups: Api<RolloutGroup> = Api::namespaced(client.clone(), &ns);
+    let sandboxes: Api<Sandbox> = Api::namespaced(client.clone(), &ns);
+
+    // Every incarnation of every trajectory name: a name launched twice shows two UIDs.
+    let launched = std::sync::Arc::new(std::sync::Mutex::new(
+        BTreeMap::<String, BTreeSet<String>>::new(),
+    ));
+    let recorder = {
+        let launched = launched.clone();
+        let stream = watcher(sandboxes.clone(), watcher::Config::default());
+        tokio::spawn(async move {
+            let mut stream = std::pin::pin!(stream);
+            while let Some(event) = stream.next().await {
+                let objects = match event {
+                    Ok(watcher::Event::Apply(s) | watcher::Event::InitApply(s)) => vec![s],
+                    _ => continue,
+                };
+                let mut seen = launched.lock().unwrap_or_else(|p| p.into_inner());
+                for s in objects {
+                    seen.entry(s.name_any())
+                        .or_default()
+                        .insert(s.uid().unwrap_or_default());
+                }
+            }
+        })
+    };
+
+    // Seed 1: trajectories 0 and 1 both pass, so the first stride cannot make a balanced group and
+    // the second stride is launched by whoever leads after the kill.
+    let (seed, pass) = (1, 50);
+    let mut template = common_rollout::template(&reward_script(seed, pass, None, Some(3)), 60);
+    template["spec"]["image"] = json!(env.node.real().image("busybox"));
+    groups
+        .create(
+            &PostParams::default(),
+            &group(
+                "failover",
+                json!({"groupSize": 2, "maxTrajectories": 8, "stride": 2, "template": template}),
+            ),
+        )
+        .await
+        .expect("create group");
+    // Kill the leader while the first stride runs (its runners sleep 3 s before the result).
+    wait::poll(
+        "the first stride launched",
+        Duration::from_secs(60),
+        || async {
+            let n = launched.lock().unwrap_or_else(|p| p.into_inner()).len();
+            (n >= 2).then_some(())
+        },
+    )
+    .await;
+    let leader = release
+        .leader(&client)
+        .await
+        .expect("lease")
+        .expect("a leader");
+    let pods: Api<Pod> = Api::namespaced(client.clone(), &release.namespace);
+    pods.delete(
+        &leader,
+        &DeleteParams {
+            grace_period_seconds: Some(0),
+            ..DeleteParams::default()
+        },
+    )
+    .await
+    .expect("kill the leader pod");
+    let next = wait::poll("another Lease holder", Duration::from_secs(60), || async {
+        release
+            .leader(&client)
+            .await
+            .ok()
+            .flatten()
+            .filter(|holder| *holder != leader)
+    })
+    .await;
+    println!("leader {leader} killed; {next} took over");
+
+    let done = wait::until(&groups, "failover", "Complete", GROUP_TIMEOUT, is_complete).await;
+    let status = done.status.clone().expect("status");
+    assert_eq!(status.phase, Some(RolloutPhase::Complete), "{status:?}");
+    common_rollout::assert_matches_engine(&done);
+    for record in &status.trajectories {
+        let index = record
+            .name
+            .rsplit('-')
+            .next()
+            .and_then(|i| i.parse::<u64>().ok())
+            .expect("trajectory index");
+        if let Some(reward) = record.reward {
+            assert_eq!(
+                reward,
+                expected(seed, pass, index).0,
+                "{} recorded its own reward",
+                record.name
+            );
+        }
+    }
+    recorder.abort();
+    let seen = launched.lock().unwrap_or_else(|p| p.into_inner()).clone();
+    let twice: Vec<_> = seen.iter().filter(|(_, uids)| uids.len() > 1).collect();
+    assert!(twice.is_empty(), "launched twice: {twice:?}");
+    assert!(
+        status.strides_launched >= 2,
+        "a stride was launched after the takeover: {status:?}"
+    );
+    assert_eq!(
+        seen.len(),
+        usize::try_from(status.trajectories_launched).unwrap_or_default(),
+        "every launched trajectory is recorded once"
+    );
+    println!(
+        "{} trajectories launched once each; group {:?}",
+        seen.len(),
+        status.group
+    );
+    // The Deployment replaces the killed pod; the next tests want two replicas again.
+    wait::poll(
+        "two Ready operator pods",
+        Duration::from_secs(120),
+        || async {
+            let pods = release.pods(&client).await.ok()?;
+            let ready = pods
+                .iter()
+                .filter(|p| p.metadata.deletion_timestamp.is_none())
+                .filter(|p| {
+                    p.status
+                        .as_ref()
+                        .and_then(|s| s.conditions.as_ref())
+                        .is_some_and(|c| c.iter().any(|c| c.type_ == "Ready" && c.status == "True"))
+                })
+                .count();
+            (ready == 2).then_some(())
+        },
+    )
+    .await;
+    env.delete_namespace(&ns).await;
+}
+
+// ---------------------------------------------------------------------------------------------------
+// NetworkPolicies, enforced by kube-router on the node: real packets from real containers.
+
+/// A TCP listener on the node's "outside" host address (a host address of this machine that is
+/// neither the API server's nor the node's) that accepts and closes every connection.
+async fn outside_listener(env: &TestEnv) -> std::net::SocketAddr {
+    let ip = env.node.real().namespaces.layout.outside_ip;
+    let listener = tokio::net::TcpListener::bind((ip, 0))
+        .await
+        .expect("bind the outside listener");
+    let address = listener.local_addr().expect("address");
+    tokio::spawn(async move {
+        while let Ok((stream, _)) = listener.accept().await {
+            drop(stream);
+        }
+    });
+    address
+}
+
+/// A Python one-liner: TCP connect to `ip:port` within 3 s; prints `open` or `closed <error>`.
+fn tcp_probe(ip: &str, port: u16) -> Vec<String> {
+    let code = format!(
+        "import socket\ntry:\n    socket.create_connection(('{ip}', {port}), 3).close(); print('open')\nexcept OSError as e:\n    print('closed', type(e).__name__)"
+    );
+    vec!["python3".into(), "-c".into(), code]
+}
+
+/// A Python one-liner: one UDP datagram to `ip:port`, an echo expected within 3 s; prints
+/// `answered` or `silent <error>`.
+fn udp_probe(ip: &str, port: u16) -> Vec<String> {
+    let code = format!(
+        "import socket\ns = socket.socket(socket.AF_INET, socket.SOCK_DGRAM); s.settimeout(3)\ntry:\n    s.sendto(b'ping', ('{ip}', {port})); s.recvfrom(64); print('answered')\nexcept OSError as e:\n    print('silent', type(e).__name__)"
+    );
+    vec!["python3".into(), "-c".into(), code]
+}
+
+/// Runs `argv` in sandbox `name` through the gateway and returns its stdout, trimmed.
+async fn run_in(caller: &Caller, ns: &str, name: &str, argv: Vec<String>) -> String {
+    let answer = caller
+        .exec(ns, name, json!({"argv": argv, "timeoutSeconds": 20}))
+        .await;
+    assert_eq!(answer.status, 200, "exec in {name}: {answer:?}");
+    answer.body["stdout"]
+        .as_str()
+        .unwrap_or_default()
+        .trim()
+        .to_string()
+}
+
+/// Creates sandboxes `(name, network)` from the Debian image and waits until all are Ready.
+async fn network_sandboxes(env: &TestEnv, caller: &Caller, ns: &str, specs: &[(&str, Value)]) {
+    let image = env.node.real().image("debian-python");
+    for (name, network) in specs {
+        caller
+            .create_sandbox(
+                ns,
+                json!({"name": name, "image": image, "network": network}),
+            )
+            .await;
+    }
+    for (name, _) in specs {
+        caller.wait_ready(ns, name).await;
+    }
+}
+
+/// The pod IP of sandbox `name`.
+async fn pod_ip(client: &kube::Client, ns: &str, name: &str) -> String {
+    let pod = Api::<Pod>::namespaced(client.clone(), ns)
+        .get(name)
+        .await
+        .expect("sandbox pod");
+    pod.status
+        .and_then(|s| s.pod_ip)
+        .expect("the pod has an IP")
+}
+
+/// A plain Pod (not a sandbox) from the Debian image running `command`, labelled `labels`; waits
+/// until it runs and returns its IP.
+async fn plain_pod(env: &TestEnv, ns: &str, name: &str, labels: Value, command: &str) -> String {
+    let client = env.client().await;
+    let api: Api<Pod> = Api::namespaced(client.clone(), ns);
+    let pod: Pod = serde_json::from_value(json!({
+        "metadata": {"name": name, "labels": labels},
+        "spec": {
+            "automountServiceAccountToken": false,
+            "terminationGracePeriodSeconds": 0,
+            "containers": [{
+                "name": "main", "image": env.node.real().image("debian-python"),
+                "command": ["python3", "-c", command],
+                "resources": {"requests": {"cpu": "5m", "memory": "32Mi"}},
+            }],
+        },
+    }))
+    .expect("pod JSON");
+    api.create(&PostParams::default(), &pod)
+        .await
+        .expect("create pod");
+    let running = wait::until(
+        &api,
+        name,
+        "Running",
+        Duration::from_secs(120),
+        |p: Option<&Pod>| {
+            p.and_then(|p| p.status.as_ref())
+                .is_some_and(|s| s.phase.as_deref() == Some("Running") && s.pod_ip.is_some())
+        },
+    )
+    .await;
+    running.status.and_then(|s| s.pod_ip).expect("pod IP")
+}
+
+/// A Python program that answers every UDP datagram on port 53 with the same bytes.
+const UDP_ECHO_53: &str = "import socket\ns = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)\ns.bind(('0.0.0.0', 53))\nwhile True:\n    data, peer = s.recvfrom(512); s.sendto(data, peer)";
+
+/// A Python program that tries `ip:port` once a second and prints one line per attempt.
+fn tcp_loop(ip: &str, port: u16) -> String {
+    format!(
+        "import socket, time\nwhile True:\n    try:\n        socket.create_connection(('{ip}', {port}), 2).close(); print('open', flush=True)\n    except OSError as e:\n        print('closed', type(e).__name__, flush=True)\n    time.sleep(1)"
+    )
+}
+
+/// The last line a pod printed (`kubectl logs`).
+async fn last_log_line(env: &TestEnv, ns: &str, name: &str) -> String {
+    let api: Api<Pod> = Api::namespaced(env.client().await, ns);
+    let logs = api
+        .logs(name, &kube::api::LogParams::default())
+        .await
+        .unwrap_or_default();
+    logs.lines().last().unwrap_or_default().to_string()
+}
+
+/// Polls until pod `name`'s latest line starts with `prefix` (the attempts run once a second).
+async fn pod_reports(env: &TestEnv, ns: &str, name: &str, prefix: &str) -> String {
+    wait::poll(
+        &format!("{name} to report `{prefix}`"),
+        Duration::from_secs(30),
+        || async {
+            let line = last_log_line(env, ns, name).await;
+            line.starts_with(prefix).then_some(line)
+        },
+    )
+    .await
+}
+
+#[tokio::test]
+async fn deny_blocks_every_connection_and_only_the_operator_reaches_agents() {
+    let _shared = OPERATOR_PODS.read().await;
+    let env = env();
+    let release = release().await;
+    let client = env.client().await;
+    let ns = env.namespace("np-deny").await;
+    let caller = admin_at(env, release.gateway_url(&client).await.expect("url"));
+    let outside = outside_listener(env).await;
+    let (ip, port) = (outside.ip().to_string(), outside.port());
+    network_sandboxes(
+        env,
+        &caller,
+        &ns,
+        &[
+            ("closed", json!({"egress": "Deny"})),
+            ("open", json!({"egress": "AllowAll"})),
+            ("peer", json!({"egress": "Deny"})),
+        ],
+    )
+    .await;
+    // Positive control: the listener is reachable from a pod that may go out.
+    assert_eq!(
+        run_in(&caller, &ns, "open", tcp_probe(&ip, port)).await,
+        "open"
+    );
+    let denied = run_in(&caller, &ns, "closed", tcp_probe(&ip, port)).await;
+    assert!(
+        denied.starts_with("closed"),
+        "Deny reaches outside: {denied}"
+    );
+
+    // Agents: the gateway (an operator pod) reaches the peer's agent; no sandbox does.
+    let peer = pod_ip(&client, &ns, "peer").await;
+    assert_eq!(run_in(&caller, &ns, "peer", vec!["true".into()]).await, "");
+    for from in ["closed", "open"] {
+        let answer = run_in(&caller, &ns, from, tcp_probe(&peer, 9090)).await;
+        assert!(
+            answer.starts_with("closed"),
+            "sandbox {from} reaches another sandbox's agent: {answer}"
+        );
+    }
+    // Another pod of the namespace (no sandbox, no policy of its own) reaches the outside host but not
+    // the agent port.
+    plain_pod(
+        env,
+        &ns,
+        "bystander-out",
+        json!({"app": "bystander"}),
+        &tcp_loop(&ip, port),
+    )
+    .await;
+    pod_reports(env, &ns, "bystander-out", "open").await;
+    plain_pod(
+        env,
+        &ns,
+        "bystander-agent",
+        json!({"app": "bystander"}),
+        &tcp_loop(&peer, 9090),
+    )
+    .await;
+    // Several attempts, none open.
+    tokio::time::sleep(Duration::from_secs(4)).await;
+    let api: Api<Pod> = Api::namespaced(client.clone(), &ns);
+    let logs = api
+        .logs("bystander-agent", &kube::api::LogParams::default())
+        .await
+        .expect("logs");
+    assert!(
+        logs.lines().count() >= 1 && logs.lines().all(|l| l.starts_with("closed")),
+        "a bystander pod reached a sandbox's agent port:\n{logs}"
+    );
+    env.delete_namespace(&ns).await;
+}
+
+#[tokio::test]
+async fn allow_list_reaches_exactly_its_destination_and_the_cluster_resolver() {
+    let _shared = OPERATOR_PODS.read().await;
+    let env = env();
+    let release = release().await;
+    let client = env.client().await;
+    let ns = env.namespace("np-allow").await;
+    let caller = admin_at(env, release.gateway_url(&client).await.expect("url"));
+    let allowed = outside_listener(env).await;
+    let other_port = outside_listener(env).await;
+    let ip = allowed.ip().to_string();
+
+    // The cluster resolver (what the operator's `--dns-*` flags select: kube-system, k8s-app=kube-dns)
+    // and an impostor with the same program in the test namespace.
+    let resolver = plain_pod(
+        env,
+        "kube-system",
+        &format!("resolver-{ns}"),
+        json!({"k8s-app": "kube-dns"}),
+        UDP_ECHO_53,
+    )
+    .await;
+    let impostor = plain_pod(
+        env,
+        &ns,
+        "impostor",
+        json!({"app": "impostor"}),
+        UDP_ECHO_53,
+    )
+    .await;
+
+    network_sandboxes(
+        env,
+        &caller,
+        &ns,
+        &[
+            (
+                "listed",
+                json!({"egress": "AllowList", "allow": [
+                    {"cidr": format!("{ip}/32"), "ports": [{"port": allowed.port()}]}
+                ]}),
+            ),
+            ("closed", json!({"egress": "Deny"})),
+        ],
+    )
+    .await;
+    assert_eq!(
+        run_in(&caller, &ns, "listed", tcp_probe(&ip, allowed.port())).await,
+        "open",
+        "the listed CIDR and port"
+    );
+    let wrong_port = run_in(&caller, &ns, "listed", tcp_probe(&ip, other_port.port())).await;
+    assert!(
+        wrong_port.starts_with("closed"),
+        "another port: {wrong_port}"
+    );
+    let api_server = env.node.real().namespaces.layout.host_ip.to_string();
+    let other_host = run_in(
+        &caller,
+        &ns,
+        "listed",
+        tcp_probe(&api_server, allowed.port()),
+    )
+    .await;
+    assert!(
+        other_host.starts_with("closed"),
+        "another address: {other_host}"
+    );
+
+    // DNS: the cluster resolver only, and only under AllowList.
+    assert_eq!(
+        run_in(&caller, &ns, "listed", udp_probe(&resolver, 53)).await,
+        "answered",
+        "AllowList reaches the cluster resolver"
+    );
+    let impostor_answer = run_in(&caller, &ns, "listed", udp_probe(&impostor, 53)).await;
+    assert!(
+        impostor_answer.starts_with("silent"),
+        "AllowList reaches a non-resolver on port 53: {impostor_answer}"
+    );
+    let denied_dns = run_in(&caller, &ns, "closed", udp_probe(&resolver, 53)).await;
+    assert!(
+        denied_dns.starts_with("silent"),
+        "Deny reaches the resolver: {denied_dns}"
+    );
+    let _ = Api::<Pod>::namespaced(client.clone(), "kube-system")
+        .delete(&format!("resolver-{ns}"), &DeleteParams::default())
+        .await;
+    env.delete_namespace(&ns).await;
+}
