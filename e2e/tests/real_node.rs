@@ -482,3 +482,138 @@ async fn kubectl_exec_logs_and_port_forward_reach_a_sandbox_pod() {
     assert_eq!(answer, 200);
     env.delete_namespace(&ns).await;
 }
+
+/// A fresh namespace whose Pod Security admission enforces `level`.
+async fn namespace_enforcing(prefix: &str, level: &str) -> String {
+    let env = env();
+    let ns = env.namespace(prefix).await;
+    let api: Api<k8s_openapi::api::core::v1::Namespace> = Api::all(env.client().await);
+    api.patch(
+        &ns,
+        &kube::api::PatchParams::default(),
+        &kube::api::Patch::Merge(json!({"metadata": {"labels": {
+            "pod-security.kubernetes.io/enforce": level,
+            "pod-security.kubernetes.io/enforce-version": "latest",
+        }}})),
+    )
+    .await
+    .expect("label the namespace");
+    ns
+}
+
+/// `/proc/self/status` fields of a command run in the sandbox.
+async fn process_security(caller: &Caller, ns: &str, name: &str) -> String {
+    let answer = sh(
+        caller,
+        ns,
+        name,
+        "id -u; id -g; grep -E '^(CapEff|CapBnd|NoNewPrivs|Seccomp):' /proc/self/status",
+    )
+    .await;
+    stdout(&answer).to_string()
+}
+
+#[tokio::test]
+async fn pod_security_baseline_admits_default_sandboxes() {
+    let env = env();
+    let ns = namespace_enforcing("psa-baseline", "baseline").await;
+    let admin = Caller::user(env, "admin");
+    let image = env.node.real().image("debian-python");
+    ready_sandbox(&ns, "plain", &image, json!({})).await;
+    let seen = process_security(&admin, &ns, "plain").await;
+    let lines: Vec<&str> = seen.lines().collect();
+    assert_eq!(lines.first(), Some(&"0"), "the image's user (root): {seen}");
+    assert!(seen.contains("NoNewPrivs:\t1"), "{seen}");
+    assert!(
+        seen.contains("Seccomp:\t2"),
+        "RuntimeDefault seccomp filter: {seen}"
+    );
+    env.delete_namespace(&ns).await;
+}
+
+#[tokio::test]
+async fn pod_security_restricted_admits_only_the_restricted_profile() {
+    let env = env();
+    let ns = namespace_enforcing("psa-restricted", "restricted").await;
+    let client = env.client().await;
+    let api: Api<Sandbox> = Api::namespaced(client.clone(), &ns);
+    let admin = Caller::user(env, "admin");
+    let image = env.node.real().image("debian-python");
+
+    // The default profile is refused by admission: the sandbox fails at once, saying why.
+    api.create(
+        &PostParams::default(),
+        &sandbox("lax", json!({"image": image})),
+    )
+    .await
+    .expect("create");
+    let failed = wait::until(&api, "lax", "Failed", READY, |s: Option<&Sandbox>| {
+        s.and_then(|s| s.status.as_ref())
+            .is_some_and(|st| st.phase == Some(SandboxPhase::Failed))
+    })
+    .await;
+    let status = failed.status.expect("status");
+    assert_eq!(status.reason.as_deref(), Some("PodRejected"), "{status:?}");
+    let message = status.message.unwrap_or_default();
+    assert!(
+        message.contains("violates PodSecurity") && message.contains("Restricted"),
+        "{message}"
+    );
+
+    // Restricted, as a uid of our choosing: admitted, runs, and has no privileges at all.
+    ready_sandbox(
+        &ns,
+        "strict",
+        &image,
+        json!({"security": {"profile": "Restricted", "runAsUser": 1000}}),
+    )
+    .await;
+    let seen = process_security(&admin, &ns, "strict").await;
+    let lines: Vec<&str> = seen.lines().collect();
+    assert_eq!(lines.first(), Some(&"1000"), "runs as uid 1000: {seen}");
+    assert_eq!(lines.get(1), Some(&"1000"), "and its group: {seen}");
+    assert!(
+        seen.contains("CapEff:\t0000000000000000"),
+        "no capabilities: {seen}"
+    );
+    assert!(
+        seen.contains("CapBnd:\t0000000000000000"),
+        "none to regain: {seen}"
+    );
+    assert!(seen.contains("NoNewPrivs:\t1"), "{seen}");
+    assert!(seen.contains("Seccomp:\t2"), "{seen}");
+    // The agent works as non-root: files, Python, and its own token stays read-only.
+    let work = sh(
+        &admin,
+        &ns,
+        "strict",
+        "echo hi > /tmp/f && cat /tmp/f; python3 -c 'print(6*7)'; test -s /var/run/orchard/token && echo token-present; echo x > /var/run/orchard/token 2>/dev/null && echo wrote-token || echo token-read-only",
+    )
+    .await;
+    assert_eq!(
+        stdout(&work),
+        "hi\n42\ntoken-present\ntoken-read-only\n",
+        "{work}"
+    );
+
+    // Restricted without a uid: the nonroot default, also for an image with no user database.
+    ready_sandbox(
+        &ns,
+        "bare",
+        &env.node.real().image("probe"),
+        json!({"security": {"profile": "Restricted"}}),
+    )
+    .await;
+    let id = exec(
+        &admin,
+        &ns,
+        "bare",
+        json!({"argv": ["/orchard-probe", "id"]}),
+    )
+    .await;
+    assert!(
+        stdout(&id).starts_with("uid=65532 gid=65532"),
+        "the default non-root uid: {id}"
+    );
+    env.delete_namespace(&ns).await;
+}

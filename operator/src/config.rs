@@ -70,6 +70,14 @@ pub struct SandboxDefaults {
     #[arg(long, env = "ORCHARD_DEFAULT_EPHEMERAL_STORAGE", default_value = "")]
     pub default_ephemeral_storage: String,
 
+    /// Security profile of a sandbox whose spec sets none: `Default` (Pod Security `baseline`) or `Restricted` (non-root, no capabilities; Pod Security `restricted`).
+    #[arg(
+        long,
+        env = "ORCHARD_DEFAULT_SECURITY_PROFILE",
+        default_value = "Default"
+    )]
+    pub default_security_profile: crate::api::SecurityProfile,
+
     /// Time-to-live after Ready of a sandbox whose spec sets none.
     #[arg(long, env = "ORCHARD_DEFAULT_TTL_SECONDS", default_value_t = 7200)]
     pub default_ttl_seconds: i64,

@@ -86,6 +86,7 @@ impl Settings {
                 default_ephemeral_storage: Some(defaults.default_ephemeral_storage.clone())
                     .filter(|s| !s.is_empty()),
                 termination_grace_seconds: defaults.termination_grace_seconds,
+                default_security_profile: defaults.default_security_profile,
             },
             policy: PolicyShape {
                 agent_port: defaults.agent_port,

@@ -61,6 +61,7 @@ use serde::{Deserialize, Serialize};
 #[x_kube(validation = Rule::new("self.image == oldSelf.image").message("spec.image is immutable: create a new Sandbox"))]
 #[x_kube(validation = Rule::new("has(self.resources) == has(oldSelf.resources) && (!has(self.resources) || self.resources == oldSelf.resources)").message("spec.resources is immutable: create a new Sandbox"))]
 #[x_kube(validation = Rule::new("has(self.run) == has(oldSelf.run) && (!has(self.run) || self.run == oldSelf.run)").message("spec.run is immutable once the sandbox exists"))]
+#[x_kube(validation = Rule::new("has(self.security) == has(oldSelf.security) && (!has(self.security) || self.security == oldSelf.security)").message("spec.security is immutable: create a new Sandbox"))]
 #[serde(rename_all = "camelCase")]
 pub struct SandboxSpec {
     /// Container image of the task environment (any Linux image: distroless and scratch work, no shell needed).
@@ -125,6 +126,53 @@ pub struct SandboxSpec {
     /// Optional one-shot trajectory runner: when the sandbox is Ready the operator runs this command through the agent and records its JSON result in `status.result`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub run: Option<RunSpec>,
+
+    /// Security profile of the sandbox's containers; the operator's default (`--default-security-profile`) applies when unset.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub security: Option<SecuritySpec>,
+}
+
+/// How the sandbox's containers run. The agent's init container is Pod Security `restricted` in every profile.
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq, Default)]
+#[serde(rename_all = "camelCase")]
+#[x_kube(validation = Rule::new("!has(self.runAsUser) || self.runAsUser > 0").message("security.runAsUser must be a non-root uid (greater than 0)"))]
+#[x_kube(validation = Rule::new("!has(self.runAsGroup) || self.runAsGroup >= 0").message("security.runAsGroup must be 0 or greater"))]
+pub struct SecuritySpec {
+    /// `Default`: the image's user and the runtime's default capabilities, no privilege escalation, RuntimeDefault seccomp (admitted under Pod Security `baseline`). `Restricted`: a non-root user, all capabilities dropped, no privilege escalation, RuntimeDefault seccomp (admitted under `restricted`). The operator's default applies when unset.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub profile: Option<SecurityProfile>,
+
+    /// User id the task container (and every command) runs as under `Restricted`; 65532 when unset. Under `Default` it overrides the image's user when set.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub run_as_user: Option<i64>,
+
+    /// Primary group id of the task container; the user id's value when unset under `Restricted`, the image's otherwise.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub run_as_group: Option<i64>,
+}
+
+/// Security profile of a sandbox's containers, named after the Pod Security Standard that admits it.
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, Default, JsonSchema)]
+pub enum SecurityProfile {
+    /// The image's user, the runtime's default capabilities (Pod Security `baseline`).
+    #[default]
+    Default,
+    /// Non-root, no capabilities, no privilege escalation (Pod Security `restricted`).
+    Restricted,
+}
+
+impl std::str::FromStr for SecurityProfile {
+    type Err = String;
+
+    fn from_str(text: &str) -> Result<Self, Self::Err> {
+        match text {
+            "Default" => Ok(Self::Default),
+            "Restricted" => Ok(Self::Restricted),
+            other => Err(format!(
+                "unknown security profile `{other}` (Default or Restricted)"
+            )),
+        }
+    }
 }
 
 /// When the node pulls the sandbox image.

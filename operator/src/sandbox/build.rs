@@ -19,7 +19,7 @@ use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 
 use crate::api::{
     EgressPolicy, MANAGED_BY, MANAGED_BY_LABEL, PortProtocol, ROLLOUT_GROUP_LABEL, SANDBOX_LABEL,
-    SANDBOX_POD_LABEL, STRIDE_LABEL, Sandbox, SandboxSpec,
+    SANDBOX_POD_LABEL, STRIDE_LABEL, Sandbox, SandboxSpec, SecurityProfile,
 };
 
 /// Name of the task container (the one running the agent and every command).
@@ -55,6 +55,8 @@ pub struct PodShape {
     pub default_ephemeral_storage: Option<String>,
     /// Termination grace period of sandbox pods.
     pub termination_grace_seconds: i64,
+    /// Security profile when the spec sets none.
+    pub default_security_profile: SecurityProfile,
 }
 
 /// Who may reach agents, and where DNS lives: the inputs of the NetworkPolicies.
@@ -188,6 +190,65 @@ fn task_env(sandbox: &Sandbox, name: &str, shape: &PodShape) -> Vec<EnvVar> {
     env
 }
 
+/// Uid the task container runs as under `Restricted` when the spec names none (the conventional
+/// "nonroot" user of distroless images; the agent's init container runs as it in every profile).
+pub const RESTRICTED_DEFAULT_UID: i64 = 65532;
+
+/// The pod's and the task container's security contexts.
+pub struct SandboxSecurity {
+    /// Pod level: RuntimeDefault seccomp always; the user under `Restricted`.
+    pub pod: PodSecurityContext,
+    /// The task container.
+    pub task: SecurityContext,
+}
+
+/// The security contexts of a sandbox's profile (pure). Both profiles forbid privilege escalation and
+/// apply the runtime's default seccomp profile; `Restricted` adds a non-root user and drops every
+/// capability, which is what Pod Security `restricted` admits.
+pub fn sandbox_security(spec: &SandboxSpec, shape: &PodShape) -> SandboxSecurity {
+    let security = spec.security.clone().unwrap_or_default();
+    let profile = security.profile.unwrap_or(shape.default_security_profile);
+    let seccomp = Some(SeccompProfile {
+        type_: "RuntimeDefault".to_string(),
+        ..SeccompProfile::default()
+    });
+    match profile {
+        SecurityProfile::Default => SandboxSecurity {
+            pod: PodSecurityContext {
+                seccomp_profile: seccomp,
+                run_as_user: security.run_as_user,
+                run_as_group: security.run_as_group,
+                ..PodSecurityContext::default()
+            },
+            task: SecurityContext {
+                allow_privilege_escalation: Some(false),
+                ..SecurityContext::default()
+            },
+        },
+        SecurityProfile::Restricted => {
+            let uid = security.run_as_user.unwrap_or(RESTRICTED_DEFAULT_UID);
+            SandboxSecurity {
+                pod: PodSecurityContext {
+                    seccomp_profile: seccomp,
+                    run_as_non_root: Some(true),
+                    run_as_user: Some(uid),
+                    run_as_group: Some(security.run_as_group.unwrap_or(uid)),
+                    ..PodSecurityContext::default()
+                },
+                task: SecurityContext {
+                    allow_privilege_escalation: Some(false),
+                    run_as_non_root: Some(true),
+                    capabilities: Some(Capabilities {
+                        drop: Some(vec!["ALL".to_string()]),
+                        ..Capabilities::default()
+                    }),
+                    ..SecurityContext::default()
+                },
+            }
+        }
+    }
+}
+
 /// The sandbox's Pod: an init container installs the static agent into an `emptyDir`, and the task
 /// container (the user's image) runs `orchard-agent serve` from there.
 pub fn desired_pod(sandbox: &Sandbox, owner: &OwnerReference, shape: &PodShape) -> Pod {
@@ -197,10 +258,7 @@ pub fn desired_pod(sandbox: &Sandbox, owner: &OwnerReference, shape: &PodShape) 
     if let Some(labels) = meta.labels.as_mut() {
         labels.insert(SANDBOX_POD_LABEL.to_string(), "true".to_string());
     }
-    let no_escalation = SecurityContext {
-        allow_privilege_escalation: Some(false),
-        ..SecurityContext::default()
-    };
+    let security = sandbox_security(spec, shape);
     let install = Container {
         name: INSTALL_CONTAINER.to_string(),
         image: Some(shape.agent_image.clone()),
@@ -256,7 +314,7 @@ pub fn desired_pod(sandbox: &Sandbox, owner: &OwnerReference, shape: &PodShape) 
             ..Probe::default()
         }),
         resources: Some(resource_requirements(spec, shape)),
-        security_context: Some(no_escalation),
+        security_context: Some(security.task),
         volume_mounts: Some(vec![
             VolumeMount {
                 name: AGENT_VOLUME.to_string(),
@@ -283,13 +341,7 @@ pub fn desired_pod(sandbox: &Sandbox, owner: &OwnerReference, shape: &PodShape) 
             automount_service_account_token: Some(false),
             enable_service_links: Some(false),
             termination_grace_period_seconds: Some(shape.termination_grace_seconds),
-            security_context: Some(PodSecurityContext {
-                seccomp_profile: Some(SeccompProfile {
-                    type_: "RuntimeDefault".to_string(),
-                    ..SeccompProfile::default()
-                }),
-                ..PodSecurityContext::default()
-            }),
+            security_context: Some(security.pod),
             runtime_class_name: spec.runtime_class_name.clone(),
             node_selector: (!spec.node_selector.is_empty()).then(|| spec.node_selector.clone()),
             tolerations: (!spec.tolerations.is_empty()).then(|| spec.tolerations.clone()),
@@ -510,6 +562,7 @@ mod tests {
             default_memory: "2Gi".into(),
             default_ephemeral_storage: None,
             termination_grace_seconds: 5,
+            default_security_profile: SecurityProfile::Default,
         }
     }
 
@@ -892,5 +945,99 @@ mod tests {
         );
         // No rule may be the empty (allow-everything) rule.
         assert!(egress.iter().all(|r| r.to.is_some()));
+    }
+
+    #[test]
+    fn the_default_profile_keeps_the_image_user_and_forbids_escalation() {
+        let pod = desired_pod(&minimal(), &owner(), &shape());
+        let spec = pod.spec.expect("spec");
+        let pod_security = spec.security_context.expect("pod securityContext");
+        assert_eq!(pod_security.run_as_non_root, None);
+        assert_eq!(pod_security.run_as_user, None);
+        assert_eq!(
+            pod_security.seccomp_profile.map(|p| p.type_).as_deref(),
+            Some("RuntimeDefault")
+        );
+        let task = spec.containers[0].security_context.clone().expect("task");
+        assert_eq!(task.allow_privilege_escalation, Some(false));
+        assert_eq!(task.capabilities, None);
+    }
+
+    #[test]
+    fn the_restricted_profile_is_what_pod_security_restricted_admits() {
+        for (security, uid, gid) in [
+            (
+                crate::api::SecuritySpec {
+                    profile: Some(SecurityProfile::Restricted),
+                    ..Default::default()
+                },
+                RESTRICTED_DEFAULT_UID,
+                RESTRICTED_DEFAULT_UID,
+            ),
+            (
+                crate::api::SecuritySpec {
+                    profile: Some(SecurityProfile::Restricted),
+                    run_as_user: Some(1000),
+                    run_as_group: Some(100),
+                },
+                1000,
+                100,
+            ),
+        ] {
+            let mut s = minimal();
+            s.spec.security = Some(security);
+            let spec = desired_pod(&s, &owner(), &shape()).spec.expect("spec");
+            let pod_security = spec.security_context.expect("pod securityContext");
+            assert_eq!(pod_security.run_as_non_root, Some(true));
+            assert_eq!(pod_security.run_as_user, Some(uid));
+            assert_eq!(pod_security.run_as_group, Some(gid));
+            assert_eq!(
+                pod_security.seccomp_profile.map(|p| p.type_).as_deref(),
+                Some("RuntimeDefault")
+            );
+            for container in spec
+                .containers
+                .iter()
+                .chain(spec.init_containers.iter().flatten())
+            {
+                let c = container
+                    .security_context
+                    .clone()
+                    .expect("container securityContext");
+                assert_eq!(
+                    c.allow_privilege_escalation,
+                    Some(false),
+                    "{}",
+                    container.name
+                );
+                assert_eq!(
+                    c.capabilities.and_then(|c| c.drop),
+                    Some(vec!["ALL".to_string()]),
+                    "{}",
+                    container.name
+                );
+                assert_ne!(c.run_as_user, Some(0), "{}", container.name);
+            }
+        }
+    }
+
+    #[test]
+    fn the_operator_default_profile_applies_when_the_spec_sets_none() {
+        let mut restricted = shape();
+        restricted.default_security_profile = SecurityProfile::Restricted;
+        let spec = desired_pod(&minimal(), &owner(), &restricted)
+            .spec
+            .expect("spec");
+        assert_eq!(
+            spec.security_context.and_then(|c| c.run_as_non_root),
+            Some(true)
+        );
+        let mut s = minimal();
+        s.spec.security = Some(crate::api::SecuritySpec {
+            profile: Some(SecurityProfile::Default),
+            ..Default::default()
+        });
+        let spec = desired_pod(&s, &owner(), &restricted).spec.expect("spec");
+        assert_eq!(spec.security_context.and_then(|c| c.run_as_non_root), None);
     }
 }

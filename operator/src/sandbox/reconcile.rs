@@ -16,8 +16,8 @@ use super::build::desired_pod;
 use super::expiry::{Lifecycle, annotated_heartbeat, expiry_deadline};
 use super::run_result::aborted;
 use super::status::{
-    Blocked, Observed, desired_status, expired_status, hold_back_transient, is_trajectory,
-    rollout_group_of,
+    Blocked, Observed, admission_rejection, desired_status, expired_status, hold_back_transient,
+    is_trajectory, rollout_group_of,
 };
 use super::{apply, runner};
 use crate::api::{Sandbox, SandboxPhase, SandboxStatus};
@@ -133,9 +133,16 @@ async fn reconcile_inner(cached: &Sandbox, ctx: &Arc<Context>) -> Result<Option<
         }
         None if blocked.is_none() => {
             let desired = desired_pod(sandbox, &owner, &ctx.settings.pod);
-            match apply::create_pod(ctx, sandbox, &desired).await? {
-                ChildState::Ours(created) => pod = Some(created),
-                other => blocked = blocked_by(&[&other.unit()]),
+            match apply::create_pod(ctx, sandbox, &desired).await {
+                Ok(ChildState::Ours(created)) => pod = Some(created),
+                Ok(other) => blocked = blocked_by(&[&other.unit()]),
+                Err(Error::Kube(kube::Error::Api(status))) => {
+                    match admission_rejection(status.code, &status.message) {
+                        Some(why) => blocked = Some(Blocked::PodRejected(why)),
+                        None => return Err(Error::Kube(kube::Error::Api(status))),
+                    }
+                }
+                Err(err) => return Err(err),
             }
         }
         None => {}

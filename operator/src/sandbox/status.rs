@@ -63,6 +63,25 @@ pub enum Blocked {
     PreviousIncarnation(String),
     /// Somebody else's object holds the name: the sandbox fails, nothing is touched.
     NameConflict(String),
+    /// The API server refused the Pod for good (Pod Security admission, an invalid field): the
+    /// sandbox fails with the server's words.
+    PodRejected(String),
+}
+
+/// Why the API server's refusal of a Pod creation will not go away by retrying, or `None` when it
+/// may (pure): Pod Security admission (403 "violates PodSecurity") and validation (422). Other 403s
+/// (the operator's own RBAC, a quota) are retried: an administrator can fix them.
+pub fn admission_rejection(code: u16, message: &str) -> Option<String> {
+    let permanent = (code == 403 && message.contains("violates PodSecurity")) || code == 422;
+    permanent.then(|| {
+        if message.contains("violates PodSecurity") {
+            format!(
+                "{message}; set spec.security.profile: Restricted (or label the namespace with a laxer pod-security.kubernetes.io/enforce level)"
+            )
+        } else {
+            message.to_string()
+        }
+    })
 }
 
 /// Why a sandbox failed: a machine-readable reason and a message a user can act on.
@@ -375,6 +394,14 @@ pub fn desired_status(sandbox: &Sandbox, observed: &Observed) -> SandboxStatus {
             sandbox,
             status,
             Failure::new("NameConflict", message.clone()),
+            now,
+        );
+    }
+    if let Some(Blocked::PodRejected(message)) = &observed.blocked {
+        return failed_status(
+            sandbox,
+            status,
+            Failure::new("PodRejected", message.clone()),
             now,
         );
     }
@@ -860,6 +887,24 @@ mod tests {
     }
 
     #[test]
+    fn pod_security_rejections_are_permanent_other_refusals_are_not() {
+        let psa = admission_rejection(
+            403,
+            "pods \"s\" is forbidden: violates PodSecurity \"restricted:latest\": runAsNonRoot != true",
+        )
+        .expect("permanent");
+        assert!(psa.contains("violates PodSecurity"), "{psa}");
+        assert!(psa.contains("spec.security.profile: Restricted"), "{psa}");
+        assert!(admission_rejection(422, "Pod \"s\" is invalid").is_some());
+        assert_eq!(
+            admission_rejection(403, "pods is forbidden: User cannot create resource"),
+            None
+        );
+        assert_eq!(admission_rejection(403, "exceeded quota: compute"), None);
+        assert_eq!(admission_rejection(500, "violates PodSecurity"), None);
+    }
+
+    #[test]
     fn a_name_held_by_somebody_else_fails_the_sandbox() {
         let mut obs = observed(None, "2026-01-01T00:00:05Z");
         obs.blocked = Some(Blocked::NameConflict(
@@ -868,6 +913,15 @@ mod tests {
         let status = desired_status(&sandbox(), &obs);
         assert_eq!(status.phase, Some(SandboxPhase::Failed));
         assert_eq!(status.reason.as_deref(), Some("NameConflict"));
+    }
+
+    #[test]
+    fn a_pod_the_api_server_rejects_fails_the_sandbox_with_its_words() {
+        let mut obs = observed(None, "2026-01-01T00:00:05Z");
+        obs.blocked = Some(Blocked::PodRejected("violates PodSecurity".into()));
+        let status = desired_status(&sandbox(), &obs);
+        assert_eq!(status.phase, Some(SandboxPhase::Failed));
+        assert_eq!(status.reason.as_deref(), Some("PodRejected"));
     }
 
     #[test]
