@@ -15,6 +15,7 @@ use kube::api::{Api, ListParams};
 use crate::binaries::{packaging_tools_dir, workspace_root};
 use crate::env::{REAL_NODE_DEFAULT_CPU, REAL_NODE_DEFAULT_MEMORY, TestEnv};
 use crate::error::{E2eError, Result};
+use crate::real_node::Layout;
 
 /// Label selector of the chart's operator pods (its `selectorLabels` for a release named `orchard`).
 pub const OPERATOR_SELECTOR: &str =
@@ -63,10 +64,12 @@ pub fn split_reference(reference: &str) -> (&str, &str) {
     }
 }
 
-/// The `--set` values that point the chart at the node's images and size it for the node (pure).
+/// The `--set` values that point the chart at the node's images, size it for the node and tell it
+/// the node's pod range and the protected outside test host (pure).
 pub fn node_values(
     operator_image: &str,
     agent_image: &str,
+    layout: &Layout,
     options: &ReleaseOptions,
 ) -> Vec<String> {
     let (repository, tag) = split_reference(operator_image);
@@ -83,6 +86,11 @@ pub fn node_values(
         ),
         format!("sandboxDefaults.cpu={REAL_NODE_DEFAULT_CPU}"),
         format!("sandboxDefaults.memory={REAL_NODE_DEFAULT_MEMORY}"),
+        format!("sandboxEgress.clusterPodCidrs={{{}}}", layout.pod_cidr()),
+        format!(
+            "sandboxEgress.exceptCidrs={{169.254.169.254/32,{}/32}}",
+            layout.protected_ip
+        ),
     ];
     values.extend(options.values.iter().map(|(k, v)| format!("{k}={v}")));
     values
@@ -124,6 +132,7 @@ impl ChartRelease {
         for value in node_values(
             &node.image("orchard-operator"),
             &node.image("orchard-agent"),
+            &node.namespaces.layout,
             options,
         ) {
             args.push("--set".into());
@@ -338,10 +347,16 @@ mod tests {
 
     #[test]
     fn node_values_point_the_chart_at_the_node_registry() {
+        let layout = Layout::new(3, 1, Path::new("/n"));
         let values = node_values(
             "localhost:5000/orchard-operator:dev",
             "localhost:5000/orchard-agent:dev",
+            &layout,
             &ReleaseOptions::default(),
+        );
+        assert!(values.contains(&"sandboxEgress.clusterPodCidrs={10.244.3.0/24}".into()));
+        assert!(
+            values.contains(&"sandboxEgress.exceptCidrs={169.254.169.254/32,10.251.3.2/32}".into())
         );
         assert!(values.contains(&"image.repository=localhost:5000/orchard-operator".into()));
         assert!(values.contains(&"agentImage.tag=dev".into()));

@@ -599,3 +599,188 @@ async fn allow_list_reaches_exactly_its_destination_and_the_cluster_resolver() {
         .await;
     env.delete_namespace(&ns).await;
 }
+
+/// A Python program that tries every `ip:port` of `targets` each second and prints one JSON object
+/// per round: `{"ip:port": "open" | "closed"}`.
+fn tcp_rounds(targets: &[(String, u16)]) -> String {
+    let list: Vec<String> = targets
+        .iter()
+        .map(|(ip, port)| format!("('{ip}', {port})"))
+        .collect();
+    format!(
+        "import json, socket, time\ntargets = [{}]\nwhile True:\n    seen = {{}}\n    for ip, port in targets:\n        try:\n            socket.create_connection((ip, port), 2).close(); seen[f'{{ip}}:{{port}}'] = 'open'\n        except OSError:\n            seen[f'{{ip}}:{{port}}'] = 'closed'\n    print(json.dumps(seen), flush=True)\n    time.sleep(1)",
+        list.join(", ")
+    )
+}
+
+#[tokio::test]
+async fn allow_all_and_allow_list_never_reach_protected_addresses_the_api_server_or_the_operator() {
+    let _shared = OPERATOR_PODS.read().await;
+    let env = env();
+    let release = release().await;
+    let client = env.client().await;
+    let ns = env.namespace("np-protected").await;
+    let caller = admin_at(env, release.gateway_url(&client).await.expect("url"));
+    let layout = &env.node.real().namespaces.layout;
+
+    // Listeners: an ordinary outside host and the one the chart was told to protect (a stand-in for
+    // 169.254.169.254, which this machine must keep for itself).
+    let outside = outside_listener(env).await;
+    let protected = {
+        let listener = tokio::net::TcpListener::bind((layout.protected_ip, 0))
+            .await
+            .expect("bind the protected listener");
+        let address = listener.local_addr().expect("address");
+        tokio::spawn(async move {
+            while let Ok((stream, _)) = listener.accept().await {
+                drop(stream);
+            }
+        });
+        address
+    };
+    let api_port: u16 = env
+        .control_plane
+        .server
+        .rsplit(':')
+        .next()
+        .and_then(|p| p.parse().ok())
+        .expect("API server port");
+    let api_server = (layout.host_ip.to_string(), api_port);
+    let operator_pod = release
+        .pods(&client)
+        .await
+        .expect("operator pods")
+        .into_iter()
+        .find_map(|p| p.status.and_then(|s| s.pod_ip))
+        .expect("an operator pod IP");
+    // A pod in another namespace that serves TCP: AllowAll reaches pods outside the operator's.
+    let server_ns = env.namespace("np-server").await;
+    let server = plain_pod(
+        env,
+        &server_ns,
+        "server",
+        json!({"app": "server"}),
+        "import socket\ns = socket.socket(); s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)\ns.bind(('0.0.0.0', 8000)); s.listen()\nwhile True:\n    c, _ = s.accept(); c.close()",
+    )
+    .await;
+
+    let targets = vec![
+        (outside.ip().to_string(), outside.port()),
+        (protected.ip().to_string(), protected.port()),
+        api_server.clone(),
+        (operator_pod.clone(), 8080),
+        (server.clone(), 8000),
+    ];
+    // Positive control: a pod with no policy reaches every target.
+    plain_pod(
+        env,
+        &ns,
+        "bystander",
+        json!({"app": "bystander"}),
+        &tcp_rounds(&targets),
+    )
+    .await;
+    let seen = pod_reports(env, &ns, "bystander", "{").await;
+    let seen: Value = serde_json::from_str(&seen).expect("JSON round");
+    for (ip, port) in &targets {
+        assert_eq!(
+            seen[format!("{ip}:{port}")],
+            "open",
+            "control: a pod without policy reaches {ip}:{port}: {seen}"
+        );
+    }
+
+    let (outside_cidr, api_cidr) = (layout.outside_cidr(), format!("{}/32", layout.host_ip));
+    network_sandboxes(
+        env,
+        &caller,
+        &ns,
+        &[
+            ("wide", json!({"egress": "AllowAll"})),
+            (
+                "listed",
+                json!({"egress": "AllowList", "allow": [{"cidr": outside_cidr}, {"cidr": api_cidr}]}),
+            ),
+        ],
+    )
+    .await;
+    let probe = |ip: &str, port: u16| tcp_probe(ip, port);
+    let wide = |ip: String, port: u16| {
+        let caller = caller.clone();
+        let ns = ns.clone();
+        async move { run_in(&caller, &ns, "wide", probe(&ip, port)).await }
+    };
+    assert_eq!(wide(outside.ip().to_string(), outside.port()).await, "open");
+    assert_eq!(wide(server.clone(), 8000).await, "open", "pods elsewhere");
+    for (ip, port, what) in [
+        (
+            protected.ip().to_string(),
+            protected.port(),
+            "a protected CIDR",
+        ),
+        (api_server.0.clone(), api_server.1, "the API server"),
+        (operator_pod.clone(), 8080, "the operator's gateway pod"),
+    ] {
+        let answer = wide(ip.clone(), port).await;
+        assert!(
+            answer.starts_with("closed"),
+            "AllowAll reaches {what} {ip}:{port}: {answer}"
+        );
+    }
+    let service = run_in(
+        &caller,
+        &ns,
+        "wide",
+        vec![
+            "python3".into(),
+            "-c".into(),
+            "import os, socket\ntry:\n    socket.create_connection((os.environ['KUBERNETES_SERVICE_HOST'], 443), 3).close(); print('open')\nexcept OSError as e:\n    print('closed', type(e).__name__)".into(),
+        ],
+    )
+    .await;
+    assert!(
+        service.starts_with("closed"),
+        "AllowAll reaches the kubernetes Service: {service}"
+    );
+
+    // AllowList: the listed /30 minus the protected address inside it; the API server's address is
+    // refused outright, with an event saying so.
+    let listed = |ip: String, port: u16| {
+        let caller = caller.clone();
+        let ns = ns.clone();
+        async move { run_in(&caller, &ns, "listed", tcp_probe(&ip, port)).await }
+    };
+    assert_eq!(
+        listed(outside.ip().to_string(), outside.port()).await,
+        "open"
+    );
+    let answer = listed(protected.ip().to_string(), protected.port()).await;
+    assert!(
+        answer.starts_with("closed"),
+        "AllowList reaches the protected address: {answer}"
+    );
+    let answer = listed(api_server.0.clone(), api_server.1).await;
+    assert!(
+        answer.starts_with("closed"),
+        "AllowList reaches the API server: {answer}"
+    );
+    let events: Api<k8s_openapi::api::events::v1::Event> = Api::namespaced(client.clone(), &ns);
+    let refused = wait::poll(
+        "an EgressRuleRefused event",
+        Duration::from_secs(30),
+        || async {
+            events
+                .list(&kube::api::ListParams::default())
+                .await
+                .ok()?
+                .items
+                .into_iter()
+                .find(|e| e.reason.as_deref() == Some("EgressRuleRefused"))
+        },
+    )
+    .await;
+    let note = refused.note.unwrap_or_default();
+    assert!(note.contains(&format!("{}/32", layout.host_ip)), "{note}");
+    env.delete_namespace(&server_ns).await;
+    env.delete_namespace(&ns).await;
+}

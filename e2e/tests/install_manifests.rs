@@ -245,6 +245,7 @@ fn expected_permissions() -> BTreeSet<(String, String, String)> {
     );
     add("authentication.k8s.io", "tokenreviews", &["create"]);
     add("authorization.k8s.io", "subjectaccessreviews", &["create"]);
+    add("discovery.k8s.io", "endpointslices", &["get"]);
     expected
 }
 

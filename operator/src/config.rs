@@ -121,6 +121,30 @@ pub struct SandboxDefaults {
         default_value = "k8s-app=kube-dns"
     )]
     pub dns_pod_selector: String,
+
+    /// CIDRs (comma-separated) that `AllowAll` and `AllowList` sandboxes never reach, e.g. the cloud metadata address; empty allows them.
+    #[arg(
+        long,
+        env = "ORCHARD_EGRESS_EXCEPT_CIDRS",
+        default_value = "169.254.169.254/32"
+    )]
+    pub egress_except_cidrs: String,
+
+    /// Let `AllowAll` and `AllowList` sandboxes reach the API server's endpoints (by default they are excepted: the operator reads them from the `default/kubernetes` EndpointSlice at start).
+    #[arg(long, env = "ORCHARD_EGRESS_ALLOW_API_SERVER", default_value_t = false)]
+    pub egress_allow_api_server: bool,
+
+    /// Pod address ranges of the cluster (comma-separated). With them, `AllowAll` reaches pods only through a namespace selector that leaves out the operator's namespace, and `AllowList` CIDRs never cover pods; without them, enforcers that match IP blocks against pod addresses let `AllowAll` reach the operator's pods.
+    #[arg(long, env = "ORCHARD_CLUSTER_POD_CIDRS", default_value = "")]
+    pub cluster_pod_cidrs: String,
+
+    /// Let `AllowAll` sandboxes reach pods in the operator's namespace.
+    #[arg(
+        long,
+        env = "ORCHARD_EGRESS_ALLOW_OPERATOR_NAMESPACE",
+        default_value_t = false
+    )]
+    pub egress_allow_operator_namespace: bool,
 }
 
 impl Default for SandboxDefaults {

@@ -23,6 +23,7 @@ use crate::metrics::Metrics;
 use crate::own_writes::OwnWrites;
 use crate::reconcile_slots::ReconcileSlots;
 use crate::sandbox::build::{PodShape, PolicyShape};
+use crate::sandbox::cidr::Cidr;
 
 /// Field manager of every server-side apply the operator sends.
 pub const FIELD_MANAGER: &str = "orchard-operator";
@@ -48,6 +49,15 @@ pub struct Settings {
     pub sandbox_concurrency: u16,
     /// RolloutGroup reconciles running at once.
     pub rollout_concurrency: u16,
+}
+
+/// A comma-separated CIDR list of flag `flag` (empty: none).
+fn cidr_list(text: &str, flag: &str) -> Result<Vec<Cidr>> {
+    text.split(',')
+        .map(str::trim)
+        .filter(|part| !part.is_empty())
+        .map(|part| Cidr::parse(part).map_err(|e| Error::Config(format!("{flag}: {e}"))))
+        .collect()
 }
 
 impl Settings {
@@ -97,6 +107,18 @@ impl Settings {
                 )?,
                 dns_namespace: defaults.dns_namespace.clone(),
                 dns_pod_labels: labels(&defaults.dns_pod_selector, "--dns-pod-selector")?,
+                protected_cidrs: {
+                    let mut protected =
+                        cidr_list(&defaults.egress_except_cidrs, "--egress-except-cidrs")?;
+                    if !defaults.egress_allow_operator_namespace {
+                        protected.extend(cidr_list(
+                            &defaults.cluster_pod_cidrs,
+                            "--cluster-pod-cidrs",
+                        )?);
+                    }
+                    protected
+                },
+                protect_operator_namespace: !defaults.egress_allow_operator_namespace,
             },
             default_ttl_seconds: defaults.default_ttl_seconds,
             default_heartbeat_timeout_seconds: defaults.default_heartbeat_timeout_seconds,

@@ -15,7 +15,7 @@ use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Client, Resource};
 use serde::de::DeserializeOwned;
 use tokio_util::sync::CancellationToken;
-use tracing::{error, info};
+use tracing::{error, info, warn};
 
 use crate::admin::{self, AdminState};
 use crate::api::{MANAGED_BY, MANAGED_BY_LABEL, RolloutGroup, SANDBOX_POD_LABEL, Sandbox};
@@ -86,8 +86,25 @@ async fn termination_signal() {
 
 /// Runs the operator until a termination signal.
 pub async fn run(args: OperatorArgs) -> Result<()> {
-    let settings = Settings::from_args(&args)?;
+    let mut settings = Settings::from_args(&args)?;
     let client = Client::try_default().await?;
+    if !args.sandbox.egress_allow_api_server {
+        match crate::sandbox::apply::api_server_cidrs(&client).await {
+            Ok(cidrs) if !cidrs.is_empty() => {
+                let shown: Vec<String> = cidrs.iter().map(ToString::to_string).collect();
+                info!(api_server = ?shown, "AllowAll and AllowList sandboxes will not reach the API server");
+                settings.policy.protected_cidrs.extend(cidrs);
+            }
+            Ok(_) => warn!(
+                "no EndpointSlice default/kubernetes: the API server's addresses cannot be excepted from sandbox egress; add them to --egress-except-cidrs"
+            ),
+            Err(err) => {
+                return Err(Error::Config(format!(
+                    "cannot read the EndpointSlice default/kubernetes ({err}): the operator needs `get` on it to keep sandboxes away from the API server (or --egress-allow-api-server)"
+                )));
+            }
+        }
+    }
     let metrics = Metrics::new().map_err(|e| Error::Config(format!("metrics registry: {e}")))?;
     let shutdown = CancellationToken::new();
     {
@@ -135,7 +152,7 @@ pub async fn run(args: OperatorArgs) -> Result<()> {
         .inspect(publish_changes(changes.clone(), "Sandbox"))
         .for_each(|event| async move {
             if let Err(err) = event {
-                tracing::warn!(%err, "sandbox watch error (retrying)");
+                warn!(%err, "sandbox watch error (retrying)");
             }
         });
 

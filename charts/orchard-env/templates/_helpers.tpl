@@ -115,6 +115,10 @@ config/rbac/role.yaml holds the same rules (e2e/tests/install_manifests.rs compa
 - apiGroups: ["authorization.k8s.io"]
   resources: ["subjectaccessreviews"]
   verbs: ["create"]
+- apiGroups: ["discovery.k8s.io"]
+  resources: ["endpointslices"]
+  resourceNames: ["kubernetes"]
+  verbs: ["get"]
 {{- end -}}
 
 {{/* Leader election: the Lease in the release namespace. `create` cannot be limited by resourceNames. */}}

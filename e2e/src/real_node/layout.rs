@@ -30,6 +30,9 @@ pub struct Layout {
     /// A second address on the host's end (`10.251.<index>.1`), routed from the node: a host outside
     /// the cluster for network tests, distinct from the API server's address.
     pub outside_ip: Ipv4Addr,
+    /// A third one (`10.251.<index>.2`): an outside host the tests declare protected (a stand-in for
+    /// the cloud metadata address, which must not be taken over on this machine).
+    pub protected_ip: Ipv4Addr,
     /// The pod subnet on the node's bridge (a /24).
     pub pod_subnet: Ipv4Addr,
     /// The cluster's Service addresses (a /24, kube-apiserver `--service-cluster-ip-range`), routed
@@ -58,6 +61,7 @@ impl Layout {
             host_ip: Ipv4Addr::new(10, 250, 0, quad + 1),
             node_ip: Ipv4Addr::new(10, 250, 0, quad + 2),
             outside_ip: Ipv4Addr::new(10, 251, index, 1),
+            protected_ip: Ipv4Addr::new(10, 251, index, 2),
             pod_subnet: Ipv4Addr::new(10, 244, index, 0),
             service_subnet: Ipv4Addr::new(10, 96, index, 0),
             host_veth: format!("orh{index}"),
@@ -84,6 +88,11 @@ impl Layout {
     pub fn pod_gateway(&self) -> Ipv4Addr {
         let [a, b, c, _] = self.pod_subnet.octets();
         Ipv4Addr::new(a, b, c, 1)
+    }
+
+    /// The outside test hosts as a CIDR (`10.251.<index>.0/30`: `.1` and `.2`).
+    pub fn outside_cidr(&self) -> String {
+        format!("10.251.{}.0/30", self.index)
     }
 
     /// The pod subnet in CIDR notation.

@@ -246,13 +246,21 @@ impl NodeNamespaces {
             "bringing up the host's veth",
             Command::new("ip").args(["link", "set", &layout.host_veth, "up"]),
         )?;
-        // A second host address that is neither the API server's nor the node's: the network tests'
-        // "outside" host (listeners in the test process). It goes with the veth.
-        let outside_address = format!("{}/32", layout.outside_ip);
-        run(
-            "addressing the outside test host",
-            Command::new("ip").args(["addr", "add", &outside_address, "dev", &layout.host_veth]),
-        )?;
+        // Host addresses that are neither the API server's nor the node's: the network tests' outside
+        // hosts (listeners in the test process). They go with the veth.
+        for ip in [layout.outside_ip, layout.protected_ip] {
+            run(
+                "addressing the outside test hosts",
+                Command::new("ip").args([
+                    "addr",
+                    "add",
+                    &format!("{ip}/32"),
+                    "dev",
+                    &layout.host_veth,
+                ]),
+            )?;
+        }
+        let outside_address = layout.outside_cidr();
         let node_address = format!("{}/30", layout.node_ip);
         let host_ip = layout.host_ip.to_string();
         for (what, args) in [
@@ -263,7 +271,7 @@ impl NodeNamespaces {
             ),
             ("node veth", vec!["link", "set", &layout.node_veth, "up"]),
             (
-                "route to the outside test host",
+                "route to the outside test hosts",
                 vec![
                     "route",
                     "add",

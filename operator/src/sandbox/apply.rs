@@ -7,16 +7,18 @@ use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::api::networking::v1::NetworkPolicy;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
 use kube::api::{Api, Patch, PatchParams};
+use kube::runtime::events::EventType;
 use kube::runtime::reflector::ObjectRef;
 use kube::{Resource, ResourceExt};
 
 use super::build::{
     BASELINE_POLICY, baseline_policy, desired_egress_policy, desired_token_secret,
-    egress_policy_name, pod_name, token_secret_name,
+    egress_policy_name, pod_name, refused_allow_rules, token_secret_name,
 };
 use crate::api::Sandbox;
 use crate::context::{Context, FIELD_MANAGER};
 use crate::error::{Error, Result};
+use crate::events::publish;
 use crate::own_writes::{child_key, namespace_scope};
 use crate::ownership::{Owner, controlled_by};
 use crate::writes::{ChildState, create_child, delete_if_same, existing_state};
@@ -32,6 +34,18 @@ pub fn owner_of(sandbox: &Sandbox) -> Owner<'_> {
         name: sandbox.meta().name.as_deref().unwrap_or_default(),
         uid: sandbox.meta().uid.as_deref().unwrap_or_default(),
     }
+}
+
+/// The API server's endpoint addresses, from the EndpointSlice `default/kubernetes` that
+/// kube-apiserver keeps (egress policies except them). Empty when the cluster has none.
+pub async fn api_server_cidrs(client: &kube::Client) -> Result<Vec<super::cidr::Cidr>> {
+    let api: Api<k8s_openapi::api::discovery::v1::EndpointSlice> =
+        Api::namespaced(client.clone(), "default");
+    Ok(api
+        .get_opt("kubernetes")
+        .await?
+        .map(|slice| super::cidr::endpoint_cidrs(&slice))
+        .unwrap_or_default())
 }
 
 /// Ensures the namespace baseline policy (default-deny egress, agent ingress only from the operator).
@@ -132,6 +146,14 @@ pub async fn ensure_egress_policy(
                 || ctx.own_writes.recorded(scope, &key, &tag)
             {
                 return Ok(ChildState::Ours(()));
+            }
+            let refused = refused_allow_rules(sandbox, &ctx.settings.policy);
+            if !refused.is_empty() {
+                let note = format!(
+                    "egress to {} is not allowed: it lies within a range sandboxes never reach (the metadata address, the API server, the cluster's pods; operator flags --egress-except-cidrs, --egress-allow-api-server, --cluster-pod-cidrs)",
+                    refused.join(", ")
+                );
+                publish(ctx, sandbox, EventType::Warning, "EgressRuleRefused", note).await;
             }
             if cached.is_none() {
                 // Created, not applied: an object that appeared under the name meanwhile is classified,

@@ -14,9 +14,12 @@ use k8s_openapi::api::networking::v1::{
     NetworkPolicyPort, NetworkPolicySpec,
 };
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, ObjectMeta, OwnerReference};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{
+    LabelSelector, LabelSelectorRequirement, ObjectMeta, OwnerReference,
+};
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 
+use super::cidr::{Cidr, excepts_within};
 use crate::api::{
     EgressPolicy, MANAGED_BY, MANAGED_BY_LABEL, PortProtocol, ROLLOUT_GROUP_LABEL, SANDBOX_LABEL,
     SANDBOX_POD_LABEL, STRIDE_LABEL, Sandbox, SandboxSpec, SecurityProfile,
@@ -72,6 +75,13 @@ pub struct PolicyShape {
     pub dns_namespace: String,
     /// Labels of the cluster DNS resolver pods.
     pub dns_pod_labels: BTreeMap<String, String>,
+    /// Ranges `AllowAll` and `AllowList` never reach (`except` entries of their IP blocks): the
+    /// operator's except list, the API server's endpoints, and the cluster's pod ranges when the
+    /// operator's namespace is protected.
+    pub protected_cidrs: Vec<Cidr>,
+    /// `AllowAll` reaches pods through a namespace selector that leaves out the operator's namespace
+    /// (false: every namespace).
+    pub protect_operator_namespace: bool,
 }
 
 /// Name of a sandbox's Pod (the Sandbox's own name; names are unique per kind and namespace).
@@ -485,9 +495,75 @@ fn dns_rule(shape: &PolicyShape) -> NetworkPolicyEgressRule {
     }
 }
 
+/// An IP block of `cidr` with every protected range inside it excepted; `None` when `cidr` lies
+/// wholly inside a protected range.
+fn guarded_block(cidr: &str, shape: &PolicyShape) -> Option<NetworkPolicyPeer> {
+    let parsed = Cidr::parse(cidr).ok()?;
+    let except = excepts_within(&parsed, &shape.protected_cidrs)?;
+    Some(NetworkPolicyPeer {
+        ip_block: Some(IPBlock {
+            cidr: parsed.to_string(),
+            except: (!except.is_empty()).then_some(except),
+        }),
+        ..NetworkPolicyPeer::default()
+    })
+}
+
+/// `AllowList` entries the sandbox cannot have: not a CIDR, or wholly inside a protected range (the
+/// metadata address, the API server, the cluster's pods). The policy leaves them out; the controller
+/// reports them (pure).
+pub fn refused_allow_rules(sandbox: &Sandbox, shape: &PolicyShape) -> Vec<String> {
+    let network = sandbox.spec.network.clone().unwrap_or_default();
+    if network.egress != EgressPolicy::AllowList {
+        return Vec::new();
+    }
+    network
+        .allow
+        .iter()
+        .filter(|rule| guarded_block(&rule.cidr, shape).is_none())
+        .map(|rule| rule.cidr.clone())
+        .collect()
+}
+
+/// `AllowAll`: every address except the protected ranges, pods through a namespace selector (every
+/// namespace but the operator's when it is protected), and DNS.
+fn allow_all_rules(shape: &PolicyShape) -> Vec<NetworkPolicyEgressRule> {
+    let everywhere: Vec<NetworkPolicyPeer> = ["0.0.0.0/0", "::/0"]
+        .into_iter()
+        .filter_map(|cidr| guarded_block(cidr, shape))
+        .collect();
+    let namespaces = if shape.protect_operator_namespace {
+        LabelSelector {
+            match_expressions: Some(vec![LabelSelectorRequirement {
+                key: "kubernetes.io/metadata.name".to_string(),
+                operator: "NotIn".to_string(),
+                values: Some(vec![shape.operator_namespace.clone()]),
+            }]),
+            ..LabelSelector::default()
+        }
+    } else {
+        LabelSelector::default()
+    };
+    vec![
+        NetworkPolicyEgressRule {
+            to: Some(everywhere),
+            ports: None,
+        },
+        NetworkPolicyEgressRule {
+            to: Some(vec![NetworkPolicyPeer {
+                namespace_selector: Some(namespaces),
+                ..NetworkPolicyPeer::default()
+            }]),
+            ports: None,
+        },
+        dns_rule(shape),
+    ]
+}
+
 /// The sandbox's own egress policy: `None` for `Deny` (the baseline already denies everything); for
-/// `AllowAll` any destination, for `AllowList` exactly the listed destinations plus cluster DNS. It
-/// selects only this sandbox's pod, so it never widens anything else.
+/// `AllowAll` any destination but the protected ranges and the operator's namespace, for `AllowList`
+/// exactly the listed destinations (minus protected ranges inside them) plus cluster DNS. It selects
+/// only this sandbox's pod, so it never widens anything else.
 pub fn desired_egress_policy(
     sandbox: &Sandbox,
     owner: &OwnerReference,
@@ -497,29 +573,26 @@ pub fn desired_egress_policy(
     let network = sandbox.spec.network.clone().unwrap_or_default();
     let egress = match network.egress {
         EgressPolicy::Deny => return None,
-        EgressPolicy::AllowAll => vec![NetworkPolicyEgressRule::default()],
+        EgressPolicy::AllowAll => allow_all_rules(shape),
         EgressPolicy::AllowList => {
             let mut rules: Vec<NetworkPolicyEgressRule> = network
                 .allow
                 .iter()
-                .map(|rule| NetworkPolicyEgressRule {
-                    to: Some(vec![NetworkPolicyPeer {
-                        ip_block: Some(IPBlock {
-                            cidr: rule.cidr.clone(),
-                            except: None,
+                .filter_map(|rule| {
+                    let peer = guarded_block(&rule.cidr, shape)?;
+                    Some(NetworkPolicyEgressRule {
+                        to: Some(vec![peer]),
+                        ports: (!rule.ports.is_empty()).then(|| {
+                            rule.ports
+                                .iter()
+                                .map(|p| NetworkPolicyPort {
+                                    port: Some(IntOrString::Int(p.port)),
+                                    protocol: Some(protocol_name(p.protocol).to_string()),
+                                    ..NetworkPolicyPort::default()
+                                })
+                                .collect()
                         }),
-                        ..NetworkPolicyPeer::default()
-                    }]),
-                    ports: (!rule.ports.is_empty()).then(|| {
-                        rule.ports
-                            .iter()
-                            .map(|p| NetworkPolicyPort {
-                                port: Some(IntOrString::Int(p.port)),
-                                protocol: Some(protocol_name(p.protocol).to_string()),
-                                ..NetworkPolicyPort::default()
-                            })
-                            .collect()
-                    }),
+                    })
                 })
                 .collect();
             rules.push(dns_rule(shape));
@@ -576,6 +649,12 @@ mod tests {
             )]),
             dns_namespace: "kube-system".into(),
             dns_pod_labels: BTreeMap::from([("k8s-app".into(), "kube-dns".into())]),
+            protected_cidrs: vec![
+                Cidr::parse("169.254.169.254/32").expect("cidr"),
+                Cidr::parse("10.250.0.1/32").expect("cidr"),
+                Cidr::parse("10.244.0.0/16").expect("cidr"),
+            ],
+            protect_operator_namespace: true,
         }
     }
 
@@ -880,9 +959,88 @@ mod tests {
             "s1"
         );
         assert_eq!(spec.policy_types.unwrap(), vec!["Egress"]);
+        let egress = spec.egress.unwrap();
+        assert_eq!(egress.len(), 3, "addresses, pods, DNS: {egress:?}");
+        // Every address, except the protected ranges.
+        let blocks: Vec<IPBlock> = egress[0]
+            .to
+            .clone()
+            .unwrap()
+            .into_iter()
+            .filter_map(|p| p.ip_block)
+            .collect();
+        assert_eq!(blocks[0].cidr, "0.0.0.0/0");
         assert_eq!(
-            spec.egress.unwrap(),
-            vec![NetworkPolicyEgressRule::default()]
+            blocks[0].except.clone().unwrap(),
+            vec!["169.254.169.254/32", "10.250.0.1/32", "10.244.0.0/16"]
+        );
+        assert_eq!(blocks[1].cidr, "::/0");
+        assert_eq!(blocks[1].except, None);
+        assert_eq!(egress[0].ports, None);
+        // Pods of every namespace but the operator's.
+        let namespaces = egress[1].to.clone().unwrap()[0]
+            .namespace_selector
+            .clone()
+            .unwrap();
+        let requirement = &namespaces.match_expressions.unwrap()[0];
+        assert_eq!(requirement.operator, "NotIn");
+        assert_eq!(requirement.values, Some(vec!["orchard-system".to_string()]));
+        // With the operator's namespace allowed: pods of every namespace.
+        let mut open = policy_shape();
+        open.protect_operator_namespace = false;
+        let egress = desired_egress_policy(&s, &owner(), &open)
+            .unwrap()
+            .spec
+            .unwrap()
+            .egress
+            .unwrap();
+        assert_eq!(
+            egress[1].to.clone().unwrap()[0].namespace_selector,
+            Some(LabelSelector::default())
+        );
+    }
+
+    #[test]
+    fn allow_list_never_covers_a_protected_range() {
+        let rule = |cidr: &str| EgressRule {
+            cidr: cidr.into(),
+            ports: vec![],
+        };
+        let s = sandbox(SandboxSpec {
+            image: "x".into(),
+            network: Some(NetworkSpec {
+                egress: EgressPolicy::AllowList,
+                allow: vec![
+                    rule("10.0.0.0/8"),
+                    rule("169.254.169.254/32"),
+                    rule("10.244.7.0/24"),
+                ],
+            }),
+            ..SandboxSpec::default()
+        });
+        let egress = desired_egress_policy(&s, &owner(), &policy_shape())
+            .unwrap()
+            .spec
+            .unwrap()
+            .egress
+            .unwrap();
+        assert_eq!(
+            egress.len(),
+            2,
+            "one listed range kept, plus DNS: {egress:?}"
+        );
+        let block = egress[0].to.clone().unwrap()[0].ip_block.clone().unwrap();
+        assert_eq!(block.cidr, "10.0.0.0/8");
+        assert_eq!(
+            block.except,
+            Some(vec![
+                "10.250.0.1/32".to_string(),
+                "10.244.0.0/16".to_string()
+            ])
+        );
+        assert_eq!(
+            refused_allow_rules(&s, &policy_shape()),
+            vec!["169.254.169.254/32", "10.244.7.0/24"]
         );
     }
 

@@ -5,6 +5,7 @@
 
 pub mod apply;
 pub mod build;
+pub mod cidr;
 pub mod expiry;
 pub mod reconcile;
 pub mod run_result;
