@@ -459,7 +459,10 @@ pub fn baseline_policy(namespace: &str, shape: &PolicyShape) -> NetworkPolicy {
                 }]),
                 ports: Some(vec![tcp_port(i32::from(shape.agent_port))]),
             }]),
-            egress: Some(Vec::new()),
+            // `policyTypes: [Egress]` with no rules denies all egress. Written as absent, not `[]`: the
+            // API server drops empty lists, and a desired spec must equal the stored one, or every
+            // sandbox in the namespace would re-apply the baseline once the memory of the write ends.
+            egress: None,
         }),
     }
 }
@@ -909,7 +912,8 @@ mod tests {
             "true"
         );
         assert_eq!(spec.policy_types.unwrap(), vec!["Ingress", "Egress"]);
-        assert_eq!(spec.egress.unwrap(), Vec::<NetworkPolicyEgressRule>::new());
+        // Egress is governed by the policy (policyTypes) and has no rule: all denied.
+        assert_eq!(spec.egress, None, "no egress rule at all");
         let ingress = &spec.ingress.unwrap()[0];
         let peer = &ingress.from.as_ref().unwrap()[0];
         assert_eq!(
