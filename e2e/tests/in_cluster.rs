@@ -1,10 +1,12 @@
 //! The operator installed by its own Helm chart on the real node: two replicas from the operator image
 //! built here, the chart's securityContext, RBAC, probes and leader election as shipped. The gateway is
 //! used through its Service (kube-proxy) and through `kubectl port-forward`, and the leader pod is
-//! killed in the middle of a RolloutGroup.
+//! killed in the middle of a RolloutGroup; the Python SDK's tests run against the in-cluster gateway;
+//! NetworkPolicies are enforced (kube-router) and checked on real packets.
 
 mod common_rollout;
 mod gateway_support;
+mod sdk_support;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
@@ -783,4 +785,45 @@ async fn allow_all_and_allow_list_never_reach_protected_addresses_the_api_server
     assert!(note.contains(&format!("{}/32", layout.host_ip)), "{note}");
     env.delete_namespace(&server_ns).await;
     env.delete_namespace(&ns).await;
+}
+
+#[tokio::test]
+async fn python_sdk_tests_pass_against_the_in_cluster_gateway() {
+    let _shared = OPERATOR_PODS.read().await;
+    let env = env();
+    let release = release().await;
+    let client = env.client().await;
+    let image = env.node.real().image("debian-python");
+    let target = sdk_support::SdkTarget {
+        gateway: release.gateway_url(&client).await.expect("gateway URL"),
+        metrics: format!(
+            "{}/metrics",
+            release
+                .service_url(&client, "metrics")
+                .await
+                .expect("metrics URL")
+        ),
+        image: image.clone(),
+        python_image: image,
+        // Only the operator's pods reach agents here: this process is not one of them.
+        direct: false,
+    };
+    let run = sdk_support::run_sdk_tests(env, &target).await;
+    if let Some(status) = run.failure {
+        panic!(
+            "pytest failed ({status}); operator logs:\n{}",
+            release.logs(40).await
+        );
+    }
+    let skipped: Vec<&str> = run
+        .stdout
+        .lines()
+        .filter(|l| l.starts_with("SKIPPED"))
+        .collect();
+    assert_eq!(skipped.len(), 1, "only direct mode is skipped: {skipped:?}");
+    assert!(
+        skipped[0].contains("test_lifecycle.py")
+            && skipped[0].contains("only from the operator's pods"),
+        "only direct mode is skipped: {skipped:?}"
+    );
 }

@@ -1,107 +1,32 @@
-//! Drives the Python SDK's tests (`sdk/python/tests`, pytest) against the local cluster with the real
-//! operator: a namespace where the test user `alice` has a trainer Role (plus `get secrets` for direct
-//! mode), one where she has none, and `bob` without rights. Fails when pytest fails.
+//! Drives the Python SDK's tests (`sdk/python/tests`, pytest) against the local cluster with the
+//! operator process (the hollow node): every test runs, direct mode included. Fails when pytest fails.
 
 mod gateway_support;
+mod sdk_support;
 
-use std::path::PathBuf;
-use std::process::Stdio;
-use std::time::Duration;
-
-use gateway_support::grant;
-use orchard_e2e::binaries::workspace_root;
 use orchard_e2e::env::TestEnv;
-use serde_json::json;
-
-/// The SDK's venv (pinned httpx, pytest, pytest-asyncio), created or refreshed by its script.
-fn sdk_python() -> PathBuf {
-    let root = workspace_root();
-    let script = root.join("sdk/python/scripts/venv.sh");
-    let output = std::process::Command::new("bash")
-        .arg(&script)
-        .output()
-        .unwrap_or_else(|e| panic!("cannot run {}: {e}", script.display()));
-    assert!(
-        output.status.success(),
-        "{} failed (it installs httpx, pytest and pytest-asyncio from PyPI):\n{}{}",
-        script.display(),
-        String::from_utf8_lossy(&output.stdout),
-        String::from_utf8_lossy(&output.stderr)
-    );
-    let venv = std::env::var("ORCHARD_SDK_VENV")
-        .map(PathBuf::from)
-        .unwrap_or_else(|_| {
-            PathBuf::from(std::env::var("HOME").unwrap_or_else(|_| "/root".into()))
-                .join(".cache/orchard/sdk-venv")
-        });
-    venv.join("bin/python")
-}
+use sdk_support::{SdkTarget, run_sdk_tests};
 
 #[tokio::test]
 async fn python_sdk_tests_pass_against_the_local_cluster() {
-    let python = sdk_python();
     let env = TestEnv::shared();
-    let namespace = env.namespace("sdk").await;
-    let other = env.namespace("sdk-other").await;
-    let mut rules = gateway_support::trainer_rules();
-    if let Some(list) = rules.as_array_mut() {
-        // Direct mode reads the sandbox's agent token from its Secret.
-        list.push(json!({"apiGroups": [""], "resources": ["secrets"], "verbs": ["get"]}));
-    }
-    grant(env, &namespace, "alice", "trainer", rules).await;
-
     let operator = env.operator();
-    let root = workspace_root();
-    let mut command = tokio::process::Command::new(&python);
-    command
-        .args([
-            "-m",
-            "pytest",
-            "sdk/python/tests",
-            "-p",
-            "no:cacheprovider",
-            "-rA",
-            "--durations=5",
-        ])
-        .current_dir(&root)
-        .env("PYTHONPATH", root.join("sdk/python/src"))
-        .env("PYTHONUNBUFFERED", "1")
-        .env("ORCHARD_TEST_GATEWAY_URL", operator.gateway_url())
-        .env("ORCHARD_TEST_TOKEN", &env.control_plane.tokens["alice"])
-        .env("ORCHARD_TEST_BOB_TOKEN", &env.control_plane.tokens["bob"])
-        .env("ORCHARD_TEST_NAMESPACE", &namespace)
-        .env("ORCHARD_TEST_OTHER_NAMESPACE", &other)
-        .env("ORCHARD_TEST_KUBE_SERVER", &env.control_plane.server)
-        .env(
-            "ORCHARD_TEST_KUBE_CA",
-            env.control_plane.dir.join("pki/apiserver.crt"),
-        )
-        .env(
-            "ORCHARD_TEST_METRICS_URL",
-            format!("http://127.0.0.1:{}/metrics", operator.metrics_port),
-        )
-        .env("KUBECONFIG", &env.control_plane.kubeconfig)
-        .env("CI", "true")
-        .stdin(Stdio::null())
-        .kill_on_drop(true);
-    let output = tokio::time::timeout(Duration::from_secs(600), command.output())
-        .await
-        .expect("pytest finished within 10 minutes")
-        .expect("pytest runs");
-    let stdout = String::from_utf8_lossy(&output.stdout);
-    let stderr = String::from_utf8_lossy(&output.stderr);
-    println!("{stdout}");
-    eprintln!("{stderr}");
+    let target = SdkTarget {
+        gateway: operator.gateway_url(),
+        metrics: format!("http://127.0.0.1:{}/metrics", operator.metrics_port),
+        image: "busybox".into(),
+        python_image: "python:3.11".into(),
+        direct: true,
+    };
+    let run = run_sdk_tests(env, &target).await;
+    if let Some(status) = run.failure {
+        panic!(
+            "pytest failed ({status}); operator log tail:\n{}",
+            env.operator_log_tail(40)
+        );
+    }
     assert!(
-        output.status.success(),
-        "pytest failed ({}); operator log tail:\n{}",
-        output.status,
-        env.operator_log_tail(40)
-    );
-    assert!(
-        !stdout.contains(" skipped"),
+        !run.stdout.contains(" skipped"),
         "no SDK test may be skipped against the cluster"
     );
-    env.delete_namespace(&namespace).await;
-    env.delete_namespace(&other).await;
 }

@@ -225,7 +225,21 @@ async fn network_policies_follow_the_egress_mode() {
         all.pod_selector.unwrap().match_labels.unwrap()["orchard.dev/sandbox"],
         "all"
     );
-    assert_eq!(all.egress.unwrap().len(), 1);
+    // Every address but the protected ranges, pods outside the operator's namespace, DNS.
+    let all_rules = all.egress.unwrap();
+    assert_eq!(all_rules.len(), 3, "{all_rules:?}");
+    let everywhere = all_rules[0].to.as_ref().unwrap()[0]
+        .ip_block
+        .clone()
+        .expect("an IP block");
+    assert_eq!(everywhere.cidr, "0.0.0.0/0");
+    assert!(
+        everywhere
+            .except
+            .unwrap_or_default()
+            .contains(&"169.254.169.254/32".to_string()),
+        "the metadata address is excepted"
+    );
 
     let listed = policies
         .get("list-egress")

@@ -23,6 +23,12 @@ class Cluster:
     kube_server: str
     kube_ca: str
     metrics_url: str
+    # The images sandboxes are created from: any image with a POSIX shell, and one with python3.
+    image: str = "busybox"
+    python_image: str = "python:3.11"
+    # Whether this process may reach agents at their pod IPs (direct mode). Not where NetworkPolicies
+    # are enforced: there only the operator's pods reach agents.
+    direct: bool = True
 
 
 def _need(name: str) -> str:
@@ -46,6 +52,9 @@ def cluster() -> Cluster:
         kube_server=_need("ORCHARD_TEST_KUBE_SERVER"),
         kube_ca=_need("ORCHARD_TEST_KUBE_CA"),
         metrics_url=_need("ORCHARD_TEST_METRICS_URL"),
+        image=os.environ.get("ORCHARD_TEST_IMAGE", "busybox"),
+        python_image=os.environ.get("ORCHARD_TEST_PYTHON_IMAGE", "python:3.11"),
+        direct=os.environ.get("ORCHARD_TEST_DIRECT", "1") != "0",
     )
 
 

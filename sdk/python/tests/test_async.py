@@ -8,9 +8,11 @@ import pytest
 
 from orchard_env import AsyncSandboxClient, NotFound
 
+from conftest import Cluster
 
-async def test_async_lifecycle_and_concurrency(aclient: AsyncSandboxClient) -> None:
-    async with aclient.create(image="python:3.11", ttl_seconds=600) as sbx:
+
+async def test_async_lifecycle_and_concurrency(aclient: AsyncSandboxClient, cluster: Cluster) -> None:
+    async with aclient.create(image=cluster.python_image, ttl_seconds=600) as sbx:
         assert sbx.phase == "Ready"
         results = await asyncio.gather(*(sbx.exec(["echo", str(i)]) for i in range(16)))
         assert [r.stdout for r in results] == [f"{i}\n" for i in range(16)]
@@ -36,8 +38,8 @@ async def test_async_lifecycle_and_concurrency(aclient: AsyncSandboxClient) -> N
         pytest.fail("sandbox not deleted on async context exit")
 
 
-async def test_awaited_create_and_explicit_close(aclient: AsyncSandboxClient) -> None:
-    sbx = await aclient.create(image="busybox", delete_on_exit=False)
+async def test_awaited_create_and_explicit_close(aclient: AsyncSandboxClient, cluster: Cluster) -> None:
+    sbx = await aclient.create(image=cluster.image, delete_on_exit=False)
     try:
         assert (await sbx.exec("echo kept")).stdout == "kept\n"
     finally:

@@ -36,13 +36,13 @@ def test_unauthorized_and_forbidden(cluster: Cluster) -> None:
         assert f"user bob cannot list sandboxes in namespace {cluster.namespace}" in denied.value.message
     with SandboxClient(cluster.gateway, cluster.token, namespace=cluster.other_namespace) as alice:
         with pytest.raises(Forbidden) as denied:
-            alice.create(image="busybox")
+            alice.create(image=cluster.image)
         assert "cannot create sandboxes" in denied.value.message
 
 
-def test_not_ready_conflict_invalid_and_wait_timeout(client: SandboxClient) -> None:
+def test_not_ready_conflict_invalid_and_wait_timeout(client: SandboxClient, cluster: Cluster) -> None:
     with client.create(
-        image="busybox", name="unschedulable", node_selector={"orchard.dev/test": "nowhere"}, wait=False
+        image=cluster.image, name="unschedulable", node_selector={"orchard.dev/test": "nowhere"}, wait=False
     ) as stuck:
         with pytest.raises(NotReady) as early:
             stuck.exec(["true"])
@@ -50,11 +50,11 @@ def test_not_ready_conflict_invalid_and_wait_timeout(client: SandboxClient) -> N
         with pytest.raises(Timeout):
             stuck.wait_ready(timeout=1.5)
         with pytest.raises(Conflict) as taken:
-            client.create(image="busybox", name="unschedulable", wait=False)
+            client.create(image=cluster.image, name="unschedulable", wait=False)
         assert taken.value.code == "AlreadyExists"
     with pytest.raises(InvalidRequest) as invalid:
-        client.create(image="busybox", ttl_seconds=0)
+        client.create(image=cluster.image, ttl_seconds=0)
     assert "ttlSeconds must be positive" in invalid.value.message
     with pytest.raises(InvalidRequest) as typo:
-        client.create(image="busybox", imagee="x")
+        client.create(image=cluster.image, imagee="x")
     assert "imagee" in typo.value.message

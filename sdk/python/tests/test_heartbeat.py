@@ -9,11 +9,13 @@ import pytest
 
 from orchard_env import NotFound, SandboxClient
 
+from conftest import Cluster
 
-def test_open_handles_keep_sandboxes_alive(client: SandboxClient) -> None:
+
+def test_open_handles_keep_sandboxes_alive(client: SandboxClient, cluster: Cluster) -> None:
     timeout = 6
     with client.create(
-        image="busybox", heartbeat_timeout_seconds=timeout, ttl_seconds=600, delete_on_exit=False
+        image=cluster.image, heartbeat_timeout_seconds=timeout, ttl_seconds=600, delete_on_exit=False
     ) as sbx:
         # No calls at all for more than twice the timeout: only the background heartbeats.
         time.sleep(2.5 * timeout)

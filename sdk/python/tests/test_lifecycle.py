@@ -24,9 +24,9 @@ def wait_gone(client: SandboxClient, name: str, seconds: float = 30.0) -> None:
     pytest.fail(f"sandbox {name} still exists {seconds}s after the handle closed")
 
 
-def test_sandbox_lifecycle(client: SandboxClient, tmp_path: Path) -> None:
+def test_sandbox_lifecycle(client: SandboxClient, cluster: Cluster, tmp_path: Path) -> None:
     with client.create(
-        image="python:3.11", env={"GREETING": "hi"}, labels={"suite": "sdk"}, ttl_seconds=600
+        image=cluster.python_image, env={"GREETING": "hi"}, labels={"suite": "sdk"}, ttl_seconds=600
     ) as sbx:
         assert sbx.phase == "Ready"
         assert sbx.agent_endpoint and sbx.agent_endpoint.startswith("http://")
@@ -113,6 +113,8 @@ def test_sandbox_lifecycle(client: SandboxClient, tmp_path: Path) -> None:
 
 
 def test_direct_mode_talks_to_the_agent_at_the_pod_ip(cluster: Cluster) -> None:
+    if not cluster.direct:
+        pytest.skip("agents are reachable only from the operator's pods here (NetworkPolicies are enforced)")
     import httpx
 
     route = 'route="/v1/namespaces/{namespace}/sandboxes/{name}/exec"'
@@ -129,7 +131,7 @@ def test_direct_mode_talks_to_the_agent_at_the_pod_ip(cluster: Cluster) -> None:
         cluster.gateway, cluster.token, namespace=cluster.namespace, direct=True,
         kube_server=cluster.kube_server, kube_token=cluster.token, kube_ca_file=cluster.kube_ca,
     ) as client:
-        with client.create(image="busybox") as sbx:
+        with client.create(image=cluster.image) as sbx:
             before = gateway_execs()
             for _ in range(5):
                 assert sbx.exec(["echo", "direct"]).stdout == "direct\n"

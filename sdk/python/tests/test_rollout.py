@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from orchard_env import SandboxClient
 
+from conftest import Cluster
+
 # Trajectory i (the suffix of its sandbox name) gets reward i % 2, length 10 + i, an artifact pointer.
 RUNNER = (
     "i=${ORCHARD_SANDBOX##*-}\n"
@@ -13,9 +15,9 @@ RUNNER = (
 )
 
 
-def test_rollout_group_returns_a_balanced_group(client: SandboxClient) -> None:
+def test_rollout_group_returns_a_balanced_group(client: SandboxClient, cluster: Cluster) -> None:
     template = {
-        "image": "busybox:1.36",
+        "image": cluster.image,
         "run": {"command": ["/bin/sh", "-c", RUNNER], "timeoutSeconds": 60, "resultPath": "result.json"},
     }
     with client.create_rollout_group(

@@ -1,0 +1,124 @@
+//! Runs the Python SDK's tests (`sdk/python/tests`, pytest) against a gateway of the local cluster:
+//! a namespace where the test user `alice` has a trainer Role (plus `get secrets` for direct mode), one
+//! where she has none, and `bob` without rights. Shared by `python_sdk.rs` (the operator process) and
+//! `in_cluster.rs` (the chart-installed operator). Included with `mod sdk_support;` next to
+//! `mod gateway_support;`.
+
+#![allow(dead_code)]
+
+use std::path::PathBuf;
+use std::process::Stdio;
+use std::time::Duration;
+
+use orchard_e2e::binaries::workspace_root;
+use orchard_e2e::env::TestEnv;
+use serde_json::json;
+
+use super::gateway_support::{self, grant};
+
+/// Where the SDK tests run.
+pub struct SdkTarget {
+    /// Gateway base URL.
+    pub gateway: String,
+    /// A `/metrics` URL of the operator serving that gateway.
+    pub metrics: String,
+    /// Image with a POSIX shell.
+    pub image: String,
+    /// Image with python3.
+    pub python_image: String,
+    /// Whether this process reaches agents at their pod IPs (direct mode).
+    pub direct: bool,
+}
+
+/// The SDK's venv (pinned httpx, pytest, pytest-asyncio), created or refreshed by its script.
+fn sdk_python() -> PathBuf {
+    let root = workspace_root();
+    let script = root.join("sdk/python/scripts/venv.sh");
+    let output = std::process::Command::new("bash")
+        .arg(&script)
+        .output()
+        .unwrap_or_else(|e| panic!("cannot run {}: {e}", script.display()));
+    assert!(
+        output.status.success(),
+        "{} failed (it installs httpx, pytest and pytest-asyncio from PyPI):\n{}{}",
+        script.display(),
+        String::from_utf8_lossy(&output.stdout),
+        String::from_utf8_lossy(&output.stderr)
+    );
+    let venv = std::env::var("ORCHARD_SDK_VENV")
+        .map(PathBuf::from)
+        .unwrap_or_else(|_| {
+            PathBuf::from(std::env::var("HOME").unwrap_or_else(|_| "/root".into()))
+                .join(".cache/orchard/sdk-venv")
+        });
+    venv.join("bin/python")
+}
+
+/// What pytest did.
+pub struct SdkRun {
+    /// Its exit status, when it failed.
+    pub failure: Option<String>,
+    /// Its standard output (`-rA`: one line per test outcome).
+    pub stdout: String,
+}
+
+/// Runs pytest against `target` (its output is printed).
+pub async fn run_sdk_tests(env: &TestEnv, target: &SdkTarget) -> SdkRun {
+    let python = sdk_python();
+    let namespace = env.namespace("sdk").await;
+    let other = env.namespace("sdk-other").await;
+    let mut rules = gateway_support::trainer_rules();
+    if let Some(list) = rules.as_array_mut() {
+        // Direct mode reads the sandbox's agent token from its Secret.
+        list.push(json!({"apiGroups": [""], "resources": ["secrets"], "verbs": ["get"]}));
+    }
+    grant(env, &namespace, "alice", "trainer", rules).await;
+
+    let root = workspace_root();
+    let mut command = tokio::process::Command::new(&python);
+    command
+        .args([
+            "-m",
+            "pytest",
+            "sdk/python/tests",
+            "-p",
+            "no:cacheprovider",
+            "-rA",
+            "--durations=5",
+        ])
+        .current_dir(&root)
+        .env("PYTHONPATH", root.join("sdk/python/src"))
+        .env("PYTHONUNBUFFERED", "1")
+        .env("ORCHARD_TEST_GATEWAY_URL", &target.gateway)
+        .env("ORCHARD_TEST_TOKEN", &env.control_plane.tokens["alice"])
+        .env("ORCHARD_TEST_BOB_TOKEN", &env.control_plane.tokens["bob"])
+        .env("ORCHARD_TEST_NAMESPACE", &namespace)
+        .env("ORCHARD_TEST_OTHER_NAMESPACE", &other)
+        .env("ORCHARD_TEST_KUBE_SERVER", &env.control_plane.server)
+        .env(
+            "ORCHARD_TEST_KUBE_CA",
+            env.control_plane.dir.join("pki/apiserver.crt"),
+        )
+        .env("ORCHARD_TEST_METRICS_URL", &target.metrics)
+        .env("ORCHARD_TEST_IMAGE", &target.image)
+        .env("ORCHARD_TEST_PYTHON_IMAGE", &target.python_image)
+        .env("ORCHARD_TEST_DIRECT", if target.direct { "1" } else { "0" })
+        .env("KUBECONFIG", &env.control_plane.kubeconfig)
+        .env("CI", "true")
+        .stdin(Stdio::null())
+        .kill_on_drop(true);
+    let output = tokio::time::timeout(Duration::from_secs(600), command.output())
+        .await
+        .expect("pytest finished within 10 minutes")
+        .expect("pytest runs");
+    let stdout = String::from_utf8_lossy(&output.stdout).to_string();
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    println!("{stdout}");
+    eprintln!("{stderr}");
+    env.delete_namespace(&namespace).await;
+    env.delete_namespace(&other).await;
+    SdkRun {
+        failure: (!output.status.success()).then(|| output.status.to_string()),
+        stdout,
+    }
+}
