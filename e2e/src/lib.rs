@@ -17,6 +17,7 @@ pub mod env;
 pub mod error;
 pub mod hollow_node;
 pub mod operator_process;
+pub mod port_forward;
 pub mod ports;
 pub mod proc_stats;
 pub mod real_node;

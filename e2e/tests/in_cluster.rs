@@ -66,12 +66,11 @@ async fn the_chart_runs_two_replicas_as_non_root_with_one_leader() {
     let pods = release.pods(&client).await.expect("operator pods");
     assert_eq!(pods.len(), 2, "two replicas");
     for pod in &pods {
-        let ready = pod
-            .status
-            .as_ref()
-            .and_then(|s| s.conditions.as_ref())
-            .is_some_and(|c| c.iter().any(|c| c.type_ == "Ready" && c.status == "True"));
-        assert!(ready, "{} Ready (its /readyz probe)", pod.name_any());
+        assert!(
+            pod_is_ready(pod),
+            "{} Ready (its /readyz probe)",
+            pod.name_any()
+        );
         let image = pod.spec.as_ref().map(|s| s.containers[0].image.clone());
         assert_eq!(
             image.flatten().as_deref(),
@@ -277,13 +276,7 @@ async fn the_standby_finishes_a_rollout_group_when_the_leader_pod_is_killed() {
             let pods = release.pods(&client).await.ok()?;
             let ready = pods
                 .iter()
-                .filter(|p| p.metadata.deletion_timestamp.is_none())
-                .filter(|p| {
-                    p.status
-                        .as_ref()
-                        .and_then(|s| s.conditions.as_ref())
-                        .is_some_and(|c| c.iter().any(|c| c.type_ == "Ready" && c.status == "True"))
-                })
+                .filter(|p| p.metadata.deletion_timestamp.is_none() && pod_is_ready(p))
                 .count();
             (ready == 2).then_some(())
         },
@@ -295,13 +288,11 @@ async fn the_standby_finishes_a_rollout_group_when_the_leader_pod_is_killed() {
 // ---------------------------------------------------------------------------------------------------
 // NetworkPolicies, enforced by kube-router on the node: real packets from real containers.
 
-/// A TCP listener on the node's "outside" host address (a host address of this machine that is
-/// neither the API server's nor the node's) that accepts and closes every connection.
-async fn outside_listener(env: &TestEnv) -> std::net::SocketAddr {
-    let ip = env.node.real().namespaces.layout.outside_ip;
+/// A TCP listener on `ip` (a port of its own) that accepts and closes every connection.
+async fn listener_on(ip: std::net::Ipv4Addr) -> std::net::SocketAddr {
     let listener = tokio::net::TcpListener::bind((ip, 0))
         .await
-        .expect("bind the outside listener");
+        .unwrap_or_else(|e| panic!("bind a listener on {ip}: {e}"));
     let address = listener.local_addr().expect("address");
     tokio::spawn(async move {
         while let Ok((stream, _)) = listener.accept().await {
@@ -309,6 +300,20 @@ async fn outside_listener(env: &TestEnv) -> std::net::SocketAddr {
         }
     });
     address
+}
+
+/// A listener on the node's "outside" host address (a host address of this machine that is neither
+/// the API server's nor the node's).
+async fn outside_listener(env: &TestEnv) -> std::net::SocketAddr {
+    listener_on(env.node.real().namespaces.layout.outside_ip).await
+}
+
+/// Whether `pod` is Ready (its readiness probe passes).
+fn pod_is_ready(pod: &Pod) -> bool {
+    pod.status
+        .as_ref()
+        .and_then(|s| s.conditions.as_ref())
+        .is_some_and(|c| c.iter().any(|c| c.type_ == "Ready" && c.status == "True"))
 }
 
 /// A Python one-liner: TCP connect to `ip:port` within 3 s; prints `open` or `closed <error>`.
@@ -628,18 +633,7 @@ async fn allow_all_and_allow_list_never_reach_protected_addresses_the_api_server
     // Listeners: an ordinary outside host and the one the chart was told to protect (a stand-in for
     // 169.254.169.254, which this machine must keep for itself).
     let outside = outside_listener(env).await;
-    let protected = {
-        let listener = tokio::net::TcpListener::bind((layout.protected_ip, 0))
-            .await
-            .expect("bind the protected listener");
-        let address = listener.local_addr().expect("address");
-        tokio::spawn(async move {
-            while let Ok((stream, _)) = listener.accept().await {
-                drop(stream);
-            }
-        });
-        address
-    };
+    let protected = listener_on(layout.protected_ip).await;
     let api_port: u16 = env
         .control_plane
         .server

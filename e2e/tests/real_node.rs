@@ -462,23 +462,21 @@ async fn kubectl_exec_logs_and_port_forward_reach_a_sandbox_pod() {
     );
     assert!(!logs.stdout.is_empty(), "the agent logs at start");
 
-    let port = orchard_e2e::ports::free_ports(1).expect("port")[0];
-    let mut forward = std::process::Command::new("kubectl")
-        .args(["port-forward", "-n", &ns, "pod/kc", &format!("{port}:9090")])
-        .env("KUBECONFIG", &env.control_plane.kubeconfig)
-        .stdout(std::process::Stdio::null())
-        .stderr(std::process::Stdio::null())
-        .spawn()
-        .expect("kubectl port-forward");
+    let forward = orchard_e2e::port_forward::PortForward::start(
+        &env.control_plane.kubeconfig,
+        &ns,
+        "pod/kc",
+        9090,
+    )
+    .await
+    .expect("kubectl port-forward");
+    let address = format!("127.0.0.1:{}", forward.local_port);
     let answer = wait::poll("port-forward answers", Duration::from_secs(30), || async {
-        let (status, _) = orchard_e2e::http_get(&format!("127.0.0.1:{port}"), "/healthz")
-            .await
-            .ok()?;
+        let (status, _) = orchard_e2e::http_get(&address, "/healthz").await.ok()?;
         (status == 200).then_some(status)
     })
     .await;
-    let _ = forward.kill();
-    let _ = forward.wait();
+    forward.stop().await;
     assert_eq!(answer, 200);
     env.delete_namespace(&ns).await;
 }

@@ -389,21 +389,13 @@ pub fn desired_status(sandbox: &Sandbox, observed: &Observed) -> SandboxStatus {
             now,
         );
     }
-    if let Some(Blocked::NameConflict(message)) = &observed.blocked {
-        return failed_status(
-            sandbox,
-            status,
-            Failure::new("NameConflict", message.clone()),
-            now,
-        );
-    }
-    if let Some(Blocked::PodRejected(message)) = &observed.blocked {
-        return failed_status(
-            sandbox,
-            status,
-            Failure::new("PodRejected", message.clone()),
-            now,
-        );
+    let refused = match &observed.blocked {
+        Some(Blocked::NameConflict(message)) => Some(("NameConflict", message)),
+        Some(Blocked::PodRejected(message)) => Some(("PodRejected", message)),
+        _ => None,
+    };
+    if let Some((reason, message)) = refused {
+        return failed_status(sandbox, status, Failure::new(reason, message.clone()), now);
     }
     if let Some(pod) = observed.pod {
         status.pod_name = pod.metadata.name.clone();
