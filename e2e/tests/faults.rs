@@ -1,13 +1,14 @@
 //! Faults on the local node: an evicted pod, an unpullable image and a killed agent each end in a
-//! `Failed` sandbox with a reason a user can act on; the failed pod's resources are released.
+//! `Failed` sandbox with a reason a user can act on; the failed pod's resources are released. A
+//! deleted token Secret fails the sandbox too, and is not replaced.
 
 mod common_sandbox;
 
 use std::time::Duration;
 
 use common_sandbox::{is_failed, is_ready, sandbox};
-use k8s_openapi::api::core::v1::Pod;
-use kube::api::{Api, PostParams};
+use k8s_openapi::api::core::v1::{Pod, Secret};
+use kube::api::{Api, DeleteParams, PostParams};
 use orchard_e2e::env::TestEnv;
 use orchard_e2e::wait;
 use orchard_operator::api::Sandbox;
@@ -127,6 +128,47 @@ async fn a_killed_agent_is_detected() {
     assert!(
         !std::path::Path::new(&format!("/proc/{pid}")).exists(),
         "agent process is gone"
+    );
+    env.delete_namespace(&ns).await;
+}
+
+#[tokio::test]
+async fn a_deleted_token_secret_fails_the_sandbox_and_is_not_replaced() {
+    let env = TestEnv::shared();
+    let client = env.client().await;
+    let ns = env.namespace("token").await;
+    let api: Api<Sandbox> = Api::namespaced(client.clone(), &ns);
+    api.create(
+        &PostParams::default(),
+        &sandbox("keyless", json!({"image": "busybox"})),
+    )
+    .await
+    .expect("create");
+    wait::until(&api, "keyless", "Ready", Duration::from_secs(60), is_ready).await;
+    let secrets: Api<Secret> = Api::namespaced(client.clone(), &ns);
+    secrets
+        .delete("keyless-agent-token", &DeleteParams::default())
+        .await
+        .expect("delete the token Secret");
+    let failed = wait::until(
+        &api,
+        "keyless",
+        "Failed",
+        Duration::from_secs(30),
+        is_failed,
+    )
+    .await;
+    assert_eq!(reason(&failed), "TokenSecretDeleted");
+    let pods: Api<Pod> = Api::namespaced(client.clone(), &ns);
+    wait::deleted(&pods, "keyless", Duration::from_secs(30)).await;
+    // A new token would only lock the gateway out of the agent that read the old one.
+    assert!(
+        secrets
+            .get_opt("keyless-agent-token")
+            .await
+            .expect("get")
+            .is_none(),
+        "the operator created a new token Secret for a pod that cannot read it"
     );
     env.delete_namespace(&ns).await;
 }

@@ -102,20 +102,25 @@ impl OwnWrites {
         });
     }
 
-    /// Remembers that we wrote child `key` (see [`child_key`]) in `scope`, tagged `tag`.
-    pub fn record(&self, scope: &str, key: &str, tag: &str) {
-        self.insert(scope, key, tag, None);
+    /// Remembers that we wrote child `key` (see [`child_key`]) in `scope`, tagged `tag`, unless
+    /// `cache_shows_it` says the watch cache shows the write already. It is called under this store's
+    /// lock, and the watch calls [`OwnWrites::child_observed`] (which takes the lock) only after
+    /// updating its cache, so an event that lands concurrently is either seen here or drops the entry
+    /// just inserted: no entry outlives the event it stood in for.
+    pub fn record(&self, scope: &str, key: &str, tag: &str, cache_shows_it: impl FnOnce() -> bool) {
+        self.insert(scope, key, tag, None, cache_shows_it);
     }
 
-    /// Remembers a child we created together with the object the API server returned.
+    /// [`OwnWrites::record`] for a child we created, together with the object the API server returned.
     pub fn record_object<T: Any + Send + Sync>(
         &self,
         scope: &str,
         key: &str,
         tag: &str,
         object: T,
+        cache_shows_it: impl FnOnce() -> bool,
     ) {
-        self.insert(scope, key, tag, Some(Arc::new(object)));
+        self.insert(scope, key, tag, Some(Arc::new(object)), cache_shows_it);
     }
 
     fn insert(
@@ -124,10 +129,14 @@ impl OwnWrites {
         key: &str,
         tag: &str,
         object: Option<Arc<dyn Any + Send + Sync>>,
+        cache_shows_it: impl FnOnce() -> bool,
     ) {
         let now = Instant::now();
         self.with_scopes(|scopes| {
             self.maybe_prune(scopes, now);
+            if cache_shows_it() {
+                return;
+            }
             scopes
                 .entry(scope.to_string())
                 .or_default()
@@ -267,8 +276,15 @@ mod tests {
             "uid-old",
             &child_key("Secret", "again-agent-token"),
             "create",
+            || false,
         );
-        own.record_object("uid-old", &child_key("Pod", "again"), "create", 7u32);
+        own.record_object(
+            "uid-old",
+            &child_key("Pod", "again"),
+            "create",
+            7u32,
+            || false,
+        );
         assert!(own.recorded("uid-old", "Secret/again-agent-token", "create"));
         assert!(!own.recorded("uid-new", "Secret/again-agent-token", "create"));
         assert_eq!(own.object::<u32>("uid-new", "Pod/again"), None);
@@ -278,7 +294,7 @@ mod tests {
     #[test]
     fn deleting_the_owner_forgets_its_scope() {
         let own = OwnWrites::default();
-        own.record("uid-1", "Pod/a", "create");
+        own.record("uid-1", "Pod/a", "create", || false);
         own.remember_status("uid-1", Some("5".into()), "Ready", || None);
         own.forget("uid-1");
         assert!(!own.recorded("uid-1", "Pod/a", "create"));
@@ -289,8 +305,8 @@ mod tests {
     #[test]
     fn a_child_event_ends_the_entry_standing_in_for_it() {
         let own = OwnWrites::default();
-        own.record("uid-1", "Pod/a", "create");
-        own.record("uid-1", "NetworkPolicy/a-egress", "apply@2");
+        own.record("uid-1", "Pod/a", "create", || false);
+        own.record("uid-1", "NetworkPolicy/a-egress", "apply@2", || false);
         own.child_observed("uid-1", "Pod/a");
         assert!(!own.recorded("uid-1", "Pod/a", "create"));
         assert!(own.recorded("uid-1", "NetworkPolicy/a-egress", "apply@2"));
@@ -328,6 +344,16 @@ mod tests {
     }
 
     #[test]
+    fn a_child_write_the_cache_already_shows_is_not_remembered() {
+        // The watch delivered the object before the write's response came back: nothing is left for
+        // a later event to end, so an entry now would outlive it (and hide a deletion for the TTL).
+        let own = OwnWrites::default();
+        own.record("uid-1", "Secret/a-agent-token", "create", || true);
+        assert!(!own.recorded("uid-1", "Secret/a-agent-token", "create"));
+        assert_eq!(own.scopes(), 0);
+    }
+
+    #[test]
     fn the_wrong_type_is_not_returned() {
         let own = OwnWrites::default();
         own.remember_status("uid-1", Some("1".into()), 3u8, || None);
@@ -339,7 +365,7 @@ mod tests {
     fn entries_report_when_they_expire() {
         let own = OwnWrites::default();
         assert_eq!(own.next_expiry("uid-1"), None);
-        own.record("uid-1", "Pod/a", "create");
+        own.record("uid-1", "Pod/a", "create", || false);
         let left = own.next_expiry("uid-1").expect("an entry");
         assert!(left <= OwnWrites::TTL && left > OwnWrites::TTL - Duration::from_secs(5));
     }

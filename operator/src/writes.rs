@@ -98,6 +98,17 @@ where
     }
 }
 
+/// Whether `cache` shows `namespace/name` as the object with `uid` (a write of ours the watch has
+/// delivered, for [`crate::own_writes::OwnWrites::record`]).
+pub fn cache_holds<K>(cache: &Store<K>, namespace: &str, name: &str, uid: Option<&str>) -> bool
+where
+    K: Resource<DynamicType = ()> + Clone,
+{
+    cache
+        .get(&ObjectRef::new(name).within(namespace))
+        .is_some_and(|cached| uid.is_some() && cached.meta().uid.as_deref() == uid)
+}
+
 /// Deletes `namespace/name` if it is still the object with `uid` (a precondition: a newer object
 /// under the same name is never touched). Gone, or replaced, counts as done.
 pub async fn delete_if_same<K>(ctx: &Context, namespace: &str, name: &str, uid: &str) -> Result<()>

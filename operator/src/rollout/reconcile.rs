@@ -32,7 +32,9 @@ use crate::events::publish;
 use crate::metrics::ReconcileTimer;
 use crate::own_writes::child_key;
 use crate::ownership::{Owner, controlled_by};
-use crate::writes::{self, ChildState, StatusWrite, create_child, delete_if_same, existing_state};
+use crate::writes::{
+    self, ChildState, StatusWrite, cache_holds, create_child, delete_if_same, existing_state,
+};
 
 /// Controller name used in metrics and logs.
 pub const CONTROLLER: &str = "rolloutgroup";
@@ -309,8 +311,15 @@ async fn create_trajectory(
         None if ctx.own_writes.recorded(&uid, &key, "create") => ChildState::Ours(()),
         None => {
             let state = create_child(ctx, &namespace, &sandbox, as_owner).await?;
-            if matches!(state, ChildState::Ours(_)) {
-                ctx.own_writes.record(&uid, &key, "create");
+            if let ChildState::Ours(created) = &state {
+                ctx.own_writes.record(&uid, &key, "create", || {
+                    cache_holds(
+                        &ctx.caches.sandboxes,
+                        &namespace,
+                        &name,
+                        created.meta().uid.as_deref(),
+                    )
+                });
             }
             state.unit()
         }
@@ -379,7 +388,12 @@ async fn cleanup(ctx: &Context, group: &RolloutGroup, status: &RolloutGroupStatu
             continue;
         }
         delete_if_same::<Sandbox>(ctx, &namespace, &name, &child.uid().unwrap_or_default()).await?;
-        ctx.own_writes.record(&uid, &key, "delete");
+        ctx.own_writes.record(&uid, &key, "delete", || {
+            ctx.caches
+                .sandboxes
+                .get(&ObjectRef::new(&name).within(&namespace))
+                .is_none_or(|c| c.uid() != child.uid() || c.meta().deletion_timestamp.is_some())
+        });
     }
     Ok(())
 }

@@ -3,7 +3,7 @@
 //! own writes (scoped by the Sandbox's UID) show what the pure builders want, and uses an existing
 //! object only when its controller owner reference carries the Sandbox's UID.
 
-use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::api::core::v1::{Pod, Secret};
 use k8s_openapi::api::networking::v1::NetworkPolicy;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
 use kube::api::{Api, Patch, PatchParams};
@@ -21,7 +21,7 @@ use crate::error::{Error, Result};
 use crate::events::publish;
 use crate::own_writes::{child_key, namespace_scope};
 use crate::ownership::{Owner, controlled_by};
-use crate::writes::{ChildState, create_child, delete_if_same, existing_state};
+use crate::writes::{ChildState, cache_holds, create_child, delete_if_same, existing_state};
 
 fn apply_params() -> PatchParams {
     PatchParams::apply(FIELD_MANAGER).force()
@@ -73,19 +73,30 @@ pub async fn ensure_baseline(ctx: &Context, namespace: &str) -> Result<()> {
             api.patch(BASELINE_POLICY, &apply_params(), &Patch::Apply(&desired))
                 .await?;
             ctx.metrics.api_write("networkpolicies", "apply");
-            ctx.own_writes.record(&scope, &key, "apply");
+            ctx.own_writes.record(&scope, &key, "apply", || {
+                ctx.caches
+                    .policies
+                    .get(&ObjectRef::new(BASELINE_POLICY).within(namespace))
+                    .is_some_and(|p| p.spec == desired.spec)
+            });
             Ok(())
         })
         .await
 }
 
-/// Ensures the sandbox's agent-token Secret is its own. The token is generated here, once; an
-/// existing Secret of ours is never replaced (the running agent read its token at start).
+/// Ensures the sandbox's agent-token Secret is its own. The token is generated here, once, before
+/// the Pod exists; an existing Secret of ours is never replaced (the running agent read its token at
+/// start). Once the token was handed to a Pod (`handed_out`), a Secret missing from the cache is
+/// looked up on the API server instead of created: `None` means it was deleted, and a new token
+/// would only lock the gateway out of the running agent (this also keeps a reconcile working from a
+/// Sandbox the cache still shows after its deletion from recreating the Secret the garbage collector
+/// just removed).
 pub async fn ensure_token_secret(
     ctx: &Context,
     sandbox: &Sandbox,
     owner: &OwnerReference,
-) -> Result<ChildState<()>> {
+    handed_out: bool,
+) -> Result<Option<ChildState<()>>> {
     let namespace = sandbox.namespace().unwrap_or_default();
     let name = token_secret_name(&sandbox.name_any());
     let scope = owner.uid.as_str();
@@ -95,17 +106,33 @@ pub async fn ensure_token_secret(
         .secrets
         .get(&ObjectRef::new(&name).within(&namespace))
     {
-        return Ok(existing_state((*cached).clone(), owner_of(sandbox)).unit());
+        return Ok(Some(
+            existing_state((*cached).clone(), owner_of(sandbox)).unit(),
+        ));
     }
     if ctx.own_writes.recorded(scope, &key, "create") {
-        return Ok(ChildState::Ours(()));
+        return Ok(Some(ChildState::Ours(())));
+    }
+    if handed_out {
+        let api: Api<Secret> = Api::namespaced(ctx.client.clone(), &namespace);
+        return Ok(api
+            .get_opt(&name)
+            .await?
+            .map(|existing| existing_state(existing, owner_of(sandbox)).unit()));
     }
     let secret = desired_token_secret(sandbox, owner, &new_token());
     let state = create_child(ctx, &namespace, &secret, owner_of(sandbox)).await?;
-    if matches!(state, ChildState::Ours(_)) {
-        ctx.own_writes.record(scope, &key, "create");
+    if let ChildState::Ours(created) = &state {
+        ctx.own_writes.record(scope, &key, "create", || {
+            cache_holds(
+                &ctx.caches.secrets,
+                &namespace,
+                &name,
+                created.meta().uid.as_deref(),
+            )
+        });
     }
-    Ok(state.unit())
+    Ok(Some(state.unit()))
 }
 
 /// 32 random bytes, hex-encoded: the per-sandbox agent token.
@@ -159,8 +186,15 @@ pub async fn ensure_egress_policy(
                 // Created, not applied: an object that appeared under the name meanwhile is classified,
                 // never taken over (a later reconcile applies the spec to our own).
                 let state = create_child(ctx, &namespace, &desired, owner_of(sandbox)).await?;
-                if matches!(state, ChildState::Ours(_)) {
-                    ctx.own_writes.record(scope, &key, &tag);
+                if let ChildState::Ours(created) = &state {
+                    ctx.own_writes.record(scope, &key, &tag, || {
+                        cache_holds(
+                            &ctx.caches.policies,
+                            &namespace,
+                            &name,
+                            created.meta().uid.as_deref(),
+                        )
+                    });
                 }
                 return Ok(state.unit());
             }
@@ -168,7 +202,12 @@ pub async fn ensure_egress_policy(
             api.patch(&name, &apply_params(), &Patch::Apply(&desired))
                 .await?;
             ctx.metrics.api_write("networkpolicies", "apply");
-            ctx.own_writes.record(scope, &key, &tag);
+            ctx.own_writes.record(scope, &key, &tag, || {
+                ctx.caches
+                    .policies
+                    .get(&ObjectRef::new(&name).within(&namespace))
+                    .is_some_and(|p| p.spec == desired.spec)
+            });
         }
         None => {
             if let Some(cached) = cached
@@ -181,7 +220,14 @@ pub async fn ensure_egress_policy(
                     &cached.uid().unwrap_or_default(),
                 )
                 .await?;
-                ctx.own_writes.record(scope, &key, "delete");
+                ctx.own_writes.record(scope, &key, "delete", || {
+                    !cache_holds(
+                        &ctx.caches.policies,
+                        &namespace,
+                        &name,
+                        cached.meta().uid.as_deref(),
+                    )
+                });
             }
         }
     }
@@ -222,6 +268,14 @@ pub async fn create_pod(ctx: &Context, sandbox: &Sandbox, pod: &Pod) -> Result<C
             &child_key("Pod", &created.name_any()),
             "create",
             created.clone(),
+            || {
+                cache_holds(
+                    &ctx.caches.pods,
+                    &namespace,
+                    &created.name_any(),
+                    created.meta().uid.as_deref(),
+                )
+            },
         );
     }
     Ok(state)

@@ -113,17 +113,22 @@ async fn reconcile_inner(cached: &Sandbox, ctx: &Arc<Context>) -> Result<Option<
     apply::ensure_baseline(ctx, &namespace).await?;
     // The token Secret and the egress policy are independent writes; the Pod waits for both, so it
     // never starts with a previous incarnation's token or under its policy.
+    let known = apply::known_pod(ctx, sandbox);
+    let token_handed_out =
+        matches!(known, Some(ChildState::Ours(_))) || previous.pod_name.is_some();
     let (egress, secret) = futures::future::join(
         apply::ensure_egress_policy(ctx, sandbox, &owner),
-        apply::ensure_token_secret(ctx, sandbox, &owner),
+        apply::ensure_token_secret(ctx, sandbox, &owner, token_handed_out),
     )
     .await;
-    let (egress, secret) = (egress?, secret?);
-    let mut blocked = blocked_by(&[&egress, &secret]);
+    let egress = egress?;
+    let secret = secret?;
+    let token_gone = secret.is_none();
+    let mut blocked = blocked_by(&[&egress, &secret.unwrap_or(ChildState::Ours(()))]);
 
     let mut pod = None;
     let mut pod_gone = false;
-    match apply::known_pod(ctx, sandbox) {
+    match known {
         Some(ChildState::Ours(own)) => pod = Some(own),
         Some(other) => blocked = blocked_by(&[&other.unit()]).or(blocked),
         None if previous.pod_name.is_some() => {
@@ -161,6 +166,7 @@ async fn reconcile_inner(cached: &Sandbox, ctx: &Arc<Context>) -> Result<Option<
     let observed = Observed {
         pod: pod.as_ref(),
         pod_gone,
+        token_gone,
         now,
         lifecycle,
         startup_timeout_seconds: ctx.settings.startup_timeout_seconds,

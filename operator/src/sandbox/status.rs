@@ -43,6 +43,8 @@ pub struct Observed<'a> {
     pub pod: Option<&'a Pod>,
     /// The Pod existed (status names it) and a live read confirmed it is gone.
     pub pod_gone: bool,
+    /// The agent-token Secret was handed to the Pod and a live read confirmed it is gone.
+    pub token_gone: bool,
     /// Current time.
     pub now: Timestamp,
     /// Effective TTL and heartbeat timeout.
@@ -389,6 +391,17 @@ pub fn desired_status(sandbox: &Sandbox, observed: &Observed) -> SandboxStatus {
             now,
         );
     }
+    if observed.token_gone {
+        return failed_status(
+            sandbox,
+            status,
+            Failure::new(
+                "TokenSecretDeleted",
+                "the sandbox's agent-token Secret was deleted from outside the operator; the gateway can no longer authenticate to its agent (a new token would not reach the running agent): create a new sandbox",
+            ),
+            now,
+        );
+    }
     let refused = match &observed.blocked {
         Some(Blocked::NameConflict(message)) => Some(("NameConflict", message)),
         Some(Blocked::PodRejected(message)) => Some(("PodRejected", message)),
@@ -600,6 +613,7 @@ mod tests {
         Observed {
             pod,
             pod_gone: false,
+            token_gone: false,
             now: t(now),
             lifecycle: Lifecycle {
                 ttl_seconds: 3600,
@@ -850,6 +864,17 @@ mod tests {
             },
         );
         assert_eq!(pod_failure(&p), None);
+    }
+
+    #[test]
+    fn a_deleted_token_secret_fails_the_sandbox() {
+        let s = sandbox();
+        let healthy = pod(Some("node-1"), Some("10.0.0.7"), true);
+        let mut obs = observed(Some(&healthy), "2026-01-01T00:00:05Z");
+        obs.token_gone = true;
+        let status = desired_status(&s, &obs);
+        assert_eq!(status.phase, Some(SandboxPhase::Failed));
+        assert_eq!(status.reason.as_deref(), Some("TokenSecretDeleted"));
     }
 
     #[test]
