@@ -220,3 +220,8 @@ def is_ready(sandbox: Mapping[str, Any]) -> bool:
         c.get("type") == "Ready" and c.get("status") == "True"
         for c in (sandbox.get("status") or {}).get("conditions") or []
     )
+
+
+def agent_endpoint_of(sandbox: Mapping[str, Any]) -> str | None:
+    """``status.agentEndpoint`` of a Sandbox object (the agent's URL at the pod IP)."""
+    return (sandbox.get("status") or {}).get("agentEndpoint")

@@ -1,0 +1,642 @@
+"""The sans-I/O core of both clients: every operation is written once here, as a *plan*.
+
+A plan is a generator that yields :data:`Step` values (send this HTTP request, sleep, read the clock,
+call a driver hook) and receives each step's outcome back: the answer through ``send``, or the
+exception through ``throw``. Its return value is the operation's result. The sync client
+(``client.py``, on ``httpx.Client``) and the async client (``aio.py``, on ``httpx.AsyncClient``) are
+thin drivers that perform the steps, plus the few things that really differ: background heartbeats
+(a thread or a task), local file reads and writes, and iterating over streamed answers.
+
+Nothing here does I/O, so plans can be driven step by step in tests.
+"""
+
+from __future__ import annotations
+
+import base64
+import contextlib
+import json
+import logging
+import os
+import ssl
+from collections.abc import Callable, Generator, Mapping, Sequence
+from dataclasses import dataclass
+from typing import IO, Any, ClassVar, Generic, TypeAlias, TypeVar
+
+import httpx
+
+from . import _ops
+from ._config import KubeSettings, Settings, TokenSource, resolve, resolve_kube
+from ._retry import NO_RETRY, RetryPolicy, retry_exception, retry_status
+from .errors import (
+    CommandFailed,
+    GatewayUnreachable,
+    NotFound,
+    OrchardError,
+    SandboxFailed,
+    Timeout,
+    error_from_response,
+    parse_body,
+)
+from .models import ExecEvent, ExecResult, FileEntry, GroupResult, PatchResult, ProcessInfo
+
+log = logging.getLogger("orchard_env")
+
+T = TypeVar("T")
+#: Bytes read or written per block when streaming files.
+CHUNK = 256 * 1024
+#: What ``upload`` takes: bytes, text, a local file's path or a binary file object.
+Upload = bytes | str | os.PathLike[str] | IO[bytes]
+
+
+# -- steps ---------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Request:
+    """One HTTP request of an operation; a retry sends it again (re-reading the token and re-opening
+    ``content`` when it is a factory)."""
+
+    method: str
+    url: str
+    token: TokenSource | str | None = None
+    params: Mapping[str, Any] | None = None
+    json_body: Any = None
+    #: bytes, or a zero-argument factory of a (sync or async, to match the driver) byte iterator.
+    content: Any = None
+    headers: Mapping[str, str] | None = None
+    #: Read timeout in seconds (the client's default when None).
+    timeout: float | None = None
+    stream: bool = False
+    retry: bool = True
+
+    def build_args(self) -> dict[str, Any]:
+        """Keyword arguments of ``build_request`` for one attempt."""
+        headers = dict(self.headers or {})
+        secret = self.token.get() if isinstance(self.token, TokenSource) else self.token
+        if secret:
+            headers["Authorization"] = f"Bearer {secret}"
+        args: dict[str, Any] = {"method": self.method, "url": self.url, "params": self.params, "headers": headers}
+        if self.json_body is not None:
+            args["json"] = self.json_body
+        elif self.content is not None:
+            args["content"] = self.content() if callable(self.content) else self.content
+        if self.timeout is not None:
+            args["timeout"] = http_timeout(self.timeout)
+        return args
+
+
+@dataclass(frozen=True)
+class Send:
+    """Step: send ``request`` once. The driver answers with the response (already read and closed when
+    its status is >= 400) or throws the transport error. With ``kube``, the request goes to the
+    Kubernetes API with a client that trusts ``kube.ca_file``."""
+
+    request: Request
+    kube: KubeSettings | None = None
+
+
+@dataclass(frozen=True)
+class Sleep:
+    """Step: sleep ``seconds``. ``idle`` marks the pause between heartbeats, which the sync driver ends
+    early when the heartbeats are stopped: the answer is then True."""
+
+    seconds: float
+    idle: bool = False
+
+
+@dataclass(frozen=True)
+class Call:
+    """Step: call a driver hook (``fn()``, awaited by the async driver) and answer its result."""
+
+    fn: Callable[[], Any]
+
+
+@dataclass(frozen=True)
+class Now:
+    """Step: answer the driver's monotonic clock, in seconds."""
+
+
+NOW = Now()
+Step: TypeAlias = Send | Sleep | Call | Now
+Plan: TypeAlias = Generator[Step, Any, T]
+
+
+class Runner(Generic[T]):
+    """Steps a plan for a driver::
+
+        for step in (runner := Runner(plan)):
+            with runner:                      # an exception goes back into the plan
+                runner.value = perform(step)  # the answer goes back into the plan
+        return runner.result
+    """
+
+    def __init__(self, plan: Plan[T]) -> None:
+        self._plan = plan
+        self.value: Any = None
+        self._error: BaseException | None = None
+        self.result: T
+
+    def __iter__(self) -> Runner[T]:
+        return self
+
+    def __next__(self) -> Step:
+        value, error = self.value, self._error
+        self.value = self._error = None
+        try:
+            return self._plan.throw(error) if error is not None else self._plan.send(value)
+        except StopIteration as done:
+            self.result = done.value
+            raise StopIteration from None
+
+    def __enter__(self) -> Runner[T]:
+        return self
+
+    def __exit__(self, kind: object, error: BaseException | None, traceback: object) -> bool:
+        if error is not None:
+            self._error = error
+        return True
+
+
+def http_timeout(seconds: float) -> httpx.Timeout:
+    """An HTTP timeout of ``seconds`` with a 10 s connect timeout."""
+    return httpx.Timeout(seconds, connect=10.0)
+
+
+def kube_verify(kube: KubeSettings) -> ssl.SSLContext | bool:
+    """TLS verification of Kubernetes API calls: the configured CA, else the system's."""
+    return ssl.create_default_context(cafile=kube.ca_file) if kube.ca_file else True
+
+
+# -- requests with retries -----------------------------------------------------------------------
+
+
+def exchange(request: Request, policy: RetryPolicy, kube: KubeSettings | None = None) -> Plan[httpx.Response]:
+    """Sends ``request`` and answers its response (status < 400); retries connection errors and
+    retryable answers with ``policy`` (never when ``request.retry`` is False) and raises the
+    :class:`~orchard_env.errors.OrchardError` of the last failure."""
+    if not request.retry:
+        policy = NO_RETRY
+    what = f"{request.method} {request.url}"
+    attempt = 0
+    while True:
+        try:
+            response = yield Send(request, kube)
+        except httpx.TransportError as error:
+            if attempt + 1 < policy.attempts and retry_exception(error, request.method):
+                yield from _backoff(policy, attempt, f"{what}: {error!r}")
+                attempt += 1
+                continue
+            if isinstance(error, httpx.TimeoutException):
+                raise Timeout(f"{what}: no answer in time ({error!r})") from error
+            raise GatewayUnreachable(f"{what}: {error!r}", retryable=True) from error
+        if response.status_code < 400:
+            return response
+        failure = error_from_response(response.status_code, response.content)
+        body = parse_body(response.content)
+        flag = body.get("retryable") if isinstance(body, dict) else None
+        if attempt + 1 < policy.attempts and retry_status(response.status_code, flag, request.method):
+            yield from _backoff(policy, attempt, str(failure))
+            attempt += 1
+            continue
+        raise failure
+
+
+def _backoff(policy: RetryPolicy, attempt: int, why: str) -> Plan[None]:
+    delay = policy.delay(attempt)
+    log.info("retrying in %.2fs after: %s", delay, why)
+    yield Sleep(delay)
+
+
+def until(timeout: float | None, attempt: Callable[[float], Plan[T | None]], expired: Callable[[], str]) -> Plan[T]:
+    """Long-polls: repeats ``attempt(wait)`` (one server-side wait of at most ``wait`` seconds) until it
+    answers something other than None; raises :class:`Timeout` (message ``expired()``) once
+    ``timeout`` seconds have passed (None: never)."""
+    deadline = None if timeout is None else (yield NOW) + timeout
+    while True:
+        remaining = _ops.MAX_SERVER_WAIT if deadline is None else deadline - (yield NOW)
+        if remaining <= 0:
+            raise Timeout(expired())
+        value = yield from attempt(min(_ops.MAX_SERVER_WAIT, remaining))
+        if value is not None:
+            return value
+
+
+# -- small pure helpers --------------------------------------------------------------------------
+
+
+def exec_event(line: str) -> ExecEvent | None:
+    """The event of one NDJSON line of ``/exec/stream`` (None for a blank line)."""
+    return ExecEvent.from_json(json.loads(line)) if line.strip() else None
+
+
+def upload_content(
+    data: Upload,
+    from_path: Callable[[os.PathLike[str]], Any],
+    from_stream: Callable[[IO[bytes], int | None], Any],
+) -> tuple[Any, bool]:
+    """Request content for an upload and whether a retry can send it again. Files and file objects are
+    read by the driver's ``from_path(path)`` and ``from_stream(stream, start)`` (``start``: where to
+    seek back to on every attempt, None when the stream cannot seek)."""
+    if isinstance(data, bytes):
+        return data, True
+    if isinstance(data, str):
+        return data.encode(), True
+    if isinstance(data, os.PathLike):
+        path = data
+        return (lambda: from_path(path)), True
+    stream = data
+    start = stream.tell() if stream.seekable() else None
+    return (lambda: from_stream(stream, start)), start is not None
+
+
+# -- the operations ------------------------------------------------------------------------------
+
+
+class ClientCore:
+    """What both clients share: settings, and the plans of the client-level operations. A driver adds
+    ``_run(plan)``, sets ``_sandbox_type``/``_group_type`` and defines the public methods."""
+
+    _sandbox_type: ClassVar[Callable[..., Any]]
+    _group_type: ClassVar[Callable[..., Any]]
+
+    def __init__(
+        self, base_url: str | None, token: str | None, namespace: str | None,
+        token_file: str | os.PathLike[str] | None, retry: RetryPolicy | None, direct: bool,
+        kube: tuple[str | None, str | None, str | None],
+    ) -> None:
+        self.settings: Settings = resolve(base_url, token, token_file, namespace)
+        self.namespace = self.settings.namespace
+        self.direct = direct
+        self._retry = retry or RetryPolicy()
+        self._kube_args = kube
+        self._kube: KubeSettings | None = None
+
+    def _gateway_plan(self, method: str, path: str, **fields: Any) -> Plan[httpx.Response]:
+        """A request to the gateway (``fields`` as in :class:`Request`)."""
+        return exchange(Request(method, self.settings.base_url + path, self.settings.token, **fields), self._retry)
+
+    def _agent_token_plan(self, namespace: str, name: str) -> Plan[str]:
+        """The sandbox's agent token, from its Secret through the Kubernetes API (direct mode)."""
+        if self._kube is None:
+            self._kube = resolve_kube(*self._kube_args)
+        kube = self._kube
+        url = f"{kube.server}/api/v1/namespaces/{namespace}/secrets/{name}-agent-token"
+        response = yield from exchange(Request("GET", url, kube.token), RetryPolicy(), kube)
+        data = response.json().get("data") or {}
+        return base64.b64decode(data.get("token", "")).decode().strip()
+
+    def _server_wait_plan(self, path: str, wait: float) -> Plan[tuple[bool, Any]]:
+        """One watch-driven wait of the gateway (``GET .../wait``): ``(True, the object)``, or
+        ``(False, the error body)`` when the server-side wait ran out (``WaitTimeout``)."""
+        try:
+            response = yield from self._gateway_plan(
+                "GET", path, params={"timeoutSeconds": f"{wait:.3f}"}, timeout=wait + 30.0, retry=False
+            )
+        except Timeout as error:
+            if isinstance(error.body, dict) and error.body.get("code") == "WaitTimeout":
+                return False, error.body
+            raise
+        return True, response.json()
+
+    def _handle(
+        self, name: str, namespace: str, raw: Any, delete_on_exit: bool, auto_heartbeat: bool, direct: bool | None
+    ) -> Any:
+        return self._sandbox_type(
+            self, name, namespace, raw, delete_on_exit=delete_on_exit, auto_heartbeat=auto_heartbeat,
+            direct=self.direct if direct is None else direct,
+        )
+
+    def _create_plan(
+        self, namespace: str | None, *, wait: bool, wait_timeout: float | None, delete_on_exit: bool,
+        auto_heartbeat: bool, direct: bool | None, **body_fields: Any,
+    ) -> Callable[[], Plan[Any]]:
+        """Checks the request now (``ValueError``) and answers a factory of the create plan: POST, then,
+        with ``wait``, wait until Ready, deleting the sandbox again when that fails (``delete_on_exit``)."""
+        ns = namespace or self.namespace
+        body = _ops.sandbox_body(**body_fields)
+        # A retried create could make a second sandbox with a generated name: only named creates retry.
+        retry = bool(body_fields.get("name"))
+
+        def plan() -> Plan[Any]:
+            response = yield from self._gateway_plan("POST", f"/v1/namespaces/{ns}/sandboxes", json_body=body, retry=retry)
+            created = response.json()
+            sandbox = self._handle(created["metadata"]["name"], ns, created, delete_on_exit, auto_heartbeat, direct)
+            if wait:
+                try:
+                    yield from sandbox._wait_ready_plan(wait_timeout)
+                except BaseException:
+                    if delete_on_exit:
+                        with contextlib.suppress(OrchardError):
+                            yield from sandbox._delete_plan()
+                    raise
+            return sandbox
+
+        return plan
+
+    def _connect_plan(
+        self, name: str, namespace: str | None, delete_on_exit: bool, auto_heartbeat: bool, direct: bool | None
+    ) -> Plan[Any]:
+        ns = namespace or self.namespace
+        raw = yield from self._get_plan(name, ns)
+        sandbox = self._handle(name, ns, raw, delete_on_exit, auto_heartbeat, direct)
+        if _ops.is_ready(sandbox.raw):
+            sandbox._start_heartbeats()
+        return sandbox
+
+    def _get_plan(self, name: str, namespace: str | None) -> Plan[dict[str, Any]]:
+        response = yield from self._gateway_plan("GET", _ops.sandbox_path(namespace or self.namespace, name))
+        return _ops.json_object(response.json())
+
+    def _list_plan(self, kind: str, label_selector: str | None, namespace: str | None) -> Plan[list[Any]]:
+        """The items of ``GET .../<kind>`` (``sandboxes`` or ``rolloutgroups``)."""
+        params = {"labelSelector": label_selector} if label_selector else None
+        path = f"/v1/namespaces/{namespace or self.namespace}/{kind}"
+        data = (yield from self._gateway_plan("GET", path, params=params)).json()
+        return list(data.get("items") or [])
+
+    def _delete_plan(self, name: str, namespace: str | None) -> Plan[None]:
+        yield from self._gateway_plan("DELETE", _ops.sandbox_path(namespace or self.namespace, name))
+
+    def _create_group_plan(
+        self, template: Mapping[str, Any], namespace: str | None, delete_on_exit: bool, **body_fields: Any
+    ) -> Plan[Any]:
+        ns = namespace or self.namespace
+        body = _ops.group_body(template, **body_fields)
+        retry = bool(body_fields.get("name"))
+        created = (yield from self._gateway_plan("POST", f"/v1/namespaces/{ns}/rolloutgroups", json_body=body, retry=retry)).json()
+        return self._group_type(self, created["metadata"]["name"], ns, created, delete_on_exit=delete_on_exit)
+
+    def _list_groups_plan(self, label_selector: str | None, namespace: str | None) -> Plan[list[GroupResult]]:
+        items = yield from self._list_plan("rolloutgroups", label_selector, namespace)
+        return [GroupResult.from_json(g) for g in items]
+
+
+class SandboxCore:
+    """State and plans of a sandbox handle. A driver adds ``_beat_in_background`` (a thread or a task
+    running the heartbeat loop), ``stop_heartbeats`` and the public methods."""
+
+    def __init__(
+        self, client: Any, name: str, namespace: str, raw: Mapping[str, Any] | None, *,
+        delete_on_exit: bool, auto_heartbeat: bool, direct: bool,
+    ) -> None:
+        self.client = client
+        self.name = name
+        self.namespace = namespace
+        self.raw: dict[str, Any] = dict(raw or {})
+        self.delete_on_exit = delete_on_exit
+        self.auto_heartbeat = auto_heartbeat
+        self.direct = direct
+        self._heartbeats: Any = None
+        self._direct_target: tuple[str, str] | None = None
+        self._closed = False
+
+    def _run(self, plan: Plan[T]) -> Any:
+        return self.client._run(plan)
+
+    def _gateway(self, method: str, rest: str = "", **fields: Any) -> Plan[httpx.Response]:
+        return self.client._gateway_plan(method, _ops.sandbox_path(self.namespace, self.name, rest), **fields)
+
+    # -- state and heartbeats ----------------------------------------------------------------------
+
+    def _refresh_plan(self) -> Plan[dict[str, Any]]:
+        self.raw = (yield from self._gateway("GET")).json()
+        return self.raw
+
+    def _wait_ready_plan(self, timeout: float | None) -> Plan[Any]:
+        def attempt(wait: float) -> Plan[Any]:
+            done, answer = yield from self.client._server_wait_plan(
+                _ops.sandbox_path(self.namespace, self.name, "/wait"), wait
+            )
+            if not done:
+                if isinstance(answer.get("phase"), str):
+                    self.raw.setdefault("status", {})["phase"] = answer["phase"]
+                return None
+            self.raw = answer
+            if _ops.is_ready(self.raw):
+                self._start_heartbeats()
+                return self
+            status = self.raw.get("status") or {}
+            raise SandboxFailed(
+                f"sandbox {self.namespace}/{self.name} is {status.get('phase')}: "
+                f"{status.get('reason') or ''} {status.get('message') or ''}".strip(),
+                reason=status.get("reason"),
+                body=self.raw,
+            )
+
+        def expired() -> str:
+            return f"sandbox {self.namespace}/{self.name} not Ready after {timeout}s (phase {_ops.phase_of(self.raw)})"
+
+        return until(timeout, attempt, expired)
+
+    def _heartbeat_plan(self) -> Plan[dict[str, Any]]:
+        return _ops.json_object((yield from self._gateway("POST", "/heartbeat")).json())
+
+    def _start_heartbeats(self) -> None:
+        if self.auto_heartbeat and self._heartbeats is None and not self._closed:
+            self._heartbeats = self._beat_in_background(self._heartbeat_loop(_ops.spec_heartbeat_timeout(self.raw)))
+
+    def _beat_in_background(self, loop: Plan[None]) -> Any:
+        raise NotImplementedError
+
+    def _heartbeat_loop(self, timeout: int | None) -> Plan[None]:
+        """Heartbeats every third of the heartbeat timeout (read from the first heartbeat's answer when
+        the spec does not say) until the sandbox is gone or the driver ends the idle pause."""
+        if timeout is None:
+            try:
+                timeout = int((yield from self._heartbeat_plan()).get("heartbeatTimeoutSeconds") or 0)
+            except OrchardError as error:
+                log.warning("heartbeat failed: %s", error)
+                return
+        interval = _ops.heartbeat_interval(timeout)
+        if interval is None:
+            return
+        while not (yield Sleep(interval, idle=True)):
+            try:
+                yield from self._heartbeat_plan()
+            except NotFound:
+                return
+            except OrchardError as error:
+                log.warning("heartbeat failed (will retry): %s", error)
+
+    # -- agent calls -------------------------------------------------------------------------------
+
+    def _target_plan(self) -> Plan[tuple[str, str]]:
+        """Direct mode: the agent's endpoint and the sandbox's token (read once)."""
+        if self._direct_target is None:
+            endpoint = _ops.agent_endpoint_of(self.raw)
+            if not endpoint or not _ops.is_ready(self.raw):
+                yield from self._refresh_plan()
+                endpoint = _ops.agent_endpoint_of(self.raw)
+            if not endpoint:
+                raise OrchardError(f"sandbox {self.namespace}/{self.name} has no agent endpoint yet; wait_ready() first")
+            self._direct_target = (endpoint, (yield from self.client._agent_token_plan(self.namespace, self.name)))
+        return self._direct_target
+
+    def _agent(self, method: str, path: str, **fields: Any) -> Plan[httpx.Response]:
+        """An agent call: straight to the pod in direct mode, else through the gateway."""
+        if self.direct:
+            endpoint, token = yield from self._target_plan()
+            request = Request(method, f"{endpoint}/v1{path}", token, **fields)
+            return (yield from exchange(request, self.client._retry))
+        return (yield from self._gateway(method, path, **fields))
+
+    def _exec_plan(self, cmd: str | Sequence[str], *, check: bool, **fields: Any) -> Plan[ExecResult]:
+        body = _ops.exec_body(cmd, **fields)
+        answer = _ops.answer_timeout(fields.get("timeout"))
+        response = yield from self._agent(
+            "POST", "/exec", json_body=body, headers={"X-Orchard-Timeout": f"{answer:.0f}"}, timeout=answer + 10.0
+        )
+        result = ExecResult.from_json(response.json())
+        if check and not result.ok:
+            timed_out = " (timed out)" if result.timed_out else ""
+            raise CommandFailed(f"{cmd!r} exited with {result.exit_code}{timed_out}: {result.stderr[-500:]}", result)
+        return result
+
+    def _exec_stream_plan(self, cmd: str | Sequence[str], **fields: Any) -> Plan[httpx.Response]:
+        """The streamed answer of ``/exec/stream``: NDJSON lines, see :func:`exec_event`."""
+        body = _ops.exec_body(cmd, **fields)
+        read_timeout = _ops.answer_timeout(fields.get("timeout")) + 10.0
+        return (yield from self._agent("POST", "/exec/stream", json_body=body, timeout=read_timeout, stream=True))
+
+    def _start_process_plan(
+        self, handle: Callable[..., T], cmd: str | Sequence[str], id: str | None, **fields: Any
+    ) -> Plan[T]:
+        body = _ops.exec_body(cmd, **fields)
+        if id is not None:
+            body["id"] = id
+        info = ProcessInfo.from_json((yield from self._agent("POST", "/processes", json_body=body)).json())
+        return handle(self, info.id, info)
+
+    def _list_processes_plan(self, output: bool) -> Plan[list[ProcessInfo]]:
+        data = (yield from self._agent("GET", "/processes", params={"output": str(output).lower()})).json()
+        return [ProcessInfo.from_json(p) for p in data.get("processes") or []]
+
+    def _get_process_plan(self, id: str, wait: float | None = None) -> Plan[ProcessInfo]:
+        params = {"wait": f"{min(wait, _ops.MAX_SERVER_WAIT):.3f}"} if wait else None
+        response = yield from self._agent("GET", f"/processes/{id}", params=params, timeout=(wait or 0) + 90.0)
+        return ProcessInfo.from_json(response.json())
+
+    def _signal_process_plan(self, id: str, signal: str | int) -> Plan[ProcessInfo]:
+        response = yield from self._agent("POST", f"/processes/{id}/signal", json_body={"signal": signal}, retry=False)
+        return ProcessInfo.from_json(response.json())
+
+    def _kill_process_plan(self, id: str) -> Plan[ProcessInfo]:
+        return ProcessInfo.from_json((yield from self._agent("DELETE", f"/processes/{id}")).json())
+
+    def _upload_plan(self, path: str, content: tuple[Any, bool], mode: int | str | None) -> Plan[dict[str, Any]]:
+        """``content``: what :func:`upload_content` answers."""
+        body, repeatable = content
+        params: dict[str, Any] = {"path": path}
+        if mode is not None:
+            params["mode"] = format(mode, "o") if isinstance(mode, int) else mode
+        response = yield from self._agent(
+            "PUT", "/files", params=params, content=body,
+            headers={"Content-Type": "application/octet-stream"}, timeout=600.0, retry=repeatable,
+        )
+        return _ops.json_object(response.json())
+
+    def _download_plan(self, path: str) -> Plan[httpx.Response]:
+        """The streamed answer of ``GET /files``: the file's bytes."""
+        return (yield from self._agent("GET", "/files", params={"path": path}, timeout=600.0, stream=True))
+
+    def _list_files_plan(self, path: str) -> Plan[list[FileEntry]]:
+        data = (yield from self._agent("GET", "/files/list", params={"path": path})).json()
+        return [FileEntry.from_json(e) for e in data.get("entries") or []]
+
+    def _delete_file_plan(self, path: str, recursive: bool) -> Plan[None]:
+        params: dict[str, Any] = {"path": path}
+        if recursive:
+            params["recursive"] = "true"
+        yield from self._agent("DELETE", "/files", params=params)
+
+    def _apply_patch_plan(self, patch: str, cwd: str | None, strip: int | None) -> Plan[PatchResult]:
+        body: dict[str, Any] = {"patch": patch}
+        if cwd is not None:
+            body["cwd"] = cwd
+        if strip is not None:
+            body["strip"] = strip
+        return PatchResult.from_json((yield from self._agent("POST", "/patch", json_body=body, retry=False)).json())
+
+    # -- results and lifecycle ---------------------------------------------------------------------
+
+    def _record_result_plan(
+        self, reward: float | None, status: str, length: int | None, artifact: str | None,
+        exit_code: int | None, reason: str | None, message: str | None,
+    ) -> Plan[dict[str, Any]]:
+        body: dict[str, Any] = {"status": status}
+        for key, value in (
+            ("reward", reward), ("length", length), ("artifact", artifact),
+            ("exitCode", exit_code), ("reason", reason), ("message", message),
+        ):
+            if value is not None:
+                body[key] = value
+        return _ops.json_object((yield from self._gateway("POST", "/result", json_body=body)).json())
+
+    def _delete_plan(self) -> Plan[None]:
+        yield Call(self.stop_heartbeats)  # type: ignore[attr-defined]
+        with contextlib.suppress(NotFound):
+            yield from self._gateway("DELETE")
+
+    def _close_plan(self) -> Plan[None]:
+        if self._closed:
+            return
+        self._closed = True
+        if self.delete_on_exit:
+            yield from self._delete_plan()
+        else:
+            yield Call(self.stop_heartbeats)  # type: ignore[attr-defined]
+
+
+class ProcessCore:
+    """State and plans of a background process handle; each plan keeps :attr:`info` up to date."""
+
+    def __init__(self, sandbox: Any, id: str, info: ProcessInfo | None) -> None:
+        self.sandbox = sandbox
+        self.id = id
+        self.info = info
+
+    def _run(self, plan: Plan[T]) -> Any:
+        return self.sandbox._run(plan)
+
+    def _track(self, plan: Plan[ProcessInfo]) -> Plan[ProcessInfo]:
+        self.info = yield from plan
+        return self.info
+
+    def _wait_plan(self, timeout: float | None) -> Plan[ProcessInfo]:
+        def attempt(wait: float) -> Plan[ProcessInfo | None]:
+            info = yield from self._track(self.sandbox._get_process_plan(self.id, wait=max(0.001, wait)))
+            return None if info.running else info
+
+        return until(timeout, attempt, lambda: f"process {self.id} still running after {timeout}s")
+
+
+class GroupCore:
+    """State and plans of a RolloutGroup handle."""
+
+    def __init__(self, client: Any, name: str, namespace: str, raw: Mapping[str, Any] | None, delete_on_exit: bool) -> None:
+        self.client = client
+        self.name = name
+        self.namespace = namespace
+        self.raw: dict[str, Any] = dict(raw or {})
+        self.delete_on_exit = delete_on_exit
+
+    def _run(self, plan: Plan[T]) -> Any:
+        return self.client._run(plan)
+
+    def _get_plan(self) -> Plan[GroupResult]:
+        self.raw = (yield from self.client._gateway_plan("GET", _ops.group_path(self.namespace, self.name))).json()
+        return GroupResult.from_json(self.raw)
+
+    def _wait_plan(self, timeout: float | None) -> Plan[GroupResult]:
+        def attempt(wait: float) -> Plan[GroupResult | None]:
+            done, answer = yield from self.client._server_wait_plan(_ops.group_path(self.namespace, self.name, "/wait"), wait)
+            if not done:
+                return None
+            self.raw = answer
+            return GroupResult.from_json(self.raw)
+
+        return until(timeout, attempt, lambda: f"rollout group {self.namespace}/{self.name} not complete after {timeout}s")
+
+    def _delete_plan(self) -> Plan[None]:
+        with contextlib.suppress(NotFound):
+            yield from self.client._gateway_plan("DELETE", _ops.group_path(self.namespace, self.name))
