@@ -19,6 +19,7 @@ help: ## list targets
 .PHONY: build
 build: agent ## build the operator, crdgen, bar-sim and the static agent
 	$(CARGO) build --release -p orchard-operator
+	$(CARGO) build --release -p orchard-bar --features sim --bin bar-sim
 
 .PHONY: agent
 agent: ## build the static orchard-agent binary (glibc crt-static)
@@ -49,11 +50,11 @@ BAR_SIM_ARGS := --seed 20240601 --prompts 10000 --group-size 8 --max-trajectorie
 
 .PHONY: test-bar
 test-bar: ## run the BAR engine tests (exhaustive, property) and the bar-sim closed-form tests
-	$(CARGO) test -p orchard-operator --lib -j 2 -- bar:: bar_sim::
+	$(CARGO) test -p orchard-bar --features sim -j 2
 
 .PHONY: bench-bar
 bench-bar: ## run the seeded BAR simulator; writes docs/bar-sim.json and the results section of docs/BAR.md
-	$(CARGO) run --release -p orchard-operator --bin bar-sim -j 2 -- $(BAR_SIM_ARGS) \
+	$(CARGO) run --release -p orchard-bar --features sim --bin bar-sim -j 2 -- $(BAR_SIM_ARGS) \
 		--out-json docs/bar-sim.json --out-md docs/BAR.md
 
 # Fuzzing (agent/fuzz, docs/RELIABILITY.md): cargo-fuzz pinned into ~/.cache/orchard/cargo-fuzz, nightly
@@ -91,10 +92,22 @@ crds-check: ## fail if crds/ differs from what the Rust types generate
 		echo "crds/ is out of date: run 'make crds' and commit the result" >&2; rm -rf $$tmp; exit 1; fi; \
 	rm -rf $$tmp; echo "crds/ matches the Rust types"
 
+# Generated files the tests only compare (e2e/tests/docs_drift.rs, manifests_install.rs): the tests never
+# write them, these targets do, with the same generator functions (e2e/src/config_reference.rs, k8s_schemas.rs).
+.PHONY: docs
+docs: ## regenerate the values reference of docs/CONFIGURATION.md from the `# --` comments of charts/orchard-env/values.yaml
+	$(CARGO) run -q -p orchard-e2e --bin gen-docs -j 2
+
+.PHONY: schemas
+schemas: k8s ## regenerate e2e/packaging-tools/schemas/kubernetes-v1.36.3 (kinds.txt) from a local kube-apiserver's /openapi/v2
+	$(CARGO) run -q -p orchard-e2e --bin gen-schemas -j 2
+
 .PHONY: lint
 lint: ## rustfmt check and clippy with warnings as errors
 	$(CARGO) fmt --all -- --check
 	$(CARGO) clippy --workspace --all-targets -- -D warnings
+	$(CARGO) clippy -p orchard-bar --all-targets --features sim -- -D warnings
+	$(CARGO) clippy -p orchard-api --all-targets --no-default-features -- -D warnings
 
 .PHONY: k8s
 k8s: ## build kube-apiserver, kube-controller-manager, etcd, kubelet, kube-scheduler, kube-proxy from pinned Go modules into ~/.cache (once)
@@ -120,7 +133,9 @@ node-images: node-deps node-tools agent node-bins ## build the real node's image
 	@e2e/node-tools/images.sh agent=$(AGENT_BIN) pause=$(NODE_BIN_DIR)/orchard-pause probe=$(NODE_BIN_DIR)/orchard-probe
 
 .PHONY: test-unit
-test-unit: ## unit tests of the operator (API/CEL, builders, status, BAR, bar-sim) and the e2e harness
+test-unit: ## unit tests of the BAR engine and simulator, the API types (CEL rules, agent wire format), the operator (builders, status, reconciles against a scripted API server) and the e2e harness
+	$(CARGO) test -p orchard-bar --features sim -j 2
+	$(CARGO) test -p orchard-api -j 2
 	$(CARGO) test -p orchard-operator -j 2
 	$(CARGO) test -p orchard-e2e --lib --bins -j 2
 

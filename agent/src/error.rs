@@ -1,19 +1,14 @@
-//! The agent's one error type and its mapping to JSON responses `{"code", "message", ...extra}`.
+//! The agent's one error type and its mapping to JSON responses `{"code", "message", ...extra}` (the
+//! shared `AgentErrorBody`).
 
 use axum::http::{HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
+use orchard_api::agent::{AgentErrorBody, ProcessStatus};
 use serde::Serialize;
-use serde_json::{Map, Value};
+use serde_json::Value;
 
-/// One hunk of a patch that did not apply (part of a `PatchConflict` response).
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
-pub struct FailedHunk {
-    pub path: String,
-    /// 1-based index of the hunk within its file; 0 when the whole file failed (e.g. missing).
-    pub hunk: usize,
-    pub header: String,
-    pub reason: String,
-}
+/// One hunk of a patch that did not apply (part of a `PatchConflict` response; the shared wire type).
+pub use orchard_api::agent::FailedHunk;
 
 /// Everything a request can fail with. Messages are written for the caller: they say what to change.
 #[derive(Debug, thiserror::Error)]
@@ -36,7 +31,8 @@ pub enum AgentError {
     #[error("{message}")]
     Conflict {
         message: String,
-        extra: Option<(&'static str, Value)>,
+        /// The process the conflict is about (`process` in the body).
+        process: Option<Box<ProcessStatus>>,
     },
     #[error("{message}")]
     PatchConflict {
@@ -59,7 +55,7 @@ impl AgentError {
     pub fn conflict(message: impl Into<String>) -> Self {
         AgentError::Conflict {
             message: message.into(),
-            extra: None,
+            process: None,
         }
     }
 
@@ -121,26 +117,21 @@ impl AgentError {
         }
     }
 
+    /// The JSON body, as a value: its keys (nested ones too) are written sorted by name.
     fn body(&self) -> Value {
-        let mut body = Map::new();
-        body.insert("code".into(), Value::from(self.code()));
-        body.insert("message".into(), Value::from(self.to_string()));
-        match self {
-            AgentError::Conflict {
-                extra: Some((key, value)),
-                ..
-            } => {
-                body.insert((*key).into(), value.clone());
-            }
-            AgentError::PatchConflict { failed_hunks, .. } => {
-                body.insert(
-                    "failedHunks".into(),
-                    serde_json::to_value(failed_hunks).unwrap_or(Value::Null),
-                );
-            }
-            _ => {}
-        }
-        Value::Object(body)
+        let body = AgentErrorBody {
+            code: self.code().to_string(),
+            message: self.to_string(),
+            failed_hunks: match self {
+                AgentError::PatchConflict { failed_hunks, .. } => Some(failed_hunks.clone()),
+                _ => None,
+            },
+            process: match self {
+                AgentError::Conflict { process, .. } => process.clone(),
+                _ => None,
+            },
+        };
+        serde_json::to_value(&body).unwrap_or(Value::Null)
     }
 }
 
@@ -190,14 +181,46 @@ mod tests {
 
     #[test]
     fn bodies_carry_code_message_and_extras() {
+        let process = ProcessStatus {
+            id: "a".into(),
+            pid: None,
+            line: orchard_api::agent::CommandLine::Argv {
+                argv: vec!["true".into()],
+            },
+            state: orchard_api::agent::ProcessState::Running,
+            exit_code: None,
+            signal: None,
+            timed_out: false,
+            oom_killed: false,
+            started_at: "t".into(),
+            finished_at: None,
+            duration_ms: 0,
+            stdout: None,
+            stderr: None,
+            stdout_truncated: false,
+            stderr_truncated: false,
+            stdout_lossy: false,
+            stderr_lossy: false,
+            output_encoding: Default::default(),
+            error: None,
+        };
         let error = AgentError::Conflict {
             message: "exists".into(),
-            extra: Some(("process", serde_json::json!({"id": "a"}))),
+            process: Some(Box::new(process.clone())),
         };
         assert_eq!(error.status(), StatusCode::CONFLICT);
         assert_eq!(
             error.body(),
-            serde_json::json!({"code": "Conflict", "message": "exists", "process": {"id": "a"}})
+            serde_json::json!({"code": "Conflict", "message": "exists", "process": process})
+        );
+        // Keys are sorted, as the map-built body had them.
+        let bytes = serde_json::to_vec(&error.body()).unwrap();
+        let text = String::from_utf8(bytes).unwrap();
+        assert!(
+            text.starts_with(
+                r#"{"code":"Conflict","message":"exists","process":{"argv":["true"],"durationMs":0,"exitCode""#
+            ),
+            "{text}"
         );
         let error = AgentError::PatchConflict {
             message: "1 hunk failed".into(),

@@ -23,7 +23,7 @@ use tokio::sync::{Semaphore, watch};
 use crate::auth::Token;
 use crate::cli::{ENV_PREFIX, ServeOptions};
 use crate::error::{AgentError, json_response};
-use crate::exec::request::{CommandRequest, CommandSpec, RequestKind};
+use crate::exec::request::{CommandRequest, CommandSpec, IntoSpec, RequestKind};
 use crate::files::paths::ProtectedFiles;
 use crate::process_group::ProcessGroups;
 use crate::processes::table::{ProcessTable, Started};

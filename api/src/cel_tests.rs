@@ -5,7 +5,7 @@ use kube::CustomResourceExt;
 use kube::core::cel::Validator;
 use serde_json::{Value, json};
 
-use super::{RolloutGroup, Sandbox};
+use crate::{RolloutGroup, Sandbox};
 
 fn schema_of<K: CustomResourceExt>() -> Value {
     let crd = K::crd();

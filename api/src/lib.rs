@@ -1,10 +1,20 @@
 //! API types of `orchard.dev/v1alpha1` (types only: no I/O, no controller logic) and the label and
-//! annotation keys that tie Sandboxes, RolloutGroups and their children together.
+//! annotation keys that tie Sandboxes, RolloutGroups and their children together, and the wire
+//! protocol of the in-pod agent ([`agent`]).
+//!
+//! Features: `crd` (default) carries the Kubernetes kinds and needs kube, k8s-openapi and schemars;
+//! without it only [`agent`] and the keys remain (serde only: the static agent builds that way).
+//! `openapi` adds utoipa schemas to the agent's wire types.
 
+pub mod agent;
+#[cfg(feature = "crd")]
 mod rollout_group;
+#[cfg(feature = "crd")]
 mod sandbox;
 
+#[cfg(feature = "crd")]
 pub use rollout_group::*;
+#[cfg(feature = "crd")]
 pub use sandbox::*;
 
 /// API group of every Orchard Env kind.
@@ -32,5 +42,5 @@ pub const MANAGED_BY: &str = "orchard-operator";
 /// Annotation a client sets (RFC 3339 time, e.g. with `kubectl annotate`) to record a heartbeat.
 pub const HEARTBEAT_ANNOTATION: &str = "orchard.dev/heartbeat";
 
-#[cfg(test)]
+#[cfg(all(test, feature = "crd"))]
 mod cel_tests;

@@ -285,7 +285,7 @@ pub enum RolloutPhase {
     Failed,
 }
 
-/// How the group was chosen (BAR.md).
+/// How the group was chosen (docs/BAR.md).
 #[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, JsonSchema)]
 pub enum Selection {
     /// n+ within [ceil(min N), floor(max N)].

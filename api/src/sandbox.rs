@@ -419,6 +419,21 @@ pub enum SandboxPhase {
     Terminating,
 }
 
+impl SandboxPhase {
+    /// The phase's name as the API shows it.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Pending => "Pending",
+            Self::Starting => "Starting",
+            Self::Ready => "Ready",
+            Self::Succeeded => "Succeeded",
+            Self::Failed => "Failed",
+            Self::Expired => "Expired",
+            Self::Terminating => "Terminating",
+        }
+    }
+}
+
 /// The outcome of one trajectory, as the RolloutGroup controller and trainers read it.
 #[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
 #[x_kube(validation = Rule::new("self.status == 'aborted' || has(self.reward)").message("result.reward is required unless status is aborted"))]

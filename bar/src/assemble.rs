@@ -1,5 +1,5 @@
 //! Building a group of exactly N from a pool: `TryAssemble(lo, hi)` (used for the balanced and the relaxed
-//! selection) and the top-ranked fallback (BAR.md "TryAssemble" and schedule step 5).
+//! selection) and the top-ranked fallback (docs/BAR.md, "TryAssemble" and schedule step 5).
 
 use super::params::{Params, bounds};
 use super::rank::{Member, RankedPool, Trajectory, members_in_rank_order, rank};
@@ -67,7 +67,7 @@ pub fn top_ranked(params: &Params, pool: &[Trajectory]) -> Option<Vec<Member>> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::bar::rank::Outcome;
+    use crate::rank::Outcome;
 
     fn pool(spec: &[(&str, f64, Outcome, u64)]) -> Vec<Trajectory> {
         spec.iter()

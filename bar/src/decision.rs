@@ -1,5 +1,5 @@
 //! The outcome of a group: which selection path produced it, its N members, and the group filter applied
-//! on top (BAR.md schedule steps 2, 4, 5 and 6).
+//! on top (docs/BAR.md, schedule steps 2, 4, 5 and 6).
 
 use super::assemble::{top_ranked, try_assemble_ranked};
 use super::filter::{DropReason, drop_reason};
@@ -108,8 +108,8 @@ pub fn decide(params: &Params, pool: &[Trajectory]) -> GroupDecision {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::bar::fraction::Fraction;
-    use crate::bar::rank::Outcome;
+    use crate::fraction::Fraction;
+    use crate::rank::Outcome;
 
     fn pool(spec: &[(f64, Outcome)]) -> Vec<Trajectory> {
         spec.iter()

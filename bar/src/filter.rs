@@ -1,4 +1,4 @@
-//! The group filter (BAR.md schedule step 6): which assembled groups carry no learning signal and are
+//! The group filter (docs/BAR.md, schedule step 6): which assembled groups carry no learning signal and are
 //! dropped. It applies to every selection, `Balanced` included (with `n_min = 0` a balanced group can be
 //! all negative).
 
@@ -46,7 +46,7 @@ fn same_reward(a: f64, b: f64) -> bool {
     a == b || (a.is_nan() && b.is_nan())
 }
 
-/// The reason `filter` drops `group`, checked in BAR.md's order (zero variance first, then backfill);
+/// The reason `filter` drops `group`, checked in docs/BAR.md's order (zero variance first, then backfill);
 /// `None` keeps it. A disabled filter keeps every group.
 pub fn drop_reason(filter: &GroupFilter, group: &[Member]) -> Option<DropReason> {
     if !filter.enabled {
@@ -68,7 +68,7 @@ pub fn drop_reason(filter: &GroupFilter, group: &[Member]) -> Option<DropReason>
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::bar::rank::Outcome;
+    use crate::rank::Outcome;
 
     fn member(reward: f64, outcome: Outcome) -> Member {
         Member {

@@ -1,12 +1,12 @@
 //! Balanced Adaptive Rollout (BAR): the pure engine (no I/O, no clock, no randomness).
 //!
-//! This module owns the algorithm of `shared/design/BAR.md` and nothing else: classes and ranking
+//! This crate owns the algorithm (specified in `docs/BAR.md`) and nothing else: classes and ranking
 //! ([`rank`]), exact integer bounds on rationals ([`fraction`], [`params`]), `TryAssemble` and the
 //! top-ranked fallback ([`assemble`]), the group filter ([`filter`]), the final decision ([`decision`]) and
 //! the stride schedule with both early-stop modes ([`schedule`]). The RolloutGroup controller rebuilds a
 //! [`Progress`] from status and child Sandboxes and acts on [`next_step`]; `bar-sim` drives the same code.
 //!
-//! Points BAR.md leaves open, settled here (also in `docs/BAR.md`):
+//! Points the specification leaves open, settled here (also in `docs/BAR.md`):
 //! - **Group order.** Every selected group lists its members in rank order (status, length, name).
 //! - **TopRanked** is the first N of the whole pool in rank order: usable trajectories ranked by the class
 //!   key regardless of sign, then backfill (the status leads the key, so backfill comes last).
@@ -34,6 +34,9 @@ pub mod fraction;
 pub mod params;
 pub mod rank;
 pub mod schedule;
+
+#[cfg(feature = "sim")]
+pub mod sim;
 
 #[cfg(test)]
 mod property_tests;

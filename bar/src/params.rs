@@ -3,7 +3,7 @@
 
 use super::fraction::Fraction;
 
-/// When the engine may finish a group before the current stride is over (BAR.md "The schedule", step 2).
+/// When the engine may finish a group before the current stride is over (docs/BAR.md, "The schedule", step 2).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum EarlyStop {
     /// The paper: try to assemble only when every launched trajectory is terminal.
@@ -23,7 +23,7 @@ impl EarlyStop {
     }
 }
 
-/// The group-level filter (BAR.md step 6): drop groups that carry no learning signal.
+/// The group-level filter (docs/BAR.md, step 6): drop groups that carry no learning signal.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct GroupFilter {
     /// When false, no group is dropped for zero variance or backfill (a pool too small to fill N members
@@ -156,7 +156,7 @@ pub enum ParamsError {
     },
 }
 
-/// The integer targets for the number of positive members n+ (BAR.md "Integer bounds").
+/// The integer targets for the number of positive members n+ (docs/BAR.md, "Integer bounds").
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct Bounds {
     /// `ceil(rho_min x N)`.

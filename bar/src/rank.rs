@@ -1,5 +1,5 @@
 //! Trajectories, their classes (positive, negative, backfill) and the one total ranking every selection
-//! uses (BAR.md "Classes and ranking").
+//! uses (docs/BAR.md, "Classes and ranking").
 //!
 //! The rank key is (status: completed < truncated < aborted, length ascending, name ascending). Names are
 //! unique in practice (the controller derives them from the group); a final tie-break on the reward's

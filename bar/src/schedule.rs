@@ -1,4 +1,4 @@
-//! The schedule (BAR.md "The schedule"): given what has been launched and what is terminal, the one next
+//! The schedule (docs/BAR.md, "The schedule"): given what has been launched and what is terminal, the one next
 //! thing the controller should do — launch a stride, wait, or finish with a decision.
 //!
 //! The function is stateless: everything is derived from [`Progress`], so a restarted controller that
@@ -79,9 +79,9 @@ pub fn next_step(params: &Params, progress: &Progress<'_>) -> Step {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::bar::decision::Selection;
-    use crate::bar::filter::DropReason;
-    use crate::bar::rank::Outcome;
+    use crate::decision::Selection;
+    use crate::filter::DropReason;
+    use crate::rank::Outcome;
 
     fn trajectory(index: usize, reward: f64, outcome: Outcome) -> Trajectory {
         Trajectory {

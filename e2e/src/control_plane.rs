@@ -53,7 +53,20 @@ pub struct PlaneOptions {
     /// Serve a real node: Node authorization, kubelet client certificate, node component users,
     /// `kubernetes` Service endpoints, the EndpointSlice controller.
     pub real_node: bool,
+    /// Write an audit log of every write request ([`ControlPlane::audit_log`]; off by default: it
+    /// costs a file write per request).
+    pub audit_log: bool,
 }
+
+/// The audit policy of [`PlaneOptions::audit_log`]: metadata (who, what, when, result) of writes.
+const AUDIT_POLICY: &str = "apiVersion: audit.k8s.io/v1
+kind: Policy
+omitStages: [RequestReceived]
+rules:
+- level: Metadata
+  verbs: [create, update, patch, delete, deletecollection]
+- level: None
+";
 
 impl Default for PlaneOptions {
     fn default() -> Self {
@@ -61,6 +74,7 @@ impl Default for PlaneOptions {
             address: Ipv4Addr::LOCALHOST,
             service_cidr: "10.0.0.0/24".into(),
             real_node: false,
+            audit_log: false,
         }
     }
 }
@@ -90,12 +104,7 @@ fn random_hex(bytes: usize) -> String {
 }
 
 fn rand_byte() -> u8 {
-    let mut b = [0u8; 1];
-    // SAFETY: getrandom(2) into a one-byte buffer we own.
-    unsafe {
-        libc::getrandom(b.as_mut_ptr().cast(), 1, 0);
-    }
-    b[0]
+    rand::random()
 }
 
 async fn wait_etcd(port: u16, deadline: Instant) -> Result<()> {
@@ -161,6 +170,9 @@ impl ControlPlane {
             })
             .collect();
         std::fs::write(dir.join("tokens.csv"), token_file)?;
+        if options.audit_log {
+            std::fs::write(dir.join("audit-policy.yaml"), AUDIT_POLICY)?;
+        }
         let key = dir.join("pki/sa.key");
         let status = std::process::Command::new("openssl")
             .args(["genrsa", "-out"])
@@ -242,6 +254,16 @@ impl ControlPlane {
             "--max-mutating-requests-inflight=500".to_string(),
             "--v=1".to_string(),
         ];
+        if self.options.audit_log {
+            args.extend([
+                format!(
+                    "--audit-policy-file={}",
+                    dir.join("audit-policy.yaml").display()
+                ),
+                format!("--audit-log-path={}", dir.join("logs/audit.log").display()),
+                "--audit-log-format=json".to_string(),
+            ]);
+        }
         if self.options.real_node {
             let pki = dir.join("pki");
             args.extend([
@@ -374,6 +396,14 @@ impl ControlPlane {
     /// kubelet trusts it for exec, logs and port-forward).
     pub fn kubelet_client_ca(&self) -> PathBuf {
         self.dir.join("pki/kubelet-ca.crt")
+    }
+
+    /// The audit log (JSON lines, one `audit.k8s.io/v1` Event per write), if
+    /// [`PlaneOptions::audit_log`] is on.
+    pub fn audit_log(&self) -> Option<PathBuf> {
+        self.options
+            .audit_log
+            .then(|| self.dir.join("logs/audit.log"))
     }
 
     /// The file holding the CA of kube-apiserver's serving certificate.

@@ -53,6 +53,8 @@ pub struct EnvOptions {
     /// Enforce NetworkPolicies on the real node (kube-router). Off by default: an operator running
     /// as a host process reaches agents from the host, which the sandboxes' policies do not allow.
     pub enforce_network_policies: bool,
+    /// kube-apiserver writes an audit log of writes (`ControlPlane::audit_log`).
+    pub audit_log: bool,
 }
 
 impl Default for EnvOptions {
@@ -62,6 +64,7 @@ impl Default for EnvOptions {
             operator_args: Vec::new(),
             node: NodeKind::Hollow,
             enforce_network_policies: false,
+            audit_log: false,
         }
     }
 }
@@ -172,7 +175,7 @@ impl TestEnv {
         }
         static AT_EXIT: OnceLock<()> = OnceLock::new();
         AT_EXIT.get_or_init(|| {
-            // SAFETY: registers a plain extern "C" function with no captured state.
+            // SAFETY: registers a plain extern "C" function with no captured state (nix has no atexit).
             unsafe {
                 libc::atexit(kill_own_children_at_exit);
             }
@@ -189,8 +192,12 @@ impl TestEnv {
         let mut operator_args = options.operator_args.clone();
         let (control_plane, node) = match options.node {
             NodeKind::Hollow => {
+                let plane_options = PlaneOptions {
+                    audit_log: options.audit_log,
+                    ..PlaneOptions::default()
+                };
                 let control_plane =
-                    ControlPlane::start(&dir, &bin_dir, &crds, PlaneOptions::default()).await?;
+                    ControlPlane::start(&dir, &bin_dir, &crds, plane_options).await?;
                 let client = control_plane.client().await?;
                 // The agent injector "image": a root filesystem holding only the static agent binary.
                 let image_root = dir.join("images/orchard-agent");
@@ -217,6 +224,7 @@ impl TestEnv {
                     address: namespaces.layout.host_ip,
                     service_cidr: namespaces.layout.service_cidr(),
                     real_node: true,
+                    audit_log: options.audit_log,
                 };
                 let control_plane =
                     match ControlPlane::start(&dir, &bin_dir, &crds, plane_options).await {
@@ -469,10 +477,5 @@ fn pod_root(dir: &Path) -> PathBuf {
 }
 
 fn rand_u16() -> u16 {
-    let mut b = [0u8; 2];
-    // SAFETY: getrandom(2) into a buffer we own.
-    unsafe {
-        libc::getrandom(b.as_mut_ptr().cast(), 2, 0);
-    }
-    u16::from_le_bytes(b)
+    rand::random()
 }

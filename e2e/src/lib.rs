@@ -10,23 +10,25 @@
 pub mod binaries;
 pub mod chart_install;
 pub mod churn;
+pub mod config_reference;
 pub mod control_plane;
 pub mod crds;
 pub mod docs;
 pub mod env;
 pub mod error;
 pub mod hollow_node;
+pub mod k8s_schemas;
 pub mod operator_process;
 pub mod port_forward;
 pub mod ports;
 pub mod proc_stats;
 pub mod real_node;
 pub mod supervise;
+pub mod tcp_proxy;
+pub mod test_support;
 pub mod wait;
 
 use std::time::Duration;
-
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 /// Now as RFC 3339 with whole seconds (the `metav1.Time` format).
 pub fn now_rfc3339() -> String {
@@ -35,27 +37,15 @@ pub fn now_rfc3339() -> String {
         .unwrap_or_else(|_| now.to_string())
 }
 
-/// A minimal HTTP/1.0 GET (status code and body) for health and metrics endpoints.
+/// A plain-HTTP GET (status code and body) for health and metrics endpoints, within 10 s.
 pub async fn http_get(address: &str, path: &str) -> std::io::Result<(u16, String)> {
-    let attempt = async {
-        let mut stream = tokio::net::TcpStream::connect(address).await?;
-        let request = format!("GET {path} HTTP/1.0\r\nHost: {address}\r\n\r\n");
-        stream.write_all(request.as_bytes()).await?;
-        let mut response = Vec::new();
-        stream.read_to_end(&mut response).await?;
-        let text = String::from_utf8_lossy(&response).to_string();
-        let status = text
-            .split_whitespace()
-            .nth(1)
-            .and_then(|s| s.parse().ok())
-            .ok_or_else(|| std::io::Error::other("no HTTP status line"))?;
-        let body = text
-            .split_once("\r\n\r\n")
-            .map(|(_, b)| b.to_string())
-            .unwrap_or_default();
-        Ok((status, body))
-    };
-    tokio::time::timeout(Duration::from_secs(10), attempt)
+    let response = reqwest::Client::new()
+        .get(format!("http://{address}{path}"))
+        .timeout(Duration::from_secs(10))
+        .send()
         .await
-        .map_err(|_| std::io::Error::other("HTTP GET timed out"))?
+        .map_err(std::io::Error::other)?;
+    let status = response.status().as_u16();
+    let body = response.text().await.map_err(std::io::Error::other)?;
+    Ok((status, body))
 }

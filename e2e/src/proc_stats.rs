@@ -12,9 +12,10 @@ pub fn cpu_seconds(pid: u32) -> Option<f64> {
 }
 
 fn clock_ticks_per_second() -> f64 {
-    // SAFETY: sysconf has no preconditions.
-    let ticks = unsafe { libc::sysconf(libc::_SC_CLK_TCK) };
-    if ticks > 0 { ticks as f64 } else { 100.0 }
+    match nix::unistd::sysconf(nix::unistd::SysconfVar::CLK_TCK) {
+        Ok(Some(ticks)) if ticks > 0 => ticks as f64,
+        _ => 100.0,
+    }
 }
 
 fn status_kib(pid: u32, field: &str) -> Option<u64> {

@@ -13,7 +13,7 @@
 use std::ffi::OsString;
 use std::fs::File;
 use std::io;
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::os::fd::{AsFd, AsRawFd, FromRawFd, OwnedFd, RawFd};
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
@@ -21,7 +21,19 @@ use std::sync::OnceLock;
 use std::sync::mpsc;
 use std::time::Duration;
 
+use nix::poll::{PollFd, PollFlags, PollTimeout, poll};
+use nix::sys::prctl;
+use nix::sys::signal::{Signal, kill, killpg};
+use nix::sys::wait::{WaitPidFlag, WaitStatus, waitpid};
+use nix::unistd::{self, Pid};
 use tokio::io::unix::AsyncFd;
+
+/// SIGKILL as the signal number [`Exit`] and [`Child::signal`] use.
+pub const SIGKILL: i32 = Signal::SIGKILL as i32;
+
+fn pid_of(pid: u32) -> Pid {
+    Pid::from_raw(i32::try_from(pid).unwrap_or(i32::MAX))
+}
 
 /// Environment variable marking every process started by a harness run.
 pub const RUN_MARKER: &str = "ORCHARD_E2E_RUN";
@@ -177,20 +189,17 @@ fn spawn_here(spec: &Spec) -> io::Result<u32> {
         })?;
         return Ok(child.id());
     }
-    let parent = std::process::id() as libc::pid_t;
+    let parent = Pid::this();
     // SAFETY: only async-signal-safe calls (prctl, getppid, setpgid, _exit) between fork and exec.
     unsafe {
         command.pre_exec(move || {
-            if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL) != 0 {
-                return Err(io::Error::last_os_error());
-            }
+            prctl::set_pdeathsig(Signal::SIGKILL)?;
             // The harness may have died between fork and prctl: then nobody would ever kill us.
-            if libc::getppid() != parent {
+            if unistd::getppid() != parent {
+                // nix has no _exit(2); std's exit would run atexit handlers in the forked child.
                 libc::_exit(1);
             }
-            if libc::setpgid(0, 0) != 0 {
-                return Err(io::Error::last_os_error());
-            }
+            unistd::setpgid(Pid::from_raw(0), Pid::from_raw(0))?;
             Ok(())
         });
     }
@@ -207,6 +216,7 @@ fn spawn_here(spec: &Spec) -> io::Result<u32> {
     Ok(child.id())
 }
 
+/// pidfd_open(2). nix has no pidfd calls, hence the raw syscall (here and in [`Child::signal`]).
 fn pidfd_open(pid: u32) -> io::Result<OwnedFd> {
     // SAFETY: plain syscall; on success it returns a new file descriptor we own.
     let fd = unsafe { libc::syscall(libc::SYS_pidfd_open, pid as libc::pid_t, 0) };
@@ -261,9 +271,9 @@ impl Child {
 
     /// Sends `signal` to the child's whole process group.
     pub fn signal_group(&self, signal: i32) {
-        // SAFETY: kill(2) on a process group we created; errors (already gone) are ignored.
-        unsafe {
-            libc::kill(-(self.pid as libc::pid_t), signal);
+        // Errors (already gone, or not a signal number) are ignored.
+        if let Ok(signal) = Signal::try_from(signal) {
+            let _ = killpg(pid_of(self.pid), signal);
         }
     }
 
@@ -283,13 +293,8 @@ impl Child {
 
     /// Whether the child has exited (not yet reaped counts as exited).
     pub fn has_exited(&self) -> bool {
-        let mut fds = libc::pollfd {
-            fd: self.pidfd.as_raw_fd(),
-            events: libc::POLLIN,
-            revents: 0,
-        };
-        // SAFETY: poll on one valid descriptor with a zero timeout.
-        unsafe { libc::poll(&mut fds, 1, 0) > 0 }
+        let mut fds = [PollFd::new(self.pidfd.as_fd(), PollFlags::POLLIN)];
+        poll(&mut fds, PollTimeout::ZERO).is_ok_and(|ready| ready > 0)
     }
 
     /// Waits for the child to exit and reaps it.
@@ -301,21 +306,15 @@ impl Child {
         }
         .map_err(|e| io::Error::other(e.to_string()))?;
         let _ready = fd.readable().await?;
-        Ok(self.reap().unwrap_or(Exit::Signal(libc::SIGKILL)))
+        Ok(self.reap().unwrap_or(Exit::Signal(SIGKILL)))
     }
 
     /// Reaps the child if it exited (`None` if it runs or was already reaped).
     pub fn reap(&self) -> Option<Exit> {
-        let mut status = 0;
-        // SAFETY: waitpid on our own child, non-blocking.
-        let got = unsafe { libc::waitpid(self.pid as libc::pid_t, &mut status, libc::WNOHANG) };
-        if got != self.pid as libc::pid_t {
-            return None;
-        }
-        if libc::WIFEXITED(status) {
-            Some(Exit::Code(libc::WEXITSTATUS(status)))
-        } else {
-            Some(Exit::Signal(libc::WTERMSIG(status)))
+        match waitpid(pid_of(self.pid), Some(WaitPidFlag::WNOHANG)).ok()? {
+            WaitStatus::Exited(_, code) => Some(Exit::Code(code)),
+            WaitStatus::Signaled(_, signal, _) => Some(Exit::Signal(signal as i32)),
+            _ => None,
         }
     }
 
@@ -325,17 +324,17 @@ impl Child {
             self.reap();
             return;
         }
-        self.signal_group(libc::SIGTERM);
+        self.signal_group(Signal::SIGTERM as i32);
         if tokio::time::timeout(grace, self.wait()).await.is_err() {
-            self.signal_group(libc::SIGKILL);
+            self.signal_group(SIGKILL);
             let _ = tokio::time::timeout(Duration::from_secs(5), self.wait()).await;
         }
     }
 
     /// SIGKILL to the process group and reap, without waiting on a runtime (for `Drop` paths).
     pub fn kill_now(&self) {
-        self.signal_group(libc::SIGKILL);
-        self.signal(libc::SIGKILL);
+        self.signal_group(SIGKILL);
+        self.signal(SIGKILL);
         for _ in 0..200 {
             if self.reap().is_some() || !Path::new(&format!("/proc/{}", self.pid)).exists() {
                 return;
@@ -375,10 +374,8 @@ pub fn processes_with_env(key: &str, value: Option<&str>) -> Vec<u32> {
 pub fn kill_marked(key: &str, value: &str) -> usize {
     let pids = processes_with_env(key, Some(value));
     for pid in &pids {
-        // SAFETY: kill(2); a process that is already gone is fine.
-        unsafe {
-            libc::kill(*pid as libc::pid_t, libc::SIGKILL);
-        }
+        // A process that is already gone is fine.
+        let _ = kill(pid_of(*pid), Signal::SIGKILL);
     }
     pids.len()
 }
@@ -398,10 +395,7 @@ pub fn kill_marked_any(key: &str, values: &std::collections::HashSet<String>) ->
             continue;
         }
         if env_of(pid, key).is_some_and(|v| values.contains(&v)) {
-            // SAFETY: kill(2) on a process of a finished pod.
-            unsafe {
-                libc::kill(pid as libc::pid_t, libc::SIGKILL);
-            }
+            let _ = kill(pid_of(pid), Signal::SIGKILL);
             killed += 1;
         }
     }
@@ -423,10 +417,8 @@ pub fn sweep_orphans() -> usize {
             })
             .is_some_and(|(owner, start)| process_start_time(owner) == Some(start));
         if !owner_alive {
-            // SAFETY: kill(2) on a process left over from a dead harness run.
-            unsafe {
-                libc::kill(pid as libc::pid_t, libc::SIGKILL);
-            }
+            // Left over from a dead harness run.
+            let _ = kill(pid_of(pid), Signal::SIGKILL);
             killed += 1;
         }
     }

@@ -2,15 +2,13 @@
 //! (`orchard_api_writes_total`) over a batch of sandboxes in an otherwise idle cluster. The number is
 //! reported in docs/CONTROLLER.md; the assertion guards against regressions.
 
-mod common_sandbox;
-
 use std::time::Duration;
 
-use common_sandbox::{is_ready, sandbox};
 use k8s_openapi::api::core::v1::Pod;
 use kube::api::{Api, DeleteParams, ListParams, PostParams};
 use orchard_e2e::env::TestEnv;
 use orchard_e2e::operator_process::metric_sum;
+use orchard_e2e::test_support::sandboxes::{is_ready, sandbox};
 use orchard_e2e::wait;
 use orchard_operator::api::Sandbox;
 use serde_json::json;

@@ -1,13 +1,11 @@
 //! kube-apiserver restarted under the operator and the node: their watches recover, so sandboxes
 //! created afterwards become Ready, and deadlines set before the restart still fire.
 
-mod common_sandbox;
-
 use std::time::Duration;
 
-use common_sandbox::{is_ready, sandbox};
 use kube::api::{Api, PostParams};
 use orchard_e2e::env::TestEnv;
+use orchard_e2e::test_support::sandboxes::{is_ready, sandbox};
 use orchard_e2e::wait;
 use orchard_operator::api::Sandbox;
 use serde_json::json;

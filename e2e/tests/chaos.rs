@@ -2,22 +2,19 @@
 //! a RolloutGroup generating — and restarted: every object reaches its correct end state, no pod is
 //! duplicated, no trajectory is launched twice or lost.
 
-mod common_rollout;
-mod common_sandbox;
-
 use std::collections::BTreeSet;
 use std::time::Duration;
 
-use common_rollout::{
-    GROUP_TIMEOUT, assert_matches_engine, check_outcomes, children, group, is_complete,
-    reward_script, template,
-};
-use common_sandbox::{is_ready, sandbox};
 use futures::StreamExt;
 use k8s_openapi::api::core::v1::Pod;
 use kube::ResourceExt;
 use kube::api::{Api, DeleteParams, ListParams, PostParams};
 use orchard_e2e::env::TestEnv;
+use orchard_e2e::test_support::rollouts::{
+    GROUP_TIMEOUT, assert_matches_engine, check_outcomes, children, group, is_complete,
+    reward_script, template,
+};
+use orchard_e2e::test_support::sandboxes::{is_ready, sandbox};
 use orchard_e2e::wait;
 use orchard_operator::api::{RolloutGroup, Sandbox};
 use serde_json::json;

@@ -1,16 +1,14 @@
 //! Heartbeat and TTL expiry on the local cluster: the operator deletes a sandbox at its deadline
 //! (requeued exactly then, no sweep), and a heartbeat annotation postpones it.
 
-mod common_sandbox;
-
 use std::time::Duration;
 
-use common_sandbox::{is_ready, sandbox};
 use futures::StreamExt;
 use k8s_openapi::jiff::Timestamp;
 use kube::api::{Api, Patch, PatchParams, PostParams};
 use kube::runtime::watcher;
 use orchard_e2e::env::TestEnv;
+use orchard_e2e::test_support::sandboxes::{is_ready, sandbox};
 use orchard_e2e::wait;
 use orchard_operator::api::Sandbox;
 use serde_json::json;

@@ -1,18 +1,16 @@
 //! Heartbeat expiry precision under load: many sandboxes whose deadlines fall within a few seconds of
 //! each other, each deleted at its `expiresAt`. Prints the lateness distribution (docs/RELIABILITY.md).
 
-mod common_sandbox;
-
 use std::collections::HashMap;
 use std::time::Duration;
 
-use common_sandbox::sandbox;
 use futures::StreamExt;
 use k8s_openapi::jiff::Timestamp;
 use kube::ResourceExt;
 use kube::api::{Api, PostParams};
 use kube::runtime::watcher;
 use orchard_e2e::env::TestEnv;
+use orchard_e2e::test_support::sandboxes::sandbox;
 use orchard_operator::api::Sandbox;
 use serde_json::json;
 

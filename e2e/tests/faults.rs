@@ -2,14 +2,12 @@
 //! `Failed` sandbox with a reason a user can act on; the failed pod's resources are released. A
 //! deleted token Secret fails the sandbox too, and is not replaced.
 
-mod common_sandbox;
-
 use std::time::Duration;
 
-use common_sandbox::{is_failed, is_ready, sandbox};
 use k8s_openapi::api::core::v1::{Pod, Secret};
 use kube::api::{Api, DeleteParams, PostParams};
 use orchard_e2e::env::TestEnv;
+use orchard_e2e::test_support::sandboxes::{is_failed, is_ready, sandbox};
 use orchard_e2e::wait;
 use orchard_operator::api::Sandbox;
 use serde_json::json;

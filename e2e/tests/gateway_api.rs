@@ -3,14 +3,12 @@
 //! exec (unary and streamed), files, patches and background processes proxied to the agent at the pod
 //! IP, result recording (write-once), and the error codes a client acts on.
 
-mod gateway_support;
-
 use std::time::{Duration, Instant};
 
 use futures::StreamExt;
-use gateway_support::{Caller, grant, sandbox_path, trainer_rules};
 use kube::api::Api;
 use orchard_e2e::env::TestEnv;
+use orchard_e2e::test_support::gateway::{Caller, grant, sandbox_path, trainer_rules};
 use orchard_operator::api::Sandbox;
 use serde_json::json;
 

@@ -5,13 +5,11 @@
 //! local node, so it holds this one test only. The agent killed while the node was paused is
 //! reported when the node resumes (the sandbox turns Failed), like a kubelet that recovers.
 
-mod gateway_support;
-
 use std::time::{Duration, Instant};
 
-use gateway_support::{Caller, sandbox_path};
 use kube::api::Api;
 use orchard_e2e::env::TestEnv;
+use orchard_e2e::test_support::gateway::{Caller, sandbox_path};
 use orchard_operator::api::{Sandbox, SandboxPhase};
 use serde_json::json;
 

@@ -2,17 +2,15 @@
 //! `/heartbeat` calls keep a sandbox alive past its heartbeat timeout, while the API writes they cause
 //! are coalesced (at most one per sandbox per third of its timeout). Prints the measured numbers.
 
-mod gateway_support;
-
 use std::collections::BTreeSet;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use futures::StreamExt;
-use gateway_support::{Caller, sandbox_path};
 use kube::api::Api;
 use kube::runtime::watcher;
 use orchard_e2e::env::TestEnv;
+use orchard_e2e::test_support::gateway::{Caller, sandbox_path};
 use orchard_operator::api::{HEARTBEAT_ANNOTATION, Sandbox};
 use serde_json::json;
 

@@ -4,22 +4,20 @@
 //! killed in the middle of a RolloutGroup; the Python SDK's tests run against the in-cluster gateway;
 //! NetworkPolicies are enforced (kube-router) and checked on real packets.
 
-mod common_rollout;
-mod gateway_support;
-mod sdk_support;
-
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
 
-use common_rollout::{GROUP_TIMEOUT, expected, group, is_complete, reward_script};
 use futures::StreamExt;
-use gateway_support::Caller;
 use k8s_openapi::api::core::v1::Pod;
 use kube::ResourceExt;
 use kube::api::{Api, DeleteParams, PostParams};
 use kube::runtime::watcher;
 use orchard_e2e::chart_install::{ChartRelease, ReleaseOptions};
 use orchard_e2e::env::TestEnv;
+use orchard_e2e::test_support::gateway::Caller;
+use orchard_e2e::test_support::rollouts::{
+    GROUP_TIMEOUT, expected, group, is_complete, reward_script,
+};
 use orchard_e2e::wait;
 use orchard_operator::api::{RolloutGroup, RolloutPhase, Sandbox};
 use serde_json::{Value, json};
@@ -182,7 +180,10 @@ async fn the_standby_finishes_a_rollout_group_when_the_leader_pod_is_killed() {
     // Seed 1: trajectories 0 and 1 both pass, so the first stride cannot make a balanced group and
     // the second stride is launched by whoever leads after the kill.
     let (seed, pass) = (1, 50);
-    let mut template = common_rollout::template(&reward_script(seed, pass, None, Some(3)), 60);
+    let mut template = orchard_e2e::test_support::rollouts::template(
+        &reward_script(seed, pass, None, Some(3)),
+        60,
+    );
     template["spec"]["image"] = json!(env.node.real().image("busybox"));
     groups
         .create(
@@ -233,7 +234,7 @@ async fn the_standby_finishes_a_rollout_group_when_the_leader_pod_is_killed() {
     let done = wait::until(&groups, "failover", "Complete", GROUP_TIMEOUT, is_complete).await;
     let status = done.status.clone().expect("status");
     assert_eq!(status.phase, Some(RolloutPhase::Complete), "{status:?}");
-    common_rollout::assert_matches_engine(&done);
+    orchard_e2e::test_support::rollouts::assert_matches_engine(&done);
     for record in &status.trajectories {
         let index = record
             .name
@@ -788,7 +789,7 @@ async fn python_sdk_tests_pass_against_the_in_cluster_gateway() {
     let release = release().await;
     let client = env.client().await;
     let image = env.node.real().image("debian-python");
-    let target = sdk_support::SdkTarget {
+    let target = orchard_e2e::test_support::sdk::SdkTarget {
         gateway: release.gateway_url(&client).await.expect("gateway URL"),
         metrics: format!(
             "{}/metrics",
@@ -802,7 +803,7 @@ async fn python_sdk_tests_pass_against_the_in_cluster_gateway() {
         // Only the operator's pods reach agents here: this process is not one of them.
         direct: false,
     };
-    let run = sdk_support::run_sdk_tests(env, &target).await;
+    let run = orchard_e2e::test_support::sdk::run_sdk_tests(env, &target).await;
     if let Some(status) = run.failure {
         panic!(
             "pytest failed ({status}); operator logs:\n{}",

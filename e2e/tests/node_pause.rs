@@ -2,13 +2,11 @@
 //! node-lifecycle controller marks its pods not ready and the operator stops reporting the sandboxes
 //! Ready; after the node resumes they are Ready again. Own binary: pausing freezes every agent.
 
-mod common_sandbox;
-
 use std::time::Duration;
 
-use common_sandbox::{is_ready, sandbox};
 use kube::api::{Api, PostParams};
 use orchard_e2e::env::TestEnv;
+use orchard_e2e::test_support::sandboxes::{is_ready, sandbox};
 use orchard_e2e::wait;
 use orchard_operator::api::Sandbox;
 use serde_json::json;

@@ -1,16 +1,14 @@
 //! The operator SIGKILLed in the middle of creating sandboxes and restarted: every sandbox still
 //! becomes Ready, with exactly one pod and its original token (nothing is created twice).
 
-mod common_sandbox;
-
 use std::collections::BTreeMap;
 use std::time::Duration;
 
-use common_sandbox::{is_ready, sandbox, token_of};
 use k8s_openapi::api::core::v1::{Pod, Secret};
 use kube::ResourceExt;
 use kube::api::{Api, ListParams, PostParams};
 use orchard_e2e::env::TestEnv;
+use orchard_e2e::test_support::sandboxes::{is_ready, sandbox, token_of};
 use orchard_e2e::wait;
 use orchard_operator::api::Sandbox;
 use serde_json::json;

@@ -1,11 +1,8 @@
 //! Drives the Python SDK's tests (`sdk/python/tests`, pytest) against the local cluster with the
 //! operator process (the hollow node): every test runs, direct mode included. Fails when pytest fails.
 
-mod gateway_support;
-mod sdk_support;
-
 use orchard_e2e::env::TestEnv;
-use sdk_support::{SdkTarget, run_sdk_tests};
+use orchard_e2e::test_support::sdk::{SdkTarget, run_sdk_tests};
 
 #[tokio::test]
 async fn python_sdk_tests_pass_against_the_local_cluster() {

@@ -3,17 +3,14 @@
 //! through the init container and the `emptyDir`, whatever the image holds: a Debian root filesystem,
 //! a static busybox, or one static binary with no shell and no libc.
 
-mod common_rollout;
-mod gateway_support;
-
 use std::time::Duration;
 
-use common_rollout::{GROUP_TIMEOUT, group, is_complete, reward_script};
-use gateway_support::{Caller, sandbox_path};
 use k8s_openapi::api::core::v1::Pod;
 use kube::ResourceExt;
 use kube::api::{Api, DeleteParams, PostParams};
 use orchard_e2e::env::TestEnv;
+use orchard_e2e::test_support::gateway::{Caller, sandbox_path};
+use orchard_e2e::test_support::rollouts::{GROUP_TIMEOUT, group, is_complete, reward_script};
 use orchard_e2e::wait;
 use orchard_operator::api::{RolloutGroup, RolloutPhase, Sandbox, SandboxPhase};
 use serde_json::{Value, json};
@@ -368,7 +365,8 @@ async fn a_rollout_group_completes_on_real_containers() {
     let client = env.client().await;
     let groups: Api<RolloutGroup> = Api::namespaced(client.clone(), &ns);
     let image = env.node.real().image("busybox");
-    let mut template = common_rollout::template(&reward_script(7, 50, None, None), 60);
+    let mut template =
+        orchard_e2e::test_support::rollouts::template(&reward_script(7, 50, None, None), 60);
     template["spec"]["image"] = json!(image);
     groups
         .create(
@@ -384,7 +382,9 @@ async fn a_rollout_group_completes_on_real_containers() {
     let status = done.status.expect("status");
     assert_eq!(status.phase, Some(RolloutPhase::Complete), "{status:?}");
     assert_eq!(status.group.len(), 2, "{status:?}");
-    common_rollout::assert_matches_engine(&groups.get("prompt-1").await.expect("group"));
+    orchard_e2e::test_support::rollouts::assert_matches_engine(
+        &groups.get("prompt-1").await.expect("group"),
+    );
     env.delete_namespace(&ns).await;
 }
 

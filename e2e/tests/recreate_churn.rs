@@ -2,16 +2,14 @@
 //! up like a new one, never use or keep anything of its previous incarnation, and cost a bounded
 //! number of API writes. `make soak` runs the same churn for minutes with 50 names.
 
-mod common_sandbox;
-
 use std::time::Duration;
 
-use common_sandbox::{is_ready, sandbox};
 use kube::ResourceExt;
 use kube::api::{Api, DeleteParams, PostParams};
 use orchard_e2e::churn::{self, Churn, Kind};
 use orchard_e2e::env::TestEnv;
 use orchard_e2e::operator_process::metric_sum;
+use orchard_e2e::test_support::sandboxes::{is_ready, sandbox};
 use orchard_e2e::wait;
 use orchard_operator::api::Sandbox;
 use serde_json::json;

@@ -2,18 +2,16 @@
 //! operator's runner, and the group the controller records must be exactly what the pure BAR engine
 //! decides when replayed stride by stride over the recorded outcomes.
 
-mod common_rollout;
-
 use std::collections::BTreeSet;
 use std::time::Duration;
 
-use common_rollout::{
-    GROUP_TIMEOUT, assert_matches_engine, check_outcomes, children, group, is_complete,
-    reward_script, template,
-};
 use kube::ResourceExt;
 use kube::api::{Api, PostParams};
 use orchard_e2e::env::TestEnv;
+use orchard_e2e::test_support::rollouts::{
+    GROUP_TIMEOUT, assert_matches_engine, check_outcomes, children, group, is_complete,
+    reward_script, template,
+};
 use orchard_e2e::wait;
 use orchard_operator::api::{RolloutGroup, RolloutPhase, Selection, TrajectoryStatus};
 use serde_json::json;

@@ -1,18 +1,16 @@
 //! The operator SIGKILLed in the middle of a RolloutGroup and restarted: the group still completes
 //! with exactly the engine's group, no trajectory is launched twice, and no result is lost.
 
-mod common_rollout;
-
 use std::collections::BTreeSet;
 use std::time::Duration;
 
-use common_rollout::{
-    GROUP_TIMEOUT, assert_matches_engine, check_outcomes, children, group, is_complete,
-    reward_script, template,
-};
 use kube::ResourceExt;
 use kube::api::{Api, PostParams};
 use orchard_e2e::env::TestEnv;
+use orchard_e2e::test_support::rollouts::{
+    GROUP_TIMEOUT, assert_matches_engine, check_outcomes, children, group, is_complete,
+    reward_script, template,
+};
 use orchard_e2e::wait;
 use orchard_operator::api::RolloutGroup;
 use serde_json::json;

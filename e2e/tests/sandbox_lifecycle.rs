@@ -5,13 +5,11 @@
 
 use std::time::Duration;
 
-mod common_sandbox;
-
-use common_sandbox::{is_ready, sandbox, token_of};
 use k8s_openapi::api::core::v1::{Pod, Secret};
 use k8s_openapi::api::networking::v1::NetworkPolicy;
 use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
 use orchard_e2e::env::TestEnv;
+use orchard_e2e::test_support::sandboxes::{is_ready, sandbox, token_of};
 use orchard_e2e::wait;
 use orchard_operator::api::{RolloutGroup, Sandbox, SandboxPhase};
 use serde_json::json;

@@ -8,21 +8,18 @@
 //!
 //! Covered elsewhere: gateway callers without or with a wrong token get 401 and a user allowed in
 //! namespace A cannot exec in B (`gateway_api.rs`); no wildcard verbs or resources in the operator's
-//! RBAC (`install_manifests.rs`); the agent's own HTTP-level auth and path tests (`agent/tests`).
-
-mod common_sandbox;
-mod gateway_support;
+//! RBAC (`manifests_rbac.rs`); the agent's own HTTP-level auth and path tests (`agent/tests`).
 
 use std::collections::BTreeMap;
 use std::time::Duration;
 
-use common_sandbox::{is_ready, sandbox, token_of};
-use gateway_support::{Caller, sandbox_path};
 use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::api::networking::v1::NetworkPolicy;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
 use kube::api::{Api, ListParams, PostParams};
 use orchard_e2e::env::TestEnv;
+use orchard_e2e::test_support::gateway::{Caller, sandbox_path};
+use orchard_e2e::test_support::sandboxes::{is_ready, sandbox, token_of};
 use orchard_e2e::wait;
 use orchard_operator::api::Sandbox;
 use serde_json::json;

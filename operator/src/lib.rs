@@ -1,31 +1,16 @@
 //! Orchard Env operator: the `Sandbox` and `RolloutGroup` APIs, their controllers, the gateway that
-//! routes exec/file calls straight to pod IPs, and the pure Balanced Adaptive Rollout (BAR) engine.
+//! routes exec/file calls straight to pod IPs. The Balanced Adaptive Rollout (BAR) engine is the pure
+//! crate `orchard_bar`.
 //!
-//! Data flow: [`api`] (types) -> [`sandbox`] controller (pure `build` and `status`, thin `apply`)
-//! -> gateway -> agent. [`bar`] is pure and does no I/O.
+//! Layout: the two controllers ([`sandbox`], [`rollout`]: pure builders and status, a thin apply
+//! layer, the reconcile that ties them), the [`gateway`] (REST to pod IPs behind Kubernetes RBAC), and
+//! one plumbing module, [`runtime`] (start-up, caches and triggers, leadership, the generic write layer
+//! and its memory, metrics, configuration). docs/CONTROLLER.md draws the data flow.
 
-pub mod admin;
-pub mod agent_client;
-pub mod api;
-pub mod backoff;
-pub mod bar;
-pub mod bar_sim;
-pub mod change_feed;
-pub mod conditions;
-pub mod config;
-pub mod context;
-pub mod error;
-pub mod events;
+/// The API types live in the crate `orchard_api`; re-exported for the binaries and tests.
+pub use orchard_api as api;
+
 pub mod gateway;
-pub mod leader;
-pub mod metrics;
-pub mod own_writes;
-pub mod ownership;
-pub mod reconcile_slots;
 pub mod rollout;
 pub mod runtime;
 pub mod sandbox;
-pub mod status_patch;
-pub mod telemetry;
-pub mod triggers;
-pub mod writes;

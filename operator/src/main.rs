@@ -2,8 +2,8 @@
 //! metrics server in one process. Flags: `orchard-operator --help`.
 
 use clap::Parser;
-use orchard_operator::config::OperatorArgs;
-use orchard_operator::{runtime, telemetry};
+use orchard_operator::runtime::config::OperatorArgs;
+use orchard_operator::runtime::{self, telemetry};
 
 #[tokio::main]
 async fn main() {

@@ -6,7 +6,7 @@
 use std::sync::LazyLock;
 
 use libfuzzer_sys::fuzz_target;
-use orchard_agent::exec::request::RequestKind;
+use orchard_agent::exec::request::{IntoSpec, RequestKind};
 use orchard_agent_fuzz::requests::{RequestHarness, check_spec};
 
 static HARNESS: LazyLock<RequestHarness> = LazyLock::new(|| RequestHarness::new("exec_request"));

@@ -6,7 +6,7 @@
 use std::sync::LazyLock;
 
 use libfuzzer_sys::fuzz_target;
-use orchard_agent::exec::request::RequestKind;
+use orchard_agent::exec::request::{IntoSpec, RequestKind};
 use orchard_agent::processes::table::{process_id, valid_id};
 use orchard_agent::server::startup_spec;
 use orchard_agent_fuzz::requests::{BODY_LIMIT, RequestHarness, check_spec};

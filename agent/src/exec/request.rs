@@ -1,12 +1,10 @@
 //! The command request shared by `/v1/exec`, `/v1/exec/stream` and `/v1/processes`, and its validation
 //! into a `CommandSpec` (what to run, where, with which limits).
 
-use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use base64::Engine;
-use serde::{Deserialize, Serialize};
 
 use crate::error::AgentError;
 
@@ -19,41 +17,11 @@ pub const MAX_BUFFERED_OUTPUT_BYTES: u64 = 1024 * 1024 * 1024;
 /// Shell used with `command` when `shell` is not given.
 pub const DEFAULT_SHELL: &str = "/bin/sh";
 
-/// How output bytes are put into JSON strings.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize, Serialize)]
-#[serde(rename_all = "lowercase")]
-pub enum OutputEncoding {
-    /// UTF-8; invalid sequences become U+FFFD and the `*Lossy` flag is set.
-    #[default]
-    Text,
-    /// Exact bytes, standard base64 with padding.
-    Base64,
-}
+pub use orchard_api::agent::{CommandLine, OutputEncoding};
 
-/// Body of `POST /v1/exec`, `/v1/exec/stream` and `/v1/processes` (`id` only for the latter).
-#[derive(Debug, Clone, Default, Deserialize)]
-#[serde(deny_unknown_fields, rename_all = "camelCase")]
-pub struct CommandRequest {
-    pub id: Option<String>,
-    pub argv: Option<Vec<String>>,
-    pub command: Option<String>,
-    pub shell: Option<String>,
-    pub cwd: Option<String>,
-    pub env: Option<BTreeMap<String, String>>,
-    pub stdin: Option<String>,
-    pub stdin_base64: Option<String>,
-    pub timeout_seconds: Option<f64>,
-    pub max_output_bytes: Option<u64>,
-    pub output_encoding: Option<OutputEncoding>,
-}
-
-/// What the caller asked to run, echoed in process statuses.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
-#[serde(untagged)]
-pub enum CommandLine {
-    Argv { argv: Vec<String> },
-    Shell { command: String, shell: String },
-}
+/// Body of `POST /v1/exec`, `/v1/exec/stream` and `/v1/processes` (`id` only for the latter): the
+/// shared wire type, validated into a [`CommandSpec`] by [`IntoSpec`].
+pub use orchard_api::agent::ExecRequest as CommandRequest;
 
 /// A validated command, ready to spawn.
 #[derive(Debug, Clone)]
@@ -84,9 +52,14 @@ pub enum RequestKind {
     Process,
 }
 
-impl CommandRequest {
+/// Validation of a [`CommandRequest`] into what to spawn (the wire type lives in `orchard-api`).
+pub trait IntoSpec {
     /// Validates the request; relative `cwd` is resolved against `root`.
-    pub fn into_spec(self, root: &Path, kind: RequestKind) -> Result<CommandSpec, AgentError> {
+    fn into_spec(self, root: &Path, kind: RequestKind) -> Result<CommandSpec, AgentError>;
+}
+
+impl IntoSpec for CommandRequest {
+    fn into_spec(self, root: &Path, kind: RequestKind) -> Result<CommandSpec, AgentError> {
         if kind == RequestKind::Exec && self.id.is_some() {
             return Err(AgentError::InvalidRequest(
                 "unknown field `id`: ids exist only for background processes (POST /v1/processes)"

@@ -9,11 +9,12 @@ use axum::extract::State;
 use axum::http::{HeaderValue, StatusCode, header};
 use axum::response::Response;
 use bytes::Bytes;
+use orchard_api::agent::ExecResponse;
 use serde::Serialize;
 use tokio::sync::mpsc;
 
 use super::output::{CapturedOutput, EventSink, OutputSink, StreamName, pump};
-use super::request::{CommandRequest, OutputEncoding, RequestKind};
+use super::request::{CommandRequest, IntoSpec, OutputEncoding, RequestKind};
 use super::spawn::{Spawned, spawn};
 use super::supervise::{DRAIN_GRACE, Finished, supervise};
 use crate::error::{AgentError, json_response};
@@ -24,26 +25,6 @@ use crate::server::AppState;
 const STREAM_DRAIN_GRACE: std::time::Duration = std::time::Duration::from_secs(2);
 /// Events buffered between the command and the client (backpressure beyond this).
 const STREAM_EVENT_BUFFER: usize = 16;
-
-/// Response of `POST /v1/exec`.
-#[derive(Debug, Serialize)]
-#[serde(rename_all = "camelCase")]
-pub struct ExecResponse {
-    pub exit_code: Option<i32>,
-    pub signal: Option<i32>,
-    pub timed_out: bool,
-    pub oom_killed: bool,
-    pub stdout: String,
-    pub stderr: String,
-    pub stdout_truncated: bool,
-    pub stderr_truncated: bool,
-    pub stdout_lossy: bool,
-    pub stderr_lossy: bool,
-    pub duration_ms: u64,
-    pub output_encoding: OutputEncoding,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub error: Option<String>,
-}
 
 pub async fn exec(
     State(state): State<AppState>,

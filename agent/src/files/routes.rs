@@ -13,7 +13,8 @@ use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
 use axum::response::Response;
 use bytes::Bytes;
 use futures::StreamExt;
-use serde::{Deserialize, Serialize};
+use orchard_api::agent::{FileDeleted, FileEntry, FileKind, FileList, FileWritten};
+use serde::Deserialize;
 use tokio::sync::mpsc;
 
 use super::paths::{parse_mode, resolve_request_path};
@@ -31,12 +32,6 @@ use crate::server::AppState;
 pub struct PutQuery {
     path: String,
     mode: Option<String>,
-}
-
-#[derive(Serialize)]
-struct Written {
-    path: String,
-    size: u64,
 }
 
 async fn blocking<T: Send + 'static>(
@@ -153,7 +148,7 @@ pub async fn put(
     tracing::debug!(path = %target.display(), size, "file written");
     Ok(json_response(
         StatusCode::CREATED,
-        &Written {
+        &FileWritten {
             path: target.display().to_string(),
             size,
         },
@@ -202,22 +197,6 @@ pub async fn get(
     Ok(response)
 }
 
-#[derive(Serialize)]
-struct Listing {
-    path: String,
-    entries: Vec<Entry>,
-}
-
-#[derive(Serialize)]
-struct Entry {
-    name: String,
-    #[serde(rename = "type")]
-    kind: &'static str,
-    size: u64,
-    mode: u32,
-    modified: Option<String>,
-}
-
 pub async fn list(
     State(state): State<AppState>,
     query: Result<Query<PathQuery>, QueryRejection>,
@@ -243,15 +222,15 @@ pub async fn list(
             };
             let file_type = metadata.file_type();
             let kind = if file_type.is_symlink() {
-                "symlink"
+                FileKind::Symlink
             } else if file_type.is_dir() {
-                "directory"
+                FileKind::Directory
             } else if file_type.is_file() {
-                "file"
+                FileKind::File
             } else {
-                "other"
+                FileKind::Other
             };
-            entries.push(Entry {
+            entries.push(FileEntry {
                 name: entry.file_name().to_string_lossy().into_owned(),
                 kind,
                 size: metadata.len(),
@@ -264,7 +243,7 @@ pub async fn list(
             });
         }
         entries.sort_by(|a, b| a.name.cmp(&b.name));
-        Ok(Listing {
+        Ok(FileList {
             path: path.display().to_string(),
             entries,
         })
@@ -278,12 +257,6 @@ pub async fn list(
 pub struct DeleteQuery {
     path: String,
     recursive: Option<bool>,
-}
-
-#[derive(Serialize)]
-struct Deleted {
-    path: String,
-    deleted: bool,
 }
 
 pub async fn delete(
@@ -318,7 +291,7 @@ pub async fn delete(
                 AgentError::io("cannot delete", &path, error)
             }
         })?;
-        Ok(Deleted {
+        Ok(FileDeleted {
             path: path.display().to_string(),
             deleted: true,
         })

@@ -14,7 +14,7 @@ use std::path::{Path, PathBuf};
 use axum::extract::State;
 use axum::http::StatusCode;
 use axum::response::Response;
-use serde::{Deserialize, Serialize};
+pub use orchard_api::agent::{PatchAction, PatchRequest, PatchResult, PatchedFile};
 
 use self::apply::apply_hunks;
 use self::parse::{FilePatch, parse_patch};
@@ -24,26 +24,6 @@ use crate::files::paths::ProtectedFiles;
 use crate::files::transfer::{DEFAULT_FILE_MODE, TempFile, create_temp_beside};
 use crate::json_body::JsonBody;
 use crate::server::AppState;
-
-#[derive(Debug, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct PatchRequest {
-    patch: String,
-    cwd: Option<String>,
-    strip: Option<usize>,
-}
-
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
-pub struct PatchedFile {
-    pub path: String,
-    pub action: &'static str,
-}
-
-#[derive(Serialize)]
-struct PatchApplied {
-    applied: bool,
-    files: Vec<PatchedFile>,
-}
 
 pub async fn apply(
     State(state): State<AppState>,
@@ -65,7 +45,7 @@ pub async fn apply(
     tracing::debug!(files = applied.len(), "patch applied");
     Ok(json_response(
         StatusCode::OK,
-        &PatchApplied {
+        &PatchResult {
             applied: true,
             files: applied,
         },
@@ -340,7 +320,11 @@ fn stage_and_persist(
         staged.push((temp, path, mode));
         report.push(PatchedFile {
             path: file.name.clone(),
-            action: if file.existed { "modified" } else { "created" },
+            action: if file.existed {
+                PatchAction::Modified
+            } else {
+                PatchAction::Created
+            },
         });
     }
     for (temp, path, mode) in staged {
@@ -356,7 +340,7 @@ fn stage_and_persist(
             fs::remove_file(path).map_err(|error| AgentError::io("cannot delete", path, error))?;
             report.push(PatchedFile {
                 path: file.name.clone(),
-                action: "deleted",
+                action: PatchAction::Deleted,
             });
         }
     }
@@ -435,9 +419,9 @@ mod tests {
         assert_eq!(
             actions,
             vec![
-                ("src/a.txt", "modified"),
-                ("deep/new.txt", "created"),
-                ("gone.txt", "deleted")
+                ("src/a.txt", PatchAction::Modified),
+                ("deep/new.txt", PatchAction::Created),
+                ("gone.txt", PatchAction::Deleted)
             ]
         );
     }

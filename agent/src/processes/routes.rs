@@ -8,12 +8,13 @@ use axum::extract::rejection::{PathRejection, QueryRejection};
 use axum::extract::{Path, Query, State};
 use axum::http::StatusCode;
 use axum::response::Response;
-use serde::{Deserialize, Serialize};
+use orchard_api::agent::{ProcessList, SignalRequest};
+use serde::Deserialize;
 
-use super::signals::SignalSpec;
-use super::table::{ManagedProcess, ProcessStatus, Started};
+use super::signals::SignalNumber;
+use super::table::{ManagedProcess, Started};
 use crate::error::{AgentError, json_response};
-use crate::exec::request::{CommandRequest, RequestKind};
+use crate::exec::request::{CommandRequest, IntoSpec, RequestKind};
 use crate::json_body::JsonBody;
 use crate::server::AppState;
 
@@ -41,10 +42,7 @@ pub async fn start(
                 "a process with id `{}` already exists (see `process`); adopt it, or DELETE it first",
                 existing.id()
             ),
-            extra: Some((
-                "process",
-                serde_json::to_value(existing.status(true)).unwrap_or_default(),
-            )),
+            process: Some(Box::new(existing.status(true))),
         }),
     }
 }
@@ -54,11 +52,6 @@ pub async fn start(
 pub struct ListQuery {
     /// `false` leaves out `stdout`/`stderr` (default true).
     output: Option<bool>,
-}
-
-#[derive(Serialize)]
-struct ProcessList {
-    processes: Vec<ProcessStatus>,
 }
 
 pub async fn list(
@@ -108,12 +101,6 @@ pub async fn status(
     ))
 }
 
-#[derive(Debug, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct SignalRequest {
-    signal: SignalSpec,
-}
-
 pub async fn signal(
     State(state): State<AppState>,
     id: Result<Path<String>, PathRejection>,
@@ -129,10 +116,7 @@ pub async fn signal(
                 "process `{}` has already exited; nothing to signal",
                 process.id()
             ),
-            extra: Some((
-                "process",
-                serde_json::to_value(process.status(false)).unwrap_or_default(),
-            )),
+            process: Some(Box::new(process.status(false))),
         })
     }
 }

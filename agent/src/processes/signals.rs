@@ -1,14 +1,7 @@
 //! Signal names and numbers accepted by `POST /v1/processes/{id}/signal`.
 
-use serde::Deserialize;
-
-/// `"TERM"`, `"SIGTERM"` or a number.
-#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
-#[serde(untagged)]
-pub enum SignalSpec {
-    Number(i64),
-    Name(String),
-}
+/// `"TERM"`, `"SIGTERM"` or a number (the shared wire type).
+pub use orchard_api::agent::SignalSpec;
 
 const NAMED: &[(&str, i32)] = &[
     ("HUP", libc::SIGHUP),
@@ -24,9 +17,14 @@ const NAMED: &[(&str, i32)] = &[
     ("WINCH", libc::SIGWINCH),
 ];
 
-impl SignalSpec {
+/// The number of a requested signal (the wire type lives in `orchard-api`; the names are the agent's).
+pub trait SignalNumber {
     /// The signal number, or a message naming the accepted values.
-    pub fn number(&self) -> Result<i32, String> {
+    fn number(&self) -> Result<i32, String>;
+}
+
+impl SignalNumber for SignalSpec {
+    fn number(&self) -> Result<i32, String> {
         match self {
             SignalSpec::Number(number) if (1..=64).contains(number) => Ok(*number as i32),
             SignalSpec::Number(number) => {

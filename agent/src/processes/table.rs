@@ -6,7 +6,6 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant, SystemTime};
 
-use serde::Serialize;
 use tokio::sync::watch;
 
 use crate::clock::rfc3339;
@@ -17,6 +16,9 @@ use crate::exec::request::{CommandLine, CommandSpec, OutputEncoding};
 use crate::exec::spawn::{Spawned, spawn};
 use crate::exec::supervise::{DRAIN_GRACE, Finished, supervise};
 use crate::process_group::{ProcessGroups, signal_group};
+use orchard_api::agent::ProcessState as ProcessStateName;
+/// What `GET /v1/processes/{id}` returns (the shared wire type).
+pub use orchard_api::agent::ProcessStatus;
 
 /// At most this many processes are kept; the oldest exited ones are forgotten first.
 pub const MAX_PROCESSES: usize = 1024;
@@ -72,35 +74,6 @@ pub struct ManagedProcess {
     error: Option<String>,
 }
 
-/// What `GET /v1/processes/{id}` returns.
-#[derive(Debug, Clone, Serialize)]
-#[serde(rename_all = "camelCase")]
-pub struct ProcessStatus {
-    pub id: String,
-    pub pid: Option<u32>,
-    #[serde(flatten)]
-    pub line: CommandLine,
-    pub state: &'static str,
-    pub exit_code: Option<i32>,
-    pub signal: Option<i32>,
-    pub timed_out: bool,
-    pub oom_killed: bool,
-    pub started_at: String,
-    pub finished_at: Option<String>,
-    pub duration_ms: u64,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub stdout: Option<String>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub stderr: Option<String>,
-    pub stdout_truncated: bool,
-    pub stderr_truncated: bool,
-    pub stdout_lossy: bool,
-    pub stderr_lossy: bool,
-    pub output_encoding: OutputEncoding,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub error: Option<String>,
-}
-
 fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
     mutex
         .lock()
@@ -122,14 +95,22 @@ impl ManagedProcess {
         let (stdout, stdout_truncated, stdout_lossy) = self.output(&self.stdout, with_output);
         let (stderr, stderr_truncated, stderr_lossy) = self.output(&self.stderr, with_output);
         let (state_name, finished, finished_at, duration) = match state {
-            ProcessState::Running { .. } => {
-                ("running", Finished::default(), None, self.started.elapsed())
-            }
+            ProcessState::Running { .. } => (
+                ProcessStateName::Running,
+                Finished::default(),
+                None,
+                self.started.elapsed(),
+            ),
             ProcessState::Exited {
                 finished,
                 finished_at,
                 duration,
-            } => ("exited", finished, Some(rfc3339(finished_at)), duration),
+            } => (
+                ProcessStateName::Exited,
+                finished,
+                Some(rfc3339(finished_at)),
+                duration,
+            ),
         };
         ProcessStatus {
             id: self.id.clone(),

@@ -1,4 +1,4 @@
-//! `bar-sim`: the seeded BAR benchmark (see `orchard_operator::bar_sim`). Writes a JSON report and splices
+//! `bar-sim`: the seeded BAR benchmark (see `orchard_bar::sim`). Writes a JSON report and splices
 //! the markdown tables into a file (`make bench-bar` targets `docs/BAR.md`); without `--out-md` the
 //! markdown goes to stdout.
 
@@ -7,9 +7,9 @@ use std::process::ExitCode;
 use std::time::Instant;
 
 use clap::Parser;
-use orchard_operator::bar::{EarlyStop, Fraction, GroupFilter, Params};
-use orchard_operator::bar_sim::report::{Report, render_markdown, splice};
-use orchard_operator::bar_sim::{SimConfig, run};
+use orchard_bar::sim::report::{Report, render_markdown, splice};
+use orchard_bar::sim::{SimConfig, run};
+use orchard_bar::{EarlyStop, Fraction, GroupFilter, Params};
 
 /// Compare GRPO, DAPO-style filtering, PODS-style down-sampling and Balanced Adaptive Rollout on simulated
 /// prompts (common random numbers, seeded, deterministic).
@@ -49,7 +49,7 @@ impl Cli {
     /// The flags that reproduce this run, as `make bench-bar` would spell them.
     fn command(&self) -> String {
         let mut command = format!(
-            "cargo run --release -p orchard-operator --bin bar-sim -- --seed {} --prompts {} --group-size {} \
+            "cargo run --release -p orchard-bar --features sim --bin bar-sim -- --seed {} --prompts {} --group-size {} \
              --max-trajectories {} --positive-min {} --positive-max {} --abort-rates {}",
             self.seed,
             self.prompts,

@@ -31,7 +31,7 @@
 use super::methods::{Method, run_prompt};
 use super::scenario::{Cell, Draw, DurationModel, PassRate};
 use super::{SimConfig, run, run_cell};
-use crate::bar::{EarlyStop, Params, Selection};
+use crate::{EarlyStop, Params, Selection};
 
 const SEED: u64 = 0x00C0_FFEE;
 

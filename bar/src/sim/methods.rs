@@ -7,7 +7,7 @@
 //! - **PODS-style down-sampling**: launch 2N in parallel, keep the N with maximal reward variance — for
 //!   binary rewards, n+ as close to N/2 as the usable draws allow (ties to the smaller n+), the first draws
 //!   of each class in launch order; aborted draws fill in only when fewer than N are usable. Never drops.
-//! - **BAR**: the real engine ([`crate::bar::next_step`]) driven by an event simulation: each stride's s
+//! - **BAR**: the real engine ([`crate::next_step`]) driven by an event simulation: each stride's s
 //!   trajectories start together and finish at their durations; the engine is asked after every finish
 //!   (StrideBoundary simply waits until the stride is done), and under Eager the still-running trajectories
 //!   are cancelled when it finishes.
@@ -15,7 +15,7 @@
 use serde::Serialize;
 
 use super::scenario::Draw;
-use crate::bar::{DropReason, EarlyStop, Params, Progress, Selection, Step, Trajectory, next_step};
+use crate::{DropReason, EarlyStop, Params, Progress, Selection, Step, Trajectory, next_step};
 
 /// A rollout method.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
@@ -276,7 +276,7 @@ fn bar(params: &Params, draws: &[Draw]) -> PromptRun {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::bar::Outcome;
+    use crate::Outcome;
 
     fn draw(reward: f64, outcome: Outcome, length: u64) -> Draw {
         Draw {

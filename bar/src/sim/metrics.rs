@@ -1,11 +1,11 @@
-//! Per-method metrics over the prompts of one cell, "per admitted group" as BAR.md asks: costs are summed
+//! Per-method metrics over the prompts of one cell, "per admitted group" as docs/BAR.md asks: costs are summed
 //! over every prompt (dropped ones included) and divided by the number of admitted groups.
 
 use serde::Serialize;
 
 use super::methods::{PromptRun, has_signal};
 use super::scenario::Draw;
-use crate::bar::{DropReason, Selection};
+use crate::{DropReason, Selection};
 
 /// Running sums for one method in one cell.
 #[derive(Debug, Clone, Default)]

@@ -1,5 +1,5 @@
-//! `bar-sim`: the seeded benchmark of BAR.md ("Benchmark"), comparing GRPO, DAPO-style filtering,
-//! PODS-style down-sampling and BAR (the real [`crate::bar`] engine) over a grid of pass-rate
+//! `bar-sim`: the seeded benchmark of docs/BAR.md ("Benchmark"), comparing GRPO, DAPO-style filtering,
+//! PODS-style down-sampling and BAR (the real [`crate`] engine) over a grid of pass-rate
 //! distributions, abort rates and duration models, with common random numbers.
 //!
 //! This module owns the simulation and its report; the `bar-sim` binary only parses flags and writes files.
@@ -19,7 +19,7 @@ mod closed_form_tests;
 
 use serde::Serialize;
 
-use crate::bar::Params;
+use crate::Params;
 use methods::{Method, run_prompt};
 use metrics::{Accumulator, Summary};
 use scenario::{Cell, Draw, DurationModel, PassRate};
@@ -41,7 +41,7 @@ pub struct SimConfig {
 }
 
 impl SimConfig {
-    /// The grid of BAR.md: the four standard pass-rate distributions x `abort_rates` x both duration
+    /// The grid of docs/BAR.md: the four standard pass-rate distributions x `abort_rates` x both duration
     /// models, with [`Method::standard_set`].
     pub fn standard(seed: u64, prompts: u64, params: Params, abort_rates: &[f64]) -> SimConfig {
         let mut cells = Vec::new();

@@ -10,7 +10,7 @@ use super::methods::Method;
 use super::metrics::Summary;
 use super::scenario::{self, Cell, DurationModel, PassRate};
 use super::{CellResult, SimConfig};
-use crate::bar::{EarlyStop, bounds};
+use crate::{EarlyStop, bounds};
 
 /// Starts the generated section of the markdown file.
 pub const BEGIN_MARKER: &str =

@@ -9,7 +9,7 @@
 use serde::Serialize;
 
 use super::rng::Xoshiro256;
-use crate::bar::Outcome;
+use crate::Outcome;
 
 const PROMPT_STREAM: u64 = 1;
 const TRAJECTORY_STREAM: u64 = 2;
@@ -52,7 +52,7 @@ pub enum PassRate {
 }
 
 impl PassRate {
-    /// The four distributions of BAR.md's benchmark grid.
+    /// The four distributions of docs/BAR.md's benchmark grid.
     pub fn standard_grid() -> Vec<PassRate> {
         vec![
             PassRate::Uniform,

@@ -84,10 +84,8 @@ struct Cluster(Child);
 
 impl Drop for Cluster {
     fn drop(&mut self) {
-        // SAFETY: kill(2) on our own child.
-        unsafe {
-            libc::kill(self.0.id() as libc::pid_t, libc::SIGTERM);
-        }
+        let pid = nix::unistd::Pid::from_raw(i32::try_from(self.0.id()).unwrap_or(i32::MAX));
+        let _ = nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGTERM);
         let _ = self.0.wait();
     }
 }

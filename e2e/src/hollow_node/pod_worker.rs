@@ -14,7 +14,7 @@ use std::time::Duration;
 use k8s_openapi::api::core::v1::{Container, Pod, Secret};
 use kube::ResourceExt;
 use kube::api::{Api, DeleteParams, Patch, PatchParams, Preconditions};
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use nix::sys::signal::Signal;
 use tokio::sync::mpsc;
 use tracing::{debug, warn};
 
@@ -22,7 +22,7 @@ use super::Inner;
 use super::mounts::{Mount, MountTable, image_matches, pod_listen_address, resolve_program};
 use super::pod_status::{ContainerState, ContainerView, PodView, status_patch};
 use crate::now_rfc3339;
-use crate::supervise::{Child, Exit, Spec, kill_marked};
+use crate::supervise::{Child, Exit, SIGKILL, Spec, kill_marked};
 
 /// Environment marker on every process of a pod (value: pod uid), inherited by the commands its
 /// agent runs, so termination can find and kill all of them.
@@ -241,7 +241,7 @@ impl PodWorker {
                     return Boot::Stuck;
                 }
             };
-            let exit = child.wait().await.unwrap_or(Exit::Signal(libc::SIGKILL));
+            let exit = child.wait().await.unwrap_or(Exit::Signal(SIGKILL));
             let (exit_code, signal) = match exit {
                 Exit::Code(code) => (code, None),
                 Exit::Signal(sig) => (128 + sig, Some(sig)),
@@ -491,13 +491,13 @@ impl PodWorker {
         loop {
             tokio::select! {
                 exit = agent.wait() => {
-                    let exit = exit.unwrap_or(Exit::Signal(libc::SIGKILL));
+                    let exit = exit.unwrap_or(Exit::Signal(SIGKILL));
                     self.container_exited(exit).await;
                     kill_marked(POD_MARKER, &self.uid());
                     return self.wait_for_stop().await;
                 }
                 command = self.commands.recv() => match command {
-                    Some(PodCommand::KillAgent) => agent.signal(libc::SIGKILL),
+                    Some(PodCommand::KillAgent) => agent.signal(SIGKILL),
                     Some(PodCommand::Evict) => {
                         agent.stop(Duration::from_secs(1)).await;
                         kill_marked(POD_MARKER, &self.uid());
@@ -506,7 +506,7 @@ impl PodWorker {
                     }
                     Some(PodCommand::Freeze(frozen)) => {
                         self.frozen = frozen;
-                        agent.signal_group(if frozen { libc::SIGSTOP } else { libc::SIGCONT });
+                        agent.signal_group(if frozen { Signal::SIGSTOP } else { Signal::SIGCONT } as i32);
                         if !frozen {
                             // The node-lifecycle controller may have marked the pod not ready meanwhile.
                             self.report().await;
@@ -604,7 +604,7 @@ impl PodWorker {
 
     /// Node-pressure eviction: one report with the container killed and the pod Failed/Evicted.
     async fn evicted(&mut self) {
-        self.mark_exited(Exit::Signal(libc::SIGKILL));
+        self.mark_exited(Exit::Signal(SIGKILL));
         self.view.phase = "Failed";
         self.view.reason = Some("Evicted".into());
         self.view.message = Some(
@@ -662,22 +662,22 @@ impl PodWorker {
     }
 }
 
-/// One HTTP readiness probe: `GET path` on `address`, healthy on a 2xx/3xx answer within a second.
+/// One HTTP readiness probe: `GET path` on `address`, healthy on a 2xx/3xx answer within a second
+/// (redirects are not followed, as the kubelet's probe counts a 3xx as success).
 async fn http_probe(address: &str, path: &str) -> bool {
-    let attempt = async {
-        let mut stream = tokio::net::TcpStream::connect(address).await.ok()?;
-        let request = format!(
-            "GET {path} HTTP/1.1\r\nHost: {address}\r\nUser-Agent: orchard-local-node\r\nConnection: close\r\n\r\n"
-        );
-        stream.write_all(request.as_bytes()).await.ok()?;
-        let mut head = [0u8; 16];
-        let n = stream.read(&mut head).await.ok()?;
-        let line = std::str::from_utf8(&head[..n]).ok()?;
-        let code: u16 = line.split_whitespace().nth(1)?.parse().ok()?;
-        Some((200..400).contains(&code))
-    };
-    matches!(
-        tokio::time::timeout(Duration::from_secs(1), attempt).await,
-        Ok(Some(true))
-    )
+    static PROBES: std::sync::OnceLock<reqwest::Client> = std::sync::OnceLock::new();
+    let client = PROBES.get_or_init(|| {
+        reqwest::Client::builder()
+            .redirect(reqwest::redirect::Policy::none())
+            .pool_max_idle_per_host(0)
+            .user_agent("orchard-local-node")
+            .build()
+            .unwrap_or_default()
+    });
+    let answer = client
+        .get(format!("http://{address}{path}"))
+        .timeout(Duration::from_secs(1))
+        .send()
+        .await;
+    answer.is_ok_and(|r| (200..400).contains(&r.status().as_u16()))
 }

@@ -46,8 +46,7 @@ impl RealNode {
     /// What is missing for a real node on this machine, if anything (root, the Debian packages, kernel
     /// features), as a sentence.
     pub fn unavailable() -> Option<String> {
-        // SAFETY: geteuid cannot fail.
-        if unsafe { libc::geteuid() } != 0 {
+        if !nix::unistd::geteuid().is_root() {
             return Some("the real node needs root (namespaces, mounts, cgroups)".into());
         }
         for (path, package) in [

@@ -1,13 +1,11 @@
-//! Helpers of the gateway end-to-end tests (included with `mod gateway_support;`): RBAC for the test
+//! Helpers of the gateway end-to-end tests: RBAC for the test
 //! cluster's token users, an HTTP client that speaks to the gateway as one of them, and sandbox setup.
-
-#![allow(dead_code)]
 
 use std::time::Duration;
 
+use crate::env::TestEnv;
 use k8s_openapi::api::rbac::v1::{Role, RoleBinding};
 use kube::api::{Api, PostParams};
-use orchard_e2e::env::TestEnv;
 use serde_json::{Value, json};
 
 /// Every permission a trainer needs in a namespace (what docs/API.md's example Role grants).

@@ -1,14 +1,10 @@
-//! Helpers shared by the RolloutGroup end-to-end tests (included with `mod common_rollout;`).
-
-#![allow(dead_code)]
+//! Helpers shared by the RolloutGroup end-to-end tests.
 
 use std::time::Duration;
 
 use kube::api::{Api, ListParams};
-use orchard_operator::api::{
-    RolloutGroup, RolloutGroupStatus, Sandbox, TrajectoryRecord, TrajectoryStatus,
-};
-use orchard_operator::bar::{self, Progress, Step};
+use orchard_api::{RolloutGroup, RolloutGroupStatus, Sandbox, TrajectoryRecord, TrajectoryStatus};
+use orchard_bar::{self as bar, Progress, Step};
 use orchard_operator::rollout::observe::bar_trajectory;
 use orchard_operator::rollout::params::bar_params;
 use serde_json::json;

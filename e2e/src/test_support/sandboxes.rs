@@ -1,10 +1,8 @@
-//! Helpers shared by the end-to-end test binaries (included with `mod common_sandbox;`).
-
-#![allow(dead_code)]
+//! Helpers shared by the end-to-end test binaries: Sandbox manifests and checks.
 
 use k8s_openapi::api::core::v1::Secret;
 use kube::api::Api;
-use orchard_operator::api::{Sandbox, SandboxPhase};
+use orchard_api::{Sandbox, SandboxPhase};
 use serde_json::json;
 
 /// A Sandbox object from a spec in JSON.

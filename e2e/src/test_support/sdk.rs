@@ -1,20 +1,17 @@
 //! Runs the Python SDK's tests (`sdk/python/tests`, pytest) against a gateway of the local cluster:
 //! a namespace where the test user `alice` has a trainer Role (plus `get secrets` for direct mode), one
 //! where she has none, and `bob` without rights. Shared by `python_sdk.rs` (the operator process) and
-//! `in_cluster.rs` (the chart-installed operator). Included with `mod sdk_support;` next to
-//! `mod gateway_support;`.
-
-#![allow(dead_code)]
+//! `in_cluster.rs` (the chart-installed operator).
 
 use std::path::PathBuf;
 use std::process::Stdio;
 use std::time::Duration;
 
-use orchard_e2e::binaries::workspace_root;
-use orchard_e2e::env::TestEnv;
+use crate::binaries::workspace_root;
+use crate::env::TestEnv;
 use serde_json::json;
 
-use super::gateway_support::{self, grant};
+use super::gateway::{grant, trainer_rules};
 
 /// Where the SDK tests run.
 pub struct SdkTarget {
@@ -67,7 +64,7 @@ pub async fn run_sdk_tests(env: &TestEnv, target: &SdkTarget) -> SdkRun {
     let python = sdk_python();
     let namespace = env.namespace("sdk").await;
     let other = env.namespace("sdk-other").await;
-    let mut rules = gateway_support::trainer_rules();
+    let mut rules = trainer_rules();
     if let Some(list) = rules.as_array_mut() {
         // Direct mode reads the sandbox's agent token from its Secret.
         list.push(json!({"apiGroups": [""], "resources": ["secrets"], "verbs": ["get"]}));

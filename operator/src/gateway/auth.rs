@@ -17,7 +17,7 @@ use kube::api::{Api, PostParams};
 use super::access::Access;
 use super::errors::ApiError;
 use super::metrics::GatewayMetrics;
-use crate::api::GROUP;
+use orchard_api::GROUP;
 
 /// How long a decision is reused.
 pub const DECISION_TTL: Duration = Duration::from_secs(10);

@@ -15,9 +15,9 @@ use serde_json::json;
 use super::GATEWAY_FIELD_MANAGER;
 use super::errors::{ApiError, from_kube};
 use super::metrics::GatewayMetrics;
-use crate::api::{HEARTBEAT_ANNOTATION, Sandbox};
-use crate::metrics::Metrics;
+use crate::runtime::metrics::Metrics;
 use crate::sandbox::expiry::Lifecycle;
+use orchard_api::{HEARTBEAT_ANNOTATION, Sandbox};
 
 /// Entries kept before expired ones are pruned.
 const PRUNE_ABOVE: usize = 4096;
@@ -206,7 +206,7 @@ impl Heartbeats {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::api::SandboxSpec;
+    use orchard_api::SandboxSpec;
     use std::collections::BTreeMap;
 
     #[test]

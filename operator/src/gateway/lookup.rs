@@ -8,25 +8,11 @@ use k8s_openapi::api::core::v1::Secret;
 use kube::api::Api;
 use kube::runtime::reflector::{ObjectRef, Store};
 use kube::{Client, Resource, ResourceExt};
-use serde::de::DeserializeOwned;
 
 use super::errors::{ApiError, from_kube};
-use crate::api::{RolloutGroup, RolloutPhase, Sandbox, SandboxPhase};
-use crate::ownership::controlled_by;
+use crate::runtime::ownership::controlled_by;
 use crate::sandbox::build::{TOKEN_KEY, token_secret_name};
-
-/// Phase name as the API shows it.
-pub fn sandbox_phase_name(phase: SandboxPhase) -> &'static str {
-    match phase {
-        SandboxPhase::Pending => "Pending",
-        SandboxPhase::Starting => "Starting",
-        SandboxPhase::Ready => "Ready",
-        SandboxPhase::Succeeded => "Succeeded",
-        SandboxPhase::Failed => "Failed",
-        SandboxPhase::Expired => "Expired",
-        SandboxPhase::Terminating => "Terminating",
-    }
-}
+use orchard_api::{RolloutGroup, RolloutPhase, Sandbox, SandboxPhase};
 
 /// Phase name of a RolloutGroup.
 pub fn group_phase_name(phase: RolloutPhase) -> &'static str {
@@ -56,7 +42,7 @@ pub fn agent_endpoint(sandbox: &Sandbox) -> Result<String, ApiError> {
         return Err(ApiError::not_ready(&namespace, &name, Some("Terminating")));
     }
     let status = sandbox.status.as_ref();
-    let phase = status.and_then(|s| s.phase).map(sandbox_phase_name);
+    let phase = status.and_then(|s| s.phase).map(SandboxPhase::as_str);
     let ready = status.is_some_and(|s| condition_true(&s.conditions, "Ready"));
     match status.and_then(|s| s.agent_endpoint.clone()) {
         Some(endpoint) if ready && !endpoint.is_empty() => Ok(endpoint),
@@ -73,13 +59,7 @@ pub async fn find<K>(
     name: &str,
 ) -> Result<Arc<K>, ApiError>
 where
-    K: Resource<DynamicType = (), Scope = k8s_openapi::NamespaceResourceScope>
-        + Clone
-        + DeserializeOwned
-        + std::fmt::Debug
-        + Send
-        + Sync
-        + 'static,
+    K: crate::runtime::writes::Child,
 {
     if let Some(object) = store.get(&ObjectRef::new(name).within(namespace)) {
         return Ok(object);
@@ -153,8 +133,8 @@ pub async fn agent_token(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::api::{SandboxSpec, SandboxStatus};
     use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
+    use orchard_api::{SandboxSpec, SandboxStatus};
 
     fn sandbox(status: Option<SandboxStatus>) -> Sandbox {
         let mut s = Sandbox::new("s", SandboxSpec::default());

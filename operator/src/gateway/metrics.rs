@@ -3,7 +3,7 @@
 
 use prometheus::{HistogramOpts, HistogramVec, IntCounter, IntCounterVec, Opts, Registry};
 
-use crate::metrics::HTTP_BUCKETS;
+use crate::runtime::metrics::HTTP_BUCKETS;
 
 /// Metrics of the gateway.
 #[derive(Clone)]

@@ -39,12 +39,12 @@ use tokio_util::sync::CancellationToken;
 use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 
-use crate::api::RolloutGroup;
-use crate::change_feed::ChangeFeed;
-use crate::context::{Caches, Settings};
-use crate::metrics::Metrics;
+use crate::runtime::change_feed::ChangeFeed;
+use crate::runtime::context::{Caches, Settings};
+use crate::runtime::metrics::Metrics;
 use errors::ApiError;
 use metrics::GatewayMetrics;
+use orchard_api::RolloutGroup;
 use routes::{CachesFilled, GatewayState, State, agent, rollout_groups, sandboxes, system};
 
 /// Field manager of the gateway's writes (heartbeat annotations, results, creates), distinct from the
@@ -120,7 +120,8 @@ fn watch_cache_fill(state: &State, shutdown: CancellationToken) {
     });
 }
 
-/// Every documented route: the router and the OpenAPI paths come from this one list.
+/// Every documented route: the router and the OpenAPI paths come from this one list (the agent routes
+/// from their table, `routes::agent::ROUTES`).
 fn api_routes() -> OpenApiRouter<State> {
     OpenApiRouter::<State>::new()
         .routes(routes!(
@@ -131,14 +132,7 @@ fn api_routes() -> OpenApiRouter<State> {
         .routes(routes!(sandboxes::wait_sandbox))
         .routes(routes!(sandboxes::heartbeat))
         .routes(routes!(sandboxes::record_result))
-        .routes(routes!(agent::exec))
-        .routes(routes!(agent::exec_stream))
-        .routes(routes!(agent::start_process, agent::list_processes))
-        .routes(routes!(agent::get_process, agent::delete_process))
-        .routes(routes!(agent::signal_process))
-        .routes(routes!(agent::download, agent::upload, agent::delete_file))
-        .routes(routes!(agent::list_files))
-        .routes(routes!(agent::apply_patch))
+        .merge(agent::router())
         .routes(routes!(
             rollout_groups::create_group,
             rollout_groups::list_groups

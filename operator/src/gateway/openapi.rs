@@ -1,7 +1,9 @@
 //! `/openapi.json`: the OpenAPI document generated from the route handlers (`#[utoipa::path]`, bound to
-//! the router by `utoipa-axum`, so a route cannot be served undocumented) and the types below. The
-//! Sandbox and RolloutGroup schemas are the CRDs' own structural schemas (the ones `kubectl explain`
-//! shows), inserted into the document's components.
+//! the router by `utoipa-axum`, so a route cannot be served undocumented), the agent routes' table
+//! (`routes::agent`) and the types below. The agent's request and answer schemas are those of its wire
+//! types (`orchard_api::agent`, feature `openapi`). The Sandbox and RolloutGroup schemas are the
+//! CRDs' own structural schemas (the ones `kubectl explain` shows), inserted into the document's
+//! components.
 
 use std::borrow::Cow;
 use std::collections::BTreeMap;
@@ -12,7 +14,7 @@ use utoipa::openapi::schema::{ObjectBuilder, Schema};
 use utoipa::openapi::{OpenApi, RefOr};
 use utoipa::{PartialSchema, ToSchema};
 
-use crate::api::{RolloutGroup, Sandbox};
+use orchard_api::{RolloutGroup, Sandbox};
 
 /// A schema whose body is filled from a CRD after generation (see [`document`]).
 macro_rules! crd_schema {
@@ -186,124 +188,6 @@ pub struct ResultResponse {
     /// The recorded result.
     #[schema(value_type = TrajectoryResultSchema)]
     result: (),
-}
-
-/// Agent request of `exec`, `exec/stream` and `processes` (see docs/AGENT.md). Give exactly one of
-/// `argv` and `command`.
-#[derive(ToSchema)]
-#[schema(example = json!({"argv": ["python3", "-c", "print(1)"], "cwd": "repo", "env": {"PYTHONHASHSEED": "0"}, "timeoutSeconds": 30}))]
-#[allow(dead_code)]
-#[serde(rename_all = "camelCase")]
-pub struct ExecRequest {
-    /// Program and arguments, executed directly (no shell needed).
-    argv: Option<Vec<String>>,
-    /// Shell string run as `<shell> -c <command>`.
-    command: Option<String>,
-    /// Shell for `command` (default `/bin/sh`).
-    shell: Option<String>,
-    /// Working directory (absolute or relative to the agent's root).
-    cwd: Option<String>,
-    /// Extra environment.
-    env: Option<BTreeMap<String, String>>,
-    /// Standard input as text.
-    stdin: Option<String>,
-    /// Standard input as base64.
-    stdin_base64: Option<String>,
-    /// Kill the process group after this many seconds (exec default 600).
-    timeout_seconds: Option<f64>,
-    /// Output cap per stream in bytes (default 4 MiB).
-    max_output_bytes: Option<u64>,
-    /// `text` (default) or `base64`.
-    output_encoding: Option<String>,
-    /// Background processes only: the id to give the process.
-    id: Option<String>,
-}
-
-/// Agent answer of `exec`.
-#[derive(ToSchema)]
-#[allow(dead_code)]
-#[serde(rename_all = "camelCase")]
-pub struct ExecResponse {
-    /// Exit code; null when killed by a signal.
-    exit_code: Option<i32>,
-    /// Signal number that killed the process.
-    signal: Option<i32>,
-    /// Whether the timeout killed it.
-    timed_out: bool,
-    /// Whether the out-of-memory killer killed it (the sandbox's memory limit was reached).
-    oom_killed: bool,
-    /// Standard output.
-    stdout: String,
-    /// Standard error.
-    stderr: String,
-    /// Whether stdout exceeded `maxOutputBytes`.
-    stdout_truncated: bool,
-    /// Whether stderr exceeded `maxOutputBytes`.
-    stderr_truncated: bool,
-    /// Run time in milliseconds.
-    duration_ms: u64,
-}
-
-/// Status of a background process (see docs/AGENT.md).
-#[derive(ToSchema)]
-#[allow(dead_code)]
-#[serde(rename_all = "camelCase")]
-pub struct ProcessStatus {
-    /// Process id given at start.
-    id: String,
-    /// OS process id.
-    pid: Option<i64>,
-    /// `running` or `exited`.
-    state: String,
-    /// Exit code once exited.
-    exit_code: Option<i32>,
-    /// Output so far.
-    stdout: Option<String>,
-    /// Error output so far.
-    stderr: Option<String>,
-}
-
-/// `{"signal": "TERM"}`: a signal name (`HUP INT QUIT KILL USR1 USR2 TERM CONT STOP ALRM WINCH`) or number.
-#[derive(ToSchema)]
-#[allow(dead_code)]
-pub struct SignalRequest {
-    /// Signal name or number.
-    #[schema(value_type = String)]
-    signal: (),
-}
-
-/// A directory listing.
-#[derive(ToSchema)]
-#[allow(dead_code)]
-pub struct FileList {
-    /// Absolute path listed.
-    path: String,
-    /// Entries sorted by name: `{name, type, size, mode, modified}`.
-    #[schema(value_type = Vec<Object>)]
-    entries: Vec<()>,
-}
-
-/// `{"patch": "<git diff>", "cwd": "repo", "strip": 1}`.
-#[derive(ToSchema)]
-#[allow(dead_code)]
-pub struct PatchRequest {
-    /// Unified diff.
-    patch: String,
-    /// Directory the paths are relative to.
-    cwd: Option<String>,
-    /// Leading path components to strip (default 1).
-    strip: Option<u32>,
-}
-
-/// `{"applied": true, "files": [{"path", "action"}]}`.
-#[derive(ToSchema)]
-#[allow(dead_code)]
-pub struct PatchResult {
-    /// Always true on 200.
-    applied: bool,
-    /// Changed files with `created`, `modified` or `deleted`.
-    #[schema(value_type = Vec<Object>)]
-    files: Vec<()>,
 }
 
 /// The CRD's structural schema of `kind` (the whole object).

@@ -11,7 +11,7 @@ use kube::api::ObjectMeta;
 use serde_json::{Map, Value, json};
 
 use super::errors::ApiError;
-use crate::api::{RolloutGroup, RolloutGroupSpec, Sandbox, SandboxSpec};
+use orchard_api::{RolloutGroup, RolloutGroupSpec, Sandbox, SandboxSpec};
 
 /// Annotation recording who created an object through the gateway (the gateway writes with the
 /// operator's identity, so the API server's audit log alone would not say).
@@ -308,7 +308,7 @@ pub fn rollout_group_from_request(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::api::{EgressPolicy, EnvVar};
+    use orchard_api::{EgressPolicy, EnvVar};
 
     #[test]
     fn shorthand_becomes_a_full_spec() {

@@ -10,12 +10,11 @@ use std::time::Duration;
 
 use kube::runtime::reflector::{ObjectRef, Store};
 use kube::{Client, Resource};
-use serde::de::DeserializeOwned;
 use tokio::sync::broadcast::error::RecvError;
 
 use super::errors::ApiError;
 use super::lookup::find;
-use crate::change_feed::{ChangeFeed, Changed};
+use crate::runtime::change_feed::{ChangeFeed, Changed};
 
 /// Default `timeoutSeconds` of wait routes.
 pub const DEFAULT_WAIT_SECONDS: u64 = 30;
@@ -72,13 +71,7 @@ pub struct WaitFor<'a, K: Resource<DynamicType = ()> + 'static> {
 
 impl<K> WaitFor<'_, K>
 where
-    K: Resource<DynamicType = (), Scope = k8s_openapi::NamespaceResourceScope>
-        + Clone
-        + DeserializeOwned
-        + std::fmt::Debug
-        + Send
-        + Sync
-        + 'static,
+    K: crate::runtime::writes::Child,
 {
     /// Waits up to `timeout` until `done` holds for the object.
     pub async fn until(

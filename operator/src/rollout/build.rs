@@ -7,7 +7,7 @@ use std::collections::BTreeMap;
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference};
 
-use crate::api::{
+use orchard_api::{
     MANAGED_BY, MANAGED_BY_LABEL, ROLLOUT_GROUP_LABEL, RolloutGroup, STRIDE_LABEL, Sandbox,
 };
 
@@ -56,7 +56,7 @@ pub fn desired_trajectory(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::api::{
+    use orchard_api::{
         CleanupPolicy, EarlyStop, PositiveFraction, RolloutGroupSpec, RunSpec, SandboxSpec,
         SandboxTemplate, TemplateMetadata,
     };

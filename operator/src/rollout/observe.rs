@@ -10,8 +10,8 @@
 use std::collections::{BTreeMap, BTreeSet};
 
 use super::build::{trajectory_index, trajectory_name};
-use crate::api::{RolloutGroupStatus, TrajectoryRecord, TrajectoryResult, TrajectoryStatus};
-use crate::bar::{Outcome, Trajectory};
+use orchard_api::{RolloutGroupStatus, TrajectoryRecord, TrajectoryResult, TrajectoryStatus};
+use orchard_bar::{Outcome, Trajectory};
 
 /// What the controller sees of one child Sandbox.
 #[derive(Debug, Clone, PartialEq)]

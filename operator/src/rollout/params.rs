@@ -2,8 +2,8 @@
 //! specs at admission; this conversion is the exact-arithmetic bridge (decimal fractions become exact
 //! rationals, so 0.3 x 10 gives 3) and a second line of defence with readable errors.
 
-use crate::api::{EarlyStop as ApiEarlyStop, RolloutGroupSpec};
-use crate::bar::{EarlyStop, Fraction, GroupFilter, Params};
+use orchard_api::{EarlyStop as ApiEarlyStop, RolloutGroupSpec};
+use orchard_bar::{EarlyStop, Fraction, GroupFilter, Params};
 
 /// The BAR parameters of `spec`, or why it cannot be run.
 pub fn bar_params(spec: &RolloutGroupSpec) -> Result<Params, String> {
@@ -47,7 +47,7 @@ pub fn bar_params(spec: &RolloutGroupSpec) -> Result<Params, String> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::api::{GroupFilter as ApiFilter, PositiveFraction, SandboxSpec, SandboxTemplate};
+    use orchard_api::{GroupFilter as ApiFilter, PositiveFraction, SandboxSpec, SandboxTemplate};
 
     fn spec() -> RolloutGroupSpec {
         RolloutGroupSpec {

@@ -8,33 +8,24 @@ use std::collections::BTreeSet;
 use std::sync::Arc;
 use std::time::Duration;
 
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
 use k8s_openapi::jiff::Timestamp;
-use kube::api::Api;
 use kube::runtime::controller::Action;
 use kube::runtime::events::EventType;
 use kube::runtime::reflector::ObjectRef;
 use kube::{Resource, ResourceExt};
 use tracing::{info, instrument, warn};
 
-use super::build::desired_trajectory;
-use super::observe::{ChildView, Observation, observe};
+use super::apply::{children_of, cleanup, confirm_gone, create_trajectory};
+use super::observe::observe;
 use super::params::bar_params;
 use super::status::{failed_status, group_status};
-use crate::api::{
-    CleanupPolicy, EarlyStop, RolloutGroup, RolloutGroupStatus, RolloutPhase, STRIDE_LABEL,
-    Sandbox, TrajectoryRecord, TrajectoryStatus,
-};
-use crate::bar::{Progress, Step, next_step};
-use crate::context::{Context, object_key};
-use crate::error::{Error, Result};
-use crate::events::publish;
-use crate::metrics::ReconcileTimer;
-use crate::own_writes::child_key;
-use crate::ownership::{Owner, controlled_by};
-use crate::writes::{
-    self, ChildState, StatusWrite, cache_holds, create_child, delete_if_same, existing_state,
-};
+use crate::runtime::context::{Context, object_key};
+use crate::runtime::error::{Error, Result};
+use crate::runtime::events::publish;
+use crate::runtime::metrics::ReconcileTimer;
+use crate::runtime::writes::{self, ChildState, StatusWrite};
+use orchard_api::{RolloutGroup, RolloutGroupStatus, RolloutPhase, TrajectoryStatus};
+use orchard_bar::{Progress, Step, next_step};
 
 /// Controller name used in metrics and logs.
 pub const CONTROLLER: &str = "rolloutgroup";
@@ -48,7 +39,13 @@ const PREVIOUS_INCARNATION_RECHECK: Duration = Duration::from_secs(1);
 pub async fn reconcile(group: Arc<RolloutGroup>, ctx: Arc<Context>) -> Result<Action> {
     let _slot = ctx.rollout_slots.acquire().await;
     let _timer = ReconcileTimer::start(&ctx.metrics, CONTROLLER);
-    let next = reconcile_inner(&group, &ctx).await?;
+    // Leadership is a cancellation signal: a reconcile still running when this replica steps down
+    // is dropped (its request in flight aborted) and counts as one that had nothing to do.
+    let next = ctx
+        .leadership
+        .while_leader(reconcile_inner(&group, &ctx))
+        .await
+        .unwrap_or(Ok(None))?;
     // The incarnation that holds the name now (the queued object may be an older one).
     let uid = ctx
         .caches
@@ -68,35 +65,18 @@ pub fn error_policy(group: Arc<RolloutGroup>, error: &Error, ctx: Arc<Context>) 
     Action::requeue(delay)
 }
 
-/// The group's children as the Sandbox cache shows them: same namespace, controlled by this group's
-/// UID.
-fn owned_children(ctx: &Context, group: &RolloutGroup) -> Vec<Arc<Sandbox>> {
-    let namespace = group.namespace().unwrap_or_default();
-    let uid = group.uid().unwrap_or_default();
-    ctx.caches
-        .sandboxes
-        .state()
-        .into_iter()
-        .filter(|s| s.namespace().as_deref() == Some(namespace.as_str()))
-        .filter(|s| controlled_by(s.meta(), &uid))
-        .collect()
-}
-
-/// What the pure observation needs of the group's children.
-fn children_of(ctx: &Context, group: &RolloutGroup) -> Vec<ChildView> {
-    owned_children(ctx, group)
-        .into_iter()
-        .map(|s| ChildView {
-            name: s.name_any(),
-            stride: s
-                .labels()
-                .get(STRIDE_LABEL)
-                .and_then(|v| v.parse().ok())
-                .unwrap_or(0),
-            result: s.status.as_ref().and_then(|st| st.result.clone()),
-            deleting: s.meta().deletion_timestamp.is_some(),
-        })
-        .collect()
+/// Records that the group cannot run (phase Failed, `reason`, `message`).
+async fn fail(
+    ctx: &Context,
+    group: &RolloutGroup,
+    reason: &str,
+    message: &str,
+    now: Timestamp,
+) -> Result<()> {
+    let status = failed_status(group, reason, message.to_string(), now);
+    let current = group.status.as_ref();
+    writes::write_status(ctx, &ctx.caches.rollout_groups, group, current, &status).await?;
+    Ok(())
 }
 
 /// Returns when to reconcile again (`None`: on the next change only).
@@ -130,15 +110,7 @@ async fn reconcile_inner(cached: &RolloutGroup, ctx: &Arc<Context>) -> Result<Op
     let params = match bar_params(&group.spec) {
         Ok(params) => params,
         Err(message) => {
-            let status = failed_status(group, "InvalidSpec", message.clone(), now);
-            writes::write_status(
-                ctx,
-                &ctx.caches.rollout_groups,
-                group,
-                group.status.as_ref(),
-                &status,
-            )
-            .await?;
+            fail(ctx, group, "InvalidSpec", &message, now).await?;
             warn!(group = %object_key(group), %message, "rolloutgroup cannot run");
             return Ok(None);
         }
@@ -206,15 +178,7 @@ async fn reconcile_inner(cached: &RolloutGroup, ctx: &Arc<Context>) -> Result<Op
         ChildState::Conflict(why) => Some(why.clone()),
         _ => None,
     }) {
-        let status = failed_status(group, "NameConflict", conflict.clone(), now);
-        writes::write_status(
-            ctx,
-            &ctx.caches.rollout_groups,
-            group,
-            group.status.as_ref(),
-            &status,
-        )
-        .await?;
+        fail(ctx, group, "NameConflict", &conflict, now).await?;
         warn!(group = %object_key(group), %conflict, "rolloutgroup cannot launch a trajectory");
         publish(ctx, group, EventType::Warning, "NameConflict", conflict).await;
         return Ok(None);
@@ -252,97 +216,6 @@ async fn reconcile_inner(cached: &RolloutGroup, ctx: &Arc<Context>) -> Result<Op
     Ok(Some(ctx.settings.resync))
 }
 
-/// Which of `names` are really gone (the cache may lag behind our own creates). A Sandbox under the
-/// name that is not this group's counts as gone.
-async fn confirm_gone(
-    ctx: &Context,
-    group: &RolloutGroup,
-    names: &[String],
-) -> Result<BTreeSet<String>> {
-    let namespace = group.namespace().unwrap_or_default();
-    let uid = group.uid().unwrap_or_default();
-    let api: Api<Sandbox> = Api::namespaced(ctx.client.clone(), &namespace);
-    let mut gone = BTreeSet::new();
-    for name in names {
-        if ctx
-            .own_writes
-            .recorded(&uid, &child_key("Sandbox", name), "create")
-        {
-            continue;
-        }
-        let ours = api
-            .get_opt(name)
-            .await?
-            .is_some_and(|s| controlled_by(s.meta(), &uid));
-        if !ours {
-            gone.insert(name.clone());
-        }
-    }
-    Ok(gone)
-}
-
-/// Creates trajectory `index` and records it as running. A name held by a previous group's trajectory
-/// comes back as a wait (the stride is finished once it is gone), one held by anything else as a
-/// conflict; neither object is touched.
-async fn create_trajectory(
-    ctx: &Context,
-    group: &RolloutGroup,
-    owner: &OwnerReference,
-    index: u32,
-    stride: u32,
-    observation: &mut Observation,
-) -> Result<Option<ChildState<()>>> {
-    let sandbox = desired_trajectory(group, owner, index, stride);
-    let namespace = group.namespace().unwrap_or_default();
-    let name = sandbox.name_any();
-    let uid = group.uid().unwrap_or_default();
-    let key = child_key("Sandbox", &name);
-    let as_owner = Owner {
-        kind: "RolloutGroup",
-        name: group.meta().name.as_deref().unwrap_or_default(),
-        uid: &uid,
-    };
-    let cached = ctx
-        .caches
-        .sandboxes
-        .get(&ObjectRef::new(&name).within(&namespace));
-    let state = match cached {
-        Some(existing) => existing_state((*existing).clone(), as_owner).unit(),
-        None if ctx.own_writes.recorded(&uid, &key, "create") => ChildState::Ours(()),
-        None => {
-            let state = create_child(ctx, &namespace, &sandbox, as_owner).await?;
-            if let ChildState::Ours(created) = &state {
-                ctx.own_writes.record(&uid, &key, "create", || {
-                    cache_holds(
-                        &ctx.caches.sandboxes,
-                        &namespace,
-                        &name,
-                        created.meta().uid.as_deref(),
-                    )
-                });
-            }
-            state.unit()
-        }
-    };
-    if state != ChildState::Ours(()) {
-        info!(group = %object_key(group), trajectory = %name, ?state, "trajectory name not available yet");
-        return Ok(Some(state));
-    }
-    observation
-        .records
-        .entry(index)
-        .or_insert(TrajectoryRecord {
-            name,
-            stride: i32::try_from(stride).unwrap_or(i32::MAX),
-            status: None,
-            reward: None,
-            length: None,
-            artifact: None,
-            reason: None,
-        });
-    Ok(None)
-}
-
 fn count_new_outcomes(ctx: &Context, previous: &RolloutGroupStatus, status: &RolloutGroupStatus) {
     for record in &status.trajectories {
         let Some(outcome) = record.status else {
@@ -364,36 +237,4 @@ fn count_new_outcomes(ctx: &Context, previous: &RolloutGroupStatus, status: &Rol
                 .inc();
         }
     }
-}
-
-/// After completion: `Eager` deletes the trajectories still running; `cleanup: Delete` deletes them all.
-async fn cleanup(ctx: &Context, group: &RolloutGroup, status: &RolloutGroupStatus) -> Result<()> {
-    let cancelled: BTreeSet<&str> = status
-        .trajectories
-        .iter()
-        .filter(|r| r.reason.as_deref() == Some("Cancelled"))
-        .map(|r| r.name.as_str())
-        .collect();
-    let delete_all = group.spec.cleanup == CleanupPolicy::Delete;
-    let eager = group.spec.early_stop == EarlyStop::Eager;
-    let namespace = group.namespace().unwrap_or_default();
-    let uid = group.uid().unwrap_or_default();
-    for child in owned_children(ctx, group) {
-        let name = child.name_any();
-        let key = child_key("Sandbox", &name);
-        if child.meta().deletion_timestamp.is_some()
-            || !(delete_all || (eager && cancelled.contains(name.as_str())))
-            || ctx.own_writes.recorded(&uid, &key, "delete")
-        {
-            continue;
-        }
-        delete_if_same::<Sandbox>(ctx, &namespace, &name, &child.uid().unwrap_or_default()).await?;
-        ctx.own_writes.record(&uid, &key, "delete", || {
-            ctx.caches
-                .sandboxes
-                .get(&ObjectRef::new(&name).within(&namespace))
-                .is_none_or(|c| c.uid() != child.uid() || c.meta().deletion_timestamp.is_some())
-        });
-    }
-    Ok(())
 }

@@ -6,12 +6,12 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use k8s_openapi::jiff::Timestamp;
 
 use super::observe::Observation;
-use crate::api::{
+use crate::runtime::conditions::{self, Desired};
+use crate::sandbox::expiry::floor_to_second;
+use orchard_api::{
     GroupMember, RolloutGroup, RolloutGroupStatus, RolloutPhase, Selection, TrajectoryStatus,
 };
-use crate::bar::{self, Class, GroupDecision, classify};
-use crate::conditions::{self, Desired};
-use crate::sandbox::expiry::floor_to_second;
+use orchard_bar::{self as bar, Class, GroupDecision, classify};
 
 /// The `Complete` condition type.
 pub const COMPLETE: &str = "Complete";
@@ -172,11 +172,11 @@ pub fn failed_status(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::api::{
+    use orchard_api::{
         CleanupPolicy, EarlyStop, PositiveFraction, RolloutGroupSpec, SandboxSpec, SandboxTemplate,
         TrajectoryRecord,
     };
-    use crate::bar::{Member, Outcome};
+    use orchard_bar::{Member, Outcome};
 
     fn group() -> RolloutGroup {
         let mut g = RolloutGroup::new(

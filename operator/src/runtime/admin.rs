@@ -10,10 +10,10 @@ use axum::response::IntoResponse;
 use axum::routing::get;
 use tokio_util::sync::CancellationToken;
 
-use crate::api::SandboxPhase;
-use crate::context::Caches;
-use crate::metrics::Metrics;
 use crate::runtime::CacheFill;
+use crate::runtime::context::Caches;
+use crate::runtime::metrics::Metrics;
+use orchard_api::SandboxPhase;
 
 /// State of the admin server.
 #[derive(Clone)]
@@ -49,7 +49,7 @@ fn refresh_phase_gauge(state: &AdminState) {
             .status
             .as_ref()
             .and_then(|s| s.phase)
-            .map_or(NO_PHASE, phase_label);
+            .map_or(NO_PHASE, SandboxPhase::as_str);
         *counts.entry(phase).or_insert(0) += 1;
     }
     for (phase, count) in counts {
@@ -58,19 +58,6 @@ fn refresh_phase_gauge(state: &AdminState) {
             .sandboxes
             .with_label_values(&[phase])
             .set(count);
-    }
-}
-
-/// The label value of a phase.
-pub fn phase_label(phase: SandboxPhase) -> &'static str {
-    match phase {
-        SandboxPhase::Pending => "Pending",
-        SandboxPhase::Starting => "Starting",
-        SandboxPhase::Ready => "Ready",
-        SandboxPhase::Succeeded => "Succeeded",
-        SandboxPhase::Failed => "Failed",
-        SandboxPhase::Expired => "Expired",
-        SandboxPhase::Terminating => "Terminating",
     }
 }
 

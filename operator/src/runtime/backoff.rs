@@ -1,6 +1,7 @@
-//! Per-object exponential backoff for failed reconciles (kube-runtime has none built in): the retry
-//! delay doubles with each consecutive failure of the same object, with jitter, up to a cap, and
-//! resets on the object's next successful reconcile.
+//! The operator's one retry policy: exponential backoff with jitter, doubling from a base up to a cap
+//! ([`delay_for`]). Per object for failed reconciles ([`ReconcileBackoff`]; kube-runtime has none built
+//! in), resetting on the object's next success; and per operation for the trajectory runner's calls
+//! ([`Retry`]), resetting when a call succeeds.
 
 use std::collections::HashMap;
 use std::sync::Mutex;
@@ -60,6 +61,45 @@ impl ReconcileBackoff {
     }
 }
 
+/// The delay before the next retry of one operation: the policy of [`ReconcileBackoff`] for a single
+/// caller that owns its attempts.
+#[derive(Debug, Clone)]
+pub struct Retry {
+    base: Duration,
+    max: Duration,
+    attempt: u32,
+}
+
+impl Retry {
+    /// Retries starting at `base`, doubling, capped at `max`.
+    pub fn new(base: Duration, max: Duration) -> Self {
+        Self {
+            base,
+            max,
+            attempt: 0,
+        }
+    }
+
+    /// The next delay (with jitter), counting one more failure.
+    pub fn next_delay(&mut self) -> Duration {
+        self.attempt = self.attempt.saturating_add(1);
+        let jitter = rand::random_range(0.8..1.2);
+        delay_for(self.base, self.max, self.attempt)
+            .mul_f64(jitter)
+            .min(self.max)
+    }
+
+    /// Sleeps for the next delay.
+    pub async fn wait(&mut self) {
+        tokio::time::sleep(self.next_delay()).await;
+    }
+
+    /// Starts over at `base` (after a success).
+    pub fn reset(&mut self) {
+        self.attempt = 0;
+    }
+}
+
 /// `base * 2^(attempt-1)`, capped at `max` (pure; `attempt` starts at 1).
 pub fn delay_for(base: Duration, max: Duration, attempt: u32) -> Duration {
     let exponent = attempt.saturating_sub(1).min(30);
@@ -69,6 +109,20 @@ pub fn delay_for(base: Duration, max: Duration, attempt: u32) -> Duration {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_retry_doubles_within_jitter_and_starts_over_after_a_reset() {
+        let mut retry = Retry::new(Duration::from_millis(100), Duration::from_secs(1));
+        let first = retry.next_delay();
+        let second = retry.next_delay();
+        assert!(first >= Duration::from_millis(80) && first <= Duration::from_millis(120));
+        assert!(second >= Duration::from_millis(160) && second <= Duration::from_millis(240));
+        for _ in 0..10 {
+            assert!(retry.next_delay() <= Duration::from_secs(1));
+        }
+        retry.reset();
+        assert!(retry.next_delay() <= Duration::from_millis(120));
+    }
 
     #[test]
     fn delays_double_and_cap() {

@@ -76,7 +76,7 @@ pub struct SandboxDefaults {
         env = "ORCHARD_DEFAULT_SECURITY_PROFILE",
         default_value = "Default"
     )]
-    pub default_security_profile: crate::api::SecurityProfile,
+    pub default_security_profile: orchard_api::SecurityProfile,
 
     /// Time-to-live after Ready of a sandbox whose spec sets none.
     #[arg(long, env = "ORCHARD_DEFAULT_TTL_SECONDS", default_value_t = 7200)]

@@ -2,7 +2,7 @@
 //! backoff, the watch caches of children, and the short memory of our own writes (so a lagging watch
 //! cache does not make us write the same object twice; see `own_writes`).
 
-use std::collections::{BTreeMap, HashSet};
+use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -13,17 +13,18 @@ use kube::runtime::controller::Action;
 use kube::runtime::events::{Recorder, Reporter};
 use kube::runtime::reflector::Store;
 
-use crate::agent_client::AgentClient;
-use crate::api::{RolloutGroup, Sandbox};
-use crate::backoff::ReconcileBackoff;
-use crate::config::{OperatorArgs, parse_label_pairs};
-use crate::error::{Error, Result};
-use crate::leader::Leadership;
-use crate::metrics::Metrics;
-use crate::own_writes::OwnWrites;
-use crate::reconcile_slots::ReconcileSlots;
+use crate::runtime::backoff::ReconcileBackoff;
+use crate::runtime::config::{OperatorArgs, parse_label_pairs};
+use crate::runtime::error::{Error, Result};
+use crate::runtime::leader::Leadership;
+use crate::runtime::metrics::Metrics;
+use crate::runtime::own_writes::OwnWrites;
+use crate::runtime::reconcile_slots::ReconcileSlots;
+use crate::sandbox::agent_client::AgentClient;
 use crate::sandbox::build::{PodShape, PolicyShape};
 use crate::sandbox::cidr::Cidr;
+use crate::sandbox::runner::Runners;
+use orchard_api::{RolloutGroup, Sandbox};
 
 /// Field manager of every server-side apply the operator sends.
 pub const FIELD_MANAGER: &str = "orchard-operator";
@@ -164,8 +165,8 @@ pub struct Context {
     pub own_writes: Arc<OwnWrites>,
     /// Client for the operator's own agent calls (trajectory runs).
     pub agent: AgentClient,
-    /// Uids of sandboxes whose trajectory runner is in flight.
-    pub runners: Mutex<HashSet<String>>,
+    /// The trajectory runs this replica drives (bounded, stopped at shutdown).
+    pub runners: Runners,
     /// Whether this replica may write (leader election).
     pub leadership: Leadership,
     /// Sandbox reconciles running at once (FIFO; see `reconcile_slots`).
@@ -232,7 +233,7 @@ impl Context {
             caches,
             own_writes,
             agent: AgentClient::new(),
-            runners: Mutex::new(HashSet::new()),
+            runners: Runners::default(),
             leadership,
             sandbox_slots,
             rollout_slots,

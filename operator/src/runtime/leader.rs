@@ -5,27 +5,47 @@
 //! matters: their cache subscriptions must be consumed, or the shared watches would stall the
 //! gateway's caches. When a replica gains the Lease it reconciles everything at once.
 //!
-//! Protocol: the holder renews every third of the lease duration; anyone may take the Lease when it
-//! is free (no holder) or expired (`renewTime + leaseDurationSeconds` passed). Updates use the
-//! Lease's resourceVersion, so two candidates cannot both win. A stopping leader releases the Lease.
+//! Protocol: anyone may take the Lease when it is free (no holder) or expired (`renewTime +
+//! leaseDurationSeconds` passed). Updates use the Lease's resourceVersion, so two candidates cannot
+//! both win. A stopping leader releases the Lease.
+//!
+//! Timing ([`Timing`]): the holder tries to renew every sixth of the lease duration, and steps down as
+//! soon as it has not renewed successfully within the renew deadline (two thirds of the duration),
+//! counted from the start of its last successful renew request, which is no later than the
+//! `renewTime` it wrote. Every election step runs under a timeout, so a hung request cannot keep a
+//! replica "leader". A standby takes over only a whole lease duration after that `renewTime`, so the
+//! old leader has stopped writing at least a third of the duration (the margin) before.
+//!
+//! Leadership is also a cancellation signal: each term has a [`CancellationToken`], cancelled on
+//! step-down. Work that runs across a step-down races it ([`Leadership::while_leader`]), and the
+//! controllers' client refuses and aborts writes outside a term and bounds each write by a
+//! per-call timeout shorter than the margin ([`WriteGate`]).
 
-use std::sync::Arc;
+use std::future::Future;
+use std::pin::Pin;
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::task::{Context as TaskContext, Poll};
 use std::time::Duration;
 
+use hyper::{Method, Request, Response};
 use k8s_openapi::api::coordination::v1::{Lease, LeaseSpec};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{MicroTime, ObjectMeta};
 use k8s_openapi::jiff::{SignedDuration, Timestamp};
 use kube::Client;
 use kube::api::{Api, PostParams};
 use tokio::sync::watch;
+use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
+use tower::{BoxError, Layer, Service};
 use tracing::{info, warn};
 
 /// Whether this replica may write, shared by the controllers.
 #[derive(Clone, Debug)]
 pub struct Leadership {
     leader: Arc<AtomicBool>,
+    /// The current term's token while leader (cancelled when the term ends).
+    term: Arc<Mutex<Option<CancellationToken>>>,
     gained: watch::Sender<u64>,
 }
 
@@ -35,6 +55,7 @@ impl Leadership {
         let (gained, _) = watch::channel(1);
         Self {
             leader: Arc::new(AtomicBool::new(true)),
+            term: Arc::new(Mutex::new(Some(CancellationToken::new()))),
             gained,
         }
     }
@@ -44,6 +65,7 @@ impl Leadership {
         let (gained, _) = watch::channel(0);
         Self {
             leader: Arc::new(AtomicBool::new(false)),
+            term: Arc::new(Mutex::new(None)),
             gained,
         }
     }
@@ -53,10 +75,35 @@ impl Leadership {
         self.leader.load(Ordering::SeqCst)
     }
 
+    /// The current term's cancellation token (`None` unless leader): cancelled when this replica
+    /// steps down; a later term gets a new token.
+    pub fn term(&self) -> Option<CancellationToken> {
+        self.term.lock().unwrap_or_else(|p| p.into_inner()).clone()
+    }
+
+    /// Runs `work` only while this replica leads: `None` at once if it does not, or as soon as the
+    /// current term ends (`work` is dropped, which aborts whatever request it has in flight).
+    pub async fn while_leader<F: Future>(&self, work: F) -> Option<F::Output> {
+        let term = self.term()?;
+        tokio::select! {
+            biased;
+            _ = term.cancelled() => None,
+            out = work => Some(out),
+        }
+    }
+
     fn set(&self, leader: bool) {
-        let was = self.leader.swap(leader, Ordering::SeqCst);
-        if leader && !was {
-            self.gained.send_modify(|n| *n += 1);
+        let mut term = self.term.lock().unwrap_or_else(|p| p.into_inner());
+        if leader {
+            if term.is_none() {
+                *term = Some(CancellationToken::new());
+                self.leader.store(true, Ordering::SeqCst);
+                self.gained.send_modify(|n| *n += 1);
+            }
+        } else if let Some(ended) = term.take() {
+            // Not leader first, so work woken by the cancellation sees it.
+            self.leader.store(false, Ordering::SeqCst);
+            ended.cancel();
         }
     }
 
@@ -67,6 +114,151 @@ impl Leadership {
         futures::stream::unfold(rx, |mut rx| async move {
             rx.changed().await.ok()?;
             Some(((), rx))
+        })
+    }
+}
+
+/// The timing of the election, all derived from the lease duration.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Timing {
+    /// How long a Lease blocks others after its `renewTime`.
+    pub lease_duration: Duration,
+    /// The leader steps down when it has not renewed successfully for this long (counted from the
+    /// start of its last successful renew request): two thirds of the lease duration.
+    pub renew_deadline: Duration,
+    /// Time between election steps (and the timeout of a candidate's step): a sixth of the duration.
+    pub retry_period: Duration,
+    /// Timeout of each write the controllers send while leading: three quarters of the margin
+    /// (lease duration minus renew deadline).
+    pub call_timeout: Duration,
+}
+
+impl Timing {
+    /// The timing for a lease of `lease_duration` (at least one second).
+    pub fn for_lease(lease_duration: Duration) -> Self {
+        let lease_duration = lease_duration.max(Duration::from_secs(1));
+        let renew_deadline = lease_duration * 2 / 3;
+        let margin = lease_duration - renew_deadline;
+        Self {
+            lease_duration,
+            renew_deadline,
+            retry_period: lease_duration / 6,
+            call_timeout: margin * 3 / 4,
+        }
+    }
+
+    /// The timeout of the next step: for the leader, what is left of its renew deadline (at most half
+    /// of it, so a hung request leaves time for a retry on a new connection); for a candidate, one
+    /// retry period.
+    pub fn step_timeout(&self, last_renew_start: Option<Instant>, now: Instant) -> Duration {
+        match last_renew_start {
+            Some(start) => self
+                .renew_deadline
+                .saturating_sub(now.saturating_duration_since(start))
+                .min(self.renew_deadline / 2),
+            None => self.retry_period,
+        }
+    }
+}
+
+/// Whether a leader whose last successful renew request started at `last_renew_start` still leads at
+/// `now` (pure): strictly less than `renew_deadline` has passed.
+pub fn still_leader(last_renew_start: Instant, now: Instant, renew_deadline: Duration) -> bool {
+    now.saturating_duration_since(last_renew_start) < renew_deadline
+}
+
+/// Why the controllers' client refused or abandoned a write ([`WriteGate`]).
+#[derive(thiserror::Error, Debug)]
+pub enum WriteRefused {
+    /// Sent outside a term.
+    #[error("not the leader: write refused")]
+    NotLeader,
+    /// The term ended while the write was in flight (the request was aborted).
+    #[error("leadership lost while the write was in flight: write aborted")]
+    LeadershipLost,
+    /// No answer within the per-call timeout (the request was aborted).
+    #[error("write timed out after {0:?} (the per-call timeout of leader election)")]
+    TimedOut(Duration),
+}
+
+/// A client layer that lets writes (POST, PUT, PATCH, DELETE) through only during a term: a write
+/// sent outside one fails at once, a write in flight when the term ends is aborted (its request
+/// future dropped), and each write is bounded by a per-call timeout. Reads (watches included) pass
+/// untouched.
+#[derive(Clone, Debug)]
+pub struct WriteGate {
+    leadership: Leadership,
+    call_timeout: Duration,
+}
+
+impl WriteGate {
+    /// A gate on `leadership` with `call_timeout` per write.
+    pub fn new(leadership: Leadership, call_timeout: Duration) -> Self {
+        Self {
+            leadership,
+            call_timeout,
+        }
+    }
+}
+
+impl<S> Layer<S> for WriteGate {
+    type Service = WriteGateService<S>;
+
+    fn layer(&self, inner: S) -> Self::Service {
+        WriteGateService {
+            inner,
+            gate: self.clone(),
+        }
+    }
+}
+
+/// The service of [`WriteGate`].
+#[derive(Clone, Debug)]
+pub struct WriteGateService<S> {
+    inner: S,
+    gate: WriteGate,
+}
+
+type BoxedResponse<T> = Pin<Box<dyn Future<Output = Result<T, BoxError>> + Send>>;
+
+impl<S, B> Service<Request<kube::client::Body>> for WriteGateService<S>
+where
+    S: Service<Request<kube::client::Body>, Response = Response<B>>,
+    S::Error: Into<BoxError>,
+    S::Future: Send + 'static,
+    B: Send + 'static,
+{
+    type Response = Response<B>;
+    type Error = BoxError;
+    type Future = BoxedResponse<Response<B>>;
+
+    fn poll_ready(&mut self, cx: &mut TaskContext<'_>) -> Poll<Result<(), BoxError>> {
+        self.inner.poll_ready(cx).map_err(Into::into)
+    }
+
+    fn call(&mut self, request: Request<kube::client::Body>) -> Self::Future {
+        let write = matches!(
+            *request.method(),
+            Method::POST | Method::PUT | Method::PATCH | Method::DELETE
+        );
+        if !write {
+            let response = self.inner.call(request);
+            return Box::pin(async move { response.await.map_err(Into::into) });
+        }
+        let Some(term) = self.gate.leadership.term() else {
+            return Box::pin(std::future::ready(Err(WriteRefused::NotLeader.into())));
+        };
+        let timeout = self.gate.call_timeout;
+        let response = self.inner.call(request);
+        Box::pin(async move {
+            tokio::select! {
+                biased;
+                _ = term.cancelled() => Err(WriteRefused::LeadershipLost.into()),
+                answered = tokio::time::timeout(timeout, response) => match answered {
+                    Ok(result) => result.map_err(Into::into),
+                    Err(_) => Err(WriteRefused::TimedOut(timeout).into()),
+                },
+            }
         })
     }
 }
@@ -164,43 +356,70 @@ pub async fn run(
     shutdown: CancellationToken,
 ) {
     let api: Api<Lease> = Api::namespaced(client, &election.namespace);
-    let period = (election.duration / 3).max(Duration::from_millis(200));
-    let mut last_renewal: Option<tokio::time::Instant> = None;
-    info!(lease = %election.name, identity = %election.identity, "leader election started");
+    let timing = Timing::for_lease(election.duration);
+    // Start of the last successful create/acquire/renew request of the current term.
+    let mut last_renew_start: Option<Instant> = None;
+    info!(
+        lease = %election.name,
+        identity = %election.identity,
+        renew_deadline_ms = timing.renew_deadline.as_millis() as u64,
+        call_timeout_ms = timing.call_timeout.as_millis() as u64,
+        "leader election started"
+    );
+    // Steps down once the renew deadline passed without a successful renew.
+    let deadline_check = |last: &mut Option<Instant>| {
+        if let Some(start) = *last
+            && !still_leader(start, Instant::now(), timing.renew_deadline)
+        {
+            warn!(identity = %election.identity, "could not renew the lease within the renew deadline; stepping down");
+            *last = None;
+            leadership.set(false);
+        }
+    };
     loop {
-        match step(&api, &election).await {
-            Ok(true) => {
+        deadline_check(&mut last_renew_start);
+        let started = Instant::now();
+        let timeout = timing.step_timeout(last_renew_start, started);
+        match tokio::time::timeout(timeout, step(&api, &election)).await {
+            Ok(Ok(true)) => {
                 if !leadership.is_leader() {
                     info!(identity = %election.identity, "became the leader");
                 }
-                last_renewal = Some(tokio::time::Instant::now());
+                last_renew_start = Some(started);
                 leadership.set(true);
             }
-            Ok(false) => {
+            Ok(Ok(false)) => {
                 if leadership.is_leader() {
                     warn!(identity = %election.identity, "lost the leader lease to another replica");
                 }
+                last_renew_start = None;
                 leadership.set(false);
             }
-            Err(err) => {
-                warn!(%err, "leader election: cannot read or write the Lease");
-                // Step down once we could not renew for a whole lease duration.
-                if last_renewal.is_some_and(|at| at.elapsed() >= election.duration)
-                    && leadership.is_leader()
-                {
-                    warn!(identity = %election.identity, "could not renew the lease in time; stepping down");
-                    leadership.set(false);
-                }
-            }
+            Ok(Err(err)) => warn!(%err, "leader election: cannot read or write the Lease"),
+            Err(_) => warn!(
+                timeout_ms = timeout.as_millis() as u64,
+                "leader election: the Lease request did not answer in time"
+            ),
+        }
+        deadline_check(&mut last_renew_start);
+        // The next step, or the renew deadline if earlier (to step down on time).
+        let mut next = started + timing.retry_period;
+        if let Some(start) = last_renew_start {
+            next = next.min(start + timing.renew_deadline);
         }
         tokio::select! {
-            _ = tokio::time::sleep(period) => {},
+            _ = tokio::time::sleep_until(next) => {},
             _ = shutdown.cancelled() => break,
         }
     }
     if leadership.is_leader() {
         leadership.set(false);
-        release(&api, &election).await;
+        if tokio::time::timeout(timing.renew_deadline, release(&api, &election))
+            .await
+            .is_err()
+        {
+            warn!("could not release the leader lease in time; it expires on its own");
+        }
     }
 }
 
@@ -371,5 +590,145 @@ mod tests {
                 .is_some()
         );
         assert!(leadership.is_leader());
+    }
+
+    #[test]
+    fn the_leader_leads_strictly_less_than_the_renew_deadline_after_its_last_renew_started() {
+        let start = Instant::now();
+        let deadline = Duration::from_secs(10);
+        assert!(still_leader(start, start, deadline));
+        assert!(still_leader(
+            start,
+            start + Duration::from_millis(9_999),
+            deadline
+        ));
+        assert!(!still_leader(start, start + deadline, deadline));
+        assert!(!still_leader(
+            start,
+            start + Duration::from_secs(30),
+            deadline
+        ));
+        // A clock read before the renew started (cannot happen with a monotonic clock) still leads.
+        assert!(still_leader(
+            start + Duration::from_secs(1),
+            start,
+            deadline
+        ));
+    }
+
+    #[test]
+    fn the_timing_leaves_a_margin_that_the_per_call_timeout_fits_in() {
+        for seconds in [1, 2, 3, 15, 60, 137] {
+            let timing = Timing::for_lease(Duration::from_secs(seconds));
+            let margin = timing.lease_duration - timing.renew_deadline;
+            assert!(timing.renew_deadline < timing.lease_duration, "{timing:?}");
+            assert!(timing.retry_period < timing.renew_deadline, "{timing:?}");
+            assert!(!timing.call_timeout.is_zero(), "{timing:?}");
+            assert!(timing.call_timeout < margin, "{timing:?}");
+        }
+        let default = Timing::for_lease(Duration::from_secs(15));
+        assert_eq!(default.renew_deadline, Duration::from_secs(10));
+        assert_eq!(default.retry_period, Duration::from_millis(2_500));
+        assert_eq!(default.call_timeout, Duration::from_millis(3_750));
+        assert_eq!(
+            Timing::for_lease(Duration::ZERO).lease_duration,
+            Duration::from_secs(1)
+        );
+    }
+
+    #[test]
+    fn a_step_never_outlives_the_renew_deadline() {
+        let timing = Timing::for_lease(Duration::from_secs(3));
+        let start = Instant::now();
+        assert_eq!(timing.step_timeout(None, start), timing.retry_period);
+        assert_eq!(
+            timing.step_timeout(Some(start), start),
+            Duration::from_secs(1)
+        );
+        assert_eq!(
+            timing.step_timeout(Some(start), start + Duration::from_millis(1_500)),
+            Duration::from_millis(500)
+        );
+        assert_eq!(
+            timing.step_timeout(Some(start), start + Duration::from_secs(5)),
+            Duration::ZERO
+        );
+    }
+
+    #[tokio::test]
+    async fn work_stops_when_its_term_ends_and_nothing_runs_outside_a_term() {
+        let leadership = Leadership::contended();
+        assert!(leadership.term().is_none());
+        assert_eq!(leadership.while_leader(async { 1 }).await, None);
+        leadership.set(true);
+        let term = leadership.term().unwrap();
+        assert_eq!(leadership.while_leader(async { 2 }).await, Some(2));
+        let lead = leadership.clone();
+        let work =
+            tokio::spawn(async move { lead.while_leader(futures::future::pending::<()>()).await });
+        tokio::task::yield_now().await;
+        leadership.set(false);
+        assert!(term.is_cancelled());
+        assert!(!leadership.is_leader());
+        assert_eq!(
+            tokio::time::timeout(Duration::from_secs(1), work)
+                .await
+                .unwrap()
+                .unwrap(),
+            None
+        );
+        leadership.set(true);
+        let next = leadership.term().unwrap();
+        assert!(!next.is_cancelled(), "a new term gets a new token");
+        assert!(Leadership::always().term().is_some());
+    }
+
+    #[tokio::test]
+    async fn the_write_gate_refuses_aborts_and_times_out_writes_but_passes_reads() {
+        use tower::ServiceExt;
+        let leadership = Leadership::contended();
+        let slow = tower::service_fn(|request: Request<kube::client::Body>| async move {
+            if request.method() == Method::PUT {
+                futures::future::pending::<()>().await;
+            }
+            Ok::<_, BoxError>(Response::new(()))
+        });
+        let gate = WriteGate::new(leadership.clone(), Duration::from_millis(200)).layer(slow);
+        let request = |method: Method| {
+            Request::builder()
+                .method(method)
+                .uri("/api/v1/namespaces/default/pods")
+                .body(kube::client::Body::from(Vec::new()))
+                .unwrap()
+        };
+        assert!(gate.clone().oneshot(request(Method::GET)).await.is_ok());
+        let refused = gate
+            .clone()
+            .oneshot(request(Method::POST))
+            .await
+            .unwrap_err();
+        assert!(matches!(
+            refused.downcast_ref(),
+            Some(WriteRefused::NotLeader)
+        ));
+        leadership.set(true);
+        assert!(gate.clone().oneshot(request(Method::POST)).await.is_ok());
+        let timed_out = gate
+            .clone()
+            .oneshot(request(Method::PUT))
+            .await
+            .unwrap_err();
+        assert!(matches!(
+            timed_out.downcast_ref(),
+            Some(WriteRefused::TimedOut(_))
+        ));
+        let in_flight = tokio::spawn(gate.clone().oneshot(request(Method::PUT)));
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        leadership.set(false);
+        let lost = in_flight.await.unwrap().unwrap_err();
+        assert!(matches!(
+            lost.downcast_ref(),
+            Some(WriteRefused::LeadershipLost)
+        ));
     }
 }

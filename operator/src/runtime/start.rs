@@ -17,20 +17,20 @@ use serde::de::DeserializeOwned;
 use tokio_util::sync::CancellationToken;
 use tracing::{error, info, warn};
 
-use crate::admin::{self, AdminState};
-use crate::api::{MANAGED_BY, MANAGED_BY_LABEL, RolloutGroup, SANDBOX_POD_LABEL, Sandbox};
-use crate::backoff::ReconcileBackoff;
-use crate::change_feed::ChangeFeed;
-use crate::config::OperatorArgs;
-use crate::context::{Caches, Context, Settings};
-use crate::error::{Error, Result};
 use crate::gateway::{self, GatewayDeps};
-use crate::leader::{self, Election, Leadership};
-use crate::metrics::Metrics;
-use crate::own_writes::{OwnWrites, child_key, namespace_scope};
-use crate::ownership::controller_uid;
-use crate::triggers::{Forward, forwarded, trigger};
+use crate::runtime::admin::{self, AdminState};
+use crate::runtime::backoff::ReconcileBackoff;
+use crate::runtime::change_feed::ChangeFeed;
+use crate::runtime::config::OperatorArgs;
+use crate::runtime::context::{Caches, Context, Settings};
+use crate::runtime::error::{Error, Result};
+use crate::runtime::leader::{self, Election, Leadership, Timing, WriteGate};
+use crate::runtime::metrics::Metrics;
+use crate::runtime::own_writes::{OwnWrites, child_key, namespace_scope};
+use crate::runtime::ownership::controller_uid;
+use crate::runtime::triggers::{Forward, forwarded, trigger};
 use crate::{rollout, sandbox};
+use orchard_api::{MANAGED_BY, MANAGED_BY_LABEL, RolloutGroup, SANDBOX_POD_LABEL, Sandbox};
 
 /// kube-runtime's own concurrency limit, off: the reconcilers bound themselves with FIFO slots
 /// (`reconcile_slots`), because kube-runtime 5.0.0 starves some objects when its limit is reached.
@@ -60,6 +60,22 @@ fn default_identity() -> String {
     format!("{host}-{}", std::process::id())
 }
 
+/// The client configuration (`KUBECONFIG`, `~/.kube/config` or in-cluster), with a User-Agent that
+/// names this replica, so the API server's audit log tells the replicas' requests apart.
+async fn client_config(identity: &str) -> Result<kube::Config> {
+    let mut config = kube::Config::infer()
+        .await
+        .map_err(|e| Error::Config(format!("no Kubernetes client configuration: {e}")))?;
+    let agent = format!(
+        "orchard-operator/{} ({identity})",
+        env!("CARGO_PKG_VERSION")
+    );
+    if let Ok(value) = hyper::header::HeaderValue::from_str(&agent) {
+        config.headers.push((hyper::header::USER_AGENT, value));
+    }
+    Ok(config)
+}
+
 /// Resolves on SIGTERM or SIGINT.
 async fn termination_signal() {
     #[cfg(unix)]
@@ -87,7 +103,13 @@ async fn termination_signal() {
 /// Runs the operator until a termination signal.
 pub async fn run(args: OperatorArgs) -> Result<()> {
     let mut settings = Settings::from_args(&args)?;
-    let client = Client::try_default().await?;
+    let identity = args
+        .leader
+        .identity
+        .clone()
+        .unwrap_or_else(default_identity);
+    let config = client_config(&identity).await?;
+    let client = Client::try_from(config.clone())?;
     if !args.sandbox.egress_allow_api_server {
         match crate::sandbox::apply::api_server_cidrs(&client).await {
             Ok(cidrs) if !cidrs.is_empty() => {
@@ -212,12 +234,12 @@ pub async fn run(args: OperatorArgs) -> Result<()> {
         metrics: metrics.clone(),
         settings: settings.clone(),
     };
-    let leadership = if args.leader.leader_election {
-        Leadership::contended()
-    } else {
-        Leadership::always()
-    };
-    if args.leader.leader_election {
+    // Leader election: the election's own Lease writes, the watches and the gateway use `client`;
+    // the controllers (reconciles, the trajectory runner, events) use `controller_client`, whose
+    // writes pass only during a term, are aborted when it ends, and time out within the lease margin
+    // (`WriteGate`).
+    let (leadership, controller_client) = if args.leader.leader_election {
+        let leadership = Leadership::contended();
         let election = Election {
             namespace: args
                 .leader
@@ -225,20 +247,23 @@ pub async fn run(args: OperatorArgs) -> Result<()> {
                 .clone()
                 .unwrap_or_else(|| args.sandbox.operator_namespace.clone()),
             name: args.leader.lease_name.clone(),
-            identity: args
-                .leader
-                .identity
-                .clone()
-                .unwrap_or_else(default_identity),
+            identity: identity.clone(),
             duration: Duration::from_secs(args.leader.lease_duration_seconds.max(1)),
         };
+        let timing = Timing::for_lease(election.duration);
+        let controller_client = kube::client::ClientBuilder::try_from(config)?
+            .with_layer(&WriteGate::new(leadership.clone(), timing.call_timeout))
+            .build();
         tokio::spawn(leader::run(
             client.clone(),
             election,
             leadership.clone(),
             shutdown.clone(),
         ));
-    }
+        (leadership, controller_client)
+    } else {
+        (Leadership::always(), client.clone())
+    };
     {
         let gauge = metrics.leader.clone();
         let leadership = leadership.clone();
@@ -250,7 +275,7 @@ pub async fn run(args: OperatorArgs) -> Result<()> {
         });
     }
     let ctx = Arc::new(Context::new(
-        client.clone(),
+        controller_client,
         settings,
         metrics.clone(),
         backoff,
@@ -305,6 +330,8 @@ pub async fn run(args: OperatorArgs) -> Result<()> {
         admin_server,
         gateway_server
     );
+    // The trajectory runs stop with the process; whoever leads next adopts them through the agent.
+    ctx.runners.stop();
     if let Err(err) = admin_served {
         return Err(Error::Config(format!(
             "admin server on {}: {err}",
@@ -435,13 +462,7 @@ fn cached_watch<K>(
     impl futures::Stream<Item = std::result::Result<K, watcher::Error>> + Send + 'static,
 )
 where
-    K: Resource<DynamicType = ()>
-        + Clone
-        + DeserializeOwned
-        + std::fmt::Debug
-        + Send
-        + Sync
-        + 'static,
+    K: crate::runtime::writes::Child,
 {
     let (store, writer) = reflector::store::<K>();
     let events = watcher(api, watcher::Config::default().labels(labels))

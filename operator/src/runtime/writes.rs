@@ -7,6 +7,7 @@
 use std::any::Any;
 use std::fmt::Debug;
 
+use k8s_openapi::NamespaceResourceScope;
 use kube::api::{
     Api, DeleteParams, Patch, PatchParams, PostParams, Preconditions, PropagationPolicy,
 };
@@ -15,10 +16,11 @@ use kube::{Resource, ResourceExt};
 use serde::Serialize;
 use serde::de::DeserializeOwned;
 
-use crate::context::Context;
-use crate::error::{Error, Result};
-use crate::ownership::{Claim, Owner, claim};
-use crate::status_patch::status_patch;
+use crate::runtime::context::{Context, FIELD_MANAGER};
+use crate::runtime::error::{Error, Result};
+use crate::runtime::own_writes::child_key;
+use crate::runtime::ownership::{Claim, Owner, claim};
+use crate::runtime::status_patch::status_patch;
 
 /// What became of a child we want under a given name.
 #[derive(Debug, Clone, PartialEq)]
@@ -64,19 +66,12 @@ pub fn existing_state<K: Resource<DynamicType = ()>>(
 
 /// Creates `desired` in `namespace`; if its name is taken, reads the existing object and classifies
 /// it. Counts the create.
-pub async fn create_child<K>(
+pub async fn create_child<K: Child>(
     ctx: &Context,
     namespace: &str,
     desired: &K,
     owner: Owner<'_>,
-) -> Result<ChildState<K>>
-where
-    K: Resource<DynamicType = (), Scope = k8s_openapi::NamespaceResourceScope>
-        + Clone
-        + Serialize
-        + DeserializeOwned
-        + Debug,
-{
+) -> Result<ChildState<K>> {
     let api: Api<K> = Api::namespaced(ctx.client.clone(), namespace);
     match api.create(&PostParams::default(), desired).await {
         Ok(created) => {
@@ -99,7 +94,7 @@ where
 }
 
 /// Whether `cache` shows `namespace/name` as the object with `uid` (a write of ours the watch has
-/// delivered, for [`crate::own_writes::OwnWrites::record`]).
+/// delivered, for [`crate::runtime::own_writes::OwnWrites::record`]).
 pub fn cache_holds<K>(cache: &Store<K>, namespace: &str, name: &str, uid: Option<&str>) -> bool
 where
     K: Resource<DynamicType = ()> + Clone,
@@ -111,13 +106,12 @@ where
 
 /// Deletes `namespace/name` if it is still the object with `uid` (a precondition: a newer object
 /// under the same name is never touched). Gone, or replaced, counts as done.
-pub async fn delete_if_same<K>(ctx: &Context, namespace: &str, name: &str, uid: &str) -> Result<()>
-where
-    K: Resource<DynamicType = (), Scope = k8s_openapi::NamespaceResourceScope>
-        + Clone
-        + DeserializeOwned
-        + Debug,
-{
+pub async fn delete_if_same<K: Child>(
+    ctx: &Context,
+    namespace: &str,
+    name: &str,
+    uid: &str,
+) -> Result<()> {
     let api: Api<K> = Api::namespaced(ctx.client.clone(), namespace);
     let params = DeleteParams {
         propagation_policy: Some(PropagationPolicy::Background),
@@ -136,6 +130,104 @@ where
         Err(kube::Error::Api(status)) if status.is_not_found() || status.is_conflict() => Ok(()),
         Err(err) => Err(err.into()),
     }
+}
+
+/// A namespaced object type, built in or ours.
+pub trait Namespaced: Resource<DynamicType = (), Scope = NamespaceResourceScope> {}
+impl<K: Resource<DynamicType = (), Scope = NamespaceResourceScope>> Namespaced for K {}
+
+/// An object type the write layer, the watch caches and the gateway handle.
+pub trait Child:
+    Namespaced + Clone + Debug + Serialize + DeserializeOwned + Send + Sync + 'static
+{
+}
+impl<K: Namespaced + Clone + Debug + Serialize + DeserializeOwned + Send + Sync + 'static> Child
+    for K
+{
+}
+
+/// Creates `desired` for `owner` (see [`create_child`]) and, when it is ours, remembers the write in
+/// the owner's scope (tagged `tag`; with the returned object when `keep_object`, for callers that need
+/// it before the cache has it) until `cache` shows it.
+pub async fn create_owned<K: Child>(
+    ctx: &Context,
+    cache: &Store<K>,
+    desired: &K,
+    owner: Owner<'_>,
+    tag: &str,
+    keep_object: bool,
+) -> Result<ChildState<K>> {
+    let namespace = desired.namespace().unwrap_or_default();
+    let state = create_child(ctx, &namespace, desired, owner).await?;
+    if let ChildState::Ours(created) = &state {
+        let name = created.name_any();
+        let key = child_key(&K::kind(&()), &name);
+        let uid = created.meta().uid.as_deref();
+        let shown = || cache_holds(cache, &namespace, &name, uid);
+        if keep_object {
+            ctx.own_writes
+                .record_object(owner.uid, &key, tag, created.clone(), shown);
+        } else {
+            ctx.own_writes.record(owner.uid, &key, tag, shown);
+        }
+    }
+    Ok(state)
+}
+
+/// Server-side applies `desired` (named `namespace/name`) with the operator's field manager unless
+/// the cache shows an object for which `current` holds or `scope` remembers this very write (`tag`);
+/// then remembers it until the cache shows it.
+pub async fn apply_owned<K: Child>(
+    ctx: &Context,
+    cache: &Store<K>,
+    scope: &str,
+    desired: &K,
+    tag: &str,
+    current: impl Fn(&K) -> bool,
+) -> Result<()> {
+    let namespace = desired.namespace().unwrap_or_default();
+    let name = desired.name_any();
+    let key = child_key(&K::kind(&()), &name);
+    let shown = || {
+        cache
+            .get(&ObjectRef::new(&name).within(&namespace))
+            .is_some_and(|cached| current(&cached))
+    };
+    if shown() || ctx.own_writes.recorded(scope, &key, tag) {
+        return Ok(());
+    }
+    let api: Api<K> = Api::namespaced(ctx.client.clone(), &namespace);
+    let params = PatchParams::apply(FIELD_MANAGER).force();
+    api.patch(&name, &params, &Patch::Apply(desired)).await?;
+    ctx.metrics.api_write(&K::plural(&()), "apply");
+    ctx.own_writes.record(scope, &key, tag, shown);
+    Ok(())
+}
+
+/// Deletes the child `namespace/name` of `scope` if it is still the object with `uid` (see
+/// [`delete_if_same`]), once: the delete is remembered until `cache` no longer shows that object
+/// alive.
+pub async fn ensure_deleted<K: Child>(
+    ctx: &Context,
+    cache: &Store<K>,
+    scope: &str,
+    namespace: &str,
+    name: &str,
+    uid: &str,
+) -> Result<()> {
+    let key = child_key(&K::kind(&()), name);
+    if ctx.own_writes.recorded(scope, &key, "delete") {
+        return Ok(());
+    }
+    delete_if_same::<K>(ctx, namespace, name, uid).await?;
+    ctx.own_writes.record(scope, &key, "delete", || {
+        cache
+            .get(&ObjectRef::new(name).within(namespace))
+            .is_none_or(|c| {
+                c.meta().uid.as_deref() != Some(uid) || c.meta().deletion_timestamp.is_some()
+            })
+    });
+    Ok(())
 }
 
 /// What a status write did.
@@ -161,10 +253,7 @@ pub async fn write_status<K, S>(
     status: &S,
 ) -> Result<StatusWrite>
 where
-    K: Resource<DynamicType = (), Scope = k8s_openapi::NamespaceResourceScope>
-        + Clone
-        + DeserializeOwned
-        + Debug,
+    K: Child,
     S: Serialize + Clone + Any + Send + Sync,
 {
     let what = "status";

@@ -1,6 +1,7 @@
 //! A small typed client for the operator's own calls to sandbox agents (the trajectory runner): start
 //! a background process, wait for it, read a file. Pooled HTTP/1.1 connections over the pod network;
-//! every call carries the sandbox's token. The gateway proxies user traffic separately.
+//! every call carries the sandbox's token. The gateway proxies user traffic separately. Requests and
+//! answers are the agent's wire types of [`orchard_api::agent`].
 
 use std::time::Duration;
 
@@ -10,8 +11,8 @@ use hyper::{Method, Request, StatusCode};
 use hyper_util::client::legacy::Client;
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::rt::TokioExecutor;
-use serde::Deserialize;
-use serde_json::Value;
+use orchard_api::agent::{ExecRequest, ProcessStatus};
+use serde::Serialize;
 
 /// Where an agent listens and the token it accepts.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -39,35 +40,6 @@ pub enum AgentCallError {
     /// The agent's answer was not what its API promises.
     #[error("unexpected agent response: {0}")]
     Protocol(String),
-}
-
-/// Status of a background process, as the agent reports it.
-#[derive(Debug, Clone, Deserialize, PartialEq)]
-#[serde(rename_all = "camelCase")]
-pub struct ProcessStatus {
-    /// Process id chosen at start.
-    pub id: String,
-    /// `running` or `exited`.
-    pub state: String,
-    /// Exit code, once exited normally.
-    #[serde(default)]
-    pub exit_code: Option<i32>,
-    /// Signal that ended it, if any.
-    #[serde(default)]
-    pub signal: Option<i32>,
-    /// Whether the agent killed it at its timeout.
-    #[serde(default)]
-    pub timed_out: bool,
-    /// Captured stderr (when requested).
-    #[serde(default)]
-    pub stderr: Option<String>,
-}
-
-impl ProcessStatus {
-    /// Whether the process has ended.
-    pub fn exited(&self) -> bool {
-        self.state == "exited"
-    }
 }
 
 /// Most bytes of a result file the operator reads.
@@ -103,7 +75,7 @@ impl AgentClient {
         target: &AgentTarget,
         method: Method,
         path_and_query: &str,
-        body: Option<Value>,
+        body: Option<&(impl Serialize + Sync)>,
         timeout: Duration,
         limit: usize,
     ) -> Result<(StatusCode, Bytes), AgentCallError> {
@@ -119,7 +91,9 @@ impl AgentClient {
         let payload = match body {
             Some(json) => {
                 builder = builder.header("content-type", "application/json");
-                Bytes::from(json.to_string())
+                Bytes::from(serde_json::to_vec(json).map_err(|e| {
+                    AgentCallError::Protocol(format!("cannot encode the request to {uri}: {e}"))
+                })?)
             }
             None => Bytes::new(),
         };
@@ -154,13 +128,18 @@ impl AgentClient {
         argv: &[String],
         timeout_seconds: i64,
     ) -> Result<ProcessStatus, AgentCallError> {
-        let body = serde_json::json!({"id": id, "argv": argv, "timeoutSeconds": timeout_seconds});
+        let body = ExecRequest {
+            id: Some(id.to_string()),
+            argv: Some(argv.to_vec()),
+            timeout_seconds: Some(timeout_seconds as f64),
+            ..ExecRequest::default()
+        };
         let (status, bytes) = self
             .call(
                 target,
                 Method::POST,
                 "/v1/processes",
-                Some(body),
+                Some(&body),
                 Duration::from_secs(30),
                 64 << 10,
             )
@@ -190,7 +169,7 @@ impl AgentClient {
                 target,
                 Method::GET,
                 &path,
-                None,
+                None::<&()>,
                 Duration::from_secs(wait_seconds + 15),
                 64 << 10,
             )
@@ -208,7 +187,7 @@ impl AgentClient {
                 target,
                 Method::DELETE,
                 &format!("/v1/processes/{id}"),
-                None,
+                None::<&()>,
                 Duration::from_secs(15),
                 64 << 10,
             )
@@ -231,7 +210,7 @@ impl AgentClient {
                 target,
                 Method::GET,
                 &query,
-                None,
+                None::<&()>,
                 Duration::from_secs(30),
                 MAX_RESULT_BYTES,
             )
@@ -249,7 +228,7 @@ impl AgentClient {
 }
 
 fn parse_status(bytes: &[u8]) -> Result<ProcessStatus, AgentCallError> {
-    serde_json::from_slice(bytes)
+    serde_json::from_slice::<ProcessStatus>(bytes)
         .map_err(|e| AgentCallError::Protocol(format!("process status: {e}")))
 }
 
@@ -289,9 +268,10 @@ mod tests {
 
     #[test]
     fn process_status_parses_the_agent_shape() {
-        let status = parse_status(br#"{"id":"orchard-run","pid":7,"state":"exited","exitCode":0,"signal":null,"timedOut":false,"startedAt":"x"}"#).unwrap();
+        let status = parse_status(br#"{"id":"orchard-run","pid":7,"argv":["python","/task/run.py"],"state":"exited","exitCode":0,"signal":null,"timedOut":false,"oomKilled":false,"startedAt":"x","finishedAt":"y","durationMs":5,"stderr":"boom","stdoutTruncated":false,"stderrTruncated":false,"stdoutLossy":false,"stderrLossy":false,"outputEncoding":"text"}"#).unwrap();
         assert!(status.exited());
         assert_eq!(status.exit_code, Some(0));
+        assert_eq!(status.stderr.as_deref(), Some("boom"));
         assert!(!status.timed_out);
     }
 }

@@ -6,7 +6,7 @@
 use k8s_openapi::api::core::v1::{Pod, Secret};
 use k8s_openapi::api::networking::v1::NetworkPolicy;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
-use kube::api::{Api, Patch, PatchParams};
+use kube::api::Api;
 use kube::runtime::events::EventType;
 use kube::runtime::reflector::ObjectRef;
 use kube::{Resource, ResourceExt};
@@ -15,17 +15,15 @@ use super::build::{
     BASELINE_POLICY, baseline_policy, desired_egress_policy, desired_token_secret,
     egress_policy_name, pod_name, refused_allow_rules, token_secret_name,
 };
-use crate::api::Sandbox;
-use crate::context::{Context, FIELD_MANAGER};
-use crate::error::{Error, Result};
-use crate::events::publish;
-use crate::own_writes::{child_key, namespace_scope};
-use crate::ownership::{Owner, controlled_by};
-use crate::writes::{ChildState, cache_holds, create_child, delete_if_same, existing_state};
-
-fn apply_params() -> PatchParams {
-    PatchParams::apply(FIELD_MANAGER).force()
-}
+use crate::runtime::context::Context;
+use crate::runtime::error::{Error, Result};
+use crate::runtime::events::publish;
+use crate::runtime::own_writes::{child_key, namespace_scope};
+use crate::runtime::ownership::{Owner, controlled_by};
+use crate::runtime::writes::{
+    ChildState, apply_owned, create_owned, delete_if_same, ensure_deleted, existing_state,
+};
+use orchard_api::Sandbox;
 
 /// The Sandbox as the owner of its children.
 pub fn owner_of(sandbox: &Sandbox) -> Owner<'_> {
@@ -53,33 +51,27 @@ pub async fn api_server_cidrs(client: &kube::Client) -> Result<Vec<super::cidr::
 pub async fn ensure_baseline(ctx: &Context, namespace: &str) -> Result<()> {
     let desired = baseline_policy(namespace, &ctx.settings.policy);
     let scope = namespace_scope(namespace);
-    let key = child_key("NetworkPolicy", BASELINE_POLICY);
-    let done = || {
+    let current = |p: &NetworkPolicy| p.spec == desired.spec;
+    let cached = || {
         ctx.caches
             .policies
             .get(&ObjectRef::new(BASELINE_POLICY).within(namespace))
-            .is_some_and(|p| p.spec == desired.spec)
-            || ctx.own_writes.recorded(&scope, &key, "apply")
+            .is_some_and(|p| current(&p))
     };
-    if done() {
+    if cached() {
         return Ok(());
     }
     ctx.baseline_applies
         .with(namespace, async {
-            if done() {
-                return Ok(());
-            }
-            let api: Api<NetworkPolicy> = Api::namespaced(ctx.client.clone(), namespace);
-            api.patch(BASELINE_POLICY, &apply_params(), &Patch::Apply(&desired))
-                .await?;
-            ctx.metrics.api_write("networkpolicies", "apply");
-            ctx.own_writes.record(&scope, &key, "apply", || {
-                ctx.caches
-                    .policies
-                    .get(&ObjectRef::new(BASELINE_POLICY).within(namespace))
-                    .is_some_and(|p| p.spec == desired.spec)
-            });
-            Ok(())
+            apply_owned(
+                ctx,
+                &ctx.caches.policies,
+                &scope,
+                &desired,
+                "apply",
+                current,
+            )
+            .await
         })
         .await
 }
@@ -121,17 +113,15 @@ pub async fn ensure_token_secret(
             .map(|existing| existing_state(existing, owner_of(sandbox)).unit()));
     }
     let secret = desired_token_secret(sandbox, owner, &new_token());
-    let state = create_child(ctx, &namespace, &secret, owner_of(sandbox)).await?;
-    if let ChildState::Ours(created) = &state {
-        ctx.own_writes.record(scope, &key, "create", || {
-            cache_holds(
-                &ctx.caches.secrets,
-                &namespace,
-                &name,
-                created.meta().uid.as_deref(),
-            )
-        });
-    }
+    let state = create_owned(
+        ctx,
+        &ctx.caches.secrets,
+        &secret,
+        owner_of(sandbox),
+        "create",
+        false,
+    )
+    .await?;
     Ok(Some(state.unit()))
 }
 
@@ -152,7 +142,6 @@ pub async fn ensure_egress_policy(
     let namespace = sandbox.namespace().unwrap_or_default();
     let name = egress_policy_name(&sandbox.name_any());
     let scope = owner.uid.as_str();
-    let key = child_key("NetworkPolicy", &name);
     let cached = ctx
         .caches
         .policies
@@ -170,7 +159,9 @@ pub async fn ensure_egress_policy(
         Some(desired) => {
             let tag = format!("apply@{}", sandbox.meta().generation.unwrap_or(0));
             if cached.as_ref().is_some_and(|p| p.spec == desired.spec)
-                || ctx.own_writes.recorded(scope, &key, &tag)
+                || ctx
+                    .own_writes
+                    .recorded(scope, &child_key("NetworkPolicy", &name), &tag)
             {
                 return Ok(ChildState::Ours(()));
             }
@@ -185,49 +176,24 @@ pub async fn ensure_egress_policy(
             if cached.is_none() {
                 // Created, not applied: an object that appeared under the name meanwhile is classified,
                 // never taken over (a later reconcile applies the spec to our own).
-                let state = create_child(ctx, &namespace, &desired, owner_of(sandbox)).await?;
-                if let ChildState::Ours(created) = &state {
-                    ctx.own_writes.record(scope, &key, &tag, || {
-                        cache_holds(
-                            &ctx.caches.policies,
-                            &namespace,
-                            &name,
-                            created.meta().uid.as_deref(),
-                        )
-                    });
-                }
-                return Ok(state.unit());
-            }
-            let api: Api<NetworkPolicy> = Api::namespaced(ctx.client.clone(), &namespace);
-            api.patch(&name, &apply_params(), &Patch::Apply(&desired))
-                .await?;
-            ctx.metrics.api_write("networkpolicies", "apply");
-            ctx.own_writes.record(scope, &key, &tag, || {
-                ctx.caches
-                    .policies
-                    .get(&ObjectRef::new(&name).within(&namespace))
-                    .is_some_and(|p| p.spec == desired.spec)
-            });
-        }
-        None => {
-            if let Some(cached) = cached
-                && !ctx.own_writes.recorded(scope, &key, "delete")
-            {
-                delete_if_same::<NetworkPolicy>(
+                let state = create_owned(
                     ctx,
-                    &namespace,
-                    &name,
-                    &cached.uid().unwrap_or_default(),
+                    &ctx.caches.policies,
+                    &desired,
+                    owner_of(sandbox),
+                    &tag,
+                    false,
                 )
                 .await?;
-                ctx.own_writes.record(scope, &key, "delete", || {
-                    !cache_holds(
-                        &ctx.caches.policies,
-                        &namespace,
-                        &name,
-                        cached.meta().uid.as_deref(),
-                    )
-                });
+                return Ok(state.unit());
+            }
+            let current = |p: &NetworkPolicy| p.spec == desired.spec;
+            apply_owned(ctx, &ctx.caches.policies, scope, &desired, &tag, current).await?;
+        }
+        None => {
+            if let Some(cached) = cached {
+                let uid = cached.uid().unwrap_or_default();
+                ensure_deleted(ctx, &ctx.caches.policies, scope, &namespace, &name, &uid).await?;
             }
         }
     }
@@ -256,29 +222,21 @@ pub fn known_pod(ctx: &Context, sandbox: &Sandbox) -> Option<ChildState<Pod>> {
 /// field ownership buys nothing and costs the API server a managed-fields computation on a large
 /// object. A Pod already under the name is classified, never adopted.
 pub async fn create_pod(ctx: &Context, sandbox: &Sandbox, pod: &Pod) -> Result<ChildState<Pod>> {
-    let namespace = pod.namespace().ok_or(Error::MissingField {
-        kind: "Pod",
-        field: "metadata.namespace",
-    })?;
-    let state = create_child(ctx, &namespace, pod, owner_of(sandbox)).await?;
-    if let ChildState::Ours(created) = &state {
-        let uid = sandbox.uid().unwrap_or_default();
-        ctx.own_writes.record_object(
-            &uid,
-            &child_key("Pod", &created.name_any()),
-            "create",
-            created.clone(),
-            || {
-                cache_holds(
-                    &ctx.caches.pods,
-                    &namespace,
-                    &created.name_any(),
-                    created.meta().uid.as_deref(),
-                )
-            },
-        );
+    if pod.namespace().is_none() {
+        return Err(Error::MissingField {
+            kind: "Pod",
+            field: "metadata.namespace",
+        });
     }
-    Ok(state)
+    create_owned(
+        ctx,
+        &ctx.caches.pods,
+        pod,
+        owner_of(sandbox),
+        "create",
+        true,
+    )
+    .await
 }
 
 /// Reads the sandbox's Pod from the API server (used only when the cache lacks a pod the status
@@ -313,7 +271,7 @@ pub async fn delete_own_pod(ctx: &Context, sandbox: &Sandbox) -> Result<()> {
             .and_then(|pod| pod.uid()),
     };
     if let Some(pod_uid) = pod_uid {
-        delete_if_same::<Pod>(ctx, &namespace, &name, &pod_uid).await?;
+        ensure_deleted(ctx, &ctx.caches.pods, &uid, &namespace, &name, &pod_uid).await?;
     }
     Ok(())
 }

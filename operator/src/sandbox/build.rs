@@ -20,7 +20,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::{
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 
 use super::cidr::{Cidr, excepts_within};
-use crate::api::{
+use orchard_api::{
     EgressPolicy, MANAGED_BY, MANAGED_BY_LABEL, PortProtocol, ROLLOUT_GROUP_LABEL, SANDBOX_LABEL,
     SANDBOX_POD_LABEL, STRIDE_LABEL, Sandbox, SandboxSpec, SecurityProfile,
 };
@@ -624,11 +624,11 @@ fn protocol_name(protocol: PortProtocol) -> &'static str {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::api::{
+    use k8s_openapi::api::core::v1::Toleration;
+    use orchard_api::{
         EgressPort, EgressRule, EnvVar as SandboxEnv, ImagePullPolicy, NetworkSpec,
         SandboxResources, SecretName, StartupSpec,
     };
-    use k8s_openapi::api::core::v1::Toleration;
 
     fn shape() -> PodShape {
         PodShape {
@@ -1129,7 +1129,7 @@ mod tests {
     fn the_restricted_profile_is_what_pod_security_restricted_admits() {
         for (security, uid, gid) in [
             (
-                crate::api::SecuritySpec {
+                orchard_api::SecuritySpec {
                     profile: Some(SecurityProfile::Restricted),
                     ..Default::default()
                 },
@@ -1137,7 +1137,7 @@ mod tests {
                 RESTRICTED_DEFAULT_UID,
             ),
             (
-                crate::api::SecuritySpec {
+                orchard_api::SecuritySpec {
                     profile: Some(SecurityProfile::Restricted),
                     run_as_user: Some(1000),
                     run_as_group: Some(100),
@@ -1195,7 +1195,7 @@ mod tests {
             Some(true)
         );
         let mut s = minimal();
-        s.spec.security = Some(crate::api::SecuritySpec {
+        s.spec.security = Some(orchard_api::SecuritySpec {
             profile: Some(SecurityProfile::Default),
             ..Default::default()
         });

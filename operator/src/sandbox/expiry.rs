@@ -7,7 +7,7 @@
 
 use k8s_openapi::jiff::{SignedDuration, Timestamp};
 
-use crate::api::{HEARTBEAT_ANNOTATION, Sandbox};
+use orchard_api::{HEARTBEAT_ANNOTATION, Sandbox};
 
 /// Heartbeats more than this far in the future are ignored (clock skew or a typo, not a heartbeat).
 pub const MAX_HEARTBEAT_SKEW: SignedDuration = SignedDuration::from_secs(60);
@@ -159,7 +159,7 @@ pub fn latest_heartbeat(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::api::SandboxSpec;
+    use orchard_api::SandboxSpec;
     use std::collections::BTreeMap;
 
     fn t(s: &str) -> Timestamp {

@@ -3,6 +3,7 @@
 //! [`reconcile`] (the loop that ties them together), and the trajectory [`runner`] of `spec.run`
 //! (its pure half: [`run_result`]).
 
+pub mod agent_client;
 pub mod apply;
 pub mod build;
 pub mod cidr;
@@ -11,5 +12,8 @@ pub mod reconcile;
 pub mod run_result;
 pub mod runner;
 pub mod status;
+
+#[cfg(test)]
+mod reconcile_tests;
 
 pub use reconcile::{CONTROLLER, error_policy, reconcile};

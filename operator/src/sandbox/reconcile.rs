@@ -20,12 +20,12 @@ use super::status::{
     is_trajectory, rollout_group_of,
 };
 use super::{apply, runner};
-use crate::api::{Sandbox, SandboxPhase, SandboxStatus};
-use crate::context::{Context, object_key};
-use crate::error::{Error, Result};
-use crate::events::publish;
-use crate::metrics::ReconcileTimer;
-use crate::writes::{self, ChildState, StatusWrite};
+use crate::runtime::context::{Context, object_key};
+use crate::runtime::error::{Error, Result};
+use crate::runtime::events::publish;
+use crate::runtime::metrics::ReconcileTimer;
+use crate::runtime::writes::{self, ChildState, StatusWrite};
+use orchard_api::{Sandbox, SandboxPhase, SandboxStatus};
 
 /// Controller name used in metrics and logs.
 pub const CONTROLLER: &str = "sandbox";
@@ -35,7 +35,13 @@ pub const CONTROLLER: &str = "sandbox";
 pub async fn reconcile(sandbox: Arc<Sandbox>, ctx: Arc<Context>) -> Result<Action> {
     let _slot = ctx.sandbox_slots.acquire().await;
     let _timer = ReconcileTimer::start(&ctx.metrics, CONTROLLER);
-    let next = reconcile_inner(&sandbox, &ctx).await?;
+    // Leadership is a cancellation signal: a reconcile still running when this replica steps down
+    // is dropped (its request in flight aborted) and counts as one that had nothing to do.
+    let next = ctx
+        .leadership
+        .while_leader(reconcile_inner(&sandbox, &ctx))
+        .await
+        .unwrap_or(Ok(None))?;
     // The incarnation that holds the name now (the queued object may be an older one).
     let uid = ctx
         .caches

@@ -9,8 +9,8 @@
 
 use serde_json::Value;
 
-use crate::agent_client::ProcessStatus;
-use crate::api::{TrajectoryResult, TrajectoryStatus};
+use orchard_api::agent::ProcessStatus;
+use orchard_api::{TrajectoryResult, TrajectoryStatus};
 
 /// Longest `artifact` kept (the CRD's limit).
 const MAX_ARTIFACT: usize = 4096;
@@ -170,14 +170,14 @@ mod tests {
     use super::*;
 
     fn exited(code: i32) -> ProcessStatus {
-        ProcessStatus {
-            id: "orchard-run".into(),
-            state: "exited".into(),
-            exit_code: Some(code),
-            signal: None,
-            timed_out: false,
-            stderr: None,
-        }
+        serde_json::from_value(serde_json::json!({
+            "id": "orchard-run", "pid": 7, "argv": ["/bin/run"], "state": "exited",
+            "exitCode": code, "signal": null, "timedOut": false, "oomKilled": false,
+            "startedAt": "2026-01-01T00:00:00Z", "finishedAt": "2026-01-01T00:00:01Z",
+            "durationMs": 1000, "stdoutTruncated": false, "stderrTruncated": false,
+            "stdoutLossy": false, "stderrLossy": false, "outputEncoding": "text"
+        }))
+        .expect("a process status as the agent sends it")
     }
 
     #[test]

@@ -7,22 +7,26 @@
 //! `timeoutSeconds` itself, so a run ends on time even while the operator is down; the operator adds
 //! its own deadline (plus [`DEADLINE_GRACE`]) in case the agent stops answering.
 
-use std::sync::Arc;
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
 use k8s_openapi::jiff::{SignedDuration, Timestamp};
 use kube::api::{Api, Patch, PatchParams};
 use kube::runtime::reflector::ObjectRef;
 use kube::{Resource, ResourceExt};
+use tokio::sync::Semaphore;
+use tokio::task::{AbortHandle, JoinSet};
 use tracing::{info, warn};
 
 use super::build::{TOKEN_KEY, token_secret_name};
 use super::run_result::{aborted, result_of_run};
-use crate::agent_client::{AgentCallError, AgentTarget};
-use crate::api::{RunSpec, Sandbox, SandboxPhase, TrajectoryResult};
-use crate::context::Context;
-use crate::ownership::controlled_by;
-use crate::status_patch::status_member_patch;
+use crate::runtime::backoff::Retry;
+use crate::runtime::context::Context;
+use crate::runtime::ownership::controlled_by;
+use crate::runtime::status_patch::status_member_patch;
+use crate::sandbox::agent_client::{AgentCallError, AgentTarget};
+use orchard_api::{RunSpec, Sandbox, SandboxPhase, TrajectoryResult};
 
 /// The patch that sets `status.result` of the sandbox with `uid`.
 fn result_patch(uid: &str, result: &TrajectoryResult) -> Option<json_patch::Patch> {
@@ -51,6 +55,74 @@ pub fn agent_target(ctx: &Context, sandbox: &Sandbox) -> Option<AgentTarget> {
     Some(AgentTarget { endpoint, token })
 }
 
+/// How many trajectory runs one replica drives at once; more wait in line for a slot. A run is
+/// mostly an idle long poll, so the bound is generous; it keeps a burst of RolloutGroups from
+/// turning into an unbounded number of tasks and agent connections.
+pub const MAX_CONCURRENT_RUNS: usize = 4096;
+
+/// The trajectory runs this replica drives: at most one task per sandbox UID, at most
+/// [`MAX_CONCURRENT_RUNS`] driving at once (the others queue for a slot), each one only during this
+/// replica's leadership term, and all of them stopped by [`Runners::stop`] at shutdown.
+pub struct Runners {
+    tasks: Mutex<Tasks>,
+    slots: Arc<Semaphore>,
+}
+
+#[derive(Default)]
+struct Tasks {
+    set: JoinSet<()>,
+    by_uid: HashMap<String, AbortHandle>,
+}
+
+impl Default for Runners {
+    fn default() -> Self {
+        Self {
+            tasks: Mutex::default(),
+            slots: Arc::new(Semaphore::new(MAX_CONCURRENT_RUNS)),
+        }
+    }
+}
+
+impl Runners {
+    fn tasks(&self) -> MutexGuard<'_, Tasks> {
+        self.tasks.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Starts `run` for the sandbox with `uid` unless a run of it is going on.
+    fn start(&self, uid: String, run: impl Future<Output = ()> + Send + 'static) {
+        let mut tasks = self.tasks();
+        while tasks.set.try_join_next().is_some() {}
+        if tasks.by_uid.get(&uid).is_some_and(|t| !t.is_finished()) {
+            return;
+        }
+        let slots = self.slots.clone();
+        let handle = tasks.set.spawn(async move {
+            // Closed only at shutdown, when every task is aborted anyway.
+            let Ok(_slot) = slots.acquire_owned().await else {
+                return;
+            };
+            run.await;
+        });
+        tasks.by_uid.insert(uid, handle);
+    }
+
+    /// Runs going on (queued ones included).
+    pub fn running(&self) -> usize {
+        let mut tasks = self.tasks();
+        while tasks.set.try_join_next().is_some() {}
+        tasks.by_uid.retain(|_, t| !t.is_finished());
+        tasks.by_uid.len()
+    }
+
+    /// Stops every run (shutdown); a new leader adopts them through the agent.
+    pub fn stop(&self) {
+        self.slots.close();
+        let mut tasks = self.tasks();
+        tasks.set.abort_all();
+        tasks.by_uid.clear();
+    }
+}
+
 /// Starts the runner of `sandbox` unless one runs already or nothing is left to do.
 pub fn ensure_runner(ctx: &Arc<Context>, sandbox: &Sandbox) {
     let Some(run) = sandbox.spec.run.clone() else {
@@ -64,23 +136,21 @@ pub fn ensure_runner(ctx: &Arc<Context>, sandbox: &Sandbox) {
         return;
     }
     let Some(uid) = sandbox.uid() else { return };
-    {
-        let mut runners = ctx.runners.lock().unwrap_or_else(|p| p.into_inner());
-        if !runners.insert(uid.clone()) {
-            return;
-        }
-    }
     let key = ObjectRef::from_obj(sandbox);
-    let ctx = ctx.clone();
-    tokio::spawn(async move {
-        let outcome = drive(&ctx, &key, &uid, &run).await;
-        if let Some(result) = outcome {
-            record(&ctx, &key, &uid, &result).await;
+    let task_ctx = ctx.clone();
+    let task_uid = uid.clone();
+    ctx.runners.start(uid, async move {
+        let (ctx, uid) = (task_ctx, task_uid);
+        // Only during this replica's term: a step-down stops the waits and aborts the result write;
+        // the new leader adopts the run (its start request gets 409 and waits on the same process).
+        let term = ctx.leadership.while_leader(async {
+            if let Some(result) = drive(&ctx, &key, &uid, &run).await {
+                record(&ctx, &key, &uid, &result).await;
+            }
+        });
+        if term.await.is_none() {
+            info!(sandbox = %key, "trajectory runner stopped: not the leader");
         }
-        ctx.runners
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .remove(&uid);
     });
 }
 
@@ -106,8 +176,9 @@ fn still_wanted(ctx: &Context, key: &ObjectRef<Sandbox>, uid: &str) -> Option<Ar
     Some(sandbox)
 }
 
-fn next_delay(delay: Duration) -> Duration {
-    (delay * 2).min(Duration::from_secs(10))
+/// The runner's retry policy for agent and API calls.
+fn retry() -> Retry {
+    Retry::new(Duration::from_millis(200), Duration::from_secs(10))
 }
 
 async fn drive(
@@ -122,14 +193,13 @@ async fn drive(
         .saturating_add(SignedDuration::from_secs(run.timeout_seconds.max(1)))
         .and_then(|t| t.saturating_add(DEADLINE_GRACE))
         .unwrap_or(ready);
-    let mut delay = Duration::from_millis(200);
+    let mut retry = retry();
     let target = loop {
         let sandbox = still_wanted(ctx, key, uid)?;
         if let Some(target) = agent_target(ctx, &sandbox) {
             break target;
         }
-        tokio::time::sleep(delay).await;
-        delay = next_delay(delay);
+        retry.wait().await;
     };
     let mut process = loop {
         still_wanted(ctx, key, uid)?;
@@ -148,8 +218,7 @@ async fn drive(
             }
             Err(err) if Timestamp::now() < deadline => {
                 warn!(sandbox = %key, %err, "cannot start the run yet; retrying");
-                tokio::time::sleep(delay).await;
-                delay = next_delay(delay);
+                retry.wait().await;
             }
             Err(err) => {
                 return Some(aborted(
@@ -161,7 +230,7 @@ async fn drive(
         }
     };
     info!(sandbox = %key, "trajectory run started");
-    delay = Duration::from_millis(200);
+    retry.reset();
     while !process.exited() {
         still_wanted(ctx, key, uid)?;
         if Timestamp::now() >= deadline {
@@ -183,7 +252,7 @@ async fn drive(
         {
             Ok(status) => {
                 process = status;
-                delay = Duration::from_millis(200);
+                retry.reset();
             }
             Err(AgentCallError::Status { status: 404, .. }) => {
                 return Some(aborted(
@@ -194,8 +263,7 @@ async fn drive(
             }
             Err(err) => {
                 warn!(sandbox = %key, %err, "cannot reach the run's agent; retrying");
-                tokio::time::sleep(delay).await;
-                delay = next_delay(delay);
+                retry.wait().await;
             }
         }
     }
@@ -224,7 +292,7 @@ async fn record(ctx: &Context, key: &ObjectRef<Sandbox>, uid: &str, result: &Tra
     let Some(patch) = result_patch(uid, result) else {
         return;
     };
-    let mut delay = Duration::from_millis(200);
+    let mut retry = retry();
     for _ in 0..8 {
         match api
             .patch_status(
@@ -252,8 +320,7 @@ async fn record(ctx: &Context, key: &ObjectRef<Sandbox>, uid: &str, result: &Tra
             }
             Err(err) => {
                 warn!(sandbox = %key, %err, "cannot record the trajectory result; retrying");
-                tokio::time::sleep(delay).await;
-                delay = next_delay(delay);
+                retry.wait().await;
             }
         }
     }
@@ -261,8 +328,71 @@ async fn record(ctx: &Context, key: &ObjectRef<Sandbox>, uid: &str, result: &Tra
 
 fn status_label(result: &TrajectoryResult) -> &'static str {
     match result.status {
-        crate::api::TrajectoryStatus::Completed => "completed",
-        crate::api::TrajectoryStatus::Truncated => "truncated",
-        crate::api::TrajectoryStatus::Aborted => "aborted",
+        orchard_api::TrajectoryStatus::Completed => "completed",
+        orchard_api::TrajectoryStatus::Truncated => "truncated",
+        orchard_api::TrajectoryStatus::Aborted => "aborted",
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+
+    use super::*;
+
+    #[tokio::test]
+    async fn one_run_per_sandbox_at_a_time_and_stop_ends_them_all() {
+        let runners = Runners::default();
+        let started = Arc::new(AtomicUsize::new(0));
+        let (release, released) = tokio::sync::watch::channel(false);
+        let run = |started: Arc<AtomicUsize>, mut released: tokio::sync::watch::Receiver<bool>| async move {
+            started.fetch_add(1, Ordering::SeqCst);
+            let _ = released.wait_for(|r| *r).await;
+        };
+        runners.start("a".into(), run(started.clone(), released.clone()));
+        runners.start("a".into(), run(started.clone(), released.clone()));
+        runners.start("b".into(), run(started.clone(), released.clone()));
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        assert_eq!(
+            started.load(Ordering::SeqCst),
+            2,
+            "a second run of `a` waits"
+        );
+        assert_eq!(runners.running(), 2);
+        let _ = release.send(true);
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        assert_eq!(runners.running(), 0);
+        let (_hold, held) = tokio::sync::watch::channel(false);
+        runners.start("a".into(), run(started.clone(), held));
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        assert_eq!(
+            started.load(Ordering::SeqCst),
+            3,
+            "a finished run can be started again"
+        );
+        runners.stop();
+        assert_eq!(runners.running(), 0, "stop aborts what runs");
+    }
+
+    #[tokio::test]
+    async fn runs_beyond_the_bound_wait_for_a_slot() {
+        let runners = Runners {
+            tasks: Mutex::default(),
+            slots: Arc::new(Semaphore::new(1)),
+        };
+        let started = Arc::new(AtomicUsize::new(0));
+        let (release, released) = tokio::sync::watch::channel(false);
+        for uid in ["a", "b"] {
+            let (started, mut released) = (started.clone(), released.clone());
+            runners.start(uid.into(), async move {
+                started.fetch_add(1, Ordering::SeqCst);
+                let _ = released.wait_for(|r| *r).await;
+            });
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        assert_eq!(started.load(Ordering::SeqCst), 1);
+        let _ = release.send(true);
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        assert_eq!(started.load(Ordering::SeqCst), 2);
     }
 }

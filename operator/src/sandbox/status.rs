@@ -10,8 +10,8 @@ use super::build::{INSTALL_CONTAINER, TASK_CONTAINER};
 use super::expiry::{
     Lifecycle, annotated_heartbeat, expiry_deadline, floor_to_second, latest_heartbeat,
 };
-use crate::api::{Sandbox, SandboxPhase, SandboxStatus};
-use crate::conditions::{self, Desired};
+use crate::runtime::conditions::{self, Desired};
+use orchard_api::{Sandbox, SandboxPhase, SandboxStatus};
 
 /// Condition types of a Sandbox.
 pub mod condition {
@@ -583,11 +583,11 @@ pub fn expired_status(sandbox: &Sandbox, cause: &str, now: Timestamp) -> Sandbox
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::api::{HEARTBEAT_ANNOTATION, SandboxSpec, TrajectoryResult, TrajectoryStatus};
     use k8s_openapi::api::core::v1::{
         ContainerState, ContainerStateTerminated, ContainerStateWaiting, PodCondition, PodSpec,
         PodStatus,
     };
+    use orchard_api::{HEARTBEAT_ANNOTATION, SandboxSpec, TrajectoryResult, TrajectoryStatus};
     use std::collections::BTreeMap;
 
     fn t(s: &str) -> Timestamp {

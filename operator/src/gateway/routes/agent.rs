@@ -1,19 +1,37 @@
 //! Routes proxied to the sandbox's agent (`exec`, `exec/stream`, `processes...`, `files...`, `patch`):
 //! authorise, find the sandbox's endpoint and token in the caches, count the call as a heartbeat, and
 //! stream the request to `status.agentEndpoint` and the answer back unchanged.
+//!
+//! One table, [`ROUTES`], drives all of it: each row is a route's method, gateway path and agent path,
+//! its RBAC operation and answer timeout, and its OpenAPI operation (summary, parameters, request and
+//! answer schemas, the latter the agent's wire types of `orchard_api::agent`). [`router`] mounts every
+//! row on one generic proxy handler and documents it from the same row.
 
+use std::collections::BTreeMap;
 use std::time::Duration;
 
-use axum::extract::{Path, Request, State as AxumState};
+use axum::extract::{Path, Query, Request, State as AxumState};
+use axum::http::Uri;
 use axum::response::Response;
+use axum::routing::{MethodFilter, on};
+use orchard_api::agent::{
+    ExecRequest, ExecResponse, FileDeleted, FileList, FileWritten, PatchRequest, PatchResult,
+    ProcessList, ProcessStatus, SignalRequest,
+};
+use utoipa::openapi::path::{
+    HttpMethod, Operation as OpenApiOperation, OperationBuilder, Parameter, ParameterBuilder,
+    ParameterIn, PathItem, PathsBuilder,
+};
+use utoipa::openapi::request_body::RequestBodyBuilder;
+use utoipa::openapi::schema::{KnownFormat, ObjectBuilder, Schema, SchemaFormat, SchemaType, Type};
+use utoipa::openapi::{ContentBuilder, Ref, RefOr, Required, ResponseBuilder};
+use utoipa::{IntoParams, PartialSchema, ToSchema};
+use utoipa_axum::router::{OpenApiRouter, UtoipaMethodRouter};
 
 use super::{ObjectPath, State};
 use crate::gateway::access::Operation;
 use crate::gateway::errors::{ApiError, ErrorBody};
 use crate::gateway::lookup::{agent_endpoint, agent_token, find_sandbox};
-use crate::gateway::openapi::{
-    ExecRequest, ExecResponse, FileList, PatchRequest, PatchResult, ProcessStatus, SignalRequest,
-};
 use crate::gateway::proxy::{Target, answer_timeout};
 
 /// How long an exec may run by default before the gateway gives up waiting (the agent's default
@@ -23,54 +41,644 @@ const EXEC_ANSWER_TIMEOUT: Duration = Duration::from_secs(660);
 /// Default wait for the agent's answer on every other route.
 const QUICK_ANSWER_TIMEOUT: Duration = Duration::from_secs(60);
 
-/// The agent's path for a gateway path (pure): `/v1/namespaces/ns/sandboxes/s/exec/stream?x=1` ->
-/// `/v1/exec/stream?x=1`. The raw (still percent-encoded) path and query are kept.
-pub fn agent_path(gateway_path: &str, query: Option<&str>) -> Option<String> {
-    let segments: Vec<&str> = gateway_path.split('/').collect();
-    // ["", "v1", "namespaces", ns, "sandboxes", name, rest...]
-    if segments.len() < 7
-        || segments[1] != "v1"
-        || segments[2] != "namespaces"
-        || segments[4] != "sandboxes"
-    {
-        return None;
-    }
-    let mut path = format!("/v1/{}", segments[6..].join("/"));
-    if let Some(query) = query.filter(|q| !q.is_empty()) {
-        path.push('?');
-        path.push_str(query);
-    }
-    Some(path)
+/// Longest `wait` of a process status long-poll (the agent's bound).
+const MAX_LONG_POLL: Duration = Duration::from_secs(300);
+
+/// A gateway path under one sandbox.
+macro_rules! sandbox_path {
+    ($rest:literal) => {
+        concat!("/v1/namespaces/{namespace}/sandboxes/{name}", $rest)
+    };
 }
 
-/// The answer timeout of a process status read: its long-poll `wait` plus a margin.
-fn process_answer_timeout(query: Option<&str>) -> Duration {
-    let wait = query
-        .unwrap_or_default()
-        .split('&')
-        .filter_map(|pair| pair.split_once('='))
-        .find(|(key, _)| *key == "wait")
-        .and_then(|(_, value)| value.parse::<f64>().ok())
-        .filter(|w| w.is_finite() && *w > 0.0)
-        .unwrap_or(0.0)
-        .min(300.0);
-    QUICK_ANSWER_TIMEOUT + Duration::from_secs_f64(wait)
+/// Method of a route.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Verb {
+    /// GET.
+    Get,
+    /// POST.
+    Post,
+    /// PUT.
+    Put,
+    /// DELETE.
+    Delete,
 }
 
-/// Sends `request` to the agent of `namespace/name` after authorising `operation`.
+impl Verb {
+    fn filter(self) -> MethodFilter {
+        match self {
+            Self::Get => MethodFilter::GET,
+            Self::Post => MethodFilter::POST,
+            Self::Put => MethodFilter::PUT,
+            Self::Delete => MethodFilter::DELETE,
+        }
+    }
+
+    fn http_method(self) -> HttpMethod {
+        match self {
+            Self::Get => HttpMethod::Get,
+            Self::Post => HttpMethod::Post,
+            Self::Put => HttpMethod::Put,
+            Self::Delete => HttpMethod::Delete,
+        }
+    }
+}
+
+/// How long the gateway waits for the agent's answer unless `X-Orchard-Timeout` says otherwise.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum AnswerTimeout {
+    /// A command runs to its end ([`EXEC_ANSWER_TIMEOUT`]).
+    Exec,
+    /// Anything quick, or streamed ([`QUICK_ANSWER_TIMEOUT`]).
+    Quick,
+    /// A status read that long-polls for `?wait=SECONDS` (at most 300): that wait plus the quick one.
+    LongPoll,
+}
+
+/// `?wait=` of a process status read. The agent validates the whole query (and answers 400); the
+/// gateway reads only the wait, and a query it cannot parse counts as no wait.
+#[derive(Debug, Default, serde::Deserialize)]
+struct LongPollQuery {
+    /// Seconds to wait for the process to exit.
+    wait: Option<f64>,
+}
+
+impl AnswerTimeout {
+    /// The default wait for a request to `uri`.
+    fn default_for(self, uri: &Uri) -> Duration {
+        match self {
+            Self::Exec => EXEC_ANSWER_TIMEOUT,
+            Self::Quick => QUICK_ANSWER_TIMEOUT,
+            Self::LongPoll => {
+                let wait = Query::<LongPollQuery>::try_from_uri(uri)
+                    .ok()
+                    .and_then(|Query(query)| query.wait)
+                    .filter(|wait| wait.is_finite() && *wait > 0.0)
+                    .map_or(0.0, |wait| wait.min(MAX_LONG_POLL.as_secs_f64()));
+                QUICK_ANSWER_TIMEOUT + Duration::from_secs_f64(wait)
+            }
+        }
+    }
+}
+
+/// Schemas a schema refers to, collected into the document's components.
+type Schemas = Vec<(String, RefOr<Schema>)>;
+
+/// A body's schema: a reference to a named component (collected into `Schemas`) or an inline one.
+type SchemaFn = fn(&mut Schemas) -> RefOr<Schema>;
+
+/// A reference to `T`'s component schema (collected with the schemas it refers to).
+fn named<T: ToSchema>(schemas: &mut Schemas) -> RefOr<Schema> {
+    T::schemas(schemas);
+    schemas.push((T::name().into_owned(), T::schema()));
+    RefOr::Ref(Ref::from_schema_name(T::name()))
+}
+
+/// `T`'s schema, inline.
+fn inline<T: PartialSchema>(_: &mut Schemas) -> RefOr<Schema> {
+    T::schema()
+}
+
+/// An optional number of seconds (`X-Orchard-Timeout`): `number` or `null`.
+fn optional_seconds(_: &mut Schemas) -> RefOr<Schema> {
+    ObjectBuilder::new()
+        .schema_type(SchemaType::Array(vec![Type::Number, Type::Null]))
+        .format(Some(SchemaFormat::KnownFormat(KnownFormat::Double)))
+        .into()
+}
+
+/// A body of some media type.
+#[derive(Clone, Copy)]
+pub struct Content {
+    /// Media type.
+    pub media_type: &'static str,
+    /// Its schema.
+    pub schema: SchemaFn,
+}
+
+const fn json(schema: SchemaFn) -> Content {
+    Content {
+        media_type: "application/json",
+        schema,
+    }
+}
+
+const fn bytes() -> Content {
+    Content {
+        media_type: "application/octet-stream",
+        schema: inline::<Vec<u8>>,
+    }
+}
+
+/// The gateway's error body ([`ErrorBody`]).
+const ERROR: Content = json(named::<ErrorBody>);
+
+/// One documented answer.
+#[derive(Clone, Copy)]
+pub struct Answer {
+    /// HTTP status.
+    pub status: u16,
+    /// What it means ("" for none).
+    pub description: &'static str,
+    /// Its body.
+    pub content: Content,
+}
+
+const fn answer(status: u16, description: &'static str, content: Content) -> Answer {
+    Answer {
+        status,
+        description,
+        content,
+    }
+}
+
+const fn error(status: u16, description: &'static str) -> Answer {
+    answer(status, description, ERROR)
+}
+
+/// Where a documented parameter goes.
+#[derive(Clone, Copy)]
+pub enum ParamIn {
+    /// The query string.
+    Query,
+    /// A request header.
+    Header,
+}
+
+/// A documented query or header parameter (the path parameters come from [`ObjectPath`] or
+/// [`ProcessPath`]). The agent reads query parameters; the gateway passes the query on unchanged.
+#[derive(Clone, Copy)]
+pub struct Param {
+    /// Name.
+    pub name: &'static str,
+    /// Query or header.
+    pub location: ParamIn,
+    /// Whether it is required.
+    pub required: bool,
+    /// Its schema.
+    pub schema: SchemaFn,
+    /// What it does.
+    pub description: &'static str,
+}
+
+const fn query(
+    name: &'static str,
+    required: bool,
+    schema: SchemaFn,
+    description: &'static str,
+) -> Param {
+    Param {
+        name,
+        location: ParamIn::Query,
+        required,
+        schema,
+        description,
+    }
+}
+
+/// One agent route.
+pub struct AgentRoute {
+    /// Method (the same at the agent).
+    pub method: Verb,
+    /// Gateway path template (axum and OpenAPI syntax).
+    pub path: &'static str,
+    /// Agent path template; its `{...}` segments are copied raw from the gateway path.
+    pub agent_path: &'static str,
+    /// The RBAC check.
+    pub operation: Operation,
+    /// Default answer timeout ([`AnswerTimeout::Quick`] unless given).
+    pub timeout: AnswerTimeout,
+    /// OpenAPI `operationId`.
+    pub operation_id: &'static str,
+    /// OpenAPI summary.
+    pub summary: &'static str,
+    /// Query and header parameters (none unless given).
+    pub params: &'static [Param],
+    /// Request body (none unless given).
+    pub request: Option<Content>,
+    /// Answers.
+    pub answers: &'static [Answer],
+}
+
+/// Defaults of a row's optional fields (`timeout`, `params`, `request`), taken with `..DEFAULTS`.
+/// The other fields here are placeholders: every row sets them (the table test checks).
+const DEFAULTS: AgentRoute = AgentRoute {
+    method: Verb::Get,
+    path: "",
+    agent_path: "",
+    operation: Operation::Exec,
+    timeout: AnswerTimeout::Quick,
+    operation_id: "",
+    summary: "",
+    params: &[],
+    request: None,
+    answers: &[],
+};
+
+/// `X-Orchard-Timeout` of an exec.
+const EXEC_TIMEOUT_HEADER: Param = Param {
+    name: "x-orchard-timeout",
+    location: ParamIn::Header,
+    required: false,
+    schema: optional_seconds,
+    description: "Seconds to wait for the answer (default 660; set it above the command's timeoutSeconds)",
+};
+
+/// Every route proxied to the agent.
+pub static ROUTES: &[AgentRoute] = &[
+    AgentRoute {
+        method: Verb::Post,
+        path: sandbox_path!("/exec"),
+        agent_path: "/v1/exec",
+        operation: Operation::Exec,
+        timeout: AnswerTimeout::Exec,
+        operation_id: "exec",
+        summary: "Runs one command in the sandbox and answers when it ends (agent `POST /v1/exec`).",
+        params: &[EXEC_TIMEOUT_HEADER],
+        request: Some(json(named::<ExecRequest>)),
+        answers: &[
+            answer(
+                200,
+                "The command ran (any exit code)",
+                json(named::<ExecResponse>),
+            ),
+            error(401, ""),
+            error(403, "RBAC denies `create sandboxes/exec`"),
+            error(404, "No such sandbox"),
+            error(409, "`NotReady` with the sandbox's phase"),
+            error(
+                502,
+                "`AgentUnreachable` / `AgentConnectionLost` (retryable when marked)",
+            ),
+            error(503, "`AgentUnavailable` (retryable)"),
+            error(504, "`AgentTimeout`: no answer within X-Orchard-Timeout"),
+        ],
+    },
+    AgentRoute {
+        method: Verb::Post,
+        path: sandbox_path!("/exec/stream"),
+        agent_path: "/v1/exec/stream",
+        operation: Operation::Exec,
+        operation_id: "exec_stream",
+        summary: "Runs one command and streams its output as NDJSON events (`started`, `stdout`, `stderr`, `exit`).",
+        request: Some(json(named::<ExecRequest>)),
+        answers: &[
+            answer(
+                200,
+                "One JSON event per line as output arrives",
+                Content {
+                    media_type: "application/x-ndjson",
+                    schema: inline::<String>,
+                },
+            ),
+            error(403, "RBAC denies `create sandboxes/exec`"),
+            error(409, ""),
+            error(502, ""),
+        ],
+        ..DEFAULTS
+    },
+    AgentRoute {
+        method: Verb::Post,
+        path: sandbox_path!("/processes"),
+        agent_path: "/v1/processes",
+        operation: Operation::Exec,
+        operation_id: "start_process",
+        summary: "Starts a background process (agent `POST /v1/processes`).",
+        request: Some(json(named::<ExecRequest>)),
+        answers: &[
+            answer(201, "Started", json(named::<ProcessStatus>)),
+            error(
+                409,
+                "The id is taken (`process` holds its status), or the sandbox is not ready",
+            ),
+        ],
+        ..DEFAULTS
+    },
+    AgentRoute {
+        method: Verb::Get,
+        path: sandbox_path!("/processes"),
+        agent_path: "/v1/processes",
+        operation: Operation::Exec,
+        operation_id: "list_processes",
+        summary: "Lists background processes (`?output=false` leaves out their output).",
+        answers: &[answer(
+            200,
+            "`{\"processes\": [status, ...]}`",
+            json(named::<ProcessList>),
+        )],
+        ..DEFAULTS
+    },
+    AgentRoute {
+        method: Verb::Get,
+        path: sandbox_path!("/processes/{id}"),
+        agent_path: "/v1/processes/{id}",
+        operation: Operation::Exec,
+        timeout: AnswerTimeout::LongPoll,
+        operation_id: "get_process",
+        summary: "Reads a process's status; `?wait=SECONDS` long-polls until it exits (at most 300).",
+        answers: &[
+            answer(200, "", json(named::<ProcessStatus>)),
+            error(404, "Unknown process id"),
+        ],
+        ..DEFAULTS
+    },
+    AgentRoute {
+        method: Verb::Delete,
+        path: sandbox_path!("/processes/{id}"),
+        agent_path: "/v1/processes/{id}",
+        operation: Operation::Exec,
+        operation_id: "delete_process",
+        summary: "Kills a process's group if it runs and forgets it (agent `DELETE /v1/processes/{id}`).",
+        answers: &[answer(
+            200,
+            "The final status",
+            json(named::<ProcessStatus>),
+        )],
+        ..DEFAULTS
+    },
+    AgentRoute {
+        method: Verb::Post,
+        path: sandbox_path!("/processes/{id}/signal"),
+        agent_path: "/v1/processes/{id}/signal",
+        operation: Operation::Exec,
+        operation_id: "signal_process",
+        summary: "Signals a process's whole group.",
+        request: Some(json(named::<SignalRequest>)),
+        answers: &[
+            answer(200, "", json(named::<ProcessStatus>)),
+            error(409, "The process already exited"),
+        ],
+        ..DEFAULTS
+    },
+    AgentRoute {
+        method: Verb::Get,
+        path: sandbox_path!("/files"),
+        agent_path: "/v1/files",
+        operation: Operation::ReadFiles,
+        operation_id: "download",
+        summary: "Downloads a file as raw bytes (`?path=`), streamed.",
+        params: &[query(
+            "path",
+            true,
+            inline::<String>,
+            "File path (absolute or relative to the agent's root)",
+        )],
+        answers: &[
+            answer(200, "The file's bytes", bytes()),
+            error(403, "RBAC denies `get sandboxes/files`"),
+            error(404, "No such file (agent) or sandbox"),
+        ],
+        ..DEFAULTS
+    },
+    AgentRoute {
+        method: Verb::Put,
+        path: sandbox_path!("/files"),
+        agent_path: "/v1/files",
+        operation: Operation::WriteFiles,
+        operation_id: "upload",
+        summary: "Uploads a file from the raw request body (`?path=&mode=`), streamed; atomic on the agent.",
+        params: &[
+            query("path", true, inline::<String>, "Destination path"),
+            query("mode", false, inline::<String>, "Octal mode, e.g. 0755"),
+        ],
+        request: Some(bytes()),
+        answers: &[
+            answer(
+                201,
+                "`{\"path\": \"/abs/P\", \"size\": N}`",
+                json(named::<FileWritten>),
+            ),
+            error(403, "RBAC denies `create sandboxes/files`"),
+        ],
+        ..DEFAULTS
+    },
+    AgentRoute {
+        method: Verb::Delete,
+        path: sandbox_path!("/files"),
+        agent_path: "/v1/files",
+        operation: Operation::WriteFiles,
+        operation_id: "delete_file",
+        summary: "Deletes a file or directory (`?path=&recursive=true`).",
+        params: &[
+            query("path", true, inline::<String>, "Path to delete"),
+            query(
+                "recursive",
+                false,
+                inline::<bool>,
+                "Delete a non-empty directory",
+            ),
+        ],
+        answers: &[
+            answer(
+                200,
+                "`{\"path\": \"/abs/P\", \"deleted\": true}`",
+                json(named::<FileDeleted>),
+            ),
+            error(403, "RBAC denies `create sandboxes/files`"),
+            error(404, ""),
+        ],
+        ..DEFAULTS
+    },
+    AgentRoute {
+        method: Verb::Get,
+        path: sandbox_path!("/files/list"),
+        agent_path: "/v1/files/list",
+        operation: Operation::ReadFiles,
+        operation_id: "list_files",
+        summary: "Lists a directory (`?path=`).",
+        params: &[query("path", true, inline::<String>, "Directory to list")],
+        answers: &[
+            answer(200, "", json(named::<FileList>)),
+            error(403, "RBAC denies `get sandboxes/files`"),
+        ],
+        ..DEFAULTS
+    },
+    AgentRoute {
+        method: Verb::Post,
+        path: sandbox_path!("/patch"),
+        agent_path: "/v1/patch",
+        operation: Operation::Exec,
+        operation_id: "apply_patch",
+        summary: "Applies a unified diff natively (all hunks or nothing).",
+        request: Some(json(named::<PatchRequest>)),
+        answers: &[
+            answer(200, "", json(named::<PatchResult>)),
+            error(403, "RBAC denies `create sandboxes/exec`"),
+            error(
+                409,
+                "`PatchConflict` with `failedHunks` (nothing written), or the sandbox is not ready",
+            ),
+        ],
+        ..DEFAULTS
+    },
+];
+
+/// Path parameters of one process (documentation; the handler reads every path parameter).
+#[derive(serde::Deserialize, IntoParams)]
+#[into_params(parameter_in = Path)]
+pub struct ProcessPath {
+    /// Namespace.
+    pub namespace: String,
+    /// Sandbox name.
+    pub name: String,
+    /// Process id.
+    pub id: String,
+}
+
+fn is_placeholder(segment: &str) -> bool {
+    segment.starts_with('{') && segment.ends_with('}')
+}
+
+impl AgentRoute {
+    /// Whether the path carries a process `{id}` (documented with [`ProcessPath`]).
+    fn has_process_id(&self) -> bool {
+        self.path.contains("{id}")
+    }
+
+    /// The agent's path and query for a request to `gateway_path?query` on this route (pure): the
+    /// route's agent template with its `{...}` segments taken from the raw (still percent-encoded)
+    /// gateway path, and the raw query. `None` when the path does not fit the route's template.
+    pub fn agent_target(&self, gateway_path: &str, query: Option<&str>) -> Option<String> {
+        let template: Vec<&str> = self.path.split('/').collect();
+        let actual: Vec<&str> = gateway_path.split('/').collect();
+        if template.len() != actual.len()
+            || template
+                .iter()
+                .zip(&actual)
+                .any(|(t, a)| !is_placeholder(t) && t != a)
+        {
+            return None;
+        }
+        let mut path = String::with_capacity(gateway_path.len());
+        for segment in self.agent_path.split('/').skip(1) {
+            path.push('/');
+            if is_placeholder(segment) {
+                let at = template.iter().position(|t| *t == segment)?;
+                path.push_str(actual[at]);
+            } else {
+                path.push_str(segment);
+            }
+        }
+        if let Some(query) = query.filter(|q| !q.is_empty()) {
+            path.push('?');
+            path.push_str(query);
+        }
+        Some(path)
+    }
+
+    /// The OpenAPI operation of this route; referenced schemas are added to `schemas`.
+    fn openapi_operation(&self, schemas: &mut Schemas) -> OpenApiOperation {
+        let path_params = if self.has_process_id() {
+            ProcessPath::into_params(|| Some(ParameterIn::Path))
+        } else {
+            ObjectPath::into_params(|| Some(ParameterIn::Path))
+        };
+        let mut operation = OperationBuilder::new()
+            .tag("agent")
+            .operation_id(Some(self.operation_id))
+            .summary(Some(self.summary));
+        for parameter in path_params {
+            operation = operation.parameter(parameter);
+        }
+        for param in self.params {
+            operation = operation.parameter(param.openapi(schemas));
+        }
+        if let Some(content) = self.request {
+            operation = operation.request_body(Some(
+                RequestBodyBuilder::new()
+                    .content(
+                        content.media_type,
+                        ContentBuilder::new()
+                            .schema(Some((content.schema)(schemas)))
+                            .build(),
+                    )
+                    .required(Some(Required::True))
+                    .build(),
+            ));
+        }
+        for answer in self.answers {
+            let response = ResponseBuilder::new()
+                .description(answer.description)
+                .content(
+                    answer.content.media_type,
+                    ContentBuilder::new()
+                        .schema(Some((answer.content.schema)(schemas)))
+                        .build(),
+                )
+                .build();
+            operation = operation.response(answer.status.to_string(), response);
+        }
+        operation.build()
+    }
+
+    /// The route as `utoipa-axum` mounts it: its schemas, its documented path and its handler.
+    fn method_router(&'static self) -> UtoipaMethodRouter<State> {
+        let mut schemas = Schemas::new();
+        let operation = self.openapi_operation(&mut schemas);
+        let paths = PathsBuilder::new()
+            .path(
+                self.path,
+                PathItem::new(self.method.http_method(), operation),
+            )
+            .build();
+        let handler = on(
+            self.method.filter(),
+            move |AxumState(state): AxumState<State>,
+                  Path(params): Path<BTreeMap<String, String>>,
+                  request: Request| async move {
+                proxy(&state, self, &params, request).await
+            },
+        );
+        (schemas, paths, handler)
+    }
+}
+
+impl Param {
+    fn openapi(&self, schemas: &mut Schemas) -> Parameter {
+        ParameterBuilder::new()
+            .name(self.name)
+            .parameter_in(match self.location {
+                ParamIn::Query => ParameterIn::Query,
+                ParamIn::Header => ParameterIn::Header,
+            })
+            .required(if self.required {
+                Required::True
+            } else {
+                Required::False
+            })
+            .description(Some(self.description))
+            .schema(Some((self.schema)(schemas)))
+            .build()
+    }
+}
+
+/// Every agent route, mounted and documented (see [`ROUTES`]).
+pub fn router() -> OpenApiRouter<State> {
+    ROUTES.iter().fold(OpenApiRouter::new(), |router, route| {
+        router.routes(route.method_router())
+    })
+}
+
+/// Sends `request` to the agent of the sandbox named in `params` after authorising the route's
+/// operation.
 async fn proxy(
     state: &State,
-    namespace: &str,
-    name: &str,
-    operation: Operation,
-    default_timeout: Duration,
+    route: &AgentRoute,
+    params: &BTreeMap<String, String>,
     request: Request,
 ) -> Result<Response, ApiError> {
+    let param = |key: &str| {
+        params
+            .get(key)
+            .map(String::as_str)
+            .ok_or_else(|| ApiError::internal(format!("route {} has no {{{key}}}", route.path)))
+    };
+    let (namespace, name) = (param("namespace")?, param("name")?);
     let (parts, body) = request.into_parts();
     state
-        .authorize(&parts.headers, operation, namespace, name)
+        .authorize(&parts.headers, route.operation, namespace, name)
         .await?;
-    let timeout = answer_timeout(&parts.headers, default_timeout)?;
+    let timeout = answer_timeout(&parts.headers, route.timeout.default_for(&parts.uri))?;
     let sandbox = find_sandbox(
         &state.deps.client,
         &state.deps.caches.sandboxes,
@@ -80,7 +688,8 @@ async fn proxy(
     .await?;
     let endpoint = agent_endpoint(&sandbox)?;
     let token = agent_token(&state.deps.client, &state.deps.caches.secrets, &sandbox).await?;
-    let path = agent_path(parts.uri.path(), parts.uri.query())
+    let path = route
+        .agent_target(parts.uri.path(), parts.uri.query())
         .ok_or_else(|| ApiError::internal(format!("unroutable path {}", parts.uri.path())))?;
     state.heartbeats.activity(&sandbox);
     let target = Target {
@@ -94,405 +703,125 @@ async fn proxy(
         .await
 }
 
-/// Runs one command in the sandbox and answers when it ends (agent `POST /v1/exec`).
-#[utoipa::path(
-    post,
-    path = "/v1/namespaces/{namespace}/sandboxes/{name}/exec",
-    tag = "agent",
-    params(ObjectPath, ("x-orchard-timeout" = Option<f64>, Header, description = "Seconds to wait for the answer (default 660; set it above the command's timeoutSeconds)")),
-    request_body = ExecRequest,
-    responses(
-        (status = 200, description = "The command ran (any exit code)", body = ExecResponse),
-        (status = 401, body = ErrorBody),
-        (status = 403, description = "RBAC denies `create sandboxes/exec`", body = ErrorBody),
-        (status = 404, description = "No such sandbox", body = ErrorBody),
-        (status = 409, description = "`NotReady` with the sandbox's phase", body = ErrorBody),
-        (status = 502, description = "`AgentUnreachable` / `AgentConnectionLost` (retryable when marked)", body = ErrorBody),
-        (status = 503, description = "`AgentUnavailable` (retryable)", body = ErrorBody),
-        (status = 504, description = "`AgentTimeout`: no answer within X-Orchard-Timeout", body = ErrorBody),
-    )
-)]
-pub async fn exec(
-    AxumState(state): AxumState<State>,
-    Path(path): Path<ObjectPath>,
-    request: Request,
-) -> Result<Response, ApiError> {
-    proxy(
-        &state,
-        &path.namespace,
-        &path.name,
-        Operation::Exec,
-        EXEC_ANSWER_TIMEOUT,
-        request,
-    )
-    .await
-}
-
-/// Runs one command and streams its output as NDJSON events (`started`, `stdout`, `stderr`, `exit`).
-#[utoipa::path(
-    post,
-    path = "/v1/namespaces/{namespace}/sandboxes/{name}/exec/stream",
-    tag = "agent",
-    params(ObjectPath),
-    request_body = ExecRequest,
-    responses(
-        (status = 200, description = "One JSON event per line as output arrives", content_type = "application/x-ndjson", body = String),
-        (status = 403, description = "RBAC denies `create sandboxes/exec`", body = ErrorBody),
-        (status = 409, body = ErrorBody),
-        (status = 502, body = ErrorBody),
-    )
-)]
-pub async fn exec_stream(
-    AxumState(state): AxumState<State>,
-    Path(path): Path<ObjectPath>,
-    request: Request,
-) -> Result<Response, ApiError> {
-    proxy(
-        &state,
-        &path.namespace,
-        &path.name,
-        Operation::Exec,
-        QUICK_ANSWER_TIMEOUT,
-        request,
-    )
-    .await
-}
-
-/// Starts a background process (agent `POST /v1/processes`).
-#[utoipa::path(
-    post,
-    path = "/v1/namespaces/{namespace}/sandboxes/{name}/processes",
-    tag = "agent",
-    params(ObjectPath),
-    request_body = ExecRequest,
-    responses(
-        (status = 201, description = "Started", body = ProcessStatus),
-        (status = 409, description = "The id is taken (`process` holds its status), or the sandbox is not ready", body = ErrorBody),
-    )
-)]
-pub async fn start_process(
-    AxumState(state): AxumState<State>,
-    Path(path): Path<ObjectPath>,
-    request: Request,
-) -> Result<Response, ApiError> {
-    proxy(
-        &state,
-        &path.namespace,
-        &path.name,
-        Operation::Exec,
-        QUICK_ANSWER_TIMEOUT,
-        request,
-    )
-    .await
-}
-
-/// Lists background processes (`?output=false` leaves out their output).
-#[utoipa::path(
-    get,
-    path = "/v1/namespaces/{namespace}/sandboxes/{name}/processes",
-    tag = "agent",
-    params(ObjectPath),
-    responses((status = 200, description = "`{\"processes\": [status, ...]}`", body = Object))
-)]
-pub async fn list_processes(
-    AxumState(state): AxumState<State>,
-    Path(path): Path<ObjectPath>,
-    request: Request,
-) -> Result<Response, ApiError> {
-    proxy(
-        &state,
-        &path.namespace,
-        &path.name,
-        Operation::Exec,
-        QUICK_ANSWER_TIMEOUT,
-        request,
-    )
-    .await
-}
-
-/// Path parameters of one process.
-#[derive(serde::Deserialize, utoipa::IntoParams)]
-#[into_params(parameter_in = Path)]
-pub struct ProcessPath {
-    /// Namespace.
-    pub namespace: String,
-    /// Sandbox name.
-    pub name: String,
-    /// Process id.
-    pub id: String,
-}
-
-/// Reads a process's status; `?wait=SECONDS` long-polls until it exits (at most 300).
-#[utoipa::path(
-    get,
-    path = "/v1/namespaces/{namespace}/sandboxes/{name}/processes/{id}",
-    tag = "agent",
-    params(ProcessPath),
-    responses(
-        (status = 200, body = ProcessStatus),
-        (status = 404, description = "Unknown process id", body = ErrorBody),
-    )
-)]
-pub async fn get_process(
-    AxumState(state): AxumState<State>,
-    Path(path): Path<ProcessPath>,
-    request: Request,
-) -> Result<Response, ApiError> {
-    let timeout = process_answer_timeout(request.uri().query());
-    proxy(
-        &state,
-        &path.namespace,
-        &path.name,
-        Operation::Exec,
-        timeout,
-        request,
-    )
-    .await
-}
-
-/// Kills a process's group if it runs and forgets it (agent `DELETE /v1/processes/{id}`).
-#[utoipa::path(
-    delete,
-    path = "/v1/namespaces/{namespace}/sandboxes/{name}/processes/{id}",
-    tag = "agent",
-    params(ProcessPath),
-    responses((status = 200, description = "The final status", body = ProcessStatus))
-)]
-pub async fn delete_process(
-    AxumState(state): AxumState<State>,
-    Path(path): Path<ProcessPath>,
-    request: Request,
-) -> Result<Response, ApiError> {
-    proxy(
-        &state,
-        &path.namespace,
-        &path.name,
-        Operation::Exec,
-        QUICK_ANSWER_TIMEOUT,
-        request,
-    )
-    .await
-}
-
-/// Signals a process's whole group.
-#[utoipa::path(
-    post,
-    path = "/v1/namespaces/{namespace}/sandboxes/{name}/processes/{id}/signal",
-    tag = "agent",
-    params(ProcessPath),
-    request_body = SignalRequest,
-    responses(
-        (status = 200, body = ProcessStatus),
-        (status = 409, description = "The process already exited", body = ErrorBody),
-    )
-)]
-pub async fn signal_process(
-    AxumState(state): AxumState<State>,
-    Path(path): Path<ProcessPath>,
-    request: Request,
-) -> Result<Response, ApiError> {
-    proxy(
-        &state,
-        &path.namespace,
-        &path.name,
-        Operation::Exec,
-        QUICK_ANSWER_TIMEOUT,
-        request,
-    )
-    .await
-}
-
-/// Downloads a file as raw bytes (`?path=`), streamed.
-#[utoipa::path(
-    get,
-    path = "/v1/namespaces/{namespace}/sandboxes/{name}/files",
-    tag = "agent",
-    params(ObjectPath, ("path" = String, Query, description = "File path (absolute or relative to the agent's root)")),
-    responses(
-        (status = 200, description = "The file's bytes", content_type = "application/octet-stream", body = Vec<u8>),
-        (status = 403, description = "RBAC denies `get sandboxes/files`", body = ErrorBody),
-        (status = 404, description = "No such file (agent) or sandbox", body = ErrorBody),
-    )
-)]
-pub async fn download(
-    AxumState(state): AxumState<State>,
-    Path(path): Path<ObjectPath>,
-    request: Request,
-) -> Result<Response, ApiError> {
-    proxy(
-        &state,
-        &path.namespace,
-        &path.name,
-        Operation::ReadFiles,
-        QUICK_ANSWER_TIMEOUT,
-        request,
-    )
-    .await
-}
-
-/// Uploads a file from the raw request body (`?path=&mode=`), streamed; atomic on the agent.
-#[utoipa::path(
-    put,
-    path = "/v1/namespaces/{namespace}/sandboxes/{name}/files",
-    tag = "agent",
-    params(ObjectPath, ("path" = String, Query, description = "Destination path"), ("mode" = Option<String>, Query, description = "Octal mode, e.g. 0755")),
-    request_body(content = Vec<u8>, content_type = "application/octet-stream"),
-    responses(
-        (status = 201, description = "`{\"path\": \"/abs/P\", \"size\": N}`", body = Object),
-        (status = 403, description = "RBAC denies `create sandboxes/files`", body = ErrorBody),
-    )
-)]
-pub async fn upload(
-    AxumState(state): AxumState<State>,
-    Path(path): Path<ObjectPath>,
-    request: Request,
-) -> Result<Response, ApiError> {
-    proxy(
-        &state,
-        &path.namespace,
-        &path.name,
-        Operation::WriteFiles,
-        QUICK_ANSWER_TIMEOUT,
-        request,
-    )
-    .await
-}
-
-/// Deletes a file or directory (`?path=&recursive=true`).
-#[utoipa::path(
-    delete,
-    path = "/v1/namespaces/{namespace}/sandboxes/{name}/files",
-    tag = "agent",
-    params(ObjectPath, ("path" = String, Query, description = "Path to delete"), ("recursive" = Option<bool>, Query, description = "Delete a non-empty directory")),
-    responses(
-        (status = 200, description = "`{\"path\": \"/abs/P\", \"deleted\": true}`", body = Object),
-        (status = 403, description = "RBAC denies `create sandboxes/files`", body = ErrorBody),
-        (status = 404, body = ErrorBody),
-    )
-)]
-pub async fn delete_file(
-    AxumState(state): AxumState<State>,
-    Path(path): Path<ObjectPath>,
-    request: Request,
-) -> Result<Response, ApiError> {
-    proxy(
-        &state,
-        &path.namespace,
-        &path.name,
-        Operation::WriteFiles,
-        QUICK_ANSWER_TIMEOUT,
-        request,
-    )
-    .await
-}
-
-/// Lists a directory (`?path=`).
-#[utoipa::path(
-    get,
-    path = "/v1/namespaces/{namespace}/sandboxes/{name}/files/list",
-    tag = "agent",
-    params(ObjectPath, ("path" = String, Query, description = "Directory to list")),
-    responses(
-        (status = 200, body = FileList),
-        (status = 403, description = "RBAC denies `get sandboxes/files`", body = ErrorBody),
-    )
-)]
-pub async fn list_files(
-    AxumState(state): AxumState<State>,
-    Path(path): Path<ObjectPath>,
-    request: Request,
-) -> Result<Response, ApiError> {
-    proxy(
-        &state,
-        &path.namespace,
-        &path.name,
-        Operation::ReadFiles,
-        QUICK_ANSWER_TIMEOUT,
-        request,
-    )
-    .await
-}
-
-/// Applies a unified diff natively (all hunks or nothing).
-#[utoipa::path(
-    post,
-    path = "/v1/namespaces/{namespace}/sandboxes/{name}/patch",
-    tag = "agent",
-    params(ObjectPath),
-    request_body = PatchRequest,
-    responses(
-        (status = 200, body = PatchResult),
-        (status = 403, description = "RBAC denies `create sandboxes/exec`", body = ErrorBody),
-        (status = 409, description = "`PatchConflict` with `failedHunks` (nothing written), or the sandbox is not ready", body = ErrorBody),
-    )
-)]
-pub async fn apply_patch(
-    AxumState(state): AxumState<State>,
-    Path(path): Path<ObjectPath>,
-    request: Request,
-) -> Result<Response, ApiError> {
-    proxy(
-        &state,
-        &path.namespace,
-        &path.name,
-        Operation::Exec,
-        QUICK_ANSWER_TIMEOUT,
-        request,
-    )
-    .await
-}
-
 #[cfg(test)]
 mod tests {
+    use std::collections::HashSet;
+
     use super::*;
+
+    fn route(method: Verb, path: &str) -> &'static AgentRoute {
+        ROUTES
+            .iter()
+            .find(|route| route.method == method && route.path == path)
+            .unwrap_or_else(|| panic!("{method:?} {path} not in the table"))
+    }
 
     #[test]
     fn gateway_paths_map_to_agent_paths() {
         let cases = [
-            ("/v1/namespaces/ns/sandboxes/s/exec", None, "/v1/exec"),
             (
+                route(Verb::Post, sandbox_path!("/exec")),
+                "/v1/namespaces/ns/sandboxes/s/exec",
+                None,
+                "/v1/exec",
+            ),
+            (
+                route(Verb::Post, sandbox_path!("/exec/stream")),
                 "/v1/namespaces/ns/sandboxes/s/exec/stream",
                 Some(""),
                 "/v1/exec/stream",
             ),
             (
+                route(Verb::Post, sandbox_path!("/processes/{id}/signal")),
                 "/v1/namespaces/ns/sandboxes/s/processes/p-1/signal",
                 None,
                 "/v1/processes/p-1/signal",
             ),
             (
+                route(Verb::Delete, sandbox_path!("/processes/{id}")),
+                "/v1/namespaces/ns/sandboxes/s/processes/p%2D1",
+                None,
+                "/v1/processes/p%2D1",
+            ),
+            (
+                route(Verb::Put, sandbox_path!("/files")),
                 "/v1/namespaces/ns/sandboxes/s/files",
                 Some("path=a%20b.txt&mode=0644"),
                 "/v1/files?path=a%20b.txt&mode=0644",
             ),
             (
+                route(Verb::Get, sandbox_path!("/files/list")),
                 "/v1/namespaces/ns/sandboxes/s/files/list",
                 Some("path=/"),
                 "/v1/files/list?path=/",
             ),
         ];
-        for (gateway, query, agent) in cases {
+        for (route, gateway, query, agent) in cases {
             assert_eq!(
-                agent_path(gateway, query).as_deref(),
+                route.agent_target(gateway, query).as_deref(),
                 Some(agent),
                 "{gateway}"
             );
         }
-        assert_eq!(agent_path("/v1/namespaces/ns/sandboxes/s", None), None);
-        assert_eq!(agent_path("/healthz", None), None);
+        let exec = route(Verb::Post, sandbox_path!("/exec"));
+        assert_eq!(
+            exec.agent_target("/v1/namespaces/ns/sandboxes/s", None),
+            None
+        );
+        assert_eq!(
+            exec.agent_target("/v1/namespaces/ns/sandboxes/s/patch", None),
+            None
+        );
+        assert_eq!(exec.agent_target("/healthz", None), None);
+    }
+
+    #[test]
+    fn the_table_is_consistent() {
+        let mut seen = HashSet::new();
+        for route in ROUTES {
+            assert!(
+                seen.insert((route.method, route.path)),
+                "{:?} {} twice",
+                route.method,
+                route.path
+            );
+            // The agent serves every route under the same suffix.
+            let suffix = route
+                .path
+                .strip_prefix(sandbox_path!(""))
+                .expect("a sandbox path");
+            assert_eq!(route.agent_path, format!("/v1{suffix}"), "{}", route.path);
+            assert!(!route.answers.is_empty(), "{}", route.path);
+            assert!(!route.operation_id.is_empty() && !route.summary.is_empty());
+        }
+        assert_eq!(seen.len(), 12);
     }
 
     #[test]
     fn long_polls_get_their_wait_added_to_the_answer_timeout() {
-        assert_eq!(process_answer_timeout(None), QUICK_ANSWER_TIMEOUT);
+        let timeout = |uri: &str| AnswerTimeout::LongPoll.default_for(&uri.parse::<Uri>().unwrap());
+        assert_eq!(timeout("/p"), QUICK_ANSWER_TIMEOUT);
         assert_eq!(
-            process_answer_timeout(Some("output=false&wait=30")),
+            timeout("/p?output=false&wait=30"),
             QUICK_ANSWER_TIMEOUT + Duration::from_secs(30)
         );
         assert_eq!(
-            process_answer_timeout(Some("wait=9999")),
+            timeout("/p?wait=0.5"),
+            QUICK_ANSWER_TIMEOUT + Duration::from_millis(500)
+        );
+        assert_eq!(
+            timeout("/p?wait=9999"),
             QUICK_ANSWER_TIMEOUT + Duration::from_secs(300)
         );
-        assert_eq!(process_answer_timeout(Some("wait=x")), QUICK_ANSWER_TIMEOUT);
+        assert_eq!(
+            timeout("/p?wait=1e300"),
+            QUICK_ANSWER_TIMEOUT + Duration::from_secs(300)
+        );
+        assert_eq!(timeout("/p?wait=x"), QUICK_ANSWER_TIMEOUT);
+        assert_eq!(timeout("/p?wait=-3"), QUICK_ANSWER_TIMEOUT);
+        assert_eq!(
+            AnswerTimeout::Exec.default_for(&"/p?wait=30".parse::<Uri>().unwrap()),
+            EXEC_ANSWER_TIMEOUT
+        );
     }
 }

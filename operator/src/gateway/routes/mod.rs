@@ -3,6 +3,7 @@
 //! OpenAPI document). Every handler authorises first, then reads caches, then acts.
 
 pub mod agent;
+pub mod objects;
 pub mod rollout_groups;
 pub mod sandboxes;
 pub mod system;

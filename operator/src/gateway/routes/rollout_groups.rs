@@ -1,33 +1,24 @@
 //! RolloutGroup routes: create (returns at once), list and get (watch cache), delete, and wait until
 //! the group is recorded (`Complete`) or `Failed`, driven by the watch.
 
-use axum::Json;
 use axum::body::Bytes;
 use axum::extract::rejection::QueryRejection;
 use axum::extract::{Path, Query, State as AxumState};
 use axum::http::{HeaderMap, StatusCode};
-use axum::response::{IntoResponse, Response};
-use kube::ResourceExt;
-use kube::api::{Api, DeleteParams, ListParams, PostParams};
-use serde_json::{Value, json};
+use axum::response::Response;
 
-use super::sandboxes::{cached_items, wait_timeout};
+use super::objects;
+use super::sandboxes::wait_timeout;
 use super::{ListQuery, NamespacePath, ObjectPath, State, WaitQuery, json_value, query};
-use crate::api::{RolloutGroup, RolloutPhase};
-use crate::gateway::GATEWAY_FIELD_MANAGER;
 use crate::gateway::access::Operation;
-use crate::gateway::errors::{ApiError, ErrorBody, from_kube, json_response};
+use crate::gateway::errors::{ApiError, ErrorBody, json_response};
 use crate::gateway::lookup::{condition_true, find_group, group_phase_name};
 use crate::gateway::openapi::{
     CreateRolloutGroupRequest, Deleted, RolloutGroupList, RolloutGroupSchema,
 };
-use crate::gateway::selector;
 use crate::gateway::spec::rollout_group_from_request;
 use crate::gateway::wait::{WaitFor, WaitOutcome, wait_duration};
-
-fn api(state: &State, namespace: &str) -> Api<RolloutGroup> {
-    Api::namespaced(state.deps.client.clone(), namespace)
-}
+use orchard_api::{RolloutGroup, RolloutPhase};
 
 /// Creates a RolloutGroup and answers at once (201).
 #[utoipa::path(
@@ -56,22 +47,7 @@ pub async fn create_group(
         .await?;
     let group =
         rollout_group_from_request(&path.namespace, json_value(&body)?, &identity.username)?;
-    let params = PostParams {
-        field_manager: Some(GATEWAY_FIELD_MANAGER.to_string()),
-        ..PostParams::default()
-    };
-    let created = api(&state, &path.namespace)
-        .create(&params, &group)
-        .await
-        .map_err(|err| {
-            from_kube(
-                &err,
-                &format!("creating a rollout group in {}", path.namespace),
-            )
-        })?;
-    state.deps.metrics.api_write("rolloutgroups", "create");
-    tracing::info!(group = %format!("{}/{}", path.namespace, created.name_any()), user = %identity.username, "rollout group created through the gateway");
-    Ok(json_response(StatusCode::CREATED, &created))
+    objects::create(&state, &path.namespace, &group, &identity.username).await
 }
 
 /// Lists RolloutGroups of a namespace from the watch cache (`?labelSelector=`).
@@ -96,31 +72,9 @@ pub async fn list_groups(
         .authorize(&headers, Operation::ListRolloutGroups, &path.namespace, "")
         .await?;
     let text = query(list)?.label_selector.unwrap_or_default();
-    let selector = selector::parse(&text).map_err(ApiError::bad_request)?;
-    let items: Vec<Value> = if state.filled.is_filled("RolloutGroup") {
-        cached_items(&state.deps.rollout_groups, &path.namespace, &selector)
-            .iter()
-            .filter_map(|g| serde_json::to_value(g.as_ref()).ok())
-            .collect()
-    } else {
-        api(&state, &path.namespace)
-            .list(&ListParams::default().labels(&text))
-            .await
-            .map_err(|err| {
-                from_kube(
-                    &err,
-                    &format!("listing rollout groups in {}", path.namespace),
-                )
-            })?
-            .items
-            .iter()
-            .filter_map(|g| serde_json::to_value(g).ok())
-            .collect()
-    };
-    Ok(json_response(
-        StatusCode::OK,
-        &json!({"apiVersion": "orchard.dev/v1alpha1", "kind": "RolloutGroupList", "items": items}),
-    ))
+    let filled = state.filled.is_filled("RolloutGroup");
+    let cache = &state.deps.rollout_groups;
+    objects::list(&state, cache, filled, &path.namespace, &text).await
 }
 
 /// Reads one RolloutGroup.
@@ -175,7 +129,7 @@ pub async fn delete_group(
     Path(path): Path<ObjectPath>,
     headers: HeaderMap,
 ) -> Result<Response, ApiError> {
-    state
+    let identity = state
         .authorize(
             &headers,
             Operation::DeleteRolloutGroup,
@@ -183,20 +137,7 @@ pub async fn delete_group(
             &path.name,
         )
         .await?;
-    api(&state, &path.namespace)
-        .delete(&path.name, &DeleteParams::background())
-        .await
-        .map_err(|err| {
-            from_kube(
-                &err,
-                &format!("rollout group {}/{}", path.namespace, path.name),
-            )
-        })?;
-    state.deps.metrics.api_write("rolloutgroups", "delete");
-    Ok(
-        Json(json!({"namespace": path.namespace, "name": path.name, "deleted": true}))
-            .into_response(),
-    )
+    objects::delete::<RolloutGroup>(&state, &path.namespace, &path.name, &identity.username).await
 }
 
 /// Whether a group is done: `Complete=True`, phase Complete, or phase Failed.

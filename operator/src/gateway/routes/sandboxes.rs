@@ -7,35 +7,27 @@ use axum::extract::rejection::QueryRejection;
 use axum::extract::{Path, Query, State as AxumState};
 use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
-use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
-use kube::runtime::reflector::Store;
-use kube::{Resource, ResourceExt};
+use kube::ResourceExt;
+use kube::api::{Api, Patch, PatchParams};
 use serde_json::{Value, json};
 
+use super::objects;
 use super::{ListQuery, NamespacePath, ObjectPath, State, WaitQuery, json_body, json_value, query};
-use crate::api::{Sandbox, SandboxPhase, TrajectoryResult, TrajectoryStatus};
 use crate::gateway::GATEWAY_FIELD_MANAGER;
 use crate::gateway::access::Operation;
 use crate::gateway::errors::{ApiError, ErrorBody, from_kube, json_response};
-use crate::gateway::lookup::{condition_true, find_sandbox, sandbox_phase_name};
+use crate::gateway::lookup::{condition_true, find_sandbox};
 use crate::gateway::openapi::{
     CreateSandboxRequest, Deleted, HeartbeatResponse, ResultResponse, SandboxList, SandboxSchema,
     TrajectoryResultSchema,
 };
-use crate::gateway::selector;
 use crate::gateway::spec::sandbox_from_request;
 use crate::gateway::wait::{WaitFor, WaitOutcome, wait_duration};
-use crate::status_patch::status_member_patch;
+use crate::runtime::status_patch::status_member_patch;
+use orchard_api::{Sandbox, SandboxPhase, TrajectoryResult, TrajectoryStatus};
 
 fn api(state: &State, namespace: &str) -> Api<Sandbox> {
     Api::namespaced(state.deps.client.clone(), namespace)
-}
-
-fn params() -> PostParams {
-    PostParams {
-        field_manager: Some(GATEWAY_FIELD_MANAGER.to_string()),
-        ..PostParams::default()
-    }
 }
 
 /// Creates a Sandbox and answers at once (201) without waiting for it to start.
@@ -64,29 +56,7 @@ pub async fn create_sandbox(
         .authorize(&headers, Operation::CreateSandbox, &path.namespace, "")
         .await?;
     let sandbox = sandbox_from_request(&path.namespace, json_value(&body)?, &identity.username)?;
-    let created = api(&state, &path.namespace)
-        .create(&params(), &sandbox)
-        .await
-        .map_err(|err| from_kube(&err, &format!("creating a sandbox in {}", path.namespace)))?;
-    state.deps.metrics.api_write("sandboxes", "create");
-    tracing::info!(sandbox = %format!("{}/{}", path.namespace, created.name_any()), user = %identity.username, "sandbox created through the gateway");
-    Ok(json_response(StatusCode::CREATED, &created))
-}
-
-/// Items of `store` in `namespace` matching `selector`, sorted by name.
-pub fn cached_items<K>(
-    store: &Store<K>,
-    namespace: &str,
-    selector: &selector::LabelSelector,
-) -> Vec<std::sync::Arc<K>>
-where
-    K: Resource<DynamicType = ()> + Clone + 'static,
-{
-    let mut items = store.state_filter(|o| {
-        o.meta().namespace.as_deref() == Some(namespace) && selector.matches(o.labels())
-    });
-    items.sort_by(|a, b| a.meta().name.cmp(&b.meta().name));
-    items
+    objects::create(&state, &path.namespace, &sandbox, &identity.username).await
 }
 
 /// Lists the Sandboxes of a namespace from the watch cache (`?labelSelector=`).
@@ -111,30 +81,10 @@ pub async fn list_sandboxes(
     state
         .authorize(&headers, Operation::ListSandboxes, &path.namespace, "")
         .await?;
-    let list = query(list)?;
-    let text = list.label_selector.unwrap_or_default();
-    let selector = selector::parse(&text).map_err(ApiError::bad_request)?;
-    let items: Vec<Value> = if state.filled.is_filled("Sandbox") {
-        cached_items(&state.deps.caches.sandboxes, &path.namespace, &selector)
-            .iter()
-            .filter_map(|s| serde_json::to_value(s.as_ref()).ok())
-            .collect()
-    } else {
-        // The cache is still filling (operator start): read once from the API server.
-        let listed = api(&state, &path.namespace)
-            .list(&ListParams::default().labels(&text))
-            .await
-            .map_err(|err| from_kube(&err, &format!("listing sandboxes in {}", path.namespace)))?;
-        listed
-            .items
-            .iter()
-            .filter_map(|s| serde_json::to_value(s).ok())
-            .collect()
-    };
-    Ok(json_response(
-        StatusCode::OK,
-        &json!({"apiVersion": "orchard.dev/v1alpha1", "kind": "SandboxList", "items": items}),
-    ))
+    let text = query(list)?.label_selector.unwrap_or_default();
+    let filled = state.filled.is_filled("Sandbox");
+    let cache = &state.deps.caches.sandboxes;
+    objects::list(&state, cache, filled, &path.namespace, &text).await
 }
 
 /// Reads one Sandbox (watch cache; one API read if the cache does not have it yet).
@@ -194,16 +144,7 @@ pub async fn delete_sandbox(
             &path.name,
         )
         .await?;
-    api(&state, &path.namespace)
-        .delete(&path.name, &DeleteParams::background())
-        .await
-        .map_err(|err| from_kube(&err, &format!("sandbox {}/{}", path.namespace, path.name)))?;
-    state.deps.metrics.api_write("sandboxes", "delete");
-    tracing::info!(sandbox = %format!("{}/{}", path.namespace, path.name), user = %identity.username, "sandbox deleted through the gateway");
-    Ok(
-        Json(json!({"namespace": path.namespace, "name": path.name, "deleted": true}))
-            .into_response(),
-    )
+    objects::delete::<Sandbox>(&state, &path.namespace, &path.name, &identity.username).await
 }
 
 /// Whether a sandbox has settled: Ready, or a phase it will not leave on its own.
@@ -272,7 +213,7 @@ pub async fn wait_sandbox(
                 .status
                 .as_ref()
                 .and_then(|s| s.phase)
-                .map(sandbox_phase_name);
+                .map(SandboxPhase::as_str);
             Err(wait_timeout("sandbox", &path.namespace, &path.name, phase))
         }
         WaitOutcome::Deleted => Err(ApiError::new(
@@ -472,7 +413,7 @@ mod tests {
 
     #[test]
     fn settled_means_ready_or_terminal() {
-        use crate::api::{SandboxSpec, SandboxStatus};
+        use orchard_api::{SandboxSpec, SandboxStatus};
         let mut s = Sandbox::new("s", SandboxSpec::default());
         assert!(!sandbox_settled(&s));
         s.status = Some(SandboxStatus {

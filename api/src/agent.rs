@@ -1,0 +1,491 @@
+//! The wire protocol of the in-pod agent (`orchard-agent`, docs/AGENT.md): the JSON request bodies it
+//! accepts and the JSON answers it sends. One definition for the agent (serialises answers,
+//! deserialises requests), the operator's agent client and the gateway's OpenAPI document (utoipa
+//! schemas behind the `openapi` feature). Serde only: the static agent links this without kube.
+//!
+//! Requests reject unknown fields (`deny_unknown_fields`). Field order is the order on the wire.
+//! Validation beyond the JSON shape (exactly one of `argv` and `command`, signal names, paths, ...)
+//! is the agent's.
+
+use std::collections::BTreeMap;
+
+use serde::{Deserialize, Serialize};
+
+/// How output bytes are put into JSON strings: `text` (default) or `base64`.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+#[serde(rename_all = "lowercase")]
+pub enum OutputEncoding {
+    /// UTF-8; invalid sequences become U+FFFD and the `*Lossy` flag is set.
+    #[default]
+    Text,
+    /// Exact bytes, standard base64 with padding.
+    Base64,
+}
+
+/// Agent request of `exec`, `exec/stream` and `processes` (see docs/AGENT.md). Give exactly one of
+/// `argv` and `command`.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+#[cfg_attr(feature = "openapi", schema(example = json!({"argv": ["python3", "-c", "print(1)"], "cwd": "repo", "env": {"PYTHONHASHSEED": "0"}, "timeoutSeconds": 30})))]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub struct ExecRequest {
+    /// Background processes only: the id to give the process.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub id: Option<String>,
+    /// Program and arguments, executed directly (no shell needed).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub argv: Option<Vec<String>>,
+    /// Shell string run as `<shell> -c <command>`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub command: Option<String>,
+    /// Shell for `command` (default `/bin/sh`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub shell: Option<String>,
+    /// Working directory (absolute or relative to the agent's root).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub cwd: Option<String>,
+    /// Extra environment.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub env: Option<BTreeMap<String, String>>,
+    /// Standard input as text.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub stdin: Option<String>,
+    /// Standard input as base64.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub stdin_base64: Option<String>,
+    /// Kill the process group after this many seconds (exec default 600).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub timeout_seconds: Option<f64>,
+    /// Output cap per stream in bytes (default 4 MiB).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub max_output_bytes: Option<u64>,
+    /// `text` (default) or `base64`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub output_encoding: Option<OutputEncoding>,
+}
+
+/// Agent answer of `exec`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+#[serde(rename_all = "camelCase")]
+pub struct ExecResponse {
+    /// Exit code; null when killed by a signal.
+    pub exit_code: Option<i32>,
+    /// Signal number that killed the process.
+    pub signal: Option<i32>,
+    /// Whether the timeout killed it.
+    pub timed_out: bool,
+    /// Whether the out-of-memory killer killed it (the sandbox's memory limit was reached).
+    pub oom_killed: bool,
+    /// Standard output.
+    pub stdout: String,
+    /// Standard error.
+    pub stderr: String,
+    /// Whether stdout exceeded `maxOutputBytes`.
+    pub stdout_truncated: bool,
+    /// Whether stderr exceeded `maxOutputBytes`.
+    pub stderr_truncated: bool,
+    /// Whether stdout was not valid UTF-8 (`text` encoding replaced invalid sequences).
+    pub stdout_lossy: bool,
+    /// Whether stderr was not valid UTF-8 (`text` encoding replaced invalid sequences).
+    pub stderr_lossy: bool,
+    /// Run time in milliseconds.
+    pub duration_ms: u64,
+    /// Encoding of `stdout` and `stderr`.
+    pub output_encoding: OutputEncoding,
+    /// Why the command could not start (it then exits 126 or 127 with this on stderr).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub error: Option<String>,
+}
+
+/// What a background process runs, as its status echoes it: `argv`, or `command` with its `shell`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+#[serde(untagged)]
+pub enum CommandLine {
+    /// Program and arguments.
+    Argv {
+        /// Program and arguments.
+        argv: Vec<String>,
+    },
+    /// A shell string.
+    Shell {
+        /// Shell string.
+        command: String,
+        /// Shell that runs it (`<shell> -c <command>`).
+        shell: String,
+    },
+}
+
+/// `running` or `exited`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+#[serde(rename_all = "lowercase")]
+pub enum ProcessState {
+    /// Still running.
+    Running,
+    /// Ended (see `exitCode`, `signal`, `timedOut`).
+    Exited,
+}
+
+impl ProcessState {
+    /// The wire name (`running`, `exited`).
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Running => "running",
+            Self::Exited => "exited",
+        }
+    }
+}
+
+/// Status of a background process (see docs/AGENT.md).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+#[serde(rename_all = "camelCase")]
+pub struct ProcessStatus {
+    /// Process id given at start.
+    pub id: String,
+    /// OS process id.
+    pub pid: Option<u32>,
+    /// The command line (`argv`, or `command` and `shell`), at the top level.
+    #[serde(flatten)]
+    pub line: CommandLine,
+    /// `running` or `exited`.
+    pub state: ProcessState,
+    /// Exit code once exited.
+    pub exit_code: Option<i32>,
+    /// Signal number that ended it.
+    pub signal: Option<i32>,
+    /// Whether its timeout killed it.
+    pub timed_out: bool,
+    /// Whether the out-of-memory killer killed it.
+    pub oom_killed: bool,
+    /// Start time (RFC 3339).
+    pub started_at: String,
+    /// End time (RFC 3339) once exited.
+    pub finished_at: Option<String>,
+    /// Run time so far in milliseconds.
+    pub duration_ms: u64,
+    /// Output so far.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub stdout: Option<String>,
+    /// Error output so far.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub stderr: Option<String>,
+    /// Whether stdout exceeded `maxOutputBytes`.
+    pub stdout_truncated: bool,
+    /// Whether stderr exceeded `maxOutputBytes`.
+    pub stderr_truncated: bool,
+    /// Whether stdout was not valid UTF-8.
+    pub stdout_lossy: bool,
+    /// Whether stderr was not valid UTF-8.
+    pub stderr_lossy: bool,
+    /// Encoding of `stdout` and `stderr`.
+    pub output_encoding: OutputEncoding,
+    /// Why the command could not start.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub error: Option<String>,
+}
+
+impl ProcessStatus {
+    /// Whether the process has ended.
+    pub fn exited(&self) -> bool {
+        self.state == ProcessState::Exited
+    }
+}
+
+/// Answer of `GET /v1/processes`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+pub struct ProcessList {
+    /// Every known process, oldest first.
+    pub processes: Vec<ProcessStatus>,
+}
+
+/// A signal name (`TERM`, `SIGTERM`, ...) or number.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+#[serde(untagged)]
+pub enum SignalSpec {
+    /// Signal number (1-64).
+    Number(i64),
+    /// Signal name, with or without `SIG`.
+    Name(String),
+}
+
+/// `{"signal": "TERM"}`: a signal name (`HUP INT QUIT KILL USR1 USR2 TERM CONT STOP ALRM WINCH`) or number.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+#[serde(deny_unknown_fields)]
+pub struct SignalRequest {
+    /// Signal name or number.
+    pub signal: SignalSpec,
+}
+
+/// Kind of a directory entry.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+#[serde(rename_all = "lowercase")]
+pub enum FileKind {
+    /// Regular file.
+    File,
+    /// Directory.
+    Directory,
+    /// Symbolic link (not followed).
+    Symlink,
+    /// Anything else (socket, device, fifo).
+    Other,
+}
+
+/// One entry of a directory listing.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+pub struct FileEntry {
+    /// File name.
+    pub name: String,
+    /// `file`, `directory`, `symlink` or `other`.
+    #[serde(rename = "type")]
+    pub kind: FileKind,
+    /// Size in bytes.
+    pub size: u64,
+    /// Permission bits (`mode & 0o7777`).
+    pub mode: u32,
+    /// Modification time (RFC 3339).
+    pub modified: Option<String>,
+}
+
+/// A directory listing.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+pub struct FileList {
+    /// Absolute path listed.
+    pub path: String,
+    /// Entries sorted by name.
+    pub entries: Vec<FileEntry>,
+}
+
+/// Answer of an upload: `{"path": "/abs/P", "size": N}`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+pub struct FileWritten {
+    /// Absolute path written.
+    pub path: String,
+    /// Bytes written.
+    pub size: u64,
+}
+
+/// Answer of a file delete: `{"path": "/abs/P", "deleted": true}`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+pub struct FileDeleted {
+    /// Absolute path.
+    pub path: String,
+    /// Always true (a missing path is a 404).
+    pub deleted: bool,
+}
+
+/// `{"patch": "<git diff>", "cwd": "repo", "strip": 1}`.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+#[serde(deny_unknown_fields)]
+pub struct PatchRequest {
+    /// Unified diff.
+    pub patch: String,
+    /// Directory the paths are relative to.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub cwd: Option<String>,
+    /// Leading path components to strip (default 1).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub strip: Option<usize>,
+}
+
+/// What a patch did to one file.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+#[serde(rename_all = "lowercase")]
+pub enum PatchAction {
+    /// The file is new.
+    Created,
+    /// The file existed and changed.
+    Modified,
+    /// The file was removed.
+    Deleted,
+}
+
+/// One file a patch changed.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+pub struct PatchedFile {
+    /// Path as written in the patch (after `strip`).
+    pub path: String,
+    /// `created`, `modified` or `deleted`.
+    pub action: PatchAction,
+}
+
+/// `{"applied": true, "files": [{"path", "action"}]}`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+pub struct PatchResult {
+    /// Always true on 200.
+    pub applied: bool,
+    /// Changed files with `created`, `modified` or `deleted`.
+    pub files: Vec<PatchedFile>,
+}
+
+/// One hunk of a patch that did not apply (part of a `PatchConflict` error).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+pub struct FailedHunk {
+    /// Path of the file.
+    pub path: String,
+    /// 1-based index of the hunk within its file; 0 when the whole file failed (e.g. missing).
+    pub hunk: usize,
+    /// The hunk's `@@` header.
+    pub header: String,
+    /// Why it did not apply.
+    pub reason: String,
+}
+
+/// Body of every agent error: `{"code", "message"}`, plus `process` on a `Conflict` about a process
+/// and `failedHunks` on a `PatchConflict`. The agent writes its keys sorted by name.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+#[serde(rename_all = "camelCase")]
+pub struct AgentErrorBody {
+    /// Machine-readable code (`BadRequest`, `InvalidRequest`, `NotFound`, `Conflict`, ...).
+    pub code: String,
+    /// What went wrong and what to change.
+    pub message: String,
+    /// The hunks that did not apply (`PatchConflict`; nothing was written).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub failed_hunks: Option<Vec<FailedHunk>>,
+    /// The process the conflict is about (a taken id, or one that already exited).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub process: Option<Box<ProcessStatus>>,
+}
+
+#[cfg(test)]
+mod tests {
+    use serde_json::json;
+
+    use super::*;
+
+    fn status() -> ProcessStatus {
+        ProcessStatus {
+            id: "p-1".into(),
+            pid: Some(7),
+            line: CommandLine::Shell {
+                command: "echo hi".into(),
+                shell: "/bin/sh".into(),
+            },
+            state: ProcessState::Exited,
+            exit_code: Some(0),
+            signal: None,
+            timed_out: false,
+            oom_killed: false,
+            started_at: "2026-01-01T00:00:00Z".into(),
+            finished_at: Some("2026-01-01T00:00:01Z".into()),
+            duration_ms: 1000,
+            stdout: None,
+            stderr: Some("".into()),
+            stdout_truncated: false,
+            stderr_truncated: false,
+            stdout_lossy: false,
+            stderr_lossy: false,
+            output_encoding: OutputEncoding::Text,
+            error: None,
+        }
+    }
+
+    #[test]
+    fn process_status_flattens_its_command_line_and_skips_absent_output() {
+        let text = serde_json::to_string(&status()).unwrap();
+        assert_eq!(
+            text,
+            r#"{"id":"p-1","pid":7,"command":"echo hi","shell":"/bin/sh","state":"exited","exitCode":0,"signal":null,"timedOut":false,"oomKilled":false,"startedAt":"2026-01-01T00:00:00Z","finishedAt":"2026-01-01T00:00:01Z","durationMs":1000,"stderr":"","stdoutTruncated":false,"stderrTruncated":false,"stdoutLossy":false,"stderrLossy":false,"outputEncoding":"text"}"#
+        );
+        let back: ProcessStatus = serde_json::from_str(&text).unwrap();
+        assert_eq!(back, status());
+        assert!(back.exited());
+        let argv = json!({"id": "a", "pid": null, "argv": ["true"], "state": "running", "exitCode": null,
+            "signal": null, "timedOut": false, "oomKilled": false, "startedAt": "x", "finishedAt": null,
+            "durationMs": 0, "stdoutTruncated": false, "stderrTruncated": false, "stdoutLossy": false,
+            "stderrLossy": false, "outputEncoding": "base64"});
+        let parsed: ProcessStatus = serde_json::from_value(argv).unwrap();
+        assert_eq!(
+            parsed.line,
+            CommandLine::Argv {
+                argv: vec!["true".into()]
+            }
+        );
+        assert_eq!(parsed.state.as_str(), "running");
+    }
+
+    #[test]
+    fn requests_reject_unknown_fields() {
+        assert!(serde_json::from_str::<ExecRequest>(r#"{"argv":["a"],"bogus":1}"#).is_err());
+        assert!(serde_json::from_str::<SignalRequest>(r#"{"signal":1,"x":2}"#).is_err());
+        assert!(serde_json::from_str::<PatchRequest>(r#"{"patch":"","x":2}"#).is_err());
+        let signal: SignalRequest = serde_json::from_str(r#"{"signal":"TERM"}"#).unwrap();
+        assert_eq!(signal.signal, SignalSpec::Name("TERM".into()));
+        let signal: SignalRequest = serde_json::from_str(r#"{"signal":15}"#).unwrap();
+        assert_eq!(signal.signal, SignalSpec::Number(15));
+    }
+
+    #[test]
+    fn requests_serialise_only_given_fields() {
+        let request = ExecRequest {
+            id: Some("run".into()),
+            argv: Some(vec!["true".into()]),
+            timeout_seconds: Some(5.0),
+            output_encoding: Some(OutputEncoding::Base64),
+            ..ExecRequest::default()
+        };
+        assert_eq!(
+            serde_json::to_value(&request).unwrap(),
+            json!({"id": "run", "argv": ["true"], "timeoutSeconds": 5.0, "outputEncoding": "base64"})
+        );
+    }
+
+    #[test]
+    fn answers_keep_their_wire_names() {
+        let entry = FileEntry {
+            name: "a".into(),
+            kind: FileKind::Directory,
+            size: 1,
+            mode: 0o755,
+            modified: None,
+        };
+        assert_eq!(
+            serde_json::to_string(&entry).unwrap(),
+            r#"{"name":"a","type":"directory","size":1,"mode":493,"modified":null}"#
+        );
+        let result = PatchResult {
+            applied: true,
+            files: vec![PatchedFile {
+                path: "x".into(),
+                action: PatchAction::Created,
+            }],
+        };
+        assert_eq!(
+            serde_json::to_string(&result).unwrap(),
+            r#"{"applied":true,"files":[{"path":"x","action":"created"}]}"#
+        );
+        let error = AgentErrorBody {
+            code: "PatchConflict".into(),
+            message: "m".into(),
+            failed_hunks: Some(vec![FailedHunk {
+                path: "p".into(),
+                hunk: 1,
+                header: "@@".into(),
+                reason: "r".into(),
+            }]),
+            process: None,
+        };
+        assert_eq!(
+            serde_json::to_value(&error).unwrap(),
+            json!({"code": "PatchConflict", "message": "m", "failedHunks": [{"path": "p", "hunk": 1, "header": "@@", "reason": "r"}]})
+        );
+    }
+}

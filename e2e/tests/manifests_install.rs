@@ -1,0 +1,440 @@
+//! The install manifests, for real: the Helm chart and the kustomize bases are rendered and applied to
+//! a local cluster of their own, and the operator then runs under the chart's own ServiceAccount token
+//! (not as admin) until a sample Sandbox is Ready, answers an exec through the gateway and through its
+//! agent, and is deleted, and the RolloutGroup sample completes. That proves the chart's RBAC is
+//! sufficient (`manifests_rbac.rs` proves it has no wildcards and that the chart and kustomize grant
+//! exactly the same rules).
+//!
+//! The kustomize test's cluster also checks the committed Kubernetes schemas kubeconform uses against
+//! its live kube-apiserver (regenerate them with `make schemas`; the test never writes them).
+
+use std::path::Path;
+use std::process::Command;
+use std::time::Duration;
+
+use k8s_openapi::api::authentication::v1::TokenRequest;
+use k8s_openapi::api::coordination::v1::Lease;
+use k8s_openapi::api::core::v1::{Namespace, Pod, ServiceAccount};
+use kube::api::{Api, DeleteParams, PostParams};
+use orchard_e2e::binaries::{operator_bin, workspace_root};
+use orchard_e2e::env::{EnvOptions, TestEnv};
+use orchard_e2e::k8s_schemas;
+use orchard_e2e::operator_process::{OperatorProcess, metric_sum};
+use orchard_e2e::test_support::manifests::{
+    RELEASE_NAMESPACE, documents, env_map, helm_default, helm_full, kustomize, one_of_kind,
+    operator_flags, strings,
+};
+use orchard_e2e::test_support::sandboxes::{is_ready, token_of};
+use orchard_e2e::wait;
+use orchard_operator::api::{RolloutGroup, Sandbox};
+use serde_json::{Value, json};
+
+const READY_TIMEOUT: Duration = Duration::from_secs(90);
+/// The pod name the test gives the operator process (POD_NAME, its identity in the Lease).
+const IDENTITY: &str = "orchard-operator-e2e-0";
+
+fn kubectl(kubeconfig: &Path, args: &[&str], stdin: Option<&str>) -> String {
+    use std::io::Write;
+    let mut child = Command::new("kubectl")
+        .args(args)
+        .env("KUBECONFIG", kubeconfig)
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("kubectl runs");
+    if let Some(text) = stdin {
+        child
+            .stdin
+            .take()
+            .expect("stdin")
+            .write_all(text.as_bytes())
+            .expect("write stdin");
+    }
+    drop(child.stdin.take());
+    let output = child.wait_with_output().expect("kubectl finishes");
+    assert!(
+        output.status.success(),
+        "kubectl {args:?} failed:\n{}{}",
+        String::from_utf8_lossy(&output.stdout),
+        String::from_utf8_lossy(&output.stderr)
+    );
+    String::from_utf8_lossy(&output.stdout).to_string()
+}
+
+/// Server-side apply, as `docs/INSTALL.md` tells users to.
+fn apply(env: &TestEnv, manifests: &str, dry_run: bool) -> String {
+    let mut args = vec![
+        "apply",
+        "--server-side",
+        "--force-conflicts",
+        "--field-manager=orchard-install-e2e",
+        "-f",
+        "-",
+    ];
+    if dry_run {
+        args.push("--dry-run=server");
+    }
+    kubectl(&env.control_plane.kubeconfig, &args, Some(manifests))
+}
+
+async fn create_namespace(env: &TestEnv, name: &str) {
+    let api: Api<Namespace> = Api::all(env.client().await);
+    let namespace: Namespace =
+        serde_json::from_value(json!({"metadata": {"name": name}})).expect("namespace");
+    match api.create(&PostParams::default(), &namespace).await {
+        Ok(_) => {}
+        Err(kube::Error::Api(status)) if status.is_already_exists() => {}
+        Err(err) => panic!("cannot create namespace {name}: {err}"),
+    }
+}
+
+/// A token of `namespace/service_account` from the TokenRequest API (what the kubelet mounts into pods).
+async fn service_account_token(env: &TestEnv, namespace: &str, service_account: &str) -> String {
+    let api: Api<ServiceAccount> = Api::namespaced(env.client().await, namespace);
+    let request: TokenRequest = serde_json::from_value(json!({
+        "apiVersion": "authentication.k8s.io/v1", "kind": "TokenRequest",
+        "spec": {"expirationSeconds": 3600}
+    }))
+    .expect("TokenRequest JSON");
+    let issued = api
+        .create_token_request(service_account, &PostParams::default(), &request)
+        .await
+        .unwrap_or_else(|e| panic!("TokenRequest for {namespace}/{service_account}: {e}"));
+    serde_json::to_value(&issued).expect("JSON")["status"]["token"]
+        .as_str()
+        .expect("issued token")
+        .to_string()
+}
+
+/// The operator's flags from a rendered Deployment's environment, as the container would see it
+/// (downward API values filled in). Flags the harness sets itself (listen addresses, agent image, log
+/// format) are left out.
+fn flags_from_deployment(deployment: &Value) -> Vec<String> {
+    let flags = operator_flags();
+    let container = &deployment["spec"]["template"]["spec"]["containers"][0];
+    let set_by_harness = [
+        "ORCHARD_GATEWAY_LISTEN",
+        "ORCHARD_METRICS_LISTEN",
+        "ORCHARD_AGENT_IMAGE",
+        "ORCHARD_LOG_FORMAT",
+    ];
+    let mut args = Vec::new();
+    for (name, value) in env_map(container) {
+        let value = match value.as_str() {
+            "valueFrom:metadata.namespace" => RELEASE_NAMESPACE.to_string(),
+            "valueFrom:metadata.name" => IDENTITY.to_string(),
+            other => other.to_string(),
+        };
+        if set_by_harness.contains(&name.as_str()) {
+            continue;
+        }
+        let Some((flag, takes_value)) = flags.get(&name) else {
+            continue;
+        };
+        if *takes_value {
+            args.push(format!("{flag}={value}"));
+        } else if value == "true" {
+            args.push(flag.clone());
+        }
+    }
+    args.extend(strings(&container["args"]));
+    args
+}
+
+/// Runs the operator under the ServiceAccount token and proves a sample Sandbox goes through its life.
+async fn operator_under_service_account_runs_a_sandbox(
+    env: &TestEnv,
+    rendered: &[Value],
+    sample: &str,
+    sandbox_name: &str,
+) {
+    let service_account = one_of_kind(rendered, "ServiceAccount")["metadata"]["name"]
+        .as_str()
+        .expect("ServiceAccount name")
+        .to_string();
+    let token = service_account_token(env, RELEASE_NAMESPACE, &service_account).await;
+    let kubeconfig = env.dir.join(format!("kubeconfig-{service_account}"));
+    env.control_plane
+        .write_token_kubeconfig(&token, &kubeconfig)
+        .expect("write kubeconfig");
+    // Sanity: the token is not admin.
+    let cannot = Command::new("kubectl")
+        .args(["auth", "can-i", "list", "configmaps", "--all-namespaces"])
+        .env("KUBECONFIG", &kubeconfig)
+        .output()
+        .expect("kubectl auth can-i");
+    assert_eq!(
+        String::from_utf8_lossy(&cannot.stdout).trim(),
+        "no",
+        "the ServiceAccount must not read ConfigMaps"
+    );
+
+    let args = flags_from_deployment(one_of_kind(rendered, "Deployment"));
+    let log = env
+        .dir
+        .join(format!("logs/orchard-operator-{service_account}.log"));
+    let operator = OperatorProcess::start(
+        &operator_bin().expect("operator binary"),
+        &kubeconfig,
+        &log,
+        &args,
+    )
+    .await
+    .unwrap_or_else(|e| {
+        panic!(
+            "the operator did not become ready under the {service_account} token ({e}); log:\n{}",
+            std::fs::read_to_string(&log).unwrap_or_default()
+        )
+    });
+
+    let deployment_env =
+        env_map(&one_of_kind(rendered, "Deployment")["spec"]["template"]["spec"]["containers"][0]);
+    if deployment_env["ORCHARD_LEADER_ELECTION"] == "true" {
+        // Leader election under the chart's RBAC: the Role in the release namespace lets it take the Lease.
+        let leases: Api<Lease> = Api::namespaced(env.client().await, RELEASE_NAMESPACE);
+        let lease_name = deployment_env["ORCHARD_LEASE_NAME"].clone();
+        wait::poll(
+            "the operator holds its Lease",
+            Duration::from_secs(30),
+            || {
+                let leases = leases.clone();
+                let lease_name = lease_name.clone();
+                async move {
+                    let lease = leases.get_opt(&lease_name).await.ok().flatten()?;
+                    (lease.spec?.holder_identity? == IDENTITY).then_some(())
+                }
+            },
+        )
+        .await;
+    }
+
+    let namespace = format!("install-{sandbox_name}");
+    create_namespace(env, &namespace).await;
+    let sample_text = std::fs::read_to_string(workspace_root().join("config/samples").join(sample))
+        .expect("sample");
+    kubectl(
+        &env.control_plane.kubeconfig,
+        &["apply", "-n", &namespace, "-f", "-"],
+        Some(&sample_text),
+    );
+    let client = env.client().await;
+    let sandboxes: Api<Sandbox> = Api::namespaced(client.clone(), &namespace);
+    let ready = wait::until(
+        &sandboxes,
+        sandbox_name,
+        "Ready under the chart's RBAC",
+        READY_TIMEOUT,
+        is_ready,
+    )
+    .await;
+    let endpoint = ready
+        .status
+        .and_then(|s| s.agent_endpoint)
+        .expect("agent endpoint");
+
+    // Exec straight at the agent with the sandbox's own token...
+    let agent_token = token_of(&client, &namespace, sandbox_name).await;
+    let http = reqwest::Client::new();
+    let direct: Value = http
+        .post(format!("{endpoint}/v1/exec"))
+        .bearer_auth(&agent_token)
+        .json(&json!({"argv": ["/bin/sh", "-c", "echo direct $ORCHARD_SANDBOX"]}))
+        .send()
+        .await
+        .expect("agent exec")
+        .json()
+        .await
+        .expect("agent JSON");
+    assert_eq!(
+        direct["stdout"],
+        format!("direct {sandbox_name}\n"),
+        "{direct}"
+    );
+
+    // ...and through the gateway, which authenticates the caller (TokenReview) and authorizes the call
+    // (SubjectAccessReview) with the operator's ServiceAccount: both must be allowed by the chart's RBAC.
+    let admin_token = env.control_plane.tokens["admin"].clone();
+    let through_gateway = http
+        .post(format!(
+            "{}/v1/namespaces/{namespace}/sandboxes/{sandbox_name}/exec",
+            operator.gateway_url()
+        ))
+        .bearer_auth(&admin_token)
+        .json(&json!({"argv": ["/bin/sh", "-c", "echo gateway $ORCHARD_SANDBOX"]}))
+        .send()
+        .await
+        .expect("gateway exec");
+    let status = through_gateway.status();
+    let body = through_gateway.text().await.unwrap_or_default();
+    assert_eq!(status, 200, "gateway exec: {body}");
+    assert!(
+        body.contains(&format!("gateway {sandbox_name}")),
+        "gateway exec: {body}"
+    );
+
+    // Delete: the operator's children go with the Sandbox.
+    sandboxes
+        .delete(sandbox_name, &DeleteParams::default())
+        .await
+        .expect("delete");
+    wait::deleted(&sandboxes, sandbox_name, Duration::from_secs(60)).await;
+    let pods: Api<Pod> = Api::namespaced(client.clone(), &namespace);
+    wait::deleted(&pods, sandbox_name, Duration::from_secs(60)).await;
+
+    // The RolloutGroup sample: its runner script writes a JSON result the operator records, and BAR
+    // assembles the group; the RolloutGroup controller creates trajectory Sandboxes and writes the
+    // group's status under the same RBAC.
+    let group_text =
+        std::fs::read_to_string(workspace_root().join("config/samples/rolloutgroup.yaml"))
+            .expect("rolloutgroup sample");
+    kubectl(
+        &env.control_plane.kubeconfig,
+        &["apply", "-n", &namespace, "-f", "-"],
+        Some(&group_text),
+    );
+    let groups: Api<RolloutGroup> = Api::namespaced(client.clone(), &namespace);
+    let complete = |g: Option<&RolloutGroup>| {
+        g.and_then(|g| g.status.as_ref()).is_some_and(|st| {
+            st.conditions
+                .iter()
+                .any(|c| c.type_ == "Complete" && c.status == "True")
+        })
+    };
+    let group = wait::until(
+        &groups,
+        "prompt-0042",
+        "Complete",
+        Duration::from_secs(120),
+        complete,
+    )
+    .await;
+    let status = group.status.expect("group status");
+    // The sample's rewards are a checksum of each trajectory's name: strides 0 and 1 (prompt-0042-0..7)
+    // hold 4 positives, inside [ceil(0.375 x 8), floor(0.625 x 8)] = [3, 5], so BAR records a
+    // Balanced group of 8 after two strides.
+    assert_eq!(
+        serde_json::to_value(status.selection).expect("JSON"),
+        json!("Balanced"),
+        "{status:?}"
+    );
+    assert_eq!(status.group.len(), 8, "{status:?}");
+    assert_eq!(status.positives, Some(4), "{status:?}");
+    assert!(
+        status.trajectories.iter().all(|t| t.status.is_some()),
+        "every launched trajectory recorded an outcome: {:?}",
+        status.trajectories
+    );
+
+    let metrics = operator.metrics().await.expect("metrics");
+    assert_eq!(
+        metric_sum(
+            &metrics,
+            "orchard_reconcile_errors_total",
+            &[("error", "forbidden")]
+        ),
+        0.0,
+        "the operator hit RBAC denials; log: {}",
+        log.display()
+    );
+    let log_text = std::fs::read_to_string(&log).unwrap_or_default();
+    assert!(
+        !log_text.contains("is forbidden"),
+        "RBAC denial in the operator log:\n{log_text}"
+    );
+    operator.kill();
+    env.delete_namespace(&namespace).await;
+}
+
+/// Stops this test's node and control plane only: `TestEnv::stop` also kills every process this test
+/// binary started, which would take down the other test's cluster running in parallel.
+async fn stop_own_cluster(env: &TestEnv) {
+    env.node.hollow().shutdown().await;
+    env.control_plane.stop();
+}
+
+#[tokio::test]
+async fn helm_chart_installs_and_its_service_account_runs_the_operator() {
+    let env = TestEnv::start(
+        "install-helm",
+        EnvOptions {
+            operator: false,
+            ..EnvOptions::default()
+        },
+    )
+    .await
+    .expect("local cluster");
+    create_namespace(&env, RELEASE_NAMESPACE).await;
+    let manifests = helm_default();
+    apply(&env, &manifests, false);
+    let rendered = documents(&manifests);
+
+    // The fully customised render and the samples are accepted by the real API server too (dry run;
+    // ServiceMonitor has no CRD here, the full render's watched namespace is created first).
+    create_namespace(&env, "rl-sandboxes").await;
+    create_namespace(&env, "monitoring").await;
+    let full: Vec<String> = documents(&helm_full())
+        .into_iter()
+        .filter(|d| d["kind"] != "ServiceMonitor")
+        .map(|d| serde_yaml::to_string(&d).expect("YAML"))
+        .collect();
+    apply(&env, &full.join("---\n"), true);
+    let samples = kustomize("samples");
+    kubectl(
+        &env.control_plane.kubeconfig,
+        &["apply", "--dry-run=server", "-n", "rl-sandboxes", "-f", "-"],
+        Some(&samples),
+    );
+
+    operator_under_service_account_runs_a_sandbox(
+        &env,
+        &rendered,
+        "sandbox_minimal.yaml",
+        "minimal",
+    )
+    .await;
+    stop_own_cluster(&env).await;
+}
+
+#[tokio::test]
+async fn kustomize_default_installs_and_its_service_account_runs_the_operator() {
+    let env = TestEnv::start(
+        "install-kustomize",
+        EnvOptions {
+            operator: false,
+            ..EnvOptions::default()
+        },
+    )
+    .await
+    .expect("local cluster");
+    apply(&env, &kustomize("default"), false);
+    // Then the HA overlay on top (two replicas, leader election, a PodDisruptionBudget), as a user
+    // moving to HA would; the operator runs with the HA Deployment's flags, so the Lease RBAC is
+    // exercised too.
+    let manifests = kustomize("overlays/ha");
+    apply(&env, &manifests, false);
+    let rendered = documents(&manifests);
+    // The AllowList sample also makes the operator create a per-sandbox egress NetworkPolicy.
+    operator_under_service_account_runs_a_sandbox(
+        &env,
+        &rendered,
+        "sandbox_allowlist.yaml",
+        "allowlist",
+    )
+    .await;
+
+    committed_schemas_match_the_live_api_server(&env).await;
+    stop_own_cluster(&env).await;
+}
+
+/// e2e/packaging-tools/schemas/kubernetes-v1.36.3 is what openapi2schema makes of this cluster's
+/// /openapi/v2 (the real kube-apiserver v1.36.3), for the kinds in kinds.txt: the generator of
+/// `make schemas`, compared with the committed files.
+async fn committed_schemas_match_the_live_api_server(env: &TestEnv) {
+    let generated = k8s_schemas::generate(&env.client().await, &env.dir.join("schemas"))
+        .await
+        .unwrap_or_else(|e| panic!("generating the schemas from the live kube-apiserver: {e}"));
+    if let Err(drift) = k8s_schemas::check(&generated, &k8s_schemas::committed_dir()) {
+        panic!("{drift}");
+    }
+}

@@ -1,0 +1,18 @@
+//! kubeconform -strict on every render of the install manifests: the same check as
+//! `make manifests-check` (`hack/manifests-check.sh`: CRD copies, helm lint, helm and kustomize
+//! renders validated against the committed Kubernetes v1.36.3 schemas and our CRDs' schemas), so
+//! `make e2e` covers it too. That the committed schemas are what the live kube-apiserver serves is
+//! checked by `manifests_install.rs` (regenerate them with `make schemas`).
+
+use std::process::Command;
+
+use orchard_e2e::binaries::workspace_root;
+use orchard_e2e::test_support::manifests::run;
+
+#[test]
+fn kubeconform_strict_accepts_every_render() {
+    // The same check as `make manifests-check`, so `make e2e` covers it too.
+    let script = workspace_root().join("hack/manifests-check.sh");
+    let output = run(&mut Command::new(&script));
+    assert!(output.contains("Invalid: 0, Errors: 0"), "{output}");
+}

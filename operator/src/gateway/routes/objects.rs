@@ -1,0 +1,105 @@
+//! What the Sandbox and RolloutGroup routes share: create, list (from the watch cache once it is
+//! filled, else one read from the API server) and delete, for either kind.
+
+use axum::Json;
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
+use kube::api::{Api, DeleteParams, ListParams, PostParams};
+use kube::runtime::reflector::Store;
+use kube::{Resource, ResourceExt};
+use serde_json::{Value, json};
+
+use super::State;
+use crate::gateway::GATEWAY_FIELD_MANAGER;
+use crate::gateway::errors::{ApiError, from_kube, json_response};
+use crate::gateway::selector;
+use crate::runtime::writes::Child;
+
+fn api<K: Child>(state: &State, namespace: &str) -> Api<K> {
+    Api::namespaced(state.deps.client.clone(), namespace)
+}
+
+/// Objects of `store` in `namespace` whose labels match `selector`, in name order.
+pub fn cached_items<K>(
+    store: &Store<K>,
+    namespace: &str,
+    selector: &selector::LabelSelector,
+) -> Vec<std::sync::Arc<K>>
+where
+    K: Resource<DynamicType = ()> + Clone + 'static,
+{
+    let mut items = store.state_filter(|o| {
+        o.meta().namespace.as_deref() == Some(namespace) && selector.matches(o.labels())
+    });
+    items.sort_by(|a, b| a.meta().name.cmp(&b.meta().name));
+    items
+}
+
+/// Creates `object` in `namespace` with the gateway's field manager and answers 201 with it.
+pub async fn create<K: Child>(
+    state: &State,
+    namespace: &str,
+    object: &K,
+    user: &str,
+) -> Result<Response, ApiError> {
+    let params = PostParams {
+        field_manager: Some(GATEWAY_FIELD_MANAGER.to_string()),
+        ..PostParams::default()
+    };
+    let plural = K::plural(&());
+    let created = api::<K>(state, namespace)
+        .create(&params, object)
+        .await
+        .map_err(|err| from_kube(&err, &format!("creating a {} in {namespace}", K::kind(&()))))?;
+    state.deps.metrics.api_write(&plural, "create");
+    tracing::info!(object = %format!("{namespace}/{}", created.name_any()), kind = %K::kind(&()), %user, "created through the gateway");
+    Ok(json_response(StatusCode::CREATED, &created))
+}
+
+/// The `<Kind>List` of `namespace` filtered by the label selector `text`: from `cache` once
+/// `cache_filled`, else (the operator is starting) read once from the API server.
+pub async fn list<K: Child>(
+    state: &State,
+    cache: &Store<K>,
+    cache_filled: bool,
+    namespace: &str,
+    text: &str,
+) -> Result<Response, ApiError> {
+    let selector = selector::parse(text).map_err(ApiError::bad_request)?;
+    let items: Vec<Value> = if cache_filled {
+        cached_items(cache, namespace, &selector)
+            .iter()
+            .filter_map(|o| serde_json::to_value(o.as_ref()).ok())
+            .collect()
+    } else {
+        api::<K>(state, namespace)
+            .list(&ListParams::default().labels(text))
+            .await
+            .map_err(|err| from_kube(&err, &format!("listing {} in {namespace}", K::plural(&()))))?
+            .items
+            .iter()
+            .filter_map(|o| serde_json::to_value(o).ok())
+            .collect()
+    };
+    let kind = format!("{}List", K::kind(&()));
+    Ok(json_response(
+        StatusCode::OK,
+        &json!({"apiVersion": K::api_version(&()), "kind": kind, "items": items}),
+    ))
+}
+
+/// Deletes `namespace/name` (its children are garbage-collected) and answers `{deleted: true}`.
+pub async fn delete<K: Child>(
+    state: &State,
+    namespace: &str,
+    name: &str,
+    user: &str,
+) -> Result<Response, ApiError> {
+    api::<K>(state, namespace)
+        .delete(name, &DeleteParams::background())
+        .await
+        .map_err(|err| from_kube(&err, &format!("{} {namespace}/{name}", K::kind(&()))))?;
+    state.deps.metrics.api_write(&K::plural(&()), "delete");
+    tracing::info!(object = %format!("{namespace}/{name}"), kind = %K::kind(&()), %user, "deleted through the gateway");
+    Ok(Json(json!({"namespace": namespace, "name": name, "deleted": true})).into_response())
+}

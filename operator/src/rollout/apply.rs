@@ -1,0 +1,182 @@
+//! The thin I/O layer of the RolloutGroup controller: the group's children as the caches show them,
+//! a live check of children the cache does not show yet, trajectory creation and the clean-up after
+//! completion, all through the generic write layer (`runtime::writes`), scoped by the group's UID.
+
+use std::collections::BTreeSet;
+use std::sync::Arc;
+
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
+use kube::api::Api;
+use kube::runtime::reflector::ObjectRef;
+use kube::{Resource, ResourceExt};
+use tracing::info;
+
+use super::build::desired_trajectory;
+use super::observe::{ChildView, Observation};
+use crate::runtime::context::{Context, object_key};
+use crate::runtime::error::Result;
+use crate::runtime::own_writes::child_key;
+use crate::runtime::ownership::{Owner, controlled_by};
+use crate::runtime::writes::{ChildState, create_owned, ensure_deleted, existing_state};
+use orchard_api::{
+    CleanupPolicy, EarlyStop, RolloutGroup, RolloutGroupStatus, STRIDE_LABEL, Sandbox,
+    TrajectoryRecord,
+};
+
+/// The group's children as the Sandbox cache shows them: same namespace, controlled by this group's
+/// UID, in name order (the cache's order is arbitrary; clean-up deletes in a stable order).
+pub fn owned_children(ctx: &Context, group: &RolloutGroup) -> Vec<Arc<Sandbox>> {
+    let namespace = group.namespace().unwrap_or_default();
+    let uid = group.uid().unwrap_or_default();
+    let mut children: Vec<Arc<Sandbox>> = ctx
+        .caches
+        .sandboxes
+        .state()
+        .into_iter()
+        .filter(|s| s.namespace().as_deref() == Some(namespace.as_str()))
+        .filter(|s| controlled_by(s.meta(), &uid))
+        .collect();
+    children.sort_by_key(|s| s.name_any());
+    children
+}
+
+/// What the pure observation needs of the group's children.
+pub fn children_of(ctx: &Context, group: &RolloutGroup) -> Vec<ChildView> {
+    owned_children(ctx, group)
+        .into_iter()
+        .map(|s| ChildView {
+            name: s.name_any(),
+            stride: s
+                .labels()
+                .get(STRIDE_LABEL)
+                .and_then(|v| v.parse().ok())
+                .unwrap_or(0),
+            result: s.status.as_ref().and_then(|st| st.result.clone()),
+            deleting: s.meta().deletion_timestamp.is_some(),
+        })
+        .collect()
+}
+
+/// Which of `names` are really gone (the cache may lag behind our own creates). A Sandbox under the
+/// name that is not this group's counts as gone.
+pub async fn confirm_gone(
+    ctx: &Context,
+    group: &RolloutGroup,
+    names: &[String],
+) -> Result<BTreeSet<String>> {
+    let namespace = group.namespace().unwrap_or_default();
+    let uid = group.uid().unwrap_or_default();
+    let api: Api<Sandbox> = Api::namespaced(ctx.client.clone(), &namespace);
+    let mut gone = BTreeSet::new();
+    for name in names {
+        if ctx
+            .own_writes
+            .recorded(&uid, &child_key("Sandbox", name), "create")
+        {
+            continue;
+        }
+        let ours = api
+            .get_opt(name)
+            .await?
+            .is_some_and(|s| controlled_by(s.meta(), &uid));
+        if !ours {
+            gone.insert(name.clone());
+        }
+    }
+    Ok(gone)
+}
+
+/// Creates trajectory `index` and records it as running. A name held by a previous group's trajectory
+/// comes back as a wait (the stride is finished once it is gone), one held by anything else as a
+/// conflict; neither object is touched.
+pub async fn create_trajectory(
+    ctx: &Context,
+    group: &RolloutGroup,
+    owner: &OwnerReference,
+    index: u32,
+    stride: u32,
+    observation: &mut Observation,
+) -> Result<Option<ChildState<()>>> {
+    let sandbox = desired_trajectory(group, owner, index, stride);
+    let namespace = group.namespace().unwrap_or_default();
+    let name = sandbox.name_any();
+    let uid = group.uid().unwrap_or_default();
+    let key = child_key("Sandbox", &name);
+    let as_owner = Owner {
+        kind: "RolloutGroup",
+        name: group.meta().name.as_deref().unwrap_or_default(),
+        uid: &uid,
+    };
+    let cached = ctx
+        .caches
+        .sandboxes
+        .get(&ObjectRef::new(&name).within(&namespace));
+    let state = match cached {
+        Some(existing) => existing_state((*existing).clone(), as_owner).unit(),
+        None if ctx.own_writes.recorded(&uid, &key, "create") => ChildState::Ours(()),
+        None => create_owned(
+            ctx,
+            &ctx.caches.sandboxes,
+            &sandbox,
+            as_owner,
+            "create",
+            false,
+        )
+        .await?
+        .unit(),
+    };
+    if state != ChildState::Ours(()) {
+        info!(group = %object_key(group), trajectory = %name, ?state, "trajectory name not available yet");
+        return Ok(Some(state));
+    }
+    observation
+        .records
+        .entry(index)
+        .or_insert(TrajectoryRecord {
+            name,
+            stride: i32::try_from(stride).unwrap_or(i32::MAX),
+            status: None,
+            reward: None,
+            length: None,
+            artifact: None,
+            reason: None,
+        });
+    Ok(None)
+}
+
+/// After completion: `Eager` deletes the trajectories still running; `cleanup: Delete` deletes them all.
+pub async fn cleanup(
+    ctx: &Context,
+    group: &RolloutGroup,
+    status: &RolloutGroupStatus,
+) -> Result<()> {
+    let cancelled: BTreeSet<&str> = status
+        .trajectories
+        .iter()
+        .filter(|r| r.reason.as_deref() == Some("Cancelled"))
+        .map(|r| r.name.as_str())
+        .collect();
+    let delete_all = group.spec.cleanup == CleanupPolicy::Delete;
+    let eager = group.spec.early_stop == EarlyStop::Eager;
+    let namespace = group.namespace().unwrap_or_default();
+    let uid = group.uid().unwrap_or_default();
+    for child in owned_children(ctx, group) {
+        let name = child.name_any();
+        if child.meta().deletion_timestamp.is_some()
+            || !(delete_all || (eager && cancelled.contains(name.as_str())))
+        {
+            continue;
+        }
+        let child_uid = child.uid().unwrap_or_default();
+        ensure_deleted(
+            ctx,
+            &ctx.caches.sandboxes,
+            &uid,
+            &namespace,
+            &name,
+            &child_uid,
+        )
+        .await?;
+    }
+    Ok(())
+}

@@ -1,0 +1,224 @@
+//! The exact requests one RolloutGroup reconcile sends, against a scripted API server
+//! (`runtime::mock_api`): a new group launches its first stride, a balanced first stride completes the
+//! group and deletes its trajectories by UID, and a stride that cannot balance launches the next one.
+
+use std::sync::Arc;
+
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+use k8s_openapi::jiff::Timestamp;
+use kube::Resource;
+use serde_json::{Value, json};
+
+use super::build::desired_trajectory;
+use super::reconcile;
+use crate::runtime::mock_api::{Expect, TestCaches, cache, scripted};
+use orchard_api::{
+    CleanupPolicy, EarlyStop, PositiveFraction, RolloutGroup, RolloutGroupSpec, RolloutGroupStatus,
+    RolloutPhase, SandboxSpec, SandboxStatus, SandboxTemplate, TrajectoryRecord, TrajectoryResult,
+    TrajectoryStatus,
+};
+
+const GROUPS: &str = "/apis/orchard.dev/v1alpha1/namespaces/team/rolloutgroups";
+const SANDBOXES: &str = "/apis/orchard.dev/v1alpha1/namespaces/team/sandboxes";
+const EVENTS: &str = "/apis/events.k8s.io/v1/namespaces/team/events";
+
+/// N = 2 of at most 4, strides of 2, exactly one positive wanted.
+fn group() -> RolloutGroup {
+    let mut g = RolloutGroup::new(
+        "g1",
+        RolloutGroupSpec {
+            group_size: 2,
+            max_trajectories: 4,
+            stride: Some(2),
+            positive_fraction: PositiveFraction { min: 0.5, max: 0.5 },
+            early_stop: EarlyStop::StrideBoundary,
+            filter: None,
+            template: SandboxTemplate {
+                metadata: Default::default(),
+                spec: SandboxSpec {
+                    image: "busybox".into(),
+                    ..SandboxSpec::default()
+                },
+            },
+            trajectory_timeout_seconds: None,
+            cleanup: CleanupPolicy::Delete,
+        },
+    );
+    g.metadata.namespace = Some("team".into());
+    g.metadata.uid = Some("uid-g1".into());
+    g.metadata.generation = Some(1);
+    g.metadata.resource_version = Some("20".into());
+    g.metadata.creation_timestamp = Some(Time(Timestamp::now()));
+    g
+}
+
+/// The group after its first stride was launched and recorded.
+fn launched(mut g: RolloutGroup) -> RolloutGroup {
+    g.status = Some(RolloutGroupStatus {
+        phase: Some(RolloutPhase::Generating),
+        trajectories: (0..2)
+            .map(|i| TrajectoryRecord {
+                name: format!("g1-{i}"),
+                stride: 0,
+                status: None,
+                reward: None,
+                length: None,
+                artifact: None,
+                reason: None,
+            })
+            .collect(),
+        ..RolloutGroupStatus::default()
+    });
+    g
+}
+
+/// Trajectory `index` of stride 0, finished with `reward`.
+fn finished(g: &RolloutGroup, index: u32, reward: f64) -> orchard_api::Sandbox {
+    let owner = g.controller_owner_ref(&()).expect("owner");
+    let mut s = desired_trajectory(g, &owner, index, 0);
+    s.metadata.uid = Some(format!("uid-t{index}"));
+    s.status = Some(SandboxStatus {
+        result: Some(TrajectoryResult {
+            reward: Some(reward),
+            status: TrajectoryStatus::Completed,
+            length: Some(10 + i64::from(index)),
+            exit_code: Some(0),
+            artifact: None,
+            reason: None,
+            message: None,
+        }),
+        ..SandboxStatus::default()
+    });
+    s
+}
+
+fn status_write(g: &RolloutGroup, check: impl Fn(&Value) + Send + 'static) -> Expect {
+    let mut written = g.clone();
+    written.metadata.resource_version = Some("21".into());
+    Expect::new(
+        "PATCH",
+        format!("{GROUPS}/g1/status"),
+        200,
+        serde_json::to_value(&written).expect("json"),
+    )
+    .body(move |patch| {
+        assert_eq!(
+            patch.as_array().and_then(|ops| ops.first()),
+            Some(&json!({"op": "test", "path": "/metadata/uid", "value": "uid-g1"})),
+            "the status write is guarded by the group's UID: {patch}"
+        );
+        check(patch);
+    })
+}
+
+/// The value a JSON patch gives `/status/<field>` (or `field` inside a whole `/status`).
+fn patched<'a>(patch: &'a Value, field: &str) -> Option<&'a Value> {
+    let path = format!("/status/{field}");
+    patch.as_array()?.iter().find_map(|op| {
+        if op["path"] == path.as_str() {
+            Some(&op["value"])
+        } else if op["path"] == "/status" {
+            op["value"].get(field)
+        } else {
+            None
+        }
+    })
+}
+
+fn trajectory_create(index: u32) -> Expect {
+    Expect::create(SANDBOXES, "uid-new").body(move |sandbox| {
+        assert_eq!(sandbox["metadata"]["name"], format!("g1-{index}"));
+        assert_eq!(sandbox["metadata"]["ownerReferences"][0]["uid"], "uid-g1");
+        assert_eq!(
+            sandbox["metadata"]["labels"]["orchard.dev/stride"],
+            if index < 2 { "0" } else { "1" }
+        );
+    })
+}
+
+#[tokio::test]
+async fn a_new_group_launches_its_first_stride_then_records_it() {
+    let g = group();
+    let mut caches = TestCaches::default();
+    cache(&mut caches.rollout_groups, g.clone());
+    let script = scripted(
+        &caches,
+        vec![
+            trajectory_create(0),
+            trajectory_create(1),
+            Expect::create(EVENTS, "uid-event")
+                .body(|event| assert_eq!(event["reason"], "StrideLaunched")),
+            status_write(&g, |patch| {
+                let names: Vec<&Value> = patched(patch, "trajectories")
+                    .and_then(Value::as_array)
+                    .map(|t| t.iter().map(|r| &r["name"]).collect())
+                    .unwrap_or_default();
+                assert_eq!(names, [&json!("g1-0"), &json!("g1-1")], "{patch}");
+            }),
+        ],
+    );
+    reconcile(Arc::new(g), script.ctx.clone())
+        .await
+        .expect("reconcile");
+    script.finish().await;
+}
+
+#[tokio::test]
+async fn a_balanced_stride_completes_the_group_and_deletes_its_trajectories_by_uid() {
+    let g = launched(group());
+    let mut caches = TestCaches::default();
+    cache(&mut caches.rollout_groups, g.clone());
+    cache(&mut caches.sandboxes, finished(&g, 0, 1.0));
+    cache(&mut caches.sandboxes, finished(&g, 1, 0.0));
+    let deleted = |index: u32| {
+        Expect::delete(format!("{SANDBOXES}/g1-{index}")).body(move |delete| {
+            assert_eq!(delete["preconditions"]["uid"], format!("uid-t{index}"));
+        })
+    };
+    let script = scripted(
+        &caches,
+        vec![
+            status_write(&g, |patch| {
+                assert_eq!(patched(patch, "phase"), Some(&json!("Complete")), "{patch}");
+                assert_eq!(
+                    patched(patch, "selection"),
+                    Some(&json!("Balanced")),
+                    "{patch}"
+                );
+            }),
+            Expect::create(EVENTS, "uid-event")
+                .body(|event| assert_eq!(event["reason"], "Complete")),
+            deleted(0),
+            deleted(1),
+        ],
+    );
+    reconcile(Arc::new(g), script.ctx.clone())
+        .await
+        .expect("reconcile");
+    script.finish().await;
+}
+
+#[tokio::test]
+async fn a_stride_that_cannot_balance_launches_the_next_one() {
+    let g = launched(group());
+    let mut caches = TestCaches::default();
+    cache(&mut caches.rollout_groups, g.clone());
+    cache(&mut caches.sandboxes, finished(&g, 0, 0.0));
+    cache(&mut caches.sandboxes, finished(&g, 1, 0.0));
+    let script = scripted(
+        &caches,
+        vec![
+            trajectory_create(2),
+            trajectory_create(3),
+            Expect::create(EVENTS, "uid-event")
+                .body(|event| assert_eq!(event["reason"], "StrideLaunched")),
+            status_write(&g, |patch| {
+                assert_ne!(patched(patch, "phase"), Some(&json!("Complete")), "{patch}");
+            }),
+        ],
+    );
+    reconcile(Arc::new(g), script.ctx.clone())
+        .await
+        .expect("reconcile");
+    script.finish().await;
+}

@@ -1,0 +1,256 @@
+//! A scripted API server for reconcile tests (the tower-test pattern of kube-rs' controller-rs): a
+//! test lists the exact requests one reconcile must send, in order, with the answer to each, and runs
+//! the reconcile against a [`Context`] whose client talks to the script. A request the script does not
+//! expect, one it expects that never comes, or any request after the script ended fails the test.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use http_body_util::BodyExt;
+use hyper::{Request, Response};
+use k8s_openapi::api::core::v1::{Pod, Secret};
+use k8s_openapi::api::networking::v1::NetworkPolicy;
+use kube::Client;
+use kube::client::Body;
+use kube::runtime::reflector::{self, Store, store::Writer};
+use kube::runtime::watcher;
+use serde_json::{Value, json};
+use tower_test::mock;
+
+use crate::runtime::backoff::ReconcileBackoff;
+use crate::runtime::config::OperatorArgs;
+use crate::runtime::context::{Caches, Context, Settings};
+use crate::runtime::leader::Leadership;
+use crate::runtime::metrics::Metrics;
+use crate::runtime::own_writes::OwnWrites;
+use orchard_api::{RolloutGroup, Sandbox};
+
+/// How the scripted server answers a request whose body (JSON, or `null`) it was given.
+type Reply = Box<dyn Fn(&Value) -> (u16, Value) + Send>;
+
+/// An extra check of a request's body.
+type Check = Box<dyn Fn(&Value) + Send>;
+
+/// One expected request: `METHOD /path` (the query string is checked with `query` when given) and the
+/// answer.
+pub struct Expect {
+    method: &'static str,
+    path: String,
+    query: Option<&'static str>,
+    check: Option<Check>,
+    reply: Reply,
+}
+
+impl Expect {
+    /// A request `method path` answered with `status` and `body`.
+    pub fn new(method: &'static str, path: impl Into<String>, status: u16, body: Value) -> Self {
+        Self {
+            method,
+            path: path.into(),
+            query: None,
+            check: None,
+            reply: Box::new(move |_| (status, body.clone())),
+        }
+    }
+
+    /// A create answered with the object sent, as the API server would store it (a UID and a
+    /// resourceVersion added).
+    pub fn create(path: impl Into<String>, uid: &'static str) -> Self {
+        Self {
+            reply: Box::new(move |sent| {
+                let mut stored = sent.clone();
+                stored["metadata"]["uid"] = json!(uid);
+                stored["metadata"]["resourceVersion"] = json!("1");
+                (201, stored)
+            }),
+            ..Self::new("POST", path, 201, Value::Null)
+        }
+    }
+
+    /// A `404 NotFound` answer.
+    pub fn not_found(method: &'static str, path: impl Into<String>) -> Self {
+        Self::new(
+            method,
+            path,
+            404,
+            json!({"kind": "Status", "apiVersion": "v1", "status": "Failure", "reason": "NotFound", "code": 404, "message": "not found"}),
+        )
+    }
+
+    /// A `DELETE` answered `200` with a success Status.
+    pub fn delete(path: impl Into<String>) -> Self {
+        Self::new(
+            "DELETE",
+            path,
+            200,
+            json!({"kind": "Status", "apiVersion": "v1", "status": "Success", "metadata": {}}),
+        )
+    }
+
+    /// Also requires the query string to contain `part`.
+    pub fn query(mut self, part: &'static str) -> Self {
+        self.query = Some(part);
+        self
+    }
+
+    /// Also checks the request body.
+    pub fn body(mut self, check: impl Fn(&Value) + Send + 'static) -> Self {
+        self.check = Some(Box::new(check));
+        self
+    }
+
+    /// Answers with the body sent (a patch or an apply echoed back with `extra` merged into it).
+    pub fn echo(mut self, status: u16) -> Self {
+        self.reply = Box::new(move |sent| (status, sent.clone()));
+        self
+    }
+}
+
+/// The caches a test fills before the reconcile runs.
+pub struct TestCaches {
+    pub sandboxes: Writer<Sandbox>,
+    pub pods: Writer<Pod>,
+    pub secrets: Writer<Secret>,
+    pub policies: Writer<NetworkPolicy>,
+    pub rollout_groups: Writer<RolloutGroup>,
+    caches: Caches,
+}
+
+impl Default for TestCaches {
+    /// Empty caches.
+    fn default() -> Self {
+        fn store<K>() -> (Store<K>, Writer<K>)
+        where
+            K: kube::Resource<DynamicType = ()> + Clone + 'static,
+        {
+            reflector::store::<K>()
+        }
+        let (sandboxes, sandboxes_w) = store();
+        let (pods, pods_w) = store();
+        let (secrets, secrets_w) = store();
+        let (policies, policies_w) = store();
+        let (rollout_groups, rollout_groups_w) = store();
+        Self {
+            sandboxes: sandboxes_w,
+            pods: pods_w,
+            secrets: secrets_w,
+            policies: policies_w,
+            rollout_groups: rollout_groups_w,
+            caches: Caches {
+                sandboxes,
+                pods,
+                secrets,
+                policies,
+                rollout_groups,
+            },
+        }
+    }
+}
+
+/// Puts `object` into a cache as a watch event would.
+pub fn cache<K>(writer: &mut Writer<K>, object: K)
+where
+    K: kube::Resource<DynamicType = ()> + Clone + 'static,
+{
+    writer.apply_watcher_event(&watcher::Event::Apply(object));
+}
+
+/// Operator settings as the binary's defaults give them.
+pub fn default_settings() -> Settings {
+    use clap::Parser;
+    let args = OperatorArgs::parse_from(["orchard-operator"]);
+    match Settings::from_args(&args) {
+        Ok(settings) => settings,
+        Err(err) => panic!("the default settings are valid: {err}"),
+    }
+}
+
+/// A context (leader, default settings) whose client talks to `script`, and the server task; await
+/// [`Scripted::finish`] after the reconcile.
+pub fn scripted(caches: &TestCaches, script: Vec<Expect>) -> Scripted {
+    let (service, mut handle) = mock::pair::<Request<Body>, Response<Body>>();
+    let client = Client::new(service, "default");
+    let server = tokio::spawn(async move {
+        let mut seen = Vec::new();
+        for (step, expect) in script.into_iter().enumerate() {
+            let Some((request, respond)) = handle.next_request().await else {
+                panic!(
+                    "request {step} never came: expected {} {}; seen: {seen:#?}",
+                    expect.method, expect.path
+                );
+            };
+            let (parts, body) = request.into_parts();
+            let line = format!("{} {}", parts.method, parts.uri);
+            assert_eq!(
+                (parts.method.as_str(), parts.uri.path()),
+                (expect.method, expect.path.as_str()),
+                "request {step} is not the expected one; seen before: {seen:#?}"
+            );
+            if let Some(part) = expect.query {
+                let query = parts.uri.query().unwrap_or_default();
+                assert!(query.contains(part), "{line}: query lacks {part}");
+            }
+            let bytes = body
+                .collect()
+                .await
+                .map(|b| b.to_bytes())
+                .unwrap_or_default();
+            let sent: Value = serde_json::from_slice(&bytes).unwrap_or(Value::Null);
+            if let Some(check) = &expect.check {
+                check(&sent);
+            }
+            let (status, reply) = (expect.reply)(&sent);
+            let response = Response::builder()
+                .status(status)
+                .body(Body::from(serde_json::to_vec(&reply).unwrap_or_default()))
+                .unwrap_or_else(|err| panic!("a response: {err}"));
+            respond.send_response(response);
+            seen.push(line);
+        }
+        // Nothing more may come while the reconcile finishes.
+        if let Ok(Some((extra, _))) =
+            tokio::time::timeout(Duration::from_millis(200), handle.next_request()).await
+        {
+            panic!(
+                "unexpected request after the script: {} {}; seen: {seen:#?}",
+                extra.method(),
+                extra.uri()
+            );
+        }
+        seen
+    });
+    let ctx = Context::new(
+        client,
+        default_settings(),
+        Metrics::new().unwrap_or_else(|err| panic!("metrics: {err}")),
+        Arc::new(ReconcileBackoff::new(
+            Duration::from_millis(100),
+            Duration::from_secs(60),
+        )),
+        caches.caches.clone(),
+        Arc::new(OwnWrites::default()),
+        Leadership::always(),
+    );
+    Scripted {
+        ctx: Arc::new(ctx),
+        server,
+    }
+}
+
+/// A context bound to a script.
+pub struct Scripted {
+    /// The context to reconcile with.
+    pub ctx: Arc<Context>,
+    server: tokio::task::JoinHandle<Vec<String>>,
+}
+
+impl Scripted {
+    /// Waits for the script to be played to its end and returns the requests seen.
+    pub async fn finish(self) -> Vec<String> {
+        match tokio::time::timeout(Duration::from_secs(5), self.server).await {
+            Ok(Ok(seen)) => seen,
+            Ok(Err(err)) => std::panic::resume_unwind(err.into_panic()),
+            Err(_) => panic!("the script did not finish within 5 s"),
+        }
+    }
+}

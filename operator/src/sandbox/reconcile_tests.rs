@@ -1,0 +1,283 @@
+//! The exact requests one Sandbox reconcile sends, against a scripted API server
+//! (`runtime::mock_api`), for the main cases: a new sandbox, its pod turning Ready, its token Secret
+//! deleted under it, its TTL passed, an egress switch to `Deny`.
+
+use std::sync::Arc;
+
+use k8s_openapi::api::core::v1::{Pod, PodCondition, PodStatus};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+use k8s_openapi::jiff::{SignedDuration, Timestamp};
+use kube::Resource;
+use serde_json::{Value, json};
+
+use super::build::{baseline_policy, desired_egress_policy, desired_pod, desired_token_secret};
+use super::expiry::Lifecycle;
+use super::reconcile;
+use super::status::{Observed, desired_status};
+use crate::runtime::mock_api::{Expect, TestCaches, cache, default_settings, scripted};
+use orchard_api::{
+    EgressPolicy, LifecycleSpec, NetworkSpec, Sandbox, SandboxPhase, SandboxSpec, SandboxStatus,
+};
+
+const NS: &str = "team";
+const SANDBOXES: &str = "/apis/orchard.dev/v1alpha1/namespaces/team/sandboxes";
+const EVENTS: &str = "/apis/events.k8s.io/v1/namespaces/team/events";
+
+fn sandbox(created_ago_seconds: i64) -> Sandbox {
+    let mut s = Sandbox::new(
+        "s1",
+        SandboxSpec {
+            image: "busybox".into(),
+            ..SandboxSpec::default()
+        },
+    );
+    s.metadata.namespace = Some(NS.into());
+    s.metadata.uid = Some("uid-s1".into());
+    s.metadata.generation = Some(1);
+    s.metadata.resource_version = Some("10".into());
+    let created = Timestamp::now() - SignedDuration::from_secs(created_ago_seconds);
+    s.metadata.creation_timestamp = Some(Time(created));
+    s
+}
+
+fn ready_pod(s: &Sandbox) -> Pod {
+    let settings = default_settings();
+    let owner = s.controller_owner_ref(&()).expect("owner");
+    let mut pod = desired_pod(s, &owner, &settings.pod);
+    pod.metadata.uid = Some("uid-pod".into());
+    pod.spec.get_or_insert_default().node_name = Some("node-1".into());
+    pod.status = Some(PodStatus {
+        phase: Some("Running".into()),
+        pod_ip: Some("10.0.0.7".into()),
+        conditions: Some(vec![PodCondition {
+            type_: "Ready".into(),
+            status: "True".into(),
+            ..PodCondition::default()
+        }]),
+        ..PodStatus::default()
+    });
+    pod
+}
+
+/// Caches as the watches show them once the sandbox's baseline and Secret exist.
+fn caches_with_children(s: &Sandbox, pod: Option<Pod>, secret: bool) -> TestCaches {
+    let settings = default_settings();
+    let owner = s.controller_owner_ref(&()).expect("owner");
+    let mut caches = TestCaches::default();
+    cache(&mut caches.sandboxes, s.clone());
+    cache(&mut caches.policies, baseline_policy(NS, &settings.policy));
+    if secret {
+        let mut token = desired_token_secret(s, &owner, "t");
+        token.metadata.uid = Some("uid-secret".into());
+        cache(&mut caches.secrets, token);
+    }
+    if let Some(pod) = pod {
+        cache(&mut caches.pods, pod);
+    }
+    caches
+}
+
+fn status_patch_sets(field: &'static str, value: Value) -> impl Fn(&Value) + Send {
+    move |patch: &Value| {
+        let ops = patch.as_array().expect("a JSON patch");
+        assert_eq!(
+            ops.first(),
+            Some(&json!({"op": "test", "path": "/metadata/uid", "value": "uid-s1"})),
+            "the status write is guarded by the sandbox's UID: {patch}"
+        );
+        assert!(
+            ops.iter().any(
+                |op| op["path"] == format!("/status/{field}") && op["value"] == value
+                    || op["path"] == "/status" && op["value"][field] == value
+            ),
+            "the patch sets {field} = {value}: {patch}"
+        );
+    }
+}
+
+/// The sandbox with the status a reconcile would have written for `pod` (nothing left to write).
+fn settled(mut s: Sandbox, pod: &Pod, ready_seconds_ago: i64) -> Sandbox {
+    let settings = default_settings();
+    let ready = Timestamp::now() - SignedDuration::from_secs(ready_seconds_ago);
+    let observed = Observed {
+        pod: Some(pod),
+        pod_gone: false,
+        token_gone: false,
+        now: ready,
+        lifecycle: Lifecycle::of(
+            &s,
+            settings.default_ttl_seconds,
+            settings.default_heartbeat_timeout_seconds,
+        ),
+        startup_timeout_seconds: settings.startup_timeout_seconds,
+        agent_port: settings.pod.agent_port,
+        blocked: None,
+    };
+    s.status = Some(desired_status(&s, &observed));
+    s
+}
+
+fn with_status(mut s: Sandbox, phase: SandboxPhase) -> Sandbox {
+    s.status = Some(SandboxStatus {
+        phase: Some(phase),
+        pod_name: Some("s1".into()),
+        ..SandboxStatus::default()
+    });
+    s
+}
+
+#[tokio::test]
+async fn a_new_sandbox_gets_its_baseline_token_and_pod_and_no_status_yet() {
+    let s = sandbox(0);
+    let mut caches = TestCaches::default();
+    cache(&mut caches.sandboxes, s.clone());
+    let script = scripted(
+        &caches,
+        vec![
+            Expect::new(
+                "PATCH",
+                "/apis/networking.k8s.io/v1/namespaces/team/networkpolicies/orchard-sandbox-baseline",
+                200,
+                Value::Null,
+            )
+            .query("fieldManager=orchard-operator")
+            .echo(200),
+            Expect::create("/api/v1/namespaces/team/secrets", "uid-secret").body(|secret| {
+                assert_eq!(secret["metadata"]["name"], "s1-agent-token");
+                assert_eq!(secret["metadata"]["ownerReferences"][0]["uid"], "uid-s1");
+            }),
+            Expect::create("/api/v1/namespaces/team/pods", "uid-pod").body(|pod| {
+                assert_eq!(pod["metadata"]["name"], "s1");
+                assert_eq!(pod["metadata"]["ownerReferences"][0]["uid"], "uid-s1");
+            }),
+        ],
+    );
+    reconcile(Arc::new(s), script.ctx.clone())
+        .await
+        .expect("reconcile");
+    // A young sandbox's transient phase is coalesced: no status write until Ready or the window ends.
+    assert_eq!(script.finish().await.len(), 3);
+}
+
+#[tokio::test]
+async fn a_ready_pod_costs_one_status_write_and_one_event() {
+    let s = with_status(sandbox(2), SandboxPhase::Starting);
+    let caches = caches_with_children(&s, Some(ready_pod(&s)), true);
+    let mut written = s.clone();
+    written.metadata.resource_version = Some("11".into());
+    let script = scripted(
+        &caches,
+        vec![
+            Expect::new(
+                "PATCH",
+                format!("{SANDBOXES}/s1/status"),
+                200,
+                serde_json::to_value(&written).expect("json"),
+            )
+            .body(status_patch_sets("phase", json!("Ready"))),
+            Expect::create(EVENTS, "uid-event").body(|event| {
+                assert_eq!(event["reason"], "Ready");
+                assert_eq!(event["regarding"]["uid"], "uid-s1");
+            }),
+        ],
+    );
+    reconcile(Arc::new(s), script.ctx.clone())
+        .await
+        .expect("reconcile");
+    script.finish().await;
+}
+
+#[tokio::test]
+async fn a_deleted_token_secret_fails_the_sandbox_and_no_new_token_is_made() {
+    let s = with_status(sandbox(30), SandboxPhase::Ready);
+    let caches = caches_with_children(&s, Some(ready_pod(&s)), false);
+    let script = scripted(
+        &caches,
+        vec![
+            Expect::not_found("GET", "/api/v1/namespaces/team/secrets/s1-agent-token"),
+            Expect::new(
+                "PATCH",
+                format!("{SANDBOXES}/s1/status"),
+                200,
+                serde_json::to_value(&s).expect("json"),
+            )
+            .body(status_patch_sets("reason", json!("TokenSecretDeleted"))),
+            Expect::create(EVENTS, "uid-event").body(|event| {
+                assert_eq!(event["reason"], "TokenSecretDeleted");
+            }),
+            Expect::delete("/api/v1/namespaces/team/pods/s1")
+                .body(|delete| assert_eq!(delete["preconditions"]["uid"], "uid-pod")),
+        ],
+    );
+    reconcile(Arc::new(s), script.ctx.clone())
+        .await
+        .expect("reconcile");
+    script.finish().await;
+}
+
+#[tokio::test]
+async fn a_sandbox_past_its_ttl_is_deleted_by_uid() {
+    let mut s = sandbox(120);
+    s.spec.lifecycle = Some(LifecycleSpec {
+        ttl_seconds: Some(60),
+        ..LifecycleSpec::default()
+    });
+    let s = settled(s.clone(), &ready_pod(&s), 100);
+    assert_eq!(
+        s.status.as_ref().and_then(|st| st.phase),
+        Some(SandboxPhase::Ready)
+    );
+    let caches = caches_with_children(&s, Some(ready_pod(&s)), true);
+    let script = scripted(
+        &caches,
+        vec![
+            Expect::delete(format!("{SANDBOXES}/s1"))
+                .body(|delete| assert_eq!(delete["preconditions"]["uid"], "uid-s1")),
+            Expect::create(EVENTS, "uid-event").body(|event| {
+                assert_eq!(event["reason"], "Expired");
+            }),
+        ],
+    );
+    reconcile(Arc::new(s), script.ctx.clone())
+        .await
+        .expect("reconcile");
+    script.finish().await;
+}
+
+#[tokio::test]
+async fn switching_egress_to_deny_deletes_the_sandbox_policy_only() {
+    let mut s = with_status(sandbox(30), SandboxPhase::Ready);
+    s.spec.network = Some(NetworkSpec {
+        egress: EgressPolicy::AllowAll,
+        ..NetworkSpec::default()
+    });
+    let settings = default_settings();
+    let owner = s.controller_owner_ref(&()).expect("owner");
+    let mut policy = desired_egress_policy(&s, &owner, &settings.policy).expect("AllowAll has one");
+    policy.metadata.uid = Some("uid-egress".into());
+    s.spec.network = None;
+    s.metadata.generation = Some(2);
+    let mut caches = caches_with_children(&s, Some(ready_pod(&s)), true);
+    cache(&mut caches.policies, policy);
+    let mut written = s.clone();
+    written.metadata.resource_version = Some("11".into());
+    let script = scripted(
+        &caches,
+        vec![
+            Expect::delete("/apis/networking.k8s.io/v1/namespaces/team/networkpolicies/s1-egress")
+                .body(|delete| assert_eq!(delete["preconditions"]["uid"], "uid-egress")),
+            // The new generation is observed.
+            Expect::new(
+                "PATCH",
+                format!("{SANDBOXES}/s1/status"),
+                200,
+                serde_json::to_value(&written).expect("json"),
+            )
+            .body(status_patch_sets("observedGeneration", json!(2))),
+        ],
+    );
+    reconcile(Arc::new(s), script.ctx.clone())
+        .await
+        .expect("reconcile");
+    script.finish().await;
+}
