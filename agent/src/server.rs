@@ -16,7 +16,7 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::serve::ListenerExt;
 use http_body_util::BodyExt;
-use serde::Serialize;
+use orchard_api::agent::AgentHealth;
 use tokio::net::TcpListener;
 use tokio::sync::{Semaphore, watch};
 
@@ -98,18 +98,12 @@ impl AppState {
     }
 }
 
-#[derive(Serialize)]
-struct Health {
-    status: &'static str,
-    version: &'static str,
-}
-
 async fn healthz() -> Response {
     json_response(
         StatusCode::OK,
-        &Health {
-            status: "ok",
-            version: VERSION,
+        &AgentHealth {
+            status: "ok".into(),
+            version: VERSION.into(),
         },
     )
 }

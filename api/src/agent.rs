@@ -365,11 +365,103 @@ pub struct AgentErrorBody {
     pub process: Option<Box<ProcessStatus>>,
 }
 
+/// One line of the NDJSON answer of `POST /v1/exec/stream`: `started`, then `stdout` and `stderr`
+/// chunks as they come, then `exit`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+#[serde(tag = "type", rename_all = "camelCase")]
+pub enum ExecEvent {
+    /// The command started.
+    Started {
+        /// OS process id.
+        pid: u32,
+    },
+    /// A chunk of standard output (text, or base64 with `outputEncoding: base64`).
+    Stdout {
+        /// The chunk.
+        data: String,
+    },
+    /// A chunk of standard error.
+    Stderr {
+        /// The chunk.
+        data: String,
+    },
+    /// The command ended.
+    #[serde(rename_all = "camelCase")]
+    Exit {
+        /// Exit code; null when killed by a signal.
+        exit_code: Option<i32>,
+        /// Signal number that killed the process.
+        signal: Option<i32>,
+        /// Whether the timeout killed it.
+        timed_out: bool,
+        /// Whether the out-of-memory killer killed it.
+        oom_killed: bool,
+        /// Run time in milliseconds.
+        duration_ms: u64,
+        /// Whether stdout exceeded `maxOutputBytes`.
+        stdout_truncated: bool,
+        /// Whether stderr exceeded `maxOutputBytes`.
+        stderr_truncated: bool,
+        /// Whether stdout was not valid UTF-8.
+        stdout_lossy: bool,
+        /// Whether stderr was not valid UTF-8.
+        stderr_lossy: bool,
+        /// Why the command could not start.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        error: Option<String>,
+    },
+}
+
+/// Answer of `GET /healthz`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+pub struct AgentHealth {
+    /// Always `ok` when the agent answers.
+    pub status: String,
+    /// The agent's version.
+    pub version: String,
+}
+
 #[cfg(test)]
 mod tests {
     use serde_json::json;
 
     use super::*;
+
+    #[test]
+    fn exec_events_keep_their_wire_shape() {
+        let chunk = ExecEvent::Stdout {
+            data: "hi\n".into(),
+        };
+        assert_eq!(
+            serde_json::to_string(&chunk).unwrap(),
+            r#"{"type":"stdout","data":"hi\n"}"#
+        );
+        let started = ExecEvent::Started { pid: 7 };
+        assert_eq!(
+            serde_json::to_string(&started).unwrap(),
+            r#"{"type":"started","pid":7}"#
+        );
+        let exit: ExecEvent =
+            serde_json::from_value(json!({"type": "exit", "exitCode": 0, "signal": null,
+            "timedOut": false, "oomKilled": false, "durationMs": 3, "stdoutTruncated": false,
+            "stderrTruncated": false, "stdoutLossy": false, "stderrLossy": false}))
+            .unwrap();
+        assert!(matches!(
+            exit,
+            ExecEvent::Exit {
+                exit_code: Some(0),
+                error: None,
+                ..
+            }
+        ));
+        assert_eq!(
+            serde_json::to_value(&exit).unwrap()["type"],
+            json!("exit"),
+            "{exit:?}"
+        );
+    }
 
     fn status() -> ProcessStatus {
         ProcessStatus {

@@ -171,22 +171,21 @@ fn spawn_here(spec: &Spec) -> io::Result<u32> {
         None => (Stdio::null(), Stdio::null()),
     };
     command.stdin(Stdio::null()).stdout(stdout).stderr(stderr);
+    let cannot_start = |e: io::Error| {
+        let what = format!(
+            "cannot start {} ({}): {e}",
+            spec.name,
+            spec.program.display()
+        );
+        io::Error::new(e.kind(), what)
+    };
     if spec.fast {
         command.process_group(0);
         command.env(
             "ORCHARD_AGENT_DIE_WITH_PARENT",
             std::process::id().to_string(),
         );
-        let child = command.spawn().map_err(|e| {
-            io::Error::new(
-                e.kind(),
-                format!(
-                    "cannot start {} ({}): {e}",
-                    spec.name,
-                    spec.program.display()
-                ),
-            )
-        })?;
+        let child = command.spawn().map_err(cannot_start)?;
         return Ok(child.id());
     }
     let parent = Pid::this();
@@ -203,16 +202,7 @@ fn spawn_here(spec: &Spec) -> io::Result<u32> {
             Ok(())
         });
     }
-    let child = command.spawn().map_err(|e| {
-        io::Error::new(
-            e.kind(),
-            format!(
-                "cannot start {} ({}): {e}",
-                spec.name,
-                spec.program.display()
-            ),
-        )
-    })?;
+    let child = command.spawn().map_err(cannot_start)?;
     Ok(child.id())
 }
 

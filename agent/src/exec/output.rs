@@ -6,9 +6,10 @@ use std::sync::{Arc, Mutex};
 
 use base64::Engine;
 use bytes::{Bytes, BytesMut};
-use serde::Serialize;
 use tokio::io::{AsyncRead, AsyncReadExt};
 use tokio::sync::mpsc;
+
+use orchard_api::agent::ExecEvent;
 
 use super::request::OutputEncoding;
 
@@ -180,8 +181,7 @@ impl Utf8StreamDecoder {
 }
 
 /// Which stream a chunk came from.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
-#[serde(rename_all = "lowercase")]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum StreamName {
     Stdout,
     Stderr,
@@ -196,13 +196,6 @@ pub struct EventSink {
     decoder: Utf8StreamDecoder,
     remaining: usize,
     truncated: bool,
-}
-
-#[derive(Serialize)]
-struct ChunkEvent<'a> {
-    #[serde(rename = "type")]
-    name: StreamName,
-    data: &'a str,
 }
 
 impl EventSink {
@@ -226,9 +219,10 @@ impl EventSink {
         if data.is_empty() {
             return;
         }
-        let event = ChunkEvent {
-            name: self.name,
-            data,
+        let data = data.to_string();
+        let event = match self.name {
+            StreamName::Stdout => ExecEvent::Stdout { data },
+            StreamName::Stderr => ExecEvent::Stderr { data },
         };
         if let Ok(mut line) = serde_json::to_vec(&event) {
             line.push(b'\n');

@@ -9,8 +9,7 @@ use axum::extract::State;
 use axum::http::{HeaderValue, StatusCode, header};
 use axum::response::Response;
 use bytes::Bytes;
-use orchard_api::agent::ExecResponse;
-use serde::Serialize;
+use orchard_api::agent::{ExecEvent, ExecResponse};
 use tokio::sync::mpsc;
 
 use super::output::{CapturedOutput, EventSink, OutputSink, StreamName, pump};
@@ -96,29 +95,7 @@ pub async fn exec(
     Ok(json_response(StatusCode::OK, &response))
 }
 
-#[derive(Serialize)]
-#[serde(tag = "type", rename_all = "camelCase")]
-enum StreamEvent {
-    Started {
-        pid: u32,
-    },
-    #[serde(rename_all = "camelCase")]
-    Exit {
-        exit_code: Option<i32>,
-        signal: Option<i32>,
-        timed_out: bool,
-        oom_killed: bool,
-        duration_ms: u64,
-        stdout_truncated: bool,
-        stderr_truncated: bool,
-        stdout_lossy: bool,
-        stderr_lossy: bool,
-        #[serde(skip_serializing_if = "Option::is_none")]
-        error: Option<String>,
-    },
-}
-
-async fn send_event(events: &mpsc::Sender<Bytes>, event: &StreamEvent) {
+async fn send_event(events: &mpsc::Sender<Bytes>, event: &ExecEvent) {
     if let Ok(mut line) = serde_json::to_vec(event) {
         line.push(b'\n');
         let _ = events.send(Bytes::from(line)).await;
@@ -145,7 +122,7 @@ pub async fn exec_stream(
                     events.clone(),
                 ));
                 pump(message.as_bytes(), &mut stderr).await;
-                let exit = StreamEvent::Exit {
+                let exit = ExecEvent::Exit {
                     exit_code: Some(failure.exit_code),
                     signal: None,
                     timed_out: false,
@@ -161,7 +138,7 @@ pub async fn exec_stream(
                 return;
             }
         };
-        send_event(&events, &StreamEvent::Started { pid: running.pid }).await;
+        send_event(&events, &ExecEvent::Started { pid: running.pid }).await;
         let mut stdout = OutputSink::Events(EventSink::new(
             StreamName::Stdout,
             spec.encoding,
@@ -194,7 +171,7 @@ pub async fn exec_stream(
         };
         stdout.finish().await;
         stderr.finish().await;
-        let exit = StreamEvent::Exit {
+        let exit = ExecEvent::Exit {
             exit_code: finished.exit_code,
             signal: finished.signal,
             timed_out: finished.timed_out,

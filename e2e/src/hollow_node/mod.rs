@@ -321,20 +321,19 @@ impl HollowNode {
             .unwrap_or_else(|p| p.into_inner()) = pattern.map(str::to_string);
     }
 
+    fn freeze_agents(&self, frozen: bool) {
+        let pods = self.inner.pods.lock().unwrap_or_else(|p| p.into_inner());
+        for handle in pods.values() {
+            let _ = handle.commands.send(PodCommand::Freeze(frozen));
+        }
+    }
+
     /// Fault: freezes the node like a hung kubelet: agents are stopped (SIGSTOP), no pod is bound,
     /// started, probed or reported, and the node Lease is no longer renewed, so the controller
     /// manager's node-lifecycle controller marks the Node unknown and its pods not ready.
     pub async fn pause(&self) -> Result<()> {
         self.inner.paused.store(true, Ordering::SeqCst);
-        for handle in self
-            .inner
-            .pods
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .values()
-        {
-            let _ = handle.commands.send(PodCommand::Freeze(true));
-        }
+        self.freeze_agents(true);
         // Like a hung kubelet, say nothing: the node-lifecycle controller notices the silence.
         Ok(())
     }
@@ -342,15 +341,7 @@ impl HollowNode {
     /// Undoes [`HollowNode::pause`] and catches up with every pod.
     pub async fn resume(&self) -> Result<()> {
         self.inner.paused.store(false, Ordering::SeqCst);
-        for handle in self
-            .inner
-            .pods
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .values()
-        {
-            let _ = handle.commands.send(PodCommand::Freeze(false));
-        }
+        self.freeze_agents(false);
         register(&self.inner, true).await?;
         let api: Api<Pod> = Api::all(self.inner.client.clone());
         for pod in api.list(&Default::default()).await? {

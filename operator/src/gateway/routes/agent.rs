@@ -15,8 +15,8 @@ use axum::http::Uri;
 use axum::response::Response;
 use axum::routing::{MethodFilter, on};
 use orchard_api::agent::{
-    ExecRequest, ExecResponse, FileDeleted, FileList, FileWritten, PatchRequest, PatchResult,
-    ProcessList, ProcessStatus, SignalRequest,
+    ExecEvent, ExecRequest, ExecResponse, FileDeleted, FileList, FileWritten, PatchRequest,
+    PatchResult, ProcessList, ProcessStatus, SignalRequest,
 };
 use utoipa::openapi::path::{
     HttpMethod, Operation as OpenApiOperation, OperationBuilder, Parameter, ParameterBuilder,
@@ -328,7 +328,7 @@ pub static ROUTES: &[AgentRoute] = &[
                 "One JSON event per line as output arrives",
                 Content {
                     media_type: "application/x-ndjson",
-                    schema: inline::<String>,
+                    schema: named::<ExecEvent>,
                 },
             ),
             error(403, "RBAC denies `create sandboxes/exec`"),

@@ -13,7 +13,10 @@ use std::sync::atomic::{AtomicBool, Ordering};
 
 use axum::body::Bytes;
 use axum::extract::rejection::QueryRejection;
+use axum::extract::{FromRequestParts, Path};
 use axum::http::HeaderMap;
+use axum::http::request::Parts;
+use axum::response::{IntoResponse, Response};
 use serde::de::DeserializeOwned;
 use serde_json::Value;
 use utoipa::IntoParams;
@@ -23,8 +26,10 @@ use super::access::{Access, Operation};
 use super::auth::{Authorizer, Identity};
 use super::errors::ApiError;
 use super::heartbeat::Heartbeats;
+use super::lookup::{find_group, find_sandbox};
 use super::metrics::GatewayMetrics;
 use super::proxy::AgentProxy;
+use orchard_api::{RolloutGroup, Sandbox};
 
 /// Route templates (also the `route` label of the request metrics).
 pub mod paths {
@@ -90,6 +95,44 @@ impl GatewayState {
         self.auth
             .authorize(headers, &Access::of(operation, namespace, name))
             .await
+    }
+
+    /// [`State::authorize`] for the object a route's path names.
+    pub async fn authorize_object(
+        &self,
+        headers: &HeaderMap,
+        operation: Operation,
+        path: &ObjectPath,
+    ) -> Result<Arc<Identity>, ApiError> {
+        self.authorize(headers, operation, &path.namespace, &path.name)
+            .await
+    }
+
+    /// The Sandbox a route's path names (watch cache; one API read if the cache lacks it).
+    pub async fn sandbox(&self, path: &ObjectPath) -> Result<Arc<Sandbox>, ApiError> {
+        let cache = &self.deps.caches.sandboxes;
+        find_sandbox(&self.deps.client, cache, &path.namespace, &path.name).await
+    }
+
+    /// The RolloutGroup a route's path names (watch cache; one API read if the cache lacks it).
+    pub async fn group(&self, path: &ObjectPath) -> Result<Arc<RolloutGroup>, ApiError> {
+        let cache = &self.deps.rollout_groups;
+        find_group(&self.deps.client, cache, &path.namespace, &path.name).await
+    }
+}
+
+/// What a lifecycle route starts from: the gateway's state, its path parameters (`P`) and the
+/// caller's headers (to authorise with).
+pub struct Call<P>(pub State, pub P, pub HeaderMap);
+
+impl<P: DeserializeOwned + Send> FromRequestParts<State> for Call<P> {
+    type Rejection = Response;
+
+    async fn from_request_parts(parts: &mut Parts, state: &State) -> Result<Self, Self::Rejection> {
+        let Path(path) = Path::<P>::from_request_parts(parts, state)
+            .await
+            .map_err(IntoResponse::into_response)?;
+        Ok(Self(state.clone(), path, parts.headers.clone()))
     }
 }
 

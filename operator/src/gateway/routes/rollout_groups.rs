@@ -2,17 +2,17 @@
 //! the group is recorded (`Complete`) or `Failed`, driven by the watch.
 
 use axum::body::Bytes;
+use axum::extract::Query;
 use axum::extract::rejection::QueryRejection;
-use axum::extract::{Path, Query, State as AxumState};
-use axum::http::{HeaderMap, StatusCode};
+use axum::http::StatusCode;
 use axum::response::Response;
 
 use super::objects;
 use super::sandboxes::wait_timeout;
-use super::{ListQuery, NamespacePath, ObjectPath, State, WaitQuery, json_value, query};
+use super::{Call, ListQuery, NamespacePath, ObjectPath, WaitQuery, json_value, query};
 use crate::gateway::access::Operation;
 use crate::gateway::errors::{ApiError, ErrorBody, json_response};
-use crate::gateway::lookup::{condition_true, find_group, group_phase_name};
+use crate::gateway::lookup::{condition_true, group_phase_name};
 use crate::gateway::openapi::{
     CreateRolloutGroupRequest, Deleted, RolloutGroupList, RolloutGroupSchema,
 };
@@ -37,9 +37,7 @@ use orchard_api::{RolloutGroup, RolloutPhase};
     )
 )]
 pub async fn create_group(
-    AxumState(state): AxumState<State>,
-    Path(path): Path<NamespacePath>,
-    headers: HeaderMap,
+    Call(state, path, headers): Call<NamespacePath>,
     body: Bytes,
 ) -> Result<Response, ApiError> {
     let identity = state
@@ -63,10 +61,8 @@ pub async fn create_group(
     )
 )]
 pub async fn list_groups(
-    AxumState(state): AxumState<State>,
-    Path(path): Path<NamespacePath>,
+    Call(state, path, headers): Call<NamespacePath>,
     list: Result<Query<ListQuery>, QueryRejection>,
-    headers: HeaderMap,
 ) -> Result<Response, ApiError> {
     state
         .authorize(&headers, Operation::ListRolloutGroups, &path.namespace, "")
@@ -89,26 +85,11 @@ pub async fn list_groups(
         (status = 404, body = ErrorBody),
     )
 )]
-pub async fn get_group(
-    AxumState(state): AxumState<State>,
-    Path(path): Path<ObjectPath>,
-    headers: HeaderMap,
-) -> Result<Response, ApiError> {
+pub async fn get_group(Call(state, path, headers): Call<ObjectPath>) -> Result<Response, ApiError> {
     state
-        .authorize(
-            &headers,
-            Operation::GetRolloutGroup,
-            &path.namespace,
-            &path.name,
-        )
+        .authorize_object(&headers, Operation::GetRolloutGroup, &path)
         .await?;
-    let group = find_group(
-        &state.deps.client,
-        &state.deps.rollout_groups,
-        &path.namespace,
-        &path.name,
-    )
-    .await?;
+    let group = state.group(&path).await?;
     Ok(json_response(StatusCode::OK, group.as_ref()))
 }
 
@@ -125,17 +106,10 @@ pub async fn get_group(
     )
 )]
 pub async fn delete_group(
-    AxumState(state): AxumState<State>,
-    Path(path): Path<ObjectPath>,
-    headers: HeaderMap,
+    Call(state, path, headers): Call<ObjectPath>,
 ) -> Result<Response, ApiError> {
     let identity = state
-        .authorize(
-            &headers,
-            Operation::DeleteRolloutGroup,
-            &path.namespace,
-            &path.name,
-        )
+        .authorize_object(&headers, Operation::DeleteRolloutGroup, &path)
         .await?;
     objects::delete::<RolloutGroup>(&state, &path.namespace, &path.name, &identity.username).await
 }
@@ -162,18 +136,11 @@ pub fn group_settled(group: &RolloutGroup) -> bool {
     )
 )]
 pub async fn wait_group(
-    AxumState(state): AxumState<State>,
-    Path(path): Path<ObjectPath>,
+    Call(state, path, headers): Call<ObjectPath>,
     wait: Result<Query<WaitQuery>, QueryRejection>,
-    headers: HeaderMap,
 ) -> Result<Response, ApiError> {
     state
-        .authorize(
-            &headers,
-            Operation::GetRolloutGroup,
-            &path.namespace,
-            &path.name,
-        )
+        .authorize_object(&headers, Operation::GetRolloutGroup, &path)
         .await?;
     let timeout = wait_duration(query(wait)?.timeout_seconds);
     let waiter = WaitFor {

@@ -3,20 +3,22 @@
 
 use axum::Json;
 use axum::body::Bytes;
+use axum::extract::Query;
 use axum::extract::rejection::QueryRejection;
-use axum::extract::{Path, Query, State as AxumState};
-use axum::http::{HeaderMap, StatusCode};
+use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use kube::ResourceExt;
 use kube::api::{Api, Patch, PatchParams};
 use serde_json::{Value, json};
 
 use super::objects;
-use super::{ListQuery, NamespacePath, ObjectPath, State, WaitQuery, json_body, json_value, query};
+use super::{
+    Call, ListQuery, NamespacePath, ObjectPath, State, WaitQuery, json_body, json_value, query,
+};
 use crate::gateway::GATEWAY_FIELD_MANAGER;
 use crate::gateway::access::Operation;
 use crate::gateway::errors::{ApiError, ErrorBody, from_kube, json_response};
-use crate::gateway::lookup::{condition_true, find_sandbox};
+use crate::gateway::lookup::condition_true;
 use crate::gateway::openapi::{
     CreateSandboxRequest, Deleted, HeartbeatResponse, ResultResponse, SandboxList, SandboxSchema,
     TrajectoryResultSchema,
@@ -47,9 +49,7 @@ fn api(state: &State, namespace: &str) -> Api<Sandbox> {
     )
 )]
 pub async fn create_sandbox(
-    AxumState(state): AxumState<State>,
-    Path(path): Path<NamespacePath>,
-    headers: HeaderMap,
+    Call(state, path, headers): Call<NamespacePath>,
     body: Bytes,
 ) -> Result<Response, ApiError> {
     let identity = state
@@ -73,10 +73,8 @@ pub async fn create_sandbox(
     )
 )]
 pub async fn list_sandboxes(
-    AxumState(state): AxumState<State>,
-    Path(path): Path<NamespacePath>,
+    Call(state, path, headers): Call<NamespacePath>,
     list: Result<Query<ListQuery>, QueryRejection>,
-    headers: HeaderMap,
 ) -> Result<Response, ApiError> {
     state
         .authorize(&headers, Operation::ListSandboxes, &path.namespace, "")
@@ -101,20 +99,12 @@ pub async fn list_sandboxes(
     )
 )]
 pub async fn get_sandbox(
-    AxumState(state): AxumState<State>,
-    Path(path): Path<ObjectPath>,
-    headers: HeaderMap,
+    Call(state, path, headers): Call<ObjectPath>,
 ) -> Result<Response, ApiError> {
     state
-        .authorize(&headers, Operation::GetSandbox, &path.namespace, &path.name)
+        .authorize_object(&headers, Operation::GetSandbox, &path)
         .await?;
-    let sandbox = find_sandbox(
-        &state.deps.client,
-        &state.deps.caches.sandboxes,
-        &path.namespace,
-        &path.name,
-    )
-    .await?;
+    let sandbox = state.sandbox(&path).await?;
     Ok(json_response(StatusCode::OK, sandbox.as_ref()))
 }
 
@@ -132,17 +122,10 @@ pub async fn get_sandbox(
     )
 )]
 pub async fn delete_sandbox(
-    AxumState(state): AxumState<State>,
-    Path(path): Path<ObjectPath>,
-    headers: HeaderMap,
+    Call(state, path, headers): Call<ObjectPath>,
 ) -> Result<Response, ApiError> {
     let identity = state
-        .authorize(
-            &headers,
-            Operation::DeleteSandbox,
-            &path.namespace,
-            &path.name,
-        )
+        .authorize_object(&headers, Operation::DeleteSandbox, &path)
         .await?;
     objects::delete::<Sandbox>(&state, &path.namespace, &path.name, &identity.username).await
 }
@@ -188,13 +171,11 @@ pub fn wait_timeout(kind: &str, namespace: &str, name: &str, phase: Option<&str>
     )
 )]
 pub async fn wait_sandbox(
-    AxumState(state): AxumState<State>,
-    Path(path): Path<ObjectPath>,
+    Call(state, path, headers): Call<ObjectPath>,
     wait: Result<Query<WaitQuery>, QueryRejection>,
-    headers: HeaderMap,
 ) -> Result<Response, ApiError> {
     state
-        .authorize(&headers, Operation::GetSandbox, &path.namespace, &path.name)
+        .authorize_object(&headers, Operation::GetSandbox, &path)
         .await?;
     let timeout = wait_duration(query(wait)?.timeout_seconds);
     let waiter = WaitFor {
@@ -241,21 +222,11 @@ pub async fn wait_sandbox(
         (status = 404, body = ErrorBody),
     )
 )]
-pub async fn heartbeat(
-    AxumState(state): AxumState<State>,
-    Path(path): Path<ObjectPath>,
-    headers: HeaderMap,
-) -> Result<Response, ApiError> {
+pub async fn heartbeat(Call(state, path, headers): Call<ObjectPath>) -> Result<Response, ApiError> {
     state
-        .authorize(&headers, Operation::Heartbeat, &path.namespace, &path.name)
+        .authorize_object(&headers, Operation::Heartbeat, &path)
         .await?;
-    let sandbox = find_sandbox(
-        &state.deps.client,
-        &state.deps.caches.sandboxes,
-        &path.namespace,
-        &path.name,
-    )
-    .await?;
+    let sandbox = state.sandbox(&path).await?;
     let beat = state.heartbeats.beat(&sandbox).await?;
     let expires_at = sandbox
         .status
@@ -309,28 +280,15 @@ fn validate_result(body: &Value) -> Result<TrajectoryResult, ApiError> {
     )
 )]
 pub async fn record_result(
-    AxumState(state): AxumState<State>,
-    Path(path): Path<ObjectPath>,
-    headers: HeaderMap,
+    Call(state, path, headers): Call<ObjectPath>,
     body: Bytes,
 ) -> Result<Response, ApiError> {
     state
-        .authorize(
-            &headers,
-            Operation::RecordResult,
-            &path.namespace,
-            &path.name,
-        )
+        .authorize_object(&headers, Operation::RecordResult, &path)
         .await?;
     let value = json_value(&body)?;
     let result = validate_result(&value)?;
-    let sandbox = find_sandbox(
-        &state.deps.client,
-        &state.deps.caches.sandboxes,
-        &path.namespace,
-        &path.name,
-    )
-    .await?;
+    let sandbox = state.sandbox(&path).await?;
     let already = |recorded: &TrajectoryResult| {
         ApiError::new(
             StatusCode::CONFLICT,

@@ -260,16 +260,22 @@ class ClientCore:
     _group_type: ClassVar[Callable[..., Any]]
 
     def __init__(
-        self, base_url: str | None, token: str | None, namespace: str | None,
-        token_file: str | os.PathLike[str] | None, retry: RetryPolicy | None, direct: bool,
-        kube: tuple[str | None, str | None, str | None],
+        self, base_url: str | None = None, token: str | None = None, *, namespace: str | None = None,
+        token_file: str | os.PathLike[str] | None = None, timeout: float = 60.0, retry: RetryPolicy | None = None,
+        direct: bool = False, kube_server: str | None = None, kube_token: str | None = None,
+        kube_ca_file: str | None = None, transport: Any = None,
     ) -> None:
         self.settings: Settings = resolve(base_url, token, token_file, namespace)
         self.namespace = self.settings.namespace
         self.direct = direct
         self._retry = retry or RetryPolicy()
-        self._kube_args = kube
+        self._kube_args = (kube_server, kube_token, kube_ca_file)
         self._kube: KubeSettings | None = None
+        self._http = self._open_http(http_timeout(timeout), transport)
+
+    def _open_http(self, timeout: httpx.Timeout, transport: Any) -> Any:
+        """The driver's HTTP client (``transport``: an httpx transport of the driver's kind, for tests)."""
+        raise NotImplementedError
 
     def _gateway_plan(self, method: str, path: str, **fields: Any) -> Plan[httpx.Response]:
         """A request to the gateway (``fields`` as in :class:`Request`)."""
@@ -374,6 +380,19 @@ class ClientCore:
 class SandboxCore:
     """State and plans of a sandbox handle. A driver adds ``_beat_in_background`` (a thread or a task
     running the heartbeat loop), ``stop_heartbeats`` and the public methods."""
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({self.namespace}/{self.name}, phase={self.phase})"
+
+    @property
+    def phase(self) -> str | None:
+        """``status.phase`` as last read."""
+        return _ops.phase_of(self.raw)
+
+    @property
+    def agent_endpoint(self) -> str | None:
+        """``status.agentEndpoint`` (the pod IP and agent port) as last read."""
+        return _ops.agent_endpoint_of(self.raw)
 
     def __init__(
         self, client: Any, name: str, namespace: str, raw: Mapping[str, Any] | None, *,

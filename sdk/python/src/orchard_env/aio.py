@@ -12,7 +12,7 @@ from typing import IO, Any, TypeVar
 
 import httpx
 
-from . import _core, _ops
+from . import _core
 from ._core import CHUNK, Upload
 from ._retry import RetryPolicy
 from .models import ExecEvent, ExecResult, FileEntry, GroupResult, PatchResult, ProcessInfo
@@ -89,17 +89,6 @@ class AsyncSandbox(_core.SandboxCore):
         delete_on_exit: bool = True, auto_heartbeat: bool = True, direct: bool = False,
     ) -> None:
         super().__init__(client, name, namespace, raw, delete_on_exit=delete_on_exit, auto_heartbeat=auto_heartbeat, direct=direct)
-
-    def __repr__(self) -> str:
-        return f"AsyncSandbox({self.namespace}/{self.name}, phase={self.phase})"
-
-    @property
-    def phase(self) -> str | None:
-        return _ops.phase_of(self.raw)
-
-    @property
-    def agent_endpoint(self) -> str | None:
-        return _ops.agent_endpoint_of(self.raw)
 
     async def refresh(self) -> dict[str, Any]:
         return await self._run(self._refresh_plan())
@@ -292,18 +281,8 @@ class AsyncSandboxClient(_AsyncDriver, _core.ClientCore):
     _sandbox_type = AsyncSandbox
     _group_type = AsyncRolloutGroup
 
-    def __init__(
-        self, base_url: str | None = None, token: str | None = None, *, namespace: str | None = None,
-        token_file: str | os.PathLike[str] | None = None, timeout: float = 60.0, retry: RetryPolicy | None = None,
-        direct: bool = False, kube_server: str | None = None, kube_token: str | None = None,
-        kube_ca_file: str | None = None, transport: httpx.AsyncBaseTransport | None = None,
-    ) -> None:
-        super().__init__(base_url, token, namespace, token_file, retry, direct, (kube_server, kube_token, kube_ca_file))
-        self._http = httpx.AsyncClient(
-            timeout=_core.http_timeout(timeout),
-            limits=httpx.Limits(max_connections=512, max_keepalive_connections=128),
-            transport=transport,
-        )
+    def _open_http(self, timeout: httpx.Timeout, transport: httpx.AsyncBaseTransport | None) -> httpx.AsyncClient:
+        return httpx.AsyncClient(timeout=timeout, limits=httpx.Limits(max_connections=512, max_keepalive_connections=128), transport=transport)
 
     async def _gateway(self, method: str, path: str, **kwargs: Any) -> httpx.Response:
         return await self._run(self._gateway_plan(method, path, **kwargs))

@@ -15,7 +15,7 @@ from typing import IO, Any, TypeVar
 
 import httpx
 
-from . import _core, _ops
+from . import _core
 from ._core import CHUNK, Upload
 from ._retry import RetryPolicy
 from .models import (
@@ -126,20 +126,7 @@ class Sandbox(_core.SandboxCore):
         super().__init__(client, name, namespace, raw, delete_on_exit=delete_on_exit, auto_heartbeat=auto_heartbeat, direct=direct)
         _OPEN.add(self)
 
-    def __repr__(self) -> str:
-        return f"Sandbox({self.namespace}/{self.name}, phase={self.phase})"
-
     # -- state -------------------------------------------------------------------------------
-
-    @property
-    def phase(self) -> str | None:
-        """``status.phase`` as last read."""
-        return _ops.phase_of(self.raw)
-
-    @property
-    def agent_endpoint(self) -> str | None:
-        """``status.agentEndpoint`` (the pod IP and agent port) as last read."""
-        return _ops.agent_endpoint_of(self.raw)
 
     def refresh(self) -> dict[str, Any]:
         """Reads the Sandbox object again."""
@@ -350,18 +337,8 @@ class SandboxClient(_Driver, _core.ClientCore):
     _sandbox_type = Sandbox
     _group_type = RolloutGroup
 
-    def __init__(
-        self, base_url: str | None = None, token: str | None = None, *, namespace: str | None = None,
-        token_file: str | os.PathLike[str] | None = None, timeout: float = 60.0, retry: RetryPolicy | None = None,
-        direct: bool = False, kube_server: str | None = None, kube_token: str | None = None,
-        kube_ca_file: str | None = None, transport: httpx.BaseTransport | None = None,
-    ) -> None:
-        super().__init__(base_url, token, namespace, token_file, retry, direct, (kube_server, kube_token, kube_ca_file))
-        self._http = httpx.Client(
-            timeout=_core.http_timeout(timeout),
-            limits=httpx.Limits(max_connections=256, max_keepalive_connections=64),
-            transport=transport,
-        )
+    def _open_http(self, timeout: httpx.Timeout, transport: httpx.BaseTransport | None) -> httpx.Client:
+        return httpx.Client(timeout=timeout, limits=httpx.Limits(max_connections=256, max_keepalive_connections=64), transport=transport)
 
     def _gateway(self, method: str, path: str, **kwargs: Any) -> httpx.Response:
         return self._run(self._gateway_plan(method, path, **kwargs))
