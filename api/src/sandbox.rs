@@ -294,7 +294,7 @@ pub enum PortProtocol {
 #[x_kube(validation = Rule::new("!has(self.heartbeatTimeoutSeconds) || self.heartbeatTimeoutSeconds >= 0").message("lifecycle.heartbeatTimeoutSeconds must be 0 (off) or positive"))]
 #[serde(rename_all = "camelCase")]
 pub struct LifecycleSpec {
-    /// Hard maximum age in seconds after Ready; the operator's default applies when unset.
+    /// Hard maximum age in seconds after Ready (a sandbox that failed before Ready: after its creation); the operator's default applies when unset.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub ttl_seconds: Option<i64>,
 

@@ -170,3 +170,40 @@ async fn a_deleted_token_secret_fails_the_sandbox_and_is_not_replaced() {
     );
     env.delete_namespace(&ns).await;
 }
+
+#[tokio::test]
+async fn a_failed_sandbox_is_kept_for_inspection_until_its_ttl_then_deleted() {
+    let env = TestEnv::shared();
+    let client = env.client().await;
+    let ns = env.namespace("failttl").await;
+    let api: Api<Sandbox> = Api::namespaced(client.clone(), &ns);
+    api.create(
+        &PostParams::default(),
+        &sandbox(
+            "brief",
+            json!({"image": "busybox", "lifecycle": {"ttlSeconds": 6}}),
+        ),
+    )
+    .await
+    .expect("create");
+    let ready = wait::until(&api, "brief", "Ready", Duration::from_secs(60), is_ready).await;
+    let ready_at = ready
+        .status
+        .as_ref()
+        .and_then(|s| s.ready_time.as_ref())
+        .map(|t| t.0)
+        .expect("readyTime");
+    assert!(env.node.hollow().kill_agent(&ns, "brief"));
+    let failed = wait::until(&api, "brief", "Failed", Duration::from_secs(30), is_failed).await;
+    assert_eq!(reason(&failed), "AgentExited");
+    // Kept while its TTL runs (the status says why it failed)...
+    assert!(api.get_opt("brief").await.expect("get").is_some());
+    // ...and deleted when it ends (6 s after Ready), not kept forever.
+    wait::deleted(&api, "brief", Duration::from_secs(30)).await;
+    let gone_after = k8s_openapi::jiff::Timestamp::now().duration_since(ready_at);
+    assert!(
+        gone_after >= k8s_openapi::jiff::SignedDuration::from_secs(5),
+        "deleted {gone_after:?} after Ready, before its 6 s TTL"
+    );
+    env.delete_namespace(&ns).await;
+}

@@ -80,6 +80,18 @@ pub fn expiry_deadline(
     Some(deadline)
 }
 
+/// When a Failed sandbox is removed (pure): its TTL counted from Ready, or from its creation when it
+/// never became Ready. It is kept that long so its status can say why it failed, not forever.
+pub fn failed_deadline(
+    created: Timestamp,
+    ready_time: Option<Timestamp>,
+    lifecycle: Lifecycle,
+) -> Timestamp {
+    let from = ready_time.unwrap_or(created);
+    from.saturating_add(SignedDuration::from_secs(lifecycle.ttl_seconds.max(0)))
+        .unwrap_or(from)
+}
+
 /// Rounds a time up to the next whole second (a time already on a second stays).
 pub fn ceil_to_second(t: Timestamp) -> Timestamp {
     if t.subsec_nanosecond() == 0 {
@@ -159,6 +171,25 @@ pub fn latest_heartbeat(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_failed_sandbox_lives_its_ttl_from_ready_or_from_creation() {
+        let lifecycle = Lifecycle {
+            ttl_seconds: 60,
+            heartbeat_timeout_seconds: 10,
+        };
+        let created: Timestamp = "2026-01-01T00:00:00Z".parse().unwrap();
+        let ready: Timestamp = "2026-01-01T00:00:30Z".parse().unwrap();
+        assert_eq!(
+            failed_deadline(created, Some(ready), lifecycle),
+            "2026-01-01T00:01:30Z".parse::<Timestamp>().unwrap()
+        );
+        assert_eq!(
+            failed_deadline(created, None, lifecycle),
+            "2026-01-01T00:01:00Z".parse::<Timestamp>().unwrap(),
+            "never Ready: counted from creation; heartbeats do not apply"
+        );
+    }
     use orchard_api::SandboxSpec;
     use std::collections::BTreeMap;
 

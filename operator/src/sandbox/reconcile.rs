@@ -13,7 +13,7 @@ use kube::{Resource, ResourceExt};
 use tracing::{info, instrument, warn};
 
 use super::build::desired_pod;
-use super::expiry::{Lifecycle, annotated_heartbeat, expiry_deadline};
+use super::expiry::{Lifecycle, annotated_heartbeat, expiry_deadline, failed_deadline};
 use super::run_result::aborted;
 use super::status::{
     Blocked, Observed, admission_rejection, desired_status, expired_status, hold_back_transient,
@@ -111,9 +111,9 @@ async fn reconcile_inner(cached: &Sandbox, ctx: &Arc<Context>) -> Result<Option<
         previous.phase,
         Some(SandboxPhase::Failed | SandboxPhase::Expired)
     ) {
-        // Terminal: free the pod's resources, keep the Sandbox so its status says why.
+        // Terminal: free the pod's resources, keep the Sandbox so its status says why, until its TTL.
         apply::delete_own_pod(ctx, sandbox).await?;
-        return Ok(None);
+        return remove_failed_at_ttl(ctx, sandbox, &previous).await;
     }
 
     apply::ensure_baseline(ctx, &namespace).await?;
@@ -223,7 +223,7 @@ async fn reconcile_inner(cached: &Sandbox, ctx: &Arc<Context>) -> Result<Option<
 
     if status.phase == Some(SandboxPhase::Failed) {
         apply::delete_own_pod(ctx, sandbox).await?;
-        return Ok(None);
+        return remove_failed_at_ttl(ctx, sandbox, &status).await;
     }
     if waiting {
         return Ok(Some(PREVIOUS_INCARNATION_RECHECK));
@@ -255,6 +255,41 @@ async fn reconcile_inner(cached: &Sandbox, ctx: &Arc<Context>) -> Result<Option<
         ))
         .unwrap_or(now);
     Ok(Some(until(now, startup_deadline).min(ctx.settings.resync)))
+}
+
+/// A standalone Failed sandbox is deleted when its TTL ends ([`failed_deadline`]); until then the
+/// reconcile comes back at that time. An Expired one was deleted already, and a RolloutGroup's
+/// trajectories are removed by their group.
+async fn remove_failed_at_ttl(
+    ctx: &Context,
+    sandbox: &Sandbox,
+    status: &SandboxStatus,
+) -> Result<Option<Duration>> {
+    if status.phase != Some(SandboxPhase::Failed) || rollout_group_of(sandbox).is_some() {
+        return Ok(None);
+    }
+    let now = Timestamp::now();
+    let lifecycle = Lifecycle::of(
+        sandbox,
+        ctx.settings.default_ttl_seconds,
+        ctx.settings.default_heartbeat_timeout_seconds,
+    );
+    let created = sandbox
+        .meta()
+        .creation_timestamp
+        .as_ref()
+        .map_or(now, |t| t.0);
+    let ready = status.ready_time.as_ref().map(|t| t.0);
+    let deadline = failed_deadline(created, ready, lifecycle);
+    if now < deadline {
+        return Ok(Some(until(now, deadline).min(ctx.settings.resync)));
+    }
+    apply::delete_sandbox(ctx, sandbox).await?;
+    ctx.metrics.expirations.with_label_values(&["ttl"]).inc();
+    info!(sandbox = %object_key(sandbox), "failed sandbox deleted at its ttl");
+    let note = "the ttl deadline passed; the failed sandbox was deleted".to_string();
+    publish(ctx, sandbox, EventType::Normal, "Expired", note).await;
+    Ok(None)
 }
 
 /// Time from `now` until `deadline` (zero if it passed), with a millisecond of slack so the requeue

@@ -281,3 +281,39 @@ async fn switching_egress_to_deny_deletes_the_sandbox_policy_only() {
         .expect("reconcile");
     script.finish().await;
 }
+
+#[tokio::test]
+async fn a_failed_sandbox_is_deleted_by_uid_when_its_ttl_ends() {
+    let mut s = with_status(sandbox(120), SandboxPhase::Failed);
+    s.spec.lifecycle = Some(LifecycleSpec {
+        ttl_seconds: Some(60),
+        ..LifecycleSpec::default()
+    });
+    // Never Ready: the TTL counts from creation (120 s ago); its pod is gone already.
+    let caches = caches_with_children(&s, None, true);
+    let script = scripted(
+        &caches,
+        vec![
+            Expect::delete(format!("{SANDBOXES}/s1"))
+                .body(|delete| assert_eq!(delete["preconditions"]["uid"], "uid-s1")),
+            Expect::create(EVENTS, "uid-event").body(|event| {
+                assert_eq!(event["reason"], "Expired");
+            }),
+        ],
+    );
+    reconcile(Arc::new(s), script.ctx.clone())
+        .await
+        .expect("reconcile");
+    script.finish().await;
+}
+
+#[tokio::test]
+async fn a_failed_sandbox_within_its_ttl_is_kept_and_nothing_is_written() {
+    let s = with_status(sandbox(10), SandboxPhase::Failed);
+    let caches = caches_with_children(&s, None, true);
+    let script = scripted(&caches, vec![]);
+    reconcile(Arc::new(s), script.ctx.clone())
+        .await
+        .expect("reconcile");
+    assert!(script.finish().await.is_empty());
+}
