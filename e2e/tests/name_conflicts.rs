@@ -93,7 +93,7 @@ async fn a_foreign_pod_under_the_sandbox_name_is_never_touched() {
         "metadata": {"name": "taken-pod"},
         "spec": {"containers": [{"name": "app", "image": "busybox"}], "nodeName": "not-a-node"},
     }));
-    collide(&env, &ns, "taken-pod", pod).await;
+    collide(env, &ns, "taken-pod", pod).await;
     env.delete_namespace(&ns).await;
 }
 
@@ -105,7 +105,7 @@ async fn a_foreign_secret_under_the_token_name_is_never_touched() {
         "metadata": {"name": "taken-secret-agent-token", "labels": {"app.kubernetes.io/managed-by": "orchard-operator"}},
         "stringData": {"token": "not-yours"},
     }));
-    collide(&env, &ns, "taken-secret", secret).await;
+    collide(env, &ns, "taken-secret", secret).await;
     env.delete_namespace(&ns).await;
 }
 
@@ -117,7 +117,7 @@ async fn a_foreign_policy_under_the_egress_name_is_never_touched() {
         "metadata": {"name": "taken-policy-egress", "labels": {"app.kubernetes.io/managed-by": "orchard-operator"}},
         "spec": {"podSelector": {}, "policyTypes": ["Egress"]},
     }));
-    collide(&env, &ns, "taken-policy", policy).await;
+    collide(env, &ns, "taken-policy", policy).await;
     env.delete_namespace(&ns).await;
 }
 
