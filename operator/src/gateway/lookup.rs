@@ -4,14 +4,15 @@
 
 use std::sync::Arc;
 
-use k8s_openapi::api::core::v1::Secret;
+use k8s_openapi::api::core::v1::{Pod, Secret};
 use kube::api::Api;
 use kube::runtime::reflector::{ObjectRef, Store};
 use kube::{Client, Resource, ResourceExt};
 
 use super::errors::{ApiError, from_kube};
 use crate::runtime::ownership::controlled_by;
-use crate::sandbox::build::{TOKEN_KEY, token_secret_name};
+use crate::sandbox::build::{TOKEN_KEY, pod_name, token_secret_name};
+use crate::sandbox::status::endpoint_of_own_pod;
 use orchard_api::{RolloutGroup, RolloutPhase, Sandbox, SandboxPhase};
 
 /// Phase name of a RolloutGroup.
@@ -34,8 +35,14 @@ pub fn condition_true(
         .any(|c| c.type_ == type_ && c.status == "True")
 }
 
-/// The agent endpoint of a sandbox that can take calls, or the 409 saying why it cannot (pure).
-pub fn agent_endpoint(sandbox: &Sandbox) -> Result<String, ApiError> {
+/// The agent endpoint of a sandbox that can take calls, from its own Ready pod in the cache (`pod`),
+/// or the 409 saying why it cannot (pure). `status.agentEndpoint` and a Ready condition in the status
+/// are not trusted: whoever may patch the status could forge them.
+pub fn agent_endpoint(
+    sandbox: &Sandbox,
+    pod: Option<&Pod>,
+    agent_port: u16,
+) -> Result<String, ApiError> {
     let namespace = sandbox.namespace().unwrap_or_default();
     let name = sandbox.name_any();
     if sandbox.meta().deletion_timestamp.is_some() {
@@ -44,10 +51,16 @@ pub fn agent_endpoint(sandbox: &Sandbox) -> Result<String, ApiError> {
     let status = sandbox.status.as_ref();
     let phase = status.and_then(|s| s.phase).map(SandboxPhase::as_str);
     let ready = status.is_some_and(|s| condition_true(&s.conditions, "Ready"));
-    match status.and_then(|s| s.agent_endpoint.clone()) {
-        Some(endpoint) if ready && !endpoint.is_empty() => Ok(endpoint),
+    match pod.and_then(|pod| endpoint_of_own_pod(sandbox, pod, agent_port)) {
+        Some(endpoint) if ready => Ok(endpoint),
         _ => Err(ApiError::not_ready(&namespace, &name, phase)),
     }
+}
+
+/// The sandbox's pod as the watch cache shows it (by name; [`agent_endpoint`] checks it is its own).
+pub fn cached_pod(pods: &Store<Pod>, sandbox: &Sandbox) -> Option<Arc<Pod>> {
+    let namespace = sandbox.namespace()?;
+    pods.get(&ObjectRef::new(&pod_name(&sandbox.name_any())).within(&namespace))
 }
 
 /// An object from `store`, or from one API read when the cache does not have it (yet); 404 if neither.
@@ -139,8 +152,24 @@ mod tests {
     fn sandbox(status: Option<SandboxStatus>) -> Sandbox {
         let mut s = Sandbox::new("s", SandboxSpec::default());
         s.metadata.namespace = Some("ns".into());
+        s.metadata.uid = Some("uid-s".into());
         s.status = status;
         s
+    }
+
+    /// The sandbox's own Ready pod at 10.0.0.5.
+    fn own_pod(s: &Sandbox) -> Pod {
+        serde_json::from_value(serde_json::json!({
+            "metadata": {"name": "s", "namespace": "ns", "ownerReferences": [{
+                "apiVersion": "orchard.dev/v1alpha1", "kind": "Sandbox", "name": "s",
+                "uid": s.metadata.uid, "controller": true}]},
+            "status": {"podIP": "10.0.0.5", "conditions": [{"type": "Ready", "status": "True"}]},
+        }))
+        .expect("a pod")
+    }
+
+    fn endpoint(s: &Sandbox, pod: Option<&Pod>) -> Result<String, ApiError> {
+        agent_endpoint(s, pod, 9090)
     }
 
     fn ready_condition(status: &str) -> Condition {
@@ -159,30 +188,63 @@ mod tests {
         let s = sandbox(Some(SandboxStatus {
             phase: Some(SandboxPhase::Ready),
             conditions: vec![ready_condition("True")],
-            agent_endpoint: Some("http://10.0.0.5:9090".into()),
+            agent_endpoint: Some("http://169.254.169.254:80".into()),
             ..SandboxStatus::default()
         }));
-        assert_eq!(agent_endpoint(&s).unwrap(), "http://10.0.0.5:9090");
+        let pod = own_pod(&s);
+        assert_eq!(
+            endpoint(&s, Some(&pod)).unwrap(),
+            "http://10.0.0.5:9090",
+            "from the pod, whatever the status says"
+        );
+        assert_eq!(
+            endpoint(&s, None).unwrap_err().status,
+            409,
+            "no pod, no calls"
+        );
+        let mut foreign = own_pod(&s);
+        foreign.metadata.owner_references = None;
+        assert_eq!(
+            endpoint(&s, Some(&foreign)).unwrap_err().status,
+            409,
+            "a pod that is not the sandbox's own is never called"
+        );
+        let mut not_ready = own_pod(&s);
+        not_ready
+            .status
+            .as_mut()
+            .unwrap()
+            .conditions
+            .as_mut()
+            .unwrap()[0]
+            .status = "False".into();
+        assert_eq!(endpoint(&s, Some(&not_ready)).unwrap_err().status, 409);
     }
 
     #[test]
     fn sandboxes_not_ready_are_409_with_their_phase() {
-        let pending = agent_endpoint(&sandbox(None)).unwrap_err();
+        let pending = endpoint(&sandbox(None), None).unwrap_err();
         assert_eq!(pending.status, 409);
         assert_eq!(pending.body.phase.as_deref(), Some("Pending"));
-        let starting = agent_endpoint(&sandbox(Some(SandboxStatus {
-            phase: Some(SandboxPhase::Starting),
-            conditions: vec![ready_condition("False")],
-            agent_endpoint: Some("http://10.0.0.5:9090".into()),
-            ..SandboxStatus::default()
-        })))
+        let starting = endpoint(
+            &sandbox(Some(SandboxStatus {
+                phase: Some(SandboxPhase::Starting),
+                conditions: vec![ready_condition("False")],
+                agent_endpoint: Some("http://10.0.0.5:9090".into()),
+                ..SandboxStatus::default()
+            })),
+            None,
+        )
         .unwrap_err();
         assert_eq!(starting.body.phase.as_deref(), Some("Starting"));
         assert!(starting.body.retryable);
-        let failed = agent_endpoint(&sandbox(Some(SandboxStatus {
-            phase: Some(SandboxPhase::Failed),
-            ..SandboxStatus::default()
-        })))
+        let failed = endpoint(
+            &sandbox(Some(SandboxStatus {
+                phase: Some(SandboxPhase::Failed),
+                ..SandboxStatus::default()
+            })),
+            None,
+        )
         .unwrap_err();
         assert_eq!(failed.body.phase.as_deref(), Some("Failed"));
         assert!(!failed.body.retryable);
@@ -193,8 +255,13 @@ mod tests {
             ..SandboxStatus::default()
         }));
         deleting.metadata.deletion_timestamp = Some(Time(k8s_openapi::jiff::Timestamp::UNIX_EPOCH));
+        let pod = own_pod(&deleting);
         assert_eq!(
-            agent_endpoint(&deleting).unwrap_err().body.phase.as_deref(),
+            endpoint(&deleting, Some(&pod))
+                .unwrap_err()
+                .body
+                .phase
+                .as_deref(),
             Some("Terminating")
         );
     }

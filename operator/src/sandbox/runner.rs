@@ -19,8 +19,9 @@ use tokio::sync::Semaphore;
 use tokio::task::{AbortHandle, JoinSet};
 use tracing::{info, warn};
 
-use super::build::{TOKEN_KEY, token_secret_name};
+use super::build::{TOKEN_KEY, pod_name, token_secret_name};
 use super::run_result::{aborted, result_of_run};
+use super::status::endpoint_of_own_pod;
 use crate::runtime::backoff::Retry;
 use crate::runtime::context::Context;
 use crate::runtime::ownership::controlled_by;
@@ -41,11 +42,16 @@ pub const DEADLINE_GRACE: Duration = Duration::from_secs(60);
 /// Seconds each long poll waits for the process to exit.
 const LONG_POLL_SECONDS: u64 = 20;
 
-/// The agent endpoint and token of a sandbox, from its status and its own Secret (by owner UID) in
-/// the cache.
+/// The agent endpoint and token of a sandbox, from its own pod and its own Secret (by owner UID) in
+/// the caches.
 pub fn agent_target(ctx: &Context, sandbox: &Sandbox) -> Option<AgentTarget> {
-    let endpoint = sandbox.status.as_ref()?.agent_endpoint.clone()?;
     let namespace = sandbox.namespace()?;
+    // From the sandbox's own Ready pod, never from `status.agentEndpoint` (see endpoint_of_own_pod).
+    let pod = ctx
+        .caches
+        .pods
+        .get(&ObjectRef::new(&pod_name(&sandbox.name_any())).within(&namespace))?;
+    let endpoint = endpoint_of_own_pod(sandbox, &pod, ctx.settings.pod.agent_port)?;
     let secret = ctx
         .caches
         .secrets

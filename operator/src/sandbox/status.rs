@@ -11,6 +11,7 @@ use super::expiry::{
     Lifecycle, annotated_heartbeat, expiry_deadline, floor_to_second, latest_heartbeat,
 };
 use crate::runtime::conditions::{self, Desired};
+use crate::runtime::ownership::controlled_by;
 use orchard_api::{Sandbox, SandboxPhase, SandboxStatus};
 
 /// Condition types of a Sandbox.
@@ -280,6 +281,22 @@ fn scheduling(pod: &Pod) -> (bool, String, String) {
 
 fn pod_ready(pod: &Pod) -> bool {
     pod_condition(pod, "Ready").is_some_and(|c| c.status == "True")
+}
+
+/// Where the agent of `sandbox` answers, derived from `pod` (pure): only a pod the sandbox controls
+/// (its UID in the controller owner reference), not being deleted, Ready, with an IP. Never read from
+/// `status.agentEndpoint`: anyone allowed to patch a Sandbox's status could point it anywhere, and
+/// the caller would send the sandbox's token there.
+pub fn endpoint_of_own_pod(sandbox: &Sandbox, pod: &Pod, agent_port: u16) -> Option<String> {
+    let uid = sandbox.metadata.uid.as_deref()?;
+    if !controlled_by(&pod.metadata, uid) || pod.metadata.deletion_timestamp.is_some() {
+        return None;
+    }
+    if !pod_ready(pod) {
+        return None;
+    }
+    let ip = pod.status.as_ref()?.pod_ip.as_deref()?;
+    (!ip.is_empty()).then(|| agent_endpoint(ip, agent_port))
 }
 
 /// The agent's base URL for a pod IP (IPv6 in brackets).

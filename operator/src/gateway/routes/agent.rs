@@ -31,7 +31,7 @@ use utoipa_axum::router::{OpenApiRouter, UtoipaMethodRouter};
 use super::{ObjectPath, State};
 use crate::gateway::access::Operation;
 use crate::gateway::errors::{ApiError, ErrorBody};
-use crate::gateway::lookup::{agent_endpoint, agent_token, find_sandbox};
+use crate::gateway::lookup::{agent_endpoint, agent_token, cached_pod, find_sandbox};
 use crate::gateway::proxy::{Target, answer_timeout};
 
 /// How long an exec may run by default before the gateway gives up waiting (the agent's default
@@ -686,7 +686,8 @@ async fn proxy(
         name,
     )
     .await?;
-    let endpoint = agent_endpoint(&sandbox)?;
+    let pod = cached_pod(&state.deps.caches.pods, &sandbox);
+    let endpoint = agent_endpoint(&sandbox, pod.as_deref(), state.deps.settings.pod.agent_port)?;
     let token = agent_token(&state.deps.client, &state.deps.caches.secrets, &sandbox).await?;
     let path = route
         .agent_target(parts.uri.path(), parts.uri.query())
