@@ -281,15 +281,24 @@ class ClientCore:
         """A request to the gateway (``fields`` as in :class:`Request`)."""
         return exchange(Request(method, self.settings.base_url + path, self.settings.token, **fields), self._retry)
 
-    def _agent_token_plan(self, namespace: str, name: str) -> Plan[str]:
-        """The sandbox's agent token, from its Secret through the Kubernetes API (direct mode)."""
+    def _kube_get_plan(self, path: str) -> Plan[dict[str, Any]]:
+        """``GET path`` on the Kubernetes API with the client's own credentials (direct mode)."""
         if self._kube is None:
             self._kube = resolve_kube(*self._kube_args)
         kube = self._kube
-        url = f"{kube.server}/api/v1/namespaces/{namespace}/secrets/{name}-agent-token"
-        response = yield from exchange(Request("GET", url, kube.token), RetryPolicy(), kube)
-        data = response.json().get("data") or {}
+        response = yield from exchange(Request("GET", f"{kube.server}{path}", kube.token), RetryPolicy(), kube)
+        return dict(response.json())
+
+    def _agent_token_plan(self, namespace: str, name: str) -> Plan[str]:
+        """The sandbox's agent token, from its Secret through the Kubernetes API (direct mode)."""
+        secret = yield from self._kube_get_plan(f"/api/v1/namespaces/{namespace}/secrets/{name}-agent-token")
+        data = secret.get("data") or {}
         return base64.b64decode(data.get("token", "")).decode().strip()
+
+    def _agent_endpoint_plan(self, namespace: str, name: str, uid: str | None) -> Plan[str | None]:
+        """The agent's URL at the sandbox's own Ready pod, read through the Kubernetes API (direct mode)."""
+        pod = yield from self._kube_get_plan(f"/api/v1/namespaces/{namespace}/pods/{name}")
+        return _ops.endpoint_of_own_pod(pod, uid)
 
     def _server_wait_plan(self, path: str, wait: float) -> Plan[tuple[bool, Any]]:
         """One watch-driven wait of the gateway (``GET .../wait``): ``(True, the object)``, or
@@ -480,14 +489,16 @@ class SandboxCore:
     # -- agent calls -------------------------------------------------------------------------------
 
     def _target_plan(self) -> Plan[tuple[str, str]]:
-        """Direct mode: the agent's endpoint and the sandbox's token (read once)."""
+        """Direct mode: the agent's endpoint at the sandbox's own pod and the sandbox's token (read once)."""
         if self._direct_target is None:
-            endpoint = _ops.agent_endpoint_of(self.raw)
-            if not endpoint or not _ops.is_ready(self.raw):
+            if not _ops.is_ready(self.raw) or not (self.raw.get("metadata") or {}).get("uid"):
                 yield from self._refresh_plan()
-                endpoint = _ops.agent_endpoint_of(self.raw)
+            uid = (self.raw.get("metadata") or {}).get("uid")
+            # From the sandbox's own pod, never from status.agentEndpoint (anyone allowed to patch the
+            # status could point it, and so the token, anywhere).
+            endpoint = yield from self.client._agent_endpoint_plan(self.namespace, self.name, uid)
             if not endpoint:
-                raise OrchardError(f"sandbox {self.namespace}/{self.name} has no agent endpoint yet; wait_ready() first")
+                raise OrchardError(f"sandbox {self.namespace}/{self.name} has no Ready pod of its own yet; wait_ready() first")
             self._direct_target = (endpoint, (yield from self.client._agent_token_plan(self.namespace, self.name)))
         return self._direct_target
 

@@ -225,3 +225,31 @@ def is_ready(sandbox: Mapping[str, Any]) -> bool:
 def agent_endpoint_of(sandbox: Mapping[str, Any]) -> str | None:
     """``status.agentEndpoint`` of a Sandbox object (the agent's URL at the pod IP)."""
     return (sandbox.get("status") or {}).get("agentEndpoint")
+
+
+AGENT_PORT_NAME = "agent"
+
+
+def endpoint_of_own_pod(pod: Mapping[str, Any], sandbox_uid: str | None) -> str | None:
+    """The agent's URL at a sandbox's own pod (pure): only a pod whose controller owner reference
+    carries ``sandbox_uid``, not being deleted, Ready, with an IP and the agent's named port. Never
+    ``status.agentEndpoint``, which whoever may patch the Sandbox's status could point anywhere."""
+    meta = pod.get("metadata") or {}
+    owners = meta.get("ownerReferences") or []
+    if not sandbox_uid or not any(o.get("controller") and o.get("uid") == sandbox_uid for o in owners):
+        return None
+    if meta.get("deletionTimestamp"):
+        return None
+    status = pod.get("status") or {}
+    ready = any(c.get("type") == "Ready" and c.get("status") == "True" for c in status.get("conditions") or [])
+    ip = status.get("podIP")
+    ports = [
+        p.get("containerPort")
+        for c in (pod.get("spec") or {}).get("containers") or []
+        for p in c.get("ports") or []
+        if p.get("name") == AGENT_PORT_NAME
+    ]
+    if not ready or not ip or not ports:
+        return None
+    host = f"[{ip}]" if ":" in ip else ip
+    return f"http://{host}:{ports[0]}"
