@@ -126,6 +126,23 @@ fn with_status(mut s: Sandbox, phase: SandboxPhase) -> Sandbox {
     s
 }
 
+/// One reconcile of `s` deletes it by UID and publishes `Expired`, nothing else.
+async fn expect_deleted_at_its_deadline(s: Sandbox, caches: &TestCaches) {
+    let script = scripted(
+        caches,
+        vec![
+            Expect::delete(format!("{SANDBOXES}/s1"))
+                .body(|delete| assert_eq!(delete["preconditions"]["uid"], "uid-s1")),
+            Expect::create(EVENTS, "uid-event")
+                .body(|event| assert_eq!(event["reason"], "Expired")),
+        ],
+    );
+    reconcile(Arc::new(s), script.ctx.clone())
+        .await
+        .expect("reconcile");
+    script.finish().await;
+}
+
 #[tokio::test]
 async fn a_new_sandbox_gets_its_baseline_token_and_pod_and_no_status_yet() {
     let s = sandbox(0);
@@ -228,20 +245,7 @@ async fn a_sandbox_past_its_ttl_is_deleted_by_uid() {
         Some(SandboxPhase::Ready)
     );
     let caches = caches_with_children(&s, Some(ready_pod(&s)), true);
-    let script = scripted(
-        &caches,
-        vec![
-            Expect::delete(format!("{SANDBOXES}/s1"))
-                .body(|delete| assert_eq!(delete["preconditions"]["uid"], "uid-s1")),
-            Expect::create(EVENTS, "uid-event").body(|event| {
-                assert_eq!(event["reason"], "Expired");
-            }),
-        ],
-    );
-    reconcile(Arc::new(s), script.ctx.clone())
-        .await
-        .expect("reconcile");
-    script.finish().await;
+    expect_deleted_at_its_deadline(s, &caches).await;
 }
 
 #[tokio::test]
@@ -291,20 +295,7 @@ async fn a_failed_sandbox_is_deleted_by_uid_when_its_ttl_ends() {
     });
     // Never Ready: the TTL counts from creation (120 s ago); its pod is gone already.
     let caches = caches_with_children(&s, None, true);
-    let script = scripted(
-        &caches,
-        vec![
-            Expect::delete(format!("{SANDBOXES}/s1"))
-                .body(|delete| assert_eq!(delete["preconditions"]["uid"], "uid-s1")),
-            Expect::create(EVENTS, "uid-event").body(|event| {
-                assert_eq!(event["reason"], "Expired");
-            }),
-        ],
-    );
-    reconcile(Arc::new(s), script.ctx.clone())
-        .await
-        .expect("reconcile");
-    script.finish().await;
+    expect_deleted_at_its_deadline(s, &caches).await;
 }
 
 #[tokio::test]
