@@ -11,7 +11,7 @@ use kube::{Client, Resource, ResourceExt};
 
 use super::errors::{ApiError, from_kube};
 use crate::runtime::ownership::controlled_by;
-use crate::sandbox::build::{TOKEN_KEY, pod_name, token_secret_name};
+use crate::sandbox::build::{TOKEN_KEY, token_secret_name};
 use crate::sandbox::status::endpoint_of_own_pod;
 use orchard_api::{RolloutGroup, RolloutPhase, Sandbox, SandboxPhase};
 
@@ -55,12 +55,6 @@ pub fn agent_endpoint(
         Some(endpoint) if ready => Ok(endpoint),
         _ => Err(ApiError::not_ready(&namespace, &name, phase)),
     }
-}
-
-/// The sandbox's pod as the watch cache shows it (by name; [`agent_endpoint`] checks it is its own).
-pub fn cached_pod(pods: &Store<Pod>, sandbox: &Sandbox) -> Option<Arc<Pod>> {
-    let namespace = sandbox.namespace()?;
-    pods.get(&ObjectRef::new(&pod_name(&sandbox.name_any())).within(&namespace))
 }
 
 /// An object from `store`, or from one API read when the cache does not have it (yet); 404 if neither.

@@ -66,7 +66,7 @@ pub fn existing_state<K: Resource<DynamicType = ()>>(
 
 /// Creates `desired` in `namespace`; if its name is taken, reads the existing object and classifies
 /// it. Counts the create.
-pub async fn create_child<K: Child>(
+async fn create_child<K: Child>(
     ctx: &Context,
     namespace: &str,
     desired: &K,
@@ -94,8 +94,8 @@ pub async fn create_child<K: Child>(
 }
 
 /// Whether `cache` shows `namespace/name` as the object with `uid` (a write of ours the watch has
-/// delivered, for [`crate::runtime::own_writes::OwnWrites::record`]).
-pub fn cache_holds<K>(cache: &Store<K>, namespace: &str, name: &str, uid: Option<&str>) -> bool
+/// delivered, for [`OwnWrites::record`](crate::runtime::own_writes::OwnWrites::record)).
+fn cache_holds<K>(cache: &Store<K>, namespace: &str, name: &str, uid: Option<&str>) -> bool
 where
     K: Resource<DynamicType = ()> + Clone,
 {

@@ -3,12 +3,14 @@
 //! own writes (scoped by the Sandbox's UID) show what the pure builders want, and uses an existing
 //! object only when its controller owner reference carries the Sandbox's UID.
 
+use std::sync::Arc;
+
 use k8s_openapi::api::core::v1::{Pod, Secret};
 use k8s_openapi::api::networking::v1::NetworkPolicy;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
 use kube::api::Api;
 use kube::runtime::events::EventType;
-use kube::runtime::reflector::ObjectRef;
+use kube::runtime::reflector::{ObjectRef, Store};
 use kube::{Resource, ResourceExt};
 
 use super::build::{
@@ -203,19 +205,21 @@ pub async fn ensure_egress_policy(
 /// The sandbox's Pod as far as the operator knows without asking: the cache (classified by owner),
 /// else the Pod this incarnation created moments ago.
 pub fn known_pod(ctx: &Context, sandbox: &Sandbox) -> Option<ChildState<Pod>> {
-    let namespace = sandbox.namespace().unwrap_or_default();
-    let name = pod_name(&sandbox.name_any());
-    if let Some(cached) = ctx
-        .caches
-        .pods
-        .get(&ObjectRef::new(&name).within(&namespace))
-    {
+    if let Some(cached) = cached_pod(&ctx.caches.pods, sandbox) {
         return Some(existing_state((*cached).clone(), owner_of(sandbox)));
     }
     let uid = sandbox.uid().unwrap_or_default();
+    let name = pod_name(&sandbox.name_any());
     ctx.own_writes
         .object::<Pod>(&uid, &child_key("Pod", &name))
         .map(ChildState::Ours)
+}
+
+/// The pod under the sandbox's pod name as the watch cache shows it, whoever owns it (callers check
+/// it is the sandbox's own).
+pub fn cached_pod(pods: &Store<Pod>, sandbox: &Sandbox) -> Option<Arc<Pod>> {
+    let namespace = sandbox.namespace()?;
+    pods.get(&ObjectRef::new(&pod_name(&sandbox.name_any())).within(&namespace))
 }
 
 /// Creates the sandbox's Pod. A plain create, not server-side apply: a Pod's spec is immutable, so
@@ -257,11 +261,8 @@ pub async fn delete_own_pod(ctx: &Context, sandbox: &Sandbox) -> Result<()> {
     let namespace = sandbox.namespace().unwrap_or_default();
     let name = pod_name(&sandbox.name_any());
     let uid = sandbox.uid().unwrap_or_default();
-    let cached = ctx
-        .caches
-        .pods
-        .get(&ObjectRef::new(&name).within(&namespace))
-        .filter(|pod| controlled_by(pod.meta(), &uid));
+    let cached =
+        cached_pod(&ctx.caches.pods, sandbox).filter(|pod| controlled_by(pod.meta(), &uid));
     let pod_uid = match cached {
         Some(pod) if pod.meta().deletion_timestamp.is_none() => pod.uid(),
         Some(_) => return Ok(()),

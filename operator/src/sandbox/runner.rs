@@ -19,7 +19,8 @@ use tokio::sync::Semaphore;
 use tokio::task::{AbortHandle, JoinSet};
 use tracing::{info, warn};
 
-use super::build::{TOKEN_KEY, pod_name, token_secret_name};
+use super::apply::cached_pod;
+use super::build::{TOKEN_KEY, token_secret_name};
 use super::run_result::{aborted, result_of_run};
 use super::status::endpoint_of_own_pod;
 use crate::runtime::backoff::Retry;
@@ -47,10 +48,7 @@ const LONG_POLL_SECONDS: u64 = 20;
 pub fn agent_target(ctx: &Context, sandbox: &Sandbox) -> Option<AgentTarget> {
     let namespace = sandbox.namespace()?;
     // From the sandbox's own Ready pod, never from `status.agentEndpoint` (see endpoint_of_own_pod).
-    let pod = ctx
-        .caches
-        .pods
-        .get(&ObjectRef::new(&pod_name(&sandbox.name_any())).within(&namespace))?;
+    let pod = cached_pod(&ctx.caches.pods, sandbox)?;
     let endpoint = endpoint_of_own_pod(sandbox, &pod, ctx.settings.pod.agent_port)?;
     let secret = ctx
         .caches

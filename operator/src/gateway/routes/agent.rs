@@ -31,8 +31,9 @@ use utoipa_axum::router::{OpenApiRouter, UtoipaMethodRouter};
 use super::{ObjectPath, State};
 use crate::gateway::access::Operation;
 use crate::gateway::errors::{ApiError, ErrorBody};
-use crate::gateway::lookup::{agent_endpoint, agent_token, cached_pod, find_sandbox};
+use crate::gateway::lookup::{agent_endpoint, agent_token, find_sandbox};
 use crate::gateway::proxy::{Target, answer_timeout};
+use crate::sandbox::apply::cached_pod;
 
 /// How long an exec may run by default before the gateway gives up waiting (the agent's default
 /// command timeout is 600 s); clients with longer commands set `X-Orchard-Timeout`.
