@@ -15,7 +15,7 @@ cp "$bin" "$root/orchard-agent"
 echo "chroot contents: $(ls -A "$root")"
 chroot "$root" /orchard-agent --version
 port=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])')
-chroot "$root" /orchard-agent serve --listen "127.0.0.1:$port" --root / &
+chroot "$root" /orchard-agent serve --listen "127.0.0.1:$port" --root / --insecure-no-auth &
 pid=$!
 for _ in $(seq 1 100); do curl -sf "http://127.0.0.1:$port/healthz" >/dev/null && break; sleep 0.05; done
 echo "healthz: $(curl -sf "http://127.0.0.1:$port/healthz")"

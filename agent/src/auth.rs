@@ -68,6 +68,37 @@ impl Token {
     }
 }
 
+/// `--consume-token-file`: deletes the token file once it has been read, so the commands the agent runs
+/// cannot read it later. Fails closed: an error (naming the path) whenever the file is not certainly
+/// gone. A symlink or a file with other hard links is refused without deleting anything, since
+/// removing that one name would leave the token readable under another.
+pub fn consume_token_file(path: &Path) -> Result<(), String> {
+    use std::os::unix::fs::MetadataExt;
+    let refuse = |why: String| {
+        Err(format!(
+            "--consume-token-file: cannot remove the token file `{}`: {why}; refusing to start with the token still readable",
+            path.display()
+        ))
+    };
+    let metadata = match std::fs::symlink_metadata(path) {
+        Ok(metadata) => metadata,
+        Err(error) => return refuse(error.to_string()),
+    };
+    if metadata.file_type().is_symlink() {
+        return refuse("it is a symlink (its target would stay)".into());
+    }
+    if metadata.nlink() > 1 {
+        return refuse(format!(
+            "it has {} hard links (the others would stay)",
+            metadata.nlink()
+        ));
+    }
+    match std::fs::remove_file(path) {
+        Ok(()) => Ok(()),
+        Err(error) => refuse(error.to_string()),
+    }
+}
+
 /// Compares two byte strings in time that depends only on their lengths, not on where they differ.
 pub fn constant_time_eq(given: &[u8], expected: &[u8]) -> bool {
     let mut difference = given.len() ^ expected.len();
@@ -107,6 +138,53 @@ mod tests {
         assert!(!constant_time_eq(b"abd", b"abc"));
         assert!(!constant_time_eq(b"", b"abc"));
         assert!(!constant_time_eq(b"abcd", b"abc"));
+    }
+
+    fn scratch(name: &str) -> PathBuf {
+        let dir = std::env::temp_dir().join(format!(
+            "orchard-auth-{name}-{}",
+            crate::entropy::random_hex()
+        ));
+        std::fs::create_dir_all(&dir).unwrap();
+        dir
+    }
+
+    #[test]
+    fn consuming_removes_the_token_file() {
+        let dir = scratch("consume");
+        let path = dir.join("token");
+        std::fs::write(&path, "t").unwrap();
+        consume_token_file(&path).unwrap();
+        assert!(!path.exists());
+        std::fs::remove_dir_all(dir).unwrap();
+    }
+
+    #[test]
+    fn consuming_fails_closed() {
+        let dir = scratch("consume-fail");
+        // Missing: not certainly consumed by us.
+        let error = consume_token_file(&dir.join("missing")).unwrap_err();
+        assert!(
+            error.contains(&dir.join("missing").display().to_string()),
+            "{error}"
+        );
+        // A symlink: its target would stay readable.
+        let target = dir.join("target");
+        std::fs::write(&target, "t").unwrap();
+        std::os::unix::fs::symlink(&target, dir.join("link")).unwrap();
+        let error = consume_token_file(&dir.join("link")).unwrap_err();
+        assert!(error.contains("symlink"), "{error}");
+        assert!(dir.join("link").exists() && target.exists());
+        // A second hard link would keep the token readable.
+        std::fs::hard_link(&target, dir.join("hard")).unwrap();
+        let error = consume_token_file(&target).unwrap_err();
+        assert!(error.contains("hard links"), "{error}");
+        assert!(target.exists());
+        // A file that cannot be unlinked, even by root (procfs refuses every unlink).
+        let error = consume_token_file(Path::new("/proc/version")).unwrap_err();
+        assert!(error.contains("`/proc/version`"), "{error}");
+        assert!(error.contains("refusing to start"), "{error}");
+        std::fs::remove_dir_all(dir).unwrap();
     }
 
     #[test]

@@ -12,15 +12,22 @@ pub const DEFAULT_MAX_CONCURRENT: usize = 256;
 pub const DEFAULT_MAX_BODY_BYTES: u64 = 16 * 1024 * 1024;
 /// Default cap on one uploaded file.
 pub const DEFAULT_MAX_UPLOAD_BYTES: u64 = 8 * 1024 * 1024 * 1024;
+/// Default cap on the output buffered by all execs and background processes together.
+pub const DEFAULT_MAX_OUTPUT_BYTES_TOTAL: u64 = 256 * 1024 * 1024;
 
 /// Prefix of every environment variable the agent reads; all of them are scrubbed from children's env.
 pub const ENV_PREFIX: &str = "ORCHARD_AGENT_";
+/// The environment variable that may carry the token itself (wiped from the environment block at start).
+pub const TOKEN_VARIABLE: &str = "ORCHARD_AGENT_TOKEN";
 
 pub const USAGE: &str = "\
 usage:
-  orchard-agent serve [--listen ADDR] [--token-file PATH] [--root DIR] [--max-concurrent N]
-                      [--max-body-bytes SIZE] [--max-upload-bytes SIZE]
-  orchard-agent install DIR      copy this executable to DIR/orchard-agent (mode 0755) and print the path
+  orchard-agent serve [--listen ADDR] [--token-file PATH [--consume-token-file]] [--root DIR]
+                      [--max-concurrent N] [--max-body-bytes SIZE] [--max-upload-bytes SIZE]
+                      [--max-output-bytes-total SIZE] [--insecure-no-auth]
+  orchard-agent install DIR [--token-from PATH --token-to PATH]
+                       copy this executable to DIR/orchard-agent (mode 0755) and print the path;
+                       with the token flags, also copy the token file (atomically, mode 0444)
   orchard-agent --version
   orchard-agent --help
 
@@ -31,6 +38,10 @@ serve options (flag, then environment variable, then default):
   --max-concurrent N       ORCHARD_AGENT_MAX_CONCURRENT  in-flight /v1 requests before 429, default 256
   --max-body-bytes SIZE    ORCHARD_AGENT_MAX_BODY_BYTES  JSON body limit, default 16MiB
   --max-upload-bytes SIZE  ORCHARD_AGENT_MAX_UPLOAD_BYTES  uploaded file limit, default 8GiB
+  --max-output-bytes-total SIZE  ORCHARD_AGENT_MAX_OUTPUT_BYTES_TOTAL  output buffered by all commands, default 256MiB
+  --consume-token-file     ORCHARD_AGENT_CONSUME_TOKEN_FILE=true  delete the token file once read (refuse to start if that fails)
+  --insecure-no-auth       ORCHARD_AGENT_INSECURE_NO_AUTH=true    serve without a token: LOCAL DEBUGGING ONLY, anyone who
+                           can reach the port runs commands (serve refuses to start without a token otherwise)
   ORCHARD_AGENT_STARTUP    JSON {\"argv\":[..]} or {\"command\":\"..\"}: background process `startup` at boot
   ORCHARD_AGENT_LOG        log filter (error|warn|info|debug|trace, or target=level,...), default info
   ORCHARD_AGENT_DIE_WITH_PARENT  pid of the expected parent: exit when it exits (supervisors other than a container runtime)
@@ -40,7 +51,11 @@ SIZE accepts a byte count or a suffix: K, M, G (also KiB, MiB, GiB; all powers o
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Invocation {
     Serve(ServeOptions),
-    Install { dir: PathBuf },
+    Install {
+        dir: PathBuf,
+        /// `--token-from SRC --token-to DST`: also copy the token file.
+        token: Option<TokenCopy>,
+    },
     Version,
     Help,
 }
@@ -53,6 +68,14 @@ pub enum TokenSource {
     Value(String),
 }
 
+/// `install --token-from SRC --token-to DST`: the token hand-over from the init container to the task
+/// container (see docs/AGENT.md, "Token hand-over").
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TokenCopy {
+    pub from: PathBuf,
+    pub to: PathBuf,
+}
+
 /// Settings of `orchard-agent serve`, after merging flags, environment and defaults.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ServeOptions {
@@ -63,6 +86,12 @@ pub struct ServeOptions {
     pub max_concurrent: usize,
     pub max_body_bytes: u64,
     pub max_upload_bytes: u64,
+    /// Cap on the output buffered by all execs and background processes together.
+    pub max_output_bytes_total: u64,
+    /// Delete the token file once it is read (`--consume-token-file`); only with a token file.
+    pub consume_token_file: bool,
+    /// `--insecure-no-auth`: serve without a token (local debugging only). `token` is then `None`.
+    pub insecure_no_auth: bool,
     /// Raw JSON of `ORCHARD_AGENT_STARTUP`, parsed by the server.
     pub startup: Option<String>,
     /// Raw `ORCHARD_AGENT_LOG` filter.
@@ -87,15 +116,71 @@ pub fn parse(
     match first.as_str() {
         "--version" | "-V" | "version" => Ok(Invocation::Version),
         "--help" | "-h" | "help" => Ok(Invocation::Help),
-        "install" => match &args[1..] {
-            [dir] if !dir.starts_with('-') => Ok(Invocation::Install {
-                dir: PathBuf::from(dir),
-            }),
-            _ => Err(CliError("usage: orchard-agent install DIR".into())),
-        },
+        "install" => parse_install(&args[1..]),
         "serve" => parse_serve(&args[1..], env).map(Invocation::Serve),
         other => Err(CliError(format!(
             "unknown subcommand `{other}` (expected serve, install or --version)"
+        ))),
+    }
+}
+
+/// `install DIR [--token-from PATH --token-to PATH]` (flags in any order after `DIR`, `--flag=value` too).
+fn parse_install(args: &[String]) -> Result<Invocation, CliError> {
+    let usage =
+        || CliError("usage: orchard-agent install DIR [--token-from PATH --token-to PATH]".into());
+    let Some((dir, rest)) = args.split_first() else {
+        return Err(usage());
+    };
+    if dir.starts_with('-') {
+        return Err(usage());
+    }
+    let mut from = None;
+    let mut to = None;
+    let mut rest = rest.iter();
+    while let Some(arg) = rest.next() {
+        let (name, inline_value) = match arg.split_once('=') {
+            Some((name, value)) if name.starts_with("--") => (name, Some(value.to_string())),
+            _ => (arg.as_str(), None),
+        };
+        let slot = match name {
+            "--token-from" => &mut from,
+            "--token-to" => &mut to,
+            _ => return Err(CliError(format!("unknown option `{arg}` for install"))),
+        };
+        let value = match inline_value {
+            Some(value) => value,
+            None => rest
+                .next()
+                .cloned()
+                .ok_or_else(|| CliError(format!("option `{name}` needs a value")))?,
+        };
+        if value.is_empty() {
+            return Err(CliError(format!("option `{name}` needs a non-empty path")));
+        }
+        *slot = Some(PathBuf::from(value));
+    }
+    let token = match (from, to) {
+        (Some(from), Some(to)) => Some(TokenCopy { from, to }),
+        (None, None) => None,
+        _ => {
+            return Err(CliError(
+                "--token-from and --token-to go together: give both or neither".into(),
+            ));
+        }
+    };
+    Ok(Invocation::Install {
+        dir: PathBuf::from(dir),
+        token,
+    })
+}
+
+/// A boolean environment variable: `true`/`1`/`yes` or `false`/`0`/`no` (case-insensitive).
+fn parse_bool(name: &str, text: &str) -> Result<bool, CliError> {
+    match text.trim().to_ascii_lowercase().as_str() {
+        "true" | "1" | "yes" => Ok(true),
+        "false" | "0" | "no" => Ok(false),
+        _ => Err(CliError(format!(
+            "{name} must be true or false, got `{text}`"
         ))),
     }
 }
@@ -110,11 +195,25 @@ fn parse_serve(
     let mut max_concurrent = None;
     let mut max_body = None;
     let mut max_upload = None;
+    let mut max_output_total = None;
+    let mut insecure_no_auth = false;
+    let mut consume_token_file = false;
 
     let mut rest = args.iter();
     while let Some(arg) = rest.next() {
         if arg == "--help" || arg == "-h" {
             return Err(CliError("serve takes only the options below".into()));
+        }
+        match arg.as_str() {
+            "--insecure-no-auth" => {
+                insecure_no_auth = true;
+                continue;
+            }
+            "--consume-token-file" => {
+                consume_token_file = true;
+                continue;
+            }
+            _ => {}
         }
         let (name, inline_value) = match arg.split_once('=') {
             Some((name, value)) if name.starts_with("--") => (name, Some(value.to_string())),
@@ -127,6 +226,7 @@ fn parse_serve(
             "--max-concurrent" => &mut max_concurrent,
             "--max-body-bytes" => &mut max_body,
             "--max-upload-bytes" => &mut max_upload,
+            "--max-output-bytes-total" => &mut max_output_total,
             _ => return Err(CliError(format!("unknown option `{arg}` for serve"))),
         };
         let value = match inline_value {
@@ -144,7 +244,7 @@ fn parse_serve(
         .or_else(|| from_env("ORCHARD_AGENT_LISTEN"))
         .unwrap_or_else(|| DEFAULT_LISTEN.to_string());
     let token_file = token_file.or_else(|| from_env("ORCHARD_AGENT_TOKEN_FILE"));
-    let token_value = from_env("ORCHARD_AGENT_TOKEN");
+    let token_value = from_env(TOKEN_VARIABLE);
     let token = match (token_file, token_value) {
         (Some(_), Some(_)) => {
             return Err(CliError(
@@ -155,6 +255,13 @@ fn parse_serve(
         (None, Some(value)) => Some(TokenSource::Value(value)),
         (None, None) => None,
     };
+    if let Some(text) = from_env("ORCHARD_AGENT_INSECURE_NO_AUTH") {
+        insecure_no_auth |= parse_bool("ORCHARD_AGENT_INSECURE_NO_AUTH", &text)?;
+    }
+    if let Some(text) = from_env("ORCHARD_AGENT_CONSUME_TOKEN_FILE") {
+        consume_token_file |= parse_bool("ORCHARD_AGENT_CONSUME_TOKEN_FILE", &text)?;
+    }
+    check_auth_choice(token.as_ref(), insecure_no_auth, consume_token_file)?;
     let max_concurrent = match max_concurrent.or_else(|| from_env("ORCHARD_AGENT_MAX_CONCURRENT")) {
         Some(text) => match text.trim().parse::<usize>() {
             Ok(n) if n > 0 => n,
@@ -176,6 +283,13 @@ fn parse_serve(
         }
         None => DEFAULT_MAX_UPLOAD_BYTES,
     };
+    let max_output_bytes_total =
+        match max_output_total.or_else(|| from_env("ORCHARD_AGENT_MAX_OUTPUT_BYTES_TOTAL")) {
+            Some(text) => {
+                parse_size(&text).map_err(|e| CliError(format!("--max-output-bytes-total: {e}")))?
+            }
+            None => DEFAULT_MAX_OUTPUT_BYTES_TOTAL,
+        };
     Ok(ServeOptions {
         listen: parse_listen(&listen_text)?,
         token,
@@ -185,9 +299,42 @@ fn parse_serve(
         max_concurrent,
         max_body_bytes,
         max_upload_bytes,
+        max_output_bytes_total,
+        consume_token_file,
+        insecure_no_auth,
         startup: from_env("ORCHARD_AGENT_STARTUP"),
         log_filter: from_env("ORCHARD_AGENT_LOG"),
     })
+}
+
+/// The token rules of `serve`: a token is required unless `--insecure-no-auth` says otherwise (and then
+/// none may be given, so the choice is never ambiguous); `--consume-token-file` needs a token file.
+pub fn check_auth_choice(
+    token: Option<&TokenSource>,
+    insecure_no_auth: bool,
+    consume_token_file: bool,
+) -> Result<(), CliError> {
+    match (token, insecure_no_auth) {
+        (None, false) => {
+            return Err(CliError(
+                "no bearer token: set --token-file PATH (ORCHARD_AGENT_TOKEN_FILE) or ORCHARD_AGENT_TOKEN; \
+                 to serve without authentication for local debugging only, pass --insecure-no-auth"
+                    .into(),
+            ));
+        }
+        (Some(_), true) => {
+            return Err(CliError(
+                "--insecure-no-auth (ORCHARD_AGENT_INSECURE_NO_AUTH) and a token are both set; set one".into(),
+            ));
+        }
+        _ => {}
+    }
+    if consume_token_file && !matches!(token, Some(TokenSource::File(_))) {
+        return Err(CliError(
+            "--consume-token-file (ORCHARD_AGENT_CONSUME_TOKEN_FILE) needs a token file (--token-file or ORCHARD_AGENT_TOKEN_FILE)".into(),
+        ));
+    }
+    Ok(())
 }
 
 /// Parses a literal socket address; `:PORT` means all IPv4 interfaces. Host names are refused on purpose:
@@ -262,15 +409,97 @@ mod tests {
         }
     }
 
+    /// A token in the environment: `serve` refuses to start without one.
+    const TOKEN: (&str, &str) = ("ORCHARD_AGENT_TOKEN", "t");
+
     #[test]
     fn serve_defaults() {
-        let options = serve(&["serve"], &[]);
+        let options = serve(&["serve"], &[TOKEN]);
         assert_eq!(options.listen, "0.0.0.0:9090".parse().unwrap());
-        assert_eq!(options.token, None);
+        assert_eq!(options.token, Some(TokenSource::Value("t".into())));
         assert_eq!(options.root, None);
         assert_eq!(options.max_concurrent, 256);
         assert_eq!(options.max_body_bytes, 16 << 20);
         assert_eq!(options.max_upload_bytes, 8 << 30);
+        assert_eq!(options.max_output_bytes_total, 256 << 20);
+        assert!(!options.consume_token_file);
+        assert!(!options.insecure_no_auth);
+    }
+
+    #[test]
+    fn serve_refuses_to_start_without_a_token() {
+        let error = parse_with(&["serve"], &[]).unwrap_err();
+        assert!(error.0.contains("--insecure-no-auth"), "{error}");
+        assert!(error.0.contains("no bearer token"), "{error}");
+        // Empty values do not count as a token.
+        assert!(parse_with(&["serve"], &[("ORCHARD_AGENT_TOKEN", "")]).is_err());
+    }
+
+    #[test]
+    fn insecure_no_auth_is_explicit() {
+        let options = serve(&["serve", "--insecure-no-auth"], &[]);
+        assert!(options.insecure_no_auth);
+        assert_eq!(options.token, None);
+        let options = serve(&["serve"], &[("ORCHARD_AGENT_INSECURE_NO_AUTH", "true")]);
+        assert!(options.insecure_no_auth);
+        assert!(parse_with(&["serve"], &[("ORCHARD_AGENT_INSECURE_NO_AUTH", "false")]).is_err());
+        assert!(parse_with(&["serve"], &[("ORCHARD_AGENT_INSECURE_NO_AUTH", "maybe")]).is_err());
+        // A token and --insecure-no-auth together are ambiguous: refused.
+        assert!(parse_with(&["serve", "--insecure-no-auth"], &[TOKEN]).is_err());
+        assert!(parse_with(&["serve", "--insecure-no-auth=yes"], &[]).is_err());
+    }
+
+    #[test]
+    fn consume_token_file_needs_a_token_file() {
+        let options = serve(
+            &["serve", "--token-file", "/t", "--consume-token-file"],
+            &[],
+        );
+        assert!(options.consume_token_file);
+        let options = serve(
+            &["serve"],
+            &[
+                ("ORCHARD_AGENT_TOKEN_FILE", "/t"),
+                ("ORCHARD_AGENT_CONSUME_TOKEN_FILE", "true"),
+            ],
+        );
+        assert!(options.consume_token_file);
+        assert!(parse_with(&["serve", "--consume-token-file"], &[TOKEN]).is_err());
+        assert!(
+            parse_with(
+                &["serve", "--consume-token-file", "--insecure-no-auth"],
+                &[]
+            )
+            .is_err()
+        );
+    }
+
+    #[test]
+    fn install_token_flags() {
+        assert_eq!(
+            parse_with(
+                &[
+                    "install",
+                    "/opt/orchard",
+                    "--token-from",
+                    "/a/token",
+                    "--token-to=/b/token"
+                ],
+                &[]
+            ),
+            Ok(Invocation::Install {
+                dir: "/opt/orchard".into(),
+                token: Some(TokenCopy {
+                    from: "/a/token".into(),
+                    to: "/b/token".into()
+                }),
+            })
+        );
+        assert!(parse_with(&["install", "/d", "--token-from", "/a"], &[]).is_err());
+        assert!(parse_with(&["install", "/d", "--token-to", "/b"], &[]).is_err());
+        assert!(parse_with(&["install", "/d", "--token-from"], &[]).is_err());
+        assert!(parse_with(&["install", "/d", "--bogus", "x"], &[]).is_err());
+        assert!(parse_with(&["install", "--token-from", "/a"], &[]).is_err());
     }
 
     #[test]
@@ -278,6 +507,7 @@ mod tests {
         let env = [
             ("ORCHARD_AGENT_LISTEN", "127.0.0.1:1"),
             ("ORCHARD_AGENT_ROOT", "/env"),
+            TOKEN,
         ];
         let options = serve(&["serve", "--listen", "127.0.0.1:2", "--root=/flag"], &env);
         assert_eq!(options.listen, "127.0.0.1:2".parse().unwrap());
@@ -314,9 +544,12 @@ mod tests {
                 "--max-body-bytes",
                 "1K",
                 "--max-upload-bytes=2MiB",
+                "--max-output-bytes-total",
+                "3M",
             ],
-            &[],
+            &[TOKEN],
         );
+        assert_eq!(options.max_output_bytes_total, 3 << 20);
         assert_eq!(
             (
                 options.max_concurrent,
@@ -325,8 +558,9 @@ mod tests {
             ),
             (4, 1024, 2 << 20)
         );
-        assert!(parse_with(&["serve", "--max-concurrent", "0"], &[]).is_err());
-        assert!(parse_with(&["serve", "--max-body-bytes", "lots"], &[]).is_err());
+        assert!(parse_with(&["serve", "--max-concurrent", "0"], &[TOKEN]).is_err());
+        assert!(parse_with(&["serve", "--max-body-bytes", "lots"], &[TOKEN]).is_err());
+        assert!(parse_with(&["serve", "--max-output-bytes-total", "0"], &[TOKEN]).is_err());
         assert_eq!(parse_size("8G"), Ok(8 << 30));
         assert_eq!(parse_size("100"), Ok(100));
         assert!(parse_size("3X").is_err());
@@ -350,7 +584,8 @@ mod tests {
         assert_eq!(
             parse_with(&["install", "/opt/orchard"], &[]),
             Ok(Invocation::Install {
-                dir: "/opt/orchard".into()
+                dir: "/opt/orchard".into(),
+                token: None,
             })
         );
         assert!(parse_with(&["install"], &[]).is_err());
@@ -368,6 +603,7 @@ mod tests {
             &[
                 ("ORCHARD_AGENT_STARTUP", "{\"argv\":[\"x\"]}"),
                 ("ORCHARD_AGENT_LOG", "debug"),
+                TOKEN,
             ],
         );
         assert_eq!(options.startup.as_deref(), Some("{\"argv\":[\"x\"]}"));

@@ -12,6 +12,7 @@ pub mod entropy;
 pub mod error;
 pub mod exec;
 pub mod files;
+pub mod hardening;
 pub mod init;
 pub mod install;
 pub mod json_body;

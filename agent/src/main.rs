@@ -3,9 +3,9 @@
 
 use std::process::ExitCode;
 
-use orchard_agent::cli::{self, ENV_PREFIX, Invocation, ServeOptions, USAGE};
+use orchard_agent::cli::{self, ENV_PREFIX, Invocation, ServeOptions, TOKEN_VARIABLE, USAGE};
 use orchard_agent::server::{self, AgentConfig, AppState};
-use orchard_agent::{VERSION, init, install, logging};
+use orchard_agent::{VERSION, hardening, init, install, logging};
 
 fn main() -> ExitCode {
     let mut raw_args = std::env::args_os();
@@ -29,22 +29,37 @@ fn main() -> ExitCode {
             println!("{USAGE}");
             ExitCode::SUCCESS
         }
-        Invocation::Install { dir } => match install::install(&dir) {
-            Ok(path) => {
-                println!("{}", path.display());
-                ExitCode::SUCCESS
+        Invocation::Install { dir, token } => {
+            let installed = install::install(&dir).and_then(|path| match &token {
+                Some(copy) => install::copy_token(&copy.from, &copy.to).map(|()| path),
+                None => Ok(path),
+            });
+            match installed {
+                Ok(path) => {
+                    println!("{}", path.display());
+                    ExitCode::SUCCESS
+                }
+                Err(error) => {
+                    eprintln!("orchard-agent install: {error}");
+                    ExitCode::FAILURE
+                }
             }
-            Err(error) => {
-                eprintln!("orchard-agent install: {error}");
-                ExitCode::FAILURE
-            }
-        },
+        }
         Invocation::Serve(options) => {
             if let Err(error) = arm_parent_death_signal() {
                 eprintln!("orchard-agent: {error}");
                 return ExitCode::FAILURE;
             }
+            // Before any thread exists (the PID 1 fork and the runtime come later): the token value
+            // leaves the environment block /proc/<pid>/environ shows, then every ORCHARD_AGENT_*
+            // variable leaves the environment children inherit, then /proc/<pid> closes to them.
+            // SAFETY: single-threaded here; `cli::parse` copied the token out already.
+            unsafe { hardening::wipe_environment_value(TOKEN_VARIABLE) };
             scrub_agent_environment();
+            if let Err(error) = hardening::make_non_dumpable() {
+                eprintln!("orchard-agent: {error}");
+                return ExitCode::FAILURE;
+            }
             if std::process::id() == 1 {
                 init::run_as_init(|| serve(options))
             } else {
@@ -130,6 +145,13 @@ fn serve(options: ServeOptions) -> ExitCode {
             .local_addr()
             .map(|address| address.to_string())
             .unwrap_or_default();
+        if options.insecure_no_auth {
+            // Printed whatever the log filter: it must not go unnoticed.
+            eprintln!(
+                "orchard-agent: WARNING: INSECURE: --insecure-no-auth: serving WITHOUT authentication; anyone who \
+                 can reach {address} can run commands and read and write files. For local debugging only, never in a sandbox"
+            );
+        }
         tracing::info!(
             version = VERSION,
             listen = %address,

@@ -23,10 +23,11 @@ use tokio::sync::{Semaphore, watch};
 use crate::auth::Token;
 use crate::cli::{ENV_PREFIX, ServeOptions};
 use crate::error::{AgentError, json_response};
+use crate::exec::budget::OutputBudget;
 use crate::exec::request::{CommandRequest, CommandSpec, IntoSpec, RequestKind};
 use crate::files::paths::ProtectedFiles;
 use crate::process_group::ProcessGroups;
-use crate::processes::table::{ProcessTable, Started};
+use crate::processes::table::{MAX_PROCESSES, ProcessTable, Started};
 use crate::{VERSION, exec, files, patch, processes};
 
 /// How long commands get to exit after SIGTERM at shutdown before they are SIGKILLed.
@@ -41,15 +42,27 @@ pub struct AgentConfig {
     pub max_concurrent: usize,
     pub max_body_bytes: u64,
     pub max_upload_bytes: u64,
+    /// Cap on the output buffered by all execs and background processes together.
+    pub max_output_bytes_total: u64,
     /// Inherited environment variables removed from every child (`ORCHARD_AGENT_*`).
     pub scrubbed_env: Vec<String>,
     pub protected: ProtectedFiles,
 }
 
 impl AgentConfig {
-    /// Resolves `options`: reads the token, canonicalises the root, finds the files to protect.
+    /// Resolves `options`: reads the token (and, with `--consume-token-file`, deletes its file: an error
+    /// if that fails), canonicalises the root, finds the files to protect.
     pub fn from_options(options: &ServeOptions) -> Result<Self, String> {
         let token = options.token.as_ref().map(Token::load).transpose()?;
+        let mut protected = ProtectedFiles::discover(token.as_ref().and_then(Token::file));
+        if options.consume_token_file {
+            let Some(file) = token.as_ref().and_then(Token::file) else {
+                return Err("--consume-token-file needs a token file".into());
+            };
+            crate::auth::consume_token_file(file)?;
+            // The path stays protected; its inode number is free now and may name another file later.
+            protected.forget_token_identity();
+        }
         let root = match &options.root {
             Some(root) => root.clone(),
             None => std::env::current_dir()
@@ -60,7 +73,6 @@ impl AgentConfig {
         if !root.is_dir() {
             return Err(format!("--root `{}` is not a directory", root.display()));
         }
-        let protected = ProtectedFiles::discover(token.as_ref().and_then(Token::file));
         let scrubbed_env = std::env::vars_os()
             .filter_map(|(key, _)| key.into_string().ok())
             .filter(|key| key.starts_with(ENV_PREFIX))
@@ -71,6 +83,7 @@ impl AgentConfig {
             max_concurrent: options.max_concurrent,
             max_body_bytes: options.max_body_bytes,
             max_upload_bytes: options.max_upload_bytes,
+            max_output_bytes_total: options.max_output_bytes_total,
             scrubbed_env,
             protected,
         })
@@ -83,16 +96,23 @@ pub struct AppState {
     pub config: Arc<AgentConfig>,
     pub groups: Arc<ProcessGroups>,
     pub processes: Arc<ProcessTable>,
+    /// Output buffered by all execs and background processes together (`--max-output-bytes-total`).
+    pub output_budget: Arc<OutputBudget>,
     admission: Arc<Semaphore>,
 }
 
 impl AppState {
     pub fn new(config: AgentConfig) -> Self {
         let admission = Arc::new(Semaphore::new(config.max_concurrent));
+        let output_budget = OutputBudget::new(config.max_output_bytes_total);
         AppState {
             config: Arc::new(config),
             groups: Arc::default(),
-            processes: Arc::default(),
+            processes: Arc::new(ProcessTable::new(
+                MAX_PROCESSES,
+                Some(Arc::clone(&output_budget)),
+            )),
+            output_budget,
             admission,
         }
     }

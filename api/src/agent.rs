@@ -63,6 +63,11 @@ pub struct ExecRequest {
     /// `text` (default) or `base64`.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub output_encoding: Option<OutputEncoding>,
+    /// Background processes only: `true` keeps the process in the agent's process table until it is
+    /// deleted explicitly (`DELETE /v1/processes/{id}`); otherwise (default `false`) an exited process may
+    /// be forgotten, oldest first, once the table is full.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub keep: Option<bool>,
 }
 
 /// Agent answer of `exec`.
@@ -82,9 +87,9 @@ pub struct ExecResponse {
     pub stdout: String,
     /// Standard error.
     pub stderr: String,
-    /// Whether stdout exceeded `maxOutputBytes`.
+    /// Whether stdout exceeded `maxOutputBytes` (or the agent's total output budget).
     pub stdout_truncated: bool,
-    /// Whether stderr exceeded `maxOutputBytes`.
+    /// Whether stderr exceeded `maxOutputBytes` (or the agent's total output budget).
     pub stderr_truncated: bool,
     /// Whether stdout was not valid UTF-8 (`text` encoding replaced invalid sequences).
     pub stdout_lossy: bool,
@@ -173,9 +178,9 @@ pub struct ProcessStatus {
     /// Error output so far.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub stderr: Option<String>,
-    /// Whether stdout exceeded `maxOutputBytes`.
+    /// Whether stdout exceeded `maxOutputBytes` (or the agent's total output budget).
     pub stdout_truncated: bool,
-    /// Whether stderr exceeded `maxOutputBytes`.
+    /// Whether stderr exceeded `maxOutputBytes` (or the agent's total output budget).
     pub stderr_truncated: bool,
     /// Whether stdout was not valid UTF-8.
     pub stdout_lossy: bool,
@@ -523,6 +528,20 @@ mod tests {
         assert_eq!(signal.signal, SignalSpec::Name("TERM".into()));
         let signal: SignalRequest = serde_json::from_str(r#"{"signal":15}"#).unwrap();
         assert_eq!(signal.signal, SignalSpec::Number(15));
+    }
+
+    #[test]
+    fn keep_is_optional_on_the_wire() {
+        let request: ExecRequest =
+            serde_json::from_str(r#"{"id":"svc","argv":["sleep","1"],"keep":true}"#).unwrap();
+        assert_eq!(request.keep, Some(true));
+        let request: ExecRequest = serde_json::from_str(r#"{"argv":["true"]}"#).unwrap();
+        assert_eq!(request.keep, None);
+        assert_eq!(
+            serde_json::to_value(&request).unwrap(),
+            json!({"argv": ["true"]}),
+            "absent unless given"
+        );
     }
 
     #[test]

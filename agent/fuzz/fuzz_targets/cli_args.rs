@@ -14,6 +14,9 @@ const VARIABLES: &[&str] = &[
     "ORCHARD_AGENT_MAX_CONCURRENT",
     "ORCHARD_AGENT_MAX_BODY_BYTES",
     "ORCHARD_AGENT_MAX_UPLOAD_BYTES",
+    "ORCHARD_AGENT_MAX_OUTPUT_BYTES_TOTAL",
+    "ORCHARD_AGENT_CONSUME_TOKEN_FILE",
+    "ORCHARD_AGENT_INSECURE_NO_AUTH",
     "ORCHARD_AGENT_STARTUP",
     "ORCHARD_AGENT_LOG",
 ];
@@ -36,6 +39,9 @@ fuzz_target!(|input: Input| {
     if let Ok(Invocation::Serve(options)) = parse(&input.args, &lookup) {
         assert!(options.max_concurrent > 0);
         assert!(options.max_body_bytes > 0 && options.max_upload_bytes > 0);
+        assert!(options.max_output_bytes_total > 0);
+        // Never without a token unless explicitly insecure; never both.
+        assert_eq!(options.token.is_none(), options.insecure_no_auth);
     }
     for text in input
         .args

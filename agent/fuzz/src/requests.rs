@@ -45,6 +45,7 @@ impl RequestHarness {
             max_concurrent: 4,
             max_body_bytes: BODY_LIMIT,
             max_upload_bytes: 1 << 20,
+            max_output_bytes_total: 1 << 20,
             scrubbed_env: Vec::new(),
             protected: ProtectedFiles::default(),
         };

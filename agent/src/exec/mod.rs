@@ -1,7 +1,8 @@
 //! Running commands: request validation (`request`), starting them in their own session (`spawn`),
 //! capping and encoding output (`output`), driving them to the end (`supervise`), and the HTTP routes
-//! `/v1/exec` and `/v1/exec/stream` (`routes`).
+//! `/v1/exec` and `/v1/exec/stream` (`routes`); `budget` caps the output buffered by all commands together.
 
+pub mod budget;
 pub mod oom;
 pub mod output;
 pub mod request;

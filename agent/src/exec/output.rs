@@ -11,6 +11,7 @@ use tokio::sync::mpsc;
 
 use orchard_api::agent::ExecEvent;
 
+use super::budget::{Charge, OutputBudget};
 use super::request::OutputEncoding;
 
 /// First read reservation; doubled while reads fill it, up to `MAX_READ`.
@@ -18,31 +19,53 @@ const FIRST_READ: usize = 4 * 1024;
 /// Largest single read (the default pipe buffer is 64 KiB).
 const MAX_READ: usize = 64 * 1024;
 
-/// The head of one output stream, at most `cap` bytes.
+/// The head of one output stream: at most `cap` bytes, and only as many as the agent-wide output
+/// budget grants (see `budget`). Output past either limit is dropped and the stream marked truncated;
+/// once truncated nothing more is kept, so the captured bytes are always a prefix of the output.
 #[derive(Debug, Default)]
 pub struct CapturedOutput {
     bytes: Vec<u8>,
     cap: usize,
     truncated: bool,
+    charge: Charge,
 }
 
 impl CapturedOutput {
+    /// A buffer limited by `cap` only.
     pub fn new(cap: usize) -> Self {
         CapturedOutput {
             bytes: Vec::new(),
             cap,
             truncated: false,
+            charge: Charge::default(),
+        }
+    }
+
+    /// A buffer limited by `cap` and charged to `budget`.
+    pub fn with_budget(cap: usize, budget: &Arc<OutputBudget>) -> Self {
+        CapturedOutput {
+            charge: Charge::new(Arc::clone(budget)),
+            ..CapturedOutput::new(cap)
         }
     }
 
     pub fn push(&mut self, chunk: &[u8]) {
+        if self.truncated {
+            return;
+        }
         let room = self.cap.saturating_sub(self.bytes.len());
-        if chunk.len() <= room {
-            self.bytes.extend_from_slice(chunk);
-        } else {
-            self.bytes.extend_from_slice(&chunk[..room]);
+        let wanted = chunk.len().min(room);
+        let granted = self.charge.grow(wanted);
+        self.bytes.extend_from_slice(&chunk[..granted]);
+        if granted < chunk.len() {
             self.truncated = true;
         }
+    }
+
+    /// Takes over the budget charge of the captured bytes, so it can be held until the response that
+    /// carries them has been built (the buffer itself is then charged nothing).
+    pub fn take_charge(&mut self) -> Charge {
+        std::mem::take(&mut self.charge)
     }
 
     pub fn truncated(&self) -> bool {
@@ -86,6 +109,7 @@ impl CapturedOutput {
             bytes: self.bytes.clone(),
             cap: self.cap,
             truncated: self.truncated,
+            charge: Charge::default(),
         }
         .into_encoded(encoding)
     }
@@ -325,6 +349,35 @@ pub async fn pump(mut pipe: impl AsyncRead + Unpin, sink: &mut OutputSink) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn capture_is_limited_by_the_shared_budget() {
+        let budget = OutputBudget::new(6);
+        let mut first = CapturedOutput::with_budget(5, &budget);
+        first.push(b"abcd");
+        let mut second = CapturedOutput::with_budget(5, &budget);
+        second.push(b"wxyz");
+        assert!(!first.truncated());
+        assert!(second.truncated(), "only 2 bytes were left in the budget");
+        // Once truncated, later output is not kept even when the budget has room again: the captured
+        // bytes stay a prefix of the output.
+        drop(first);
+        second.push(b"!");
+        assert_eq!(budget.used(), 2);
+        let charge = second.take_charge();
+        let encoded = second.into_encoded(OutputEncoding::Text);
+        assert_eq!(
+            encoded,
+            EncodedOutput {
+                data: "wx".into(),
+                truncated: true,
+                lossy: false
+            }
+        );
+        assert_eq!(budget.used(), 2, "held until the response is built");
+        drop(charge);
+        assert_eq!(budget.used(), 0);
+    }
 
     #[test]
     fn capture_caps_and_flags() {

@@ -33,6 +33,8 @@ pub struct CommandSpec {
     pub timeout: Option<Duration>,
     pub max_output_bytes: usize,
     pub encoding: OutputEncoding,
+    /// Background processes: never forgotten to make room in the table, only deleted explicitly.
+    pub keep: bool,
 }
 
 impl CommandSpec {
@@ -63,6 +65,12 @@ impl IntoSpec for CommandRequest {
         if kind == RequestKind::Exec && self.id.is_some() {
             return Err(AgentError::InvalidRequest(
                 "unknown field `id`: ids exist only for background processes (POST /v1/processes)"
+                    .into(),
+            ));
+        }
+        if kind == RequestKind::Exec && self.keep.is_some() {
+            return Err(AgentError::InvalidRequest(
+                "unknown field `keep`: it exists only for background processes (POST /v1/processes)"
                     .into(),
             ));
         }
@@ -161,6 +169,7 @@ impl IntoSpec for CommandRequest {
             timeout,
             max_output_bytes,
             encoding: self.output_encoding.unwrap_or_default(),
+            keep: self.keep.unwrap_or(false),
         })
     }
 }
@@ -210,6 +219,11 @@ mod tests {
             .unwrap();
         assert_eq!(spec.argv(), vec!["/bin/sh", "-c", "echo $X"]);
         assert_eq!(spec.timeout, None);
+        assert!(!spec.keep);
+        let spec = request(r#"{"argv":["true"],"keep":true}"#)
+            .into_spec(Path::new("/"), RequestKind::Process)
+            .unwrap();
+        assert!(spec.keep);
     }
 
     #[test]
@@ -222,6 +236,7 @@ mod tests {
             r#"{"argv":["a"],"shell":"/bin/bash"}"#,
             r#"{"argv":["a"],"stdin":"x","stdinBase64":"eA=="}"#,
             r#"{"argv":["a"],"id":"x"}"#,
+            r#"{"argv":["a"],"keep":true}"#,
         ] {
             assert!(
                 matches!(

@@ -9,6 +9,7 @@ use axum::extract::State;
 use axum::http::{HeaderValue, StatusCode, header};
 use axum::response::Response;
 use bytes::Bytes;
+use http_body_util::BodyExt;
 use orchard_api::agent::{ExecEvent, ExecResponse};
 use tokio::sync::mpsc;
 
@@ -61,8 +62,9 @@ pub async fn exec(
             return Ok(json_response(StatusCode::OK, &response));
         }
     };
-    let mut stdout = OutputSink::Buffer(CapturedOutput::new(spec.max_output_bytes));
-    let mut stderr = OutputSink::Buffer(CapturedOutput::new(spec.max_output_bytes));
+    let budget = &state.output_budget;
+    let mut stdout = OutputSink::Buffer(CapturedOutput::with_budget(spec.max_output_bytes, budget));
+    let mut stderr = OutputSink::Buffer(CapturedOutput::with_budget(spec.max_output_bytes, budget));
     let finished = supervise(
         running,
         spec.stdin.take(),
@@ -72,9 +74,11 @@ pub async fn exec(
         DRAIN_GRACE,
     )
     .await;
-    let (OutputSink::Buffer(stdout), OutputSink::Buffer(stderr)) = (stdout, stderr) else {
+    let (OutputSink::Buffer(mut stdout), OutputSink::Buffer(mut stderr)) = (stdout, stderr) else {
         return Err(AgentError::Internal("output sinks changed kind".into()));
     };
+    // The output stays charged to the agent-wide budget until the response carrying it is sent.
+    let charges = (stdout.take_charge(), stderr.take_charge());
     let stdout = stdout.into_encoded(encoding);
     let stderr = stderr.into_encoded(encoding);
     let response = ExecResponse {
@@ -92,7 +96,13 @@ pub async fn exec(
         output_encoding: encoding,
         error: None,
     };
-    Ok(json_response(StatusCode::OK, &response))
+    // Released when the response body is dropped: after it was sent, or when the client went away.
+    let (parts, body) = json_response(StatusCode::OK, &response).into_parts();
+    let body = body.map_frame(move |frame| {
+        let _held = &charges;
+        frame
+    });
+    Ok(Response::from_parts(parts, Body::new(body)))
 }
 
 async fn send_event(events: &mpsc::Sender<Bytes>, event: &ExecEvent) {

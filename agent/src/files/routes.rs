@@ -18,6 +18,7 @@ use serde::Deserialize;
 use tokio::sync::mpsc;
 
 use super::paths::{parse_mode, resolve_request_path};
+use super::regular::{Opened, not_regular_message, open_regular};
 use super::transfer::{
     DEFAULT_FILE_MODE, QUEUE_DEPTH, create_temp_beside, read_chunks, write_chunks,
 };
@@ -170,18 +171,14 @@ pub async fn get(
     let protected = state.config.protected.clone();
     let (file, length) = blocking(move || {
         protected.check_read(&path)?;
-        let file =
-            fs::File::open(&path).map_err(|error| AgentError::io("cannot open", &path, error))?;
-        let metadata = file
-            .metadata()
-            .map_err(|error| AgentError::io("cannot stat", &path, error))?;
-        if metadata.is_dir() {
-            return Err(AgentError::InvalidPath(format!(
+        match open_regular(&path).map_err(|error| AgentError::io("cannot open", &path, error))? {
+            Opened::File(file, metadata) => Ok((file, metadata.len())),
+            Opened::Directory => Err(AgentError::InvalidPath(format!(
                 "`{}` is a directory; list it with GET /v1/files/list",
                 path.display()
-            )));
+            ))),
+            Opened::Special(what) => Err(AgentError::InvalidPath(not_regular_message(&path, what))),
         }
-        Ok((file, metadata.len()))
     })
     .await?;
     let (sender, mut receiver) = mpsc::channel::<io::Result<Bytes>>(QUEUE_DEPTH / 2);

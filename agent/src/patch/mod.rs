@@ -7,7 +7,7 @@ pub mod parse;
 
 use std::collections::HashMap;
 use std::fs;
-use std::io::Write;
+use std::io::{Read, Write};
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 
@@ -21,6 +21,7 @@ use self::parse::{FilePatch, parse_patch};
 use crate::error::{AgentError, FailedHunk, json_response};
 use crate::exec::request::resolve_cwd;
 use crate::files::paths::ProtectedFiles;
+use crate::files::regular::{Opened, open_regular};
 use crate::files::transfer::{DEFAULT_FILE_MODE, TempFile, create_temp_beside};
 use crate::json_body::JsonBody;
 use crate::server::AppState;
@@ -230,17 +231,20 @@ fn lookup<'a>(
     let path = cwd.join(name);
     if !pending.contains_key(&path) {
         // Only regular files: reading a FIFO would block forever and a device (`/dev/zero`) never ends.
-        let content = match fs::metadata(&path) {
-            Ok(metadata) if !metadata.is_file() => {
+        // The type is checked before and after opening (non-blocking), so a swap in between is caught.
+        let content = match open_regular(&path) {
+            Ok(Opened::File(mut file, metadata)) => {
+                let mut content = Vec::with_capacity(usize::try_from(metadata.len()).unwrap_or(0));
+                file.read_to_end(&mut content)
+                    .map_err(|error| AgentError::io("cannot read", &path, error))?;
+                Some(content)
+            }
+            Ok(Opened::Directory | Opened::Special(_)) => {
                 return Err(AgentError::InvalidPath(format!(
                     "`{}` is not a regular file; a patch changes regular files only",
                     path.display()
                 )));
             }
-            Ok(_) => match fs::read(&path) {
-                Ok(content) => Some(content),
-                Err(error) => return Err(AgentError::io("cannot read", &path, error)),
-            },
             Err(error) if error.kind() == std::io::ErrorKind::NotFound => None,
             Err(error) => return Err(AgentError::io("cannot read", &path, error)),
         };

@@ -11,6 +11,7 @@ use tokio::sync::watch;
 use crate::clock::rfc3339;
 use crate::entropy::random_hex;
 use crate::error::AgentError;
+use crate::exec::budget::OutputBudget;
 use crate::exec::output::{CapturedOutput, OutputSink};
 use crate::exec::request::{CommandLine, CommandSpec, OutputEncoding};
 use crate::exec::spawn::{Spawned, spawn};
@@ -20,7 +21,8 @@ use orchard_api::agent::ProcessState as ProcessStateName;
 /// What `GET /v1/processes/{id}` returns (the shared wire type).
 pub use orchard_api::agent::ProcessStatus;
 
-/// At most this many processes are kept; the oldest exited ones are forgotten first.
+/// At most this many processes are kept; the oldest exited ones not started with `keep` are forgotten
+/// first.
 pub const MAX_PROCESSES: usize = 1024;
 
 /// Whether `id` is a valid client-chosen id: `[A-Za-z0-9][A-Za-z0-9._-]{0,62}`.
@@ -72,6 +74,8 @@ pub struct ManagedProcess {
     state: Mutex<ProcessState>,
     exited: watch::Sender<bool>,
     error: Option<String>,
+    /// Started with `keep`: never forgotten to make room, only deleted explicitly.
+    keep: bool,
 }
 
 fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -87,6 +91,16 @@ impl ManagedProcess {
 
     pub fn is_running(&self) -> bool {
         matches!(*lock(&self.state), ProcessState::Running { .. })
+    }
+
+    /// Whether the process was started with `keep`.
+    pub fn kept(&self) -> bool {
+        self.keep
+    }
+
+    /// Whether the table may forget this process to make room: it exited and was not kept.
+    fn evictable(&self) -> bool {
+        !self.keep && !self.is_running()
     }
 
     /// The current status; `with_output` false leaves out `stdout`/`stderr`.
@@ -183,10 +197,20 @@ impl ManagedProcess {
 }
 
 /// All background processes, by id.
-#[derive(Debug, Default)]
+#[derive(Debug)]
 pub struct ProcessTable {
     entries: Mutex<HashMap<String, Arc<ManagedProcess>>>,
     sequence: AtomicU64,
+    /// Most processes kept at once.
+    capacity: usize,
+    /// The agent-wide output budget their buffers are charged to (none: unlimited but for the caps).
+    budget: Option<Arc<OutputBudget>>,
+}
+
+impl Default for ProcessTable {
+    fn default() -> Self {
+        ProcessTable::new(MAX_PROCESSES, None)
+    }
 }
 
 /// Outcome of `ProcessTable::start`.
@@ -197,6 +221,23 @@ pub enum Started {
 }
 
 impl ProcessTable {
+    /// A table of at most `capacity` processes whose output is charged to `budget`.
+    pub fn new(capacity: usize, budget: Option<Arc<OutputBudget>>) -> Self {
+        ProcessTable {
+            entries: Mutex::default(),
+            sequence: AtomicU64::new(0),
+            capacity: capacity.max(1),
+            budget,
+        }
+    }
+
+    fn output_buffer(&self, cap: usize) -> Arc<Mutex<CapturedOutput>> {
+        Arc::new(Mutex::new(match &self.budget {
+            Some(budget) => CapturedOutput::with_budget(cap, budget),
+            None => CapturedOutput::new(cap),
+        }))
+    }
+
     pub fn get(&self, id: &str) -> Option<Arc<ManagedProcess>> {
         lock(&self.entries).get(id).cloned()
     }
@@ -225,10 +266,10 @@ impl ProcessTable {
         if let Some(existing) = entries.get(&id) {
             return Ok(Started::Exists(Arc::clone(existing)));
         }
-        if entries.len() >= MAX_PROCESSES {
+        if entries.len() >= self.capacity {
             let oldest_exited = entries
                 .values()
-                .filter(|process| !process.is_running())
+                .filter(|process| process.evictable())
                 .min_by_key(|process| process.sequence)
                 .map(|process| process.id.clone());
             match oldest_exited {
@@ -237,14 +278,15 @@ impl ProcessTable {
                 }
                 None => {
                     return Err(AgentError::TooManyRequests(format!(
-                        "{MAX_PROCESSES} background processes are running; stop some (DELETE /v1/processes/{{id}})"
+                        "{} background processes are running or kept; stop or delete some (DELETE /v1/processes/{{id}})",
+                        self.capacity
                     )));
                 }
             }
         }
         let spawned = spawn(&spec, scrubbed_env, groups)?;
-        let stdout = Arc::new(Mutex::new(CapturedOutput::new(spec.max_output_bytes)));
-        let stderr = Arc::new(Mutex::new(CapturedOutput::new(spec.max_output_bytes)));
+        let stdout = self.output_buffer(spec.max_output_bytes);
+        let stderr = self.output_buffer(spec.max_output_bytes);
         let (pid, state, error, running) = match spawned {
             Spawned::Running(running) => (
                 Some(running.pid),
@@ -281,6 +323,7 @@ impl ProcessTable {
             exited: watch::Sender::new(running.is_none()),
             state: Mutex::new(state),
             error,
+            keep: spec.keep,
         });
         entries.insert(id, Arc::clone(&process));
         drop(entries);
@@ -309,7 +352,93 @@ impl ProcessTable {
 
 #[cfg(test)]
 mod tests {
-    use super::valid_id;
+    use super::*;
+    use crate::exec::request::{CommandRequest, IntoSpec, RequestKind};
+
+    fn spec(json: &str) -> CommandSpec {
+        serde_json::from_str::<CommandRequest>(json)
+            .unwrap()
+            .into_spec(std::path::Path::new("/"), RequestKind::Process)
+            .unwrap()
+    }
+
+    async fn start_and_wait(
+        table: &ProcessTable,
+        groups: &Arc<ProcessGroups>,
+        id: &str,
+        json: &str,
+    ) {
+        let Ok(Started::New(process)) = table.start(Some(id.into()), spec(json), &[], groups)
+        else {
+            panic!("{id} did not start");
+        };
+        assert!(
+            process.wait_exit(Duration::from_secs(10)).await,
+            "{id} did not exit"
+        );
+    }
+
+    #[tokio::test]
+    async fn kept_processes_are_never_evicted() {
+        let table = ProcessTable::new(3, None);
+        let groups = Arc::new(ProcessGroups::default());
+        start_and_wait(&table, &groups, "kept", r#"{"argv":["true"],"keep":true}"#).await;
+        for index in 0..6 {
+            start_and_wait(
+                &table,
+                &groups,
+                &format!("p{index}"),
+                r#"{"argv":["true"]}"#,
+            )
+            .await;
+        }
+        assert!(table.get("kept").is_some_and(|kept| kept.kept()));
+        let ids: Vec<String> = table.list().iter().map(|p| p.id().to_string()).collect();
+        assert_eq!(
+            ids,
+            ["kept", "p4", "p5"],
+            "the oldest unkept exited ones go first"
+        );
+        // Explicit deletion still forgets it.
+        assert!(table.remove("kept").is_some());
+        assert!(table.get("kept").is_none());
+    }
+
+    #[tokio::test]
+    async fn a_table_full_of_running_and_kept_processes_refuses_new_ones() {
+        let table = ProcessTable::new(2, None);
+        let groups = Arc::new(ProcessGroups::default());
+        start_and_wait(&table, &groups, "kept", r#"{"argv":["true"],"keep":true}"#).await;
+        let Ok(Started::New(running)) = table.start(
+            Some("sleeper".into()),
+            spec(r#"{"argv":["sleep","30"]}"#),
+            &[],
+            &groups,
+        ) else {
+            panic!("sleeper did not start");
+        };
+        let refused = table.start(
+            Some("third".into()),
+            spec(r#"{"argv":["true"]}"#),
+            &[],
+            &groups,
+        );
+        assert!(matches!(refused, Err(AgentError::TooManyRequests(_))));
+        assert!(table.get("kept").is_some() && table.get("sleeper").is_some());
+        running.signal(libc::SIGKILL).unwrap();
+        assert!(running.wait_exit(Duration::from_secs(10)).await);
+        // Now the exited unkept process makes room.
+        assert!(matches!(
+            table.start(
+                Some("third".into()),
+                spec(r#"{"argv":["true"]}"#),
+                &[],
+                &groups
+            ),
+            Ok(Started::New(_))
+        ));
+        assert!(table.get("sleeper").is_none() && table.get("kept").is_some());
+    }
 
     #[test]
     fn id_rules() {

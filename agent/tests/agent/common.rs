@@ -70,7 +70,11 @@ pub struct Agent {
 pub struct AgentOptions {
     pub args: Vec<String>,
     pub env: Vec<(String, String)>,
+    /// Pass `--token-file` (the harness' token). Without it and without an `ORCHARD_AGENT_TOKEN*`
+    /// variable in `env`, the agent is started with `--insecure-no-auth`.
     pub with_token: bool,
+    /// Run the agent as this uid and gid (supplementary groups dropped) instead of the test's.
+    pub uid: Option<u32>,
     /// Command line put before the agent (e.g. `chroot DIR`, `unshare ...`).
     pub wrapper: Vec<String>,
     /// Agent executable as the wrapper sees it (default: the test build).
@@ -85,6 +89,7 @@ impl Default for AgentOptions {
             args: Vec::new(),
             env: Vec::new(),
             with_token: true,
+            uid: None,
             wrapper: Vec::new(),
             binary: None,
             root: None,
@@ -124,6 +129,16 @@ impl Agent {
             .arg(root_arg);
         if options.with_token {
             command.arg("--token-file").arg(&token_file);
+        } else if !options
+            .env
+            .iter()
+            .any(|(key, _)| key.starts_with("ORCHARD_AGENT_TOKEN"))
+        {
+            command.arg("--insecure-no-auth");
+        }
+        if let Some(uid) = options.uid {
+            use std::os::unix::process::CommandExt;
+            command.uid(uid).gid(uid);
         }
         command.args(&options.args);
         for (key, value) in &options.env {

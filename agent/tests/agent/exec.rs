@@ -388,3 +388,48 @@ async fn agent_environment_never_reaches_children() {
     let read = stream.read(&mut buffer).await.unwrap();
     assert!(buffer[..read].starts_with(b"HTTP/1.1 200"));
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn total_output_budget_truncates_concurrent_execs() {
+    // 64 KiB for everything; each command writes 40 KB, well under its own 4 MiB cap.
+    let agent = crate::common::Agent::start_with(crate::common::AgentOptions {
+        args: vec!["--max-output-bytes-total".into(), "64K".into()],
+        ..crate::common::AgentOptions::default()
+    });
+    // The first one writes its 40 KB, gives the agent 0.5 s to read them, says so, and holds them
+    // (its response is not sent) for 3 s more.
+    let first = agent.exec(json!({
+        "command": "head -c 40000 /dev/zero | tr '\\0' a; sleep 0.5; touch ready; sleep 3"
+    }));
+    let ready = agent.root.path().join("ready");
+    let second = async {
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while !ready.exists() {
+            assert!(
+                Instant::now() < deadline,
+                "the first command never got ready"
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        agent
+            .exec(json!({"command": "head -c 40000 /dev/zero | tr '\\0' b"}))
+            .await
+    };
+    let (first, second) = tokio::join!(first, second);
+    assert_eq!(first["stdout"].as_str().map(str::len), Some(40000));
+    assert_eq!(first["stdoutTruncated"], false);
+    assert_eq!(
+        second["stdout"].as_str().map(str::len),
+        Some(64 * 1024 - 40000),
+        "the second gets what the budget has left"
+    );
+    assert_eq!(second["stdoutTruncated"], true);
+    assert_eq!(second["exitCode"], 0, "truncation never fails the command");
+    // Both responses were sent (their bodies are dropped a moment later): the budget is whole again.
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let third = agent
+        .exec(json!({"command": "head -c 60000 /dev/zero | tr '\\0' c"}))
+        .await;
+    assert_eq!(third["stdout"].as_str().map(str::len), Some(60000));
+    assert_eq!(third["stdoutTruncated"], false);
+}

@@ -470,3 +470,47 @@ async fn token_file_and_own_executable_are_off_limits() {
         .await;
     assert_eq!(status, StatusCode::FORBIDDEN);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn special_files_are_400_not_a_hung_read() {
+    let agent = Agent::start();
+    let fifo = agent.root.path().join("pipe");
+    let name = std::ffi::CString::new(fifo.as_os_str().as_encoded_bytes()).unwrap();
+    // SAFETY: a valid NUL-terminated path.
+    assert_eq!(unsafe { libc::mkfifo(name.as_ptr(), 0o644) }, 0);
+    symlink("/dev/zero", agent.root.path().join("zero")).unwrap();
+    let socket_path = agent.root.path().join("sock");
+    let _socket = std::os::unix::net::UnixListener::bind(&socket_path).unwrap();
+    for (path, what) in [
+        ("pipe", "FIFO"),
+        ("zero", "character device"),
+        ("/dev/null", "character device"),
+        ("sock", "socket"),
+    ] {
+        // Without the check, the FIFO read blocks forever and /dev/zero never ends.
+        let (status, error) = tokio::time::timeout(
+            std::time::Duration::from_secs(10),
+            agent.get(&format!("/v1/files?path={path}")),
+        )
+        .await
+        .unwrap_or_else(|_| panic!("GET {path} hung"));
+        assert_eq!(status, StatusCode::BAD_REQUEST, "{path}: {error}");
+        assert_eq!(error["code"], "InvalidPath", "{path}: {error}");
+        let message = error["message"].as_str().unwrap_or_default();
+        assert!(message.contains("not a regular file"), "{path}: {error}");
+        assert!(message.contains(what), "{path}: {error}");
+    }
+    // A patch of the FIFO is refused the same way.
+    let (status, error) = agent
+        .json(
+            Method::POST,
+            "/v1/patch",
+            json!({"patch": "--- a/pipe\n+++ b/pipe\n@@ -1 +1 @@\n-a\n+b\n"}),
+        )
+        .await;
+    assert_eq!(status, StatusCode::BAD_REQUEST, "{error}");
+    // Regular files still download.
+    std::fs::write(agent.root.path().join("plain"), "ok").unwrap();
+    let (status, bytes) = agent.call(Method::GET, "/v1/files?path=plain", "").await;
+    assert_eq!((status, &bytes[..]), (StatusCode::OK, &b"ok"[..]));
+}

@@ -5,6 +5,7 @@ mod common;
 mod empty_root;
 mod exec;
 mod files;
+mod hardening;
 mod patch;
 mod pid1;
 mod processes;

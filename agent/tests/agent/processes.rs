@@ -249,3 +249,43 @@ async fn startup_command_runs_at_boot() {
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn keep_is_for_processes_and_budgets_their_output() {
+    let agent = Agent::start_with(AgentOptions {
+        args: vec!["--max-output-bytes-total".into(), "10K".into()],
+        ..AgentOptions::default()
+    });
+    let (status, error) = agent
+        .json(
+            Method::POST,
+            "/v1/exec",
+            json!({"argv": ["true"], "keep": true}),
+        )
+        .await;
+    assert_eq!(status, StatusCode::UNPROCESSABLE_ENTITY, "{error}");
+    let (status, created) = agent
+        .json(
+            Method::POST,
+            "/v1/processes",
+            json!({"id": "kept", "command": "head -c 30000 /dev/zero | tr '\\0' k", "keep": true}),
+        )
+        .await;
+    assert_eq!(status, StatusCode::CREATED, "{created}");
+    let (_, done) = agent.get("/v1/processes/kept?wait=10").await;
+    assert_eq!(done["state"], "exited", "{done}");
+    assert_eq!(done["stdout"].as_str().map(str::len), Some(10 * 1024));
+    assert_eq!(done["stdoutTruncated"], true);
+    // Its output holds the whole budget until it is deleted.
+    let out = agent.exec(json!({"command": "echo hi"})).await;
+    assert_eq!(
+        (&out["stdout"], &out["stdoutTruncated"]),
+        (&json!(""), &json!(true))
+    );
+    let (status, _) = agent
+        .json(Method::DELETE, "/v1/processes/kept", Value::Null)
+        .await;
+    assert_eq!(status, StatusCode::OK);
+    let out = agent.exec(json!({"command": "echo hi"})).await;
+    assert_eq!(out["stdout"], "hi\n");
+}
