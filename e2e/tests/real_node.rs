@@ -580,19 +580,16 @@ async fn pod_security_restricted_admits_only_the_restricted_profile() {
     );
     assert!(seen.contains("NoNewPrivs:\t1"), "{seen}");
     assert!(seen.contains("Seccomp:\t2"), "{seen}");
-    // The agent works as non-root: files, Python, and its own token stays read-only.
+    // The agent works as non-root: files and Python (its token is out of reach: see
+    // task_code_cannot_find_the_agent_token).
     let work = sh(
         &admin,
         &ns,
         "strict",
-        "echo hi > /tmp/f && cat /tmp/f; python3 -c 'print(6*7)'; test -s /var/run/orchard/token && echo token-present; echo x > /var/run/orchard/token 2>/dev/null && echo wrote-token || echo token-read-only",
+        "echo hi > /tmp/f && cat /tmp/f; python3 -c 'print(6*7)'",
     )
     .await;
-    assert_eq!(
-        stdout(&work),
-        "hi\n42\ntoken-present\ntoken-read-only\n",
-        "{work}"
-    );
+    assert_eq!(stdout(&work), "hi\n42\n", "{work}");
 
     // Restricted without a uid: the nonroot default, also for an image with no user database.
     ready_sandbox(
@@ -613,5 +610,64 @@ async fn pod_security_restricted_admits_only_the_restricted_profile() {
         stdout(&id).starts_with("uid=65532 gid=65532"),
         "the default non-root uid: {id}"
     );
+    env.delete_namespace(&ns).await;
+}
+
+/// What a command in the sandbox finds of the agent's token: the files left in the hand-over volume,
+/// whether the agent's (PID 1) environment, memory and mappings are readable, read-only mounts under
+/// `/var/run/orchard*` (a Secret volume is one), and every file under the likely paths that holds the
+/// token's text.
+async fn token_traces(caller: &Caller, ns: &str, name: &str, token: &str) -> String {
+    // The token goes in as two halves, so that the command's own argv never holds it whole.
+    let script = format!(
+        "echo files=$(find /var/run/orchard -type f | wc -l); \
+         cat /proc/1/environ >/dev/null 2>&1 && echo environ=readable || echo environ=denied; \
+         ( exec 3</proc/1/mem ) 2>/dev/null && echo mem=readable || echo mem=denied; \
+         cat /proc/1/maps >/dev/null 2>&1 && echo maps=readable || echo maps=denied; \
+         echo secret-mounts=$(awk '$5 ~ /run[/]orchard/ && $6 ~ /^ro/' /proc/self/mountinfo | wc -l); \
+         printf '%s' '{first}' > /tmp/needle-a; printf '%s' '{rest}' > /tmp/needle-b; \
+         needle=$(cat /tmp/needle-a /tmp/needle-b); rm -f /tmp/needle-a /tmp/needle-b; \
+         grep -rlsF \"$needle\" /var/run /opt/orchard /tmp /etc /proc/1/environ /proc/1/cmdline; echo done",
+        first = &token[..token.len() / 2],
+        rest = &token[token.len() / 2..],
+    );
+    let answer = sh(caller, ns, name, &script).await;
+    stdout(&answer).to_string()
+}
+
+#[tokio::test]
+async fn task_code_cannot_find_the_agent_token() {
+    let env = env();
+    let ns = env.namespace("token-reach").await;
+    let admin = Caller::user(env, "admin");
+    let secrets: Api<k8s_openapi::api::core::v1::Secret> = Api::namespaced(env.client().await, &ns);
+    let image = env.node.real().image("debian-python");
+    // As the image's root (the Default profile) and as a non-root uid (Restricted).
+    for (name, extra) in [
+        ("as-root", json!({})),
+        (
+            "as-user",
+            json!({"security": {"profile": "Restricted", "runAsUser": 1000}}),
+        ),
+    ] {
+        ready_sandbox(&ns, name, &image, extra).await;
+        let secret = secrets
+            .get(&format!("{name}-agent-token"))
+            .await
+            .expect("the token Secret");
+        let token = secret
+            .data
+            .as_ref()
+            .and_then(|d| d.get("token"))
+            .map(|b| String::from_utf8_lossy(&b.0).to_string())
+            .expect("a token");
+        let seen = token_traces(&admin, &ns, name, &token).await;
+        assert_eq!(
+            seen, "files=0\nenviron=denied\nmem=denied\nmaps=denied\nsecret-mounts=0\ndone\n",
+            "{name}: the token file was consumed, the agent's process is not readable, the Secret is \
+             not mounted, and the token is nowhere to be found"
+        );
+        // The agent still answers to the token (the gateway's calls above used it).
+    }
     env.delete_namespace(&ns).await;
 }

@@ -132,6 +132,8 @@ impl AgentClient {
             id: Some(id.to_string()),
             argv: Some(argv.to_vec()),
             timeout_seconds: Some(timeout_seconds as f64),
+            // Never evicted from the agent's process table before the runner has read its end.
+            keep: Some(true),
             ..ExecRequest::default()
         };
         let (status, bytes) = self

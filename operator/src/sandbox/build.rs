@@ -31,10 +31,17 @@ pub const TASK_CONTAINER: &str = "sandbox";
 pub const INSTALL_CONTAINER: &str = "orchard-agent-install";
 /// Where the agent binary lives inside the task container.
 pub const AGENT_DIR: &str = "/opt/orchard";
-/// Where the agent's token file is mounted inside the task container.
+/// Where the init container hands the token over to the agent: a memory `emptyDir` in both
+/// containers. The agent reads the file and deletes it before it serves, so nothing in the task
+/// container's filesystem holds the token afterwards.
 pub const TOKEN_DIR: &str = "/var/run/orchard";
-/// Key of the token in the agent-token Secret (and file name under [`TOKEN_DIR`]).
+/// Where the agent-token Secret is mounted: in the init container only, never in the task container.
+pub const TOKEN_SECRET_DIR: &str = "/var/run/orchard-token";
+/// Key of the token in the agent-token Secret.
 pub const TOKEN_KEY: &str = "token";
+/// The handed-over token file: in a directory the init container creates without the sticky bit that
+/// the tmpfs root of a memory `emptyDir` has, so that the agent may delete it whatever its uid.
+pub const TOKEN_HANDOVER_FILE: &str = "/var/run/orchard/handover/token";
 /// Name of the per-namespace baseline NetworkPolicy.
 pub const BASELINE_POLICY: &str = "orchard-sandbox-baseline";
 /// Name of the named container port of the agent.
@@ -42,6 +49,7 @@ pub const AGENT_PORT_NAME: &str = "agent";
 
 const AGENT_VOLUME: &str = "orchard-agent";
 const TOKEN_VOLUME: &str = "orchard-token";
+const HANDOVER_VOLUME: &str = "orchard-token-handover";
 
 /// Everything about the pods the operator builds that does not come from a Sandbox spec.
 #[derive(Debug, Clone, PartialEq)]
@@ -187,10 +195,8 @@ fn task_env(sandbox: &Sandbox, name: &str, shape: &PodShape) -> Vec<EnvVar> {
         "ORCHARD_AGENT_LISTEN",
         format!("0.0.0.0:{}", shape.agent_port),
     );
-    push(
-        "ORCHARD_AGENT_TOKEN_FILE",
-        format!("{TOKEN_DIR}/{TOKEN_KEY}"),
-    );
+    push("ORCHARD_AGENT_TOKEN_FILE", TOKEN_HANDOVER_FILE.to_string());
+    push("ORCHARD_AGENT_CONSUME_TOKEN_FILE", "true".to_string());
     if let Some(startup) = &spec.startup {
         push(
             "ORCHARD_AGENT_STARTUP",
@@ -276,12 +282,29 @@ pub fn desired_pod(sandbox: &Sandbox, owner: &OwnerReference, shape: &PodShape) 
             "/orchard-agent".to_string(),
             "install".to_string(),
             AGENT_DIR.to_string(),
+            "--token-from".to_string(),
+            format!("{TOKEN_SECRET_DIR}/{TOKEN_KEY}"),
+            "--token-to".to_string(),
+            TOKEN_HANDOVER_FILE.to_string(),
         ]),
-        volume_mounts: Some(vec![VolumeMount {
-            name: AGENT_VOLUME.to_string(),
-            mount_path: AGENT_DIR.to_string(),
-            ..VolumeMount::default()
-        }]),
+        volume_mounts: Some(vec![
+            VolumeMount {
+                name: AGENT_VOLUME.to_string(),
+                mount_path: AGENT_DIR.to_string(),
+                ..VolumeMount::default()
+            },
+            VolumeMount {
+                name: TOKEN_VOLUME.to_string(),
+                mount_path: TOKEN_SECRET_DIR.to_string(),
+                read_only: Some(true),
+                ..VolumeMount::default()
+            },
+            VolumeMount {
+                name: HANDOVER_VOLUME.to_string(),
+                mount_path: TOKEN_DIR.to_string(),
+                ..VolumeMount::default()
+            },
+        ]),
         resources: Some(install_resources()),
         security_context: Some(SecurityContext {
             allow_privilege_escalation: Some(false),
@@ -332,10 +355,10 @@ pub fn desired_pod(sandbox: &Sandbox, owner: &OwnerReference, shape: &PodShape) 
                 read_only: Some(true),
                 ..VolumeMount::default()
             },
+            // Writable: the agent deletes the handed-over token file before it serves.
             VolumeMount {
-                name: TOKEN_VOLUME.to_string(),
+                name: HANDOVER_VOLUME.to_string(),
                 mount_path: TOKEN_DIR.to_string(),
-                read_only: Some(true),
                 ..VolumeMount::default()
             },
         ]),
@@ -374,6 +397,14 @@ pub fn desired_pod(sandbox: &Sandbox, owner: &OwnerReference, shape: &PodShape) 
                     ..Volume::default()
                 },
                 Volume {
+                    name: HANDOVER_VOLUME.to_string(),
+                    empty_dir: Some(EmptyDirVolumeSource {
+                        medium: Some("Memory".to_string()),
+                        size_limit: Some(Quantity("1Mi".to_string())),
+                    }),
+                    ..Volume::default()
+                },
+                Volume {
                     name: TOKEN_VOLUME.to_string(),
                     secret: Some(SecretVolumeSource {
                         secret_name: Some(token_secret_name(&name)),
@@ -382,7 +413,8 @@ pub fn desired_pod(sandbox: &Sandbox, owner: &OwnerReference, shape: &PodShape) 
                             path: TOKEN_KEY.to_string(),
                             ..KeyToPath::default()
                         }]),
-                        // Readable by whatever user the task image runs as; the token only opens this sandbox.
+                        // Mounted in the init container only (uid 65532), which copies it to the
+                        // hand-over volume for the agent.
                         default_mode: Some(0o444),
                         ..SecretVolumeSource::default()
                     }),
@@ -706,7 +738,15 @@ mod tests {
         );
         assert_eq!(
             init.command.as_ref().unwrap(),
-            &["/orchard-agent", "install", "/opt/orchard"]
+            &[
+                "/orchard-agent",
+                "install",
+                "/opt/orchard",
+                "--token-from",
+                "/var/run/orchard-token/token",
+                "--token-to",
+                "/var/run/orchard/handover/token"
+            ]
         );
         let task = &spec.containers[0];
         assert_eq!(task.image.as_deref(), Some("python:3.11"));
@@ -720,7 +760,7 @@ mod tests {
         );
         assert_eq!(
             env_value(&pod, "ORCHARD_AGENT_TOKEN_FILE").as_deref(),
-            Some("/var/run/orchard/token")
+            Some("/var/run/orchard/handover/token")
         );
         let probe = task
             .readiness_probe
@@ -734,8 +774,67 @@ mod tests {
         let volumes = spec.volumes.as_ref().unwrap();
         assert!(volumes[0].empty_dir.is_some());
         assert_eq!(
-            volumes[1].secret.as_ref().unwrap().secret_name.as_deref(),
+            volumes[2].secret.as_ref().unwrap().secret_name.as_deref(),
             Some("s1-agent-token")
+        );
+    }
+
+    #[test]
+    fn the_token_secret_reaches_only_the_init_container_and_the_agent_consumes_the_copy() {
+        let pod = desired_pod(&minimal(), &owner(), &shape());
+        let spec = pod.spec.as_ref().unwrap();
+        let mounts = |c: &Container| -> Vec<(String, String, bool)> {
+            c.volume_mounts
+                .iter()
+                .flatten()
+                .map(|m| {
+                    (
+                        m.name.clone(),
+                        m.mount_path.clone(),
+                        m.read_only == Some(true),
+                    )
+                })
+                .collect()
+        };
+        let init = &spec.init_containers.as_ref().unwrap()[0];
+        let task = &spec.containers[0];
+        let secret_volume = "orchard-token".to_string();
+        assert!(mounts(init).contains(&(
+            secret_volume.clone(),
+            "/var/run/orchard-token".into(),
+            true
+        )));
+        assert!(
+            mounts(task)
+                .iter()
+                .all(|(name, _, _)| *name != secret_volume),
+            "the task container never mounts the token Secret: {:?}",
+            mounts(task)
+        );
+        let handover = (
+            "orchard-token-handover".to_string(),
+            "/var/run/orchard".to_string(),
+            false,
+        );
+        assert!(mounts(init).contains(&handover));
+        assert!(
+            mounts(task).contains(&handover),
+            "writable: the agent deletes the file"
+        );
+        let volume = spec
+            .volumes
+            .iter()
+            .flatten()
+            .find(|v| v.name == "orchard-token-handover")
+            .unwrap();
+        assert_eq!(
+            volume.empty_dir.as_ref().unwrap().medium.as_deref(),
+            Some("Memory"),
+            "the token never touches the node's disk"
+        );
+        assert_eq!(
+            env_value(&pod, "ORCHARD_AGENT_CONSUME_TOKEN_FILE").as_deref(),
+            Some("true")
         );
     }
 

@@ -21,14 +21,17 @@ use tracing::{info, warn};
 
 use super::apply::cached_pod;
 use super::build::{TOKEN_KEY, token_secret_name};
-use super::run_result::{aborted, result_of_run};
+use super::run_protocol::{DEADLINE_GRACE, RunAgent, run_to_result};
 use super::status::endpoint_of_own_pod;
 use crate::runtime::backoff::Retry;
 use crate::runtime::context::Context;
 use crate::runtime::ownership::controlled_by;
 use crate::runtime::status_patch::status_member_patch;
-use crate::sandbox::agent_client::{AgentCallError, AgentTarget};
+use crate::sandbox::agent_client::{AgentCallError, AgentClient, AgentTarget};
+use bytes::Bytes;
+use orchard_api::agent::ProcessStatus;
 use orchard_api::{RunSpec, Sandbox, SandboxPhase, TrajectoryResult};
+use tokio::time::Instant;
 
 /// The patch that sets `status.result` of the sandbox with `uid`.
 fn result_patch(uid: &str, result: &TrajectoryResult) -> Option<json_patch::Patch> {
@@ -38,10 +41,6 @@ fn result_patch(uid: &str, result: &TrajectoryResult) -> Option<json_patch::Patc
 
 /// Id of the run's background process inside the agent.
 pub const RUN_PROCESS_ID: &str = "orchard-run";
-/// Extra time the operator allows beyond `timeoutSeconds` before declaring the run lost.
-pub const DEADLINE_GRACE: Duration = Duration::from_secs(60);
-/// Seconds each long poll waits for the process to exit.
-const LONG_POLL_SECONDS: u64 = 20;
 
 /// The agent endpoint and token of a sandbox, from its own pod and its own Secret (by owner UID) in
 /// the caches.
@@ -185,6 +184,46 @@ fn retry() -> Retry {
     Retry::new(Duration::from_millis(200), Duration::from_secs(10))
 }
 
+/// A sandbox's agent as [`run_to_result`] talks to it: the run process [`RUN_PROCESS_ID`].
+struct SandboxAgent<'a> {
+    client: &'a AgentClient,
+    target: AgentTarget,
+}
+
+impl RunAgent for SandboxAgent<'_> {
+    async fn start(&self, run: &RunSpec) -> Result<ProcessStatus, AgentCallError> {
+        self.client
+            .start_process(
+                &self.target,
+                RUN_PROCESS_ID,
+                &run.command,
+                run.timeout_seconds,
+            )
+            .await
+    }
+    async fn poll(&self, wait_seconds: u64) -> Result<ProcessStatus, AgentCallError> {
+        self.client
+            .process(&self.target, RUN_PROCESS_ID, wait_seconds)
+            .await
+    }
+    async fn kill(&self) -> Result<(), AgentCallError> {
+        self.client.kill_process(&self.target, RUN_PROCESS_ID).await
+    }
+    async fn read(&self, path: &str) -> Result<Option<Bytes>, AgentCallError> {
+        self.client.read_file(&self.target, path).await
+    }
+}
+
+/// The run's deadline on the monotonic clock: `timeoutSeconds` after `ready` plus [`DEADLINE_GRACE`].
+fn run_deadline(ready: Timestamp, run: &RunSpec) -> Instant {
+    let end = ready
+        .saturating_add(SignedDuration::from_secs(run.timeout_seconds.max(1)))
+        .and_then(|t| t.saturating_add(DEADLINE_GRACE))
+        .unwrap_or(ready);
+    let left = Timestamp::now().duration_until(end);
+    Instant::now() + Duration::try_from(left).unwrap_or(Duration::ZERO)
+}
+
 async fn drive(
     ctx: &Context,
     key: &ObjectRef<Sandbox>,
@@ -192,11 +231,7 @@ async fn drive(
     run: &RunSpec,
 ) -> Option<TrajectoryResult> {
     let sandbox = still_wanted(ctx, key, uid)?;
-    let ready = sandbox.status.as_ref()?.ready_time.as_ref()?.0;
-    let deadline = ready
-        .saturating_add(SignedDuration::from_secs(run.timeout_seconds.max(1)))
-        .and_then(|t| t.saturating_add(DEADLINE_GRACE))
-        .unwrap_or(ready);
+    let deadline = run_deadline(sandbox.status.as_ref()?.ready_time.as_ref()?.0, run);
     let mut retry = retry();
     let target = loop {
         let sandbox = still_wanted(ctx, key, uid)?;
@@ -205,85 +240,19 @@ async fn drive(
         }
         retry.wait().await;
     };
-    let mut process = loop {
-        still_wanted(ctx, key, uid)?;
-        match ctx
-            .agent
-            .start_process(&target, RUN_PROCESS_ID, &run.command, run.timeout_seconds)
-            .await
-        {
-            Ok(process) => break process,
-            Err(AgentCallError::Status { status, body }) if (400..500).contains(&status) => {
-                return Some(aborted(
-                    "RunnerStartFailed",
-                    format!("the agent refused to start the run ({status}): {body}"),
-                    None,
-                ));
-            }
-            Err(err) if Timestamp::now() < deadline => {
-                warn!(sandbox = %key, %err, "cannot start the run yet; retrying");
-                retry.wait().await;
-            }
-            Err(err) => {
-                return Some(aborted(
-                    "TimeExceeded",
-                    format!("the run could not be started before its deadline: {err}"),
-                    None,
-                ));
-            }
-        }
+    let agent = SandboxAgent {
+        client: &ctx.agent,
+        target,
     };
-    info!(sandbox = %key, "trajectory run started");
-    retry.reset();
-    while !process.exited() {
-        still_wanted(ctx, key, uid)?;
-        if Timestamp::now() >= deadline {
-            let _ = ctx.agent.kill_process(&target, RUN_PROCESS_ID).await;
-            return Some(aborted(
-                "TimeExceeded",
-                format!(
-                    "the run did not report its end within timeoutSeconds={} (+{}s grace) and was killed",
-                    run.timeout_seconds,
-                    DEADLINE_GRACE.as_secs()
-                ),
-                None,
-            ));
-        }
-        match ctx
-            .agent
-            .process(&target, RUN_PROCESS_ID, LONG_POLL_SECONDS)
-            .await
-        {
-            Ok(status) => {
-                process = status;
-                retry.reset();
-            }
-            Err(AgentCallError::Status { status: 404, .. }) => {
-                return Some(aborted(
-                    "RunLost",
-                    "the agent no longer knows the run's process",
-                    None,
-                ));
-            }
-            Err(err) => {
-                warn!(sandbox = %key, %err, "cannot reach the run's agent; retrying");
-                retry.wait().await;
-            }
-        }
-    }
-    let file = ctx
-        .agent
-        .read_file(&target, &run.result_path)
-        .await
-        .map(|bytes| bytes.map(|b| b.to_vec()))
-        .map_err(|e| e.to_string());
-    let file_ref = file.as_ref().map(|f| f.as_deref()).map_err(Clone::clone);
-    Some(result_of_run(
-        &process,
-        file_ref,
-        &run.result_path,
-        run.timeout_seconds,
-    ))
+    info!(sandbox = %key, "trajectory run starting");
+    run_to_result(
+        &agent,
+        run,
+        deadline,
+        || still_wanted(ctx, key, uid).is_some(),
+        retry,
+    )
+    .await
 }
 
 /// Records `result` in the sandbox's status (write-once: a result already there wins), only on the
@@ -297,7 +266,9 @@ async fn record(ctx: &Context, key: &ObjectRef<Sandbox>, uid: &str, result: &Tra
         return;
     };
     let mut retry = retry();
-    for _ in 0..8 {
+    // Until it is recorded or nobody needs it: a result is never dropped because the API server was
+    // briefly unavailable.
+    while still_wanted(ctx, key, uid).is_some() {
         match api
             .patch_status(
                 &key.name,
