@@ -184,3 +184,83 @@ impl Caller {
 pub fn sandbox_path(namespace: &str, name: &str, rest: &str) -> String {
     format!("/v1/namespaces/{namespace}/sandboxes/{name}{rest}")
 }
+
+/// Starts a local cluster with `options` on a thread of its own, whose runtime keeps it alive for the
+/// rest of the process (for a test binary's own shared environment: `OnceLock<TestEnv>`).
+pub fn start_env_on_own_thread(name: &str, options: crate::env::EnvOptions) -> TestEnv {
+    let name = name.to_string();
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::Builder::new()
+        .name("e2e-env".into())
+        .spawn(move || {
+            let runtime = tokio::runtime::Builder::new_multi_thread()
+                .worker_threads(2)
+                .enable_all()
+                .build()
+                .expect("tokio runtime");
+            runtime.block_on(async move {
+                let _ = tx.send(TestEnv::start(&name, options).await);
+                std::future::pending::<()>().await;
+            });
+        })
+        .expect("cannot start the e2e environment thread");
+    match rx.recv() {
+        Ok(Ok(env)) => env,
+        Ok(Err(err)) => panic!("the local test cluster did not start: {err}"),
+        Err(_) => panic!("the local test cluster thread died while starting"),
+    }
+}
+
+/// Starts an operator of its own for `namespace` only (`--watch-namespace`), with the replica
+/// identity `identity` (it names the operator's requests in the audit log) and `extra_args`.
+pub async fn scoped_operator(
+    env: &TestEnv,
+    namespace: &str,
+    identity: &str,
+    extra_args: &[&str],
+) -> crate::operator_process::OperatorProcess {
+    let mut args = vec![
+        format!("--watch-namespace={namespace}"),
+        format!("--identity={identity}"),
+    ];
+    args.extend(extra_args.iter().map(|a| a.to_string()));
+    crate::operator_process::OperatorProcess::start(
+        &crate::binaries::operator_bin().expect("operator binary"),
+        &env.control_plane.kubeconfig,
+        &env.dir
+            .join(format!("logs/orchard-operator-{identity}.log")),
+        &args,
+    )
+    .await
+    .expect("operator starts")
+}
+
+impl Caller {
+    /// A caller of the gateway at `base` with `token` (or none), on a client of its own.
+    pub fn at(base: &str, token: Option<&str>) -> Self {
+        Self {
+            base: base.to_string(),
+            token: token.map(str::to_string),
+            http: reqwest::Client::new(),
+        }
+    }
+}
+
+/// How many requests to `resource` the audit log of `env` holds from clients whose User-Agent
+/// contains `agent` (the environment must have been started with `audit_log`).
+pub fn audited_requests(env: &TestEnv, resource: &str, agent: &str) -> usize {
+    let path = env
+        .control_plane
+        .audit_log()
+        .expect("the environment writes an audit log");
+    let text = std::fs::read_to_string(path).unwrap_or_default();
+    text.lines()
+        .filter_map(|line| serde_json::from_str::<Value>(line).ok())
+        .filter(|event| {
+            event["objectRef"]["resource"] == resource
+                && event["userAgent"]
+                    .as_str()
+                    .is_some_and(|ua| ua.contains(agent))
+        })
+        .count()
+}

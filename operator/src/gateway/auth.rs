@@ -1,12 +1,17 @@
 //! Authentication (TokenReview) and authorisation (SubjectAccessReview) of gateway callers, with a
-//! short cache of both positive and negative decisions keyed by a SHA-256 of the token (never the token
-//! itself; tokens are never logged). After this check the gateway acts with the operator's identity.
+//! short cache of decisions keyed by a SHA-256 of the token (never the token itself; tokens are never
+//! logged). Accepted and refused tokens are cached apart (`token_cache`), and TokenReviews of unknown
+//! tokens are budgeted globally and per client IP (`review_budget`): a flood of bogus tokens neither
+//! evicts valid callers nor costs the API server more than the budget. With audiences configured, a
+//! token is accepted only if the API server confirms one of them. After this check the gateway acts
+//! with the operator's identity.
 
 use std::collections::{BTreeMap, HashMap};
+use std::net::IpAddr;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use axum::http::{HeaderMap, header};
+use axum::http::{HeaderMap, StatusCode, header};
 use k8s_openapi::api::authentication::v1::{TokenReview, TokenReviewSpec};
 use k8s_openapi::api::authorization::v1::{
     ResourceAttributes, SubjectAccessReview, SubjectAccessReviewSpec,
@@ -17,13 +22,44 @@ use kube::api::{Api, PostParams};
 use super::access::Access;
 use super::errors::ApiError;
 use super::metrics::GatewayMetrics;
+use super::review_budget::{BudgetLimits, ReviewBudget, retry_after_seconds};
+use super::token_cache::{Key, Lookup, TokenCache};
 use orchard_api::GROUP;
 
-/// How long a decision is reused.
+/// How long a decision is reused unless configured (`--gateway-auth-cache-ttl-seconds`).
 pub const DECISION_TTL: Duration = Duration::from_secs(10);
 
 /// Most cached entries per cache; beyond it expired entries are dropped, then everything.
 const MAX_ENTRIES: usize = 65_536;
+
+/// Most cached refused tokens (their own map: they never push out accepted ones).
+const MAX_REFUSED: usize = 16_384;
+
+/// How the authorizer checks callers.
+#[derive(Debug, Clone, PartialEq)]
+pub struct AuthSettings {
+    /// How long a TokenReview or SubjectAccessReview decision is reused.
+    pub ttl: Duration,
+    /// Audiences asked of TokenReview; empty sends none (tokens for the API server are accepted).
+    pub audiences: Vec<String>,
+    /// Budget of TokenReviews for unknown tokens.
+    pub budget: BudgetLimits,
+}
+
+impl Default for AuthSettings {
+    fn default() -> Self {
+        Self {
+            ttl: DECISION_TTL,
+            audiences: Vec::new(),
+            budget: BudgetLimits {
+                rate: 0.0,
+                burst: 0.0,
+                per_client_rate: 0.0,
+                per_client_burst: 0.0,
+            },
+        }
+    }
+}
 
 /// Who is calling, as the API server's TokenReview said.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -37,8 +73,6 @@ pub struct Identity {
     /// Extra attributes (passed on to SubjectAccessReview unchanged).
     pub extra: BTreeMap<String, Vec<String>>,
 }
-
-type Key = [u8; 32];
 
 #[derive(Clone)]
 enum TokenDecision {
@@ -81,10 +115,33 @@ impl<V: Clone> TtlCache<V> {
     }
 }
 
+/// Whether a TokenReview answer's `status.audiences` fits the configured audiences (pure): always
+/// when none are configured, else when they share one. An empty answer means the token is for the
+/// API server itself, which a gateway with audiences refuses.
+pub fn audiences_match(configured: &[String], confirmed: Option<&[String]>) -> bool {
+    configured.is_empty()
+        || confirmed
+            .unwrap_or_default()
+            .iter()
+            .any(|audience| configured.contains(audience))
+}
+
+/// What a caller of a gateway with `audiences` needs (pure).
+fn audience_hint(audiences: &[String]) -> String {
+    format!(
+        "this gateway accepts only tokens issued for the audience{} {} (e.g. `kubectl create token <service-account> --audience {}`)",
+        if audiences.len() == 1 { "" } else { "s" },
+        audiences.join(", "),
+        audiences.first().map(String::as_str).unwrap_or_default()
+    )
+}
+
 /// Checks bearer tokens and permissions against the API server, caching decisions briefly.
 pub struct Authorizer {
     client: Client,
-    tokens: TtlCache<TokenDecision>,
+    settings: AuthSettings,
+    tokens: Mutex<TokenCache<Arc<Identity>>>,
+    budget: Mutex<ReviewBudget>,
     decisions: TtlCache<Result<(), String>>,
     metrics: GatewayMetrics,
 }
@@ -108,6 +165,7 @@ pub fn bearer_token(headers: &HeaderMap) -> Result<&str, ApiError> {
     Ok(token.trim())
 }
 
+/// Cache key of a token.
 fn token_key(token: &str) -> Key {
     let digest = ring::digest::digest(&ring::digest::SHA256, token.as_bytes());
     let mut key = [0u8; 32];
@@ -136,13 +194,20 @@ fn access_key(token: &Key, access: &Access) -> Key {
 
 impl Authorizer {
     /// An authorizer asking the API server through `client`.
-    pub fn new(client: Client, metrics: GatewayMetrics) -> Self {
+    pub fn new(client: Client, metrics: GatewayMetrics, settings: AuthSettings) -> Self {
         Self {
             client,
-            tokens: TtlCache::new(DECISION_TTL),
-            decisions: TtlCache::new(DECISION_TTL),
+            tokens: Mutex::new(TokenCache::new(settings.ttl, MAX_ENTRIES, MAX_REFUSED)),
+            budget: Mutex::new(ReviewBudget::new(settings.budget, Instant::now())),
+            decisions: TtlCache::new(settings.ttl),
+            settings,
             metrics,
         }
+    }
+
+    /// How long decisions are reused (streams re-check their caller at least this often).
+    pub fn ttl(&self) -> Duration {
+        self.settings.ttl
     }
 
     fn count(&self, cache: &str, hit: bool) {
@@ -202,22 +267,66 @@ impl Authorizer {
     }
 
     async fn authenticate(&self, token: &str, key: &Key) -> Result<Arc<Identity>, ApiError> {
-        let decision = match self.tokens.get(key) {
-            Some(decision) => {
-                self.count("token", true);
-                decision
-            }
-            None => {
-                self.count("token", false);
-                let decision = self.review_token(token).await?;
-                self.tokens.insert(*key, decision.clone());
-                decision
+        let known = {
+            let cache = self.tokens.lock().unwrap_or_else(|p| p.into_inner());
+            match cache.lookup(key, Instant::now()) {
+                Lookup::Valid(identity) => {
+                    self.count("token", true);
+                    return Ok(identity);
+                }
+                Lookup::Invalid(reason) => {
+                    self.count("token", true);
+                    return Err(ApiError::unauthorized(reason));
+                }
+                Lookup::Known => true,
+                Lookup::Unknown => false,
             }
         };
-        match decision {
-            TokenDecision::Valid(identity) => Ok(identity),
-            TokenDecision::Invalid(reason) => Err(ApiError::unauthorized(reason)),
+        self.count("token", false);
+        if !known {
+            self.spend_review_budget(super::server::peer_ip())?;
         }
+        let decision = self.review_token(token).await?;
+        let mut cache = self.tokens.lock().unwrap_or_else(|p| p.into_inner());
+        match decision {
+            TokenDecision::Valid(identity) => {
+                cache.accept(*key, identity.clone(), Instant::now());
+                Ok(identity)
+            }
+            TokenDecision::Invalid(reason) => {
+                cache.refuse(*key, reason.clone(), Instant::now());
+                Err(ApiError::unauthorized(reason))
+            }
+        }
+    }
+
+    /// Spends one TokenReview of the unknown-token budget for `client`, or answers 429.
+    fn spend_review_budget(&self, client: Option<IpAddr>) -> Result<(), ApiError> {
+        let spent = self
+            .budget
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .try_spend(client, Instant::now());
+        spent.map_err(|wait| {
+            self.metrics
+                .throttled
+                .with_label_values(&["token_review_budget"])
+                .inc();
+            ApiError::new(
+                StatusCode::TOO_MANY_REQUESTS,
+                "TooManyRequests",
+                "too many unknown bearer tokens to check right now (the gateway limits TokenReviews of tokens it has not seen valid); retry after the Retry-After delay",
+            )
+            .retryable(true)
+            .retry_after(retry_after_seconds(wait))
+        })
+    }
+
+    fn review_counted(&self, result: &str) {
+        self.metrics
+            .token_reviews
+            .with_label_values(&[result])
+            .inc();
     }
 
     async fn review_token(&self, token: &str) -> Result<TokenDecision, ApiError> {
@@ -225,7 +334,7 @@ impl Authorizer {
         let review = TokenReview {
             spec: TokenReviewSpec {
                 token: token.to_string(),
-                audiences: None,
+                audiences: Some(self.settings.audiences.clone()).filter(|a| !a.is_empty()),
             },
             ..TokenReview::default()
         };
@@ -233,6 +342,7 @@ impl Authorizer {
             .create(&PostParams::default(), &review)
             .await
             .map_err(|err| {
+                self.review_counted("failed");
                 tracing::warn!(error = %err, "TokenReview failed");
                 ApiError::unavailable(format!(
                     "cannot check the bearer token: the Kubernetes API's TokenReview failed ({err})"
@@ -240,8 +350,17 @@ impl Authorizer {
             })?;
         let status = answer.status.unwrap_or_default();
         let user = status.user.unwrap_or_default();
+        let audiences_ok = audiences_match(&self.settings.audiences, status.audiences.as_deref());
         match (status.authenticated, user.username) {
+            (Some(true), Some(_)) if !audiences_ok => {
+                self.review_counted("refused");
+                Ok(TokenDecision::Invalid(format!(
+                    "the bearer token is not meant for this gateway; {}",
+                    audience_hint(&self.settings.audiences)
+                )))
+            }
             (Some(true), Some(username)) if !username.is_empty() => {
+                self.review_counted("accepted");
                 Ok(TokenDecision::Valid(Arc::new(Identity {
                     username,
                     uid: user.uid,
@@ -250,13 +369,19 @@ impl Authorizer {
                 })))
             }
             _ => {
+                self.review_counted("refused");
                 let detail = status
                     .error
                     .filter(|e| !e.is_empty())
                     .map(|e| format!(" ({e})"))
                     .unwrap_or_default();
+                let hint = if self.settings.audiences.is_empty() {
+                    "use a valid service-account or user token".to_string()
+                } else {
+                    audience_hint(&self.settings.audiences)
+                };
                 Ok(TokenDecision::Invalid(format!(
-                    "the bearer token was not accepted by the Kubernetes API{detail}; use a valid service-account or user token"
+                    "the bearer token was not accepted by the Kubernetes API{detail}; {hint}"
                 )))
             }
         }
@@ -357,6 +482,27 @@ mod tests {
             access_key(&a, &exec),
             access_key(&token_key("token-a"), &exec)
         );
+    }
+
+    #[test]
+    fn audiences_must_intersect_when_configured() {
+        let none: Vec<String> = Vec::new();
+        let ours = vec!["orchard-gateway".to_string(), "other".to_string()];
+        assert!(audiences_match(&none, None));
+        assert!(audiences_match(
+            &none,
+            Some(&["https://kubernetes.default.svc".into()])
+        ));
+        assert!(audiences_match(&ours, Some(&["other".into()])));
+        assert!(
+            !audiences_match(&ours, None),
+            "an empty answer means the API server's audience"
+        );
+        assert!(!audiences_match(&ours, Some(&[])));
+        assert!(!audiences_match(
+            &ours,
+            Some(&["https://kubernetes.default.svc".into()])
+        ));
     }
 
     #[test]

@@ -29,6 +29,8 @@ pub struct ApiError {
     pub status: StatusCode,
     /// JSON body.
     pub body: ErrorBody,
+    /// `Retry-After` seconds, sent as that header when set.
+    pub retry_after: Option<u64>,
 }
 
 impl ApiError {
@@ -42,6 +44,7 @@ impl ApiError {
                 retryable: false,
                 phase: None,
             },
+            retry_after: None,
         }
     }
 
@@ -49,6 +52,25 @@ impl ApiError {
     pub fn retryable(mut self, retryable: bool) -> Self {
         self.body.retryable = retryable;
         self
+    }
+
+    /// Sets the `Retry-After` header (seconds).
+    pub fn retry_after(mut self, seconds: u64) -> Self {
+        self.retry_after = Some(seconds);
+        self
+    }
+
+    /// 503 `Overloaded` (retryable, `Retry-After: 1`): the gateway already handles its most requests.
+    pub fn overloaded(limit: usize) -> Self {
+        Self::new(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "Overloaded",
+            format!(
+                "the gateway is handling its maximum of {limit} requests at once; retry after the Retry-After delay"
+            ),
+        )
+        .retryable(true)
+        .retry_after(1)
     }
 
     /// 400 `BadRequest`.
@@ -127,7 +149,14 @@ impl std::fmt::Display for ApiError {
 
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
-        (self.status, Json(self.body)).into_response()
+        let mut response = (self.status, Json(self.body)).into_response();
+        if let Some(seconds) = self.retry_after {
+            response.headers_mut().insert(
+                axum::http::header::RETRY_AFTER,
+                axum::http::HeaderValue::from(seconds),
+            );
+        }
+        response
     }
 }
 
@@ -231,6 +260,20 @@ mod tests {
         let ours = from_kube(&api(403, "Forbidden", "no"), "sandbox ns/x");
         assert_eq!(ours.status, StatusCode::INTERNAL_SERVER_ERROR);
         assert!(ours.body.message.contains("operator's own service account"));
+    }
+
+    #[test]
+    fn overload_is_a_retryable_503_with_retry_after() {
+        let response = ApiError::overloaded(8).into_response();
+        assert_eq!(response.status(), StatusCode::SERVICE_UNAVAILABLE);
+        assert_eq!(response.headers()[axum::http::header::RETRY_AFTER], "1");
+        let plain = ApiError::forbidden("no").into_response();
+        assert!(
+            plain
+                .headers()
+                .get(axum::http::header::RETRY_AFTER)
+                .is_none()
+        );
     }
 
     #[test]

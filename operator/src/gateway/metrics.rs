@@ -1,7 +1,9 @@
 //! The gateway's Prometheus metrics, registered on the operator's registry. Route labels are route
 //! templates (`/v1/namespaces/{namespace}/sandboxes/{name}/exec`), so cardinality stays bounded.
 
-use prometheus::{HistogramOpts, HistogramVec, IntCounter, IntCounterVec, Opts, Registry};
+use prometheus::{
+    HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGauge, Opts, Registry,
+};
 
 use crate::runtime::metrics::HTTP_BUCKETS;
 
@@ -22,6 +24,16 @@ pub struct GatewayMetrics {
     /// `orchard_gateway_agent_errors_total{kind}`: proxied calls that got no answer from the agent
     /// (`unreachable`, `connect_timeout`, `timeout`, `broken`).
     pub agent_errors: IntCounterVec,
+    /// `orchard_gateway_token_reviews_total{result}`: TokenReviews sent (`accepted`, `refused`,
+    /// `failed`).
+    pub token_reviews: IntCounterVec,
+    /// `orchard_gateway_throttled_total{reason}`: requests refused by a limit (`in_flight`: 503,
+    /// `token_review_budget`: 429).
+    pub throttled: IntCounterVec,
+    /// `orchard_gateway_open_connections`: connections being served.
+    pub open_connections: IntGauge,
+    /// `orchard_gateway_revoked_total`: streams and waits ended because the caller lost access.
+    pub revoked: IntCounter,
 }
 
 impl GatewayMetrics {
@@ -64,6 +76,32 @@ impl GatewayMetrics {
             ),
             &["kind"],
         )?;
+        let token_reviews = IntCounterVec::new(
+            Opts::new(
+                "orchard_gateway_token_reviews_total",
+                "TokenReviews the gateway sent to the Kubernetes API, by result (accepted, refused, failed).",
+            ),
+            &["result"],
+        )?;
+        let throttled = IntCounterVec::new(
+            Opts::new(
+                "orchard_gateway_throttled_total",
+                "Requests refused by a gateway limit: in_flight (503 Overloaded) or token_review_budget (429).",
+            ),
+            &["reason"],
+        )?;
+        let open_connections = IntGauge::new(
+            "orchard_gateway_open_connections",
+            "Gateway connections being served (at most --gateway-max-connections).",
+        )?;
+        let revoked = IntCounter::new(
+            "orchard_gateway_revoked_total",
+            "Streams and waits the gateway ended because their caller's token or RBAC access was revoked.",
+        )?;
+        registry.register(Box::new(token_reviews.clone()))?;
+        registry.register(Box::new(throttled.clone()))?;
+        registry.register(Box::new(open_connections.clone()))?;
+        registry.register(Box::new(revoked.clone()))?;
         registry.register(Box::new(requests.clone()))?;
         registry.register(Box::new(duration.clone()))?;
         registry.register(Box::new(heartbeat_writes.clone()))?;
@@ -77,6 +115,10 @@ impl GatewayMetrics {
             heartbeats_coalesced,
             auth_cache,
             agent_errors,
+            token_reviews,
+            throttled,
+            open_connections,
+            revoked,
         })
     }
 }

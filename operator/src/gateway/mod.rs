@@ -3,27 +3,34 @@
 //! with the sandbox's own token, callers authenticated with TokenReview and authorised with
 //! SubjectAccessReview, heartbeats coalesced into few API writes. `docs/API.md` is the reference.
 //!
-//! Modules: [`routes`] (handlers), [`access`] (route -> RBAC attributes), [`auth`], [`proxy`],
-//! [`heartbeat`], [`wait`], [`lookup`], [`spec`] (create requests -> objects), [`selector`],
-//! [`errors`], [`metrics`], [`openapi`].
+//! Modules: [`routes`] (handlers), [`access`] (route -> RBAC attributes), [`auth`] (with
+//! [`token_cache`] and [`review_budget`]), [`revalidate`] (long calls re-check their caller),
+//! [`proxy`], [`heartbeat`], [`wait`], [`lookup`], [`spec`] (create requests -> objects),
+//! [`selector`], [`errors`], [`metrics`], [`openapi`], and the server with its limits: [`server`]
+//! (header-read timeout, connection limit) and [`in_flight`] (request limit).
 
 pub mod access;
 pub mod auth;
 pub mod errors;
 pub mod heartbeat;
+pub mod in_flight;
 pub mod lookup;
 pub mod metrics;
 pub mod openapi;
 pub mod proxy;
+pub mod revalidate;
+pub mod review_budget;
 pub mod routes;
 pub mod selector;
+pub mod server;
 pub mod spec;
+pub mod token_cache;
 pub mod wait;
 
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use axum::Router;
 use axum::extract::{MatchedPath, Request, State as AxumState};
@@ -31,7 +38,6 @@ use axum::http::header;
 use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
 use axum::routing::get;
-use axum::serve::ListenerExt;
 use kube::Client;
 use kube::runtime::reflector::Store;
 use tokio::sync::broadcast::error::RecvError;
@@ -40,12 +46,17 @@ use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 
 use crate::runtime::change_feed::ChangeFeed;
+use crate::runtime::config::GatewayLimits;
 use crate::runtime::context::{Caches, Settings};
 use crate::runtime::metrics::Metrics;
+use auth::AuthSettings;
 use errors::ApiError;
+use in_flight::InFlight;
 use metrics::GatewayMetrics;
 use orchard_api::RolloutGroup;
+use review_budget::BudgetLimits;
 use routes::{CachesFilled, GatewayState, State, agent, rollout_groups, sandboxes, system};
+use server::ConnectionLimits;
 
 /// Field manager of the gateway's writes (heartbeat annotations, results, creates), distinct from the
 /// controllers' so server-side apply never takes their fields away.
@@ -66,6 +77,22 @@ pub struct GatewayDeps {
     pub metrics: Metrics,
     /// Operator settings (agent port, defaults).
     pub settings: Settings,
+    /// Connection, request and authentication limits.
+    pub limits: GatewayLimits,
+}
+
+/// How the gateway authenticates, from its limits (pure).
+pub fn auth_settings(limits: &GatewayLimits) -> AuthSettings {
+    AuthSettings {
+        ttl: Duration::from_secs(limits.gateway_auth_cache_ttl_seconds),
+        audiences: limits.audiences(),
+        budget: BudgetLimits {
+            rate: f64::from(limits.gateway_token_review_rate),
+            burst: f64::from(limits.gateway_token_review_burst),
+            per_client_rate: f64::from(limits.gateway_token_review_rate_per_client),
+            per_client_burst: f64::from(limits.gateway_token_review_burst_per_client),
+        },
+    }
 }
 
 /// Counts requests and their latency by route template and status code.
@@ -151,6 +178,10 @@ pub fn router(state: State) -> (Router, serde_json::Value) {
     let document = openapi::document(openapi);
     let served = Arc::new(serde_json::to_vec_pretty(&document).unwrap_or_default());
     let metrics = state.metrics.clone();
+    let in_flight = InFlight::new(
+        state.deps.limits.gateway_max_in_flight_requests,
+        metrics.clone(),
+    );
     let router = router
         .route(
             "/openapi.json",
@@ -180,6 +211,7 @@ pub fn router(state: State) -> (Router, serde_json::Value) {
             )
             .into_response()
         })
+        .layer(middleware::from_fn_with_state(in_flight, in_flight::limit))
         .layer(middleware::from_fn_with_state(metrics, track))
         .with_state(state);
     (router, document)
@@ -190,7 +222,11 @@ pub fn state(deps: GatewayDeps) -> std::io::Result<State> {
     let metrics = GatewayMetrics::register(deps.metrics.registry())
         .map_err(|e| std::io::Error::other(format!("gateway metrics: {e}")))?;
     Ok(Arc::new(GatewayState {
-        auth: auth::Authorizer::new(deps.client.clone(), metrics.clone()),
+        auth: auth::Authorizer::new(
+            deps.client.clone(),
+            metrics.clone(),
+            auth_settings(&deps.limits),
+        ),
         heartbeats: heartbeat::Heartbeats::new(
             deps.client.clone(),
             deps.settings.default_heartbeat_timeout_seconds,
@@ -214,23 +250,46 @@ pub async fn serve(
     let state = state(deps)?;
     // Subscribe before the first await, so the watches' first InitDone notes are not missed.
     watch_cache_fill(&state, shutdown.clone());
+    let connection_limits = connection_limits(&state.deps.limits);
+    let metrics = state.metrics.clone();
     let (router, _) = router(state);
-    // TCP_NODELAY: without it a response written in two parts waits for the client's delayed ACK
-    // (about 40 ms per call on Linux).
-    let listener = tokio::net::TcpListener::bind(addr).await?.tap_io(|stream| {
-        if let Err(err) = stream.set_nodelay(true) {
-            tracing::debug!(%err, "cannot set TCP_NODELAY on a gateway connection");
-        }
-    });
+    let listener = tokio::net::TcpListener::bind(addr).await?;
     tracing::info!(%addr, "gateway listening");
-    axum::serve(listener, router)
-        .with_graceful_shutdown(shutdown.cancelled_owned())
-        .await
+    server::serve_router(listener, router, connection_limits, metrics, shutdown).await
+}
+
+/// The server's connection limits, from the gateway's limits (pure). The header-read timeout is at
+/// least one second: zero would disconnect every client at once.
+pub fn connection_limits(limits: &GatewayLimits) -> ConnectionLimits {
+    ConnectionLimits {
+        header_read_timeout: Duration::from_secs(limits.gateway_header_read_timeout_seconds.max(1)),
+        max_connections: limits.gateway_max_connections,
+    }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn limits_map_to_server_and_auth_settings() {
+        let limits = GatewayLimits {
+            gateway_header_read_timeout_seconds: 0,
+            gateway_token_audiences: " a, ,b ".into(),
+            ..GatewayLimits::default()
+        };
+        let server = connection_limits(&limits);
+        assert_eq!(server.header_read_timeout, Duration::from_secs(1));
+        assert_eq!(server.max_connections, 4096);
+        let auth = auth_settings(&limits);
+        assert_eq!(auth.audiences, vec!["a".to_string(), "b".to_string()]);
+        assert_eq!(auth.ttl, Duration::from_secs(10));
+        assert_eq!(auth.budget.rate, 20.0);
+        assert_eq!(auth.budget.per_client_burst, 10.0);
+        let defaults = GatewayLimits::default();
+        assert!(defaults.audiences().is_empty(), "no audience by default");
+        assert_eq!(defaults.gateway_max_in_flight_requests, 1024);
+    }
 
     #[test]
     fn every_route_is_documented_with_its_methods() {

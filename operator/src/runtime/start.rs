@@ -233,6 +233,7 @@ pub async fn run(args: OperatorArgs) -> Result<()> {
         changes: changes.clone(),
         metrics: metrics.clone(),
         settings: settings.clone(),
+        limits: args.gateway.clone(),
     };
     // Leader election: the election's own Lease writes, the watches and the gateway use `client`;
     // the controllers (reconciles, the trajectory runner, events) use `controller_client`, whose

@@ -242,6 +242,14 @@ def test_upload_content_and_stream_events(tmp_path: Path) -> None:
     assert event is not None and event.type == "exit" and event.exit_code == 0
 
 
+def test_an_error_event_ends_a_stream_with_the_matching_exception() -> None:
+    revoked = {"type": "error", "status": 403, "code": "AccessRevoked", "message": "access was revoked", "retryable": False}
+    with pytest.raises(OrchardError) as raised:
+        _core.exec_event(json.dumps(revoked))
+    assert raised.value.status == 403 and raised.value.code == "AccessRevoked"
+    assert type(raised.value).__name__ == "Forbidden" and not raised.value.retryable
+
+
 # -- operation plans -------------------------------------------------------------------------------
 
 

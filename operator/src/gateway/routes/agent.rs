@@ -29,10 +29,11 @@ use utoipa::{IntoParams, PartialSchema, ToSchema};
 use utoipa_axum::router::{OpenApiRouter, UtoipaMethodRouter};
 
 use super::{ObjectPath, State};
-use crate::gateway::access::Operation;
+use crate::gateway::access::{Access, Operation};
 use crate::gateway::errors::{ApiError, ErrorBody};
 use crate::gateway::lookup::{agent_endpoint, agent_token, find_sandbox};
 use crate::gateway::proxy::{Target, answer_timeout};
+use crate::gateway::revalidate::Guard;
 use crate::sandbox::apply::cached_pod;
 
 /// How long an exec may run by default before the gateway gives up waiting (the agent's default
@@ -676,9 +677,8 @@ async fn proxy(
     };
     let (namespace, name) = (param("namespace")?, param("name")?);
     let (parts, body) = request.into_parts();
-    state
-        .authorize(&parts.headers, route.operation, namespace, name)
-        .await?;
+    let access = Access::of(route.operation, namespace, name);
+    state.auth.authorize(&parts.headers, &access).await?;
     let timeout = answer_timeout(&parts.headers, route.timeout.default_for(&parts.uri))?;
     let sandbox = find_sandbox(
         &state.deps.client,
@@ -699,10 +699,29 @@ async fn proxy(
         endpoint,
         token,
     };
-    state
-        .proxy
-        .forward(&target, parts.method, &path, &parts.headers, body, timeout)
-        .await
+    // The caller is checked again while the agent works and while an exec stream streams.
+    let guard = Guard::new(state, &parts.headers, access);
+    let response = guard
+        .run(
+            state
+                .proxy
+                .forward(&target, parts.method, &path, &parts.headers, body, timeout),
+        )
+        .await?;
+    if !is_ndjson(&response) {
+        return Ok(response);
+    }
+    let (parts, body) = response.into_parts();
+    Ok(Response::from_parts(parts, guard.stream(body, true)))
+}
+
+/// Whether an answer is an NDJSON event stream (`exec/stream`).
+fn is_ndjson(response: &Response) -> bool {
+    response
+        .headers()
+        .get(axum::http::header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|v| v.starts_with("application/x-ndjson"))
 }
 
 #[cfg(test)]

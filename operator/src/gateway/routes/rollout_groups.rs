@@ -10,12 +10,13 @@ use axum::response::Response;
 use super::objects;
 use super::sandboxes::wait_timeout;
 use super::{Call, ListQuery, NamespacePath, ObjectPath, WaitQuery, json_value, query};
-use crate::gateway::access::Operation;
+use crate::gateway::access::{Access, Operation};
 use crate::gateway::errors::{ApiError, ErrorBody, json_response};
 use crate::gateway::lookup::{condition_true, group_phase_name};
 use crate::gateway::openapi::{
     CreateRolloutGroupRequest, Deleted, RolloutGroupList, RolloutGroupSchema,
 };
+use crate::gateway::revalidate::Guard;
 use crate::gateway::spec::rollout_group_from_request;
 use crate::gateway::wait::{WaitFor, WaitOutcome, wait_duration};
 use orchard_api::{RolloutGroup, RolloutPhase};
@@ -152,7 +153,13 @@ pub async fn wait_group(
         namespace: &path.namespace,
         name: &path.name,
     };
-    match waiter.until(timeout, group_settled).await? {
+    // The caller is checked again while waiting (a revoked RoleBinding ends the wait).
+    let guard = Guard::new(
+        &state,
+        &headers,
+        Access::of(Operation::GetRolloutGroup, &path.namespace, &path.name),
+    );
+    match guard.run(waiter.until(timeout, group_settled)).await? {
         WaitOutcome::Done(group) => Ok(json_response(StatusCode::OK, group.as_ref())),
         WaitOutcome::TimedOut(group) => {
             let phase = group

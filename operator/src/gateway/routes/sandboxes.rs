@@ -16,13 +16,14 @@ use super::{
     Call, ListQuery, NamespacePath, ObjectPath, State, WaitQuery, json_body, json_value, query,
 };
 use crate::gateway::GATEWAY_FIELD_MANAGER;
-use crate::gateway::access::Operation;
+use crate::gateway::access::{Access, Operation};
 use crate::gateway::errors::{ApiError, ErrorBody, from_kube, json_response};
 use crate::gateway::lookup::condition_true;
 use crate::gateway::openapi::{
     CreateSandboxRequest, Deleted, HeartbeatResponse, ResultResponse, SandboxList, SandboxSchema,
     TrajectoryResultSchema,
 };
+use crate::gateway::revalidate::Guard;
 use crate::gateway::spec::sandbox_from_request;
 use crate::gateway::wait::{WaitFor, WaitOutcome, wait_duration};
 use crate::runtime::status_patch::status_member_patch;
@@ -187,7 +188,13 @@ pub async fn wait_sandbox(
         namespace: &path.namespace,
         name: &path.name,
     };
-    match waiter.until(timeout, sandbox_settled).await? {
+    // The caller is checked again while waiting (a revoked RoleBinding ends the wait).
+    let guard = Guard::new(
+        &state,
+        &headers,
+        Access::of(Operation::GetSandbox, &path.namespace, &path.name),
+    );
+    match guard.run(waiter.until(timeout, sandbox_settled)).await? {
         WaitOutcome::Done(sandbox) => Ok(json_response(StatusCode::OK, sandbox.as_ref())),
         WaitOutcome::TimedOut(sandbox) => {
             let phase = sandbox

@@ -225,8 +225,16 @@ def until(timeout: float | None, attempt: Callable[[float], Plan[T | None]], exp
 
 
 def exec_event(line: str) -> ExecEvent | None:
-    """The event of one NDJSON line of ``/exec/stream`` (None for a blank line)."""
-    return ExecEvent.from_json(json.loads(line)) if line.strip() else None
+    """The event of one NDJSON line of ``/exec/stream`` (None for a blank line). A last ``error`` event
+    (the gateway ended the stream, e.g. ``AccessRevoked`` when the caller's access was revoked) raises
+    the matching :class:`OrchardError`."""
+    if not line.strip():
+        return None
+    data = json.loads(line)
+    if isinstance(data, dict) and data.get("type") == "error":
+        status = int(data.get("status") or 500)
+        raise error_from_response(status, json.dumps(data).encode())
+    return ExecEvent.from_json(data)
 
 
 def upload_content(

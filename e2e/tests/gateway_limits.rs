@@ -1,0 +1,532 @@
+//! The gateway's hardening limits on the local cluster, each test with an operator of its own (scoped
+//! to its namespace, with the flags under test): slow and silent clients are disconnected after the
+//! header-read timeout; connections beyond the limit wait and requests beyond the in-flight limit are
+//! shed with a retryable 503; a flood of bogus tokens costs the API server at most the TokenReview
+//! budget (counted in its audit log) while a valid caller keeps being served from the cache; with
+//! audiences configured only tokens issued for them are accepted; and an exec stream ends with an
+//! `AccessRevoked` event, a wait with 403 `AccessRevoked`, soon after the caller's RoleBinding is
+//! deleted.
+
+use std::sync::OnceLock;
+use std::time::{Duration, Instant};
+
+use futures::StreamExt;
+use k8s_openapi::api::authentication::v1::{TokenRequest, TokenRequestSpec};
+use k8s_openapi::api::core::v1::ServiceAccount;
+use k8s_openapi::api::rbac::v1::RoleBinding;
+use kube::api::{Api, DeleteParams, PostParams};
+use orchard_e2e::env::{EnvOptions, TestEnv};
+use orchard_e2e::operator_process::{OperatorProcess, metric_sum};
+use orchard_e2e::test_support::gateway::{
+    Caller, audited_requests, grant, sandbox_path, scoped_operator, start_env_on_own_thread,
+    trainer_rules,
+};
+use serde_json::json;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
+
+/// One test at a time: they measure times and count API requests on a two-core machine.
+static ONE_AT_A_TIME: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+
+/// The cluster of this test binary: no shared operator (each test starts its own), an audit log.
+fn env() -> &'static TestEnv {
+    static ENV: OnceLock<TestEnv> = OnceLock::new();
+    ENV.get_or_init(|| {
+        start_env_on_own_thread(
+            "gwlimits",
+            EnvOptions {
+                operator: false,
+                audit_log: true,
+                ..EnvOptions::default()
+            },
+        )
+    })
+}
+
+/// Reads from `stream` until the peer closes it; `None` if it is still open after `wait`.
+async fn closed_within(stream: &mut TcpStream, wait: Duration) -> Option<Vec<u8>> {
+    let mut seen = Vec::new();
+    let read = tokio::time::timeout(wait, async {
+        let mut buf = [0u8; 4096];
+        loop {
+            match stream.read(&mut buf).await {
+                Ok(0) | Err(_) => return,
+                Ok(n) => seen.extend_from_slice(&buf[..n]),
+            }
+        }
+    })
+    .await;
+    read.ok().map(|()| seen)
+}
+
+fn gateway_addr(operator: &OperatorProcess) -> String {
+    format!("127.0.0.1:{}", operator.gateway_port)
+}
+
+async fn metric(operator: &OperatorProcess, name: &str, labels: &[(&str, &str)]) -> f64 {
+    metric_sum(&operator.metrics().await.expect("metrics"), name, labels)
+}
+
+/// A Ready sandbox of `caller` in `namespace`.
+async fn ready_sandbox(caller: &Caller, namespace: &str) -> String {
+    let name = caller
+        .create_sandbox(namespace, json!({"image": "busybox"}))
+        .await;
+    caller.wait_ready(namespace, &name).await;
+    name
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn slow_and_silent_clients_are_disconnected_after_the_header_timeout() {
+    let _one = ONE_AT_A_TIME.lock().await;
+    let env = env();
+    let ns = env.namespace("gwl-slow").await;
+    let operator = scoped_operator(
+        env,
+        &ns,
+        "gwl-slow",
+        &["--gateway-header-read-timeout-seconds=2"],
+    )
+    .await;
+    let addr = gateway_addr(&operator);
+
+    let started = Instant::now();
+    let mut silent = TcpStream::connect(&addr).await.expect("connect");
+    let mut trickle = TcpStream::connect(&addr).await.expect("connect");
+    let trickler = tokio::spawn(async move {
+        // One header byte every 300 ms: always sending, never done.
+        for byte in b"GET /healthz HTTP/1.1\r\nHost: gateway\r\nX-Slow: aaaaaaaaaaaaaaaaaaaaaaaa" {
+            if trickle.write_all(&[*byte]).await.is_err() {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(300)).await;
+        }
+        trickle
+    });
+    assert!(
+        closed_within(&mut silent, Duration::from_secs(6))
+            .await
+            .is_some(),
+        "a connection that sends nothing is still open after 6 s"
+    );
+    let silent_closed = started.elapsed();
+    let mut trickle = trickler.await.expect("trickler");
+    let trickle_closed = started.elapsed();
+    assert!(
+        closed_within(&mut trickle, Duration::from_secs(1))
+            .await
+            .is_some(),
+        "a connection trickling headers is still open"
+    );
+    assert!(
+        silent_closed >= Duration::from_millis(1900) && silent_closed < Duration::from_secs(5),
+        "silent connection closed after {silent_closed:?}"
+    );
+    assert!(
+        trickle_closed < Duration::from_secs(5),
+        "trickling connection closed after {trickle_closed:?}"
+    );
+    eprintln!("silent closed after {silent_closed:?}, trickling after {trickle_closed:?}");
+
+    // A prompt client is served as before.
+    let (status, _) = orchard_e2e::http_get(&addr, "/healthz")
+        .await
+        .expect("healthz");
+    assert_eq!(status, 200);
+    env.delete_namespace(&ns).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn connections_wait_and_requests_beyond_the_limit_are_shed() {
+    let _one = ONE_AT_A_TIME.lock().await;
+    let env = env();
+    let ns = env.namespace("gwl-limits").await;
+    let operator = scoped_operator(
+        env,
+        &ns,
+        "gwl-limits",
+        &[
+            "--gateway-max-connections=6",
+            "--gateway-max-in-flight-requests=2",
+        ],
+    )
+    .await;
+    let addr = gateway_addr(&operator);
+
+    // Connections: six idle ones take every slot; a seventh is not served until one closes.
+    let mut idle = Vec::new();
+    for _ in 0..6 {
+        idle.push(TcpStream::connect(&addr).await.expect("connect"));
+    }
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let mut seventh = TcpStream::connect(&addr)
+        .await
+        .expect("the kernel queues the seventh connection");
+    seventh
+        .write_all(b"GET /healthz HTTP/1.1\r\nHost: gateway\r\nConnection: close\r\n\r\n")
+        .await
+        .expect("write");
+    assert!(
+        closed_within(&mut seventh, Duration::from_secs(2))
+            .await
+            .is_none(),
+        "the seventh connection was served while six were open"
+    );
+    assert_eq!(
+        metric(&operator, "orchard_gateway_open_connections", &[]).await,
+        6.0
+    );
+    let freed = Instant::now();
+    idle.pop();
+    let answer = closed_within(&mut seventh, Duration::from_secs(5))
+        .await
+        .expect("served once a connection closed");
+    assert!(
+        String::from_utf8_lossy(&answer).starts_with("HTTP/1.1 200"),
+        "{}",
+        String::from_utf8_lossy(&answer)
+    );
+    eprintln!(
+        "seventh connection served {:?} after a slot freed",
+        freed.elapsed()
+    );
+    drop(idle);
+    tokio::time::sleep(Duration::from_millis(300)).await;
+
+    // Requests: two execs in flight take every slot; a third request is shed, retryably.
+    grant(env, &ns, "alice", "trainer", trainer_rules()).await;
+    let token = env.control_plane.tokens["alice"].clone();
+    let alice = Caller::at(&operator.gateway_url(), Some(&token));
+    let name = ready_sandbox(&alice, &ns).await;
+    let slow = |caller: Caller| {
+        let (ns, name) = (ns.clone(), name.clone());
+        tokio::spawn(async move {
+            let caller = Caller::at(&caller.base, caller.token.as_deref());
+            caller
+                .exec(&ns, &name, json!({"argv": ["/bin/sh", "-c", "sleep 3"]}))
+                .await
+        })
+    };
+    let first = slow(alice.clone());
+    let second = slow(alice.clone());
+    tokio::time::sleep(Duration::from_millis(1000)).await;
+    let third = Caller::at(&alice.base, alice.token.as_deref());
+    let response = third
+        .request(reqwest::Method::GET, &sandbox_path(&ns, &name, ""))
+        .send()
+        .await
+        .expect("answer");
+    assert_eq!(response.status().as_u16(), 503);
+    assert_eq!(
+        response
+            .headers()
+            .get("retry-after")
+            .and_then(|v| v.to_str().ok()),
+        Some("1")
+    );
+    let body: serde_json::Value = response.json().await.expect("JSON error");
+    assert_eq!(body["code"], "Overloaded", "{body}");
+    assert_eq!(body["retryable"], true, "{body}");
+    assert_eq!(first.await.expect("exec").status, 200);
+    assert_eq!(second.await.expect("exec").status, 200);
+    let again = third.get(&sandbox_path(&ns, &name, "")).await;
+    assert_eq!(again.status, 200, "{again:?}");
+    assert!(
+        metric(
+            &operator,
+            "orchard_gateway_throttled_total",
+            &[("reason", "in_flight")]
+        )
+        .await
+            >= 1.0
+    );
+    env.delete_namespace(&ns).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_flood_of_bogus_tokens_stays_within_the_review_budget_and_starves_nobody() {
+    const RATE: f64 = 5.0;
+    const BURST: f64 = 10.0;
+    let _one = ONE_AT_A_TIME.lock().await;
+    let env = env();
+    let ns = env.namespace("gwl-flood").await;
+    let identity = format!("gwl-flood-{}", std::process::id());
+    let operator = scoped_operator(
+        env,
+        &ns,
+        &identity,
+        &[
+            "--gateway-token-review-rate=5",
+            "--gateway-token-review-burst=10",
+            "--gateway-token-review-rate-per-client=5",
+            "--gateway-token-review-burst-per-client=10",
+        ],
+    )
+    .await;
+    let agent = format!("({identity})");
+    grant(env, &ns, "alice", "trainer", trainer_rules()).await;
+    let token = env.control_plane.tokens["alice"].clone();
+    let alice = Caller::at(&operator.gateway_url(), Some(&token));
+    let list = format!("/v1/namespaces/{ns}/sandboxes");
+    // alice's token is reviewed once and cached.
+    let warm = alice.get(&list).await;
+    assert_eq!(warm.status, 200, "{warm:?}");
+    let reviews_before = audited_requests(env, "tokenreviews", &agent);
+    let hits_before = metric(
+        &operator,
+        "orchard_gateway_auth_cache_total",
+        &[("cache", "token"), ("result", "hit")],
+    )
+    .await;
+
+    let started = Instant::now();
+    let flood_for = Duration::from_secs(3);
+    let flooders: Vec<_> = (0..8)
+        .map(|worker| {
+            let base = operator.gateway_url();
+            let list = list.clone();
+            tokio::spawn(async move {
+                let http = reqwest::Client::new();
+                let (mut refused, mut throttled, mut n) = (0u32, 0u32, 0u32);
+                while started.elapsed() < flood_for {
+                    n += 1;
+                    let response = http
+                        .get(format!("{base}{list}"))
+                        .bearer_auth(format!("bogus-{worker}-{n}"))
+                        .send()
+                        .await
+                        .expect("gateway answers");
+                    match response.status().as_u16() {
+                        401 => refused += 1,
+                        429 => {
+                            assert!(response.headers().contains_key("retry-after"));
+                            let body: serde_json::Value = response.json().await.expect("JSON");
+                            assert_eq!(body["retryable"], true, "{body}");
+                            throttled += 1;
+                        }
+                        other => panic!("a bogus token got {other}"),
+                    }
+                }
+                (refused, throttled)
+            })
+        })
+        .collect();
+    let mut valid_calls = 0u32;
+    while started.elapsed() < flood_for {
+        let answer = alice.get(&list).await;
+        assert_eq!(
+            answer.status, 200,
+            "the valid caller was starved: {answer:?}"
+        );
+        valid_calls += 1;
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let (mut refused, mut throttled) = (0, 0);
+    for flooder in flooders {
+        let (r, t) = flooder.await.expect("flooder");
+        refused += r;
+        throttled += t;
+    }
+    let elapsed = started.elapsed().as_secs_f64();
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let reviews = audited_requests(env, "tokenreviews", &agent) - reviews_before;
+    let hits = metric(
+        &operator,
+        "orchard_gateway_auth_cache_total",
+        &[("cache", "token"), ("result", "hit")],
+    )
+    .await
+        - hits_before;
+    let budget = BURST + RATE * elapsed;
+    eprintln!(
+        "{elapsed:.1} s flood: {refused} refused (401), {throttled} throttled (429), {reviews} TokenReviews (budget {budget:.0}); valid caller {valid_calls} calls, {hits} cache hits"
+    );
+    assert!(throttled > 0, "the flood was never throttled");
+    assert!(
+        reviews as f64 <= budget + 1.0,
+        "{reviews} TokenReviews in {elapsed:.1} s, budget {budget:.0}"
+    );
+    assert!(reviews > 0, "the audit log shows the flood's reviews");
+    assert_eq!(
+        hits,
+        f64::from(valid_calls),
+        "every call of the valid caller came from the cache (bogus tokens are all distinct)"
+    );
+    env.delete_namespace(&ns).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_audiences_only_tokens_issued_for_them_are_accepted() {
+    const AUDIENCE: &str = "orchard-gateway-e2e";
+    let _one = ONE_AT_A_TIME.lock().await;
+    let env = env();
+    let ns = env.namespace("gwl-aud").await;
+    let operator = scoped_operator(
+        env,
+        &ns,
+        "gwl-aud",
+        &[&format!("--gateway-token-audiences=other,{AUDIENCE}")],
+    )
+    .await;
+    let client = env.client().await;
+    let accounts: Api<ServiceAccount> = Api::namespaced(client, &ns);
+    let account: ServiceAccount =
+        serde_json::from_value(json!({"metadata": {"name": "trainer"}})).expect("SA JSON");
+    accounts
+        .create(&PostParams::default(), &account)
+        .await
+        .expect("create service account");
+    grant(
+        env,
+        &ns,
+        &format!("system:serviceaccount:{ns}:trainer"),
+        "trainer",
+        trainer_rules(),
+    )
+    .await;
+    let token_for = |audiences: Vec<String>| {
+        let accounts = accounts.clone();
+        async move {
+            let request = TokenRequest {
+                spec: Some(TokenRequestSpec {
+                    audiences: Some(audiences).filter(|a| !a.is_empty()),
+                    expiration_seconds: Some(600),
+                    ..TokenRequestSpec::default()
+                }),
+                ..TokenRequest::default()
+            };
+            accounts
+                .create_token_request("trainer", &PostParams::default(), &request)
+                .await
+                .expect("token request")
+                .status
+                .expect("token")
+                .token
+                .expect("token")
+        }
+    };
+    let list = format!("/v1/namespaces/{ns}/sandboxes");
+    let ours = token_for(vec![AUDIENCE.to_string()]).await;
+    let accepted = Caller::at(&operator.gateway_url(), Some(&ours))
+        .get(&list)
+        .await;
+    assert_eq!(accepted.status, 200, "{accepted:?}");
+
+    // A token for the API server (the default audience) could be replayed there: refused.
+    let api_server = token_for(Vec::new()).await;
+    let refused = Caller::at(&operator.gateway_url(), Some(&api_server))
+        .get(&list)
+        .await;
+    assert_eq!(refused.status, 401, "{refused:?}");
+    assert!(
+        refused.message().contains("accepts only tokens issued for")
+            && refused.message().contains(AUDIENCE),
+        "the 401 says which tokens to use: {refused:?}"
+    );
+    // So is a static token (valid for the API server's audience only).
+    let static_token = env.control_plane.tokens["alice"].clone();
+    let alice = Caller::at(&operator.gateway_url(), Some(&static_token))
+        .get(&list)
+        .await;
+    assert_eq!(alice.status, 401, "{alice:?}");
+    env.delete_namespace(&ns).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_exec_stream_and_a_wait_end_soon_after_access_is_revoked() {
+    const TTL_SECONDS: u64 = 2;
+    let _one = ONE_AT_A_TIME.lock().await;
+    let env = env();
+    let ns = env.namespace("gwl-revoke").await;
+    let ttl_flag = format!("--gateway-auth-cache-ttl-seconds={TTL_SECONDS}");
+    let operator = scoped_operator(env, &ns, "gwl-revoke", &[&ttl_flag]).await;
+    grant(env, &ns, "alice", "trainer", trainer_rules()).await;
+    let token = env.control_plane.tokens["alice"].clone();
+    let alice = Caller::at(&operator.gateway_url(), Some(&token));
+    let name = ready_sandbox(&alice, &ns).await;
+    // A RolloutGroup whose one trajectory runs for ten minutes: a wait on it runs its whole timeout.
+    let group = alice
+        .post(
+            &format!("/v1/namespaces/{ns}/rolloutgroups"),
+            json!({"groupSize": 1, "maxTrajectories": 1, "stride": 1,
+                   "template": {"image": "busybox",
+                                "run": {"command": ["sleep", "600"], "timeoutSeconds": 900}}}),
+        )
+        .await;
+    assert_eq!(group.status, 201, "{group:?}");
+    let group = group.body["metadata"]["name"]
+        .as_str()
+        .expect("group name")
+        .to_string();
+    let wait = {
+        let (alice, ns) = (alice.clone(), ns.clone());
+        tokio::spawn(async move {
+            alice
+                .get(&format!(
+                    "/v1/namespaces/{ns}/rolloutgroups/{group}/wait?timeoutSeconds=60"
+                ))
+                .await
+        })
+    };
+
+    let response = alice
+        .request(
+            reqwest::Method::POST,
+            &sandbox_path(&ns, &name, "/exec/stream"),
+        )
+        .json(&json!({"command": "for i in $(seq 1 60); do echo tick $i; sleep 0.5; done"}))
+        .send()
+        .await
+        .expect("stream");
+    assert_eq!(response.status(), 200);
+    let mut chunks = response.bytes_stream();
+    let mut text = String::new();
+    while !text.contains("tick 2") {
+        let chunk = tokio::time::timeout(Duration::from_secs(10), chunks.next())
+            .await
+            .expect("output within 10 s")
+            .expect("the stream goes on")
+            .expect("chunk");
+        text.push_str(&String::from_utf8_lossy(&chunk));
+    }
+
+    Api::<RoleBinding>::namespaced(env.client().await, &ns)
+        .delete("trainer", &DeleteParams::default())
+        .await
+        .expect("delete the role binding");
+    let revoked = Instant::now();
+    let limit = Duration::from_secs(TTL_SECONDS * 2 + 4);
+    let ended = tokio::time::timeout(limit, async {
+        while let Some(chunk) = chunks.next().await {
+            text.push_str(&String::from_utf8_lossy(&chunk.expect("chunk")));
+        }
+    })
+    .await;
+    let took = revoked.elapsed();
+    assert!(
+        ended.is_ok(),
+        "the stream still runs {limit:?} after revocation"
+    );
+    let last: serde_json::Value =
+        serde_json::from_str(text.lines().last().expect("a last line")).expect("NDJSON");
+    assert_eq!(last["type"], "error", "{last}");
+    assert_eq!(last["code"], "AccessRevoked", "{last}");
+    assert!(
+        !text.contains("\"exit\""),
+        "the command was not left to finish"
+    );
+    eprintln!("stream ended {took:?} after the RoleBinding was deleted (TTL {TTL_SECONDS} s)");
+    let waited = tokio::time::timeout(limit, wait)
+        .await
+        .expect("the wait ends soon after revocation")
+        .expect("wait task");
+    let wait_took = revoked.elapsed();
+    assert_eq!(waited.status, 403, "{waited:?}");
+    assert_eq!(waited.code(), "AccessRevoked", "{waited:?}");
+    eprintln!("wait ended {wait_took:?} after the RoleBinding was deleted");
+    assert!(
+        metric(&operator, "orchard_gateway_revoked_total", &[]).await >= 1.0,
+        "revocation counted"
+    );
+    env.delete_namespace(&ns).await;
+}
