@@ -323,3 +323,38 @@ fn names_must_fit_the_label_limits() {
         "a RolloutGroup name must be at most 58 characters",
     );
 }
+
+#[test]
+fn tolerations_must_be_well_formed() {
+    let ok = json!({"image": "python:3.11", "tolerations": [
+        {"key": "pool", "operator": "Equal", "value": "sandboxes", "effect": "NoSchedule"},
+        {"key": "pool", "operator": "Exists"},
+        {"operator": "Exists"},
+        {"key": "node.kubernetes.io/unreachable", "operator": "Exists", "effect": "NoExecute", "tolerationSeconds": 30}
+    ]});
+    assert!(violations::<Sandbox>(sandbox(ok), None).is_empty());
+    let exists_with_value = json!({"image": "python:3.11", "tolerations": [{"key": "pool", "operator": "Exists", "value": "x"}]});
+    assert_rejects(
+        violations::<Sandbox>(sandbox(exists_with_value), None),
+        "tolerations[].value must be empty when the operator is Exists",
+    );
+    let empty_key_equal =
+        json!({"image": "python:3.11", "tolerations": [{"operator": "Equal", "value": "x"}]});
+    assert_rejects(
+        violations::<Sandbox>(sandbox(empty_key_equal), None),
+        "a toleration with an empty key must use operator Exists",
+    );
+    let seconds_without_no_execute = json!({"image": "python:3.11", "tolerations": [{"key": "pool", "operator": "Exists", "effect": "NoSchedule", "tolerationSeconds": 5}]});
+    assert_rejects(
+        violations::<Sandbox>(sandbox(seconds_without_no_execute), None),
+        "tolerations[].tolerationSeconds needs effect NoExecute",
+    );
+    let in_a_group = group(
+        json!({"template": {"spec": {"image": "python:3.11", "tolerations": [{"operator": "Equal"}],
+        "run": {"command": ["python", "run.py"], "timeoutSeconds": 60, "resultPath": "/tmp/r.json"}}}}),
+    );
+    assert_rejects(
+        violations::<RolloutGroup>(in_a_group, None),
+        "a toleration with an empty key must use operator Exists",
+    );
+}

@@ -62,6 +62,9 @@ use serde::{Deserialize, Serialize};
 #[x_kube(validation = Rule::new("has(self.resources) == has(oldSelf.resources) && (!has(self.resources) || self.resources == oldSelf.resources)").message("spec.resources is immutable: create a new Sandbox"))]
 #[x_kube(validation = Rule::new("has(self.run) == has(oldSelf.run) && (!has(self.run) || self.run == oldSelf.run)").message("spec.run is immutable once the sandbox exists"))]
 #[x_kube(validation = Rule::new("has(self.security) == has(oldSelf.security) && (!has(self.security) || self.security == oldSelf.security)").message("spec.security is immutable: create a new Sandbox"))]
+#[x_kube(validation = Rule::new("!has(self.tolerations) || self.tolerations.all(t, !has(t.operator) || t.operator != 'Exists' || !has(t.value) || size(t.value) == 0)").message("tolerations[].value must be empty when the operator is Exists"))]
+#[x_kube(validation = Rule::new("!has(self.tolerations) || self.tolerations.all(t, (has(t.key) && size(t.key) > 0) || (has(t.operator) && t.operator == 'Exists'))").message("a toleration with an empty key must use operator Exists"))]
+#[x_kube(validation = Rule::new("!has(self.tolerations) || self.tolerations.all(t, !has(t.tolerationSeconds) || (has(t.effect) && t.effect == 'NoExecute'))").message("tolerations[].tolerationSeconds needs effect NoExecute"))]
 #[serde(rename_all = "camelCase")]
 pub struct SandboxSpec {
     /// Container image of the task environment (any Linux image: distroless and scratch work, no shell needed).
@@ -72,7 +75,7 @@ pub struct SandboxSpec {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub image_pull_policy: Option<ImagePullPolicy>,
 
-    /// Secrets in the sandbox's namespace used to pull the image.
+    /// Secrets in the sandbox's namespace used to pull the image (Kubernetes looks them up in the Pod's namespace only).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     #[schemars(length(max = 16))]
     pub image_pull_secrets: Vec<SecretName>,
@@ -100,21 +103,21 @@ pub struct SandboxSpec {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub lifecycle: Option<LifecycleSpec>,
 
-    /// RuntimeClass of the Pod, e.g. `gvisor` or `kata` for stronger isolation than runc.
+    /// RuntimeClass of the Pod, e.g. `gvisor` or `kata` for stronger isolation than runc. The operator may limit the names (`--allowed-runtime-classes`); a refused one fails the sandbox with reason `PlacementRefused`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(length(min = 1, max = 253))]
     pub runtime_class_name: Option<String>,
 
-    /// Node labels the Pod must be scheduled onto.
+    /// Node labels the Pod must be scheduled onto. Control-plane node-role keys are refused unless the operator allows them (`--allow-control-plane-placement`), and the operator may limit the keys (`--allowed-node-selector-keys`); a refused selector fails the sandbox with reason `PlacementRefused`.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub node_selector: BTreeMap<String, String>,
 
-    /// Tolerations of the Pod, e.g. for a tainted sandbox node pool.
+    /// Tolerations of the Pod, e.g. for a tainted sandbox node pool. Tolerating control-plane taints or every taint (empty key, `Exists`) is refused unless the operator allows it (`--allow-control-plane-placement`, `--allow-wildcard-tolerations`), and the operator may limit the keys (`--allowed-toleration-keys`); a refused toleration fails the sandbox with reason `PlacementRefused`.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     #[schemars(length(max = 64))]
     pub tolerations: Vec<Toleration>,
 
-    /// PriorityClass of the Pod.
+    /// PriorityClass of the Pod: only names the operator allows (`--allowed-priority-classes`, none by default); another fails the sandbox with reason `PlacementRefused`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(length(min = 1, max = 253))]
     pub priority_class_name: Option<String>,

@@ -2,7 +2,8 @@
 //! hardened (non-root, read-only root, no capabilities, seccomp, probes, requests) and follows the
 //! replica count (leader election, update strategy, watched namespace, refusing two replicas without
 //! leader election), and every setting of `orchard-operator --help` is set by the chart and kustomize,
-//! which set nothing the binary does not know.
+//! which set nothing the binary does not know; the placement allow-lists default to the safe policy and
+//! the chart's values reach the operator.
 
 use std::process::Command;
 
@@ -102,6 +103,10 @@ fn every_operator_setting_is_set_by_the_chart_and_kustomize_and_known_to_the_bin
         ("helm default", documents(&helm_default())),
         ("helm full values", documents(&helm_full())),
         ("kustomize default", documents(&kustomize("default"))),
+        (
+            "kustomize namespaced",
+            documents(&kustomize("overlays/namespaced")),
+        ),
     ];
     for (source, docs) in &renders {
         let container =
@@ -130,4 +135,36 @@ fn every_operator_setting_is_set_by_the_chart_and_kustomize_and_known_to_the_bin
             );
         }
     }
+}
+
+#[test]
+fn placement_values_reach_the_operator_and_default_to_the_safe_policy() {
+    let placement = |docs: &[serde_json::Value]| {
+        let env =
+            env_map(&one_of_kind(docs, "Deployment")["spec"]["template"]["spec"]["containers"][0]);
+        [
+            "ORCHARD_ALLOWED_PRIORITY_CLASSES",
+            "ORCHARD_ALLOWED_TOLERATION_KEYS",
+            "ORCHARD_ALLOW_WILDCARD_TOLERATIONS",
+            "ORCHARD_ALLOW_CONTROL_PLANE_PLACEMENT",
+            "ORCHARD_ALLOWED_RUNTIME_CLASSES",
+            "ORCHARD_ALLOWED_NODE_SELECTOR_KEYS",
+        ]
+        .map(|name| env[name].clone())
+    };
+    let safe = ["", "", "false", "false", "", ""].map(String::from);
+    assert_eq!(placement(&documents(&helm_default())), safe);
+    assert_eq!(placement(&documents(&kustomize("default"))), safe);
+    assert_eq!(
+        placement(&documents(&helm_full())),
+        [
+            "sandbox-low,sandbox-high",
+            "orchard.dev/sandbox-pool",
+            "true",
+            "true",
+            "gvisor,kata",
+            "orchard.dev/sandbox-pool,topology.kubernetes.io/zone",
+        ]
+        .map(String::from)
+    );
 }

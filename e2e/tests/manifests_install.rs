@@ -1,9 +1,12 @@
 //! The install manifests, for real: the Helm chart and the kustomize bases are rendered and applied to
 //! a local cluster of their own, and the operator then runs under the chart's own ServiceAccount token
 //! (not as admin) until a sample Sandbox is Ready, answers an exec through the gateway and through its
-//! agent, and is deleted, and the RolloutGroup sample completes. That proves the chart's RBAC is
-//! sufficient (`manifests_rbac.rs` proves it has no wildcards and that the chart and kustomize grant
-//! exactly the same rules).
+//! agent, and is deleted, the gateway creates, heartbeats and deletes objects, a sandbox expires, and
+//! the RolloutGroup sample completes. That proves the chart's RBAC is sufficient (`manifests_rbac.rs`
+//! proves it has no wildcards and that the chart and kustomize grant exactly the same rules); the API
+//! server's audit log then shows every write the operator sent was granted. Both install modes run:
+//! all namespaces (chart, kustomize) and one watched namespace (chart `watchNamespace`), where the
+//! operator has no rights outside that namespace and leaves a Sandbox there alone.
 //!
 //! The kustomize test's cluster also checks the committed Kubernetes schemas kubeconform uses against
 //! its live kube-apiserver (regenerate them with `make schemas`; the test never writes them).
@@ -15,14 +18,15 @@ use std::time::Duration;
 use k8s_openapi::api::authentication::v1::TokenRequest;
 use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::{Namespace, Pod, ServiceAccount};
-use kube::api::{Api, DeleteParams, PostParams};
+use k8s_openapi::api::networking::v1::NetworkPolicy;
+use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams};
 use orchard_e2e::binaries::{operator_bin, workspace_root};
 use orchard_e2e::env::{EnvOptions, TestEnv};
 use orchard_e2e::k8s_schemas;
 use orchard_e2e::operator_process::{OperatorProcess, metric_sum};
 use orchard_e2e::test_support::manifests::{
-    RELEASE_NAMESPACE, documents, env_map, helm_default, helm_full, kustomize, one_of_kind,
-    operator_flags, strings,
+    RELEASE_NAMESPACE, documents, env_map, helm_default, helm_full, helm_template, kustomize,
+    one_of_kind, operator_flags, strings,
 };
 use orchard_e2e::test_support::sandboxes::{is_ready, token_of};
 use orchard_e2e::wait;
@@ -142,13 +146,17 @@ fn flags_from_deployment(deployment: &Value) -> Vec<String> {
     args
 }
 
-/// Runs the operator under the ServiceAccount token and proves a sample Sandbox goes through its life.
+/// Runs the operator under the ServiceAccount token and proves a sample Sandbox goes through its life
+/// in `namespace` (created here), plus the gateway's writes (create, heartbeat, delete of a Sandbox and
+/// a RolloutGroup) and an expiry; then checks every write the operator sent against the rendered
+/// rules (the API server's audit log). Returns the operator, still running.
 async fn operator_under_service_account_runs_a_sandbox(
     env: &TestEnv,
     rendered: &[Value],
     sample: &str,
     sandbox_name: &str,
-) {
+    namespace: &str,
+) -> OperatorProcess {
     let service_account = one_of_kind(rendered, "ServiceAccount")["metadata"]["name"]
         .as_str()
         .expect("ServiceAccount name")
@@ -209,7 +217,7 @@ async fn operator_under_service_account_runs_a_sandbox(
         .await;
     }
 
-    let namespace = format!("install-{sandbox_name}");
+    let namespace = namespace.to_string();
     create_namespace(env, &namespace).await;
     let sample_text = std::fs::read_to_string(workspace_root().join("config/samples").join(sample))
         .expect("sample");
@@ -272,6 +280,7 @@ async fn operator_under_service_account_runs_a_sandbox(
         body.contains(&format!("gateway {sandbox_name}")),
         "gateway exec: {body}"
     );
+    gateway_writes(env, &operator, &namespace).await;
 
     // Delete: the operator's children go with the Sandbox.
     sandboxes
@@ -342,8 +351,212 @@ async fn operator_under_service_account_runs_a_sandbox(
         !log_text.contains("is forbidden"),
         "RBAC denial in the operator log:\n{log_text}"
     );
-    operator.kill();
+    // Every granted write is one the code sends: all are seen here, but the Lease's without leader
+    // election.
+    let unseen = writes_are_granted(env, rendered, &service_account);
+    let lease_only = unseen
+        .iter()
+        .all(|(group, _, _)| group == "coordination.k8s.io");
+    assert!(
+        unseen.is_empty() || (deployment_env["ORCHARD_LEADER_ELECTION"] != "true" && lease_only),
+        "granted writes the operator never sent: {unseen:?}"
+    );
     env.delete_namespace(&namespace).await;
+    operator
+}
+
+/// The gateway's own writes with the operator's identity: a Sandbox created through it (heartbeat
+/// timeout: the heartbeat patches it; TTL 3 s: the operator expires and deletes it), and a RolloutGroup
+/// created and deleted through it.
+async fn gateway_writes(env: &TestEnv, operator: &OperatorProcess, namespace: &str) {
+    let http = reqwest::Client::new();
+    let admin_token = env.control_plane.tokens["admin"].clone();
+    let base = format!("{}/v1/namespaces/{namespace}", operator.gateway_url());
+    let call = |method: reqwest::Method, path: &str, body: Option<Value>| {
+        let request = http
+            .request(method, format!("{base}{path}"))
+            .bearer_auth(&admin_token);
+        let request = match body {
+            Some(body) => request.json(&body),
+            None => request,
+        };
+        async move {
+            let response = request.send().await.expect("gateway call");
+            let status = response.status().as_u16();
+            (status, response.text().await.unwrap_or_default())
+        }
+    };
+    let (status, body) = call(
+        reqwest::Method::POST,
+        "/sandboxes",
+        Some(json!({"name": "short-lived", "image": "busybox", "ttlSeconds": 4, "heartbeatTimeoutSeconds": 60})),
+    )
+    .await;
+    assert_eq!(status, 201, "gateway create sandbox: {body}");
+    let sandboxes: Api<Sandbox> = Api::namespaced(env.client().await, namespace);
+    wait::until(&sandboxes, "short-lived", "Ready", READY_TIMEOUT, is_ready).await;
+    let (status, body) = call(
+        reqwest::Method::POST,
+        "/sandboxes/short-lived/heartbeat",
+        None,
+    )
+    .await;
+    assert_eq!(status, 200, "gateway heartbeat: {body}");
+    // Expired at its TTL: the operator deletes it.
+    wait::deleted(&sandboxes, "short-lived", Duration::from_secs(60)).await;
+
+    let (status, body) = call(
+        reqwest::Method::POST,
+        "/sandboxes",
+        Some(json!({"name": "deleted-by-gateway", "image": "busybox"})),
+    )
+    .await;
+    assert_eq!(status, 201, "gateway create sandbox: {body}");
+    let (status, body) = call(
+        reqwest::Method::DELETE,
+        "/sandboxes/deleted-by-gateway",
+        None,
+    )
+    .await;
+    assert_eq!(status, 200, "gateway delete sandbox: {body}");
+
+    // A sandbox whose egress changes from AllowAll to Deny: the operator creates, then deletes its
+    // egress policy.
+    let (status, body) = call(
+        reqwest::Method::POST,
+        "/sandboxes",
+        Some(json!({"name": "egress-change", "spec": {"image": "busybox", "network": {"egress": "AllowAll"}}})),
+    )
+    .await;
+    assert_eq!(status, 201, "gateway create sandbox: {body}");
+    wait::until(
+        &sandboxes,
+        "egress-change",
+        "Ready",
+        READY_TIMEOUT,
+        is_ready,
+    )
+    .await;
+    let policies: Api<NetworkPolicy> = Api::namespaced(env.client().await, namespace);
+    assert!(
+        policies
+            .get_opt("egress-change-egress")
+            .await
+            .expect("get policy")
+            .is_some(),
+        "an AllowAll sandbox has its own egress policy"
+    );
+    sandboxes
+        .patch(
+            "egress-change",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"spec": {"network": {"egress": "Deny"}}})),
+        )
+        .await
+        .expect("patch the sandbox's egress");
+    wait::deleted(&policies, "egress-change-egress", Duration::from_secs(60)).await;
+
+    // A RolloutGroup whose trajectories outlive their 2 s TTL: the operator deletes their pods (the
+    // group then removes the sandboxes), and the gateway deletes the group.
+    let group = json!({"name": "via-gateway", "groupSize": 2, "maxTrajectories": 2, "stride": 2,
+        "positiveFraction": {"min": 0.5, "max": 0.5},
+        "template": {"spec": {"image": "busybox", "lifecycle": {"ttlSeconds": 2},
+            "run": {"command": ["/bin/sh", "-c", "sleep 60"], "timeoutSeconds": 60, "resultPath": "r.json"}}}});
+    let (status, body) = call(reqwest::Method::POST, "/rolloutgroups", Some(group)).await;
+    assert_eq!(status, 201, "gateway create group: {body}");
+    let groups: Api<RolloutGroup> = Api::namespaced(env.client().await, namespace);
+    let complete = |g: Option<&RolloutGroup>| {
+        g.and_then(|g| g.status.as_ref()).is_some_and(|st| {
+            st.conditions
+                .iter()
+                .any(|c| c.type_ == "Complete" && c.status == "True")
+        })
+    };
+    wait::until(
+        &groups,
+        "via-gateway",
+        "Complete",
+        Duration::from_secs(90),
+        complete,
+    )
+    .await;
+    let (status, body) = call(reqwest::Method::DELETE, "/rolloutgroups/via-gateway", None).await;
+    assert_eq!(status, 200, "gateway delete group: {body}");
+}
+
+/// Every write (create, update, patch, delete) the operator's ServiceAccount sent, from the API
+/// server's audit log: each is granted by the rendered rules and none was refused. Returns the granted
+/// writes never seen (reads are not audited by the harness' policy).
+fn writes_are_granted(
+    env: &TestEnv,
+    rendered: &[Value],
+    service_account: &str,
+) -> std::collections::BTreeSet<(String, String, String)> {
+    let user = format!("system:serviceaccount:{RELEASE_NAMESPACE}:{service_account}");
+    let path = env
+        .control_plane
+        .audit_log()
+        .expect("the install tests run with the audit log");
+    let text = std::fs::read_to_string(&path).expect("audit log");
+    let granted = granted_writes(rendered);
+    let mut seen = std::collections::BTreeSet::new();
+    for line in text.lines() {
+        let Ok(event) = serde_json::from_str::<Value>(line) else {
+            continue;
+        };
+        // The test's own `kubectl auth can-i` under the same token is not the operator.
+        let kubectl = event["userAgent"]
+            .as_str()
+            .is_some_and(|agent| agent.starts_with("kubectl"));
+        if event["user"]["username"] != user.as_str() || kubectl {
+            continue;
+        }
+        let object = &event["objectRef"];
+        let mut resource = object["resource"].as_str().unwrap_or_default().to_string();
+        if let Some(sub) = object["subresource"].as_str().filter(|s| !s.is_empty()) {
+            resource = format!("{resource}/{sub}");
+        }
+        let write = (
+            object["apiGroup"].as_str().unwrap_or_default().to_string(),
+            resource,
+            event["verb"].as_str().unwrap_or_default().to_string(),
+        );
+        assert_ne!(
+            event["responseStatus"]["code"], 403,
+            "the operator was refused {write:?}: {event}"
+        );
+        assert!(
+            granted.contains(&write),
+            "the operator sent {write:?}, which the rendered rules do not grant: {event}"
+        );
+        seen.insert(write);
+    }
+    assert!(!seen.is_empty(), "no write of {user} in {}", path.display());
+    let unseen: std::collections::BTreeSet<_> = granted.difference(&seen).cloned().collect();
+    eprintln!("writes seen: {seen:?}\ngranted writes not exercised here: {unseen:?}");
+    unseen
+}
+
+/// The (apiGroup, resource, verb) write permissions the rendered Roles and ClusterRoles grant.
+fn granted_writes(rendered: &[Value]) -> std::collections::BTreeSet<(String, String, String)> {
+    let mut grants = std::collections::BTreeSet::new();
+    for role in rendered
+        .iter()
+        .filter(|d| d["kind"] == "Role" || d["kind"] == "ClusterRole")
+    {
+        for rule in role["rules"].as_array().into_iter().flatten() {
+            for group in strings(&rule["apiGroups"]) {
+                for resource in strings(&rule["resources"]) {
+                    for verb in strings(&rule["verbs"]) {
+                        if ["create", "update", "patch", "delete"].contains(&verb.as_str()) {
+                            grants.insert((group.clone(), resource.clone(), verb));
+                        }
+                    }
+                }
+            }
+        }
+    }
+    grants
 }
 
 /// Stops this test's node and control plane only: `TestEnv::stop` also kills every process this test
@@ -359,6 +572,7 @@ async fn helm_chart_installs_and_its_service_account_runs_the_operator() {
         "install-helm",
         EnvOptions {
             operator: false,
+            audit_log: true,
             ..EnvOptions::default()
         },
     )
@@ -391,8 +605,10 @@ async fn helm_chart_installs_and_its_service_account_runs_the_operator() {
         &rendered,
         "sandbox_minimal.yaml",
         "minimal",
+        "install-minimal",
     )
-    .await;
+    .await
+    .kill();
     stop_own_cluster(&env).await;
 }
 
@@ -402,6 +618,7 @@ async fn kustomize_default_installs_and_its_service_account_runs_the_operator() 
         "install-kustomize",
         EnvOptions {
             operator: false,
+            audit_log: true,
             ..EnvOptions::default()
         },
     )
@@ -420,10 +637,113 @@ async fn kustomize_default_installs_and_its_service_account_runs_the_operator() 
         &rendered,
         "sandbox_allowlist.yaml",
         "allowlist",
+        "install-allowlist",
+    )
+    .await
+    .kill();
+
+    committed_schemas_match_the_live_api_server(&env).await;
+    stop_own_cluster(&env).await;
+}
+
+/// `kubectl auth can-i <verb> <resource> -n <namespace> --as <user>` (the admin impersonates).
+fn can_i(env: &TestEnv, user: &str, verb: &str, resource: &str, namespace: &str) -> bool {
+    let output = Command::new("kubectl")
+        .args([
+            "auth", "can-i", verb, resource, "-n", namespace, "--as", user,
+        ])
+        .env("KUBECONFIG", &env.control_plane.kubeconfig)
+        .output()
+        .expect("kubectl auth can-i");
+    String::from_utf8_lossy(&output.stdout).trim() == "yes"
+}
+
+/// The namespaced install mode: the chart with `watchNamespace` grants the controllers' rules by a
+/// Role in that namespace only. The operator under that ServiceAccount runs a Sandbox there to Ready
+/// (and the gateway, expiry and RolloutGroup scenario), has no rights on pods, secrets or sandboxes in
+/// another namespace, and leaves a Sandbox created there alone. (`manifests_rbac.rs` shows the
+/// kustomize overlay config/overlays/namespaced grants the same rules; it is applied here too.)
+#[tokio::test]
+async fn helm_chart_with_watch_namespace_confines_the_operator_to_that_namespace() {
+    const WATCHED: &str = "orchard-sandboxes";
+    const ELSEWHERE: &str = "not-watched";
+    let env = TestEnv::start(
+        "install-helm-ns",
+        EnvOptions {
+            operator: false,
+            audit_log: true,
+            ..EnvOptions::default()
+        },
+    )
+    .await
+    .expect("local cluster");
+    create_namespace(&env, RELEASE_NAMESPACE).await;
+    create_namespace(&env, WATCHED).await;
+    create_namespace(&env, ELSEWHERE).await;
+    let manifests = helm_template(&["--set", &format!("watchNamespace={WATCHED}")]);
+    apply(&env, &manifests, false);
+    apply(&env, &kustomize("overlays/namespaced"), true);
+    let rendered = documents(&manifests);
+    let service_account = one_of_kind(&rendered, "ServiceAccount")["metadata"]["name"]
+        .as_str()
+        .expect("ServiceAccount name")
+        .to_string();
+    let user = format!("system:serviceaccount:{RELEASE_NAMESPACE}:{service_account}");
+    for (verb, resource) in [
+        ("create", "pods"),
+        ("get", "secrets"),
+        ("list", "secrets"),
+        ("create", "sandboxes.orchard.dev"),
+        ("patch", "sandboxes.orchard.dev/status"),
+    ] {
+        assert!(
+            can_i(&env, &user, verb, resource, WATCHED),
+            "{user} cannot {verb} {resource} in the watched namespace"
+        );
+        assert!(
+            !can_i(&env, &user, verb, resource, ELSEWHERE),
+            "{user} can {verb} {resource} outside the watched namespace"
+        );
+    }
+    assert!(!can_i(&env, &user, "list", "pods", "default"));
+
+    let operator = operator_under_service_account_runs_a_sandbox(
+        &env,
+        &rendered,
+        "sandbox_minimal.yaml",
+        "minimal",
+        WATCHED,
     )
     .await;
 
-    committed_schemas_match_the_live_api_server(&env).await;
+    // A Sandbox outside the watched namespace is not the operator's: no status, no children.
+    let client = env.client().await;
+    let elsewhere: Api<Sandbox> = Api::namespaced(client.clone(), ELSEWHERE);
+    let text =
+        std::fs::read_to_string(workspace_root().join("config/samples/sandbox_minimal.yaml"))
+            .expect("sample");
+    kubectl(
+        &env.control_plane.kubeconfig,
+        &["apply", "-n", ELSEWHERE, "-f", "-"],
+        Some(&text),
+    );
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    let untouched = elsewhere.get("minimal").await.expect("the sandbox exists");
+    assert!(untouched.status.is_none(), "{:?}", untouched.status);
+    let pods: Api<Pod> = Api::namespaced(client.clone(), ELSEWHERE);
+    assert!(pods.get_opt("minimal").await.expect("get pod").is_none());
+    // (Writes into the watched namespace while it is being deleted are refused too: not RBAC.)
+    let log_text = std::fs::read_to_string(&operator.log).unwrap_or_default();
+    let denials: Vec<&str> = log_text
+        .lines()
+        .filter(|l| l.contains("is forbidden") && !l.contains("because it is being terminated"))
+        .collect();
+    assert!(
+        denials.is_empty(),
+        "RBAC denial in the operator log:\n{}",
+        denials.join("\n")
+    );
+    operator.kill();
     stop_own_cluster(&env).await;
 }
 

@@ -2,13 +2,17 @@
 //! kustomize default and HA overlay), with no cluster: no wildcard anywhere, exactly the permissions
 //! docs/SECURITY.md documents, and the chart and kustomize grant the same rules, bind the same
 //! ServiceAccount, run the same Deployment and Services and install the generated CRDs unchanged.
-//! That the rules are also sufficient is proved by `manifests_install.rs`.
+//! The exact rule table (which verbs, in which role, in both install modes) is asserted here, and the
+//! kustomize namespaced overlay grants what the chart grants with `watchNamespace`. That the rules are
+//! also sufficient is proved by `manifests_install.rs`, which also checks every write the operator
+//! sends (the API server's audit log) against them.
 
 use std::collections::{BTreeMap, BTreeSet};
 
 use orchard_e2e::binaries::workspace_root;
 use orchard_e2e::test_support::manifests::{
-    documents, helm_default, helm_full, kustomize, of_kind, one_of_kind, strings,
+    RELEASE_NAMESPACE, documents, env_map, helm_default, helm_full, helm_template, kustomize,
+    of_kind, one_of_kind, strings,
 };
 use serde_json::{Value, json};
 
@@ -89,40 +93,177 @@ fn assert_no_wildcards(source: &str, docs: &[Value]) {
     }
 }
 
-/// What the controllers and the gateway need: the contract of docs/SECURITY.md.
-fn expected_permissions() -> BTreeSet<(String, String, String)> {
-    let mut expected = BTreeSet::new();
-    let mut add = |group: &str, resource: &str, verbs: &[&str]| {
-        for verb in verbs {
-            expected.insert((group.to_string(), resource.to_string(), verb.to_string()));
+/// (apiGroup, resource, verb) triples.
+type Table = BTreeSet<(String, String, String)>;
+
+fn table(rules: &[(&str, &str, &[&str])]) -> Table {
+    let mut table = Table::new();
+    for (group, resource, verbs) in rules {
+        for verb in *verbs {
+            table.insert((group.to_string(), resource.to_string(), verb.to_string()));
         }
-    };
-    let crud = ["get", "list", "watch", "create", "patch", "delete"];
-    add("orchard.dev", "sandboxes", &crud);
-    add(
-        "orchard.dev",
-        "sandboxes/status",
-        &["get", "patch", "update"],
-    );
-    add("orchard.dev", "rolloutgroups", &crud);
-    add(
-        "orchard.dev",
-        "rolloutgroups/status",
-        &["get", "patch", "update"],
-    );
-    add("", "pods", &crud);
-    add("", "secrets", &["get", "list", "watch", "create"]);
-    add("events.k8s.io", "events", &["create", "patch"]);
-    add("networking.k8s.io", "networkpolicies", &crud);
-    add(
+    }
+    table
+}
+
+/// Cluster-scoped rules (a ClusterRole in both modes): the gateway's reviews and the API server's
+/// addresses.
+fn cluster_rules() -> Table {
+    table(&[
+        ("authentication.k8s.io", "tokenreviews", &["create"]),
+        ("authorization.k8s.io", "subjectaccessreviews", &["create"]),
+        ("discovery.k8s.io", "endpointslices", &["get"]),
+    ])
+}
+
+/// The controllers' and the gateway's rules in the watched namespaces (the ClusterRole when all are
+/// watched, a Role in the one namespace with `watchNamespace`). Every verb is one the code sends:
+/// status writes are JSON patches (no `get`/`update` on the status subresources), Pods are created
+/// with POST and never patched, RolloutGroups are never patched.
+fn namespaced_rules() -> Table {
+    let crud: &[&str] = &["get", "list", "watch", "create", "patch", "delete"];
+    table(&[
+        ("orchard.dev", "sandboxes", crud),
+        ("orchard.dev", "sandboxes/status", &["patch"]),
+        (
+            "orchard.dev",
+            "rolloutgroups",
+            &["get", "list", "watch", "create", "delete"],
+        ),
+        ("orchard.dev", "rolloutgroups/status", &["patch"]),
+        ("", "pods", &["get", "list", "watch", "create", "delete"]),
+        ("", "secrets", &["get", "list", "watch", "create"]),
+        ("events.k8s.io", "events", &["create", "patch"]),
+        ("networking.k8s.io", "networkpolicies", crud),
+    ])
+}
+
+/// Leader election (a Role in the release namespace): the Lease is read, created and renewed with PUT.
+fn lease_rules() -> Table {
+    table(&[(
         "coordination.k8s.io",
         "leases",
-        &["get", "create", "update", "patch"],
+        &["get", "create", "update"],
+    )])
+}
+
+/// What the controllers and the gateway need: the contract of docs/SECURITY.md.
+fn expected_permissions() -> Table {
+    cluster_rules()
+        .into_iter()
+        .chain(namespaced_rules())
+        .chain(lease_rules())
+        .collect()
+}
+
+/// (role kind, namespace) -> what that role grants.
+fn by_role(docs: &[Value]) -> BTreeMap<(String, String), Table> {
+    let mut roles: BTreeMap<(String, String), Table> = BTreeMap::new();
+    for (kind, _, namespace, group, resource, verb) in granted(docs) {
+        roles
+            .entry((kind, namespace))
+            .or_default()
+            .insert((group, resource, verb));
+    }
+    roles
+}
+
+/// The exact rule table of an install watching all namespaces, or only `watched`.
+fn expected_roles(watched: Option<&str>) -> BTreeMap<(String, String), Table> {
+    let mut roles = BTreeMap::new();
+    roles.insert(
+        ("Role".to_string(), RELEASE_NAMESPACE.to_string()),
+        lease_rules(),
     );
-    add("authentication.k8s.io", "tokenreviews", &["create"]);
-    add("authorization.k8s.io", "subjectaccessreviews", &["create"]);
-    add("discovery.k8s.io", "endpointslices", &["get"]);
-    expected
+    match watched {
+        None => {
+            let all = cluster_rules().into_iter().chain(namespaced_rules());
+            roles.insert(("ClusterRole".to_string(), String::new()), all.collect());
+        }
+        Some(namespace) => {
+            roles.insert(("ClusterRole".to_string(), String::new()), cluster_rules());
+            roles.insert(
+                ("Role".to_string(), namespace.to_string()),
+                namespaced_rules(),
+            );
+        }
+    }
+    roles
+}
+
+/// The namespace config/overlays/namespaced watches.
+const KUSTOMIZE_WATCHED: &str = "orchard-sandboxes";
+
+#[test]
+fn every_render_grants_exactly_the_rule_table_in_the_right_role() {
+    let renders = [
+        ("helm default", documents(&helm_default()), None),
+        (
+            "helm full values",
+            documents(&helm_full()),
+            Some("rl-sandboxes"),
+        ),
+        (
+            "helm watchNamespace",
+            documents(&helm_template(&[
+                "--set",
+                &format!("watchNamespace={KUSTOMIZE_WATCHED}"),
+            ])),
+            Some(KUSTOMIZE_WATCHED),
+        ),
+        ("kustomize default", documents(&kustomize("default")), None),
+        ("kustomize ha", documents(&kustomize("overlays/ha")), None),
+        (
+            "kustomize namespaced",
+            documents(&kustomize("overlays/namespaced")),
+            Some(KUSTOMIZE_WATCHED),
+        ),
+    ];
+    for (source, docs, watched) in &renders {
+        assert_eq!(
+            by_role(docs),
+            expected_roles(*watched),
+            "{source}: the rules per role differ from the table"
+        );
+    }
+}
+
+#[test]
+fn the_namespaced_overlay_matches_the_chart_with_watch_namespace() {
+    let chart = documents(&helm_template(&[
+        "--set",
+        &format!("watchNamespace={KUSTOMIZE_WATCHED}"),
+    ]));
+    let kustomized = documents(&kustomize("overlays/namespaced"));
+    assert_eq!(
+        granted(&chart),
+        granted(&kustomized),
+        "config/overlays/namespaced and the chart with watchNamespace grant different rules"
+    );
+    for kind in ["ClusterRoleBinding", "RoleBinding"] {
+        let bindings = |docs: &[Value]| -> BTreeSet<String> {
+            of_kind(docs, kind)
+                .into_iter()
+                .map(|d| {
+                    json!([
+                        d["metadata"]["name"],
+                        d["metadata"]["namespace"],
+                        d["roleRef"],
+                        d["subjects"]
+                    ])
+                    .to_string()
+                })
+                .collect()
+        };
+        assert_eq!(bindings(&chart), bindings(&kustomized), "{kind}s differ");
+    }
+    let watch = |docs: &[Value]| {
+        env_map(&one_of_kind(docs, "Deployment")["spec"]["template"]["spec"]["containers"][0])
+            ["ORCHARD_WATCH_NAMESPACE"]
+            .clone()
+    };
+    assert_eq!(watch(&chart), KUSTOMIZE_WATCHED);
+    assert_eq!(watch(&kustomized), KUSTOMIZE_WATCHED);
 }
 
 /// `doc` without labels and annotations, every number as a float: Helm re-serialises the CRDs
@@ -169,6 +310,10 @@ fn no_wildcards_in_any_rendered_role_and_every_permission_is_accounted_for() {
         ("helm full values", documents(&helm_full())),
         ("kustomize default", documents(&kustomize("default"))),
         ("kustomize ha", documents(&kustomize("overlays/ha"))),
+        (
+            "kustomize namespaced",
+            documents(&kustomize("overlays/namespaced")),
+        ),
     ];
     for (source, docs) in &renders {
         assert_no_wildcards(source, docs);

@@ -76,23 +76,26 @@ call. Granted cluster-wide (ClusterRole) or, with watchNamespace, by a Role in t
 config/rbac/role.yaml holds the same rules (e2e/tests/manifests_rbac.rs compares them); no wildcards.
 */}}
 {{- define "orchard-env.namespacedRules" -}}
-# Sandboxes: watched, created by RolloutGroups, deleted at their deadline; heartbeats are patches.
+# Sandboxes: watched, created by RolloutGroups and the gateway, deleted at their deadline; heartbeats are
+# merge patches of an annotation.
 - apiGroups: ["orchard.dev"]
   resources: ["sandboxes"]
   verbs: ["get", "list", "watch", "create", "patch", "delete"]
+# Status writes are JSON patches (never a PUT, never a read of the subresource).
 - apiGroups: ["orchard.dev"]
   resources: ["sandboxes/status"]
-  verbs: ["get", "patch", "update"]
+  verbs: ["patch"]
+# RolloutGroups: watched, created and deleted through the gateway; never patched.
 - apiGroups: ["orchard.dev"]
   resources: ["rolloutgroups"]
-  verbs: ["get", "list", "watch", "create", "patch", "delete"]
+  verbs: ["get", "list", "watch", "create", "delete"]
 - apiGroups: ["orchard.dev"]
   resources: ["rolloutgroups/status"]
-  verbs: ["get", "patch", "update"]
-# Sandbox pods: created by server-side apply, watched, deleted on failure or expiry.
+  verbs: ["patch"]
+# Sandbox pods: created (POST, never patched), watched, deleted on failure or expiry.
 - apiGroups: [""]
   resources: ["pods"]
-  verbs: ["get", "list", "watch", "create", "patch", "delete"]
+  verbs: ["get", "list", "watch", "create", "delete"]
 # Per-sandbox agent-token Secrets: created once, never updated (garbage-collected with the Sandbox).
 - apiGroups: [""]
   resources: ["secrets"]
@@ -121,9 +124,9 @@ config/rbac/role.yaml holds the same rules (e2e/tests/manifests_rbac.rs compares
   verbs: ["get"]
 {{- end -}}
 
-{{/* Leader election: the Lease in the release namespace. `create` cannot be limited by resourceNames. */}}
+{{/* Leader election: the Lease in the release namespace, read and renewed with PUT (never patched). `create` cannot be limited by resourceNames. */}}
 {{- define "orchard-env.leaseRules" -}}
 - apiGroups: ["coordination.k8s.io"]
   resources: ["leases"]
-  verbs: ["get", "create", "update", "patch"]
+  verbs: ["get", "create", "update"]
 {{- end -}}

@@ -36,6 +36,14 @@ pub struct OperatorArgs {
     /// Leader election.
     #[command(flatten)]
     pub leader: LeaderElectionArgs,
+
+    /// Gateway connection, request and authentication limits.
+    #[command(flatten)]
+    pub gateway: GatewayLimits,
+
+    /// Which placement fields (priority class, tolerations, runtime class, node selector) a Sandbox may set.
+    #[command(flatten)]
+    pub placement: PlacementPolicy,
 }
 
 /// Log output format.
@@ -208,6 +216,124 @@ pub struct LeaderElectionArgs {
     /// Identity of this replica in the Lease (defaults to the pod name or hostname).
     #[arg(long, env = "POD_NAME")]
     pub identity: Option<String>,
+}
+
+/// What a Sandbox may ask of the scheduler. Checked before its Pod is created: a refused spec fails
+/// the Sandbox with reason `PlacementRefused` and nothing is created. Lists are comma-separated.
+#[derive(clap::Args, Debug, Clone, PartialEq, Default)]
+pub struct PlacementPolicy {
+    /// PriorityClasses a sandbox may name in `spec.priorityClassName`; empty: none (sandboxes without one are always accepted).
+    #[arg(long, env = "ORCHARD_ALLOWED_PRIORITY_CLASSES", default_value = "")]
+    pub allowed_priority_classes: String,
+
+    /// Taint keys a sandbox may tolerate; empty: any key except the control-plane ones and the wildcard.
+    #[arg(long, env = "ORCHARD_ALLOWED_TOLERATION_KEYS", default_value = "")]
+    pub allowed_toleration_keys: String,
+
+    /// Let a sandbox tolerate every taint (a toleration with an empty key and operator `Exists`).
+    #[arg(
+        long,
+        env = "ORCHARD_ALLOW_WILDCARD_TOLERATIONS",
+        default_value_t = false
+    )]
+    pub allow_wildcard_tolerations: bool,
+
+    /// Let a sandbox tolerate or select control-plane nodes (`node-role.kubernetes.io/control-plane` and `node-role.kubernetes.io/master` in `spec.tolerations` or `spec.nodeSelector`).
+    #[arg(
+        long,
+        env = "ORCHARD_ALLOW_CONTROL_PLANE_PLACEMENT",
+        default_value_t = false
+    )]
+    pub allow_control_plane_placement: bool,
+
+    /// RuntimeClasses a sandbox may name in `spec.runtimeClassName`; empty: any.
+    #[arg(long, env = "ORCHARD_ALLOWED_RUNTIME_CLASSES", default_value = "")]
+    pub allowed_runtime_classes: String,
+
+    /// Node label keys a sandbox may use in `spec.nodeSelector`; empty: any key except the control-plane ones.
+    #[arg(long, env = "ORCHARD_ALLOWED_NODE_SELECTOR_KEYS", default_value = "")]
+    pub allowed_node_selector_keys: String,
+}
+
+/// Limits of the gateway: how long a client may take to send request headers, how many connections and
+/// requests it serves at once, how long authentication and authorisation decisions are reused, and how
+/// many TokenReviews unknown tokens may cost.
+#[derive(clap::Args, Debug, Clone, PartialEq)]
+pub struct GatewayLimits {
+    /// Seconds a client has to send a request's headers, counted from the connection's first read (or the end of the previous response on a kept-alive connection); slower or idle connections are closed.
+    #[arg(
+        long,
+        env = "ORCHARD_GATEWAY_HEADER_READ_TIMEOUT_SECONDS",
+        default_value_t = 10
+    )]
+    pub gateway_header_read_timeout_seconds: u64,
+
+    /// Most open gateway connections; further connections wait in the listen backlog until one closes (streams and waits count).
+    #[arg(long, env = "ORCHARD_GATEWAY_MAX_CONNECTIONS", default_value_t = 4096)]
+    pub gateway_max_connections: usize,
+
+    /// Most requests handled at once (from arrival until the answer's head is sent; streamed bodies count only as connections); more are refused with 503 `Overloaded` and `Retry-After`.
+    #[arg(
+        long,
+        env = "ORCHARD_GATEWAY_MAX_IN_FLIGHT_REQUESTS",
+        default_value_t = 1024
+    )]
+    pub gateway_max_in_flight_requests: usize,
+
+    /// Seconds a TokenReview or SubjectAccessReview decision is reused; streams and waits re-check their caller at least this often.
+    #[arg(
+        long,
+        env = "ORCHARD_GATEWAY_AUTH_CACHE_TTL_SECONDS",
+        default_value_t = 10
+    )]
+    pub gateway_auth_cache_ttl_seconds: u64,
+
+    /// TokenReviews per second for tokens the gateway has not seen valid, all clients together (0 = unlimited); beyond it callers get 429 with `Retry-After`.
+    #[arg(long, env = "ORCHARD_GATEWAY_TOKEN_REVIEW_RATE", default_value_t = 20)]
+    pub gateway_token_review_rate: u32,
+
+    /// Burst of TokenReviews for unknown tokens, all clients together.
+    #[arg(long, env = "ORCHARD_GATEWAY_TOKEN_REVIEW_BURST", default_value_t = 40)]
+    pub gateway_token_review_burst: u32,
+
+    /// TokenReviews per second for unknown tokens from one client IP (0 = unlimited).
+    #[arg(
+        long,
+        env = "ORCHARD_GATEWAY_TOKEN_REVIEW_RATE_PER_CLIENT",
+        default_value_t = 5
+    )]
+    pub gateway_token_review_rate_per_client: u32,
+
+    /// Burst of TokenReviews for unknown tokens from one client IP.
+    #[arg(
+        long,
+        env = "ORCHARD_GATEWAY_TOKEN_REVIEW_BURST_PER_CLIENT",
+        default_value_t = 10
+    )]
+    pub gateway_token_review_burst_per_client: u32,
+
+    /// Audiences (comma-separated) the gateway asks TokenReview for; a token is accepted only if the API server confirms one of them. Empty: no audience is sent, so tokens for the API server itself (default ServiceAccount tokens) are accepted.
+    #[arg(long, env = "ORCHARD_GATEWAY_TOKEN_AUDIENCES", default_value = "")]
+    pub gateway_token_audiences: String,
+}
+
+impl GatewayLimits {
+    /// The configured audiences, trimmed, without empty entries.
+    pub fn audiences(&self) -> Vec<String> {
+        self.gateway_token_audiences
+            .split(',')
+            .map(str::trim)
+            .filter(|a| !a.is_empty())
+            .map(str::to_string)
+            .collect()
+    }
+}
+
+impl Default for GatewayLimits {
+    fn default() -> Self {
+        // Same values as the flags' defaults, for tests and library users.
+        OperatorArgs::parse_from(["orchard-operator"]).gateway
+    }
 }
 
 /// Parses a `key=value[,key=value]` label selector into pairs, rejecting anything else with a message.

@@ -23,6 +23,7 @@ use crate::runtime::reconcile_slots::ReconcileSlots;
 use crate::sandbox::agent_client::AgentClient;
 use crate::sandbox::build::{PodShape, PolicyShape};
 use crate::sandbox::cidr::Cidr;
+use crate::sandbox::placement::Placement;
 use crate::sandbox::runner::Runners;
 use orchard_api::{RolloutGroup, Sandbox};
 
@@ -50,6 +51,8 @@ pub struct Settings {
     pub sandbox_concurrency: u16,
     /// RolloutGroup reconciles running at once.
     pub rollout_concurrency: u16,
+    /// Which placement fields sandboxes may set.
+    pub placement: Placement,
 }
 
 /// A comma-separated CIDR list of flag `flag` (empty: none).
@@ -128,6 +131,7 @@ impl Settings {
             status_coalesce: Duration::from_millis(args.controller.status_coalesce_ms),
             sandbox_concurrency: args.controller.sandbox_concurrency,
             rollout_concurrency: args.controller.rollout_concurrency,
+            placement: Placement::from_policy(&args.placement),
         })
     }
 }

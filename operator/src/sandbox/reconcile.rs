@@ -19,7 +19,7 @@ use super::status::{
     Blocked, Observed, admission_rejection, desired_status, expired_status, hold_back_transient,
     is_trajectory, rollout_group_of,
 };
-use super::{apply, runner};
+use super::{apply, placement, runner};
 use crate::runtime::context::{Context, object_key};
 use crate::runtime::error::{Error, Result};
 use crate::runtime::events::publish;
@@ -116,21 +116,32 @@ async fn reconcile_inner(cached: &Sandbox, ctx: &Arc<Context>) -> Result<Option<
         return remove_failed_at_ttl(ctx, sandbox, &previous).await;
     }
 
-    apply::ensure_baseline(ctx, &namespace).await?;
-    // The token Secret and the egress policy are independent writes; the Pod waits for both, so it
-    // never starts with a previous incarnation's token or under its policy.
     let known = apply::known_pod(ctx, sandbox);
-    let token_handed_out =
-        matches!(known, Some(ChildState::Ours(_))) || previous.pod_name.is_some();
-    let (egress, secret) = futures::future::join(
-        apply::ensure_egress_policy(ctx, sandbox, &owner),
-        apply::ensure_token_secret(ctx, sandbox, &owner, token_handed_out),
-    )
-    .await;
+    // The placement policy gates the Pod's creation only: a sandbox whose Pod exists keeps it.
+    let refused = (known.is_none() && previous.pod_name.is_none())
+        .then(|| placement::check(&sandbox.spec, &ctx.settings.placement).err())
+        .flatten();
+    let (egress, secret) = if refused.is_some() {
+        // Refused before anything is created: no baseline, no policy, no token.
+        (Ok(ChildState::Ours(())), Ok(Some(ChildState::Ours(()))))
+    } else {
+        apply::ensure_baseline(ctx, &namespace).await?;
+        // The token Secret and the egress policy are independent writes; the Pod waits for both, so
+        // it never starts with a previous incarnation's token or under its policy.
+        let token_handed_out =
+            matches!(known, Some(ChildState::Ours(_))) || previous.pod_name.is_some();
+        futures::future::join(
+            apply::ensure_egress_policy(ctx, sandbox, &owner),
+            apply::ensure_token_secret(ctx, sandbox, &owner, token_handed_out),
+        )
+        .await
+    };
     let egress = egress?;
     let secret = secret?;
     let token_gone = secret.is_none();
-    let mut blocked = blocked_by(&[&egress, &secret.unwrap_or(ChildState::Ours(()))]);
+    let mut blocked = refused
+        .map(Blocked::PlacementRefused)
+        .or_else(|| blocked_by(&[&egress, &secret.unwrap_or(ChildState::Ours(()))]));
 
     let mut pod = None;
     let mut pod_gone = false;

@@ -69,6 +69,9 @@ pub enum Blocked {
     /// The API server refused the Pod for good (Pod Security admission, an invalid field): the
     /// sandbox fails with the server's words.
     PodRejected(String),
+    /// The operator's placement policy refuses the spec (`placement`): the sandbox fails before any
+    /// child is created.
+    PlacementRefused(String),
 }
 
 /// Why the API server's refusal of a Pod creation will not go away by retrying, or `None` when it
@@ -422,6 +425,7 @@ pub fn desired_status(sandbox: &Sandbox, observed: &Observed) -> SandboxStatus {
     let refused = match &observed.blocked {
         Some(Blocked::NameConflict(message)) => Some(("NameConflict", message)),
         Some(Blocked::PodRejected(message)) => Some(("PodRejected", message)),
+        Some(Blocked::PlacementRefused(message)) => Some((super::placement::REASON, message)),
         _ => None,
     };
     if let Some((reason, message)) = refused {

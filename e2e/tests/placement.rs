@@ -1,0 +1,237 @@
+//! Pod placement allow-lists (operator/src/sandbox/placement.rs) on the local cluster: with the
+//! operator's defaults, a Sandbox that tolerates the control-plane taint or names a PriorityClass fails
+//! with reason `PlacementRefused`, a message naming the field, the value and the setting that would
+//! allow it, and nothing is created for it (no Pod, no token Secret, no egress policy); a RolloutGroup
+//! whose template is refused ends with every trajectory aborted instead of looping. Restarted with
+//! `--allow-control-plane-placement` and `--allowed-priority-classes`, the operator lets the same specs
+//! become Ready.
+
+use std::time::Duration;
+
+use k8s_openapi::api::core::v1::{Pod, Secret};
+use k8s_openapi::api::networking::v1::NetworkPolicy;
+use k8s_openapi::api::scheduling::v1::PriorityClass;
+use kube::api::{Api, ListParams, PostParams};
+use orchard_e2e::binaries::operator_bin;
+use orchard_e2e::env::{EnvOptions, TestEnv};
+use orchard_e2e::operator_process::OperatorProcess;
+use orchard_e2e::test_support::rollouts::{group, template};
+use orchard_e2e::test_support::sandboxes::{is_failed, is_ready, sandbox};
+use orchard_e2e::wait;
+use orchard_operator::api::{RolloutGroup, RolloutPhase, Sandbox, TrajectoryStatus};
+use serde_json::{Value, json};
+
+const TIMEOUT: Duration = Duration::from_secs(60);
+const PRIORITY_CLASS: &str = "sandbox-high";
+
+fn control_plane_toleration() -> Value {
+    json!({"image": "busybox", "tolerations": [
+        {"key": "node-role.kubernetes.io/control-plane", "operator": "Exists", "effect": "NoSchedule"}
+    ]})
+}
+
+fn priority_class() -> Value {
+    json!({"image": "busybox", "priorityClassName": PRIORITY_CLASS})
+}
+
+/// The spec's Sandbox `name` in `ns` fails with `PlacementRefused`, its message contains every one of
+/// `mentions`, and none of its children exists.
+async fn assert_refused(env: &TestEnv, ns: &str, name: &str, spec: Value, mentions: &[&str]) {
+    let client = env.client().await;
+    let sandboxes: Api<Sandbox> = Api::namespaced(client.clone(), ns);
+    sandboxes
+        .create(&PostParams::default(), &sandbox(name, spec))
+        .await
+        .expect("create the sandbox");
+    let failed = wait::until(&sandboxes, name, "Failed", TIMEOUT, is_failed).await;
+    let status = failed.status.clone().unwrap_or_default();
+    assert_eq!(
+        status.reason.as_deref(),
+        Some("PlacementRefused"),
+        "{status:?}"
+    );
+    let message = status.message.unwrap_or_default();
+    for mention in mentions {
+        assert!(message.contains(mention), "{mention:?} not in {message:?}");
+    }
+    // Give a wrong operator time to create something, then look.
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let pods: Api<Pod> = Api::namespaced(client.clone(), ns);
+    assert!(
+        pods.get_opt(name).await.expect("get pod").is_none(),
+        "a refused sandbox has a Pod"
+    );
+    let secrets: Api<Secret> = Api::namespaced(client.clone(), ns);
+    assert!(
+        secrets
+            .get_opt(&format!("{name}-agent-token"))
+            .await
+            .expect("get secret")
+            .is_none(),
+        "a refused sandbox has a token Secret"
+    );
+    let policies: Api<NetworkPolicy> = Api::namespaced(client, ns);
+    assert!(
+        policies
+            .get_opt(&format!("{name}-egress"))
+            .await
+            .expect("get policy")
+            .is_none(),
+        "a refused sandbox has an egress policy"
+    );
+}
+
+async fn operator_with(env: &TestEnv, label: &str, args: &[&str]) -> OperatorProcess {
+    let log = env.dir.join(format!("logs/orchard-operator-{label}.log"));
+    let args: Vec<String> = args.iter().map(|a| a.to_string()).collect();
+    OperatorProcess::start(
+        &operator_bin().expect("operator binary"),
+        &env.control_plane.kubeconfig,
+        &log,
+        &args,
+    )
+    .await
+    .unwrap_or_else(|e| panic!("operator ({label}) did not start: {e}"))
+}
+
+#[tokio::test]
+async fn refused_placement_fails_the_sandbox_and_the_operator_setting_allows_it() {
+    let env = TestEnv::start(
+        "placement",
+        EnvOptions {
+            operator: false,
+            ..EnvOptions::default()
+        },
+    )
+    .await
+    .expect("local cluster");
+    let client = env.client().await;
+    let priority_classes: Api<PriorityClass> = Api::all(client.clone());
+    let class: PriorityClass = serde_json::from_value(json!({
+        "metadata": {"name": PRIORITY_CLASS}, "value": 1000000
+    }))
+    .expect("PriorityClass JSON");
+    priority_classes
+        .create(&PostParams::default(), &class)
+        .await
+        .expect("create the PriorityClass");
+    let ns = env.namespace("placement").await;
+
+    // The operator's defaults.
+    let strict = operator_with(&env, "defaults", &[]).await;
+    assert_refused(
+        &env,
+        &ns,
+        "control-plane",
+        control_plane_toleration(),
+        &[
+            "spec.tolerations[0]",
+            "node-role.kubernetes.io/control-plane",
+            "--allow-control-plane-placement",
+        ],
+    )
+    .await;
+    assert_refused(
+        &env,
+        &ns,
+        "priority",
+        priority_class(),
+        &[
+            "spec.priorityClassName",
+            PRIORITY_CLASS,
+            "--allowed-priority-classes",
+        ],
+    )
+    .await;
+
+    // A RolloutGroup whose template is refused: every trajectory fails (aborted with the reason) and the
+    // group reaches an end instead of relaunching forever.
+    let mut refused_template = template("echo never", 30);
+    refused_template["spec"]["tolerations"] = control_plane_toleration()["tolerations"].clone();
+    let groups: Api<RolloutGroup> = Api::namespaced(client.clone(), &ns);
+    groups
+        .create(
+            &PostParams::default(),
+            &group(
+                "refused",
+                json!({
+                    "groupSize": 2, "maxTrajectories": 4, "stride": 2,
+                    "positiveFraction": {"min": 0.5, "max": 0.5},
+                    "template": refused_template,
+                }),
+            ),
+        )
+        .await
+        .expect("create the group");
+    let ended = |g: Option<&RolloutGroup>| {
+        g.and_then(|g| g.status.as_ref())
+            .is_some_and(|s| matches!(s.phase, Some(RolloutPhase::Complete | RolloutPhase::Failed)))
+    };
+    let finished = wait::until(&groups, "refused", "Complete or Failed", TIMEOUT, ended).await;
+    let status = finished.status.expect("group status");
+    assert!(!status.trajectories.is_empty(), "{status:?}");
+    // The trajectory sandboxes failed with PlacementRefused, which aborts them (reason SandboxFailed);
+    // the group then deletes them.
+    for record in &status.trajectories {
+        assert_eq!(record.status, Some(TrajectoryStatus::Aborted), "{record:?}");
+        assert_eq!(
+            record.reason.as_deref(),
+            Some("SandboxFailed"),
+            "{record:?}"
+        );
+    }
+    eprintln!(
+        "refused group: phase {:?}, {} trajectories, conditions {:?}",
+        status.phase,
+        status.trajectories.len(),
+        status.conditions
+    );
+    let pods: Api<Pod> = Api::namespaced(client.clone(), &ns);
+    assert!(
+        pods.list(&ListParams::default())
+            .await
+            .expect("list pods")
+            .items
+            .is_empty(),
+        "refused sandboxes have pods"
+    );
+    strict.kill();
+
+    // The settings that allow them.
+    let allowing = operator_with(
+        &env,
+        "allowing",
+        &[
+            "--allow-control-plane-placement",
+            &format!("--allowed-priority-classes=low,{PRIORITY_CLASS}"),
+        ],
+    )
+    .await;
+    let sandboxes: Api<Sandbox> = Api::namespaced(client.clone(), &ns);
+    for (name, spec) in [
+        ("control-plane-allowed", control_plane_toleration()),
+        ("priority-allowed", priority_class()),
+    ] {
+        sandboxes
+            .create(&PostParams::default(), &sandbox(name, spec))
+            .await
+            .expect("create the sandbox");
+    }
+    for name in ["control-plane-allowed", "priority-allowed"] {
+        wait::until(&sandboxes, name, "Ready", TIMEOUT, is_ready).await;
+    }
+    let pod = pods
+        .get("priority-allowed")
+        .await
+        .expect("the allowed sandbox's pod");
+    assert_eq!(
+        pod.spec.and_then(|s| s.priority_class_name).as_deref(),
+        Some(PRIORITY_CLASS)
+    );
+    // A refused sandbox stays Failed (terminal) under the laxer operator.
+    let still = sandboxes.get("control-plane").await.expect("get");
+    assert!(is_failed(Some(&still)), "{:?}", still.status);
+    allowing.kill();
+    env.node.hollow().shutdown().await;
+    env.control_plane.stop();
+}
