@@ -2,7 +2,8 @@
 //! to its namespace, with the flags under test): slow and silent clients are disconnected after the
 //! header-read timeout; connections beyond the limit wait and requests beyond the in-flight limit are
 //! shed with a retryable 503; a flood of bogus tokens costs the API server at most the TokenReview
-//! budget (counted in its audit log) while a valid caller keeps being served from the cache; with
+//! budget (counted in its audit log) while a valid caller keeps being served from the cache, and
+//! concurrent first calls with one token share one review; with
 //! audiences configured only tokens issued for them are accepted; and an exec stream ends with an
 //! `AccessRevoked` event, a wait with 403 `AccessRevoked`, soon after the caller's RoleBinding is
 //! deleted.
@@ -352,6 +353,42 @@ async fn a_flood_of_bogus_tokens_stays_within_the_review_budget_and_starves_nobo
         f64::from(valid_calls),
         "every call of the valid caller came from the cache (bogus tokens are all distinct)"
     );
+    env.delete_namespace(&ns).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn concurrent_first_calls_with_one_token_share_one_review() {
+    let _one = ONE_AT_A_TIME.lock().await;
+    let env = env();
+    let ns = env.namespace("gwl-burst").await;
+    let identity = format!("gwl-burst-{}", std::process::id());
+    // A per-client budget of 2 reviews: 20 concurrent first calls would exhaust it ten times over if
+    // each asked for its own review.
+    let operator = scoped_operator(
+        env,
+        &ns,
+        &identity,
+        &[
+            "--gateway-token-review-rate-per-client=1",
+            "--gateway-token-review-burst-per-client=2",
+        ],
+    )
+    .await;
+    let agent = format!("({identity})");
+    grant(env, &ns, "alice", "trainer", trainer_rules()).await;
+    let alice = Caller::at(
+        &operator.gateway_url(),
+        Some(&env.control_plane.tokens["alice"]),
+    );
+    let list = format!("/v1/namespaces/{ns}/sandboxes");
+    let reviews_before = audited_requests(env, "tokenreviews", &agent);
+    let answers = futures::future::join_all((0..20).map(|_| alice.get(&list))).await;
+    for answer in &answers {
+        assert_eq!(answer.status, 200, "{answer:?}");
+    }
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let reviews = audited_requests(env, "tokenreviews", &agent) - reviews_before;
+    assert_eq!(reviews, 1, "one TokenReview for 20 concurrent first calls");
     env.delete_namespace(&ns).await;
 }
 

@@ -142,9 +142,15 @@ pub struct Authorizer {
     settings: AuthSettings,
     tokens: Mutex<TokenCache<Arc<Identity>>>,
     budget: Mutex<ReviewBudget>,
+    flights: Mutex<HashMap<Key, Arc<Flight>>>,
     decisions: TtlCache<Result<(), String>>,
     metrics: GatewayMetrics,
 }
+
+/// One TokenReview in flight: every request that brings the same unknown token meanwhile waits for
+/// its answer instead of asking (and spending the review budget) again. A trainer's first burst of
+/// concurrent calls with a new token costs one review, not one per call.
+type Flight = tokio::sync::OnceCell<Result<TokenDecision, ApiError>>;
 
 /// The bearer token of a request, or the 401 to answer.
 pub fn bearer_token(headers: &HeaderMap) -> Result<&str, ApiError> {
@@ -199,6 +205,7 @@ impl Authorizer {
             client,
             tokens: Mutex::new(TokenCache::new(settings.ttl, MAX_ENTRIES, MAX_REFUSED)),
             budget: Mutex::new(ReviewBudget::new(settings.budget, Instant::now())),
+            flights: Mutex::default(),
             decisions: TtlCache::new(settings.ttl),
             settings,
             metrics,
@@ -283,20 +290,39 @@ impl Authorizer {
             }
         };
         self.count("token", false);
-        if !known {
-            self.spend_review_budget(super::server::peer_ip())?;
+        let flight = {
+            let mut flights = self.flights.lock().unwrap_or_else(|p| p.into_inner());
+            flights.entry(*key).or_default().clone()
+        };
+        let outcome = flight
+            .get_or_init(|| async {
+                if !known {
+                    self.spend_review_budget(super::server::peer_ip())?;
+                }
+                let decision = self.review_token(token).await?;
+                let mut cache = self.tokens.lock().unwrap_or_else(|p| p.into_inner());
+                match &decision {
+                    TokenDecision::Valid(identity) => {
+                        cache.accept(*key, identity.clone(), Instant::now())
+                    }
+                    TokenDecision::Invalid(reason) => {
+                        cache.refuse(*key, reason.clone(), Instant::now())
+                    }
+                }
+                Ok(decision)
+            })
+            .await
+            .clone();
+        {
+            // The answer is in the cache (or was an error): the next request starts afresh.
+            let mut flights = self.flights.lock().unwrap_or_else(|p| p.into_inner());
+            if flights.get(key).is_some_and(|f| Arc::ptr_eq(f, &flight)) {
+                flights.remove(key);
+            }
         }
-        let decision = self.review_token(token).await?;
-        let mut cache = self.tokens.lock().unwrap_or_else(|p| p.into_inner());
-        match decision {
-            TokenDecision::Valid(identity) => {
-                cache.accept(*key, identity.clone(), Instant::now());
-                Ok(identity)
-            }
-            TokenDecision::Invalid(reason) => {
-                cache.refuse(*key, reason.clone(), Instant::now());
-                Err(ApiError::unauthorized(reason))
-            }
+        match outcome? {
+            TokenDecision::Valid(identity) => Ok(identity),
+            TokenDecision::Invalid(reason) => Err(ApiError::unauthorized(reason)),
         }
     }
 
