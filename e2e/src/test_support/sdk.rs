@@ -27,7 +27,7 @@ pub struct SdkTarget {
     pub direct: bool,
 }
 
-/// The SDK's venv (pinned httpx, pytest, pytest-asyncio), created or refreshed by its script.
+/// The SDK's venv (pinned httpx, pytest, pytest-asyncio, mini-swe-agent), created or refreshed by its script.
 fn sdk_python() -> PathBuf {
     let root = workspace_root();
     let script = root.join("sdk/python/scripts/venv.sh");
@@ -37,7 +37,7 @@ fn sdk_python() -> PathBuf {
         .unwrap_or_else(|e| panic!("cannot run {}: {e}", script.display()));
     assert!(
         output.status.success(),
-        "{} failed (it installs httpx, pytest and pytest-asyncio from PyPI):\n{}{}",
+        "{} failed (it installs httpx, pytest, pytest-asyncio and mini-swe-agent from PyPI):\n{}{}",
         script.display(),
         String::from_utf8_lossy(&output.stdout),
         String::from_utf8_lossy(&output.stderr)

@@ -25,6 +25,7 @@ pub mod selector;
 pub mod server;
 pub mod spec;
 pub mod token_cache;
+pub mod unread_body;
 pub mod wait;
 
 use std::net::SocketAddr;
@@ -212,6 +213,7 @@ pub fn router(state: State) -> (Router, serde_json::Value) {
             .into_response()
         })
         .layer(middleware::from_fn_with_state(in_flight, in_flight::limit))
+        .layer(middleware::from_fn(unread_body::close_if_unread))
         .layer(middleware::from_fn_with_state(metrics, track))
         .with_state(state);
     (router, document)

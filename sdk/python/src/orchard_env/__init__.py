@@ -34,6 +34,7 @@ from .models import (
     PatchResult,
     ProcessInfo,
     Trajectory,
+    TrajectoryResult,
 )
 
 __version__ = "0.1.0"
@@ -69,6 +70,7 @@ __all__ = [
     "Timeout",
     "TooManyRequests",
     "Trajectory",
+    "TrajectoryResult",
     "Unauthorized",
     "__version__",
 ]

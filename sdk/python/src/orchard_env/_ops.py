@@ -6,12 +6,23 @@ import base64
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from .models import TrajectoryResult
+
 #: Seconds added to a command's own timeout for the gateway's answer timeout and the HTTP read timeout.
 ANSWER_MARGIN = 30.0
 #: The agent's default command timeout (docs/AGENT.md).
 AGENT_DEFAULT_EXEC_TIMEOUT = 600.0
 #: Longest server-side wait per request (the gateway clamps ``timeoutSeconds`` to it).
 MAX_SERVER_WAIT = 300.0
+#: Labels the operator puts on a RolloutGroup's trajectory Sandboxes (``<group>-<index>``).
+ROLLOUT_GROUP_LABEL = "orchard.dev/rollout-group"
+STRIDE_LABEL = "orchard.dev/stride"
+#: Longest result ``message`` the CRD keeps.
+MAX_RESULT_MESSAGE = 4096
+#: Keys of a result body (``POST .../result``), as the API spells them.
+RESULT_KEYS = frozenset({"reward", "status", "length", "artifact", "exitCode", "reason", "message"})
+#: Phases a sandbox does not leave by itself without becoming Ready.
+FINAL_PHASES = frozenset({"Failed", "Succeeded", "Expired"})
 
 
 def camel(name: str) -> str:
@@ -253,3 +264,47 @@ def endpoint_of_own_pod(pod: Mapping[str, Any], sandbox_uid: str | None) -> str 
         return None
     host = f"[{ip}]" if ":" in ip else ip
     return f"http://{host}:{ports[0]}"
+
+
+# -- trainer-driven rollout groups -----------------------------------------------------------------
+
+
+def template_runs(group: Mapping[str, Any]) -> bool:
+    """Whether a RolloutGroup object's template has ``spec.run`` (the operator then runs the trajectory
+    and records its result itself; without ``run`` a driver outside the sandbox records it)."""
+    template = (group.get("spec") or {}).get("template") or {}
+    spec = template.get("spec") if isinstance(template.get("spec"), Mapping) else template
+    return bool((spec or {}).get("run"))
+
+
+def trajectory_index(group: str, name: str) -> int | None:
+    """Index of trajectory ``name`` (``<group>-<index>``) of ``group``, None if it is not one."""
+    rest = name[len(group) + 1:] if name.startswith(group + "-") else ""
+    return int(rest) if rest.isdigit() else None
+
+
+def result_body(value: Any) -> dict[str, Any]:
+    """The result body of what an episode returned: a number is the reward of a ``completed``
+    trajectory (``True``/``False`` count as 1.0/0.0); a :class:`~orchard_env.models.TrajectoryResult`
+    or a mapping with the API's keys (``reward``, ``status``, ``length``, ``artifact``, ``exitCode``,
+    ``reason``, ``message``; ``exit_code`` also accepted) is sent as it is (``status`` defaults to
+    ``completed``). Anything else raises ``TypeError``, an unknown key ``ValueError``."""
+    if isinstance(value, TrajectoryResult):
+        return value.to_json()
+    if isinstance(value, (int, float)):
+        return {"reward": float(value), "status": "completed"}
+    if isinstance(value, Mapping):
+        body = {camel(str(k)): v for k, v in value.items() if v is not None}
+        unknown = sorted(set(body) - RESULT_KEYS)
+        if unknown:
+            raise ValueError(f"unknown result keys {unknown}; allowed: {sorted(RESULT_KEYS)}")
+        body.setdefault("status", "completed")
+        return body
+    raise TypeError(f"an episode must return a reward (number), a dict or a TrajectoryResult, not {type(value).__name__}")
+
+
+def aborted_body(error: BaseException) -> dict[str, Any]:
+    """The result of an episode that raised ``error``: aborted, reason ``EpisodeFailed``, the exception
+    as the message (cut to the CRD's limit)."""
+    text = f"{type(error).__name__}: {error}" if str(error) else type(error).__name__
+    return {"status": "aborted", "reason": "EpisodeFailed", "message": text[:MAX_RESULT_MESSAGE]}

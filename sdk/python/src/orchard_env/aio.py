@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import builtins
 import contextlib
+import inspect
 import os
 from collections.abc import AsyncIterator, Awaitable, Callable, Generator, Mapping, Sequence
 from typing import IO, Any, TypeVar
@@ -15,10 +16,12 @@ import httpx
 from . import _core
 from ._core import CHUNK, Upload
 from ._retry import RetryPolicy
-from .models import ExecEvent, ExecResult, FileEntry, GroupResult, PatchResult, ProcessInfo
+from .models import ExecEvent, ExecResult, FileEntry, GroupResult, PatchResult, ProcessInfo, TrajectoryResult
 
 T = TypeVar("T")
 AsyncContent = bytes | Callable[[], AsyncIterator[bytes]] | None
+#: What an episode returns (or its coroutine resolves to): a reward, a result dict or a TrajectoryResult.
+EpisodeResult = float | int | Mapping[str, Any] | TrajectoryResult
 
 
 # -- the driver: performs the core's steps with httpx.AsyncClient, asyncio.sleep and tasks -----------
@@ -228,6 +231,40 @@ class AsyncProcess(_core.ProcessCore):
         return await self._run(self._track(self.sandbox._kill_process_plan(self.id)))
 
 
+class _EpisodeTasks:
+    """Runs :meth:`AsyncRolloutGroup.drive`'s episodes as tasks (the core's ``Episodes``)."""
+
+    def __init__(self, group: AsyncRolloutGroup, episode: Callable[[AsyncSandbox], Any]) -> None:
+        self._group = group
+        self._episode = episode
+        self._tasks: set[asyncio.Task[Any]] = set()
+
+    async def _call(self, sandbox: AsyncSandbox) -> Any:
+        value = self._episode(sandbox)
+        return await value if inspect.isawaitable(value) else value
+
+    async def start(self, sandbox: AsyncSandbox) -> None:
+        plan = self._group._episode_plan(sandbox, self._call)
+        self._tasks.add(asyncio.create_task(self._group.client._run(plan), name=f"orchard-episode-{sandbox.name}"))
+
+    async def running(self) -> int:
+        return sum(not t.done() for t in self._tasks)
+
+    async def reap(self) -> builtins.list[BaseException]:
+        done = {t for t in self._tasks if t.done()}
+        self._tasks -= done
+        return [error for t in done if not t.cancelled() and (error := t.exception()) is not None]
+
+    async def settle(self) -> None:
+        await self.abandon()
+
+    async def abandon(self) -> None:
+        for task in self._tasks:
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+        self._tasks.clear()
+
+
 class AsyncRolloutGroup(_core.GroupCore):
     """A handle on a RolloutGroup (async)."""
 
@@ -242,6 +279,19 @@ class AsyncRolloutGroup(_core.GroupCore):
     async def wait(self, timeout: float | None = None) -> GroupResult:
         """Waits until the group is recorded (``Complete``) or ``Failed`` (watch-driven long-polls)."""
         return await self._run(self._wait_plan(timeout))
+
+    async def drive(
+        self, episode: Callable[[AsyncSandbox], Awaitable[EpisodeResult] | EpisodeResult], *,
+        concurrency: int | None = None, timeout: float | None = None, poll_interval: float = 1.0,
+    ) -> GroupResult:
+        """Drives a trainer-driven group (template without ``run``): runs ``await episode(sandbox)`` as a
+        task for every trajectory Sandbox the controller launches, as each becomes Ready, at most
+        ``concurrency`` at once, and records what it returns; see :meth:`RolloutGroup.drive` for the
+        result forms, aborted episodes and skipped sandboxes. Returns the recorded group once it is
+        ``Complete`` (or ``Failed``); episodes still running then are cancelled (their results no
+        longer matter). Cancelling ``drive`` (or any exception escaping it) cancels the episodes and
+        deletes the group's trajectory Sandboxes that have no result yet."""
+        return await self._run(self._drive_plan(_EpisodeTasks(self, episode), concurrency, timeout, poll_interval))
 
     async def delete(self) -> None:
         await self._run(self._delete_plan())

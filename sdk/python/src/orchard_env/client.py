@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import atexit
 import builtins
+import concurrent.futures
 import contextlib
 import os
 import threading
@@ -25,10 +26,13 @@ from .models import (
     GroupResult,
     PatchResult,
     ProcessInfo,
+    TrajectoryResult,
 )
 
 T = TypeVar("T")
 Content = bytes | Callable[[], Iterable[bytes]] | None
+#: What an episode returns: a reward, a result dict (the API's keys) or a :class:`TrajectoryResult`.
+EpisodeResult = float | int | Mapping[str, Any] | TrajectoryResult
 
 
 # -- the driver: performs the core's steps with httpx.Client, time.sleep and threads ----------------
@@ -86,9 +90,15 @@ class _Heartbeats:
     def __init__(self, client: SandboxClient, loop: _core.Plan[None]) -> None:
         self._stop = threading.Event()
         self._thread = threading.Thread(
-            target=client._run, args=(loop, self._stop), name="orchard-heartbeat", daemon=True
+            target=self._beat, args=(client, loop), name="orchard-heartbeat", daemon=True
         )
         self._thread.start()
+
+    def _beat(self, client: SandboxClient, loop: _core.Plan[None]) -> None:
+        try:
+            client._run(loop, self._stop)
+        except Exception as error:  # e.g. the client was closed under a running episode
+            _core.log.warning("heartbeats stopped: %r", error)
 
     def stop(self) -> None:
         self._stop.set()
@@ -292,6 +302,40 @@ class Process(_core.ProcessCore):
         return self._run(self._track(self.sandbox._kill_process_plan(self.id)))
 
 
+class _EpisodeThreads:
+    """Runs :meth:`RolloutGroup.drive`'s episodes in worker threads (the core's ``Episodes``)."""
+
+    def __init__(self, group: RolloutGroup, episode: Callable[[Sandbox], EpisodeResult], concurrency: int | None) -> None:
+        self._group = group
+        self._episode = episode
+        self._pool = concurrent.futures.ThreadPoolExecutor(concurrency or 256, thread_name_prefix="orchard-episode")
+        self._futures: set[concurrent.futures.Future[Any]] = set()
+        self._sandboxes: builtins.list[Sandbox] = []
+
+    def start(self, sandbox: Sandbox) -> None:
+        self._sandboxes.append(sandbox)
+        plan = self._group._episode_plan(sandbox, self._episode)
+        self._futures.add(self._pool.submit(self._group.client._run, plan))
+
+    def running(self) -> int:
+        return sum(not f.done() for f in self._futures)
+
+    def reap(self) -> builtins.list[BaseException]:
+        done = {f for f in self._futures if f.done()}
+        self._futures -= done
+        return [error for f in done if not f.cancelled() and (error := f.exception()) is not None]
+
+    def settle(self) -> None:
+        self._pool.shutdown(wait=True)
+
+    def abandon(self) -> None:
+        # Threads cannot be cancelled: the episodes still running end when their sandboxes are deleted.
+        self._pool.shutdown(wait=False, cancel_futures=True)
+        for sandbox in self._sandboxes:
+            sandbox._closed = True  # an episode starting now does not start heartbeats
+            sandbox.stop_heartbeats()
+
+
 class RolloutGroup(_core.GroupCore):
     """A handle on a RolloutGroup (BAR): wait for its reward-balanced group. A context manager that
     deletes the group (and its trajectory sandboxes) on exit when ``delete_on_exit``."""
@@ -311,6 +355,29 @@ class RolloutGroup(_core.GroupCore):
         """Blocks until the group is recorded (``Complete``) or ``Failed``, with the gateway's
         watch-driven wait (long-polls of up to 300 s in a loop); :class:`Timeout` after ``timeout``."""
         return self._run(self._wait_plan(timeout))
+
+    def drive(
+        self, episode: Callable[[Sandbox], EpisodeResult], *, concurrency: int | None = None,
+        timeout: float | None = None, poll_interval: float = 1.0,
+    ) -> GroupResult:
+        """Drives a trainer-driven group (its template has no ``run``): runs ``episode(sandbox)`` in a
+        worker thread for every trajectory Sandbox the controller launches, later strides included, as
+        each becomes Ready, at most ``concurrency`` at once (None: no limit but the stride), and records
+        what it returns with :meth:`Sandbox.record_result`: a number is the reward of a ``completed``
+        trajectory, a dict has the result's keys (``reward``, ``status``, ``length``, ``artifact``,
+        ``exitCode``, ``reason``, ``message``), or a :class:`~orchard_env.TrajectoryResult`. An episode
+        that raises becomes ``{"status": "aborted", "reason": "EpisodeFailed", "message": <the
+        exception>}``. Episodes run at most once per Sandbox UID and are never retried; a Sandbox that
+        fails or disappears before its episode starts is skipped (the controller records it aborted).
+        The handle given to ``episode`` heartbeats while the episode runs and is not deleted after it.
+
+        Returns the recorded group once it is ``Complete`` (or ``Failed``), after the episodes still
+        running have returned (with ``earlyStop: Eager`` the controller deletes their Sandboxes, so
+        their calls fail fast). On any exception — ``KeyboardInterrupt``, :class:`Timeout` after
+        ``timeout`` seconds, a result that cannot be posted — deletes the group's trajectory Sandboxes
+        that have no result yet, then raises it."""
+        episodes = _EpisodeThreads(self, episode, concurrency)
+        return self._run(self._drive_plan(episodes, concurrency, timeout, poll_interval))
 
     def delete(self) -> None:
         self._run(self._delete_plan())

@@ -190,6 +190,48 @@ class Trajectory:
 
 
 @dataclass(frozen=True)
+class TrajectoryResult:
+    """A trajectory's outcome as a driver records it (``POST .../sandboxes/{name}/result``, write-once).
+
+    ``reward`` is required unless ``status`` is ``aborted``; ``> 0`` counts as positive."""
+
+    reward: float | None = None
+    status: str = "completed"
+    """``completed``, ``truncated`` (cut at a length limit but usable) or ``aborted`` (unusable)."""
+    length: int | None = None
+    """Tokens or steps; shorter ranks first among equals."""
+    artifact: str | None = None
+    """An opaque pointer to the payload (tokens, logprobs), at most 4096 characters."""
+    exit_code: int | None = None
+    reason: str | None = None
+    """A CamelCase reason (at most 128 characters), usually for ``aborted``."""
+    message: str | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        """The request body: the fields that are set, with the API's names."""
+        body: dict[str, Any] = {"status": self.status}
+        for key, value in (
+            ("reward", self.reward), ("length", self.length), ("artifact", self.artifact),
+            ("exitCode", self.exit_code), ("reason", self.reason), ("message", self.message),
+        ):
+            if value is not None:
+                body[key] = value
+        return body
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> TrajectoryResult:
+        return cls(
+            reward=data.get("reward"),
+            status=str(data.get("status") or "completed"),
+            length=data.get("length"),
+            artifact=data.get("artifact"),
+            exit_code=data.get("exitCode"),
+            reason=data.get("reason"),
+            message=data.get("message"),
+        )
+
+
+@dataclass(frozen=True)
 class GroupResult:
     """A RolloutGroup as a trainer reads it: phase, selection and the reward-balanced group."""
 
