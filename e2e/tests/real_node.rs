@@ -671,3 +671,37 @@ async fn task_code_cannot_find_the_agent_token() {
     }
     env.delete_namespace(&ns).await;
 }
+
+/// The mini-swe-agent example (`examples/minisweagent_rollout.py`) on real containers of the Debian
+/// image: a trainer-driven RolloutGroup (N=4, Nmax=8, stride 4) whose episodes run mini-swe-agent's
+/// agent loop with scripted models in the sandboxes through the gateway, rewarded trainer-side by
+/// running the held-out tests; the script exits 0 only when the group is recorded Balanced with the
+/// expected members.
+#[tokio::test]
+async fn mini_swe_agent_drives_a_balanced_group_on_real_containers() {
+    let env = env();
+    let ns = env.namespace("swe").await;
+    let python = orchard_e2e::test_support::sdk::sdk_python();
+    let script = orchard_e2e::binaries::workspace_root().join("examples/minisweagent_rollout.py");
+    let run = tokio::process::Command::new(python)
+        .arg(&script)
+        .arg(env.operator().gateway_url())
+        .arg(&env.control_plane.tokens["admin"])
+        .arg(&ns)
+        .arg(env.node.real().image("debian-python"))
+        .kill_on_drop(true)
+        .output();
+    let output = tokio::time::timeout(Duration::from_secs(600), run)
+        .await
+        .expect("the example finished within 10 minutes")
+        .expect("the example runs");
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    eprintln!("{stdout}");
+    assert!(
+        output.status.success(),
+        "the group is not the expected balanced one ({}):\n{stdout}\n{}",
+        output.status,
+        String::from_utf8_lossy(&output.stderr)
+    );
+    env.delete_namespace(&ns).await;
+}

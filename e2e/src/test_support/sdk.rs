@@ -28,7 +28,7 @@ pub struct SdkTarget {
 }
 
 /// The SDK's venv (pinned httpx, pytest, pytest-asyncio, mini-swe-agent), created or refreshed by its script.
-fn sdk_python() -> PathBuf {
+pub fn sdk_python() -> PathBuf {
     let root = workspace_root();
     let script = root.join("sdk/python/scripts/venv.sh");
     let output = std::process::Command::new("bash")
