@@ -124,6 +124,29 @@ pub fn parse(
     }
 }
 
+/// An option's name and, for `--name=value`, its inline value.
+fn split_option(arg: &str) -> (&str, Option<String>) {
+    match arg.split_once('=') {
+        Some((name, value)) if name.starts_with("--") => (name, Some(value.to_string())),
+        _ => (arg, None),
+    }
+}
+
+/// The value of option `name`: inline (`--name=value`) or the next argument.
+fn option_value<'a>(
+    name: &str,
+    inline_value: Option<String>,
+    rest: &mut impl Iterator<Item = &'a String>,
+) -> Result<String, CliError> {
+    match inline_value {
+        Some(value) => Ok(value),
+        None => rest
+            .next()
+            .cloned()
+            .ok_or_else(|| CliError(format!("option `{name}` needs a value"))),
+    }
+}
+
 /// `install DIR [--token-from PATH --token-to PATH]` (flags in any order after `DIR`, `--flag=value` too).
 fn parse_install(args: &[String]) -> Result<Invocation, CliError> {
     let usage =
@@ -138,22 +161,13 @@ fn parse_install(args: &[String]) -> Result<Invocation, CliError> {
     let mut to = None;
     let mut rest = rest.iter();
     while let Some(arg) = rest.next() {
-        let (name, inline_value) = match arg.split_once('=') {
-            Some((name, value)) if name.starts_with("--") => (name, Some(value.to_string())),
-            _ => (arg.as_str(), None),
-        };
+        let (name, inline_value) = split_option(arg);
         let slot = match name {
             "--token-from" => &mut from,
             "--token-to" => &mut to,
             _ => return Err(CliError(format!("unknown option `{arg}` for install"))),
         };
-        let value = match inline_value {
-            Some(value) => value,
-            None => rest
-                .next()
-                .cloned()
-                .ok_or_else(|| CliError(format!("option `{name}` needs a value")))?,
-        };
+        let value = option_value(name, inline_value, &mut rest)?;
         if value.is_empty() {
             return Err(CliError(format!("option `{name}` needs a non-empty path")));
         }
@@ -215,10 +229,7 @@ fn parse_serve(
             }
             _ => {}
         }
-        let (name, inline_value) = match arg.split_once('=') {
-            Some((name, value)) if name.starts_with("--") => (name, Some(value.to_string())),
-            _ => (arg.as_str(), None),
-        };
+        let (name, inline_value) = split_option(arg);
         let slot = match name {
             "--listen" => &mut listen,
             "--token-file" => &mut token_file,
@@ -229,14 +240,7 @@ fn parse_serve(
             "--max-output-bytes-total" => &mut max_output_total,
             _ => return Err(CliError(format!("unknown option `{arg}` for serve"))),
         };
-        let value = match inline_value {
-            Some(value) => value,
-            None => rest
-                .next()
-                .cloned()
-                .ok_or_else(|| CliError(format!("option `{name}` needs a value")))?,
-        };
-        *slot = Some(value);
+        *slot = Some(option_value(name, inline_value, &mut rest)?);
     }
 
     let from_env = |name: &str| env(name).filter(|value| !value.is_empty());

@@ -317,6 +317,13 @@ impl TestEnv {
             .and_then(|p| p.file_stem().map(|s| s.to_string_lossy().to_string()))
             .map(|s| s.split('-').next().unwrap_or("e2e").to_string())
             .unwrap_or_else(|| "e2e".into());
+        Self::start_named_on_own_thread(&name, options)
+    }
+
+    /// Starts a local cluster named `name` with `options` on a thread of its own, whose runtime keeps
+    /// it alive for the rest of the process (a test binary's shared environment: `OnceLock<TestEnv>`).
+    pub fn start_named_on_own_thread(name: &str, options: EnvOptions) -> TestEnv {
+        let name = name.to_string();
         let (tx, rx) = std::sync::mpsc::channel();
         std::thread::Builder::new()
             .name("e2e-env".into())

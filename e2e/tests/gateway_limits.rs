@@ -19,8 +19,7 @@ use kube::api::{Api, DeleteParams, PostParams};
 use orchard_e2e::env::{EnvOptions, TestEnv};
 use orchard_e2e::operator_process::{OperatorProcess, metric_sum};
 use orchard_e2e::test_support::gateway::{
-    Caller, audited_requests, grant, sandbox_path, scoped_operator, start_env_on_own_thread,
-    trainer_rules,
+    Caller, audited_requests, grant, sandbox_path, scoped_operator, trainer_rules,
 };
 use serde_json::json;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -33,7 +32,7 @@ static ONE_AT_A_TIME: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(())
 fn env() -> &'static TestEnv {
     static ENV: OnceLock<TestEnv> = OnceLock::new();
     ENV.get_or_init(|| {
-        start_env_on_own_thread(
+        TestEnv::start_named_on_own_thread(
             "gwlimits",
             EnvOptions {
                 operator: false,

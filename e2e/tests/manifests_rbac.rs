@@ -241,21 +241,11 @@ fn the_namespaced_overlay_matches_the_chart_with_watch_namespace() {
         "config/overlays/namespaced and the chart with watchNamespace grant different rules"
     );
     for kind in ["ClusterRoleBinding", "RoleBinding"] {
-        let bindings = |docs: &[Value]| -> BTreeSet<String> {
-            of_kind(docs, kind)
-                .into_iter()
-                .map(|d| {
-                    json!([
-                        d["metadata"]["name"],
-                        d["metadata"]["namespace"],
-                        d["roleRef"],
-                        d["subjects"]
-                    ])
-                    .to_string()
-                })
-                .collect()
-        };
-        assert_eq!(bindings(&chart), bindings(&kustomized), "{kind}s differ");
+        assert_eq!(
+            identities(&chart, kind),
+            identities(&kustomized, kind),
+            "{kind}s differ"
+        );
     }
     let watch = |docs: &[Value]| {
         env_map(&one_of_kind(docs, "Deployment")["spec"]["template"]["spec"]["containers"][0])
@@ -337,21 +327,11 @@ fn chart_and_kustomize_grant_the_same_rules_and_run_the_same_pod() {
         "config/rbac and the chart's RBAC templates differ"
     );
     for kind in ["ClusterRoleBinding", "RoleBinding", "ServiceAccount"] {
-        let names = |docs: &[Value]| -> BTreeSet<String> {
-            of_kind(docs, kind)
-                .into_iter()
-                .map(|d| {
-                    json!([
-                        d["metadata"]["name"],
-                        d["metadata"]["namespace"],
-                        d["roleRef"],
-                        d["subjects"]
-                    ])
-                    .to_string()
-                })
-                .collect()
-        };
-        assert_eq!(names(&chart), names(&kustomized), "{kind}s differ");
+        assert_eq!(
+            identities(&chart, kind),
+            identities(&kustomized, kind),
+            "{kind}s differ"
+        );
     }
     // Same Deployment spec (pod template, probes, env, security) and Services.
     assert_eq!(
@@ -407,4 +387,21 @@ fn chart_and_kustomize_grant_the_same_rules_and_run_the_same_pod() {
         keep,
         "the chart's CRDs must survive `helm uninstall` by default"
     );
+}
+
+/// What must match between two renders for each object of `kind`: name, namespace, and what a
+/// binding binds (`roleRef`, `subjects`).
+fn identities(docs: &[Value], kind: &str) -> BTreeSet<String> {
+    of_kind(docs, kind)
+        .into_iter()
+        .map(|d| {
+            json!([
+                d["metadata"]["name"],
+                d["metadata"]["namespace"],
+                d["roleRef"],
+                d["subjects"]
+            ])
+            .to_string()
+        })
+        .collect()
 }

@@ -185,32 +185,6 @@ pub fn sandbox_path(namespace: &str, name: &str, rest: &str) -> String {
     format!("/v1/namespaces/{namespace}/sandboxes/{name}{rest}")
 }
 
-/// Starts a local cluster with `options` on a thread of its own, whose runtime keeps it alive for the
-/// rest of the process (for a test binary's own shared environment: `OnceLock<TestEnv>`).
-pub fn start_env_on_own_thread(name: &str, options: crate::env::EnvOptions) -> TestEnv {
-    let name = name.to_string();
-    let (tx, rx) = std::sync::mpsc::channel();
-    std::thread::Builder::new()
-        .name("e2e-env".into())
-        .spawn(move || {
-            let runtime = tokio::runtime::Builder::new_multi_thread()
-                .worker_threads(2)
-                .enable_all()
-                .build()
-                .expect("tokio runtime");
-            runtime.block_on(async move {
-                let _ = tx.send(TestEnv::start(&name, options).await);
-                std::future::pending::<()>().await;
-            });
-        })
-        .expect("cannot start the e2e environment thread");
-    match rx.recv() {
-        Ok(Ok(env)) => env,
-        Ok(Err(err)) => panic!("the local test cluster did not start: {err}"),
-        Err(_) => panic!("the local test cluster thread died while starting"),
-    }
-}
-
 /// Starts an operator of its own for `namespace` only (`--watch-namespace`), with the replica
 /// identity `identity` (it names the operator's requests in the audit log) and `extra_args`.
 pub async fn scoped_operator(
