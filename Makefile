@@ -81,6 +81,7 @@ fuzz: fuzz-tools ## fuzz the agent (FUZZ_SECONDS per target, default 50) and run
 crds: ## regenerate crds/*.yaml from the Rust types
 	$(CARGO) run -q -p orchard-operator --bin crdgen -- sandbox > crds/sandboxes.orchard.dev.yaml
 	$(CARGO) run -q -p orchard-operator --bin crdgen -- rolloutgroup > crds/rolloutgroups.orchard.dev.yaml
+	$(CARGO) run -q -p orchard-operator --bin crdgen -- rolloutqueue > crds/rolloutqueues.orchard.dev.yaml
 	$(MAKE) sync-crds
 
 .PHONY: crds-check
@@ -88,7 +89,8 @@ crds-check: ## fail if crds/ differs from what the Rust types generate
 	@tmp=$$(mktemp -d); \
 	$(CARGO) run -q -p orchard-operator --bin crdgen -- sandbox > $$tmp/sandboxes.orchard.dev.yaml && \
 	$(CARGO) run -q -p orchard-operator --bin crdgen -- rolloutgroup > $$tmp/rolloutgroups.orchard.dev.yaml && \
-	if ! diff -u crds/sandboxes.orchard.dev.yaml $$tmp/sandboxes.orchard.dev.yaml || ! diff -u crds/rolloutgroups.orchard.dev.yaml $$tmp/rolloutgroups.orchard.dev.yaml; then \
+	$(CARGO) run -q -p orchard-operator --bin crdgen -- rolloutqueue > $$tmp/rolloutqueues.orchard.dev.yaml && \
+	if ! diff -u crds/sandboxes.orchard.dev.yaml $$tmp/sandboxes.orchard.dev.yaml || ! diff -u crds/rolloutgroups.orchard.dev.yaml $$tmp/rolloutgroups.orchard.dev.yaml || ! diff -u crds/rolloutqueues.orchard.dev.yaml $$tmp/rolloutqueues.orchard.dev.yaml; then \
 		echo "crds/ is out of date: run 'make crds' and commit the result" >&2; rm -rf $$tmp; exit 1; fi; \
 	rm -rf $$tmp; echo "crds/ matches the Rust types"
 

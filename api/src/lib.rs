@@ -10,10 +10,14 @@ pub mod agent;
 #[cfg(feature = "crd")]
 mod rollout_group;
 #[cfg(feature = "crd")]
+mod rollout_queue;
+#[cfg(feature = "crd")]
 mod sandbox;
 
 #[cfg(feature = "crd")]
 pub use rollout_group::*;
+#[cfg(feature = "crd")]
+pub use rollout_queue::*;
 #[cfg(feature = "crd")]
 pub use sandbox::*;
 
@@ -32,6 +36,10 @@ pub const ROLLOUT_GROUP_LABEL: &str = "orchard.dev/rollout-group";
 
 /// Label on trajectory Sandboxes holding the stride index (0-based) they were launched in.
 pub const STRIDE_LABEL: &str = "orchard.dev/stride";
+
+/// Label on trajectory Sandboxes (and their Pods) of a group that names a RolloutQueue, holding the
+/// queue's name: the queue's accounting counts what carries it.
+pub const ROLLOUT_QUEUE_LABEL: &str = "orchard.dev/rollout-queue";
 
 /// Label on every object the operator manages (value `orchard-operator`).
 pub const MANAGED_BY_LABEL: &str = "app.kubernetes.io/managed-by";

@@ -29,7 +29,7 @@ use super::sandbox::{SandboxSpec, TrajectoryStatus};
         name = "Phase",
         type_ = "string",
         json_path = ".status.phase",
-        description = "Pending, Generating, Complete or Failed"
+        description = "Pending, Queued, Generating, Complete or Failed"
     ),
     printcolumn(
         name = "Selection",
@@ -48,6 +48,13 @@ use super::sandbox::{SandboxSpec, TrajectoryStatus};
         type_ = "integer",
         json_path = ".status.trajectoriesLaunched",
         description = "Trajectories launched so far"
+    ),
+    printcolumn(
+        name = "Queue",
+        type_ = "string",
+        json_path = ".spec.queue",
+        priority = 1,
+        description = "The RolloutQueue admitting its strides"
     ),
     printcolumn(
         name = "Age",
@@ -97,9 +104,19 @@ pub struct RolloutGroupSpec {
     #[schemars(range(min = 1))]
     pub trajectory_timeout_seconds: Option<i64>,
 
-    /// What happens to trajectory Sandboxes once the group is complete: Delete (default; status keeps what a trainer needs) or Keep.
+    /// What happens to trajectory Sandboxes once the group is complete: Delete (default; status keeps what a trainer needs) or Keep. On a queue, Delete also deletes each finished trajectory as soon as its outcome is recorded, so its capacity is freed.
     #[serde(default)]
     pub cleanup: CleanupPolicy,
+
+    /// Name of a RolloutQueue in the same namespace: each stride waits for admission by it instead of launching at once. Without it the group launches its strides unconditionally.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(min = 1, max = 253))]
+    pub queue: Option<String>,
+
+    /// The group's own deadline in seconds, counted from its first admitted stride (status.startTime): when it passes, trajectories without an outcome are aborted with reason DeadlineExceeded and the group is recorded from what finished. Trajectories waiting for quota or for a node wait until then (without it, they wait indefinitely).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 1))]
+    pub active_deadline_seconds: Option<i64>,
 }
 
 fn default_group_size() -> i32 {
@@ -203,9 +220,21 @@ pub enum CleanupPolicy {
 #[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Default, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct RolloutGroupStatus {
-    /// Pending, Generating, Complete or Failed.
+    /// Pending, Queued, Generating, Complete or Failed.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub phase: Option<RolloutPhase>,
+
+    /// While a stride waits for admission: its 1-based position among the queue's waiting strides when the group was last reconciled (the RolloutQueue's status shows the live order).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub queue_position: Option<i32>,
+
+    /// While a stride waits for admission: when it began to wait.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub queued_since: Option<Time>,
+
+    /// When the queue last admitted a stride of this group (the Fair order's round-robin key).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_admission_time: Option<Time>,
 
     /// How the group was chosen: Balanced, Relaxed, TopRanked or Dropped (set when Complete).
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -277,6 +306,8 @@ pub struct RolloutGroupStatus {
 pub enum RolloutPhase {
     /// Accepted, nothing launched yet.
     Pending,
+    /// A stride waits for admission by the group's RolloutQueue; the startup and trajectory timeouts have not started for it.
+    Queued,
     /// Trajectories are running.
     Generating,
     /// The group is recorded (possibly Dropped).

@@ -1,6 +1,6 @@
 //! The upstream control plane: etcd, kube-apiserver (RBAC on, static token users, self-signed serving
 //! certificate, service-account signing keys) and kube-controller-manager running the
-//! garbage-collector, namespace and node-lifecycle controllers. kube-apiserver listens on 127.0.0.1 for
+//! garbage-collector, namespace, node-lifecycle and resource-quota controllers. kube-apiserver listens on 127.0.0.1 for
 //! the hollow node, or on the host's end of the real node's veth pair, where it also serves a real
 //! kubelet (Node authorization, a client certificate for its calls to the kubelet, tokens of the node's
 //! components, endpoints of the `kubernetes` Service). Free ports, a generated kubeconfig, logs under
@@ -312,9 +312,9 @@ impl ControlPlane {
             .args([
                 format!("--kubeconfig={}", self.kubeconfig.display()),
                 if self.options.real_node {
-                    "--controllers=garbage-collector-controller,namespace-controller,node-lifecycle-controller,endpointslice-controller,serviceaccount-controller,root-ca-certificate-publisher-controller,deployment-controller,replicaset-controller,disruption-controller"
+                    "--controllers=garbage-collector-controller,namespace-controller,node-lifecycle-controller,endpointslice-controller,serviceaccount-controller,root-ca-certificate-publisher-controller,deployment-controller,replicaset-controller,disruption-controller,resourcequota-controller"
                 } else {
-                    "--controllers=garbage-collector-controller,namespace-controller,node-lifecycle-controller"
+                    "--controllers=garbage-collector-controller,namespace-controller,node-lifecycle-controller,resourcequota-controller"
                 }
                 .to_string(),
                 // The local node renews its Lease every second: notice a silent node within 5 s.

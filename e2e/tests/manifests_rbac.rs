@@ -131,6 +131,8 @@ fn namespaced_rules() -> Table {
             &["get", "list", "watch", "create", "delete"],
         ),
         ("orchard.dev", "rolloutgroups/status", &["patch"]),
+        ("orchard.dev", "rolloutqueues", &["get", "list", "watch"]),
+        ("orchard.dev", "rolloutqueues/status", &["patch"]),
         ("", "pods", &["get", "list", "watch", "create", "delete"]),
         ("", "secrets", &["get", "list", "watch", "create"]),
         ("events.k8s.io", "events", &["create", "patch"]),

@@ -92,6 +92,13 @@ config/rbac/role.yaml holds the same rules (e2e/tests/manifests_rbac.rs compares
 - apiGroups: ["orchard.dev"]
   resources: ["rolloutgroups/status"]
   verbs: ["patch"]
+# RolloutQueues: watched for their limits; only their status is written.
+- apiGroups: ["orchard.dev"]
+  resources: ["rolloutqueues"]
+  verbs: ["get", "list", "watch"]
+- apiGroups: ["orchard.dev"]
+  resources: ["rolloutqueues/status"]
+  verbs: ["patch"]
 # Sandbox pods: created (POST, never patched), watched, deleted on failure or expiry.
 - apiGroups: [""]
   resources: ["pods"]

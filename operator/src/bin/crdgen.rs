@@ -1,19 +1,22 @@
 //! Prints the CustomResourceDefinitions of the Orchard Env API as YAML (`make crds` writes them to `crds/`).
 //!
-//! `crdgen` prints both CRDs as one multi-document stream; `crdgen sandbox` or `crdgen rolloutgroup`
-//! prints one.
+//! `crdgen` prints every CRD as one multi-document stream; `crdgen sandbox`, `crdgen rolloutgroup` or
+//! `crdgen rolloutqueue` prints one.
 
 use kube::CustomResourceExt;
-use orchard_operator::api::{RolloutGroup, Sandbox};
+use orchard_operator::api::{RolloutGroup, RolloutQueue, Sandbox};
 
 fn main() {
     let which = std::env::args().nth(1);
     let crds = match which.as_deref() {
-        None => vec![Sandbox::crd(), RolloutGroup::crd()],
+        None => vec![Sandbox::crd(), RolloutGroup::crd(), RolloutQueue::crd()],
         Some("sandbox") => vec![Sandbox::crd()],
         Some("rolloutgroup") => vec![RolloutGroup::crd()],
+        Some("rolloutqueue") => vec![RolloutQueue::crd()],
         Some(other) => {
-            eprintln!("crdgen: unknown kind `{other}` (expected `sandbox` or `rolloutgroup`)");
+            eprintln!(
+                "crdgen: unknown kind `{other}` (expected `sandbox`, `rolloutgroup` or `rolloutqueue`)"
+            );
             std::process::exit(2);
         }
     };

@@ -19,6 +19,7 @@ use orchard_api::{RolloutGroup, RolloutPhase, Sandbox, SandboxPhase};
 pub fn group_phase_name(phase: RolloutPhase) -> &'static str {
     match phase {
         RolloutPhase::Pending => "Pending",
+        RolloutPhase::Queued => "Queued",
         RolloutPhase::Generating => "Generating",
         RolloutPhase::Complete => "Complete",
         RolloutPhase::Failed => "Failed",

@@ -12,7 +12,7 @@ use kube::{Resource, ResourceExt};
 use tracing::info;
 
 use super::build::desired_trajectory;
-use super::observe::{ChildView, Observation};
+use super::observe::{ChildView, DEADLINE_EXCEEDED, Observation};
 use crate::runtime::context::{Context, object_key};
 use crate::runtime::error::Result;
 use crate::runtime::own_writes::child_key;
@@ -144,27 +144,55 @@ pub async fn create_trajectory(
     Ok(None)
 }
 
-/// After completion: `Eager` deletes the trajectories still running; `cleanup: Delete` deletes them all.
+/// After completion: `Eager` deletes the trajectories still running, the group's deadline those it
+/// aborted; `cleanup: Delete` deletes them all.
 pub async fn cleanup(
     ctx: &Context,
     group: &RolloutGroup,
     status: &RolloutGroupStatus,
 ) -> Result<()> {
-    let cancelled: BTreeSet<&str> = status
+    let eager = group.spec.early_stop == EarlyStop::Eager;
+    let stopped: BTreeSet<&str> = status
         .trajectories
         .iter()
-        .filter(|r| r.reason.as_deref() == Some("Cancelled"))
+        .filter(|r| match r.reason.as_deref() {
+            Some("Cancelled") => eager,
+            Some(reason) => reason == DEADLINE_EXCEEDED,
+            None => false,
+        })
         .map(|r| r.name.as_str())
         .collect();
     let delete_all = group.spec.cleanup == CleanupPolicy::Delete;
-    let eager = group.spec.early_stop == EarlyStop::Eager;
+    delete_children(ctx, group, |name| delete_all || stopped.contains(name)).await
+}
+
+/// Before completion, on a queue: deletes the trajectories whose outcome `status` records (the group
+/// keeps what a trainer needs), so their slots are freed.
+pub async fn release_finished(
+    ctx: &Context,
+    group: &RolloutGroup,
+    status: &RolloutGroupStatus,
+) -> Result<()> {
+    let finished: BTreeSet<&str> = status
+        .trajectories
+        .iter()
+        .filter(|r| r.status.is_some())
+        .map(|r| r.name.as_str())
+        .collect();
+    delete_children(ctx, group, |name| finished.contains(name)).await
+}
+
+/// Deletes the group's children (not already being deleted) whose name `chosen` picks.
+async fn delete_children(
+    ctx: &Context,
+    group: &RolloutGroup,
+    chosen: impl Fn(&str) -> bool,
+) -> Result<()> {
     let namespace = group.namespace().unwrap_or_default();
     let uid = group.uid().unwrap_or_default();
     for child in owned_children(ctx, group) {
         let name = child.name_any();
-        if child.meta().deletion_timestamp.is_some()
-            || !(delete_all || (eager && cancelled.contains(name.as_str())))
-        {
+        if child.meta().deletion_timestamp.is_some() || !chosen(name.as_str()) {
             continue;
         }
         let child_uid = child.uid().unwrap_or_default();

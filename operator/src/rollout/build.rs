@@ -1,6 +1,7 @@
 //! Trajectory Sandboxes of a RolloutGroup (pure): deterministic names `<group>-<index>` (index in
 //! launch order), the template's labels and annotations plus the group and stride labels, a
-//! controller owner reference to the group, and the template's spec with the group's trajectory
+//! controller owner reference to the group, the queue label when the group names a RolloutQueue, and
+//! the template's spec with the group's trajectory
 //! timeout applied to `run`.
 
 use std::collections::BTreeMap;
@@ -8,7 +9,8 @@ use std::collections::BTreeMap;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference};
 
 use orchard_api::{
-    MANAGED_BY, MANAGED_BY_LABEL, ROLLOUT_GROUP_LABEL, RolloutGroup, STRIDE_LABEL, Sandbox,
+    MANAGED_BY, MANAGED_BY_LABEL, ROLLOUT_GROUP_LABEL, ROLLOUT_QUEUE_LABEL, RolloutGroup,
+    STRIDE_LABEL, Sandbox,
 };
 
 /// Name of trajectory `index` (0-based, launch order) of group `group`.
@@ -34,6 +36,9 @@ pub fn desired_trajectory(
     labels.insert(ROLLOUT_GROUP_LABEL.to_string(), group_name.clone());
     labels.insert(STRIDE_LABEL.to_string(), stride.to_string());
     labels.insert(MANAGED_BY_LABEL.to_string(), MANAGED_BY.to_string());
+    if let Some(queue) = group.spec.queue.as_ref().filter(|q| !q.is_empty()) {
+        labels.insert(ROLLOUT_QUEUE_LABEL.to_string(), queue.clone());
+    }
     let mut spec = template.spec.clone();
     if let (Some(run), Some(timeout)) = (spec.run.as_mut(), group.spec.trajectory_timeout_seconds) {
         run.timeout_seconds = timeout;
@@ -88,6 +93,8 @@ mod tests {
                 },
                 trajectory_timeout_seconds: Some(90),
                 cleanup: CleanupPolicy::Delete,
+                queue: Some("batch".into()),
+                active_deadline_seconds: None,
             },
         );
         g.metadata.namespace = Some("rl".into());
@@ -122,6 +129,7 @@ mod tests {
         assert_eq!(labels[ROLLOUT_GROUP_LABEL], "prompt-7");
         assert_eq!(labels[STRIDE_LABEL], "1");
         assert_eq!(labels["task"], "swe");
+        assert_eq!(labels[ROLLOUT_QUEUE_LABEL], "batch");
         assert_eq!(sandbox.metadata.annotations.unwrap()["note"], "x");
         assert_eq!(sandbox.metadata.owner_references.unwrap(), vec![owner()]);
         assert_eq!(

@@ -9,8 +9,22 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
+use k8s_openapi::jiff::{SignedDuration, Timestamp};
+
 use super::build::{trajectory_index, trajectory_name};
-use orchard_api::{RolloutGroupStatus, TrajectoryRecord, TrajectoryResult, TrajectoryStatus};
+use orchard_api::{
+    RolloutGroupSpec, RolloutGroupStatus, TrajectoryRecord, TrajectoryResult, TrajectoryStatus,
+};
+
+/// Abort reason of the trajectories still unfinished when the group's own deadline passed.
+pub const DEADLINE_EXCEEDED: &str = "DeadlineExceeded";
+
+/// When the group's `activeDeadlineSeconds` ends: counted from its first admitted stride (`start`);
+/// `None` without a deadline or before the first stride.
+pub fn deadline_of(spec: &RolloutGroupSpec, start: Option<Timestamp>) -> Option<Timestamp> {
+    let seconds = spec.active_deadline_seconds.filter(|s| *s > 0)?;
+    start?.checked_add(SignedDuration::from_secs(seconds)).ok()
+}
 use orchard_bar::{Outcome, Trajectory};
 
 /// What the controller sees of one child Sandbox.
@@ -53,6 +67,19 @@ impl Observation {
             .filter(|r| r.status.is_none() && r.reason.is_none())
             .map(|r| r.name.clone())
             .collect()
+    }
+
+    /// Marks every trajectory without an outcome aborted with `reason` (the group is being decided
+    /// without them).
+    pub fn abort_unfinished(&mut self, reason: &str) {
+        for record in self
+            .records
+            .values_mut()
+            .filter(|r| r.status.is_none() && r.reason.is_none())
+        {
+            record.status = Some(TrajectoryStatus::Aborted);
+            record.reason = Some(reason.to_string());
+        }
     }
 
     /// Indices of the latest stride that have no trajectory (a crash interrupted its launch).
@@ -264,6 +291,51 @@ mod tests {
                 .incomplete_latest_stride(4)
                 .is_empty()
         );
+    }
+
+    #[test]
+    fn the_deadline_counts_from_the_first_stride_and_aborts_what_is_unfinished() {
+        use orchard_api::{SandboxSpec, SandboxTemplate};
+        let mut spec = RolloutGroupSpec {
+            group_size: 2,
+            max_trajectories: 4,
+            stride: Some(2),
+            positive_fraction: Default::default(),
+            early_stop: Default::default(),
+            filter: None,
+            template: SandboxTemplate {
+                metadata: Default::default(),
+                spec: SandboxSpec::default(),
+            },
+            trajectory_timeout_seconds: None,
+            cleanup: Default::default(),
+            queue: None,
+            active_deadline_seconds: None,
+        };
+        let start = Timestamp::from_second(1_700_000_000).unwrap();
+        assert_eq!(deadline_of(&spec, Some(start)), None, "no deadline set");
+        spec.active_deadline_seconds = Some(60);
+        assert_eq!(deadline_of(&spec, None), None, "not started");
+        assert_eq!(
+            deadline_of(&spec, Some(start)),
+            Some(Timestamp::from_second(1_700_000_060).unwrap())
+        );
+
+        let mut done = listed(0, 0);
+        done.status = Some(TrajectoryStatus::Completed);
+        let previous = RolloutGroupStatus {
+            trajectories: vec![done, listed(1, 0)],
+            ..Default::default()
+        };
+        let mut obs = observe("g", &previous, &[child(1, 0, None)], &BTreeSet::new());
+        obs.abort_unfinished(DEADLINE_EXCEEDED);
+        assert_eq!(
+            obs.records[&0].reason, None,
+            "finished ones keep their outcome"
+        );
+        assert_eq!(obs.records[&1].status, Some(TrajectoryStatus::Aborted));
+        assert_eq!(obs.records[&1].reason.as_deref(), Some(DEADLINE_EXCEEDED));
+        assert!(obs.running().is_empty());
     }
 
     #[test]

@@ -63,6 +63,8 @@ mod tests {
             },
             trajectory_timeout_seconds: None,
             cleanup: Default::default(),
+            queue: None,
+            active_deadline_seconds: None,
         }
     }
 

@@ -15,17 +15,22 @@ use kube::runtime::reflector::ObjectRef;
 use kube::{Resource, ResourceExt};
 use tracing::{info, instrument, warn};
 
-use super::apply::{children_of, cleanup, confirm_gone, create_trajectory};
-use super::observe::observe;
+use super::apply::{children_of, cleanup, confirm_gone, create_trajectory, release_finished};
+use super::build::trajectory_name;
+use super::observe::{DEADLINE_EXCEEDED, deadline_of, observe};
 use super::params::bar_params;
-use super::status::{failed_status, group_status};
+use super::status::{QueueStanding, failed_status, group_status};
+use crate::queue::admission::{self, queue_of, waiting_message};
+use crate::queue::book::Verdict;
 use crate::runtime::context::{Context, object_key};
 use crate::runtime::error::{Error, Result};
 use crate::runtime::events::publish;
 use crate::runtime::metrics::ReconcileTimer;
 use crate::runtime::writes::{self, ChildState, StatusWrite};
-use orchard_api::{RolloutGroup, RolloutGroupStatus, RolloutPhase, TrajectoryStatus};
-use orchard_bar::{Progress, Step, next_step};
+use orchard_api::{
+    CleanupPolicy, RolloutGroup, RolloutGroupStatus, RolloutPhase, TrajectoryStatus,
+};
+use orchard_bar::{Progress, Step, decide, next_step};
 
 /// Controller name used in metrics and logs.
 pub const CONTROLLER: &str = "rolloutgroup";
@@ -33,6 +38,10 @@ pub const CONTROLLER: &str = "rolloutgroup";
 /// How often a group waiting for a previous group's trajectories to be removed looks again, in case
 /// the watch misses their deletion (it wakes the reconcile first in the normal case).
 const PREVIOUS_INCARNATION_RECHECK: Duration = Duration::from_secs(1);
+
+/// How often a group whose stride waits for its queue looks again (to refresh its position; the queue
+/// loop wakes it as soon as the stride is admissible).
+const QUEUE_RECHECK: Duration = Duration::from_secs(5);
 
 /// Reconciles one RolloutGroup.
 #[instrument(skip_all, fields(group = %object_key(group.as_ref())))]
@@ -131,48 +140,119 @@ async fn reconcile_inner(cached: &RolloutGroup, ctx: &Arc<Context>) -> Result<Op
             observation = observe(&name, &previous, &children, &gone);
         }
     }
+    let queue = queue_of(group);
+    let uid = group.uid().unwrap_or_default();
     let mut blocked = Vec::new();
     // A crash between creating a stride's children, or a name still held by a previous group's
-    // trajectory, may have left the latest stride short: finish it.
+    // trajectory, may have left the latest stride short: finish it. Its queue admitted it before.
     for (index, stride) in observation.incomplete_latest_stride(params.stride) {
+        if let Some(key) = &queue {
+            ctx.queues.reserve(key, &[trajectory_name(&name, index)]);
+        }
         blocked
             .extend(create_trajectory(ctx, group, &owner, index, stride, &mut observation).await?);
     }
 
-    let pool = observation.pool();
-    let step = next_step(
-        &params,
-        &Progress {
-            launched: observation.launched(),
-            terminal: &pool,
-        },
-    );
-    let decision = match step {
-        Step::LaunchStride {
-            stride_index,
-            count,
-        } => {
-            let first = stride_index * params.stride;
-            for index in first..first + count {
-                blocked.extend(
-                    create_trajectory(ctx, group, &owner, index, stride_index, &mut observation)
-                        .await?,
-                );
-            }
-            info!(group = %object_key(group), stride = stride_index, count, "stride launched");
-            publish(
-                ctx,
-                group,
-                EventType::Normal,
-                "StrideLaunched",
-                format!("stride {stride_index}: {count} trajectories"),
-            )
-            .await;
-            None
-        }
-        Step::Wait => None,
-        Step::Finish(decision) => Some(decision),
+    let deadline = deadline_of(&group.spec, previous.start_time.as_ref().map(|t| t.0));
+    let mut standing = if queue.is_some() {
+        QueueStanding::Unchanged
+    } else {
+        QueueStanding::NoQueue
     };
+    let decision = if deadline.is_some_and(|at| now >= at) {
+        // The group's own deadline: what has not finished is aborted and the group is decided from
+        // what it has, as if its budget were spent.
+        observation.abort_unfinished(DEADLINE_EXCEEDED);
+        Some(decide(&params, &observation.pool()))
+    } else {
+        let pool = observation.pool();
+        let step = next_step(
+            &params,
+            &Progress {
+                launched: observation.launched(),
+                terminal: &pool,
+            },
+        );
+        match step {
+            Step::LaunchStride {
+                stride_index,
+                count,
+            } => {
+                let first = stride_index * params.stride;
+                let names: Vec<String> = (first..first + count)
+                    .map(|index| trajectory_name(&name, index))
+                    .collect();
+                let admitted = match &queue {
+                    None => true,
+                    Some(key) => match admission::ask(ctx, group, key, &names, now) {
+                        Verdict::Admitted { .. } => {
+                            standing = QueueStanding::Admitted {
+                                queue: key.name.clone(),
+                                stride: stride_index,
+                            };
+                            true
+                        }
+                        Verdict::Waiting {
+                            reason,
+                            position,
+                            since,
+                            used,
+                        } => {
+                            let limits = admission::limits(ctx, key);
+                            standing = QueueStanding::Waiting {
+                                reason: reason.as_str(),
+                                position,
+                                since,
+                                message: waiting_message(
+                                    key,
+                                    stride_index,
+                                    count,
+                                    reason,
+                                    position,
+                                    used,
+                                    limits,
+                                ),
+                            };
+                            false
+                        }
+                    },
+                };
+                if admitted {
+                    for index in first..first + count {
+                        blocked.extend(
+                            create_trajectory(
+                                ctx,
+                                group,
+                                &owner,
+                                index,
+                                stride_index,
+                                &mut observation,
+                            )
+                            .await?,
+                        );
+                    }
+                    info!(group = %object_key(group), stride = stride_index, count, "stride launched");
+                    publish(
+                        ctx,
+                        group,
+                        EventType::Normal,
+                        "StrideLaunched",
+                        format!("stride {stride_index}: {count} trajectories"),
+                    )
+                    .await;
+                }
+                None
+            }
+            Step::Wait => None,
+            Step::Finish(decision) => Some(decision),
+        }
+    };
+    if let Some(key) = &queue
+        && !matches!(standing, QueueStanding::Waiting { .. })
+    {
+        // Not (or no longer) waiting: leave the queue's waiting list.
+        ctx.queues.withdraw(key, &uid);
+    }
 
     if let Some(conflict) = blocked.iter().find_map(|b| match b {
         ChildState::Conflict(why) => Some(why.clone()),
@@ -183,7 +263,14 @@ async fn reconcile_inner(cached: &RolloutGroup, ctx: &Arc<Context>) -> Result<Op
         publish(ctx, group, EventType::Warning, "NameConflict", conflict).await;
         return Ok(None);
     }
-    let status = group_status(group, &observation, decision.as_ref(), params.stride, now);
+    let status = group_status(
+        group,
+        &observation,
+        decision.as_ref(),
+        params.stride,
+        &standing,
+        now,
+    );
     let written = writes::write_status(
         ctx,
         &ctx.caches.rollout_groups,
@@ -209,11 +296,25 @@ async fn reconcile_inner(cached: &RolloutGroup, ctx: &Arc<Context>) -> Result<Op
         info!(group = %object_key(group), selection = decision.selection.as_str(), positives = decision.positives, launched = observation.launched(), "group complete");
         publish(ctx, group, EventType::Normal, "Complete", message).await;
         cleanup(ctx, group, &status).await?;
+        return Ok(Some(ctx.settings.resync));
+    }
+    if queue.is_some() && group.spec.cleanup == CleanupPolicy::Delete {
+        // On a queue a finished trajectory's Sandbox (and Pod) would hold its slot until the group
+        // completes: its outcome is in the status just written, so it goes now.
+        release_finished(ctx, group, &status).await?;
     }
     if !blocked.is_empty() {
         return Ok(Some(PREVIOUS_INCARNATION_RECHECK));
     }
-    Ok(Some(ctx.settings.resync))
+    let mut next = ctx.settings.resync;
+    if matches!(standing, QueueStanding::Waiting { .. }) {
+        next = next.min(QUEUE_RECHECK);
+    }
+    if let Some(at) = deadline {
+        let left = Duration::try_from(at.duration_since(now)).unwrap_or(Duration::ZERO);
+        next = next.min(left + Duration::from_millis(1));
+    }
+    Ok(Some(next))
 }
 
 fn count_new_outcomes(ctx: &Context, previous: &RolloutGroupStatus, status: &RolloutGroupStatus) {

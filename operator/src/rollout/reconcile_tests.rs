@@ -42,6 +42,8 @@ fn group() -> RolloutGroup {
             },
             trajectory_timeout_seconds: None,
             cleanup: CleanupPolicy::Delete,
+            queue: None,
+            active_deadline_seconds: None,
         },
     );
     g.metadata.namespace = Some("team".into());

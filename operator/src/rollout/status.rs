@@ -15,6 +15,35 @@ use orchard_bar::{self as bar, Class, GroupDecision, classify};
 
 /// The `Complete` condition type.
 pub const COMPLETE: &str = "Complete";
+/// The `Admitted` condition type (groups on a RolloutQueue only).
+pub const ADMITTED: &str = "Admitted";
+
+/// Where a group on a RolloutQueue stands after this reconcile's request, if it made one.
+#[derive(Debug, Clone, PartialEq)]
+pub enum QueueStanding {
+    /// The group names no queue.
+    NoQueue,
+    /// No stride was asked for this time: the `Admitted` condition stays as it was.
+    Unchanged,
+    /// The queue admitted a stride now.
+    Admitted {
+        /// Queue name.
+        queue: String,
+        /// Stride index.
+        stride: u32,
+    },
+    /// A stride waits for admission.
+    Waiting {
+        /// `Queued`, `QueueNotFound` or `StrideExceedsQueue`.
+        reason: &'static str,
+        /// 1-based position in the queue's admission order.
+        position: Option<u32>,
+        /// When it began to wait.
+        since: Timestamp,
+        /// What a user reads.
+        message: String,
+    },
+}
 
 fn selection(selection: bar::Selection) -> Selection {
     match selection {
@@ -40,6 +69,7 @@ pub fn group_status(
     observation: &Observation,
     decision: Option<&GroupDecision>,
     stride_size: u32,
+    queue: &QueueStanding,
     now: Timestamp,
 ) -> RolloutGroupStatus {
     let previous = group.status.clone().unwrap_or_default();
@@ -87,6 +117,7 @@ pub fn group_status(
         running_trajectories: running,
         observed_generation: generation,
         start_time,
+        last_admission_time: previous.last_admission_time.clone(),
         ..RolloutGroupStatus::default()
     };
     let complete = match decision {
@@ -141,7 +172,44 @@ pub fn group_status(
         ),
     };
     status.trajectories = records;
-    status.conditions = conditions::merge(&previous.conditions, vec![complete], generation, now);
+    let mut desired = vec![complete];
+    match queue {
+        QueueStanding::NoQueue => {}
+        QueueStanding::Unchanged => {
+            if let Some(kept) = previous.conditions.iter().find(|c| c.type_ == ADMITTED) {
+                desired.push(Desired::new(
+                    ADMITTED,
+                    kept.status == "True",
+                    kept.reason.clone(),
+                    kept.message.clone(),
+                ));
+            }
+        }
+        QueueStanding::Admitted { queue, stride } => {
+            status.last_admission_time = Some(Time(floor_to_second(now)));
+            desired.push(Desired::new(
+                ADMITTED,
+                true,
+                "Admitted",
+                format!("stride {stride} admitted by RolloutQueue {queue}"),
+            ));
+        }
+        QueueStanding::Waiting {
+            reason,
+            position,
+            since,
+            message,
+        } => {
+            if decision.is_none() {
+                status.phase = Some(RolloutPhase::Queued);
+                status.queue_position = position.and_then(|p| i32::try_from(p).ok());
+                status.queued_since = Some(Time(floor_to_second(*since)));
+                status.message = Some(message.clone());
+            }
+            desired.push(Desired::new(ADMITTED, false, *reason, message.clone()));
+        }
+    }
+    status.conditions = conditions::merge(&previous.conditions, desired, generation, now);
     status
 }
 
@@ -194,6 +262,8 @@ mod tests {
                 },
                 trajectory_timeout_seconds: None,
                 cleanup: CleanupPolicy::Delete,
+                queue: None,
+                active_deadline_seconds: None,
             },
         );
         g.metadata.generation = Some(1);
@@ -234,7 +304,7 @@ mod tests {
             record(1, None, 0.0),
             record(2, Some(TrajectoryStatus::Aborted), 0.0),
         ]);
-        let status = group_status(&group(), &obs, None, 2, now());
+        let status = group_status(&group(), &obs, None, 2, &QueueStanding::NoQueue, now());
         assert_eq!(status.phase, Some(RolloutPhase::Generating));
         assert_eq!(status.trajectories_launched, 3);
         assert_eq!(status.strides_launched, 2);
@@ -279,7 +349,14 @@ mod tests {
             positives: 1,
             drop_reason: None,
         };
-        let status = group_status(&group(), &obs, Some(&decision), 2, now());
+        let status = group_status(
+            &group(),
+            &obs,
+            Some(&decision),
+            2,
+            &QueueStanding::NoQueue,
+            now(),
+        );
         assert_eq!(status.phase, Some(RolloutPhase::Complete));
         assert_eq!(status.selection, Some(Selection::Balanced));
         assert_eq!(status.positives, Some(1));
@@ -295,7 +372,14 @@ mod tests {
     fn a_dropped_group_says_so() {
         let obs = observation(vec![record(0, Some(TrajectoryStatus::Completed), 0.0)]);
         let decision = GroupDecision::dropped(bar::DropReason::ZeroVariance);
-        let status = group_status(&group(), &obs, Some(&decision), 2, now());
+        let status = group_status(
+            &group(),
+            &obs,
+            Some(&decision),
+            2,
+            &QueueStanding::NoQueue,
+            now(),
+        );
         assert_eq!(status.selection, Some(Selection::Dropped));
         assert_eq!(status.drop_reason.as_deref(), Some("ZeroVariance"));
         assert!(status.group.is_empty());
@@ -309,8 +393,71 @@ mod tests {
 
     #[test]
     fn nothing_launched_is_pending() {
-        let status = group_status(&group(), &Observation::default(), None, 2, now());
+        let status = group_status(
+            &group(),
+            &Observation::default(),
+            None,
+            2,
+            &QueueStanding::NoQueue,
+            now(),
+        );
         assert_eq!(status.phase, Some(RolloutPhase::Pending));
         assert!(status.start_time.is_none());
+    }
+
+    #[test]
+    fn a_waiting_stride_is_queued_with_its_position_and_an_admission_sets_the_fair_key() {
+        let waiting = QueueStanding::Waiting {
+            reason: "Queued",
+            position: Some(3),
+            since: now(),
+            message: "waiting for 2 slots of RolloutQueue q".into(),
+        };
+        let status = group_status(&group(), &Observation::default(), None, 2, &waiting, now());
+        assert_eq!(status.phase, Some(RolloutPhase::Queued));
+        assert_eq!(status.queue_position, Some(3));
+        assert!(status.queued_since.is_some());
+        let admitted = status
+            .conditions
+            .iter()
+            .find(|c| c.type_ == ADMITTED)
+            .unwrap();
+        assert_eq!(
+            (admitted.status.as_str(), admitted.reason.as_str()),
+            ("False", "Queued")
+        );
+        assert!(status.last_admission_time.is_none());
+
+        let mut g = group();
+        g.status = Some(status);
+        let standing = QueueStanding::Admitted {
+            queue: "q".into(),
+            stride: 0,
+        };
+        let status = group_status(&g, &Observation::default(), None, 2, &standing, now());
+        assert_eq!(status.queue_position, None, "no longer waiting");
+        assert_eq!(status.queued_since, None);
+        assert!(status.last_admission_time.is_some());
+        let admitted = status
+            .conditions
+            .iter()
+            .find(|c| c.type_ == ADMITTED)
+            .unwrap();
+        assert_eq!(admitted.status, "True");
+
+        g.status = Some(status.clone());
+        let kept = group_status(
+            &g,
+            &Observation::default(),
+            None,
+            2,
+            &QueueStanding::Unchanged,
+            now(),
+        );
+        assert_eq!(
+            kept.conditions, status.conditions,
+            "Unchanged keeps the Admitted condition"
+        );
+        assert_eq!(kept.last_admission_time, status.last_admission_time);
     }
 }

@@ -98,7 +98,7 @@ pub struct SandboxDefaults {
     )]
     pub default_heartbeat_timeout_seconds: i64,
 
-    /// A sandbox that is not Ready this long after creation fails with reason StartupTimeout.
+    /// A sandbox that is not Ready this long after creation fails with reason StartupTimeout. A RolloutGroup's trajectory counts from when its pod was scheduled: waiting for a ResourceQuota or a node does not count (its group's activeDeadlineSeconds bounds that wait).
     #[arg(long, env = "ORCHARD_STARTUP_TIMEOUT_SECONDS", default_value_t = 600)]
     pub startup_timeout_seconds: i64,
 

@@ -13,6 +13,7 @@ use kube::runtime::controller::Action;
 use kube::runtime::events::{Recorder, Reporter};
 use kube::runtime::reflector::Store;
 
+use crate::queue::book::QueueBook;
 use crate::runtime::backoff::ReconcileBackoff;
 use crate::runtime::config::{OperatorArgs, parse_label_pairs};
 use crate::runtime::error::{Error, Result};
@@ -25,7 +26,7 @@ use crate::sandbox::build::{PodShape, PolicyShape};
 use crate::sandbox::cidr::Cidr;
 use crate::sandbox::placement::Placement;
 use crate::sandbox::runner::Runners;
-use orchard_api::{RolloutGroup, Sandbox};
+use orchard_api::{RolloutGroup, RolloutQueue, Sandbox};
 
 /// Field manager of every server-side apply the operator sends.
 pub const FIELD_MANAGER: &str = "orchard-operator";
@@ -149,6 +150,8 @@ pub struct Caches {
     pub policies: Store<NetworkPolicy>,
     /// Every RolloutGroup in scope.
     pub rollout_groups: Store<RolloutGroup>,
+    /// Every RolloutQueue in scope.
+    pub rollout_queues: Store<RolloutQueue>,
 }
 
 /// Shared state of the Sandbox controller.
@@ -180,6 +183,8 @@ pub struct Context {
     /// One baseline-policy apply in flight per namespace (the first sandboxes of a new namespace would
     /// otherwise all apply the same object at once, and the API server serialises those updates).
     pub baseline_applies: KeyedLocks,
+    /// Admission state of the RolloutQueues (waiting groups, reservations) and the queue loop's signals.
+    pub queues: Arc<QueueBook>,
 }
 
 /// Async locks by key, created on first use and dropped when nobody holds or waits for them.
@@ -242,6 +247,7 @@ impl Context {
             sandbox_slots,
             rollout_slots,
             baseline_applies: KeyedLocks::default(),
+            queues: Arc::default(),
         }
     }
 

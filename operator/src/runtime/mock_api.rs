@@ -23,7 +23,7 @@ use crate::runtime::context::{Caches, Context, Settings};
 use crate::runtime::leader::Leadership;
 use crate::runtime::metrics::Metrics;
 use crate::runtime::own_writes::OwnWrites;
-use orchard_api::{RolloutGroup, Sandbox};
+use orchard_api::{RolloutGroup, RolloutQueue, Sandbox};
 
 /// How the scripted server answers a request whose body (JSON, or `null`) it was given.
 type Reply = Box<dyn Fn(&Value) -> (u16, Value) + Send>;
@@ -113,6 +113,7 @@ pub struct TestCaches {
     pub secrets: Writer<Secret>,
     pub policies: Writer<NetworkPolicy>,
     pub rollout_groups: Writer<RolloutGroup>,
+    pub rollout_queues: Writer<RolloutQueue>,
     caches: Caches,
 }
 
@@ -130,18 +131,21 @@ impl Default for TestCaches {
         let (secrets, secrets_w) = store();
         let (policies, policies_w) = store();
         let (rollout_groups, rollout_groups_w) = store();
+        let (rollout_queues, rollout_queues_w) = store();
         Self {
             sandboxes: sandboxes_w,
             pods: pods_w,
             secrets: secrets_w,
             policies: policies_w,
             rollout_groups: rollout_groups_w,
+            rollout_queues: rollout_queues_w,
             caches: Caches {
                 sandboxes,
                 pods,
                 secrets,
                 policies,
                 rollout_groups,
+                rollout_queues,
             },
         }
     }

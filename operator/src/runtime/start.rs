@@ -18,6 +18,7 @@ use tokio_util::sync::CancellationToken;
 use tracing::{error, info, warn};
 
 use crate::gateway::{self, GatewayDeps};
+use crate::queue::book::{QueueBook, QueueKey};
 use crate::runtime::admin::{self, AdminState};
 use crate::runtime::backoff::ReconcileBackoff;
 use crate::runtime::change_feed::ChangeFeed;
@@ -30,7 +31,10 @@ use crate::runtime::own_writes::{OwnWrites, child_key, namespace_scope};
 use crate::runtime::ownership::controller_uid;
 use crate::runtime::triggers::{Forward, forwarded, trigger};
 use crate::{rollout, sandbox};
-use orchard_api::{MANAGED_BY, MANAGED_BY_LABEL, RolloutGroup, SANDBOX_POD_LABEL, Sandbox};
+use orchard_api::{
+    MANAGED_BY, MANAGED_BY_LABEL, ROLLOUT_QUEUE_LABEL, RolloutGroup, RolloutQueue,
+    SANDBOX_POD_LABEL, Sandbox,
+};
 
 /// kube-runtime's own concurrency limit, off: the reconcilers bound themselves with FIFO slots
 /// (`reconcile_slots`), because kube-runtime 5.0.0 starves some objects when its limit is reached.
@@ -156,6 +160,8 @@ pub async fn run(args: OperatorArgs) -> Result<()> {
         Duration::from_millis(args.controller.backoff_base_ms),
         Duration::from_secs(args.controller.backoff_max_seconds),
     ));
+    // The queues' admission state; the watches below tell it when a queue's accounting may change.
+    let queue_book = Arc::new(QueueBook::default());
     let (sandbox_store, sandbox_writer) = reflector::store::<Sandbox>();
     let (sandbox_trigger_tx, sandbox_trigger) = trigger::<Sandbox>(Forward::Applied);
     let (group_children_tx, group_children) = trigger::<Sandbox>(Forward::AppliedAndDeleted);
@@ -172,6 +178,7 @@ pub async fn run(args: OperatorArgs) -> Result<()> {
             group_children_tx.forward(event);
         })
         .inspect(publish_changes(changes.clone(), "Sandbox"))
+        .inspect(mark_queue_dirty(queue_book.clone()))
         .for_each(|event| async move {
             if let Err(err) = event {
                 warn!(%err, "sandbox watch error (retrying)");
@@ -192,9 +199,48 @@ pub async fn run(args: OperatorArgs) -> Result<()> {
     .inspect(tell_memory(own_writes.clone(), backoff.clone()))
     .inspect(move |event| rollout_trigger_tx.forward(event))
     .inspect(publish_changes(changes.clone(), "RolloutGroup"))
+    .inspect({
+        let book = queue_book.clone();
+        move |event| {
+            // A deleted group leaves its queue's waiting list.
+            if let Ok(watcher::Event::Delete(group)) = event
+                && let Some(key) = crate::queue::admission::queue_of(group)
+            {
+                book.mark_dirty(key);
+            }
+        }
+    })
     .for_each(|event| async move {
         if let Err(err) = event {
             tracing::warn!(%err, "rolloutgroup watch error (retrying)");
+        }
+    });
+
+    // RolloutQueues: their spec (limits) and status; any change is a reason to look at the queue.
+    let (queue_store, queue_writer) = reflector::store::<RolloutQueue>();
+    let queue_watch = watcher(
+        scoped_api::<RolloutQueue>(&client, &namespace),
+        watcher::Config::default(),
+    )
+    .default_backoff()
+    .modify(|q: &mut RolloutQueue| q.meta_mut().managed_fields = None)
+    .inspect(flag_on_init_done(filled.rollout_queues.clone()))
+    .reflect(queue_writer)
+    .inspect(tell_memory(own_writes.clone(), backoff.clone()))
+    .inspect({
+        let book = queue_book.clone();
+        move |event| {
+            if let Some(queue) = forwarded(event, Forward::AppliedAndDeleted) {
+                book.mark_dirty(QueueKey {
+                    namespace: queue.meta().namespace.clone().unwrap_or_default(),
+                    name: queue.meta().name.clone().unwrap_or_default(),
+                });
+            }
+        }
+    })
+    .for_each(|event| async move {
+        if let Err(err) = event {
+            tracing::warn!(%err, "rolloutqueue watch error (retrying)");
         }
     });
 
@@ -204,7 +250,14 @@ pub async fn run(args: OperatorArgs) -> Result<()> {
         scoped_api(&client, &namespace),
         &pod_labels,
         filled.pods.clone(),
-        tell_memory(own_writes.clone(), backoff.clone()),
+        {
+            let mut remember = tell_memory(own_writes.clone(), backoff.clone());
+            let mut mark = mark_queue_dirty(queue_book.clone());
+            move |event| {
+                remember(event);
+                mark(event);
+            }
+        },
     );
     let (secrets, secret_events) = cached_watch::<Secret>(
         scoped_api(&client, &namespace),
@@ -225,6 +278,7 @@ pub async fn run(args: OperatorArgs) -> Result<()> {
         secrets,
         policies,
         rollout_groups: rollout_store.clone(),
+        rollout_queues: queue_store,
     };
     let gateway_deps = GatewayDeps {
         client: client.clone(),
@@ -275,7 +329,7 @@ pub async fn run(args: OperatorArgs) -> Result<()> {
             }
         });
     }
-    let ctx = Arc::new(Context::new(
+    let mut context = Context::new(
         controller_client,
         settings,
         metrics.clone(),
@@ -283,7 +337,12 @@ pub async fn run(args: OperatorArgs) -> Result<()> {
         caches.clone(),
         own_writes,
         leadership.clone(),
-    ));
+    );
+    context.queues = queue_book.clone();
+    let ctx = Arc::new(context);
+    let queue_signals = queue_book
+        .take_receivers()
+        .ok_or_else(|| Error::Config("the queue signals were taken twice".into()))?;
 
     let sandbox_controller = Controller::for_shared_stream(sandbox_trigger, sandbox_store)
         .owns_stream(pod_events)
@@ -312,19 +371,22 @@ pub async fn run(args: OperatorArgs) -> Result<()> {
     );
     let rollout_controller = Controller::for_shared_stream(rollout_trigger, rollout_store.clone())
         .owns_stream(group_children.map(|child| Ok(Sandbox::clone(&child))))
+        .reconcile_on(queue_signals.wake)
         .with_config(controller::Config::default().concurrency(UNLIMITED))
         .reconcile_all_on(leadership.gained_stream())
         .graceful_shutdown_on(shutdown.clone().cancelled_owned())
         .run(rollout::reconcile, rollout::error_policy, ctx.clone())
         .for_each(|_| future::ready(()));
+    let queue_loop =
+        crate::queue::controller::run(ctx.clone(), queue_signals.dirty, shutdown.clone());
     let gateway_server = gateway::serve(args.gateway_listen, gateway_deps, shutdown.clone());
     let watch_until_shutdown = async {
         tokio::select! {
-            _ = futures::future::join(sandbox_watch, rollout_watch) => {},
+            _ = futures::future::join3(sandbox_watch, rollout_watch, queue_watch) => {},
             _ = shutdown.cancelled() => {},
         }
     };
-    let controllers = future::join(sandbox_controller, rollout_controller);
+    let controllers = future::join3(sandbox_controller, rollout_controller, queue_loop);
     let (_, _, admin_served, gateway_served) = tokio::join!(
         controllers,
         watch_until_shutdown,
@@ -367,6 +429,8 @@ pub struct CacheFill {
     pub policies: Arc<AtomicBool>,
     /// RolloutGroups cache.
     pub rollout_groups: Arc<AtomicBool>,
+    /// RolloutQueues cache.
+    pub rollout_queues: Arc<AtomicBool>,
 }
 
 impl CacheFill {
@@ -378,6 +442,7 @@ impl CacheFill {
             &self.secrets,
             &self.policies,
             &self.rollout_groups,
+            &self.rollout_queues,
         ]
         .iter()
         .all(|flag| flag.load(Ordering::Relaxed))
@@ -446,6 +511,30 @@ where
             backoff.reset(uid);
         } else {
             own_writes.observed(uid, meta.resource_version.as_deref());
+        }
+    }
+}
+
+/// An `inspect` callback that tells the queue loop about a changed or deleted Sandbox or Pod of a
+/// queued trajectory (label `orchard.dev/rollout-queue`): its queue's slots may have changed.
+fn mark_queue_dirty<K>(
+    book: Arc<QueueBook>,
+) -> impl FnMut(&std::result::Result<watcher::Event<K>, watcher::Error>)
+where
+    K: Resource,
+{
+    move |event| {
+        if let Some(object) = forwarded(event, Forward::AppliedAndDeleted)
+            && let Some(queue) = object
+                .meta()
+                .labels
+                .as_ref()
+                .and_then(|l| l.get(ROLLOUT_QUEUE_LABEL))
+        {
+            book.mark_dirty(QueueKey {
+                namespace: object.meta().namespace.clone().unwrap_or_default(),
+                name: queue.clone(),
+            });
         }
     }
 }

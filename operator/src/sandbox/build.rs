@@ -21,8 +21,9 @@ use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 
 use super::cidr::{Cidr, excepts_within};
 use orchard_api::{
-    EgressPolicy, MANAGED_BY, MANAGED_BY_LABEL, PortProtocol, ROLLOUT_GROUP_LABEL, SANDBOX_LABEL,
-    SANDBOX_POD_LABEL, STRIDE_LABEL, Sandbox, SandboxSpec, SecurityProfile,
+    EgressPolicy, MANAGED_BY, MANAGED_BY_LABEL, PortProtocol, ROLLOUT_GROUP_LABEL,
+    ROLLOUT_QUEUE_LABEL, SANDBOX_LABEL, SANDBOX_POD_LABEL, STRIDE_LABEL, Sandbox, SandboxSpec,
+    SecurityProfile,
 };
 
 /// Name of the task container (the one running the agent and every command).
@@ -113,11 +114,12 @@ pub fn sandbox_selector(sandbox_name: &str) -> BTreeMap<String, String> {
 }
 
 /// Labels of every object built for a sandbox (the selector plus managed-by, plus group labels of
-/// trajectory sandboxes so `kubectl get pods -l orchard.dev/rollout-group=g` works).
+/// trajectory sandboxes so `kubectl get pods -l orchard.dev/rollout-group=g` works, and the queue
+/// label, which a queue's accounting counts on Pods too).
 fn child_labels(sandbox: &Sandbox, name: &str) -> BTreeMap<String, String> {
     let mut labels = sandbox_selector(name);
     labels.insert(MANAGED_BY_LABEL.to_string(), MANAGED_BY.to_string());
-    for key in [ROLLOUT_GROUP_LABEL, STRIDE_LABEL] {
+    for key in [ROLLOUT_GROUP_LABEL, STRIDE_LABEL, ROLLOUT_QUEUE_LABEL] {
         if let Some(value) = sandbox.metadata.labels.as_ref().and_then(|l| l.get(key)) {
             labels.insert(key.to_string(), value.clone());
         }

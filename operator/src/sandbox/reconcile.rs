@@ -17,7 +17,7 @@ use super::expiry::{Lifecycle, annotated_heartbeat, expiry_deadline, failed_dead
 use super::run_result::aborted;
 use super::status::{
     Blocked, Observed, admission_rejection, desired_status, expired_status, hold_back_transient,
-    is_trajectory, rollout_group_of,
+    is_trajectory, quota_refusal, rollout_group_of, startup_clock,
 };
 use super::{apply, placement, runner};
 use crate::runtime::context::{Context, object_key};
@@ -60,6 +60,9 @@ pub fn error_policy(sandbox: Arc<Sandbox>, error: &Error, ctx: Arc<Context>) -> 
     warn!(sandbox = %key, %error, retry_in_ms = delay.as_millis() as u64, "sandbox reconcile failed");
     Action::requeue(delay)
 }
+
+/// How often a sandbox whose Pod a ResourceQuota refused tries again (quotas are not watched).
+const QUOTA_RECHECK: Duration = Duration::from_secs(3);
 
 /// How often a sandbox waiting for a previous incarnation's children looks again, in case the watch
 /// misses their deletion (it wakes the reconcile first in the normal case).
@@ -159,9 +162,12 @@ async fn reconcile_inner(cached: &Sandbox, ctx: &Arc<Context>) -> Result<Option<
                 Ok(ChildState::Ours(created)) => pod = Some(created),
                 Ok(other) => blocked = blocked_by(&[&other.unit()]),
                 Err(Error::Kube(kube::Error::Api(status))) => {
-                    match admission_rejection(status.code, &status.message) {
-                        Some(why) => blocked = Some(Blocked::PodRejected(why)),
-                        None => return Err(Error::Kube(kube::Error::Api(status))),
+                    if let Some(why) = admission_rejection(status.code, &status.message) {
+                        blocked = Some(Blocked::PodRejected(why));
+                    } else if let Some(why) = quota_refusal(status.code, &status.message) {
+                        blocked = Some(Blocked::QuotaExceeded(why));
+                    } else {
+                        return Err(Error::Kube(kube::Error::Api(status)));
                     }
                 }
                 Err(err) => return Err(err),
@@ -180,6 +186,7 @@ async fn reconcile_inner(cached: &Sandbox, ctx: &Arc<Context>) -> Result<Option<
         warn!(sandbox = %object_key(sandbox), %problem, "heartbeat annotation ignored");
     }
     let waiting = matches!(blocked, Some(Blocked::PreviousIncarnation(_)));
+    let over_quota = matches!(blocked, Some(Blocked::QuotaExceeded(_)));
     let observed = Observed {
         pod: pod.as_ref(),
         pod_gone,
@@ -204,6 +211,8 @@ async fn reconcile_inner(cached: &Sandbox, ctx: &Arc<Context>) -> Result<Option<
         // A young sandbox usually becomes Ready within the window: write once, then.
         let wait = if waiting {
             wait.min(PREVIOUS_INCARNATION_RECHECK)
+        } else if over_quota {
+            wait.min(QUOTA_RECHECK)
         } else {
             wait
         };
@@ -239,6 +248,9 @@ async fn reconcile_inner(cached: &Sandbox, ctx: &Arc<Context>) -> Result<Option<
     if waiting {
         return Ok(Some(PREVIOUS_INCARNATION_RECHECK));
     }
+    if over_quota {
+        return Ok(Some(QUOTA_RECHECK));
+    }
 
     let ready_time = status.ready_time.as_ref().map(|t| t.0);
     let heartbeat = status
@@ -253,14 +265,12 @@ async fn reconcile_inner(cached: &Sandbox, ctx: &Arc<Context>) -> Result<Option<
         }
         return Ok(Some(until(now, deadline).min(ctx.settings.resync)));
     }
-    // Not Ready yet: come back when the startup timeout would fail it (watch events usually come first).
-    let created = sandbox
-        .meta()
-        .creation_timestamp
-        .as_ref()
-        .map(|t| t.0)
-        .unwrap_or(now);
-    let startup_deadline = created
+    // Not Ready yet: come back when the startup timeout would fail it (watch events usually come first;
+    // a trajectory not scheduled yet has no startup deadline, its pod's scheduling wakes it).
+    let Some(started) = startup_clock(sandbox, pod.as_ref()) else {
+        return Ok(Some(ctx.settings.resync));
+    };
+    let startup_deadline = started
         .saturating_add(k8s_openapi::jiff::SignedDuration::from_secs(
             ctx.settings.startup_timeout_seconds,
         ))

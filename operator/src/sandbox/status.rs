@@ -72,6 +72,34 @@ pub enum Blocked {
     /// The operator's placement policy refuses the spec (`placement`): the sandbox fails before any
     /// child is created.
     PlacementRefused(String),
+    /// A ResourceQuota refused the Pod: the sandbox stays Pending and the creation is retried (a
+    /// trajectory of a RolloutGroup waits for as long as its group allows; see [`startup_clock`]).
+    QuotaExceeded(String),
+}
+
+/// Why the API server's refusal of a Pod creation is a ResourceQuota that is full, or `None` (pure).
+pub fn quota_refusal(code: u16, message: &str) -> Option<String> {
+    (code == 403 && message.contains("exceeded quota")).then(|| {
+        format!("{message}; the pod is created once the quota has room (raise the ResourceQuota or wait for other pods to end)")
+    })
+}
+
+/// From when a sandbox's startup timeout counts, or `None` while it does not count (pure).
+///
+/// A standalone Sandbox: from its creation, whatever holds it up. A trajectory of a RolloutGroup: from
+/// the moment its Pod was scheduled. While a quota refuses its Pod or no node has room for it, it
+/// waits instead of failing (a trajectory that failed for lack of capacity would become an aborted
+/// trajectory and change the group's selection); its group's `activeDeadlineSeconds` bounds the wait.
+pub fn startup_clock(sandbox: &Sandbox, pod: Option<&Pod>) -> Option<Timestamp> {
+    if rollout_group_of(sandbox).is_none() {
+        return sandbox.metadata.creation_timestamp.as_ref().map(|t| t.0);
+    }
+    let pod = pod?;
+    pod.spec.as_ref().and_then(|s| s.node_name.as_ref())?;
+    pod_condition(pod, "PodScheduled")
+        .filter(|c| c.status == "True")
+        .and_then(|c| c.last_transition_time.as_ref().map(|t| t.0))
+        .or_else(|| pod.metadata.creation_timestamp.as_ref().map(|t| t.0))
 }
 
 /// Why the API server's refusal of a Pod creation will not go away by retrying, or `None` when it
@@ -450,10 +478,9 @@ pub fn desired_status(sandbox: &Sandbox, observed: &Observed) -> SandboxStatus {
     }
     let ready_time = status.ready_time.as_ref().map(|t| t.0);
     if ready_time.is_none() {
-        let created = sandbox.metadata.creation_timestamp.as_ref().map(|t| t.0);
         let limit = SignedDuration::from_secs(observed.startup_timeout_seconds);
-        if let Some(created) = created
-            && now.duration_since(created) >= limit
+        if let Some(started) = startup_clock(sandbox, observed.pod)
+            && now.duration_since(started) >= limit
         {
             let pod = status.pod_name.clone().unwrap_or_default();
             return failed_status(
@@ -462,7 +489,7 @@ pub fn desired_status(sandbox: &Sandbox, observed: &Observed) -> SandboxStatus {
                 Failure::new(
                     "StartupTimeout",
                     format!(
-                        "not Ready {}s after creation; check `kubectl describe pod {}` for scheduling or image problems",
+                        "not Ready {}s after creation (a trajectory: after its pod was scheduled); check `kubectl describe pod {}` for scheduling or image problems",
                         observed.startup_timeout_seconds, pod
                     ),
                 ),
@@ -493,6 +520,9 @@ pub fn desired_status(sandbox: &Sandbox, observed: &Observed) -> SandboxStatus {
         None => match &observed.blocked {
             Some(Blocked::PreviousIncarnation(message)) => {
                 (false, "PreviousIncarnation".into(), message.clone())
+            }
+            Some(Blocked::QuotaExceeded(message)) => {
+                (false, "QuotaExceeded".into(), message.clone())
             }
             _ => (
                 false,
@@ -969,6 +999,88 @@ mod tests {
         assert_eq!(before.phase, Some(SandboxPhase::Pending));
         let after = desired_status(&sandbox(), &observed(Some(&p), "2026-01-01T00:10:00Z"));
         assert_eq!(after.reason.as_deref(), Some("StartupTimeout"));
+    }
+
+    fn trajectory() -> Sandbox {
+        let mut s = sandbox();
+        s.metadata.owner_references = Some(vec![
+            k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference {
+                kind: "RolloutGroup".into(),
+                name: "g".into(),
+                controller: Some(true),
+                ..Default::default()
+            },
+        ]);
+        s
+    }
+
+    #[test]
+    fn trajectories_waiting_for_capacity_never_time_out_and_count_from_scheduling() {
+        // Unschedulable for an hour: a standalone sandbox fails, a trajectory waits.
+        let mut unschedulable = pod(None, None, false);
+        unschedulable
+            .status
+            .as_mut()
+            .unwrap()
+            .conditions
+            .as_mut()
+            .unwrap()
+            .push(PodCondition {
+                type_: "PodScheduled".into(),
+                status: "False".into(),
+                reason: Some("Unschedulable".into()),
+                message: Some("0/1 nodes are available: 1 Insufficient cpu.".into()),
+                ..Default::default()
+            });
+        let late = "2026-01-01T01:00:00Z";
+        let standalone = desired_status(&sandbox(), &observed(Some(&unschedulable), late));
+        assert_eq!(standalone.reason.as_deref(), Some("StartupTimeout"));
+        let waiting = desired_status(&trajectory(), &observed(Some(&unschedulable), late));
+        assert_eq!(waiting.phase, Some(SandboxPhase::Pending));
+        assert_eq!(cond(&waiting, condition::SCHEDULED).reason, "Unschedulable");
+
+        // Over quota: no pod at all; the trajectory waits with the reason.
+        let mut obs = observed(None, late);
+        obs.blocked = quota_refusal(403, "pods \"g-0\" is forbidden: exceeded quota: q, requested: pods=1, used: pods=2, limited: pods=2").map(Blocked::QuotaExceeded);
+        let over = desired_status(&trajectory(), &obs);
+        assert_eq!(over.phase, Some(SandboxPhase::Pending));
+        let scheduled = cond(&over, condition::SCHEDULED);
+        assert_eq!(scheduled.reason, "QuotaExceeded");
+        assert!(
+            scheduled.message.contains("exceeded quota"),
+            "{}",
+            scheduled.message
+        );
+
+        // Scheduled at 00:50: the startup timeout (600 s) counts from then.
+        let mut scheduled_pod = pod(Some("node-1"), None, false);
+        scheduled_pod
+            .status
+            .as_mut()
+            .unwrap()
+            .conditions
+            .as_mut()
+            .unwrap()
+            .push(PodCondition {
+                type_: "PodScheduled".into(),
+                status: "True".into(),
+                last_transition_time: Some(Time(t("2026-01-01T00:50:00Z"))),
+                ..Default::default()
+            });
+        let before = desired_status(
+            &trajectory(),
+            &observed(Some(&scheduled_pod), "2026-01-01T00:59:59Z"),
+        );
+        assert_eq!(before.phase, Some(SandboxPhase::Starting));
+        let after = desired_status(&trajectory(), &observed(Some(&scheduled_pod), late));
+        assert_eq!(after.reason.as_deref(), Some("StartupTimeout"));
+    }
+
+    #[test]
+    fn only_a_full_quota_is_a_quota_refusal() {
+        assert!(quota_refusal(403, "exceeded quota: compute").is_some());
+        assert!(quota_refusal(403, "pods is forbidden: User cannot create").is_none());
+        assert!(quota_refusal(422, "exceeded quota").is_none());
     }
 
     #[test]

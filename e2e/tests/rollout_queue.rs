@@ -1,0 +1,280 @@
+//! RolloutQueues on the local cluster: many groups share a bounded number of trajectory slots,
+//! counted from a watch of the trajectory pods (not from any status), every group completes with the
+//! group BAR decides over its own outcomes (the runners are deterministic, so that is the group it gets
+//! alone), the Fair order gives every group its first stride before any group its second, and a
+//! ResourceQuota smaller than a stride makes trajectories wait instead of aborting them.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::{Arc, Mutex, OnceLock};
+use std::time::Duration;
+
+use futures::StreamExt;
+use k8s_openapi::api::core::v1::{Pod, ResourceQuota};
+use kube::ResourceExt;
+use kube::api::{Api, Patch, PatchParams, PostParams};
+use kube::runtime::watcher;
+use orchard_e2e::env::{EnvOptions, TestEnv};
+use orchard_e2e::test_support::rollouts::{
+    GROUP_TIMEOUT, assert_matches_engine, check_outcomes, group, is_complete, reward_script,
+    template,
+};
+use orchard_e2e::wait;
+use orchard_operator::api::{RolloutGroup, RolloutQueue, Sandbox, TrajectoryStatus};
+use serde_json::json;
+
+/// The startup timeout of this binary's operator: the quota test waits longer than this.
+const STARTUP_TIMEOUT_SECONDS: u64 = 5;
+
+fn env() -> &'static TestEnv {
+    static ENV: OnceLock<TestEnv> = OnceLock::new();
+    ENV.get_or_init(|| {
+        TestEnv::start_named_on_own_thread(
+            "rollout_queue",
+            EnvOptions {
+                operator_args: vec![format!(
+                    "--startup-timeout-seconds={STARTUP_TIMEOUT_SECONDS}"
+                )],
+                ..EnvOptions::default()
+            },
+        )
+    })
+}
+
+fn queue(name: &str, max: i32, admission: &str) -> RolloutQueue {
+    serde_json::from_value(json!({
+        "apiVersion": "orchard.dev/v1alpha1", "kind": "RolloutQueue",
+        "metadata": {"name": name},
+        "spec": {"maxRunningTrajectories": max, "admission": admission},
+    }))
+    .expect("valid RolloutQueue JSON")
+}
+
+/// Watches the pods labelled with `queue` and records the most that existed at once.
+fn watch_queue_pods(
+    client: &kube::Client,
+    ns: &str,
+    queue: &str,
+) -> Arc<Mutex<(BTreeSet<String>, usize)>> {
+    let seen = Arc::new(Mutex::new((BTreeSet::new(), 0usize)));
+    let pods: Api<Pod> = Api::namespaced(client.clone(), ns);
+    let config = watcher::Config::default().labels(&format!("orchard.dev/rollout-queue={queue}"));
+    let record = seen.clone();
+    tokio::spawn(async move {
+        let mut events = watcher(pods, config).boxed();
+        while let Some(event) = events.next().await {
+            let Ok(event) = event else { continue };
+            let mut state = record.lock().expect("lock");
+            match event {
+                watcher::Event::Apply(pod) | watcher::Event::InitApply(pod) => {
+                    state.0.insert(pod.name_any());
+                }
+                watcher::Event::Delete(pod) => {
+                    state.0.remove(&pod.name_any());
+                }
+                _ => {}
+            }
+            state.1 = state.1.max(state.0.len());
+        }
+    });
+    seen
+}
+
+/// Watches the namespace's trajectory Sandboxes and records the order in which (group, stride) pairs
+/// first appear.
+fn watch_launch_order(client: &kube::Client, ns: &str) -> Arc<Mutex<Vec<(String, String)>>> {
+    let order = Arc::new(Mutex::new(Vec::new()));
+    let sandboxes: Api<Sandbox> = Api::namespaced(client.clone(), ns);
+    let record = order.clone();
+    tokio::spawn(async move {
+        let mut events = watcher(sandboxes, watcher::Config::default()).boxed();
+        while let Some(event) = events.next().await {
+            let Ok(watcher::Event::Apply(s) | watcher::Event::InitApply(s)) = event else {
+                continue;
+            };
+            let labels = s.labels();
+            let (Some(g), Some(k)) = (
+                labels.get("orchard.dev/rollout-group"),
+                labels.get("orchard.dev/stride"),
+            ) else {
+                continue;
+            };
+            let pair = (g.clone(), k.clone());
+            let mut order = record.lock().expect("lock");
+            if !order.contains(&pair) {
+                order.push(pair);
+            }
+        }
+    });
+    order
+}
+
+#[tokio::test]
+async fn six_groups_share_sixteen_slots_fairly_and_get_their_own_groups() {
+    let env = env();
+    let client = env.client().await;
+    let ns = env.namespace("rq-fair").await;
+    let queues: Api<RolloutQueue> = Api::namespaced(client.clone(), &ns);
+    queues
+        .create(&PostParams::default(), &queue("batch", 16, "Fair"))
+        .await
+        .expect("create queue");
+    let pods = watch_queue_pods(&client, &ns, "batch");
+    let launches = watch_launch_order(&client, &ns);
+    let groups: Api<RolloutGroup> = Api::namespaced(client.clone(), &ns);
+    // A 20 % pass rate: a stride of 8 rarely holds 3-5 positives, so most groups need both strides.
+    let pass = 20;
+    let seeds: Vec<u64> = (0..6).map(|g| 1_000 + g * 77).collect();
+    for (g, seed) in seeds.iter().enumerate() {
+        groups
+            .create(
+                &PostParams::default(),
+                &group(
+                    &format!("p{g}"),
+                    json!({
+                        "groupSize": 8, "maxTrajectories": 16, "stride": 8,
+                        "queue": "batch",
+                        "template": template(&reward_script(*seed, pass, None, Some(1)), 60),
+                    }),
+                ),
+            )
+            .await
+            .expect("create group");
+    }
+    let mut strides = BTreeMap::new();
+    for (g, seed) in seeds.iter().enumerate() {
+        let name = format!("p{g}");
+        let done = wait::until(&groups, &name, "Complete", GROUP_TIMEOUT, is_complete).await;
+        let status = done.status.clone().expect("status");
+        check_outcomes(&status, *seed, pass, |_| false);
+        assert_matches_engine(&done);
+        assert!(
+            status
+                .trajectories
+                .iter()
+                .all(|t| t.status != Some(TrajectoryStatus::Aborted)),
+            "waiting for the queue aborts nothing: {status:?}"
+        );
+        strides.insert(name, status.strides_launched);
+    }
+    let most = pods.lock().expect("lock").1;
+    assert!(most <= 16, "at most 16 trajectory pods at once, saw {most}");
+    assert!(most >= 8, "the watch saw the pods ({most})");
+    assert!(
+        strides.values().any(|s| *s == 2),
+        "some group needed a second stride: {strides:?}"
+    );
+    // Fair: every group's first stride was launched before any group's second.
+    let order = launches.lock().expect("lock").clone();
+    let first_second = order
+        .iter()
+        .position(|(_, k)| k == "1")
+        .expect("a second stride");
+    let firsts: BTreeSet<&str> = order[..first_second]
+        .iter()
+        .filter(|(_, k)| k == "0")
+        .map(|(g, _)| g.as_str())
+        .collect();
+    assert_eq!(firsts.len(), 6, "launch order {order:?}");
+    // The queue's status settles on nothing running and nothing waiting.
+    wait::until(
+        &queues,
+        "batch",
+        "idle",
+        Duration::from_secs(60),
+        |q: Option<&RolloutQueue>| {
+            q.and_then(|q| q.status.as_ref())
+                .is_some_and(|s| s.running_trajectories == 0 && s.waiting_groups == 0)
+        },
+    )
+    .await;
+    env.delete_namespace(&ns).await;
+}
+
+#[tokio::test]
+async fn a_quota_smaller_than_a_stride_makes_trajectories_wait_not_abort() {
+    let env = env();
+    let client = env.client().await;
+    let ns = env.namespace("rq-quota").await;
+    let quotas: Api<ResourceQuota> = Api::namespaced(client.clone(), &ns);
+    let quota = |pods: &str| -> ResourceQuota {
+        serde_json::from_value(json!({
+            "apiVersion": "v1", "kind": "ResourceQuota",
+            "metadata": {"name": "pods"},
+            "spec": {"hard": {"pods": pods}},
+        }))
+        .expect("quota JSON")
+    };
+    quotas
+        .create(&PostParams::default(), &quota("3"))
+        .await
+        .expect("create quota");
+    // The quota controller must have counted the namespace before admission enforces it.
+    wait::until(
+        &quotas,
+        "pods",
+        "quota counted",
+        Duration::from_secs(60),
+        |q: Option<&ResourceQuota>| {
+            q.and_then(|q| q.status.as_ref())
+                .and_then(|s| s.used.as_ref())
+                .is_some_and(|u| u.contains_key("pods"))
+        },
+    )
+    .await;
+    let groups: Api<RolloutGroup> = Api::namespaced(client.clone(), &ns);
+    let (seed, pass) = (31, 50);
+    groups
+        .create(
+            &PostParams::default(),
+            &group(
+                "squeezed",
+                json!({
+                    "groupSize": 4, "maxTrajectories": 8, "stride": 4,
+                    "template": template(&reward_script(seed, pass, None, None), 60),
+                }),
+            ),
+        )
+        .await
+        .expect("create group");
+    // One trajectory of the stride cannot get a pod: it says why and waits past the startup timeout.
+    let sandboxes: Api<Sandbox> = Api::namespaced(client.clone(), &ns);
+    let waiting = wait::poll(
+        "a trajectory over quota",
+        Duration::from_secs(60),
+        || async {
+            let list = sandboxes.list(&Default::default()).await.ok()?;
+            list.items.into_iter().find(|s| {
+                s.status.as_ref().is_some_and(|st| {
+                    st.conditions
+                        .iter()
+                        .any(|c| c.type_ == "Scheduled" && c.reason == "QuotaExceeded")
+                })
+            })
+        },
+    )
+    .await;
+    let name = waiting.name_any();
+    tokio::time::sleep(Duration::from_secs(STARTUP_TIMEOUT_SECONDS * 2)).await;
+    let still = sandboxes.get(&name).await.expect("still there");
+    let status = still.status.expect("status");
+    assert_eq!(
+        status.phase.map(|p| p.as_str()),
+        Some("Pending"),
+        "over quota for twice the startup timeout and still waiting: {status:?}"
+    );
+    assert!(status.result.is_none(), "not aborted: {status:?}");
+    // Room in the quota: everything starts and the group completes without an aborted trajectory.
+    quotas
+        .patch(
+            "pods",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"spec": {"hard": {"pods": "20"}}})),
+        )
+        .await
+        .expect("raise quota");
+    let done = wait::until(&groups, "squeezed", "Complete", GROUP_TIMEOUT, is_complete).await;
+    let status = done.status.clone().expect("status");
+    check_outcomes(&status, seed, pass, |_| false);
+    assert_matches_engine(&done);
+    env.delete_namespace(&ns).await;
+}

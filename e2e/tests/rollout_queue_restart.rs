@@ -1,0 +1,135 @@
+//! The operator SIGKILLed while groups wait on a RolloutQueue and others run: after the restart the
+//! queue's accounting is rebuilt from the Sandboxes and Pods alone (its status matches the pods that
+//! exist), nothing is admitted twice (never more pods than slots, seen by a watch), and every group
+//! completes with the group BAR decides over its own outcomes.
+
+use std::collections::BTreeSet;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use futures::StreamExt;
+use k8s_openapi::api::core::v1::Pod;
+use kube::ResourceExt;
+use kube::api::{Api, ListParams, PostParams};
+use kube::runtime::watcher;
+use orchard_e2e::env::TestEnv;
+use orchard_e2e::test_support::rollouts::{
+    GROUP_TIMEOUT, assert_matches_engine, check_outcomes, group, is_complete, reward_script,
+    template,
+};
+use orchard_e2e::wait;
+use orchard_operator::api::{RolloutGroup, RolloutQueue};
+use serde_json::json;
+
+const LABEL: &str = "orchard.dev/rollout-queue=slots";
+
+#[tokio::test]
+async fn queued_and_running_groups_survive_an_operator_crash() {
+    let env = TestEnv::shared();
+    let client = env.client().await;
+    let ns = env.namespace("rq-restart").await;
+    let queues: Api<RolloutQueue> = Api::namespaced(client.clone(), &ns);
+    let queue: RolloutQueue = serde_json::from_value(json!({
+        "apiVersion": "orchard.dev/v1alpha1", "kind": "RolloutQueue",
+        "metadata": {"name": "slots"},
+        "spec": {"maxRunningTrajectories": 8, "admission": "FIFO"},
+    }))
+    .expect("queue JSON");
+    queues
+        .create(&PostParams::default(), &queue)
+        .await
+        .expect("create queue");
+    // The most pods of the queue that existed at once, from a watch.
+    let pods: Api<Pod> = Api::namespaced(client.clone(), &ns);
+    let most = Arc::new(Mutex::new((BTreeSet::<String>::new(), 0usize)));
+    {
+        let most = most.clone();
+        let pods = pods.clone();
+        tokio::spawn(async move {
+            let mut events = watcher(pods, watcher::Config::default().labels(LABEL)).boxed();
+            while let Some(Ok(event)) = events.next().await {
+                let mut state = most.lock().expect("lock");
+                match event {
+                    watcher::Event::Apply(p) | watcher::Event::InitApply(p) => {
+                        state.0.insert(p.name_any());
+                    }
+                    watcher::Event::Delete(p) => {
+                        state.0.remove(&p.name_any());
+                    }
+                    _ => {}
+                }
+                state.1 = state.1.max(state.0.len());
+            }
+        });
+    }
+    let groups: Api<RolloutGroup> = Api::namespaced(client.clone(), &ns);
+    let pass = 50;
+    let seeds: Vec<u64> = (0..4).map(|g| 500 + g * 13).collect();
+    for (g, seed) in seeds.iter().enumerate() {
+        groups
+            .create(
+                &PostParams::default(),
+                &group(
+                    &format!("r{g}"),
+                    json!({
+                        "groupSize": 4, "maxTrajectories": 8, "stride": 4,
+                        "queue": "slots",
+                        // Long runs: the kill lands while two groups run and two wait.
+                        "template": template(&reward_script(*seed, pass, None, Some(12)), 60),
+                    }),
+                ),
+            )
+            .await
+            .expect("create group");
+    }
+    wait::poll("eight trajectory pods", Duration::from_secs(60), || async {
+        let list = pods.list(&ListParams::default().labels(LABEL)).await.ok()?;
+        (list.items.len() == 8).then_some(())
+    })
+    .await;
+    env.operator().kill();
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    env.operator().restart().await.expect("restart");
+
+    // The restarted operator recounts: its status shows the 8 pods that exist and the 2 groups that
+    // wait, before the running trajectories finish.
+    let recounted = wait::until(
+        &queues,
+        "slots",
+        "recounted",
+        Duration::from_secs(30),
+        |q: Option<&RolloutQueue>| {
+            q.and_then(|q| q.status.as_ref())
+                .is_some_and(|s| s.running_trajectories == 8 && s.waiting_groups == 2)
+        },
+    )
+    .await;
+    let live = pods
+        .list(&ListParams::default().labels(LABEL))
+        .await
+        .expect("list pods")
+        .items
+        .len();
+    assert_eq!(live, 8, "{:?}", recounted.status);
+
+    for (g, seed) in seeds.iter().enumerate() {
+        let name = format!("r{g}");
+        let done = wait::until(&groups, &name, "Complete", GROUP_TIMEOUT, is_complete).await;
+        let status = done.status.clone().expect("status");
+        let names: Vec<&str> = status
+            .trajectories
+            .iter()
+            .map(|t| t.name.as_str())
+            .collect();
+        let unique: BTreeSet<&str> = names.iter().copied().collect();
+        assert_eq!(unique.len(), names.len(), "no trajectory twice: {names:?}");
+        check_outcomes(&status, *seed, pass, |_| false);
+        assert_matches_engine(&done);
+    }
+    let seen = most.lock().expect("lock").1;
+    assert!(
+        seen <= 8,
+        "never more than 8 pods of the queue at once, saw {seen}"
+    );
+    env.delete_namespace(&ns).await;
+}
