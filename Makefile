@@ -260,6 +260,12 @@ bench-scale: k8s agent ## 1,000 sandboxes through create -> Ready -> 4 execs -> 
 		$(TARGET_DIR)/release/bench-scale --sandboxes $(BENCH_SANDBOXES) --concurrency $(BENCH_CONCURRENCY) \
 		--write-doc docs/BENCHMARKS.md
 
+.PHONY: bench-queue
+bench-queue: k8s agent ## 64 RolloutGroups at once, without and with a RolloutQueue of 128 (time to the last group, sandbox-seconds per group); writes docs/BENCHMARKS.md
+	$(CARGO) build --release -p orchard-operator -p orchard-e2e --bins -j 2
+	ORCHARD_OPERATOR_BIN=$(abspath $(TARGET_DIR))/release/orchard-operator \
+		$(TARGET_DIR)/release/bench-queue --write-doc docs/BENCHMARKS.md
+
 .PHONY: bench-real
 bench-real: k8s agent node-images ## the hollow and the real node side by side (1 at a time, 50 at once, 200 with execs); writes docs/BENCHMARKS.md
 	$(CARGO) build --release -p orchard-operator -p orchard-e2e --bins -j 2
@@ -267,4 +273,4 @@ bench-real: k8s agent node-images ## the hollow and the real node side by side (
 		$(TARGET_DIR)/release/bench-real --write-doc docs/BENCHMARKS.md
 
 .PHONY: bench
-bench: bench-agent bench-gateway bench-bar bench-scale bench-real ## every benchmark (numbers go to docs/BENCHMARKS.md and docs/BAR.md)
+bench: bench-agent bench-gateway bench-bar bench-scale bench-queue bench-real ## every benchmark (numbers go to docs/BENCHMARKS.md and docs/BAR.md)

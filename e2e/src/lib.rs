@@ -10,6 +10,7 @@
 pub mod binaries;
 pub mod chart_install;
 pub mod churn;
+pub mod cluster_process;
 pub mod config_reference;
 pub mod control_plane;
 pub mod crds;

@@ -14,6 +14,7 @@
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
+use orchard_e2e::cluster_process::load_average;
 use serde_json::Value;
 
 /// One row of the matrix: label, sandboxes, client concurrency.
@@ -22,13 +23,6 @@ const SIZES: [(&str, usize, usize); 3] = [
     ("50 at once", 50, 50),
     ("200, create -> Ready -> 4 execs -> delete", 200, 200),
 ];
-
-fn load_average() -> String {
-    std::fs::read_to_string("/proc/loadavg")
-        .ok()
-        .and_then(|l| l.split_whitespace().next().map(str::to_string))
-        .unwrap_or_else(|| "?".into())
-}
 
 fn run(exe_dir: &Path, real: bool, sandboxes: usize, concurrency: usize) -> Option<Value> {
     let json = std::env::temp_dir().join(format!(

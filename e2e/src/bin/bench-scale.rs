@@ -14,12 +14,12 @@
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
-use std::process::{Child, Command, Stdio};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use futures::StreamExt;
+use orchard_e2e::cluster_process::ClusterProcess;
 use orchard_e2e::control_plane::client_from_kubeconfig;
 use orchard_e2e::operator_process::metric_sum;
 use orchard_e2e::proc_stats::{cpu_seconds, peak_rss_bytes, percentile, rss_bytes};
@@ -77,17 +77,6 @@ fn parse_args() -> Args {
         }
     }
     args
-}
-
-/// The cluster process, stopped (SIGTERM, then waited for) when dropped.
-struct Cluster(Child);
-
-impl Drop for Cluster {
-    fn drop(&mut self) {
-        let pid = nix::unistd::Pid::from_raw(i32::try_from(self.0.id()).unwrap_or(i32::MAX));
-        let _ = nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGTERM);
-        let _ = self.0.wait();
-    }
 }
 
 #[derive(Default)]
@@ -212,31 +201,14 @@ fn mib(bytes: f64) -> String {
 #[tokio::main(flavor = "multi_thread", worker_threads = 2)]
 async fn main() {
     let args = parse_args();
-    let exe_dir = std::env::current_exe()
-        .ok()
-        .and_then(|p| p.parent().map(PathBuf::from))
-        .unwrap_or_else(|| PathBuf::from("."));
-    let info_file = std::env::temp_dir().join(format!("bench-scale-{}.json", std::process::id()));
     eprintln!("starting the local cluster...");
-    let mut command = Command::new(exe_dir.join("orchard-local-cluster"));
-    command.arg("--info-file").arg(&info_file);
-    if args.real_node {
-        command.arg("--real-node");
-    }
-    command.arg("--").args(&args.operator_args);
-    command.stdout(Stdio::null());
-    let cluster = Cluster(command.spawn().unwrap_or_else(|e| {
-        eprintln!("bench-scale: cannot start orchard-local-cluster: {e}");
-        std::process::exit(1)
-    }));
-    let info: Value = loop {
-        if let Ok(text) = std::fs::read_to_string(&info_file)
-            && let Ok(info) = serde_json::from_str(&text)
-        {
-            break info;
-        }
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    };
+    let cluster = ClusterProcess::start("bench-scale", args.real_node, &args.operator_args)
+        .await
+        .unwrap_or_else(|e| {
+            eprintln!("bench-scale: cannot start orchard-local-cluster: {e}");
+            std::process::exit(1)
+        });
+    let info = cluster.info.clone();
     let gateway = info["gatewayURL"].as_str().unwrap_or_default().to_string();
     let image = args.image.clone().unwrap_or_else(|| {
         info["node"]["images"]["busybox"]
@@ -593,7 +565,6 @@ async fn main() {
         }
     }
     drop(cluster);
-    let _ = std::fs::remove_file(&info_file);
     if ok != args.sandboxes {
         std::process::exit(1);
     }

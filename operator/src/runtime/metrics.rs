@@ -51,15 +51,15 @@ pub struct Metrics {
     pub bar_launched_per_group: Histogram,
     /// `orchard_leader`: 1 while this replica holds the leader Lease (always 1 without election).
     pub leader: prometheus::IntGauge,
-    /// `orchard_queue_running_trajectories{namespace, queue}`: trajectories holding a queue's slots.
+    /// `orchard_queue_running_trajectories{queue_namespace, queue}`: trajectories holding a queue's slots.
     pub queue_running: IntGaugeVec,
-    /// `orchard_queue_waiting_groups{namespace, queue}`: groups whose next stride waits.
+    /// `orchard_queue_waiting_groups{queue_namespace, queue}`: groups whose next stride waits.
     pub queue_waiting_groups: IntGaugeVec,
-    /// `orchard_queue_waiting_trajectories{namespace, queue}`: trajectories the waiting strides ask for.
+    /// `orchard_queue_waiting_trajectories{queue_namespace, queue}`: trajectories the waiting strides ask for.
     pub queue_waiting_trajectories: IntGaugeVec,
-    /// `orchard_queue_admitted_trajectories_total{namespace, queue}`: trajectories admitted.
+    /// `orchard_queue_admitted_trajectories_total{queue_namespace, queue}`: trajectories admitted.
     pub queue_admitted: IntCounterVec,
-    /// `orchard_queue_wait_seconds{namespace, queue}`: how long each admitted stride waited.
+    /// `orchard_queue_wait_seconds{queue_namespace, queue}`: how long each admitted stride waited.
     pub queue_wait_seconds: HistogramVec,
 }
 
@@ -135,7 +135,7 @@ impl Metrics {
                 "Time each admitted stride waited for its RolloutQueue.",
             )
             .buckets(READY_BUCKETS.to_vec()),
-            &["namespace", "queue"],
+            &["queue_namespace", "queue"],
         )?;
         registry.register(Box::new(queue_wait_seconds.clone()))?;
         Ok(Self {
@@ -143,25 +143,25 @@ impl Metrics {
                 &registry,
                 "orchard_queue_running_trajectories",
                 "Trajectories holding a RolloutQueue's slots (admitted, Sandbox or Pod not gone).",
-                &["namespace", "queue"],
+                &["queue_namespace", "queue"],
             )?,
             queue_waiting_groups: gauge(
                 &registry,
                 "orchard_queue_waiting_groups",
                 "RolloutGroups whose next stride waits for admission by the queue.",
-                &["namespace", "queue"],
+                &["queue_namespace", "queue"],
             )?,
             queue_waiting_trajectories: gauge(
                 &registry,
                 "orchard_queue_waiting_trajectories",
                 "Trajectories the strides waiting on the queue ask for.",
-                &["namespace", "queue"],
+                &["queue_namespace", "queue"],
             )?,
             queue_admitted: counter(
                 &registry,
                 "orchard_queue_admitted_trajectories_total",
                 "Trajectories admitted by RolloutQueues.",
-                &["namespace", "queue"],
+                &["queue_namespace", "queue"],
             )?,
             queue_wait_seconds,
             trajectory_runs: counter(

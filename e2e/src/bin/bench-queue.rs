@@ -1,0 +1,283 @@
+//! `bench-queue` (`make bench-queue`): many RolloutGroups at once, with and without a RolloutQueue, on
+//! one local cluster in the same run. G groups (default 64) of Nmax 16 (stride 8, N 8) whose runners
+//! sleep a little and report a seeded reward; once all at once, once through a queue of Q slots
+//! (default 128). Reports the time until the last group is recorded, the most trajectory pods that
+//! existed at once, and the sandbox-seconds (summed lifetimes of the trajectory pods, from a pod watch)
+//! per admitted group, plus each run's selection mix.
+//!
+//! ```text
+//! bench-queue [--groups G] [--slots Q] [--sleep S] [--real-node] [--write-doc docs/BENCHMARKS.md]
+//! ```
+
+use std::collections::BTreeMap;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use futures::StreamExt;
+use k8s_openapi::api::core::v1::{Namespace, Pod};
+use kube::api::{Api, DeleteParams, ListParams, PostParams};
+use kube::runtime::watcher;
+use kube::{Client, ResourceExt};
+use orchard_e2e::cluster_process::{ClusterProcess, load_average};
+use orchard_e2e::control_plane::client_from_kubeconfig;
+use orchard_e2e::test_support::rollouts::{group, is_complete, reward_script, template};
+use orchard_operator::api::{RolloutGroup, RolloutQueue};
+use serde_json::json;
+
+struct Args {
+    groups: usize,
+    slots: i32,
+    sleep: u32,
+    real_node: bool,
+    write_doc: Option<std::path::PathBuf>,
+}
+
+fn usage() -> ! {
+    eprintln!(
+        "usage: bench-queue [--groups G] [--slots Q] [--sleep S] [--real-node] [--write-doc PATH]"
+    );
+    std::process::exit(2);
+}
+
+fn parse_args() -> Args {
+    let mut args = Args {
+        groups: 64,
+        slots: 128,
+        sleep: 2,
+        real_node: false,
+        write_doc: None,
+    };
+    let mut it = std::env::args().skip(1);
+    let number = |v: Option<String>| {
+        v.and_then(|v| v.parse::<u32>().ok())
+            .filter(|n| *n > 0)
+            .unwrap_or_else(|| usage())
+    };
+    while let Some(arg) = it.next() {
+        match arg.as_str() {
+            "--groups" => args.groups = number(it.next()) as usize,
+            "--slots" => args.slots = i32::try_from(number(it.next())).unwrap_or_else(|_| usage()),
+            "--sleep" => args.sleep = number(it.next()),
+            "--real-node" => args.real_node = true,
+            "--write-doc" => {
+                args.write_doc = Some(it.next().map(Into::into).unwrap_or_else(|| usage()))
+            }
+            _ => usage(),
+        }
+    }
+    args
+}
+
+/// What one run measured.
+struct Run {
+    label: String,
+    seconds: f64,
+    most_pods: usize,
+    pod_seconds: f64,
+    admitted: usize,
+    selections: BTreeMap<String, usize>,
+    load_before: String,
+    load_after: String,
+}
+
+/// Pod lifetimes in a namespace, from a watch: first seen to deleted.
+#[derive(Default)]
+struct PodClock {
+    alive: BTreeMap<String, Instant>,
+    most: usize,
+    seconds: f64,
+}
+
+fn watch_pods(client: &Client, ns: &str) -> Arc<Mutex<PodClock>> {
+    let clock = Arc::new(Mutex::new(PodClock::default()));
+    let pods: Api<Pod> = Api::namespaced(client.clone(), ns);
+    let config = watcher::Config::default().labels("orchard.dev/rollout-group");
+    let record = clock.clone();
+    tokio::spawn(async move {
+        let mut events = watcher(pods, config).boxed();
+        while let Some(event) = events.next().await {
+            let Ok(event) = event else { continue };
+            let mut clock = record.lock().unwrap_or_else(|p| p.into_inner());
+            match event {
+                watcher::Event::Apply(p) | watcher::Event::InitApply(p) => {
+                    clock.alive.entry(p.name_any()).or_insert_with(Instant::now);
+                }
+                watcher::Event::Delete(p) => {
+                    if let Some(start) = clock.alive.remove(&p.name_any()) {
+                        clock.seconds += start.elapsed().as_secs_f64();
+                    }
+                }
+                _ => {}
+            }
+            clock.most = clock.most.max(clock.alive.len());
+        }
+    });
+    clock
+}
+
+async fn run(client: &Client, args: &Args, queue: Option<i32>) -> Run {
+    let label = match queue {
+        Some(q) => format!("queue of {q}"),
+        None => "no queue".to_string(),
+    };
+    let ns = if queue.is_some() {
+        "bench-queued"
+    } else {
+        "bench-unqueued"
+    };
+    let namespaces: Api<Namespace> = Api::all(client.clone());
+    let namespace: Namespace =
+        serde_json::from_value(json!({"metadata": {"name": ns}})).expect("namespace JSON");
+    if let Err(err) = namespaces.create(&PostParams::default(), &namespace).await {
+        eprintln!("bench-queue: namespace {ns}: {err}");
+        std::process::exit(1);
+    }
+    if let Some(slots) = queue {
+        let queues: Api<RolloutQueue> = Api::namespaced(client.clone(), ns);
+        let object: RolloutQueue = serde_json::from_value(json!({
+            "apiVersion": "orchard.dev/v1alpha1", "kind": "RolloutQueue",
+            "metadata": {"name": "bench"},
+            "spec": {"maxRunningTrajectories": slots, "admission": "Fair"},
+        }))
+        .expect("queue JSON");
+        if let Err(err) = queues.create(&PostParams::default(), &object).await {
+            eprintln!("bench-queue: queue: {err}");
+            std::process::exit(1);
+        }
+    }
+    let clock = watch_pods(client, ns);
+    let load_before = load_average();
+    let groups: Api<RolloutGroup> = Api::namespaced(client.clone(), ns);
+    let started = Instant::now();
+    for g in 0..args.groups {
+        let mut spec = json!({
+            "groupSize": 8, "maxTrajectories": 16, "stride": 8,
+            "template": template(&reward_script(7_000 + g as u64 * 31, 30, None, Some(args.sleep)), 120),
+        });
+        if queue.is_some() {
+            spec["queue"] = json!("bench");
+        }
+        if let Err(err) = groups
+            .create(&PostParams::default(), &group(&format!("g{g}"), spec))
+            .await
+        {
+            eprintln!("bench-queue: group g{g}: {err}");
+            std::process::exit(1);
+        }
+    }
+    let deadline = Instant::now() + Duration::from_secs(900);
+    let done = loop {
+        let list = groups.list(&ListParams::default()).await.map(|l| l.items);
+        if let Ok(items) = &list
+            && items.iter().filter(|g| is_complete(Some(g))).count() == args.groups
+        {
+            break list.unwrap_or_default();
+        }
+        if Instant::now() > deadline {
+            eprintln!("bench-queue: {label}: not every group completed within 900 s");
+            std::process::exit(1);
+        }
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    };
+    let seconds = started.elapsed().as_secs_f64();
+    // Wait until every trajectory pod is gone, so its whole lifetime is counted.
+    while !clock
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .alive
+        .is_empty()
+    {
+        if Instant::now() > deadline {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+    let load_after = load_average();
+    let mut selections = BTreeMap::new();
+    for g in &done {
+        let selection = g
+            .status
+            .as_ref()
+            .and_then(|s| s.selection)
+            .map_or("?".to_string(), |s| format!("{s:?}"));
+        *selections.entry(selection).or_insert(0) += 1;
+    }
+    let admitted = args.groups - selections.get("Dropped").copied().unwrap_or(0);
+    let clock = clock.lock().unwrap_or_else(|p| p.into_inner());
+    let _ = namespaces.delete(ns, &DeleteParams::default()).await;
+    Run {
+        label,
+        seconds,
+        most_pods: clock.most,
+        pod_seconds: clock.seconds,
+        admitted,
+        selections,
+        load_before,
+        load_after,
+    }
+}
+
+#[tokio::main]
+async fn main() {
+    let args = parse_args();
+    eprintln!("starting the local cluster...");
+    let cluster = ClusterProcess::start("bench-queue", args.real_node, &[])
+        .await
+        .unwrap_or_else(|e| {
+            eprintln!("bench-queue: {e}");
+            std::process::exit(1)
+        });
+    let kubeconfig = std::path::PathBuf::from(cluster.field("kubeconfig"));
+    let client = client_from_kubeconfig(&kubeconfig)
+        .await
+        .unwrap_or_else(|e| {
+            eprintln!("bench-queue: {e}");
+            std::process::exit(1)
+        });
+    let mut runs = Vec::new();
+    for queue in [None, Some(args.slots)] {
+        eprintln!("running {} groups, {:?}...", args.groups, queue);
+        let result = run(&client, &args, queue).await;
+        eprintln!(
+            "{}: last group after {:.1} s, at most {} pods, {:.0} sandbox-seconds",
+            result.label, result.seconds, result.most_pods, result.pod_seconds
+        );
+        runs.push(result);
+    }
+    drop(cluster);
+    let node = if args.real_node { "real" } else { "hollow" };
+    let mut section = format!(
+        "{} RolloutGroups (N 8, Nmax 16, stride 8; each runner sleeps {} s, then reports a seeded reward with a 30 % pass rate) submitted at once on the {node} node, without a queue and through a `Fair` RolloutQueue, one after the other on the same cluster (`make bench-queue`; load average before and after each run shown).\n\n| run | last group recorded | most trajectory pods at once | sandbox-seconds | per admitted group | selections | load before / after |\n|---|---|---|---|---|---|---|\n",
+        args.groups, args.sleep
+    );
+    for r in &runs {
+        let per_group = if r.admitted > 0 {
+            r.pod_seconds / r.admitted as f64
+        } else {
+            0.0
+        };
+        let mix: Vec<String> = r
+            .selections
+            .iter()
+            .map(|(k, v)| format!("{k} {v}"))
+            .collect();
+        section.push_str(&format!(
+            "| {} | {:.1} s | {} | {:.0} | {:.1} | {} | {} / {} |\n",
+            r.label,
+            r.seconds,
+            r.most_pods,
+            r.pod_seconds,
+            per_group,
+            mix.join(", "),
+            r.load_before,
+            r.load_after
+        ));
+    }
+    println!("{section}");
+    if let Some(path) = &args.write_doc
+        && let Err(err) = orchard_e2e::docs::write_section(path, "## Queues", &section)
+    {
+        eprintln!("bench-queue: cannot write {}: {err}", path.display());
+        std::process::exit(1);
+    }
+}
