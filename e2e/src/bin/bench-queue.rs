@@ -203,13 +203,16 @@ async fn run(client: &Client, args: &Args, queue: Option<i32>) -> Run {
         *selections.entry(selection).or_insert(0) += 1;
     }
     let admitted = args.groups - selections.get("Dropped").copied().unwrap_or(0);
-    let clock = clock.lock().unwrap_or_else(|p| p.into_inner());
+    let (most_pods, pod_seconds) = {
+        let clock = clock.lock().unwrap_or_else(|p| p.into_inner());
+        (clock.most, clock.seconds)
+    };
     let _ = namespaces.delete(ns, &DeleteParams::default()).await;
     Run {
         label,
         seconds,
-        most_pods: clock.most,
-        pod_seconds: clock.seconds,
+        most_pods,
+        pod_seconds,
         admitted,
         selections,
         load_before,
