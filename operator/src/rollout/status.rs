@@ -6,7 +6,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use k8s_openapi::jiff::Timestamp;
 
 use super::observe::Observation;
-use crate::runtime::conditions::{self, Desired};
+use crate::runtime::conditions::{self, Desired, Progress};
 use crate::sandbox::expiry::floor_to_second;
 use orchard_api::{
     GroupMember, RolloutGroup, RolloutGroupStatus, RolloutPhase, Selection, TrajectoryStatus,
@@ -209,6 +209,24 @@ pub fn group_status(
             desired.push(Desired::new(ADMITTED, false, *reason, message.clone()));
         }
     }
+    let progress = match (decision, queue) {
+        (Some(_), _) => Progress::Settled,
+        (
+            None,
+            QueueStanding::Waiting {
+                reason, message, ..
+            },
+        ) if *reason != "Queued" => Progress::Stalled((*reason).to_string(), message.clone()),
+        (None, QueueStanding::Waiting { message, .. }) => {
+            Progress::Reconciling("Queued".into(), message.clone())
+        }
+        (None, _) if launched == 0 => Progress::Reconciling("Pending".into(), String::new()),
+        (None, _) => Progress::Reconciling(
+            "Generating".into(),
+            format!("{launched} trajectories launched, {running} running"),
+        ),
+    };
+    desired.extend(conditions::kstatus(&progress));
     status.conditions = conditions::merge(&previous.conditions, desired, generation, now);
     status
 }
@@ -229,7 +247,12 @@ pub fn failed_status(
         observed_generation: group.metadata.generation,
         conditions: conditions::merge(
             &previous.conditions,
-            vec![Desired::new(COMPLETE, false, reason, message)],
+            std::iter::once(Desired::new(COMPLETE, false, reason, message.clone()))
+                .chain(conditions::kstatus(&Progress::Stalled(
+                    reason.to_string(),
+                    message.clone(),
+                )))
+                .collect(),
             group.metadata.generation,
             now,
         ),
@@ -459,5 +482,54 @@ mod tests {
             "Unchanged keeps the Admitted condition"
         );
         assert_eq!(kept.last_admission_time, status.last_admission_time);
+    }
+
+    #[test]
+    fn kstatus_conditions_follow_the_group() {
+        let state = |status: &RolloutGroupStatus| {
+            let word = |t: &str| {
+                status
+                    .conditions
+                    .iter()
+                    .find(|c| c.type_ == t)
+                    .map(|c| (c.status.clone(), c.reason.clone()))
+            };
+            (word(conditions::RECONCILING), word(conditions::STALLED))
+        };
+        let t = |s: &str, r: &str| Some((s.to_string(), r.to_string()));
+        let pending = group_status(
+            &group(),
+            &Observation::default(),
+            None,
+            2,
+            &QueueStanding::NoQueue,
+            now(),
+        );
+        assert_eq!(
+            state(&pending),
+            (t("True", "Pending"), t("False", "Progressing"))
+        );
+        let missing = QueueStanding::Waiting {
+            reason: "QueueNotFound",
+            position: None,
+            since: now(),
+            message: "no queue".into(),
+        };
+        let stalled = group_status(&group(), &Observation::default(), None, 2, &missing, now());
+        assert_eq!(
+            state(&stalled),
+            (t("False", "Stalled"), t("True", "QueueNotFound"))
+        );
+        let failed = failed_status(&group(), "InvalidSpec", "bad".into(), now());
+        assert_eq!(
+            state(&failed),
+            (t("False", "Stalled"), t("True", "InvalidSpec"))
+        );
+        assert!(
+            failed
+                .conditions
+                .iter()
+                .all(|c| c.observed_generation == Some(1))
+        );
     }
 }

@@ -71,6 +71,41 @@ pub fn merge(
         .collect()
 }
 
+/// The kstatus condition saying work is in flight (`sigs.k8s.io/cli-utils` kstatus: InProgress).
+pub const RECONCILING: &str = "Reconciling";
+/// The kstatus condition saying the object cannot progress without outside help (kstatus: Failed).
+pub const STALLED: &str = "Stalled";
+
+/// Where an object stands in the kstatus convention, which Flux, `kstatus` and Argo CD's health
+/// checks read: at most one of `Reconciling` and `Stalled` is `True`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Progress {
+    /// Work is in flight; `reason` is usually the phase.
+    Reconciling(String, String),
+    /// It cannot progress: `reason` and a message a user can act on.
+    Stalled(String, String),
+    /// Nothing left to do (ready, complete, or terminal without fault).
+    Settled,
+}
+
+/// The `Reconciling` and `Stalled` conditions for `progress` (pure).
+pub fn kstatus(progress: &Progress) -> [Desired; 2] {
+    match progress {
+        Progress::Reconciling(reason, message) => [
+            Desired::new(RECONCILING, true, reason.clone(), message.clone()),
+            Desired::new(STALLED, false, "Progressing", ""),
+        ],
+        Progress::Stalled(reason, message) => [
+            Desired::new(RECONCILING, false, "Stalled", ""),
+            Desired::new(STALLED, true, reason.clone(), message.clone()),
+        ],
+        Progress::Settled => [
+            Desired::new(RECONCILING, false, "Reconciled", ""),
+            Desired::new(STALLED, false, "Reconciled", ""),
+        ],
+    }
+}
+
 /// Whether the condition of `type_` is present and `True`.
 pub fn is_true(conditions: &[Condition], type_: &str) -> bool {
     conditions

@@ -144,10 +144,12 @@ async fn expect_deleted_at_its_deadline(s: Sandbox, caches: &TestCaches) {
 }
 
 #[tokio::test]
-async fn a_new_sandbox_gets_its_baseline_token_and_pod_and_no_status_yet() {
+async fn a_new_sandbox_gets_its_baseline_token_pod_and_first_status_at_once() {
     let s = sandbox(0);
     let mut caches = TestCaches::default();
     cache(&mut caches.sandboxes, s.clone());
+    let mut written = s.clone();
+    written.metadata.resource_version = Some("11".into());
     let script = scripted(
         &caches,
         vec![
@@ -167,13 +169,28 @@ async fn a_new_sandbox_gets_its_baseline_token_and_pod_and_no_status_yet() {
                 assert_eq!(pod["metadata"]["name"], "s1");
                 assert_eq!(pod["metadata"]["ownerReferences"][0]["uid"], "uid-s1");
             }),
+            Expect::new(
+                "PATCH",
+                format!("{SANDBOXES}/s1/status"),
+                200,
+                serde_json::to_value(&written).expect("json"),
+            )
+            .body(|patch| {
+                    status_patch_sets("phase", json!("Pending"))(patch);
+                    let text = patch.to_string();
+                    assert!(
+                        text.contains("\"Reconciling\"") && text.contains("\"observedGeneration\""),
+                        "the first status says Reconciling, with observedGeneration: {patch}"
+                    );
+                }),
         ],
     );
     reconcile(Arc::new(s), script.ctx.clone())
         .await
         .expect("reconcile");
-    // A young sandbox's transient phase is coalesced: no status write until Ready or the window ends.
-    assert_eq!(script.finish().await.len(), 3);
+    // The first status is written at once (kstatus reads a new object as Current until then); later
+    // transient phases of a young sandbox are coalesced.
+    assert_eq!(script.finish().await.len(), 4);
 }
 
 #[tokio::test]

@@ -10,7 +10,7 @@ use super::build::{INSTALL_CONTAINER, TASK_CONTAINER};
 use super::expiry::{
     Lifecycle, annotated_heartbeat, expiry_deadline, floor_to_second, latest_heartbeat,
 };
-use crate::runtime::conditions::{self, Desired};
+use crate::runtime::conditions::{self, Desired, Progress};
 use crate::runtime::ownership::controlled_by;
 use orchard_api::{Sandbox, SandboxPhase, SandboxStatus};
 
@@ -375,7 +375,13 @@ fn failed_status(
                 failure.message.clone(),
             ),
             Desired::new(condition::EXPIRED, false, "Failed", ""),
-        ],
+        ]
+        .into_iter()
+        .chain(conditions::kstatus(&Progress::Stalled(
+            failure.reason.clone(),
+            failure.message.clone(),
+        )))
+        .collect(),
         sandbox.metadata.generation,
         now,
     );
@@ -555,6 +561,18 @@ pub fn desired_status(sandbox: &Sandbox, observed: &Observed) -> SandboxStatus {
     } else {
         SandboxPhase::Pending
     });
+    let progress = match (status.phase, &observed.blocked) {
+        (_, Some(Blocked::QuotaExceeded(message))) => {
+            Progress::Stalled("QuotaExceeded".into(), message.clone())
+        }
+        (Some(SandboxPhase::Pending), _) => {
+            Progress::Reconciling("Pending".into(), scheduled_message.clone())
+        }
+        (Some(SandboxPhase::Starting), _) => {
+            Progress::Reconciling("Starting".into(), agent_message.clone())
+        }
+        _ => Progress::Settled,
+    };
     let (ready_reason, ready_message) = if ready_now {
         ("SandboxReady", String::new())
     } else if !scheduled {
@@ -579,7 +597,10 @@ pub fn desired_status(sandbox: &Sandbox, observed: &Observed) -> SandboxStatus {
             ),
             Desired::new(condition::READY, ready_now, ready_reason, ready_message),
             Desired::new(condition::EXPIRED, false, "NotExpired", ""),
-        ],
+        ]
+        .into_iter()
+        .chain(conditions::kstatus(&progress))
+        .collect(),
         sandbox.metadata.generation,
         now,
     );
@@ -587,7 +608,7 @@ pub fn desired_status(sandbox: &Sandbox, observed: &Observed) -> SandboxStatus {
 }
 
 /// Whether writing `desired` can wait: a transient phase (Pending, Starting) of a sandbox younger than
-/// `window`, replacing nothing but another transient phase. Returns how long to wait, or `None` to
+/// `window`, replacing another transient phase (never the first status). Returns how long to wait, or `None` to
 /// write now. Ready, Failed and everything after them are written at once.
 pub fn hold_back_transient(
     previous: Option<&SandboxStatus>,
@@ -602,7 +623,10 @@ pub fn hold_back_transient(
             None | Some(SandboxPhase::Pending | SandboxPhase::Starting)
         )
     };
-    if !transient(desired.phase) || !transient(previous.and_then(|p| p.phase)) {
+    // The first status is written at once: until then kstatus (Flux, `kubectl wait`-style tools)
+    // would call the new object Current.
+    let previous = previous?;
+    if !transient(desired.phase) || !transient(previous.phase) {
         return None;
     }
     let age = std::time::Duration::try_from(now.duration_since(created?)).unwrap_or_default();
@@ -622,7 +646,10 @@ pub fn expired_status(sandbox: &Sandbox, cause: &str, now: Timestamp) -> Sandbox
             Desired::new(condition::AGENT_READY, false, "Expired", message.clone()),
             Desired::new(condition::READY, false, "Expired", message.clone()),
             Desired::new(condition::EXPIRED, true, "Expired", message.clone()),
-        ],
+        ]
+        .into_iter()
+        .chain(conditions::kstatus(&Progress::Settled))
+        .collect(),
         sandbox.metadata.generation,
         now,
     );
@@ -1147,11 +1174,15 @@ mod tests {
         let old = t("2026-01-01T00:00:01.500Z");
         assert_eq!(
             hold_back_transient(None, &pending, created, young, window),
+            None,
+            "the first status is written at once (kstatus needs it)"
+        );
+        assert_eq!(
+            hold_back_transient(Some(&pending), &starting, created, young, window),
             Some(std::time::Duration::from_millis(700))
         );
-        assert!(hold_back_transient(Some(&pending), &starting, created, young, window).is_some());
         assert_eq!(
-            hold_back_transient(None, &pending, created, old, window),
+            hold_back_transient(Some(&pending), &starting, created, old, window),
             None,
             "old enough: write"
         );
@@ -1170,8 +1201,63 @@ mod tests {
             None
         );
         assert_eq!(
-            hold_back_transient(None, &pending, created, young, std::time::Duration::ZERO),
+            hold_back_transient(
+                Some(&pending),
+                &starting,
+                created,
+                young,
+                std::time::Duration::ZERO
+            ),
             None
+        );
+    }
+
+    #[test]
+    fn kstatus_conditions_follow_the_phase() {
+        let is = |status: &SandboxStatus, type_: &str| {
+            status
+                .conditions
+                .iter()
+                .find(|c| c.type_ == type_)
+                .map(|c| (c.status.clone(), c.reason.clone(), c.observed_generation))
+        };
+        let pending = desired_status(&sandbox(), &observed(None, "2026-01-01T00:00:01Z"));
+        assert_eq!(
+            is(&pending, conditions::RECONCILING),
+            Some(("True".into(), "Pending".into(), Some(1)))
+        );
+        assert_eq!(
+            is(&pending, conditions::STALLED).map(|c| c.0),
+            Some("False".into())
+        );
+        let ready_pod = pod(Some("node-1"), Some("10.0.0.7"), true);
+        let ready = desired_status(
+            &sandbox(),
+            &observed(Some(&ready_pod), "2026-01-01T00:00:02Z"),
+        );
+        assert_eq!(
+            is(&ready, conditions::RECONCILING).map(|c| c.0),
+            Some("False".into())
+        );
+        assert_eq!(
+            is(&ready, conditions::STALLED).map(|c| c.0),
+            Some("False".into())
+        );
+        let mut over = observed(None, "2026-01-01T00:00:01Z");
+        over.blocked = Some(Blocked::QuotaExceeded("exceeded quota: q".into()));
+        let over = desired_status(&sandbox(), &over);
+        assert_eq!(
+            is(&over, conditions::STALLED).map(|c| (c.0, c.1)),
+            Some(("True".into(), "QuotaExceeded".into()))
+        );
+        assert_eq!(
+            is(&over, conditions::RECONCILING).map(|c| c.0),
+            Some("False".into())
+        );
+        let timed_out = desired_status(&sandbox(), &observed(None, "2026-01-01T01:00:00Z"));
+        assert_eq!(
+            is(&timed_out, conditions::STALLED).map(|c| (c.0, c.1)),
+            Some(("True".into(), "StartupTimeout".into()))
         );
     }
 
