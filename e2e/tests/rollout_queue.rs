@@ -2,7 +2,8 @@
 //! counted from a watch of the trajectory pods (not from any status), every group completes with the
 //! group BAR decides over its own outcomes (the runners are deterministic, so that is the group it gets
 //! alone), the Fair order gives every group its first stride before any group its second, and a
-//! ResourceQuota smaller than a stride makes trajectories wait instead of aborting them.
+//! ResourceQuota smaller than a stride makes trajectories wait instead of aborting them, and a group
+//! deleted mid-stride gives its slots back.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::{Arc, Mutex, OnceLock};
@@ -276,5 +277,84 @@ async fn a_quota_smaller_than_a_stride_makes_trajectories_wait_not_abort() {
     let status = done.status.clone().expect("status");
     check_outcomes(&status, seed, pass, |_| false);
     assert_matches_engine(&done);
+    env.delete_namespace(&ns).await;
+}
+
+#[tokio::test]
+async fn a_group_deleted_mid_stride_frees_its_slots() {
+    let env = env();
+    let client = env.client().await;
+    let ns = env.namespace("rq-delete").await;
+    let queues: Api<RolloutQueue> = Api::namespaced(client.clone(), &ns);
+    queues
+        .create(&PostParams::default(), &queue("small", 4, "FIFO"))
+        .await
+        .expect("create queue");
+    let groups: Api<RolloutGroup> = Api::namespaced(client.clone(), &ns);
+    let spec = |sleep: u32| {
+        json!({
+            "groupSize": 4, "maxTrajectories": 4, "stride": 4, "queue": "small",
+            "template": template(&reward_script(5, 50, None, Some(sleep)), 120),
+        })
+    };
+    groups
+        .create(&PostParams::default(), &group("first", spec(100)))
+        .await
+        .expect("create first");
+    wait::until(
+        &groups,
+        "first",
+        "admitted",
+        Duration::from_secs(60),
+        |g: Option<&RolloutGroup>| {
+            g.and_then(|g| g.status.as_ref())
+                .is_some_and(|s| s.trajectories_launched == 4)
+        },
+    )
+    .await;
+    groups
+        .create(&PostParams::default(), &group("second", spec(1)))
+        .await
+        .expect("create second");
+    let queued = wait::until(
+        &groups,
+        "second",
+        "Queued",
+        Duration::from_secs(60),
+        |g: Option<&RolloutGroup>| {
+            g.and_then(|g| g.status.as_ref())
+                .is_some_and(|s| s.phase.map(|p| format!("{p:?}")).as_deref() == Some("Queued"))
+        },
+    )
+    .await;
+    let status = queued.status.expect("status");
+    assert_eq!(status.queue_position, Some(1), "{status:?}");
+    let admitted = status
+        .conditions
+        .iter()
+        .find(|c| c.type_ == "Admitted")
+        .expect("Admitted condition");
+    assert_eq!(
+        (admitted.status.as_str(), admitted.reason.as_str()),
+        ("False", "Queued")
+    );
+    // Deleting the running group mid-stride: its trajectories go, their slots with them.
+    groups
+        .delete("first", &Default::default())
+        .await
+        .expect("delete first");
+    let done = wait::until(&groups, "second", "Complete", GROUP_TIMEOUT, is_complete).await;
+    assert_matches_engine(&done);
+    wait::until(
+        &queues,
+        "small",
+        "idle",
+        Duration::from_secs(60),
+        |q: Option<&RolloutQueue>| {
+            q.and_then(|q| q.status.as_ref())
+                .is_some_and(|s| s.running_trajectories == 0 && s.waiting_groups == 0)
+        },
+    )
+    .await;
     env.delete_namespace(&ns).await;
 }
