@@ -142,7 +142,7 @@ test-unit: ## unit tests of the BAR engine and simulator, the API types (CEL rul
 	$(CARGO) test -p orchard-e2e --lib --bins -j 2
 
 .PHONY: e2e
-e2e: k8s agent node-images operator-image ## end-to-end tests on the local cluster (real control plane; the hollow node, and the real node for real_node*)
+e2e: k8s agent node-images operator-image obs-tools ## end-to-end tests on the local cluster (real control plane; the hollow node, and the real node for real_node*)
 	$(CARGO) build -p orchard-operator -p orchard-e2e --bins -j 2
 	$(CARGO) test -p orchard-e2e --tests -j 2 -- --test-threads=2
 
@@ -217,7 +217,7 @@ helm-lint: ## helm lint --strict the chart with default values and ci/full-value
 	$$helm lint --strict $(CHART) && $$helm lint --strict $(CHART) -f $(CHART)/ci/full-values.yaml
 
 .PHONY: manifests-check
-manifests-check: ## CRD copies, helm lint, helm template + kustomize renders, kubeconform -strict (k8s 1.36 + CRDs)
+manifests-check: obs-tools ## CRD copies, helm lint, helm template + kustomize renders, kubeconform -strict (k8s 1.36 + CRDs)
 	@hack/manifests-check.sh
 
 .PHONY: image
@@ -274,3 +274,31 @@ bench-real: k8s agent node-images ## the hollow and the real node side by side (
 
 .PHONY: bench
 bench: bench-agent bench-gateway bench-bar bench-scale bench-queue bench-real ## every benchmark (numbers go to docs/BENCHMARKS.md and docs/BAR.md)
+
+# ---------------------------------------------------------------------------------------------------
+# GitOps and observability (issue 18, docs/OPERATIONS.md). kstatus (sigs.k8s.io/cli-utils), luahealth
+# (Argo CD's Lua health checks under gopher-lua), promtool (Prometheus v3.16.0), dashlint and promrule
+# are built from the pinned Go modules under e2e/tools (GOTOOLCHAIN=local, committed go.sum) into
+# $HOME/.cache/orchard/tools/observability, once. `make e2e` builds them first: gitops_status.rs uses
+# kstatus and luahealth, hack/manifests-check.sh (manifests_kubeconform.rs) dashlint, promtool, promrule.
+OBS_TOOLS := e2e/tools/build.sh
+
+.PHONY: obs-tools
+obs-tools: ## build kstatus, luahealth, promtool, dashlint and promrule from pinned Go modules into ~/.cache/orchard/tools/observability (once)
+	@$(OBS_TOOLS) >/dev/null
+
+.PHONY: obs-check
+obs-check: obs-tools ## Argo CD health checks and kstatus over the recorded objects (no cluster), then the manifests check (dashlint, promtool check/test rules)
+	$(CARGO) test -p orchard-e2e --test gitops_status -j 2 -- recorded_objects objects_without_status the_argocd_cm_patch the_health_scripts
+	@hack/manifests-check.sh
+
+.PHONY: argocd-cm
+argocd-cm: ## regenerate config/argocd/argocd-cm-patch.yaml from config/argocd/health-*.lua
+	@config/argocd/generate.sh
+
+.PHONY: gitops-fixtures
+gitops-fixtures: k8s agent obs-tools ## re-record e2e/tests/fixtures/gitops/*.json from live objects on the local cluster (ORCHARD_RECORD_FIXTURES=1)
+	$(CARGO) build -p orchard-operator -j 2
+	ORCHARD_RECORD_FIXTURES=1 $(CARGO) test -p orchard-e2e --test gitops_status -j 2 -- --skip recorded_objects --skip objects_without_status
+	$(CARGO) test -p orchard-e2e --test gitops_status -j 2 -- recorded_objects objects_without_status
+# --- end of GitOps and observability

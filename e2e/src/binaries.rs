@@ -57,6 +57,24 @@ pub fn packaging_tools_dir() -> Result<PathBuf> {
     )
 }
 
+/// A GitOps / observability check tool built once from the pinned Go modules under `e2e/tools` by
+/// `e2e/tools/build.sh` (`kstatus`, `luahealth`, `promtool`, `dashlint`; `make obs-tools` builds all
+/// four): only the named tool is built when missing (kstatus ~70 s cold, luahealth ~20 s).
+pub fn observability_tool(name: &str) -> Result<PathBuf> {
+    let script = "e2e/tools/build.sh";
+    let stdout = run_script(&workspace_root().join(script), &[name.to_string()])?;
+    let dir = stdout
+        .lines()
+        .last()
+        .map(|l| PathBuf::from(l.trim()))
+        .ok_or_else(|| E2eError::Setup(format!("{script} printed no directory")))?;
+    first_existing(
+        &[dir.join(name)],
+        name,
+        "build it with `make obs-tools` (e2e/tools/build.sh)",
+    )
+}
+
 /// The directory `script` prints last (it builds what is missing), or `env`'s directory if it holds
 /// `probe`.
 fn tool_dir(env: &str, script: &str, probe: &str) -> Result<PathBuf> {

@@ -68,6 +68,9 @@ pub async fn run_sdk_tests(env: &TestEnv, target: &SdkTarget) -> SdkRun {
     if let Some(list) = rules.as_array_mut() {
         // Direct mode reads the sandbox's agent token from its Secret and its address from its Pod.
         list.push(json!({"apiGroups": [""], "resources": ["secrets", "pods"], "verbs": ["get"]}));
+        // The dispatcher's queue test creates its own RolloutQueue (a platform object, so kubectl
+        // rather than the gateway).
+        list.push(json!({"apiGroups": ["orchard.dev"], "resources": ["rolloutqueues"], "verbs": ["get", "create", "delete"]}));
     }
     grant(env, &namespace, "alice", "trainer", rules).await;
 

@@ -292,6 +292,12 @@ async fn reconcile_inner(cached: &RolloutGroup, ctx: &Arc<Context>) -> Result<Op
         ctx.metrics
             .bar_launched_per_group
             .observe(f64::from(observation.launched()));
+        if let Some(created) = group.metadata.creation_timestamp.as_ref() {
+            ctx.metrics
+                .bar_group_duration
+                .with_label_values(&[decision.selection.as_str()])
+                .observe(now.duration_since(created.0).as_secs_f64().max(0.0));
+        }
         let message = status.message.clone().unwrap_or_default();
         info!(group = %object_key(group), selection = decision.selection.as_str(), positives = decision.positives, launched = observation.launched(), "group complete");
         publish(ctx, group, EventType::Normal, "Complete", message).await;

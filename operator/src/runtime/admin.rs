@@ -10,6 +10,7 @@ use axum::response::IntoResponse;
 use axum::routing::get;
 use tokio_util::sync::CancellationToken;
 
+use crate::gateway::lookup::group_phase_name;
 use crate::runtime::CacheFill;
 use crate::runtime::context::Caches;
 use crate::runtime::metrics::Metrics;
@@ -61,8 +62,39 @@ fn refresh_phase_gauge(state: &AdminState) {
     }
 }
 
+/// Counts RolloutGroups by phase into the `orchard_rolloutgroups` gauge.
+fn refresh_group_gauge(state: &AdminState) {
+    let mut counts = std::collections::BTreeMap::<&'static str, i64>::new();
+    for phase in [
+        "Pending",
+        "Queued",
+        "Generating",
+        "Complete",
+        "Failed",
+        NO_PHASE,
+    ] {
+        counts.insert(phase, 0);
+    }
+    for group in state.caches.rollout_groups.state() {
+        let phase = group
+            .status
+            .as_ref()
+            .and_then(|s| s.phase)
+            .map_or(NO_PHASE, group_phase_name);
+        *counts.entry(phase).or_insert(0) += 1;
+    }
+    for (phase, count) in counts {
+        state
+            .metrics
+            .rollout_groups
+            .with_label_values(&[phase])
+            .set(count);
+    }
+}
+
 async fn metrics(State(state): State<AdminState>) -> impl IntoResponse {
     refresh_phase_gauge(&state);
+    refresh_group_gauge(&state);
     (
         [(
             header::CONTENT_TYPE,

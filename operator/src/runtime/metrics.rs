@@ -51,6 +51,12 @@ pub struct Metrics {
     pub bar_launched_per_group: Histogram,
     /// `orchard_leader`: 1 while this replica holds the leader Lease (always 1 without election).
     pub leader: prometheus::IntGauge,
+    /// `orchard_bar_group_duration_seconds{selection}`: group creation to its recorded group.
+    pub bar_group_duration: HistogramVec,
+    /// `orchard_rolloutgroups{phase}`: RolloutGroups by phase (from the watch cache at scrape time).
+    pub rollout_groups: IntGaugeVec,
+    /// `orchard_sandbox_expiry_lateness_seconds{cause}`: how late after `expiresAt` the operator acted.
+    pub expiry_lateness: HistogramVec,
     /// `orchard_queue_running_trajectories{queue_namespace, queue}`: trajectories holding a queue's slots.
     pub queue_running: IntGaugeVec,
     /// `orchard_queue_waiting_groups{queue_namespace, queue}`: groups whose next stride waits.
@@ -138,7 +144,37 @@ impl Metrics {
             &["queue_namespace", "queue"],
         )?;
         registry.register(Box::new(queue_wait_seconds.clone()))?;
+        let bar_group_duration = HistogramVec::new(
+            HistogramOpts::new(
+                "orchard_bar_group_duration_seconds",
+                "Time from a RolloutGroup's creation to its recorded group, by selection.",
+            )
+            .buckets(vec![
+                1.0, 2.0, 5.0, 10.0, 20.0, 30.0, 60.0, 120.0, 300.0, 600.0, 1200.0, 1800.0, 3600.0,
+            ]),
+            &["selection"],
+        )?;
+        registry.register(Box::new(bar_group_duration.clone()))?;
+        let expiry_lateness = HistogramVec::new(
+            HistogramOpts::new(
+                "orchard_sandbox_expiry_lateness_seconds",
+                "How late after a sandbox's expiresAt the operator ended it, by cause.",
+            )
+            .buckets(vec![
+                0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 300.0,
+            ]),
+            &["cause"],
+        )?;
+        registry.register(Box::new(expiry_lateness.clone()))?;
         Ok(Self {
+            bar_group_duration,
+            expiry_lateness,
+            rollout_groups: gauge(
+                &registry,
+                "orchard_rolloutgroups",
+                "RolloutGroups by phase, from the operator's watch cache.",
+                &["phase"],
+            )?,
             queue_running: gauge(
                 &registry,
                 "orchard_queue_running_trajectories",

@@ -260,6 +260,11 @@ async fn reconcile_inner(cached: &Sandbox, ctx: &Arc<Context>) -> Result<Option<
         .or(ready_time);
     if let Some((deadline, cause)) = expiry_deadline(ready_time, heartbeat, lifecycle) {
         if now >= deadline {
+            let late = now.duration_since(deadline).as_secs_f64().max(0.0);
+            ctx.metrics
+                .expiry_lateness
+                .with_label_values(&[cause.as_str()])
+                .observe(late);
             expire(ctx, sandbox, &status, cause.as_str(), now).await?;
             return Ok(None);
         }

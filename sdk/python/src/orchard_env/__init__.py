@@ -9,6 +9,7 @@ the operator's gateway.
 from ._retry import RetryPolicy
 from .aio import AsyncProcess, AsyncRolloutGroup, AsyncSandbox, AsyncSandboxClient
 from .client import Process, RolloutGroup, Sandbox, SandboxClient
+from .dispatch import AsyncDispatcher, Dispatcher, DispatchResult, DispatchStats, GroupRequest
 from .errors import (
     AgentUnavailable,
     CommandFailed,
@@ -41,18 +42,23 @@ __version__ = "0.1.0"
 
 __all__ = [
     "AgentUnavailable",
+    "AsyncDispatcher",
     "AsyncProcess",
     "AsyncRolloutGroup",
     "AsyncSandbox",
     "AsyncSandboxClient",
     "CommandFailed",
     "Conflict",
+    "DispatchResult",
+    "DispatchStats",
+    "Dispatcher",
     "ExecEvent",
     "ExecResult",
     "FileEntry",
     "Forbidden",
     "GatewayUnreachable",
     "GroupMember",
+    "GroupRequest",
     "GroupResult",
     "InvalidRequest",
     "NotFound",

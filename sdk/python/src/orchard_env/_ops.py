@@ -172,9 +172,13 @@ def group_body(
     filter: Mapping[str, Any] | bool | None = None,
     trajectory_timeout_seconds: int | None = None,
     cleanup: str | None = None,
+    queue: str | None = None,
+    active_deadline_seconds: int | None = None,
 ) -> dict[str, Any]:
     """The body of ``POST .../rolloutgroups``. ``template`` is a sandbox shorthand
-    (``{"image": ..., "run": {...}}``) or ``{"metadata": ..., "spec": ...}``."""
+    (``{"image": ..., "run": {...}}``) or ``{"metadata": ..., "spec": ...}``. ``queue`` names a
+    RolloutQueue of the namespace that admits the group's strides; ``active_deadline_seconds`` is the
+    group's own deadline, counted from its first admitted stride."""
     body: dict[str, Any] = {"template": {camel(k): v for k, v in template.items()}}
     if name:
         body["name"] = name
@@ -202,6 +206,10 @@ def group_body(
         body["trajectoryTimeoutSeconds"] = int(trajectory_timeout_seconds)
     if cleanup is not None:
         body["cleanup"] = cleanup
+    if queue is not None:
+        body["queue"] = queue
+    if active_deadline_seconds is not None:
+        body["activeDeadlineSeconds"] = int(active_deadline_seconds)
     return body
 
 

@@ -370,16 +370,23 @@ class AsyncSandboxClient(_AsyncDriver, _core.ClientCore):
         self, template: Mapping[str, Any], *, group_size: int | None = None, max_trajectories: int | None = None,
         stride: int | None = None, positive_fraction: tuple[float, float] | Mapping[str, float] | None = None,
         early_stop: str | None = None, filter: Mapping[str, Any] | bool | None = None, trajectory_timeout_seconds: int | None = None,
-        cleanup: str | None = None, name: str | None = None, generate_name: str | None = None, labels: Mapping[str, str] | None = None,
+        cleanup: str | None = None, queue: str | None = None, active_deadline_seconds: int | None = None,
+        name: str | None = None, generate_name: str | None = None, labels: Mapping[str, str] | None = None,
         namespace: str | None = None, delete_on_exit: bool = True) -> AsyncRolloutGroup:
-        """Creates a RolloutGroup from a sandbox ``template``; returns at once."""
+        """Creates a RolloutGroup from a sandbox ``template`` (``queue``, ``active_deadline_seconds``: see
+        :meth:`SandboxClient.create_rollout_group`); returns at once."""
         return await self._run(self._create_group_plan(
             template, namespace, delete_on_exit, name=name, generate_name=generate_name, labels=labels,
             group_size=group_size, max_trajectories=max_trajectories, stride=stride, positive_fraction=positive_fraction,
-            early_stop=early_stop, filter=filter, trajectory_timeout_seconds=trajectory_timeout_seconds, cleanup=cleanup))
+            early_stop=early_stop, filter=filter, trajectory_timeout_seconds=trajectory_timeout_seconds, cleanup=cleanup,
+            queue=queue, active_deadline_seconds=active_deadline_seconds))
 
     def rollout_group(self, name: str, *, namespace: str | None = None, delete_on_exit: bool = False) -> AsyncRolloutGroup:
         return AsyncRolloutGroup(self, name, namespace or self.namespace, delete_on_exit=delete_on_exit)
+
+    async def list_rollout_groups(self, *, label_selector: str | None = None, namespace: str | None = None) -> builtins.list[GroupResult]:
+        """RolloutGroups of the namespace."""
+        return await self._run(self._list_groups_plan(label_selector, namespace))
 
     async def aclose(self) -> None:
         await self._http.aclose()

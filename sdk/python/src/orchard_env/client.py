@@ -453,15 +453,21 @@ class SandboxClient(_Driver, _core.ClientCore):
         self, template: Mapping[str, Any], *, group_size: int | None = None, max_trajectories: int | None = None,
         stride: int | None = None, positive_fraction: tuple[float, float] | Mapping[str, float] | None = None,
         early_stop: str | None = None, filter: Mapping[str, Any] | bool | None = None, trajectory_timeout_seconds: int | None = None,
-        cleanup: str | None = None, name: str | None = None, generate_name: str | None = None, labels: Mapping[str, str] | None = None,
+        cleanup: str | None = None, queue: str | None = None, active_deadline_seconds: int | None = None,
+        name: str | None = None, generate_name: str | None = None, labels: Mapping[str, str] | None = None,
         namespace: str | None = None, delete_on_exit: bool = True) -> RolloutGroup:
         """Creates a RolloutGroup whose trajectories run in sandboxes made from ``template`` (a
         sandbox shorthand such as ``{"image": ..., "run": {"command": [...]}}``, or
-        ``{"metadata": ..., "spec": ...}``). Returns at once; call :meth:`RolloutGroup.wait`."""
+        ``{"metadata": ..., "spec": ...}``). ``queue`` names a RolloutQueue of the namespace: each stride
+        waits for its admission (phase ``Queued``) before launching. ``active_deadline_seconds`` is the
+        group's own deadline from its first admitted stride: trajectories still without an outcome then
+        are aborted (``DeadlineExceeded``) and the group is recorded from what finished. Returns at
+        once; call :meth:`RolloutGroup.wait`."""
         return self._run(self._create_group_plan(
             template, namespace, delete_on_exit, name=name, generate_name=generate_name, labels=labels,
             group_size=group_size, max_trajectories=max_trajectories, stride=stride, positive_fraction=positive_fraction,
-            early_stop=early_stop, filter=filter, trajectory_timeout_seconds=trajectory_timeout_seconds, cleanup=cleanup))
+            early_stop=early_stop, filter=filter, trajectory_timeout_seconds=trajectory_timeout_seconds, cleanup=cleanup,
+            queue=queue, active_deadline_seconds=active_deadline_seconds))
 
     def rollout_group(self, name: str, *, namespace: str | None = None, delete_on_exit: bool = False) -> RolloutGroup:
         """A handle on an existing RolloutGroup."""

@@ -233,7 +233,8 @@ class TrajectoryResult:
 
 @dataclass(frozen=True)
 class GroupResult:
-    """A RolloutGroup as a trainer reads it: phase, selection and the reward-balanced group."""
+    """A RolloutGroup as a trainer reads it: phase (Pending, Queued, Generating, Complete or Failed),
+    selection and the reward-balanced group."""
 
     name: str
     namespace: str
@@ -245,7 +246,15 @@ class GroupResult:
     trajectories: list[Trajectory]
     drop_reason: str | None
     message: str | None
+    queue_position: int | None = None
+    """While a stride waits for admission by the group's RolloutQueue: its 1-based place in the queue
+    (as of the group's last reconcile); None otherwise."""
     raw: dict[str, Any] = field(default_factory=dict, repr=False)
+
+    @property
+    def queued(self) -> bool:
+        """Whether a stride waits for admission by the group's RolloutQueue (phase ``Queued``)."""
+        return self.phase == "Queued"
 
     @property
     def complete(self) -> bool:
@@ -280,5 +289,6 @@ class GroupResult:
             trajectories=[Trajectory.from_json(t) for t in status.get("trajectories") or []],
             drop_reason=status.get("dropReason"),
             message=status.get("message"),
+            queue_position=status.get("queuePosition"),
             raw=data,
         )
