@@ -10,14 +10,14 @@ use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 
 use futures::StreamExt;
-use k8s_openapi::api::core::v1::{Pod, ResourceQuota};
+use k8s_openapi::api::core::v1::ResourceQuota;
 use kube::ResourceExt;
 use kube::api::{Api, Patch, PatchParams, PostParams};
 use kube::runtime::watcher;
 use orchard_e2e::env::{EnvOptions, TestEnv};
 use orchard_e2e::test_support::rollouts::{
     GROUP_TIMEOUT, assert_matches_engine, check_outcomes, group, is_complete, reward_script,
-    template,
+    template, wait_queue_idle, watch_pod_peak,
 };
 use orchard_e2e::wait;
 use orchard_operator::api::{RolloutGroup, RolloutQueue, Sandbox, TrajectoryStatus};
@@ -48,36 +48,6 @@ fn queue(name: &str, max: i32, admission: &str) -> RolloutQueue {
         "spec": {"maxRunningTrajectories": max, "admission": admission},
     }))
     .expect("valid RolloutQueue JSON")
-}
-
-/// Watches the pods labelled with `queue` and records the most that existed at once.
-fn watch_queue_pods(
-    client: &kube::Client,
-    ns: &str,
-    queue: &str,
-) -> Arc<Mutex<(BTreeSet<String>, usize)>> {
-    let seen = Arc::new(Mutex::new((BTreeSet::new(), 0usize)));
-    let pods: Api<Pod> = Api::namespaced(client.clone(), ns);
-    let config = watcher::Config::default().labels(&format!("orchard.dev/rollout-queue={queue}"));
-    let record = seen.clone();
-    tokio::spawn(async move {
-        let mut events = watcher(pods, config).boxed();
-        while let Some(event) = events.next().await {
-            let Ok(event) = event else { continue };
-            let mut state = record.lock().expect("lock");
-            match event {
-                watcher::Event::Apply(pod) | watcher::Event::InitApply(pod) => {
-                    state.0.insert(pod.name_any());
-                }
-                watcher::Event::Delete(pod) => {
-                    state.0.remove(&pod.name_any());
-                }
-                _ => {}
-            }
-            state.1 = state.1.max(state.0.len());
-        }
-    });
-    seen
 }
 
 /// Watches the namespace's trajectory Sandboxes and records the order in which (group, stride) pairs
@@ -119,7 +89,7 @@ async fn six_groups_share_sixteen_slots_fairly_and_get_their_own_groups() {
         .create(&PostParams::default(), &queue("batch", 16, "Fair"))
         .await
         .expect("create queue");
-    let pods = watch_queue_pods(&client, &ns, "batch");
+    let pods = watch_pod_peak(&client, &ns, "orchard.dev/rollout-queue=batch");
     let launches = watch_launch_order(&client, &ns);
     let groups: Api<RolloutGroup> = Api::namespaced(client.clone(), &ns);
     // A 20 % pass rate: a stride of 8 rarely holds 3-5 positives, so most groups need both strides.
@@ -157,7 +127,7 @@ async fn six_groups_share_sixteen_slots_fairly_and_get_their_own_groups() {
         );
         strides.insert(name, status.strides_launched);
     }
-    let most = pods.lock().expect("lock").1;
+    let most = pods.lock().expect("lock").most;
     assert!(most <= 16, "at most 16 trajectory pods at once, saw {most}");
     assert!(most >= 8, "the watch saw the pods ({most})");
     assert!(
@@ -177,17 +147,7 @@ async fn six_groups_share_sixteen_slots_fairly_and_get_their_own_groups() {
         .collect();
     assert_eq!(firsts.len(), 6, "launch order {order:?}");
     // The queue's status settles on nothing running and nothing waiting.
-    wait::until(
-        &queues,
-        "batch",
-        "idle",
-        Duration::from_secs(60),
-        |q: Option<&RolloutQueue>| {
-            q.and_then(|q| q.status.as_ref())
-                .is_some_and(|s| s.running_trajectories == 0 && s.waiting_groups == 0)
-        },
-    )
-    .await;
+    wait_queue_idle(&queues, "batch").await;
     env.delete_namespace(&ns).await;
 }
 
@@ -345,16 +305,6 @@ async fn a_group_deleted_mid_stride_frees_its_slots() {
         .expect("delete first");
     let done = wait::until(&groups, "second", "Complete", GROUP_TIMEOUT, is_complete).await;
     assert_matches_engine(&done);
-    wait::until(
-        &queues,
-        "small",
-        "idle",
-        Duration::from_secs(60),
-        |q: Option<&RolloutQueue>| {
-            q.and_then(|q| q.status.as_ref())
-                .is_some_and(|s| s.running_trajectories == 0 && s.waiting_groups == 0)
-        },
-    )
-    .await;
+    wait_queue_idle(&queues, "small").await;
     env.delete_namespace(&ns).await;
 }

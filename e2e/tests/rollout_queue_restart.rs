@@ -3,19 +3,14 @@
 //! exist), nothing is admitted twice (never more pods than slots, seen by a watch), and every group
 //! completes with the group BAR decides over its own outcomes.
 
-use std::collections::BTreeSet;
-use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use futures::StreamExt;
 use k8s_openapi::api::core::v1::Pod;
-use kube::ResourceExt;
 use kube::api::{Api, ListParams, PostParams};
-use kube::runtime::watcher;
 use orchard_e2e::env::TestEnv;
 use orchard_e2e::test_support::rollouts::{
-    GROUP_TIMEOUT, assert_matches_engine, check_outcomes, group, is_complete, reward_script,
-    template,
+    GROUP_TIMEOUT, assert_each_trajectory_once, assert_matches_engine, check_outcomes, group,
+    is_complete, reward_script, template, watch_pod_peak,
 };
 use orchard_e2e::wait;
 use orchard_operator::api::{RolloutGroup, RolloutQueue};
@@ -40,28 +35,8 @@ async fn queued_and_running_groups_survive_an_operator_crash() {
         .await
         .expect("create queue");
     // The most pods of the queue that existed at once, from a watch.
+    let most = watch_pod_peak(&client, &ns, LABEL);
     let pods: Api<Pod> = Api::namespaced(client.clone(), &ns);
-    let most = Arc::new(Mutex::new((BTreeSet::<String>::new(), 0usize)));
-    {
-        let most = most.clone();
-        let pods = pods.clone();
-        tokio::spawn(async move {
-            let mut events = watcher(pods, watcher::Config::default().labels(LABEL)).boxed();
-            while let Some(Ok(event)) = events.next().await {
-                let mut state = most.lock().expect("lock");
-                match event {
-                    watcher::Event::Apply(p) | watcher::Event::InitApply(p) => {
-                        state.0.insert(p.name_any());
-                    }
-                    watcher::Event::Delete(p) => {
-                        state.0.remove(&p.name_any());
-                    }
-                    _ => {}
-                }
-                state.1 = state.1.max(state.0.len());
-            }
-        });
-    }
     let groups: Api<RolloutGroup> = Api::namespaced(client.clone(), &ns);
     let pass = 50;
     let seeds: Vec<u64> = (0..4).map(|g| 500 + g * 13).collect();
@@ -116,17 +91,11 @@ async fn queued_and_running_groups_survive_an_operator_crash() {
         let name = format!("r{g}");
         let done = wait::until(&groups, &name, "Complete", GROUP_TIMEOUT, is_complete).await;
         let status = done.status.clone().expect("status");
-        let names: Vec<&str> = status
-            .trajectories
-            .iter()
-            .map(|t| t.name.as_str())
-            .collect();
-        let unique: BTreeSet<&str> = names.iter().copied().collect();
-        assert_eq!(unique.len(), names.len(), "no trajectory twice: {names:?}");
+        assert_each_trajectory_once(&status);
         check_outcomes(&status, *seed, pass, |_| false);
         assert_matches_engine(&done);
     }
-    let seen = most.lock().expect("lock").1;
+    let seen = most.lock().expect("lock").most;
     assert!(
         seen <= 8,
         "never more than 8 pods of the queue at once, saw {seen}"

@@ -8,8 +8,8 @@ use kube::ResourceExt;
 use kube::api::{Api, PostParams};
 use orchard_e2e::env::TestEnv;
 use orchard_e2e::test_support::rollouts::{
-    GROUP_TIMEOUT, assert_matches_engine, check_outcomes, children, group, is_complete,
-    reward_script, template,
+    GROUP_TIMEOUT, assert_each_trajectory_once, assert_matches_engine, check_outcomes, children,
+    group, is_complete, reward_script, template,
 };
 use orchard_e2e::wait;
 use orchard_operator::api::RolloutGroup;
@@ -51,17 +51,7 @@ async fn a_group_survives_an_operator_crash_without_duplicate_trajectories() {
 
     let done = wait::until(&groups, "crashy", "Complete", GROUP_TIMEOUT, is_complete).await;
     let status = done.status.clone().expect("status");
-    let names: Vec<&str> = status
-        .trajectories
-        .iter()
-        .map(|t| t.name.as_str())
-        .collect();
-    let unique: BTreeSet<&str> = names.iter().copied().collect();
-    assert_eq!(
-        unique.len(),
-        names.len(),
-        "no trajectory recorded twice: {names:?}"
-    );
+    let names = assert_each_trajectory_once(&status);
     assert_eq!(
         status.trajectories_launched,
         status.strides_launched * 4,

@@ -171,3 +171,69 @@ pub async fn children(client: &kube::Client, ns: &str, group: &str) -> Vec<Sandb
         .expect("list children")
         .items
 }
+
+/// The trajectory names `status` records, each checked to appear once (no trajectory launched twice).
+pub fn assert_each_trajectory_once(status: &RolloutGroupStatus) -> Vec<String> {
+    let names: Vec<String> = status.trajectories.iter().map(|t| t.name.clone()).collect();
+    let unique: std::collections::BTreeSet<&String> = names.iter().collect();
+    assert_eq!(unique.len(), names.len(), "no trajectory twice: {names:?}");
+    names
+}
+
+/// The most pods matching `labels` in `ns` that existed at once, kept up to date by a watch (pods
+/// are counted from their first event until their deletion, Terminating ones included).
+pub fn watch_pod_peak(
+    client: &kube::Client,
+    ns: &str,
+    labels: &str,
+) -> std::sync::Arc<std::sync::Mutex<PodPeak>> {
+    use futures::StreamExt;
+    use kube::ResourceExt;
+    use kube::runtime::watcher;
+    let peak = std::sync::Arc::new(std::sync::Mutex::new(PodPeak::default()));
+    let pods: Api<k8s_openapi::api::core::v1::Pod> = Api::namespaced(client.clone(), ns);
+    let config = watcher::Config::default().labels(labels);
+    let record = peak.clone();
+    tokio::spawn(async move {
+        let mut events = watcher(pods, config).boxed();
+        while let Some(event) = events.next().await {
+            let Ok(event) = event else { continue };
+            let mut peak = record.lock().unwrap_or_else(|p| p.into_inner());
+            match event {
+                watcher::Event::Apply(pod) | watcher::Event::InitApply(pod) => {
+                    peak.alive.insert(pod.name_any());
+                }
+                watcher::Event::Delete(pod) => {
+                    peak.alive.remove(&pod.name_any());
+                }
+                _ => {}
+            }
+            peak.most = peak.most.max(peak.alive.len());
+        }
+    });
+    peak
+}
+
+/// What [`watch_pod_peak`] saw.
+#[derive(Debug, Default)]
+pub struct PodPeak {
+    /// Pods that exist now.
+    pub alive: std::collections::BTreeSet<String>,
+    /// The most that existed at once.
+    pub most: usize,
+}
+
+/// Waits until RolloutQueue `name`'s status shows nothing running and nothing waiting.
+pub async fn wait_queue_idle(queues: &Api<orchard_api::RolloutQueue>, name: &str) {
+    crate::wait::until(
+        queues,
+        name,
+        "idle",
+        Duration::from_secs(60),
+        |q: Option<&orchard_api::RolloutQueue>| {
+            q.and_then(|q| q.status.as_ref())
+                .is_some_and(|s| s.running_trajectories == 0 && s.waiting_groups == 0)
+        },
+    )
+    .await;
+}

@@ -30,71 +30,57 @@ pub struct AdminState {
 /// Phase label of a sandbox without a status yet.
 const NO_PHASE: &str = "Unknown";
 
-/// Counts sandboxes by phase into the `orchard_sandboxes` gauge.
-fn refresh_phase_gauge(state: &AdminState) {
-    let mut counts = std::collections::BTreeMap::<&'static str, i64>::new();
-    for phase in [
-        "Pending",
-        "Starting",
-        "Ready",
-        "Succeeded",
-        "Failed",
-        "Expired",
-        "Terminating",
-        NO_PHASE,
-    ] {
-        counts.insert(phase, 0);
-    }
-    for sandbox in state.caches.sandboxes.state() {
-        let phase = sandbox
-            .status
-            .as_ref()
-            .and_then(|s| s.phase)
-            .map_or(NO_PHASE, SandboxPhase::as_str);
-        *counts.entry(phase).or_insert(0) += 1;
+/// Sets `gauge{phase}` to how many of `phases` (each object's phase, `None` without a status) fall in
+/// each of `known` (and `Unknown`), so a phase nobody is in reads 0 rather than disappearing.
+fn set_phase_counts(
+    gauge: &prometheus::IntGaugeVec,
+    known: &[&'static str],
+    phases: impl Iterator<Item = Option<&'static str>>,
+) {
+    let mut counts: std::collections::BTreeMap<&'static str, i64> =
+        known.iter().chain([&NO_PHASE]).map(|p| (*p, 0)).collect();
+    for phase in phases {
+        *counts.entry(phase.unwrap_or(NO_PHASE)).or_insert(0) += 1;
     }
     for (phase, count) in counts {
-        state
-            .metrics
-            .sandboxes
-            .with_label_values(&[phase])
-            .set(count);
+        gauge.with_label_values(&[phase]).set(count);
     }
 }
 
-/// Counts RolloutGroups by phase into the `orchard_rolloutgroups` gauge.
-fn refresh_group_gauge(state: &AdminState) {
-    let mut counts = std::collections::BTreeMap::<&'static str, i64>::new();
-    for phase in [
-        "Pending",
-        "Queued",
-        "Generating",
-        "Complete",
-        "Failed",
-        NO_PHASE,
-    ] {
-        counts.insert(phase, 0);
-    }
-    for group in state.caches.rollout_groups.state() {
-        let phase = group
-            .status
-            .as_ref()
-            .and_then(|s| s.phase)
-            .map_or(NO_PHASE, group_phase_name);
-        *counts.entry(phase).or_insert(0) += 1;
-    }
-    for (phase, count) in counts {
-        state
-            .metrics
-            .rollout_groups
-            .with_label_values(&[phase])
-            .set(count);
-    }
+/// Counts sandboxes and RolloutGroups by phase into `orchard_sandboxes` and `orchard_rolloutgroups`.
+fn refresh_phase_gauges(state: &AdminState) {
+    set_phase_counts(
+        &state.metrics.sandboxes,
+        &[
+            "Pending",
+            "Starting",
+            "Ready",
+            "Succeeded",
+            "Failed",
+            "Expired",
+            "Terminating",
+        ],
+        state.caches.sandboxes.state().iter().map(|s| {
+            s.status
+                .as_ref()
+                .and_then(|s| s.phase)
+                .map(SandboxPhase::as_str)
+        }),
+    );
+    set_phase_counts(
+        &state.metrics.rollout_groups,
+        &["Pending", "Queued", "Generating", "Complete", "Failed"],
+        state.caches.rollout_groups.state().iter().map(|g| {
+            g.status
+                .as_ref()
+                .and_then(|s| s.phase)
+                .map(group_phase_name)
+        }),
+    );
 }
 
 async fn metrics(State(state): State<AdminState>) -> impl IntoResponse {
-    refresh_phase_gauge(&state);
-    refresh_group_gauge(&state);
+    refresh_phase_gauges(&state);
     (
         [(
             header::CONTENT_TYPE,

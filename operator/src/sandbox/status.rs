@@ -1028,6 +1028,13 @@ mod tests {
         assert_eq!(after.reason.as_deref(), Some("StartupTimeout"));
     }
 
+    fn with_pod_condition(mut pod: Pod, condition: PodCondition) -> Pod {
+        if let Some(conditions) = pod.status.as_mut().and_then(|s| s.conditions.as_mut()) {
+            conditions.push(condition);
+        }
+        pod
+    }
+
     fn trajectory() -> Sandbox {
         let mut s = sandbox();
         s.metadata.owner_references = Some(vec![
@@ -1044,21 +1051,16 @@ mod tests {
     #[test]
     fn trajectories_waiting_for_capacity_never_time_out_and_count_from_scheduling() {
         // Unschedulable for an hour: a standalone sandbox fails, a trajectory waits.
-        let mut unschedulable = pod(None, None, false);
-        unschedulable
-            .status
-            .as_mut()
-            .unwrap()
-            .conditions
-            .as_mut()
-            .unwrap()
-            .push(PodCondition {
+        let unschedulable = with_pod_condition(
+            pod(None, None, false),
+            PodCondition {
                 type_: "PodScheduled".into(),
                 status: "False".into(),
                 reason: Some("Unschedulable".into()),
                 message: Some("0/1 nodes are available: 1 Insufficient cpu.".into()),
                 ..Default::default()
-            });
+            },
+        );
         let late = "2026-01-01T01:00:00Z";
         let standalone = desired_status(&sandbox(), &observed(Some(&unschedulable), late));
         assert_eq!(standalone.reason.as_deref(), Some("StartupTimeout"));
@@ -1080,20 +1082,15 @@ mod tests {
         );
 
         // Scheduled at 00:50: the startup timeout (600 s) counts from then.
-        let mut scheduled_pod = pod(Some("node-1"), None, false);
-        scheduled_pod
-            .status
-            .as_mut()
-            .unwrap()
-            .conditions
-            .as_mut()
-            .unwrap()
-            .push(PodCondition {
+        let scheduled_pod = with_pod_condition(
+            pod(Some("node-1"), None, false),
+            PodCondition {
                 type_: "PodScheduled".into(),
                 status: "True".into(),
                 last_transition_time: Some(Time(t("2026-01-01T00:50:00Z"))),
                 ..Default::default()
-            });
+            },
+        );
         let before = desired_status(
             &trajectory(),
             &observed(Some(&scheduled_pod), "2026-01-01T00:59:59Z"),
