@@ -250,7 +250,7 @@ async fn main() {
     drop(cluster);
     let node = if args.real_node { "real" } else { "hollow" };
     let mut section = format!(
-        "{} RolloutGroups (N 8, Nmax 16, stride 8; each runner sleeps {} s, then reports a seeded reward with a 30 % pass rate) submitted at once on the {node} node, without a queue and through a `Fair` RolloutQueue, one after the other on the same cluster (`make bench-queue`; load average before and after each run shown).\n\n| run | last group recorded | most trajectory pods at once | sandbox-seconds | per admitted group | selections | load before / after |\n|---|---|---|---|---|---|---|\n",
+        "## Queues\n\n{} RolloutGroups (N 8, Nmax 16, stride 8; each runner sleeps {} s, then reports a seeded reward with a 30 % pass rate) submitted at once on the {node} node, without a queue and through a `Fair` RolloutQueue, one after the other on the same cluster (`make bench-queue`; load average before and after each run shown).\n\n| run | last group recorded | most trajectory pods at once | sandbox-seconds | per admitted group | selections | load before / after |\n|---|---|---|---|---|---|---|\n",
         args.groups, args.sleep
     );
     for r in &runs {
@@ -276,6 +276,9 @@ async fn main() {
             r.load_after
         ));
     }
+    section.push_str(
+        "\nSandbox-seconds are the summed lifetimes of the trajectory pods (first seen to deleted, from a pod watch). A queued group with `cleanup: Delete` deletes each finished trajectory as soon as its outcome is recorded (docs/QUEUES.md), while an unqueued group keeps its finished trajectories until it completes; that, and hundreds of pods competing for the same cores, is most of the difference. Both runs share the machine with whatever else runs: compare them only with their load averages.\n",
+    );
     println!("{section}");
     if let Some(path) = &args.write_doc
         && let Err(err) = orchard_e2e::docs::write_section(path, "## Queues", &section)
