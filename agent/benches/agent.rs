@@ -247,22 +247,30 @@ fn tree_rss_kib(pid: u32) -> u64 {
     total
 }
 
-/// p50 of spawning `true` directly (fork + setsid + exec + wait, as the agent does), no HTTP: the floor
-/// under any agent's exec latency on this machine.
-fn direct_spawn_p50() -> Duration {
+/// p50 of spawning `true` directly, no HTTP: the floor under any agent's exec latency on this machine.
+/// `like_the_agent`: as the agent starts commands (`posix_spawn` into a new process group, working
+/// directory `cwd`, three pipes, then wait); otherwise fork + setsid + exec + wait (a `pre_exec` hook
+/// forces std to fork), how the agent started them before, for comparison.
+fn direct_spawn_p50(cwd: &Path, like_the_agent: bool) -> Duration {
     use std::os::unix::process::CommandExt;
     let mut samples: Vec<Duration> = (0..500)
         .map(|_| {
             let started = Instant::now();
             let mut command = Command::new("true");
-            // SAFETY: only the async-signal-safe setsid runs between fork and exec.
-            unsafe {
-                command.pre_exec(|| {
-                    libc::setsid();
-                    Ok(())
-                });
+            command.current_dir(cwd);
+            if like_the_agent {
+                command.process_group(0);
+            } else {
+                // SAFETY: only the async-signal-safe setsid runs between fork and exec.
+                unsafe {
+                    command.pre_exec(|| {
+                        libc::setsid();
+                        Ok(())
+                    });
+                }
             }
             let status = command
+                .stdin(Stdio::piped())
                 .stdout(Stdio::piped())
                 .stderr(Stdio::piped())
                 .status()
@@ -352,7 +360,8 @@ fn main() {
                 .join(" ")
         })
         .unwrap_or_default();
-    let direct = direct_spawn_p50();
+    let direct = direct_spawn_p50(&root, true);
+    let direct_fork = direct_spawn_p50(&root, false);
     let disk = direct_write_mib_per_second(&root);
     let size = std::fs::metadata(&binary)
         .map(|metadata| metadata.len())
@@ -424,8 +433,12 @@ fn main() {
         fastapi_results.as_ref().map(|result| result.2.p99),
     );
     table.push_str(&format!(
-        "| spawn `true` directly, no HTTP (the floor), p50 | {} | | |\n",
+        "| spawn `true` directly, no HTTP (the floor: posix_spawn, own process group), p50 | {} | | |\n",
         ms(direct)
+    ));
+    table.push_str(&format!(
+        "| spawn `true` directly with fork + setsid instead, p50 | {} | | |\n",
+        ms(direct_fork)
     ));
     let throughput = |rust: f64, python: Option<f64>| match python {
         Some(python) => format!("| {rust:.0} | {python:.0} | {:.1}x |\n", rust / python),
@@ -479,8 +492,10 @@ fn main() {
          (`agent/bench/fastapi_agent.py`, fastapi 0.115.12 + uvicorn 0.34.2, one worker) runs the same argv\n\
          in its own session and captures output. Machine: {cpus} CPUs shared with other builds, so absolute\n\
          numbers are noisy; the ratio comes from one run on the same machine. The \"spawn `true` directly\" row\n\
-         is the cost of fork + setsid + exec + wait alone on this machine: the agent's own overhead per exec is\n\
-         the difference to the concurrency-1 p50 (load average at the start: {load}).\n\n{table}\n"
+         is the cost of starting `true` the way the agent does (posix_spawn into a new process group, three\n\
+         pipes) and waiting for it, alone on this machine: the agent's own overhead per exec is the difference\n\
+         to the concurrency-1 p50. The fork + setsid row is how the agent started commands before (a `pre_exec`\n\
+         hook forces std to fork) (load average at the start: {load}).\n\n{table}\n"
     );
     println!("{section}");
     if let Some(doc) = doc {

@@ -1,6 +1,7 @@
-//! Running commands: request validation (`request`), starting them in their own session (`spawn`),
-//! capping and encoding output (`output`), driving them to the end (`supervise`), and the HTTP routes
-//! `/v1/exec` and `/v1/exec/stream` (`routes`); `budget` caps the output buffered by all commands together.
+//! Running commands: request validation (`request`), starting them in their own process group
+//! (`spawn`), capping and encoding output (`output`), driving them to the end (`supervise`), and the
+//! HTTP routes `/v1/exec` and `/v1/exec/stream` (`routes`); `budget` caps the output buffered by all
+//! commands together.
 
 pub mod budget;
 pub mod oom;

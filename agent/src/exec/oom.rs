@@ -7,7 +7,9 @@
 //! grew was OOM-killed. With several commands running at once, one of them may be credited with
 //! another's kill; the signal is exact, the attribution is best effort.
 
-use std::path::Path;
+use std::fs::File;
+use std::os::unix::fs::FileExt;
+use std::sync::OnceLock;
 
 /// Where the container's memory cgroup reports OOM kills: (file, cgroup v2 format).
 const COUNTERS: &[(&str, bool)] = &[
@@ -29,12 +31,34 @@ pub fn parse_oom_kills(text: &str) -> Option<u64> {
 }
 
 /// The OOM kills the sandbox's memory cgroup has counted so far, if this kernel reports them.
+///
+/// Read before every command (and after one that died of SIGKILL), so the counter file is found and
+/// opened once (cgroup files do not come and go while the agent runs; the descriptor is close-on-exec)
+/// and each read is one `pread` at offset 0, which makes the kernel generate the file afresh: one
+/// system call instead of open, two reads, close and a failed open of the other cgroup version's file.
 pub fn oom_kills() -> Option<u64> {
-    COUNTERS.iter().find_map(|(path, _)| {
-        std::fs::read_to_string(Path::new(path))
-            .ok()
-            .and_then(|text| parse_oom_kills(&text))
-    })
+    static COUNTER: OnceLock<Option<(File, &'static str)>> = OnceLock::new();
+    let (file, path) = COUNTER
+        .get_or_init(|| {
+            COUNTERS.iter().find_map(|(path, _)| {
+                let file = File::open(path).ok()?;
+                read_oom_kills(&file, path)?;
+                Some((file, *path))
+            })
+        })
+        .as_ref()?;
+    read_oom_kills(file, path)
+}
+
+/// The `oom_kill` count of the open counter `file`. Both counter files are a few lines, far below the
+/// buffer; one that filled it is read again whole from `path`.
+fn read_oom_kills(file: &File, path: &str) -> Option<u64> {
+    let mut buffer = [0u8; 1024];
+    let length = file.read_at(&mut buffer, 0).ok()?;
+    if length == buffer.len() {
+        return parse_oom_kills(&std::fs::read_to_string(path).ok()?);
+    }
+    parse_oom_kills(std::str::from_utf8(&buffer[..length]).ok()?)
 }
 
 /// Whether a command that ended with `signal` (not by its time-out) was OOM-killed, given the counts

@@ -111,6 +111,70 @@ async fn missing_and_non_executable_programs_are_127_and_126() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn scripts_without_a_shebang_run_with_sh_like_execvp() {
+    // `posix_spawnp` refuses such a file (ENOEXEC); the agent retries the `execvp` way, which runs it
+    // with /bin/sh, as before it used `posix_spawn`.
+    let agent = Agent::start();
+    let script = agent.root.path().join("no-shebang");
+    std::fs::write(&script, "echo \"ran $1\"\n").unwrap();
+    std::fs::set_permissions(&script, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
+    let out = agent.exec(json!({"argv": [&script, "by path"]})).await;
+    assert_eq!(
+        (out["exitCode"].as_i64(), out["stdout"].as_str()),
+        (Some(0), Some("ran by path\n")),
+        "{out}"
+    );
+    let out = agent
+        .exec(json!({"argv": ["no-shebang", "from PATH"], "env": {"PATH": agent.root.path()}}))
+        .await;
+    assert_eq!(out["stdout"], "ran from PATH\n", "{out}");
+    let out = agent
+        .exec(json!({"argv": ["./no-shebang", "relative"], "stdin": "ignored"}))
+        .await;
+    assert_eq!(out["stdout"], "ran relative\n", "{out}");
+}
+
+/// (pid, ppid, pgrp, session) from one `/proc/<pid>/stat` line.
+fn stat_ids(line: &str) -> (i64, i64, i64, i64) {
+    let (pid, rest) = line.trim().split_once(" (").unwrap();
+    let fields: Vec<i64> = rest
+        .rsplit_once(") ")
+        .unwrap()
+        .1
+        .split_whitespace()
+        .skip(1)
+        .take(3)
+        .map(|field| field.parse().unwrap())
+        .collect();
+    (pid.parse().unwrap(), fields[0], fields[1], fields[2])
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_command_leads_its_own_process_group() {
+    let agent = Agent::start();
+    let command = json!({"command": "cat /proc/$$/stat; sh -c 'cat /proc/$$/stat' & wait"});
+    let first = agent.exec(command.clone()).await;
+    let second = agent.exec(command).await;
+    let lines: Vec<&str> = first["stdout"].as_str().unwrap().lines().collect();
+    assert_eq!(lines.len(), 2, "{first}");
+    let (pid, agent_pid, pgrp, session) = stat_ids(lines[0]);
+    let job = stat_ids(lines[1]);
+    assert_eq!(pgrp, pid, "the command leads its group: {first}");
+    assert_eq!(
+        job.2, pid,
+        "a `&` job stays in the command's group: {first}"
+    );
+    let agent_stat = std::fs::read_to_string(format!("/proc/{agent_pid}/stat")).unwrap();
+    let (_, _, agent_pgrp, agent_session) = stat_ids(&agent_stat);
+    assert_ne!(pgrp, agent_pgrp, "the command left the agent's group");
+    // A process group, not a session of its own (see `process_group`): the agent's session.
+    assert_eq!((session, job.3), (agent_session, agent_session));
+    let (_, _, second_pgrp, _) =
+        stat_ids(second["stdout"].as_str().unwrap().lines().next().unwrap());
+    assert_ne!(second_pgrp, pgrp, "every command gets a group of its own");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn timeout_kills_grandchildren_and_background_jobs() {
     let agent = Agent::start();
     let started = Instant::now();
