@@ -332,6 +332,81 @@ fn write_section(doc: &Path, section: &str) {
     std::fs::write(doc, output).expect("write the benchmark doc");
 }
 
+/// Rounds of the compared paths (agent, FastAPI, the spawn floors), alternated so that drift on a shared
+/// machine hits each path alike; each figure is the median over the rounds, with the spread.
+const ROUNDS: usize = 3;
+/// How long the benchmark waits for a quiet machine before it runs anyway (and says so).
+const QUIET_WAIT: Duration = Duration::from_secs(120);
+
+/// The 1-minute load average.
+fn load_1() -> f64 {
+    std::fs::read_to_string("/proc/loadavg")
+        .ok()
+        .and_then(|text| text.split_whitespace().next()?.parse().ok())
+        .unwrap_or(f64::NAN)
+}
+
+/// Total and steal jiffies of all CPUs (`/proc/stat`), for the share of time the hypervisor took.
+fn cpu_jiffies() -> (u64, u64) {
+    let text = std::fs::read_to_string("/proc/stat").unwrap_or_default();
+    let fields: Vec<u64> = text
+        .lines()
+        .next()
+        .unwrap_or_default()
+        .split_whitespace()
+        .skip(1)
+        .filter_map(|field| field.parse().ok())
+        .collect();
+    // user nice system idle iowait irq softirq steal ...
+    (
+        fields.iter().take(8).sum(),
+        fields.get(7).copied().unwrap_or(0),
+    )
+}
+
+/// Waits (at most [`QUIET_WAIT`]) until the 1-minute load average is below half the CPUs; returns the
+/// load when it started and whether the machine was quiet.
+fn wait_for_quiet(cpus: usize) -> (f64, bool) {
+    let threshold = cpus as f64 / 2.0;
+    let deadline = Instant::now() + QUIET_WAIT;
+    loop {
+        let load = load_1();
+        if load < threshold {
+            return (load, true);
+        }
+        if Instant::now() >= deadline {
+            eprintln!(
+                "bench-agent: the machine is NOT quiet (load {load:.2} >= {threshold:.1} after {}s): figures are noisy",
+                QUIET_WAIT.as_secs()
+            );
+            return (load, false);
+        }
+        std::thread::sleep(Duration::from_secs(5));
+    }
+}
+
+/// Median and spread (min–max) of `values`, formatted with `show`.
+fn median_spread<T: Copy + PartialOrd>(values: &[T], show: impl Fn(T) -> String) -> String {
+    let mut sorted = values.to_vec();
+    sorted.sort_by(|a, b| a.partial_cmp(b).unwrap_or(std::cmp::Ordering::Equal));
+    match sorted.as_slice() {
+        [] => "n/a".into(),
+        [only] => show(*only),
+        all => format!(
+            "{} ({}–{})",
+            show(all[all.len() / 2]),
+            show(all[0]),
+            show(all[all.len() - 1])
+        ),
+    }
+}
+
+fn median<T: Copy + PartialOrd>(values: &[T]) -> Option<T> {
+    let mut sorted = values.to_vec();
+    sorted.sort_by(|a, b| a.partial_cmp(b).unwrap_or(std::cmp::Ordering::Equal));
+    sorted.get(sorted.len() / 2).copied()
+}
+
 fn main() {
     let args: Vec<String> = std::env::args().collect();
     let doc = args
@@ -352,115 +427,145 @@ fn main() {
         .build()
         .unwrap();
 
-    let load = std::fs::read_to_string("/proc/loadavg")
-        .map(|text| {
-            text.split_whitespace()
-                .take(3)
-                .collect::<Vec<_>>()
-                .join(" ")
-        })
-        .unwrap_or_default();
-    let direct = direct_spawn_p50(&root, true);
-    let direct_fork = direct_spawn_p50(&root, false);
+    let cpus = std::thread::available_parallelism()
+        .map(|n| n.get())
+        .unwrap_or(0);
+    let (load_before, quiet) = wait_for_quiet(cpus);
+    let jiffies_before = cpu_jiffies();
     let disk = direct_write_mib_per_second(&root);
     let size = std::fs::metadata(&binary)
         .map(|metadata| metadata.len())
         .unwrap_or(0);
     let agent = start_agent(&binary, &root);
-    std::thread::sleep(Duration::from_millis(300));
-    let idle_rss = rss_kib(agent.child.id());
-    let (rust_1, rust_32, (upload, download)) = runtime.block_on(async {
-        let one = measure_exec(&agent.base, 1).await;
-        let many = measure_exec(&agent.base, 32).await;
-        let files = measure_files(&agent.base).await;
-        (one, many, files)
-    });
-    let loaded_rss = rss_kib(agent.child.id());
-    drop(agent);
-
     let python = std::env::var("ORCHARD_BENCH_PYTHON").ok();
     let fastapi = python.as_deref().and_then(start_fastapi);
-    let fastapi_results = fastapi.as_ref().map(|server| {
-        std::thread::sleep(Duration::from_millis(500));
-        let idle = tree_rss_kib(server.child.id());
-        let (one, many) = runtime.block_on(async {
-            (
-                measure_exec(&server.base, 1).await,
-                measure_exec(&server.base, 32).await,
-            )
+    std::thread::sleep(Duration::from_millis(500));
+    let idle_rss = rss_kib(agent.child.id());
+    let python_idle_rss = fastapi
+        .as_ref()
+        .map(|server| tree_rss_kib(server.child.id()));
+    // Rounds: every path once per round, in the same order, so slow phases of the machine hit all.
+    let (mut floor, mut floor_fork) = (Vec::new(), Vec::new());
+    let (mut rust_1, mut rust_32, mut python_1, mut python_32) =
+        (Vec::new(), Vec::new(), Vec::new(), Vec::new());
+    for round in 0..ROUNDS {
+        eprintln!("bench-agent: round {} of {ROUNDS}", round + 1);
+        floor.push(direct_spawn_p50(&root, true));
+        floor_fork.push(direct_spawn_p50(&root, false));
+        runtime.block_on(async {
+            rust_1.push(measure_exec(&agent.base, 1).await);
+            rust_32.push(measure_exec(&agent.base, 32).await);
+            if let Some(server) = &fastapi {
+                python_1.push(measure_exec(&server.base, 1).await);
+                python_32.push(measure_exec(&server.base, 32).await);
+            }
         });
-        (idle, one, many)
-    });
+    }
+    let (upload, download) = runtime.block_on(measure_files(&agent.base));
+    let loaded_rss = rss_kib(agent.child.id());
+    drop(agent);
     drop(fastapi);
     let _ = std::fs::remove_dir_all(&root);
-
-    let cpus = std::thread::available_parallelism()
-        .map(|n| n.get())
-        .unwrap_or(0);
+    let load_after = load_1();
+    let jiffies_after = cpu_jiffies();
+    let steal = {
+        let total = jiffies_after.0.saturating_sub(jiffies_before.0).max(1);
+        let stolen = jiffies_after.1.saturating_sub(jiffies_before.1);
+        100.0 * stolen as f64 / total as f64
+    };
+    // The agent's own cost per exec: agent p50 minus the floor, round by round.
+    let overhead: Vec<f64> = rust_1
+        .iter()
+        .zip(&floor)
+        .map(|(agent, floor)| (agent.p50.as_secs_f64() - floor.as_secs_f64()) * 1000.0)
+        .collect();
     let mut table = String::new();
     table.push_str("| metric | orchard-agent (Rust, static) | FastAPI + uvicorn (Python) | ratio |\n|---|---|---|---|\n");
-    let mut row = |name: &str, rust: Duration, python: Option<Duration>| {
-        let (python_text, ratio) = match python {
-            Some(python) => (
-                ms(python),
-                format!("{:.1}x", python.as_secs_f64() / rust.as_secs_f64()),
-            ),
-            None => ("n/a".into(), "n/a".into()),
-        };
-        table.push_str(&format!(
-            "| {name} | {} | {python_text} | {ratio} |\n",
-            ms(rust)
-        ));
+    let latency = |values: Vec<Duration>| median_spread(&values, ms);
+    let rate = |values: Vec<f64>| median_spread(&values, |v| format!("{v:.0}"));
+    let ratio = |rust: Option<f64>, python: Option<f64>| match (rust, python) {
+        (Some(rust), Some(python)) if rust > 0.0 => format!("{:.1}x", python / rust),
+        _ => "n/a".into(),
     };
-    row(
-        "exec `true` p50, concurrency 1",
-        rust_1.p50,
-        fastapi_results.as_ref().map(|result| result.1.p50),
-    );
-    row(
-        "exec `true` p99, concurrency 1",
-        rust_1.p99,
-        fastapi_results.as_ref().map(|result| result.1.p99),
-    );
-    row(
-        "exec `true` p50, concurrency 32",
-        rust_32.p50,
-        fastapi_results.as_ref().map(|result| result.2.p50),
-    );
-    row(
-        "exec `true` p99, concurrency 32",
-        rust_32.p99,
-        fastapi_results.as_ref().map(|result| result.2.p99),
-    );
+    let p50 = |l: &Vec<Latencies>| l.iter().map(|l| l.p50).collect::<Vec<_>>();
+    let p99 = |l: &Vec<Latencies>| l.iter().map(|l| l.p99).collect::<Vec<_>>();
+    let per_second = |l: &Vec<Latencies>| l.iter().map(|l| l.per_second).collect::<Vec<_>>();
+    let secs = |d: Vec<Duration>| median(&d).map(|d| d.as_secs_f64());
+    let python_or = |values: &Vec<Latencies>, text: String| {
+        if values.is_empty() {
+            "n/a".to_string()
+        } else {
+            text
+        }
+    };
+    for (name, rust, python) in [
+        (
+            "exec `true` p50, concurrency 1",
+            p50(&rust_1),
+            p50(&python_1),
+        ),
+        (
+            "exec `true` p99, concurrency 1",
+            p99(&rust_1),
+            p99(&python_1),
+        ),
+        (
+            "exec `true` p50, concurrency 32",
+            p50(&rust_32),
+            p50(&python_32),
+        ),
+        (
+            "exec `true` p99, concurrency 32",
+            p99(&rust_32),
+            p99(&python_32),
+        ),
+    ] {
+        let python_text = python_or(&python_1, latency(python.clone()));
+        let factor = ratio(secs(rust.clone()), secs(python));
+        table.push_str(&format!(
+            "| {name} | {} | {python_text} | {factor} |\n",
+            latency(rust)
+        ));
+    }
     table.push_str(&format!(
         "| spawn `true` directly, no HTTP (the floor: posix_spawn, own process group), p50 | {} | | |\n",
-        ms(direct)
+        latency(floor)
+    ));
+    table.push_str(&format!(
+        "| the agent's own cost per exec (agent p50 minus the floor, per round) | {} | | |\n",
+        median_spread(&overhead, |v| format!("{v:.2} ms"))
     ));
     table.push_str(&format!(
         "| spawn `true` directly with fork + setsid instead, p50 | {} | | |\n",
-        ms(direct_fork)
+        latency(floor_fork)
     ));
-    let throughput = |rust: f64, python: Option<f64>| match python {
-        Some(python) => format!("| {rust:.0} | {python:.0} | {:.1}x |\n", rust / python),
-        None => format!("| {rust:.0} | n/a | n/a |\n"),
-    };
-    table.push_str("| exec/s, concurrency 1 ");
-    table.push_str(&throughput(
-        rust_1.per_second,
-        fastapi_results.as_ref().map(|result| result.1.per_second),
-    ));
-    table.push_str("| exec/s, concurrency 32 ");
-    table.push_str(&throughput(
-        rust_32.per_second,
-        fastapi_results.as_ref().map(|result| result.2.per_second),
-    ));
-    let python_idle = fastapi_results
-        .as_ref()
-        .map(|result| format!("{:.1} MiB", result.0 as f64 / 1024.0))
+    for (name, rust, python) in [
+        (
+            "exec/s, concurrency 1",
+            per_second(&rust_1),
+            per_second(&python_1),
+        ),
+        (
+            "exec/s, concurrency 32",
+            per_second(&rust_32),
+            per_second(&python_32),
+        ),
+    ] {
+        let python_text = python_or(&python_1, rate(python.clone()));
+        let factor = match (median(&rust), median(&python)) {
+            (Some(r), Some(p)) if p > 0.0 => format!("{:.1}x", r / p),
+            _ => "n/a".into(),
+        };
+        table.push_str(&format!(
+            "| {name} | {} | {python_text} | {factor} |\n",
+            rate(rust)
+        ));
+    }
+    let python_idle = python_idle_rss
+        .map(|kib| format!("{:.1} MiB", kib as f64 / 1024.0))
         .unwrap_or("n/a".into());
-    let ratio_idle = fastapi_results
-        .as_ref()
-        .map(|result| format!("{:.1}x", result.0 as f64 / idle_rss.max(1) as f64))
+    let ratio_idle = python_idle_rss
+        .map(|kib| format!("{:.1}x", kib as f64 / idle_rss.max(1) as f64))
         .unwrap_or("n/a".into());
     table.push_str(&format!(
         "| idle RSS | {:.1} MiB | {python_idle} | {ratio_idle} |\n",
@@ -484,18 +589,32 @@ fn main() {
         size as f64 / 1048576.0
     ));
 
+    let machine = if quiet {
+        format!(
+            "quiet machine: load average {load_before:.2} at the start (waited for < {:.1}), {load_after:.2} at the end",
+            cpus as f64 / 2.0
+        )
+    } else {
+        format!(
+            "**not a quiet machine**: load average {load_before:.2} at the start (it did not fall below {:.1} within {} s), {load_after:.2} at the end",
+            cpus as f64 / 2.0,
+            QUIET_WAIT.as_secs()
+        )
+    };
     let section = format!(
         "## Agent\n\n\
          Command: `make bench-agent` (builds the static agent with `make agent`, creates the FastAPI venv, runs\n\
          `cargo bench -p orchard-agent --bench agent`). Loopback HTTP with keep-alive clients, bearer token on;\n\
-         {EXEC_REQUESTS} exec requests per row after 100 warm-up requests; the FastAPI baseline\n\
+         {EXEC_REQUESTS} exec requests per row and round after 100 warm-up requests; the FastAPI baseline\n\
          (`agent/bench/fastapi_agent.py`, fastapi 0.115.12 + uvicorn 0.34.2, one worker) runs the same argv\n\
-         in its own session and captures output. Machine: {cpus} CPUs shared with other builds, so absolute\n\
-         numbers are noisy; the ratio comes from one run on the same machine. The \"spawn `true` directly\" row\n\
-         is the cost of starting `true` the way the agent does (posix_spawn into a new process group, three\n\
-         pipes) and waiting for it, alone on this machine: the agent's own overhead per exec is the difference\n\
-         to the concurrency-1 p50. The fork + setsid row is how the agent started commands before (a `pre_exec`\n\
-         hook forces std to fork) (load average at the start: {load}).\n\n{table}\n"
+         in its own session and captures output. {ROUNDS} rounds, each running every path once in the same\n\
+         order (the spawn floors, the agent, FastAPI), so drift on the machine hits all of them; every figure\n\
+         is the median over the rounds with the spread (min–max) in brackets, ratios are of medians. The\n\
+         \"spawn `true` directly\" row starts `true` the way the agent does (posix_spawn into a new process\n\
+         group, three pipes) and waits for it: the agent's own cost per exec is the difference to the\n\
+         concurrency-1 p50, taken round by round. The fork + setsid row is how the agent started commands\n\
+         before (a `pre_exec` hook forces std to fork). Machine: {cpus} CPUs; {machine}; CPU steal during\n\
+         the run {steal:.1} %.\n\n{table}\n"
     );
     println!("{section}");
     if let Some(doc) = doc {
