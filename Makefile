@@ -135,11 +135,12 @@ node-images: node-deps node-tools agent node-bins ## build the real node's image
 	@e2e/node-tools/images.sh agent=$(AGENT_BIN) pause=$(NODE_BIN_DIR)/orchard-pause probe=$(NODE_BIN_DIR)/orchard-probe
 
 .PHONY: test-unit
-test-unit: ## unit tests of the BAR engine and simulator, the API types (CEL rules, agent wire format), the operator (builders, status, reconciles against a scripted API server) and the e2e harness
+test-unit: ## unit tests of the BAR engine and simulator, the API types (CEL rules, agent wire format), the operator (builders, status, reconciles against a scripted API server), the e2e harness and the benchmarks' shared discipline
 	$(CARGO) test -p orchard-bar --features sim -j 2
 	$(CARGO) test -p orchard-api -j 2
 	$(CARGO) test -p orchard-operator -j 2
 	$(CARGO) test -p orchard-e2e --lib --bins -j 2
+	$(CARGO) test -p orchard-bench-support -j 2
 
 .PHONY: e2e
 e2e: k8s agent node-images operator-image obs-tools ## end-to-end tests on the local cluster (real control plane; the hollow node, and the real node for real_node*)

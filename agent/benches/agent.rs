@@ -6,6 +6,7 @@
 //! Environment: `ORCHARD_AGENT_BIN` (the agent to measure), `ORCHARD_BENCH_PYTHON` (a Python with
 //! fastapi+uvicorn; the FastAPI column is left out without it).
 
+use orchard_bench_support::{Machine, median, median_spread};
 use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
@@ -338,75 +339,6 @@ const ROUNDS: usize = 3;
 /// How long the benchmark waits for a quiet machine before it runs anyway (and says so).
 const QUIET_WAIT: Duration = Duration::from_secs(120);
 
-/// The 1-minute load average.
-fn load_1() -> f64 {
-    std::fs::read_to_string("/proc/loadavg")
-        .ok()
-        .and_then(|text| text.split_whitespace().next()?.parse().ok())
-        .unwrap_or(f64::NAN)
-}
-
-/// Total and steal jiffies of all CPUs (`/proc/stat`), for the share of time the hypervisor took.
-fn cpu_jiffies() -> (u64, u64) {
-    let text = std::fs::read_to_string("/proc/stat").unwrap_or_default();
-    let fields: Vec<u64> = text
-        .lines()
-        .next()
-        .unwrap_or_default()
-        .split_whitespace()
-        .skip(1)
-        .filter_map(|field| field.parse().ok())
-        .collect();
-    // user nice system idle iowait irq softirq steal ...
-    (
-        fields.iter().take(8).sum(),
-        fields.get(7).copied().unwrap_or(0),
-    )
-}
-
-/// Waits (at most [`QUIET_WAIT`]) until the 1-minute load average is below half the CPUs; returns the
-/// load when it started and whether the machine was quiet.
-fn wait_for_quiet(cpus: usize) -> (f64, bool) {
-    let threshold = cpus as f64 / 2.0;
-    let deadline = Instant::now() + QUIET_WAIT;
-    loop {
-        let load = load_1();
-        if load < threshold {
-            return (load, true);
-        }
-        if Instant::now() >= deadline {
-            eprintln!(
-                "bench-agent: the machine is NOT quiet (load {load:.2} >= {threshold:.1} after {}s): figures are noisy",
-                QUIET_WAIT.as_secs()
-            );
-            return (load, false);
-        }
-        std::thread::sleep(Duration::from_secs(5));
-    }
-}
-
-/// Median and spread (min–max) of `values`, formatted with `show`.
-fn median_spread<T: Copy + PartialOrd>(values: &[T], show: impl Fn(T) -> String) -> String {
-    let mut sorted = values.to_vec();
-    sorted.sort_by(|a, b| a.partial_cmp(b).unwrap_or(std::cmp::Ordering::Equal));
-    match sorted.as_slice() {
-        [] => "n/a".into(),
-        [only] => show(*only),
-        all => format!(
-            "{} ({}–{})",
-            show(all[all.len() / 2]),
-            show(all[0]),
-            show(all[all.len() - 1])
-        ),
-    }
-}
-
-fn median<T: Copy + PartialOrd>(values: &[T]) -> Option<T> {
-    let mut sorted = values.to_vec();
-    sorted.sort_by(|a, b| a.partial_cmp(b).unwrap_or(std::cmp::Ordering::Equal));
-    sorted.get(sorted.len() / 2).copied()
-}
-
 fn main() {
     let args: Vec<String> = std::env::args().collect();
     let doc = args
@@ -427,11 +359,7 @@ fn main() {
         .build()
         .unwrap();
 
-    let cpus = std::thread::available_parallelism()
-        .map(|n| n.get())
-        .unwrap_or(0);
-    let (load_before, quiet) = wait_for_quiet(cpus);
-    let jiffies_before = cpu_jiffies();
+    let machine = Machine::settle(QUIET_WAIT);
     let disk = direct_write_mib_per_second(&root);
     let size = std::fs::metadata(&binary)
         .map(|metadata| metadata.len())
@@ -466,13 +394,7 @@ fn main() {
     drop(agent);
     drop(fastapi);
     let _ = std::fs::remove_dir_all(&root);
-    let load_after = load_1();
-    let jiffies_after = cpu_jiffies();
-    let steal = {
-        let total = jiffies_after.0.saturating_sub(jiffies_before.0).max(1);
-        let stolen = jiffies_after.1.saturating_sub(jiffies_before.1);
-        100.0 * stolen as f64 / total as f64
-    };
+    let machine = machine.report();
     // The agent's own cost per exec: agent p50 minus the floor, round by round.
     let overhead: Vec<f64> = rust_1
         .iter()
@@ -589,18 +511,6 @@ fn main() {
         size as f64 / 1048576.0
     ));
 
-    let machine = if quiet {
-        format!(
-            "quiet machine: load average {load_before:.2} at the start (waited for < {:.1}), {load_after:.2} at the end",
-            cpus as f64 / 2.0
-        )
-    } else {
-        format!(
-            "**not a quiet machine**: load average {load_before:.2} at the start (it did not fall below {:.1} within {} s), {load_after:.2} at the end",
-            cpus as f64 / 2.0,
-            QUIET_WAIT.as_secs()
-        )
-    };
     let section = format!(
         "## Agent\n\n\
          Command: `make bench-agent` (builds the static agent with `make agent`, creates the FastAPI venv, runs\n\
@@ -613,8 +523,7 @@ fn main() {
          \"spawn `true` directly\" row starts `true` the way the agent does (posix_spawn into a new process\n\
          group, three pipes) and waits for it: the agent's own cost per exec is the difference to the\n\
          concurrency-1 p50, taken round by round. The fork + setsid row is how the agent started commands\n\
-         before (a `pre_exec` hook forces std to fork). Machine: {cpus} CPUs; {machine}; CPU steal during\n\
-         the run {steal:.1} %.\n\n{table}\n"
+         before (a `pre_exec` hook forces std to fork). Machine: {machine}.\n\n{table}\n"
     );
     println!("{section}");
     if let Some(doc) = doc {

@@ -11,6 +11,8 @@ use std::time::{Duration, Instant};
 
 use k8s_openapi::api::core::v1::Secret;
 use kube::api::Api;
+use orchard_bench_support::Machine;
+use orchard_bench_support::median_spread;
 use orchard_e2e::binaries::workspace_root;
 use orchard_e2e::env::{EnvOptions, TestEnv};
 use serde_json::{Value, json};
@@ -19,7 +21,7 @@ const WARMUP: usize = 100;
 const SEQUENTIAL: usize = 1000;
 const CONCURRENT_WORKERS: usize = 64;
 const PER_WORKER: usize = 40;
-const ROUNDS: usize = 2;
+const ROUNDS: usize = 3;
 const SDK_SANDBOXES: usize = 20;
 
 /// Where an exec goes and with which bearer token.
@@ -89,6 +91,8 @@ struct Row {
     gateway: Vec<Duration>,
     wall_direct: Duration,
     wall_gateway: Duration,
+    /// Per round: the p50 the gateway added (ms), and both paths' exec/s.
+    rounds: Vec<(f64, f64, f64)>,
 }
 
 async fn measure(
@@ -104,16 +108,27 @@ async fn measure(
         gateway: Vec::new(),
         wall_direct: Duration::ZERO,
         wall_gateway: Duration::ZERO,
+        rounds: Vec::new(),
     };
     for _ in 0..ROUNDS {
         let started = Instant::now();
-        row.direct
-            .extend(run(http, direct, workers, per_worker / ROUNDS).await);
-        row.wall_direct += started.elapsed();
+        let mut direct_round = run(http, direct, workers, per_worker / ROUNDS).await;
+        let wall_direct = started.elapsed();
         let started = Instant::now();
-        row.gateway
-            .extend(run(http, gateway, workers, per_worker / ROUNDS).await);
-        row.wall_gateway += started.elapsed();
+        let mut gateway_round = run(http, gateway, workers, per_worker / ROUNDS).await;
+        let wall_gateway = started.elapsed();
+        let rate = |samples: &[Duration], wall: Duration| samples.len() as f64 / wall.as_secs_f64();
+        let added = percentile(&mut gateway_round, 0.5).as_secs_f64()
+            - percentile(&mut direct_round, 0.5).as_secs_f64();
+        row.rounds.push((
+            added * 1000.0,
+            rate(&direct_round, wall_direct),
+            rate(&gateway_round, wall_gateway),
+        ));
+        row.direct.extend(direct_round);
+        row.gateway.extend(gateway_round);
+        row.wall_direct += wall_direct;
+        row.wall_gateway += wall_gateway;
     }
     row
 }
@@ -139,11 +154,8 @@ fn sdk_create_ready(env: &TestEnv, namespace: &str) -> Value {
     serde_json::from_slice(&output.stdout).expect("create_ready.py prints JSON")
 }
 
-fn load_average() -> String {
-    std::fs::read_to_string("/proc/loadavg")
-        .map(|s| s.split_whitespace().take(3).collect::<Vec<_>>().join(" "))
-        .unwrap_or_default()
-}
+/// How long the benchmark waits for a quiet machine before it runs anyway (and says so).
+const QUIET_WAIT: Duration = Duration::from_secs(120);
 
 #[tokio::main]
 async fn main() {
@@ -153,7 +165,7 @@ async fn main() {
         .position(|a| a == "--write-doc")
         .and_then(|i| args.get(i + 1))
         .map(PathBuf::from);
-    let load_before = load_average();
+    let machine = Machine::settle(QUIET_WAIT);
     let env = TestEnv::start("bench-gateway", EnvOptions::default())
         .await
         .expect("local cluster");
@@ -213,7 +225,7 @@ async fn main() {
     let concurrent = measure(&http, &direct, &through, CONCURRENT_WORKERS, PER_WORKER).await;
 
     let sdk = sdk_create_ready(&env, &namespace);
-    let load_after = load_average();
+    let machine = machine.report();
     env.delete_namespace(&namespace).await;
     env.stop().await;
 
@@ -227,6 +239,7 @@ async fn main() {
             mut gateway,
             wall_direct,
             wall_gateway,
+            rounds,
         } = row;
         let count = direct.len();
         for (label, p) in [("p50", 0.5), ("p99", 0.99)] {
@@ -240,9 +253,17 @@ async fn main() {
             ));
         }
         table.push_str(&format!(
-            "| exec/s, concurrency {concurrency} ({count} calls per path) | {:.0} | {:.0} | |\n",
+            "| exec/s, concurrency {concurrency} ({count} calls per path) | {:.0} | {:.0} | {:+.1} % |\n",
             count as f64 / wall_direct.as_secs_f64(),
-            gateway.len() as f64 / wall_gateway.as_secs_f64()
+            gateway.len() as f64 / wall_gateway.as_secs_f64(),
+            100.0 * (wall_direct.as_secs_f64() / wall_gateway.as_secs_f64() - 1.0)
+        ));
+        let added: Vec<f64> = rounds.iter().map(|r| r.0).collect();
+        let loss: Vec<f64> = rounds.iter().map(|r| 100.0 * (r.2 / r.1 - 1.0)).collect();
+        table.push_str(&format!(
+            "| per round ({ROUNDS}), concurrency {concurrency}: p50 added by the gateway; throughput change | | | {}; {} |\n",
+            median_spread(&added, |v| format!("{v:+.2} ms")),
+            median_spread(&loss, |v| format!("{v:+.1} %"))
         ));
     }
     let seconds = |key: &str| sdk[key].as_f64().unwrap_or(f64::NAN);
@@ -262,7 +283,7 @@ keep-alive HTTP clients on the same machine. \"Direct\" posts `{{\"argv\": [\"tr
 `/v1/namespaces/<ns>/sandboxes/bench/exec` with a bearer token, so it adds TokenReview/SubjectAccessReview (cached 10 s), the cache lookups, the coalesced heartbeat and the proxy hop. \
 {WARMUP} warm-up calls per path, then {ROUNDS} alternating rounds per path; concurrency 64 is {CONCURRENT_WORKERS} workers x {PER_WORKER} calls. \
 Create -> Ready is timed in Python around `client.create(image=\"busybox\")` (POST, then the gateway's watch-driven wait), sandboxes deleted after each. \
-Machine: 2 CPUs shared with other builds (load average {load_before} before, {load_after} after): absolute numbers are noisy, at concurrency 64 both paths queue on process spawns.\n\n{table}"
+Each round runs both paths; the per-round rows give the median over the rounds and the spread. Machine: {machine}; the cluster, the agent and the client share it, so at concurrency 64 both paths queue on process spawns.\n\n{table}"
     );
     if let Some(doc) = doc {
         orchard_e2e::docs::write_section(&doc, "## Gateway", &section)

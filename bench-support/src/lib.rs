@@ -1,0 +1,147 @@
+//! Benchmark discipline shared by `make bench-agent` (`agent/benches/agent.rs`) and `make
+//! bench-gateway` (`e2e/examples/bench_gateway.rs`): wait (bounded) for a quiet machine or say loudly
+//! that it was not, record the load average and the CPU steal around the run, and report each figure
+//! as the median over alternating rounds with its spread. No dependencies, so the agent's benchmark
+//! can use it without pulling the operator's.
+
+use std::time::{Duration, Instant};
+
+/// The 1-minute load average (`NaN` when `/proc/loadavg` cannot be read).
+pub fn load_1() -> f64 {
+    std::fs::read_to_string("/proc/loadavg")
+        .ok()
+        .and_then(|text| text.split_whitespace().next()?.parse().ok())
+        .unwrap_or(f64::NAN)
+}
+
+/// Total and steal jiffies of all CPUs from the first line of `/proc/stat` (pure).
+pub fn parse_cpu_jiffies(stat: &str) -> (u64, u64) {
+    let fields: Vec<u64> = stat
+        .lines()
+        .next()
+        .unwrap_or_default()
+        .split_whitespace()
+        .skip(1)
+        .filter_map(|field| field.parse().ok())
+        .collect();
+    // user nice system idle iowait irq softirq steal (guest time is already in user).
+    (
+        fields.iter().take(8).sum(),
+        fields.get(7).copied().unwrap_or(0),
+    )
+}
+
+/// The machine as a benchmark found it, and the meter of CPU steal from then on.
+pub struct Machine {
+    /// CPUs available to this process.
+    pub cpus: usize,
+    /// 1-minute load average when the benchmark started measuring.
+    pub load_before: f64,
+    /// Whether the load fell below half the CPUs within the wait.
+    pub quiet: bool,
+    /// How long the benchmark waited.
+    pub waited: Duration,
+    jiffies: (u64, u64),
+}
+
+impl Machine {
+    /// Waits at most `max_wait` until the 1-minute load average is below half the CPUs (printing a
+    /// warning on stderr when it never is), then starts the steal meter.
+    pub fn settle(max_wait: Duration) -> Machine {
+        let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
+        let threshold = cpus as f64 / 2.0;
+        let started = Instant::now();
+        let (load, quiet) = loop {
+            let load = load_1();
+            if load < threshold {
+                break (load, true);
+            }
+            if started.elapsed() >= max_wait {
+                eprintln!(
+                    "benchmark: the machine is NOT quiet (load {load:.2} >= {threshold:.1} after {} s): figures are noisy",
+                    max_wait.as_secs()
+                );
+                break (load, false);
+            }
+            std::thread::sleep(Duration::from_secs(5));
+        };
+        Machine {
+            cpus,
+            load_before: load,
+            quiet,
+            waited: started.elapsed(),
+            jiffies: parse_cpu_jiffies(&std::fs::read_to_string("/proc/stat").unwrap_or_default()),
+        }
+    }
+
+    /// The sentence a benchmark's doc section carries about the machine: CPUs, quiet or not, the load
+    /// average before and now, and the CPU steal since [`Machine::settle`].
+    pub fn report(&self) -> String {
+        let now = parse_cpu_jiffies(&std::fs::read_to_string("/proc/stat").unwrap_or_default());
+        let total = now.0.saturating_sub(self.jiffies.0).max(1);
+        let steal = 100.0 * now.1.saturating_sub(self.jiffies.1) as f64 / total as f64;
+        let threshold = self.cpus as f64 / 2.0;
+        let state = if self.quiet {
+            format!(
+                "quiet machine (load average below {threshold:.1} after waiting {} s)",
+                self.waited.as_secs()
+            )
+        } else {
+            format!(
+                "**not a quiet machine** (the load average did not fall below {threshold:.1} within {} s)",
+                self.waited.as_secs()
+            )
+        };
+        format!(
+            "{} CPUs; {state}; load average {:.2} at the start, {:.2} at the end; CPU steal during the run {steal:.1} %",
+            self.cpus,
+            self.load_before,
+            load_1()
+        )
+    }
+}
+
+/// The median of `values` (the upper one of an even count), `None` when empty (pure).
+pub fn median<T: Copy + PartialOrd>(values: &[T]) -> Option<T> {
+    let mut sorted = values.to_vec();
+    sorted.sort_by(|a, b| a.partial_cmp(b).unwrap_or(std::cmp::Ordering::Equal));
+    sorted.get(sorted.len() / 2).copied()
+}
+
+/// `median (min–max)` of `values`, each shown with `show`; one value alone, or `n/a` (pure).
+pub fn median_spread<T: Copy + PartialOrd>(values: &[T], show: impl Fn(T) -> String) -> String {
+    let mut sorted = values.to_vec();
+    sorted.sort_by(|a, b| a.partial_cmp(b).unwrap_or(std::cmp::Ordering::Equal));
+    match sorted.as_slice() {
+        [] => "n/a".into(),
+        [only] => show(*only),
+        all => format!(
+            "{} ({}–{})",
+            show(all[all.len() / 2]),
+            show(all[0]),
+            show(all[all.len() - 1])
+        ),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn steal_is_the_eighth_field_and_the_total_sums_the_first_eight() {
+        let stat = "cpu  100 5 50 800 10 1 2 30 7 0\ncpu0 1 2 3 4\n";
+        assert_eq!(parse_cpu_jiffies(stat), (998, 30));
+        assert_eq!(parse_cpu_jiffies(""), (0, 0));
+    }
+
+    #[test]
+    fn medians_and_spreads() {
+        assert_eq!(median(&[3.0, 1.0, 2.0]), Some(2.0));
+        assert_eq!(median::<f64>(&[]), None);
+        let show = |v: f64| format!("{v:.1}");
+        assert_eq!(median_spread(&[3.0, 1.0, 2.0], show), "2.0 (1.0–3.0)");
+        assert_eq!(median_spread(&[4.0], show), "4.0");
+        assert_eq!(median_spread::<f64>(&[], show), "n/a");
+    }
+}
