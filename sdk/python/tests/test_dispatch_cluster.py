@@ -27,20 +27,22 @@ RUNNER = (
 RUN_LABEL = "orchard-test-dispatch"
 
 
-def template(cluster: Cluster, run: str) -> dict[str, Any]:
-    """A run-based template whose trajectory sandboxes carry the test run's label."""
+def template(cluster: Cluster, run: str, sleep: int = 0) -> dict[str, Any]:
+    """A run-based template whose trajectory sandboxes carry the test run's label; each trajectory
+    first sleeps ``sleep`` seconds (so a sampler polling every 0.2 s cannot miss it)."""
+    runner = f"sleep {sleep}\n{RUNNER}" if sleep else RUNNER
     return {
         "metadata": {"labels": {RUN_LABEL: run}},
         "spec": {
             "image": cluster.image,
-            "run": {"command": ["/bin/sh", "-c", RUNNER], "timeoutSeconds": 60, "resultPath": "result.json"},
+            "run": {"command": ["/bin/sh", "-c", runner], "timeoutSeconds": 60, "resultPath": "result.json"},
         },
     }
 
 
-def request(cluster: Cluster, run: str, index: int, **fields: Any) -> GroupRequest:
+def request(cluster: Cluster, run: str, index: int, sleep: int = 0, **fields: Any) -> GroupRequest:
     return GroupRequest(
-        template(cluster, run), key=index, generate_name=f"dispatch-{index}-", labels={RUN_LABEL: run},
+        template(cluster, run, sleep), key=index, generate_name=f"dispatch-{index}-", labels={RUN_LABEL: run},
         group_size=2, max_trajectories=4, stride=2, positive_fraction=(0.5, 0.5), filter=False, **fields,
     )
 
@@ -125,7 +127,7 @@ async def test_async_dispatcher_with_a_rollout_queue(aclient: AsyncSandboxClient
         sampler = asyncio.create_task(sample())
         try:
             async with AsyncDispatcher(aclient, max_in_flight=4, timeout=300, progress=False) as dispatcher:
-                results = [done async for done in dispatcher.run(request(cluster, run, i, queue=queue) for i in range(4))]
+                results = [done async for done in dispatcher.run(request(cluster, run, i, sleep=1, queue=queue) for i in range(4))]
         finally:
             sampler.cancel()
             sampled = (await asyncio.gather(sampler, return_exceptions=True))[0]
