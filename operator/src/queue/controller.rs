@@ -89,6 +89,8 @@ pub async fn run(
 ) {
     let mut pending: BTreeSet<QueueKey> = BTreeSet::new();
     let mut last_write: BTreeMap<QueueKey, Instant> = BTreeMap::new();
+    // Queues with a held-back status write whose retry timer is already running (one per queue).
+    let retrying: Arc<std::sync::Mutex<BTreeSet<QueueKey>>> = Arc::default();
     let mut sweep = tokio::time::interval(SWEEP);
     loop {
         tokio::select! {
@@ -111,13 +113,23 @@ pub async fn run(
         let keys = std::mem::take(&mut pending);
         for key in keys {
             if let Some(retry_in) = pass(&ctx, &key, &mut last_write).await {
-                // A status write was due but too soon after the last one: come back.
-                let book = ctx.clone();
-                let key = key.clone();
-                tokio::spawn(async move {
-                    tokio::time::sleep(retry_in).await;
-                    book.queues.mark_dirty(key);
-                });
+                // A status write was due but too soon after the last one: come back, once.
+                let first = retrying
+                    .lock()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .insert(key.clone());
+                if first {
+                    let book = ctx.clone();
+                    let retrying = retrying.clone();
+                    tokio::spawn(async move {
+                        tokio::time::sleep(retry_in).await;
+                        retrying
+                            .lock()
+                            .unwrap_or_else(|p| p.into_inner())
+                            .remove(&key);
+                        book.queues.mark_dirty(key);
+                    });
+                }
             }
         }
     }
