@@ -82,6 +82,7 @@ crds: ## regenerate crds/*.yaml from the Rust types
 	$(CARGO) run -q -p orchard-operator --bin crdgen -- sandbox > crds/sandboxes.orchard.dev.yaml
 	$(CARGO) run -q -p orchard-operator --bin crdgen -- rolloutgroup > crds/rolloutgroups.orchard.dev.yaml
 	$(CARGO) run -q -p orchard-operator --bin crdgen -- rolloutqueue > crds/rolloutqueues.orchard.dev.yaml
+	$(CARGO) run -q -p orchard-operator --bin crdgen -- sandboxpool > crds/sandboxpools.orchard.dev.yaml
 	$(MAKE) sync-crds
 
 .PHONY: crds-check
@@ -90,7 +91,8 @@ crds-check: ## fail if crds/ differs from what the Rust types generate
 	$(CARGO) run -q -p orchard-operator --bin crdgen -- sandbox > $$tmp/sandboxes.orchard.dev.yaml && \
 	$(CARGO) run -q -p orchard-operator --bin crdgen -- rolloutgroup > $$tmp/rolloutgroups.orchard.dev.yaml && \
 	$(CARGO) run -q -p orchard-operator --bin crdgen -- rolloutqueue > $$tmp/rolloutqueues.orchard.dev.yaml && \
-	if ! diff -u crds/sandboxes.orchard.dev.yaml $$tmp/sandboxes.orchard.dev.yaml || ! diff -u crds/rolloutgroups.orchard.dev.yaml $$tmp/rolloutgroups.orchard.dev.yaml || ! diff -u crds/rolloutqueues.orchard.dev.yaml $$tmp/rolloutqueues.orchard.dev.yaml; then \
+	$(CARGO) run -q -p orchard-operator --bin crdgen -- sandboxpool > $$tmp/sandboxpools.orchard.dev.yaml && \
+	if ! diff -u crds/sandboxes.orchard.dev.yaml $$tmp/sandboxes.orchard.dev.yaml || ! diff -u crds/rolloutgroups.orchard.dev.yaml $$tmp/rolloutgroups.orchard.dev.yaml || ! diff -u crds/rolloutqueues.orchard.dev.yaml $$tmp/rolloutqueues.orchard.dev.yaml || ! diff -u crds/sandboxpools.orchard.dev.yaml $$tmp/sandboxpools.orchard.dev.yaml; then \
 		echo "crds/ is out of date: run 'make crds' and commit the result" >&2; rm -rf $$tmp; exit 1; fi; \
 	rm -rf $$tmp; echo "crds/ matches the Rust types"
 
@@ -268,10 +270,12 @@ bench-queue: k8s agent ## 64 RolloutGroups at once, without and with a RolloutQu
 		$(TARGET_DIR)/release/bench-queue --write-doc docs/BENCHMARKS.md
 
 .PHONY: bench-real
-bench-real: k8s agent node-images ## the hollow and the real node side by side (1 at a time, 50 at once, 200 with execs); writes docs/BENCHMARKS.md
+bench-real: k8s agent node-images ## the hollow and the real node side by side (1 at a time, 50 at once, 200 with execs), then warm-pool claims against cold starts (bench-pool); writes docs/BENCHMARKS.md
 	$(CARGO) build --release -p orchard-operator -p orchard-e2e --bins -j 2
 	ORCHARD_OPERATOR_BIN=$(abspath $(TARGET_DIR))/release/orchard-operator \
 		$(TARGET_DIR)/release/bench-real --write-doc docs/BENCHMARKS.md
+	ORCHARD_OPERATOR_BIN=$(abspath $(TARGET_DIR))/release/orchard-operator \
+		$(TARGET_DIR)/release/bench-pool --write-doc docs/BENCHMARKS.md
 
 .PHONY: bench
 bench: bench-agent bench-gateway bench-bar bench-scale bench-queue bench-real ## every benchmark (numbers go to docs/BENCHMARKS.md and docs/BAR.md)

@@ -16,7 +16,7 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::serve::ListenerExt;
 use http_body_util::BodyExt;
-use orchard_api::agent::AgentHealth;
+use orchard_api::agent::{AgentHealth, AgentIdentity};
 use tokio::net::TcpListener;
 use tokio::sync::{Semaphore, watch};
 
@@ -98,6 +98,8 @@ pub struct AppState {
     pub processes: Arc<ProcessTable>,
     /// Output buffered by all execs and background processes together (`--max-output-bytes-total`).
     pub output_budget: Arc<OutputBudget>,
+    /// The Sandbox this agent serves, once the operator said so (`PUT /v1/identity`).
+    identity: Arc<std::sync::RwLock<Option<String>>>,
     admission: Arc<Semaphore>,
 }
 
@@ -113,9 +115,45 @@ impl AppState {
                 Some(Arc::clone(&output_budget)),
             )),
             output_budget,
+            identity: Arc::default(),
             admission,
         }
     }
+
+    /// Gives `spec` the `ORCHARD_SANDBOX` of the identity set by `PUT /v1/identity`, unless the
+    /// request's own `env` sets it (which wins, as it wins over the Pod's environment).
+    pub fn apply_identity(&self, spec: &mut CommandSpec) {
+        let identity = self.identity.read().unwrap_or_else(|p| p.into_inner());
+        if let Some(name) = identity.as_ref()
+            && !spec.env.iter().any(|(key, _)| key == IDENTITY_ENV)
+        {
+            spec.env.insert(0, (IDENTITY_ENV.to_string(), name.clone()));
+        }
+    }
+}
+
+/// The variable that names the Sandbox to commands.
+pub const IDENTITY_ENV: &str = "ORCHARD_SANDBOX";
+
+/// `PUT /v1/identity`: from now on commands get `ORCHARD_SANDBOX=<sandbox>`.
+async fn set_identity(
+    State(state): State<AppState>,
+    crate::json_body::JsonBody(identity): crate::json_body::JsonBody<AgentIdentity>,
+) -> Result<Response, AgentError> {
+    let name = identity.sandbox.trim();
+    if name.is_empty() || name.len() > 253 || name.chars().any(char::is_control) {
+        return Err(AgentError::BadRequest(
+            "`sandbox` must be a Sandbox name of 1 to 253 characters".into(),
+        ));
+    }
+    *state.identity.write().unwrap_or_else(|p| p.into_inner()) = Some(name.to_string());
+    tracing::info!(sandbox = name, "identity set");
+    Ok(json_response(
+        StatusCode::OK,
+        &AgentIdentity {
+            sandbox: name.to_string(),
+        },
+    ))
 }
 
 async fn healthz() -> Response {
@@ -190,6 +228,7 @@ pub fn router(state: AppState) -> Router {
         )
         .route("/v1/files/list", get(files::routes::list))
         .route("/v1/patch", post(patch::apply))
+        .route("/v1/identity", axum::routing::put(set_identity))
         .route_layer(middleware::from_fn_with_state(state.clone(), guard_v1));
     Router::new()
         .route("/healthz", get(healthz))

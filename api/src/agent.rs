@@ -418,6 +418,17 @@ pub enum ExecEvent {
     },
 }
 
+/// Body and answer of `PUT /v1/identity`: the Sandbox this agent serves. Every later command gets
+/// `ORCHARD_SANDBOX=<sandbox>` unless its own `env` sets it (the operator sets it when a Sandbox
+/// claims a warm pool member, whose Pod was started under the member's name).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+#[serde(deny_unknown_fields)]
+pub struct AgentIdentity {
+    /// Name of the Sandbox (1 to 253 characters).
+    pub sandbox: String,
+}
+
 /// Answer of `GET /healthz`.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]

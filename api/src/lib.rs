@@ -13,6 +13,8 @@ mod rollout_group;
 mod rollout_queue;
 #[cfg(feature = "crd")]
 mod sandbox;
+#[cfg(feature = "crd")]
+mod sandbox_pool;
 
 #[cfg(feature = "crd")]
 pub use rollout_group::*;
@@ -20,6 +22,8 @@ pub use rollout_group::*;
 pub use rollout_queue::*;
 #[cfg(feature = "crd")]
 pub use sandbox::*;
+#[cfg(feature = "crd")]
+pub use sandbox_pool::*;
 
 /// API group of every Orchard Env kind.
 pub const GROUP: &str = "orchard.dev";
@@ -40,6 +44,17 @@ pub const STRIDE_LABEL: &str = "orchard.dev/stride";
 /// Label on trajectory Sandboxes (and their Pods) of a group that names a RolloutQueue, holding the
 /// queue's name: the queue's accounting counts what carries it.
 pub const ROLLOUT_QUEUE_LABEL: &str = "orchard.dev/rollout-queue";
+
+/// Label on the unclaimed members of a SandboxPool (Pods), holding the pool's name; the pool's scale
+/// selector. A claim removes it.
+pub const POOL_LABEL: &str = "orchard.dev/pool";
+
+/// Label a claim puts on a former pool member (Pod), holding the pool's name.
+pub const CLAIMED_FROM_LABEL: &str = "orchard.dev/claimed-from";
+
+/// Annotation on a SandboxPool member (Pod): the hash of the pod-shaping template it was built from.
+/// A Sandbox claims only a member whose hash equals its own pod-shaping spec's.
+pub const POOL_TEMPLATE_HASH_ANNOTATION: &str = "orchard.dev/pool-template-hash";
 
 /// Label on every object the operator manages (value `orchard-operator`).
 pub const MANAGED_BY_LABEL: &str = "app.kubernetes.io/managed-by";

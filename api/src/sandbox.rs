@@ -58,6 +58,9 @@ use serde::{Deserialize, Serialize};
     ),
     validation = Rule::new("size(self.metadata.name) <= 63").message("a Sandbox name must be at most 63 characters (it labels the sandbox's pod and policies)")
 )]
+#[x_kube(validation = Rule::new("size(self.image) > 0 || has(self.pool)").message("spec.image is required unless spec.pool names a SandboxPool"))]
+#[x_kube(validation = Rule::new("has(self.pool) == has(oldSelf.pool) && (!has(self.pool) || self.pool == oldSelf.pool)").message("spec.pool is immutable: create a new Sandbox"))]
+#[x_kube(validation = Rule::new("!has(self.whenPoolEmpty) || has(self.pool)").message("spec.whenPoolEmpty needs spec.pool"))]
 #[x_kube(validation = Rule::new("self.image == oldSelf.image").message("spec.image is immutable: create a new Sandbox"))]
 #[x_kube(validation = Rule::new("has(self.resources) == has(oldSelf.resources) && (!has(self.resources) || self.resources == oldSelf.resources)").message("spec.resources is immutable: create a new Sandbox"))]
 #[x_kube(validation = Rule::new("has(self.run) == has(oldSelf.run) && (!has(self.run) || self.run == oldSelf.run)").message("spec.run is immutable once the sandbox exists"))]
@@ -67,8 +70,9 @@ use serde::{Deserialize, Serialize};
 #[x_kube(validation = Rule::new("!has(self.tolerations) || self.tolerations.all(t, !has(t.tolerationSeconds) || (has(t.effect) && t.effect == 'NoExecute'))").message("tolerations[].tolerationSeconds needs effect NoExecute"))]
 #[serde(rename_all = "camelCase")]
 pub struct SandboxSpec {
-    /// Container image of the task environment (any Linux image: distroless and scratch work, no shell needed).
-    #[schemars(length(min = 1, max = 1024))]
+    /// Container image of the task environment (any Linux image: distroless and scratch work, no shell needed). Required unless `pool` names a SandboxPool, whose template's image applies when this is empty.
+    #[serde(default)]
+    #[schemars(length(max = 1024))]
     pub image: String,
 
     /// When the node pulls the image: Always, IfNotPresent or Never. Kubernetes' default applies when unset.
@@ -133,6 +137,25 @@ pub struct SandboxSpec {
     /// Security profile of the sandbox's containers; the operator's default (`--default-security-profile`) applies when unset.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub security: Option<SecuritySpec>,
+
+    /// Name of a SandboxPool in the same namespace to claim a warm, already Ready Pod from instead of starting one. Fields left unset here take the pool template's values. A member is claimed only if the Pod this spec describes equals the member's (image, resources, env, working directory, security, startup, placement; `network`, `lifecycle` and `run` may differ); otherwise, or when no member is Ready, `whenPoolEmpty` decides. The expiry clocks start at the claim.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(min = 1, max = 253))]
+    pub pool: Option<String>,
+
+    /// What a sandbox with `pool` does when no Ready member fits: `ColdStart` (default: start its own Pod, as without a pool) or `Wait` (stay Pending until a member is Ready; a spec that differs from the pool's template waits with reason `PoolTemplateMismatch`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub when_pool_empty: Option<PoolFallback>,
+}
+
+/// What a Sandbox naming a pool does when no Ready member fits.
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, Default, JsonSchema)]
+pub enum PoolFallback {
+    /// Start the sandbox's own Pod (a cold start).
+    #[default]
+    ColdStart,
+    /// Stay Pending until a member is Ready.
+    Wait,
 }
 
 /// How the sandbox's containers run. The agent's init container is Pod Security `restricted` in every profile.

@@ -3,7 +3,7 @@
 //! crate `orchard_bar`.
 //!
 //! Layout: the two controllers ([`sandbox`], [`rollout`]: pure builders and status, a thin apply
-//! layer, the reconcile that ties them), the RolloutQueues' admission ([`queue`]), the [`gateway`] (REST to pod IPs behind Kubernetes RBAC), and
+//! layer, the reconcile that ties them), the RolloutQueues' admission ([`queue`]), the SandboxPools' warm members ([`pool`]), the [`gateway`] (REST to pod IPs behind Kubernetes RBAC), and
 //! one plumbing module, [`runtime`] (start-up, caches and triggers, leadership, the generic write layer
 //! and its memory, metrics, configuration). docs/CONTROLLER.md draws the data flow.
 
@@ -11,6 +11,7 @@
 pub use orchard_api as api;
 
 pub mod gateway;
+pub mod pool;
 pub mod queue;
 pub mod rollout;
 pub mod runtime;

@@ -31,6 +31,7 @@ pub async fn exec(
     JsonBody(request): JsonBody<CommandRequest>,
 ) -> Result<Response, AgentError> {
     let mut spec = request.into_spec(&state.config.root, RequestKind::Exec)?;
+    state.apply_identity(&mut spec);
     let started = Instant::now();
     let encoding = spec.encoding;
     let running = match spawn(&spec, &state.config.scrubbed_env, &state.groups)? {
@@ -117,6 +118,7 @@ pub async fn exec_stream(
     JsonBody(request): JsonBody<CommandRequest>,
 ) -> Result<Response, AgentError> {
     let mut spec = request.into_spec(&state.config.root, RequestKind::Exec)?;
+    state.apply_identity(&mut spec);
     let started = Instant::now();
     let spawned = spawn(&spec, &state.config.scrubbed_env, &state.groups)?;
     let (events, mut receiver) = mpsc::channel::<Bytes>(STREAM_EVENT_BUFFER);

@@ -28,7 +28,8 @@ pub async fn start(
     JsonBody(mut request): JsonBody<CommandRequest>,
 ) -> Result<Response, AgentError> {
     let id = request.id.take();
-    let spec = request.into_spec(&state.config.root, RequestKind::Process)?;
+    let mut spec = request.into_spec(&state.config.root, RequestKind::Process)?;
+    state.apply_identity(&mut spec);
     match state
         .processes
         .start(id, spec, &state.config.scrubbed_env, &state.groups)?

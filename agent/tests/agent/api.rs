@@ -242,3 +242,51 @@ async fn over_the_concurrency_cap_is_429_immediately() {
     }
     assert_eq!(agent.exec(json!({"argv": ["true"]})).await["exitCode"], 0);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_identity_names_the_sandbox_to_later_commands() {
+    let agent = Agent::start();
+    let echo = json!({"argv": ["/bin/sh", "-c", "printf %s \"${ORCHARD_SANDBOX:-unset}\""]});
+    let before = agent.exec(echo.clone()).await;
+    let (status, answer) = agent
+        .json(Method::PUT, "/v1/identity", json!({"sandbox": "task-7"}))
+        .await;
+    assert_eq!(status, StatusCode::OK, "{answer}");
+    assert_eq!(answer["sandbox"], "task-7");
+    assert_eq!(agent.exec(echo.clone()).await["stdout"], "task-7");
+    assert_ne!(before["stdout"], "task-7");
+    let own = json!({"argv": ["/bin/sh", "-c", "printf %s \"$ORCHARD_SANDBOX\""],
+                     "env": {"ORCHARD_SANDBOX": "mine"}});
+    assert_eq!(
+        agent.exec(own).await["stdout"],
+        "mine",
+        "the request's env wins"
+    );
+    let (status, process) = agent
+        .json(
+            Method::POST,
+            "/v1/processes",
+            json!({"id": "p", "argv": ["/bin/sh", "-c", "test \"$ORCHARD_SANDBOX\" = task-7"]}),
+        )
+        .await;
+    assert_eq!(status, StatusCode::CREATED, "{process}");
+    let (_, done) = agent.get("/v1/processes/p?wait=10").await;
+    assert_eq!(done["exitCode"], 0, "background processes too: {done}");
+    for bad in [json!({"sandbox": ""}), json!({"sandbox": "a\nb"})] {
+        let (status, error) = agent.json(Method::PUT, "/v1/identity", bad.clone()).await;
+        assert_eq!(status, StatusCode::BAD_REQUEST, "{bad}: {error}");
+    }
+    let (status, error) = agent
+        .json(Method::PUT, "/v1/identity", json!({"name": "x"}))
+        .await;
+    assert_eq!(status, StatusCode::UNPROCESSABLE_ENTITY, "{error}");
+    let response = agent
+        .send(
+            Method::PUT,
+            "/v1/identity",
+            full(json!({"sandbox": "x"}).to_string()),
+            None,
+        )
+        .await;
+    assert_eq!(response.status(), StatusCode::UNAUTHORIZED);
+}

@@ -99,10 +99,18 @@ config/rbac/role.yaml holds the same rules (e2e/tests/manifests_rbac.rs compares
 - apiGroups: ["orchard.dev"]
   resources: ["rolloutqueues/status"]
   verbs: ["patch"]
-# Sandbox pods: created (POST, never patched), watched, deleted on failure or expiry.
+# SandboxPools: watched for their size and template; only their status is written.
+- apiGroups: ["orchard.dev"]
+  resources: ["sandboxpools"]
+  verbs: ["get", "list", "watch"]
+- apiGroups: ["orchard.dev"]
+  resources: ["sandboxpools/status"]
+  verbs: ["patch"]
+# Sandbox pods: created (POST), watched, deleted on failure or expiry; a pool member is patched
+# once, when a Sandbox claims it (owner reference and labels).
 - apiGroups: [""]
   resources: ["pods"]
-  verbs: ["get", "list", "watch", "create", "delete"]
+  verbs: ["get", "list", "watch", "create", "patch", "delete"]
 # Per-sandbox agent-token Secrets: created once, never updated (garbage-collected with the Sandbox).
 - apiGroups: [""]
   resources: ["secrets"]

@@ -1,21 +1,27 @@
 //! Prints the CustomResourceDefinitions of the Orchard Env API as YAML (`make crds` writes them to `crds/`).
 //!
-//! `crdgen` prints every CRD as one multi-document stream; `crdgen sandbox`, `crdgen rolloutgroup` or
-//! `crdgen rolloutqueue` prints one.
+//! `crdgen` prints every CRD as one multi-document stream; `crdgen sandbox`, `crdgen rolloutgroup`,
+//! `crdgen rolloutqueue` or `crdgen sandboxpool` prints one.
 
 use kube::CustomResourceExt;
-use orchard_operator::api::{RolloutGroup, RolloutQueue, Sandbox};
+use orchard_operator::api::{RolloutGroup, RolloutQueue, Sandbox, SandboxPool};
 
 fn main() {
     let which = std::env::args().nth(1);
     let crds = match which.as_deref() {
-        None => vec![Sandbox::crd(), RolloutGroup::crd(), RolloutQueue::crd()],
+        None => vec![
+            Sandbox::crd(),
+            RolloutGroup::crd(),
+            RolloutQueue::crd(),
+            SandboxPool::crd(),
+        ],
         Some("sandbox") => vec![Sandbox::crd()],
         Some("rolloutgroup") => vec![RolloutGroup::crd()],
         Some("rolloutqueue") => vec![RolloutQueue::crd()],
+        Some("sandboxpool") => vec![SandboxPool::crd()],
         Some(other) => {
             eprintln!(
-                "crdgen: unknown kind `{other}` (expected `sandbox`, `rolloutgroup` or `rolloutqueue`)"
+                "crdgen: unknown kind `{other}` (expected `sandbox`, `rolloutgroup`, `rolloutqueue` or `sandboxpool`)"
             );
             std::process::exit(2);
         }

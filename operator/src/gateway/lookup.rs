@@ -10,8 +10,8 @@ use kube::runtime::reflector::{ObjectRef, Store};
 use kube::{Client, Resource, ResourceExt};
 
 use super::errors::{ApiError, from_kube};
-use crate::runtime::ownership::controlled_by;
-use crate::sandbox::build::{TOKEN_KEY, token_secret_name};
+use crate::sandbox::apply::{cached_pod, own_pod_name, token_secret_for, token_secret_is_own};
+use crate::sandbox::build::TOKEN_KEY;
 use crate::sandbox::status::endpoint_of_own_pod;
 use orchard_api::{RolloutGroup, RolloutPhase, Sandbox, SandboxPhase};
 
@@ -100,6 +100,25 @@ pub async fn find_group(
     find(client, store, "rolloutgroup", namespace, name).await
 }
 
+/// The sandbox's pod from the cache; for a sandbox that claimed a pool member moments ago, whose
+/// claim the pod cache may not show yet (the member still looks like its pool's), one API read.
+pub async fn own_pod(client: &Client, pods: &Store<Pod>, sandbox: &Sandbox) -> Option<Arc<Pod>> {
+    let cached = cached_pod(pods, sandbox);
+    let uid = sandbox.uid().unwrap_or_default();
+    let lagging = sandbox.spec.pool.is_some()
+        && cached
+            .as_ref()
+            .is_some_and(|pod| !crate::runtime::ownership::controlled_by(pod.meta(), &uid));
+    if !lagging {
+        return cached;
+    }
+    let api: Api<Pod> = Api::namespaced(client.clone(), &sandbox.namespace().unwrap_or_default());
+    match api.get_opt(&own_pod_name(sandbox)).await {
+        Ok(Some(pod)) => Some(Arc::new(pod)),
+        _ => cached,
+    }
+}
+
 fn token_from(secret: &Secret) -> Option<String> {
     let bytes = secret.data.as_ref()?.get(TOKEN_KEY)?;
     let text = String::from_utf8(bytes.0.clone()).ok()?;
@@ -107,18 +126,20 @@ fn token_from(secret: &Secret) -> Option<String> {
     (!token.is_empty()).then_some(token)
 }
 
-/// The agent token of `sandbox`, from its own token Secret (controlled by the sandbox's UID: a Secret
-/// left by a deleted sandbox of the same name is never used). Secret cache first, then one API read.
+/// The agent token of `sandbox` running in `pod`, from its own token Secret (controlled by the
+/// sandbox's UID, or by its pod's for a claimed pool member: a Secret left by a deleted sandbox of
+/// the same name is never used). Secret cache first, then one API read.
 pub async fn agent_token(
     client: &Client,
     secrets: &Store<Secret>,
     sandbox: &Sandbox,
+    pod: Option<&Pod>,
 ) -> Result<String, ApiError> {
     let namespace = sandbox.namespace().unwrap_or_default();
     let name = sandbox.name_any();
     let uid = sandbox.uid().unwrap_or_default();
-    let secret_name = token_secret_name(&name);
-    let own = |secret: &Secret| controlled_by(secret.meta(), &uid);
+    let secret_name = token_secret_for(sandbox, pod);
+    let own = |secret: &Secret| token_secret_is_own(secret, &uid, pod);
     if let Some(token) = secrets
         .get(&ObjectRef::new(&secret_name).within(&namespace))
         .filter(|s| own(s))

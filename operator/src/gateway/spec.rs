@@ -137,9 +137,9 @@ pub fn sandbox_spec(value: Value, shorthand: bool) -> Result<SandboxSpec, ApiErr
     reject_unknown(&spec, &SANDBOX_FIELDS, extra, "the sandbox spec")?;
     normalise_env(&mut spec)?;
     fold_conveniences(&mut spec)?;
-    if !spec.contains_key("image") {
+    if !spec.contains_key("image") && !spec.contains_key("pool") {
         return Err(ApiError::bad_request(
-            "`image` is required (any Linux image, e.g. \"python:3.11\")",
+            "`image` is required (any Linux image, e.g. \"python:3.11\"), unless `pool` names a SandboxPool to claim a warm sandbox from",
         ));
     }
     serde_json::from_value(Value::Object(spec))
@@ -309,6 +309,31 @@ pub fn rollout_group_from_request(
 mod tests {
     use super::*;
     use orchard_api::{EgressPolicy, EnvVar};
+
+    #[test]
+    fn a_pool_stands_in_for_the_image() {
+        let sandbox = sandbox_from_request(
+            "ns",
+            json!({"pool": "python", "whenPoolEmpty": "Wait", "ttlSeconds": 60}),
+            "alice",
+        )
+        .unwrap();
+        assert_eq!(sandbox.spec.pool.as_deref(), Some("python"));
+        assert_eq!(
+            sandbox.spec.when_pool_empty,
+            Some(orchard_api::PoolFallback::Wait)
+        );
+        assert!(
+            sandbox.spec.image.is_empty(),
+            "the pool's template gives it"
+        );
+        let refused = sandbox_from_request("ns", json!({"ttlSeconds": 60}), "alice").unwrap_err();
+        assert!(
+            refused.body.message.contains("unless `pool`"),
+            "{}",
+            refused.body.message
+        );
+    }
 
     #[test]
     fn shorthand_becomes_a_full_spec() {

@@ -13,6 +13,7 @@ use kube::runtime::controller::Action;
 use kube::runtime::events::{Recorder, Reporter};
 use kube::runtime::reflector::Store;
 
+use crate::pool::book::PoolBook;
 use crate::queue::book::QueueBook;
 use crate::runtime::backoff::ReconcileBackoff;
 use crate::runtime::config::{OperatorArgs, parse_label_pairs};
@@ -26,7 +27,7 @@ use crate::sandbox::build::{PodShape, PolicyShape};
 use crate::sandbox::cidr::Cidr;
 use crate::sandbox::placement::Placement;
 use crate::sandbox::runner::Runners;
-use orchard_api::{RolloutGroup, RolloutQueue, Sandbox};
+use orchard_api::{RolloutGroup, RolloutQueue, Sandbox, SandboxPool};
 
 /// Field manager of every server-side apply the operator sends.
 pub const FIELD_MANAGER: &str = "orchard-operator";
@@ -152,6 +153,8 @@ pub struct Caches {
     pub rollout_groups: Store<RolloutGroup>,
     /// Every RolloutQueue in scope.
     pub rollout_queues: Store<RolloutQueue>,
+    /// Every SandboxPool in scope.
+    pub sandbox_pools: Store<SandboxPool>,
 }
 
 /// Shared state of the Sandbox controller.
@@ -185,6 +188,8 @@ pub struct Context {
     pub baseline_applies: KeyedLocks,
     /// Admission state of the RolloutQueues (waiting groups, reservations) and the queue loop's signals.
     pub queues: Arc<QueueBook>,
+    /// The pools' in-memory state (member reservations, claim counts, waiting Sandboxes) and signals.
+    pub pools: Arc<PoolBook>,
 }
 
 /// Async locks by key, created on first use and dropped when nobody holds or waits for them.
@@ -248,6 +253,7 @@ impl Context {
             rollout_slots,
             baseline_applies: KeyedLocks::default(),
             queues: Arc::default(),
+            pools: Arc::default(),
         }
     }
 

@@ -67,6 +67,10 @@ pub struct Metrics {
     pub queue_admitted: IntCounterVec,
     /// `orchard_queue_wait_seconds{queue_namespace, queue}`: how long each admitted stride waited.
     pub queue_wait_seconds: HistogramVec,
+    /// `orchard_pool_claims_total{start}`: Sandboxes of pools that claimed a warm member (`warm`) or started their own Pod (`cold`).
+    pub pool_claims: IntCounterVec,
+    /// `orchard_pool_members{pool_namespace, pool, state}`: unclaimed members of each pool, `ready` or `starting`.
+    pub pool_members: IntGaugeVec,
 }
 
 fn gauge(
@@ -174,6 +178,18 @@ impl Metrics {
                 "orchard_rolloutgroups",
                 "RolloutGroups by phase, from the operator's watch cache.",
                 &["phase"],
+            )?,
+            pool_claims: counter(
+                &registry,
+                "orchard_pool_claims_total",
+                "Sandboxes naming a SandboxPool that claimed a warm member (start=warm) or started their own Pod (start=cold).",
+                &["start"],
+            )?,
+            pool_members: gauge(
+                &registry,
+                "orchard_pool_members",
+                "Unclaimed members of each SandboxPool, by state (ready, starting).",
+                &["pool_namespace", "pool", "state"],
             )?,
             queue_running: gauge(
                 &registry,

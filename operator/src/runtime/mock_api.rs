@@ -23,7 +23,7 @@ use crate::runtime::context::{Caches, Context, Settings};
 use crate::runtime::leader::Leadership;
 use crate::runtime::metrics::Metrics;
 use crate::runtime::own_writes::OwnWrites;
-use orchard_api::{RolloutGroup, RolloutQueue, Sandbox};
+use orchard_api::{RolloutGroup, RolloutQueue, Sandbox, SandboxPool};
 
 /// How the scripted server answers a request whose body (JSON, or `null`) it was given.
 type Reply = Box<dyn Fn(&Value) -> (u16, Value) + Send>;
@@ -114,6 +114,7 @@ pub struct TestCaches {
     pub policies: Writer<NetworkPolicy>,
     pub rollout_groups: Writer<RolloutGroup>,
     pub rollout_queues: Writer<RolloutQueue>,
+    pub sandbox_pools: Writer<SandboxPool>,
     caches: Caches,
 }
 
@@ -132,6 +133,7 @@ impl Default for TestCaches {
         let (policies, policies_w) = store();
         let (rollout_groups, rollout_groups_w) = store();
         let (rollout_queues, rollout_queues_w) = store();
+        let (sandbox_pools, sandbox_pools_w) = store();
         Self {
             sandboxes: sandboxes_w,
             pods: pods_w,
@@ -139,6 +141,7 @@ impl Default for TestCaches {
             policies: policies_w,
             rollout_groups: rollout_groups_w,
             rollout_queues: rollout_queues_w,
+            sandbox_pools: sandbox_pools_w,
             caches: Caches {
                 sandboxes,
                 pods,
@@ -146,6 +149,7 @@ impl Default for TestCaches {
                 policies,
                 rollout_groups,
                 rollout_queues,
+                sandbox_pools,
             },
         }
     }

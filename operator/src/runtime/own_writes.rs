@@ -173,6 +173,23 @@ impl OwnWrites {
         })
     }
 
+    /// Every object of type `T` recorded in `scope` within the TTL (children created moments ago
+    /// that the cache may not show yet).
+    pub fn objects<T: Any + Clone>(&self, scope: &str) -> Vec<T> {
+        self.with_scopes(|scopes| {
+            scopes
+                .get(scope)
+                .map(|s| {
+                    s.children
+                        .values()
+                        .filter(|w| w.at.elapsed() < Self::TTL)
+                        .filter_map(|w| w.object.as_ref()?.downcast_ref::<T>().cloned())
+                        .collect()
+                })
+                .unwrap_or_default()
+        })
+    }
+
     /// The watch showed child `key` of `scope` (applied or deleted): the cache now speaks for it.
     pub fn child_observed(&self, scope: &str, key: &str) {
         self.with_scopes(|scopes| {

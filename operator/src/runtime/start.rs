@@ -18,6 +18,7 @@ use tokio_util::sync::CancellationToken;
 use tracing::{error, info, warn};
 
 use crate::gateway::{self, GatewayDeps};
+use crate::pool::book::{PoolBook, PoolKey};
 use crate::queue::book::{QueueBook, QueueKey};
 use crate::runtime::admin::{self, AdminState};
 use crate::runtime::backoff::ReconcileBackoff;
@@ -32,8 +33,8 @@ use crate::runtime::ownership::controller_uid;
 use crate::runtime::triggers::{Forward, forwarded, trigger};
 use crate::{rollout, sandbox};
 use orchard_api::{
-    MANAGED_BY, MANAGED_BY_LABEL, ROLLOUT_QUEUE_LABEL, RolloutGroup, RolloutQueue,
-    SANDBOX_POD_LABEL, Sandbox,
+    CLAIMED_FROM_LABEL, MANAGED_BY, MANAGED_BY_LABEL, POOL_LABEL, ROLLOUT_QUEUE_LABEL,
+    RolloutGroup, RolloutQueue, SANDBOX_POD_LABEL, Sandbox, SandboxPool,
 };
 
 /// kube-runtime's own concurrency limit, off: the reconcilers bound themselves with FIFO slots
@@ -162,6 +163,8 @@ pub async fn run(args: OperatorArgs) -> Result<()> {
     ));
     // The queues' admission state; the watches below tell it when a queue's accounting may change.
     let queue_book = Arc::new(QueueBook::default());
+    // The pools' state; pod and pool events wake pools and the Sandboxes waiting for a member.
+    let pool_book = Arc::new(PoolBook::default());
     let (sandbox_store, sandbox_writer) = reflector::store::<Sandbox>();
     let (sandbox_trigger_tx, sandbox_trigger) = trigger::<Sandbox>(Forward::Applied);
     let (group_children_tx, group_children) = trigger::<Sandbox>(Forward::AppliedAndDeleted);
@@ -179,6 +182,21 @@ pub async fn run(args: OperatorArgs) -> Result<()> {
         })
         .inspect(publish_changes(changes.clone(), "Sandbox"))
         .inspect(mark_queue_dirty(queue_book.clone()))
+        .inspect({
+            let book = pool_book.clone();
+            move |event| {
+                // A deleted Sandbox no longer waits for a pool member.
+                if let Ok(watcher::Event::Delete(sandbox)) = event
+                    && let Some(pool) = sandbox.spec.pool.as_ref()
+                {
+                    let key = PoolKey {
+                        namespace: sandbox.meta().namespace.clone().unwrap_or_default(),
+                        name: pool.clone(),
+                    };
+                    book.stop_waiting(&key, sandbox.meta().name.as_deref().unwrap_or_default());
+                }
+            }
+        })
         .for_each(|event| async move {
             if let Err(err) = event {
                 warn!(%err, "sandbox watch error (retrying)");
@@ -244,6 +262,37 @@ pub async fn run(args: OperatorArgs) -> Result<()> {
         }
     });
 
+    // SandboxPools: the pool controller's objects; a pool that appears or changes may end the wait of
+    // the Sandboxes naming it.
+    let (pool_store, pool_writer) = reflector::store::<SandboxPool>();
+    let (pool_trigger_tx, pool_trigger) = trigger::<SandboxPool>(Forward::Applied);
+    let pool_watch = watcher(
+        scoped_api::<SandboxPool>(&client, &namespace),
+        watcher::Config::default(),
+    )
+    .default_backoff()
+    .modify(|p: &mut SandboxPool| p.meta_mut().managed_fields = None)
+    .inspect(flag_on_init_done(filled.sandbox_pools.clone()))
+    .reflect(pool_writer)
+    .inspect(tell_memory(own_writes.clone(), backoff.clone()))
+    .inspect(move |event| pool_trigger_tx.forward(event))
+    .inspect({
+        let book = pool_book.clone();
+        move |event| {
+            if let Some(pool) = forwarded(event, Forward::AppliedAndDeleted) {
+                book.wake_waiting(&PoolKey {
+                    namespace: pool.meta().namespace.clone().unwrap_or_default(),
+                    name: pool.meta().name.clone().unwrap_or_default(),
+                });
+            }
+        }
+    })
+    .for_each(|event| async move {
+        if let Err(err) = event {
+            tracing::warn!(%err, "sandboxpool watch error (retrying)");
+        }
+    });
+
     let pod_labels = format!("{SANDBOX_POD_LABEL}=true");
     let managed_labels = format!("{MANAGED_BY_LABEL}={MANAGED_BY}");
     let (pods, pod_events) = cached_watch::<Pod>(
@@ -253,9 +302,11 @@ pub async fn run(args: OperatorArgs) -> Result<()> {
         {
             let mut remember = tell_memory(own_writes.clone(), backoff.clone());
             let mut mark = mark_queue_dirty(queue_book.clone());
+            let mut pools = tell_pools(pool_book.clone());
             move |event| {
                 remember(event);
                 mark(event);
+                pools(event);
             }
         },
     );
@@ -279,6 +330,7 @@ pub async fn run(args: OperatorArgs) -> Result<()> {
         policies,
         rollout_groups: rollout_store.clone(),
         rollout_queues: queue_store,
+        sandbox_pools: pool_store.clone(),
     };
     let gateway_deps = GatewayDeps {
         client: client.clone(),
@@ -339,15 +391,20 @@ pub async fn run(args: OperatorArgs) -> Result<()> {
         leadership.clone(),
     );
     context.queues = queue_book.clone();
+    context.pools = pool_book.clone();
     let ctx = Arc::new(context);
     let queue_signals = queue_book
         .take_receivers()
         .ok_or_else(|| Error::Config("the queue signals were taken twice".into()))?;
+    let pool_signals = pool_book
+        .take_receivers()
+        .ok_or_else(|| Error::Config("the pool signals were taken twice".into()))?;
 
     let sandbox_controller = Controller::for_shared_stream(sandbox_trigger, sandbox_store)
         .owns_stream(pod_events)
         .owns_stream(secret_events)
         .owns_stream(policy_events)
+        .reconcile_on(pool_signals.sandboxes)
         .with_config(controller::Config::default().concurrency(UNLIMITED))
         .reconcile_all_on(leadership.gained_stream())
         .graceful_shutdown_on(shutdown.clone().cancelled_owned())
@@ -379,14 +436,30 @@ pub async fn run(args: OperatorArgs) -> Result<()> {
         .for_each(|_| future::ready(()));
     let queue_loop =
         crate::queue::controller::run(ctx.clone(), queue_signals.dirty, shutdown.clone());
+    let pool_controller = Controller::for_shared_stream(pool_trigger, pool_store)
+        .reconcile_on(pool_signals.pools)
+        .with_config(controller::Config::default().concurrency(UNLIMITED))
+        .reconcile_all_on(leadership.gained_stream())
+        .graceful_shutdown_on(shutdown.clone().cancelled_owned())
+        .run(
+            crate::pool::controller::reconcile,
+            crate::pool::controller::error_policy,
+            ctx.clone(),
+        )
+        .for_each(|_| future::ready(()));
     let gateway_server = gateway::serve(args.gateway_listen, gateway_deps, shutdown.clone());
     let watch_until_shutdown = async {
         tokio::select! {
-            _ = futures::future::join3(sandbox_watch, rollout_watch, queue_watch) => {},
+            _ = futures::future::join4(sandbox_watch, rollout_watch, queue_watch, pool_watch) => {},
             _ = shutdown.cancelled() => {},
         }
     };
-    let controllers = future::join3(sandbox_controller, rollout_controller, queue_loop);
+    let controllers = future::join4(
+        sandbox_controller,
+        rollout_controller,
+        queue_loop,
+        pool_controller,
+    );
     let (_, _, admin_served, gateway_served) = tokio::join!(
         controllers,
         watch_until_shutdown,
@@ -431,6 +504,8 @@ pub struct CacheFill {
     pub rollout_groups: Arc<AtomicBool>,
     /// RolloutQueues cache.
     pub rollout_queues: Arc<AtomicBool>,
+    /// SandboxPools cache.
+    pub sandbox_pools: Arc<AtomicBool>,
 }
 
 impl CacheFill {
@@ -443,6 +518,7 @@ impl CacheFill {
             &self.policies,
             &self.rollout_groups,
             &self.rollout_queues,
+            &self.sandbox_pools,
         ]
         .iter()
         .all(|flag| flag.load(Ordering::Relaxed))
@@ -535,6 +611,38 @@ where
                 namespace: object.meta().namespace.clone().unwrap_or_default(),
                 name: queue.clone(),
             });
+        }
+    }
+}
+
+/// An `inspect` callback that tells the pools about a changed or deleted member Pod (label
+/// `orchard.dev/pool`) or a claimed one (`orchard.dev/claimed-from`): its pool reconciles (it refills
+/// after a claim), and a member that is Ready wakes the Sandboxes waiting for one.
+fn tell_pools(
+    book: Arc<PoolBook>,
+) -> impl FnMut(&std::result::Result<watcher::Event<Pod>, watcher::Error>) {
+    move |event| {
+        let Some(pod) = forwarded(event, Forward::AppliedAndDeleted) else {
+            return;
+        };
+        let labels = pod.metadata.labels.as_ref();
+        let namespace = pod.metadata.namespace.clone().unwrap_or_default();
+        let key = |name: &String| PoolKey {
+            namespace: namespace.clone(),
+            name: name.clone(),
+        };
+        if let Some(pool) = labels.and_then(|l| l.get(POOL_LABEL)) {
+            book.wake_pool(&key(pool));
+            let ready = pod
+                .status
+                .as_ref()
+                .and_then(|s| s.conditions.as_ref())
+                .is_some_and(|c| c.iter().any(|c| c.type_ == "Ready" && c.status == "True"));
+            if ready && pod.metadata.deletion_timestamp.is_none() {
+                book.wake_waiting(&key(pool));
+            }
+        } else if let Some(pool) = labels.and_then(|l| l.get(CLAIMED_FROM_LABEL)) {
+            book.wake_pool(&key(pool));
         }
     }
 }

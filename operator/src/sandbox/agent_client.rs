@@ -200,6 +200,33 @@ impl AgentClient {
         }
     }
 
+    /// Tells the agent which Sandbox it serves (`PUT /v1/identity`): later commands get
+    /// `ORCHARD_SANDBOX=<sandbox>`. Sent when a Sandbox claims a pool member.
+    pub async fn set_identity(
+        &self,
+        target: &AgentTarget,
+        sandbox: &str,
+    ) -> Result<(), AgentCallError> {
+        let body = orchard_api::agent::AgentIdentity {
+            sandbox: sandbox.to_string(),
+        };
+        let (status, bytes) = self
+            .call(
+                target,
+                Method::PUT,
+                "/v1/identity",
+                Some(&body),
+                Duration::from_secs(5),
+                64 << 10,
+            )
+            .await?;
+        if status.is_success() {
+            Ok(())
+        } else {
+            Err(status_error(status, &bytes))
+        }
+    }
+
     /// Reads a file of at most [`MAX_RESULT_BYTES`]; `Ok(None)` when it does not exist.
     pub async fn read_file(
         &self,

@@ -203,23 +203,69 @@ pub async fn ensure_egress_policy(
 }
 
 /// The sandbox's Pod as far as the operator knows without asking: the cache (classified by owner),
-/// else the Pod this incarnation created moments ago.
+/// else the Pod this incarnation created or claimed moments ago.
 pub fn known_pod(ctx: &Context, sandbox: &Sandbox) -> Option<ChildState<Pod>> {
-    if let Some(cached) = cached_pod(&ctx.caches.pods, sandbox) {
-        return Some(existing_state((*cached).clone(), owner_of(sandbox)));
-    }
     let uid = sandbox.uid().unwrap_or_default();
     let name = pod_name(&sandbox.name_any());
-    ctx.own_writes
-        .object::<Pod>(&uid, &child_key("Pod", &name))
-        .map(ChildState::Ours)
+    let written = ctx.own_writes.object::<Pod>(&uid, &child_key("Pod", &name));
+    if let Some(cached) = cached_pod(&ctx.caches.pods, sandbox) {
+        // A pool member this sandbox claimed moments ago: the cache may still show it as the
+        // pool's, the claim's answer is newer.
+        if let Some(claimed) = written
+            .as_ref()
+            .filter(|w| w.uid() == cached.uid() && !controlled_by(cached.meta(), &uid))
+        {
+            return Some(ChildState::Ours(claimed.clone()));
+        }
+        return Some(existing_state((*cached).clone(), owner_of(sandbox)));
+    }
+    written.map(ChildState::Ours)
 }
 
-/// The pod under the sandbox's pod name as the watch cache shows it, whoever owns it (callers check
-/// it is the sandbox's own).
+/// Name of the sandbox's Pod: the one its status names (a claimed pool member keeps the member's
+/// name), else the sandbox's own name.
+pub fn own_pod_name(sandbox: &Sandbox) -> String {
+    sandbox
+        .status
+        .as_ref()
+        .and_then(|s| s.pod_name.clone())
+        .filter(|name| !name.is_empty())
+        .unwrap_or_else(|| pod_name(&sandbox.name_any()))
+}
+
+/// The sandbox's pod as the watch cache shows it, whoever owns it (callers check it is the sandbox's
+/// own): under [`own_pod_name`], or, for a sandbox of a pool whose status does not name its pod yet,
+/// the member it claimed (by its label and controller UID).
 pub fn cached_pod(pods: &Store<Pod>, sandbox: &Sandbox) -> Option<Arc<Pod>> {
     let namespace = sandbox.namespace()?;
-    pods.get(&ObjectRef::new(&pod_name(&sandbox.name_any())).within(&namespace))
+    pods.get(&ObjectRef::new(&own_pod_name(sandbox)).within(&namespace))
+        .or_else(|| {
+            let unnamed = sandbox.status.as_ref().is_none_or(|s| s.pod_name.is_none());
+            (sandbox.spec.pool.is_some() && unnamed)
+                .then(|| crate::pool::claim::claimed_in_cache(pods, sandbox))
+                .flatten()
+        })
+}
+
+/// Name of the agent-token Secret of `sandbox`, whose pod is `pod`: the Secret the pod mounts (a
+/// claimed pool member's is the member's), else the sandbox's own.
+pub fn token_secret_for(sandbox: &Sandbox, pod: Option<&Pod>) -> String {
+    pod.and_then(super::build::token_secret_of)
+        .unwrap_or_else(|| token_secret_name(&sandbox.name_any()))
+}
+
+/// Whether `secret` may be trusted as the token of the sandbox with `sandbox_uid` running in `pod`:
+/// controlled by the sandbox, or (a claimed pool member's) by the pod the sandbox controls (pure).
+pub fn token_secret_is_own(secret: &Secret, sandbox_uid: &str, pod: Option<&Pod>) -> bool {
+    controlled_by(secret.meta(), sandbox_uid)
+        || pod.is_some_and(|pod| {
+            controlled_by(pod.meta(), sandbox_uid)
+                && pod
+                    .meta()
+                    .uid
+                    .as_deref()
+                    .is_some_and(|uid| controlled_by(secret.meta(), uid))
+        })
 }
 
 /// Creates the sandbox's Pod. A plain create, not server-side apply: a Pod's spec is immutable, so
@@ -250,7 +296,7 @@ pub async fn fetch_own_pod(ctx: &Context, sandbox: &Sandbox) -> Result<Option<Po
     let api: Api<Pod> = Api::namespaced(ctx.client.clone(), &namespace);
     let uid = sandbox.uid().unwrap_or_default();
     Ok(api
-        .get_opt(&pod_name(&sandbox.name_any()))
+        .get_opt(&own_pod_name(sandbox))
         .await?
         .filter(|pod| controlled_by(pod.meta(), &uid)))
 }
@@ -259,19 +305,20 @@ pub async fn fetch_own_pod(ctx: &Context, sandbox: &Sandbox) -> Result<Option<Po
 /// the name).
 pub async fn delete_own_pod(ctx: &Context, sandbox: &Sandbox) -> Result<()> {
     let namespace = sandbox.namespace().unwrap_or_default();
-    let name = pod_name(&sandbox.name_any());
     let uid = sandbox.uid().unwrap_or_default();
     let cached =
         cached_pod(&ctx.caches.pods, sandbox).filter(|pod| controlled_by(pod.meta(), &uid));
-    let pod_uid = match cached {
-        Some(pod) if pod.meta().deletion_timestamp.is_none() => pod.uid(),
+    let pod = match cached {
+        Some(pod) if pod.meta().deletion_timestamp.is_none() => Some((*pod).clone()),
         Some(_) => return Ok(()),
         None => ctx
             .own_writes
-            .object::<Pod>(&uid, &child_key("Pod", &name))
-            .and_then(|pod| pod.uid()),
+            .object::<Pod>(&uid, &child_key("Pod", &pod_name(&sandbox.name_any()))),
     };
-    if let Some(pod_uid) = pod_uid {
+    if let Some(pod) = pod
+        && let Some(pod_uid) = pod.uid()
+    {
+        let name = pod.name_any();
         ensure_deleted(ctx, &ctx.caches.pods, &uid, &namespace, &name, &pod_uid).await?;
     }
     Ok(())

@@ -127,6 +127,30 @@ fn child_labels(sandbox: &Sandbox, name: &str) -> BTreeMap<String, String> {
     labels
 }
 
+/// Labels of a sandbox's Pod: those of every child plus the baseline policy's selector. A claimed
+/// pool member is relabelled to exactly these (plus the pool it came from).
+pub fn pod_labels(sandbox: &Sandbox) -> BTreeMap<String, String> {
+    let name = sandbox.metadata.name.clone().unwrap_or_default();
+    let mut labels = child_labels(sandbox, &name);
+    labels.insert(SANDBOX_POD_LABEL.to_string(), "true".to_string());
+    labels
+}
+
+/// Name of the agent-token Secret `pod` mounts (pure): a pool member's is named after the member, not
+/// after the Sandbox that claimed it.
+pub fn token_secret_of(pod: &Pod) -> Option<String> {
+    pod.spec
+        .as_ref()?
+        .volumes
+        .as_ref()?
+        .iter()
+        .find(|v| v.name == TOKEN_VOLUME)?
+        .secret
+        .as_ref()?
+        .secret_name
+        .clone()
+}
+
 fn child_meta(
     sandbox: &Sandbox,
     name: &str,
@@ -273,9 +297,7 @@ pub fn desired_pod(sandbox: &Sandbox, owner: &OwnerReference, shape: &PodShape) 
     let name = sandbox.metadata.name.clone().unwrap_or_default();
     let spec = &sandbox.spec;
     let mut meta = child_meta(sandbox, &name, pod_name(&name), owner);
-    if let Some(labels) = meta.labels.as_mut() {
-        labels.insert(SANDBOX_POD_LABEL.to_string(), "true".to_string());
-    }
+    meta.labels = Some(pod_labels(sandbox));
     let security = sandbox_security(spec, shape);
     let install = Container {
         name: INSTALL_CONTAINER.to_string(),

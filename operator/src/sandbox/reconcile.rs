@@ -5,6 +5,8 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
 use k8s_openapi::jiff::Timestamp;
 use kube::runtime::controller::Action;
 use kube::runtime::events::EventType;
@@ -13,6 +15,7 @@ use kube::{Resource, ResourceExt};
 use tracing::{info, instrument, warn};
 
 use super::build::desired_pod;
+use super::build::pod_name;
 use super::expiry::{Lifecycle, annotated_heartbeat, expiry_deadline, failed_deadline};
 use super::run_result::aborted;
 use super::status::{
@@ -20,6 +23,7 @@ use super::status::{
     is_trajectory, quota_refusal, rollout_group_of, startup_clock,
 };
 use super::{apply, placement, runner};
+use crate::pool::claim::{PoolStep, announce_identity, claim_or_fallback, is_claimed_member};
 use crate::runtime::context::{Context, object_key};
 use crate::runtime::error::{Error, Result};
 use crate::runtime::events::publish;
@@ -97,6 +101,8 @@ async fn reconcile_inner(cached: &Sandbox, ctx: &Arc<Context>) -> Result<Option<
         // Deleted since it was queued.
         return Ok(None);
     };
+    // A sandbox of a pool runs with the pool template's values where its spec leaves them unset.
+    let (sandbox, pool) = crate::pool::resolve(&ctx.caches.sandbox_pools, &sandbox);
     let sandbox = &sandbox;
     let namespace = sandbox.namespace().ok_or(Error::MissingField {
         kind: "Sandbox",
@@ -124,9 +130,24 @@ async fn reconcile_inner(cached: &Sandbox, ctx: &Arc<Context>) -> Result<Option<
     let refused = (known.is_none() && previous.pod_name.is_none())
         .then(|| placement::check(&sandbox.spec, &ctx.settings.placement).err())
         .flatten();
+    // A claimed pool member brings its own token Secret (controlled by the Pod); a sandbox of a pool
+    // with no Pod yet creates its own only if it starts cold.
+    let claimed = matches!(&known, Some(ChildState::Ours(p)) if is_claimed_member(sandbox, p))
+        || previous
+            .pod_name
+            .as_deref()
+            .is_some_and(|name| name != pod_name(&sandbox.name_any()));
+    let pool_first = sandbox.spec.pool.is_some() && known.is_none() && previous.pod_name.is_none();
     let (egress, secret) = if refused.is_some() {
         // Refused before anything is created: no baseline, no policy, no token.
         (Ok(ChildState::Ours(())), Ok(Some(ChildState::Ours(()))))
+    } else if claimed || pool_first {
+        // The egress policy exists before a claim relabels the member into its selector.
+        apply::ensure_baseline(ctx, &namespace).await?;
+        (
+            apply::ensure_egress_policy(ctx, sandbox, &owner).await,
+            Ok(Some(ChildState::Ours(()))),
+        )
     } else {
         apply::ensure_baseline(ctx, &namespace).await?;
         // The token Secret and the egress policy are independent writes; the Pod waits for both, so
@@ -157,25 +178,38 @@ async fn reconcile_inner(cached: &Sandbox, ctx: &Arc<Context>) -> Result<Option<
             pod_gone = pod.is_none();
         }
         None if blocked.is_none() => {
-            let desired = desired_pod(sandbox, &owner, &ctx.settings.pod);
-            match apply::create_pod(ctx, sandbox, &desired).await {
-                Ok(ChildState::Ours(created)) => pod = Some(created),
-                Ok(other) => blocked = blocked_by(&[&other.unit()]),
-                Err(Error::Kube(kube::Error::Api(status))) => {
-                    if let Some(why) = admission_rejection(status.code, &status.message) {
-                        blocked = Some(Blocked::PodRejected(why));
-                    } else if let Some(why) = quota_refusal(status.code, &status.message) {
-                        blocked = Some(Blocked::QuotaExceeded(why));
-                    } else {
-                        return Err(Error::Kube(kube::Error::Api(status)));
+            let mut start_cold = true;
+            if let Some(pool_name) = sandbox.spec.pool.as_deref() {
+                match claim_or_fallback(ctx, sandbox, &owner, pool.as_deref(), pool_name).await? {
+                    PoolStep::Claimed(member) => {
+                        pod = Some(*member);
+                        start_cold = false;
+                    }
+                    PoolStep::Wait(why) => {
+                        blocked = Some(why);
+                        start_cold = false;
+                    }
+                    PoolStep::Cold => {
+                        // Its own Pod needs its own token, created before the Pod.
+                        match apply::ensure_token_secret(ctx, sandbox, &owner, false).await? {
+                            Some(ChildState::Ours(())) => {}
+                            Some(other) => {
+                                blocked = blocked_by(&[&other]);
+                                start_cold = false;
+                            }
+                            None => start_cold = false,
+                        }
                     }
                 }
-                Err(err) => return Err(err),
+            }
+            if start_cold {
+                let (created, refused) = create_own_pod(ctx, sandbox, &owner).await?;
+                pod = created;
+                blocked = refused;
             }
         }
         None => {}
     }
-
     let now = Timestamp::now();
     let lifecycle = Lifecycle::of(
         sandbox,
@@ -185,7 +219,10 @@ async fn reconcile_inner(cached: &Sandbox, ctx: &Arc<Context>) -> Result<Option<
     if let Err(problem) = annotated_heartbeat(sandbox, now) {
         warn!(sandbox = %object_key(sandbox), %problem, "heartbeat annotation ignored");
     }
-    let waiting = matches!(blocked, Some(Blocked::PreviousIncarnation(_)));
+    let waiting = matches!(
+        blocked,
+        Some(Blocked::PreviousIncarnation(_) | Blocked::Pool { .. })
+    );
     let over_quota = matches!(blocked, Some(Blocked::QuotaExceeded(_)));
     let observed = Observed {
         pod: pod.as_ref(),
@@ -198,6 +235,13 @@ async fn reconcile_inner(cached: &Sandbox, ctx: &Arc<Context>) -> Result<Option<
         blocked,
     };
     let status = desired_status(sandbox, &observed);
+    if status.ready_time.is_some()
+        && previous.ready_time.is_none()
+        && let Some(member) = pod.as_ref().filter(|p| is_claimed_member(sandbox, p))
+    {
+        // Commands must see the sandbox's name from the first one on.
+        announce_identity(ctx, sandbox, member).await?;
+    }
     let created = sandbox.meta().creation_timestamp.as_ref().map(|t| t.0);
     if sandbox.status.as_ref() != Some(&status)
         && let Some(wait) = hold_back_transient(
@@ -281,6 +325,30 @@ async fn reconcile_inner(cached: &Sandbox, ctx: &Arc<Context>) -> Result<Option<
         ))
         .unwrap_or(now);
     Ok(Some(until(now, startup_deadline).min(ctx.settings.resync)))
+}
+
+/// Creates the sandbox's own Pod; a refusal that is not an error becomes the returned block (Pod
+/// Security admission, a full quota, the name held by another object).
+async fn create_own_pod(
+    ctx: &Context,
+    sandbox: &Sandbox,
+    owner: &OwnerReference,
+) -> Result<(Option<Pod>, Option<Blocked>)> {
+    let desired = desired_pod(sandbox, owner, &ctx.settings.pod);
+    match apply::create_pod(ctx, sandbox, &desired).await {
+        Ok(ChildState::Ours(created)) => Ok((Some(created), None)),
+        Ok(other) => Ok((None, blocked_by(&[&other.unit()]))),
+        Err(Error::Kube(kube::Error::Api(status))) => {
+            if let Some(why) = admission_rejection(status.code, &status.message) {
+                Ok((None, Some(Blocked::PodRejected(why))))
+            } else if let Some(why) = quota_refusal(status.code, &status.message) {
+                Ok((None, Some(Blocked::QuotaExceeded(why))))
+            } else {
+                Err(Error::Kube(kube::Error::Api(status)))
+            }
+        }
+        Err(err) => Err(err),
+    }
 }
 
 /// A standalone Failed sandbox is deleted when its TTL ends ([`failed_deadline`]); until then the

@@ -11,6 +11,7 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
+use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::jiff::{SignedDuration, Timestamp};
 use kube::api::{Api, Patch, PatchParams};
 use kube::runtime::reflector::ObjectRef;
@@ -19,13 +20,12 @@ use tokio::sync::Semaphore;
 use tokio::task::{AbortHandle, JoinSet};
 use tracing::{info, warn};
 
-use super::apply::cached_pod;
-use super::build::{TOKEN_KEY, token_secret_name};
+use super::apply::{cached_pod, token_secret_for, token_secret_is_own};
+use super::build::TOKEN_KEY;
 use super::run_protocol::{DEADLINE_GRACE, RunAgent, run_to_result};
 use super::status::endpoint_of_own_pod;
 use crate::runtime::backoff::Retry;
 use crate::runtime::context::Context;
-use crate::runtime::ownership::controlled_by;
 use crate::runtime::status_patch::status_member_patch;
 use crate::sandbox::agent_client::{AgentCallError, AgentClient, AgentTarget};
 use bytes::Bytes;
@@ -45,15 +45,27 @@ pub const RUN_PROCESS_ID: &str = "orchard-run";
 /// The agent endpoint and token of a sandbox, from its own pod and its own Secret (by owner UID) in
 /// the caches.
 pub fn agent_target(ctx: &Context, sandbox: &Sandbox) -> Option<AgentTarget> {
+    let pod = cached_pod(&ctx.caches.pods, sandbox)?;
+    agent_target_of(ctx, sandbox, &pod)
+}
+
+/// The agent endpoint and token of `sandbox` running in `pod` (which must be its own, Ready), the
+/// token from the Secret the pod mounts (its own, by owner UID) in the cache.
+pub fn agent_target_of(ctx: &Context, sandbox: &Sandbox, pod: &Pod) -> Option<AgentTarget> {
     let namespace = sandbox.namespace()?;
     // From the sandbox's own Ready pod, never from `status.agentEndpoint` (see endpoint_of_own_pod).
-    let pod = cached_pod(&ctx.caches.pods, sandbox)?;
-    let endpoint = endpoint_of_own_pod(sandbox, &pod, ctx.settings.pod.agent_port)?;
+    let endpoint = endpoint_of_own_pod(sandbox, pod, ctx.settings.pod.agent_port)?;
     let secret = ctx
         .caches
         .secrets
-        .get(&ObjectRef::new(&token_secret_name(&sandbox.name_any())).within(&namespace))
-        .filter(|s| controlled_by(s.meta(), sandbox.meta().uid.as_deref().unwrap_or_default()))?;
+        .get(&ObjectRef::new(&token_secret_for(sandbox, Some(pod))).within(&namespace))
+        .filter(|s| {
+            token_secret_is_own(
+                s,
+                sandbox.meta().uid.as_deref().unwrap_or_default(),
+                Some(pod),
+            )
+        })?;
     let token = String::from_utf8(secret.data.as_ref()?.get(TOKEN_KEY)?.0.clone()).ok()?;
     Some(AgentTarget { endpoint, token })
 }

@@ -75,6 +75,16 @@ pub enum Blocked {
     /// A ResourceQuota refused the Pod: the sandbox stays Pending and the creation is retried (a
     /// trajectory of a RolloutGroup waits for as long as its group allows; see [`startup_clock`]).
     QuotaExceeded(String),
+    /// A sandbox of a pool has no member to claim and does not start cold: it waits (`stalled`: until
+    /// someone changes something, e.g. creates the pool or aligns its spec with the template).
+    Pool {
+        /// Machine-readable reason: `WaitingForPoolMember`, `PoolNotFound`, `PoolTemplateMismatch`.
+        reason: &'static str,
+        /// Detail.
+        message: String,
+        /// Nothing the operator does will end the wait.
+        stalled: bool,
+    },
 }
 
 /// Why the API server's refusal of a Pod creation is a ResourceQuota that is full, or `None` (pure).
@@ -530,6 +540,9 @@ pub fn desired_status(sandbox: &Sandbox, observed: &Observed) -> SandboxStatus {
             Some(Blocked::QuotaExceeded(message)) => {
                 (false, "QuotaExceeded".into(), message.clone())
             }
+            Some(Blocked::Pool {
+                reason, message, ..
+            }) => (false, (*reason).to_string(), message.clone()),
             _ => (
                 false,
                 "PodNotCreated".into(),
@@ -565,6 +578,14 @@ pub fn desired_status(sandbox: &Sandbox, observed: &Observed) -> SandboxStatus {
         (_, Some(Blocked::QuotaExceeded(message))) => {
             Progress::Stalled("QuotaExceeded".into(), message.clone())
         }
+        (
+            _,
+            Some(Blocked::Pool {
+                reason,
+                message,
+                stalled: true,
+            }),
+        ) => Progress::Stalled((*reason).to_string(), message.clone()),
         (Some(SandboxPhase::Pending), _) => {
             Progress::Reconciling("Pending".into(), scheduled_message.clone())
         }

@@ -49,6 +49,15 @@ def test_shorthand_body() -> None:
         _ops.sandbox_body(None)
 
 
+def test_a_pool_stands_in_for_the_image_and_names_the_token_secret() -> None:
+    body = _ops.sandbox_body(None, extra={"pool": "py", "when_pool_empty": "Wait"})
+    assert body == {"pool": "py", "whenPoolEmpty": "Wait"}
+    pod = {"spec": {"volumes": [{"name": "orchard-agent", "emptyDir": {}},
+                                {"name": "orchard-token", "secret": {"secretName": "py-abcde-agent-token"}}]}}
+    assert _ops.token_secret_of_pod(pod) == "py-abcde-agent-token"
+    assert _ops.token_secret_of_pod({"spec": {}}) is None
+
+
 def test_exec_body_forms() -> None:
     assert _ops.exec_body(["ls", "-l"]) == {"argv": ["ls", "-l"]}
     assert _ops.exec_body("ls | wc", shell="/bin/bash", timeout=5) == {

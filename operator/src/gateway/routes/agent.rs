@@ -31,10 +31,9 @@ use utoipa_axum::router::{OpenApiRouter, UtoipaMethodRouter};
 use super::{ObjectPath, State};
 use crate::gateway::access::{Access, Operation};
 use crate::gateway::errors::{ApiError, ErrorBody};
-use crate::gateway::lookup::{agent_endpoint, agent_token, find_sandbox};
+use crate::gateway::lookup::{agent_endpoint, agent_token, find_sandbox, own_pod};
 use crate::gateway::proxy::{Target, answer_timeout};
 use crate::gateway::revalidate::Guard;
-use crate::sandbox::apply::cached_pod;
 
 /// How long an exec may run by default before the gateway gives up waiting (the agent's default
 /// command timeout is 600 s); clients with longer commands set `X-Orchard-Timeout`.
@@ -687,9 +686,15 @@ async fn proxy(
         name,
     )
     .await?;
-    let pod = cached_pod(&state.deps.caches.pods, &sandbox);
+    let pod = own_pod(&state.deps.client, &state.deps.caches.pods, &sandbox).await;
     let endpoint = agent_endpoint(&sandbox, pod.as_deref(), state.deps.settings.pod.agent_port)?;
-    let token = agent_token(&state.deps.client, &state.deps.caches.secrets, &sandbox).await?;
+    let token = agent_token(
+        &state.deps.client,
+        &state.deps.caches.secrets,
+        &sandbox,
+        pod.as_deref(),
+    )
+    .await?;
     let path = route
         .agent_target(parts.uri.path(), parts.uri.query())
         .ok_or_else(|| ApiError::internal(format!("unroutable path {}", parts.uri.path())))?;

@@ -299,16 +299,17 @@ class ClientCore:
         response = yield from exchange(Request("GET", f"{kube.server}{path}", kube.token), RetryPolicy(), kube)
         return dict(response.json())
 
-    def _agent_token_plan(self, namespace: str, name: str) -> Plan[str]:
-        """The sandbox's agent token, from its Secret through the Kubernetes API (direct mode)."""
-        secret = yield from self._kube_get_plan(f"/api/v1/namespaces/{namespace}/secrets/{name}-agent-token")
+    def _agent_token_plan(self, namespace: str, secret_name: str) -> Plan[str]:
+        """The sandbox's agent token, from the Secret its pod mounts, through the Kubernetes API (direct mode)."""
+        secret = yield from self._kube_get_plan(f"/api/v1/namespaces/{namespace}/secrets/{secret_name}")
         data = secret.get("data") or {}
         return base64.b64decode(data.get("token", "")).decode().strip()
 
-    def _agent_endpoint_plan(self, namespace: str, name: str, uid: str | None) -> Plan[str | None]:
-        """The agent's URL at the sandbox's own Ready pod, read through the Kubernetes API (direct mode)."""
-        pod = yield from self._kube_get_plan(f"/api/v1/namespaces/{namespace}/pods/{name}")
-        return _ops.endpoint_of_own_pod(pod, uid)
+    def _agent_endpoint_plan(self, namespace: str, pod_name: str, uid: str | None) -> Plan[tuple[str | None, str]]:
+        """The agent's URL at the sandbox's own Ready pod and the name of the token Secret the pod
+        mounts (a claimed pool member's is the member's), read through the Kubernetes API (direct mode)."""
+        pod = yield from self._kube_get_plan(f"/api/v1/namespaces/{namespace}/pods/{pod_name}")
+        return _ops.endpoint_of_own_pod(pod, uid), _ops.token_secret_of_pod(pod) or f"{pod_name}-agent-token"
 
     def _server_wait_plan(self, path: str, wait: float) -> Plan[tuple[bool, Any]]:
         """One watch-driven wait of the gateway (``GET .../wait``): ``(True, the object)``, or
@@ -506,10 +507,12 @@ class SandboxCore:
             uid = (self.raw.get("metadata") or {}).get("uid")
             # From the sandbox's own pod, never from status.agentEndpoint (anyone allowed to patch the
             # status could point it, and so the token, anywhere).
-            endpoint = yield from self.client._agent_endpoint_plan(self.namespace, self.name, uid)
+            # A sandbox that claimed a pool member runs in the member's pod (status.podName).
+            pod_name = ((self.raw.get("status") or {}).get("podName")) or self.name
+            endpoint, secret_name = yield from self.client._agent_endpoint_plan(self.namespace, pod_name, uid)
             if not endpoint:
                 raise OrchardError(f"sandbox {self.namespace}/{self.name} has no Ready pod of its own yet; wait_ready() first")
-            self._direct_target = (endpoint, (yield from self.client._agent_token_plan(self.namespace, self.name)))
+            self._direct_target = (endpoint, (yield from self.client._agent_token_plan(self.namespace, secret_name)))
         return self._direct_target
 
     def _agent(self, method: str, path: str, **fields: Any) -> Plan[httpx.Response]:

@@ -86,8 +86,10 @@ def sandbox_body(
             )
         body["spec"] = dict(spec)
     else:
-        if "image" not in fields:
-            raise ValueError("image is required (any Linux image, e.g. 'python:3.11')")
+        if "image" not in fields and "pool" not in fields:
+            raise ValueError(
+                "image is required (any Linux image, e.g. 'python:3.11'), unless pool= names a SandboxPool"
+            )
         body.update(fields)
     return body
 
@@ -247,6 +249,8 @@ def agent_endpoint_of(sandbox: Mapping[str, Any]) -> str | None:
 
 
 AGENT_PORT_NAME = "agent"
+# Name of the pod volume holding the agent token (the operator's `orchard-token`).
+TOKEN_VOLUME_NAME = "orchard-token"
 
 
 def endpoint_of_own_pod(pod: Mapping[str, Any], sandbox_uid: str | None) -> str | None:
@@ -272,6 +276,14 @@ def endpoint_of_own_pod(pod: Mapping[str, Any], sandbox_uid: str | None) -> str 
         return None
     host = f"[{ip}]" if ":" in ip else ip
     return f"http://{host}:{ports[0]}"
+
+
+def token_secret_of_pod(pod: Mapping[str, Any]) -> str | None:
+    """The name of the agent-token Secret a sandbox pod mounts (pure); ``None`` if it mounts none."""
+    for volume in (pod.get("spec") or {}).get("volumes") or []:
+        if volume.get("name") == TOKEN_VOLUME_NAME:
+            return (volume.get("secret") or {}).get("secretName")
+    return None
 
 
 # -- trainer-driven rollout groups -----------------------------------------------------------------

@@ -420,7 +420,9 @@ class SandboxClient(_Driver, _core.ClientCore):
         delete_on_exit: bool = True, auto_heartbeat: bool = True, direct: bool | None = None, **spec_fields: Any) -> Sandbox:
         """Creates a sandbox from ``image`` (or a full ``spec``) and, with ``wait`` (default), blocks
         until it is Ready. Other spec fields go as keywords (``working_dir=``, ``run=``,
-        ``startup=``, ``node_selector=``...). The handle deletes the sandbox when closed."""
+        ``startup=``, ``node_selector=``...); ``pool="name"`` claims a warm member of that
+        SandboxPool (no ``image`` needed: the pool's template gives it; ``when_pool_empty="Wait"``
+        waits for a member instead of starting cold). The handle deletes the sandbox when closed."""
         plan = self._create_plan(
             namespace, wait=wait, wait_timeout=wait_timeout, delete_on_exit=delete_on_exit, auto_heartbeat=auto_heartbeat,
             direct=direct, image=image, name=name, generate_name=generate_name, labels=labels, annotations=annotations,

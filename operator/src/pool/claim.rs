@@ -1,0 +1,411 @@
+//! A Sandbox claims a warm member of its pool. The claim is one JSON Patch on the member Pod whose
+//! first operations `test` the Pod's UID and resourceVersion as the cache showed them Ready and
+//! unclaimed; it then hands the Pod to the Sandbox (controller owner reference) and relabels it as the
+//! Sandbox's (its own egress policy selects it from then on, the pool's scale selector no longer
+//! does). The API server evaluates the tests against the stored object and applies all or nothing, so
+//! of any number of concurrent claims, by any number of reconciles or replicas, before or after a
+//! failover, exactly one gets the member; the others get 422 or 409 and try the next one. The Pod's
+//! token Secret is controlled by the Pod, so it follows without a second write.
+
+use std::sync::Arc;
+
+use json_patch::jsonptr::PointerBuf;
+use json_patch::{Patch, PatchOperation, ReplaceOperation, TestOperation};
+use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
+use kube::api::{Api, PatchParams};
+use kube::runtime::reflector::Store;
+use kube::{Resource, ResourceExt};
+use serde_json::Value;
+use tracing::{debug, info};
+
+use super::book::PoolKey;
+use super::members::view;
+use super::template::mismatches;
+use super::template::template_hash;
+use crate::runtime::context::Context;
+use crate::runtime::error::{Error, Result};
+use crate::runtime::own_writes::child_key;
+use crate::sandbox::build::{pod_labels, pod_name};
+use crate::sandbox::status::Blocked;
+use orchard_api::{CLAIMED_FROM_LABEL, POOL_LABEL, PoolFallback, Sandbox, SandboxPool};
+
+/// How many members one reconcile tries before it gives up (each failed try means a concurrent claim
+/// won that member).
+const MAX_ATTEMPTS: usize = 8;
+
+/// The claimable members of `pool` for a sandbox whose pod-shaping spec hashes to `hash`, oldest
+/// first (pure): Ready, not being deleted, controlled by the pool, built from that template.
+pub fn candidates(
+    pods: &[Arc<Pod>],
+    pool: &SandboxPool,
+    hash: &str,
+    reserved: impl Fn(&str) -> bool,
+) -> Vec<Arc<Pod>> {
+    let namespace = pool.metadata.namespace.as_deref();
+    let name = pool.metadata.name.as_deref().unwrap_or_default();
+    let uid = pool.metadata.uid.as_deref().unwrap_or_default();
+    let mut found: Vec<(Option<k8s_openapi::jiff::Timestamp>, Arc<Pod>)> = pods
+        .iter()
+        .filter(|p| p.metadata.namespace.as_deref() == namespace)
+        .filter(|p| {
+            p.metadata
+                .labels
+                .as_ref()
+                .and_then(|l| l.get(POOL_LABEL))
+                .is_some_and(|v| v == name)
+        })
+        .filter_map(|p| {
+            let member = view(p, uid, hash)?;
+            let usable = member.ready
+                && member.current
+                && member.failed.is_none()
+                && !member.terminating
+                && !reserved(&member.uid);
+            usable.then(|| (member.created, Arc::clone(p)))
+        })
+        .collect();
+    found.sort_by_key(|(created, _)| *created);
+    found.into_iter().map(|(_, pod)| pod).collect()
+}
+
+/// The claim patch (pure): `test` that `member` is still exactly the object the cache showed (UID and
+/// resourceVersion: unclaimed, not being deleted), then make `owner` its controller and give it
+/// `labels`.
+pub fn claim_patch(
+    member: &Pod,
+    owner: &OwnerReference,
+    labels: &std::collections::BTreeMap<String, String>,
+) -> Patch {
+    let path = |tokens: &[&str]| PointerBuf::from_tokens(tokens.iter().copied());
+    let text = |v: Option<&String>| Value::String(v.cloned().unwrap_or_default());
+    Patch(vec![
+        PatchOperation::Test(TestOperation {
+            path: path(&["metadata", "uid"]),
+            value: text(member.metadata.uid.as_ref()),
+        }),
+        PatchOperation::Test(TestOperation {
+            path: path(&["metadata", "resourceVersion"]),
+            value: text(member.metadata.resource_version.as_ref()),
+        }),
+        PatchOperation::Replace(ReplaceOperation {
+            path: path(&["metadata", "ownerReferences"]),
+            value: serde_json::to_value(vec![owner]).unwrap_or(Value::Null),
+        }),
+        PatchOperation::Replace(ReplaceOperation {
+            path: path(&["metadata", "labels"]),
+            value: serde_json::to_value(labels).unwrap_or(Value::Null),
+        }),
+    ])
+}
+
+/// The labels of a member once `sandbox` claimed it from `pool` (pure): the sandbox's pod labels,
+/// plus where it came from.
+pub fn claimed_labels(sandbox: &Sandbox, pool: &str) -> std::collections::BTreeMap<String, String> {
+    let mut labels = pod_labels(sandbox);
+    labels.insert(CLAIMED_FROM_LABEL.to_string(), pool.to_string());
+    labels
+}
+
+/// Claims a Ready member of `pool` for `sandbox` (its effective spec: the pool's template filled in),
+/// controlled by `owner`. `None`: no member fits or every try lost to a concurrent claim.
+pub async fn claim_member(
+    ctx: &Context,
+    sandbox: &Sandbox,
+    owner: &OwnerReference,
+    pool: &SandboxPool,
+) -> Result<Option<Pod>> {
+    let pool_name = pool.name_any();
+    let namespace = sandbox.namespace().unwrap_or_default();
+    let hash = template_hash(&sandbox.spec);
+    let pods: Vec<Arc<Pod>> = ctx.caches.pods.state();
+    let found = candidates(&pods, pool, &hash, |uid| ctx.pools.is_reserved(uid));
+    let api: Api<Pod> = Api::namespaced(ctx.client.clone(), &namespace);
+    let labels = claimed_labels(sandbox, &pool_name);
+    let key = PoolKey {
+        namespace: namespace.clone(),
+        name: pool_name.clone(),
+    };
+    for member in found.iter().take(MAX_ATTEMPTS) {
+        let member_uid = member.uid().unwrap_or_default();
+        if !ctx.pools.reserve(&member_uid) {
+            continue;
+        }
+        let patch = claim_patch(member, owner, &labels);
+        let answer = api
+            .patch(
+                &member.name_any(),
+                &PatchParams::default(),
+                &kube::api::Patch::Json::<()>(patch),
+            )
+            .await;
+        ctx.metrics.api_write("pods", "patch");
+        match answer {
+            Ok(claimed) => {
+                ctx.pools.claimed(&key);
+                ctx.metrics.pool_claims.with_label_values(&["warm"]).inc();
+                // Until the watch shows the Pod as the sandbox's, the reconcile finds it here.
+                let sandbox_uid = sandbox.uid().unwrap_or_default();
+                ctx.own_writes.record_object(
+                    &sandbox_uid,
+                    &child_key("Pod", &pod_name(&sandbox.name_any())),
+                    "claim",
+                    claimed.clone(),
+                    || false,
+                );
+                info!(sandbox = %sandbox.name_any(), member = %claimed.name_any(), pool = %pool_name, "pool member claimed");
+                return Ok(Some(claimed));
+            }
+            // The member changed since the cache showed it (claimed by another reconcile or replica,
+            // deleted, relabelled): the next one.
+            Err(kube::Error::Api(status))
+                if status.code == 422 || status.code == 409 || status.is_not_found() =>
+            {
+                debug!(member = %member.name_any(), code = status.code, "pool member taken meanwhile");
+            }
+            Err(err) => {
+                ctx.pools.release(&member_uid);
+                return Err(err.into());
+            }
+        }
+    }
+    Ok(None)
+}
+
+/// What a sandbox of a pool does instead of creating its own Pod.
+#[derive(Debug)]
+pub enum PoolStep {
+    /// It claimed this member.
+    Claimed(Box<Pod>),
+    /// It waits (its `whenPoolEmpty` is `Wait`, or it has no image of its own and no pool).
+    Wait(Blocked),
+    /// It starts its own Pod.
+    Cold,
+}
+
+/// Claims a member of `pool` (the cache's, `None` if it does not exist) for `sandbox` (resolved: the
+/// template filled in), or says why it waits or starts cold.
+pub async fn claim_or_fallback(
+    ctx: &Context,
+    sandbox: &Sandbox,
+    owner: &OwnerReference,
+    pool: Option<&SandboxPool>,
+    pool_name: &str,
+) -> Result<PoolStep> {
+    let key = PoolKey {
+        namespace: sandbox.namespace().unwrap_or_default(),
+        name: pool_name.to_string(),
+    };
+    let name = sandbox.name_any();
+    let wait = sandbox.spec.when_pool_empty == Some(PoolFallback::Wait);
+    let waiting = |reason: &'static str, message: String, stalled: bool| {
+        ctx.pools.wait_for(&key, &name);
+        Ok(PoolStep::Wait(Blocked::Pool {
+            reason,
+            message,
+            stalled,
+        }))
+    };
+    let Some(pool) = pool else {
+        if wait || sandbox.spec.image.is_empty() {
+            return waiting(
+                "PoolNotFound",
+                format!(
+                    "SandboxPool {pool_name} does not exist in namespace {}; the sandbox waits for it (it has no image of its own, or whenPoolEmpty is Wait)",
+                    key.namespace
+                ),
+                true,
+            );
+        }
+        return Ok(cold(ctx, &key, &name));
+    };
+    let differs = mismatches(&sandbox.spec, &pool.spec.template);
+    if !differs.is_empty() {
+        if wait {
+            return waiting(
+                "PoolTemplateMismatch",
+                format!(
+                    "the sandbox's {} differ from SandboxPool {pool_name}'s template, so no member can be its Pod; leave them unset or equal to the template's (or use whenPoolEmpty ColdStart)",
+                    differs.join(", ")
+                ),
+                true,
+            );
+        }
+        return Ok(cold(ctx, &key, &name));
+    }
+    if wait {
+        // Before looking: a member that becomes Ready from now on wakes this sandbox.
+        ctx.pools.wait_for(&key, &name);
+    }
+    if let Some(member) = claim_member(ctx, sandbox, owner, pool).await? {
+        ctx.pools.stop_waiting(&key, &name);
+        return Ok(PoolStep::Claimed(Box::new(member)));
+    }
+    if wait {
+        return waiting(
+            "WaitingForPoolMember",
+            format!(
+                "SandboxPool {pool_name} has no Ready member to claim; the sandbox waits for one (whenPoolEmpty: Wait)"
+            ),
+            false,
+        );
+    }
+    Ok(cold(ctx, &key, &name))
+}
+
+fn cold(ctx: &Context, key: &PoolKey, sandbox: &str) -> PoolStep {
+    ctx.pools.stop_waiting(key, sandbox);
+    ctx.metrics.pool_claims.with_label_values(&["cold"]).inc();
+    PoolStep::Cold
+}
+
+/// Whether `pod` is a pool member `sandbox` claimed (it carries the member's name, not the
+/// sandbox's).
+pub fn is_claimed_member(sandbox: &Sandbox, pod: &Pod) -> bool {
+    pod.metadata.name.as_deref() != Some(pod_name(&sandbox.name_any()).as_str())
+        && pod
+            .metadata
+            .labels
+            .as_ref()
+            .is_some_and(|l| l.contains_key(CLAIMED_FROM_LABEL))
+}
+
+/// Tells the agent of the member `sandbox` claimed which Sandbox it serves now, so commands see the
+/// sandbox's name in `ORCHARD_SANDBOX` (the Pod was started under the member's). Done before the
+/// sandbox is first written Ready; an error leaves it un-Ready and the reconcile retries.
+pub async fn announce_identity(ctx: &Context, sandbox: &Sandbox, pod: &Pod) -> Result<()> {
+    let Some(target) = crate::sandbox::runner::agent_target_of(ctx, sandbox, pod) else {
+        return Err(Error::Agent {
+            sandbox: sandbox.name_any(),
+            message: format!(
+                "the claimed pool member {} has no Ready endpoint or token yet",
+                pod.name_any()
+            ),
+        });
+    };
+    ctx.agent
+        .set_identity(&target, &sandbox.name_any())
+        .await
+        .map_err(|e| Error::Agent {
+            sandbox: sandbox.name_any(),
+            message: format!("telling pool member {} its sandbox: {e}", pod.name_any()),
+        })
+}
+
+/// The Pod `sandbox` claimed, as the cache shows it (found by its label and controller UID: the
+/// status may not name it yet, after a crash between the claim and the status write). Pure over the
+/// store's contents.
+pub fn claimed_in_cache(pods: &Store<Pod>, sandbox: &Sandbox) -> Option<Arc<Pod>> {
+    let namespace = sandbox.namespace()?;
+    let name = sandbox.name_any();
+    let uid = sandbox.uid()?;
+    pods.state().into_iter().find(|p| {
+        p.metadata.namespace.as_deref() == Some(namespace.as_str())
+            && p.metadata
+                .labels
+                .as_ref()
+                .and_then(|l| l.get(orchard_api::SANDBOX_LABEL))
+                .is_some_and(|v| *v == name)
+            && crate::runtime::ownership::controlled_by(p.meta(), &uid)
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::pool::members::member_pod;
+    use crate::sandbox::build::PodShape;
+    use orchard_api::{SandboxPoolSpec, SandboxSpec};
+
+    fn pool() -> SandboxPool {
+        let mut pool = SandboxPool::new(
+            "py",
+            SandboxPoolSpec {
+                replicas: 3,
+                template: SandboxSpec {
+                    image: "python:3.11".into(),
+                    ..SandboxSpec::default()
+                },
+            },
+        );
+        pool.metadata.namespace = Some("ns".into());
+        pool.metadata.uid = Some("pool-uid".into());
+        pool
+    }
+
+    fn member(name: &str, ready: bool, second: i64) -> Arc<Pod> {
+        let pool = pool();
+        let owner = pool.controller_owner_ref(&()).expect("owner");
+        let shape = PodShape {
+            agent_image: "agent:test".into(),
+            agent_port: 9090,
+            default_cpu: "1".into(),
+            default_memory: "1Gi".into(),
+            default_ephemeral_storage: None,
+            termination_grace_seconds: 5,
+            default_security_profile: orchard_api::SecurityProfile::Default,
+        };
+        let mut pod = member_pod(&pool, name, &owner, &shape);
+        pod.metadata.uid = Some(format!("uid-{name}"));
+        pod.metadata.resource_version = Some("7".into());
+        pod.metadata.creation_timestamp =
+            Some(k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(
+                k8s_openapi::jiff::Timestamp::from_second(second).expect("time"),
+            ));
+        pod.status = Some(
+            serde_json::from_value(serde_json::json!({
+                "podIP": "10.0.0.9",
+                "conditions": [{"type": "Ready", "status": if ready { "True" } else { "False" }}],
+            }))
+            .expect("status"),
+        );
+        Arc::new(pod)
+    }
+
+    #[test]
+    fn ready_current_unreserved_members_are_candidates_oldest_first() {
+        let pool = pool();
+        let hash = template_hash(&pool.spec.template);
+        let pods = vec![
+            member("py-new", true, 300),
+            member("py-old", true, 100),
+            member("py-starting", false, 50),
+            member("py-held", true, 10),
+        ];
+        let names: Vec<String> = candidates(&pods, &pool, &hash, |uid| uid == "uid-py-held")
+            .iter()
+            .map(|p| p.name_any())
+            .collect();
+        assert_eq!(names, vec!["py-old", "py-new"]);
+        assert!(candidates(&pods, &pool, "other-template", |_| false).is_empty());
+    }
+
+    #[test]
+    fn the_claim_tests_the_member_then_hands_it_over() {
+        let pod = member("py-aaaaa", true, 1);
+        let mut sandbox = Sandbox::new("task", SandboxSpec::default());
+        sandbox.metadata.namespace = Some("ns".into());
+        sandbox.metadata.uid = Some("sbx-uid".into());
+        let owner = sandbox.controller_owner_ref(&()).expect("owner");
+        let labels = claimed_labels(&sandbox, "py");
+        assert_eq!(labels[orchard_api::SANDBOX_LABEL], "task");
+        assert_eq!(labels[CLAIMED_FROM_LABEL], "py");
+        assert!(
+            !labels.contains_key(POOL_LABEL),
+            "out of the pool's selector"
+        );
+        let patch = serde_json::to_value(claim_patch(&pod, &owner, &labels)).expect("json");
+        assert_eq!(
+            patch[0],
+            serde_json::json!({"op": "test", "path": "/metadata/uid", "value": "uid-py-aaaaa"})
+        );
+        assert_eq!(
+            patch[1],
+            serde_json::json!({"op": "test", "path": "/metadata/resourceVersion", "value": "7"})
+        );
+        assert_eq!(patch[2]["op"], "replace");
+        assert_eq!(patch[2]["value"][0]["uid"], "sbx-uid");
+        assert_eq!(patch[2]["value"][0]["controller"], true);
+        assert_eq!(patch[3]["value"][orchard_api::SANDBOX_LABEL], "task");
+    }
+}

@@ -1,0 +1,435 @@
+//! The SandboxPool reconcile: keep `replicas` unclaimed members built from the current template
+//! (start missing ones, delete failed, outdated and surplus ones), and write the pool's status. A
+//! member Pod is created first and its token Secret right after (the Secret is controlled by the Pod,
+//! and the kubelet waits for it before the Pod starts). A delete is conditional on the member's UID
+//! and resourceVersion, so a member claimed meanwhile is never deleted by its former pool.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use futures::future::join_all;
+use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::jiff::Timestamp;
+use kube::api::{Api, DeleteParams, Preconditions, PropagationPolicy};
+use kube::runtime::controller::Action;
+use kube::runtime::reflector::ObjectRef;
+use kube::{Resource, ResourceExt};
+use tracing::{info, instrument, warn};
+
+use super::book::PoolKey;
+use super::members::{
+    MemberView, Plan, Removal, member_name, member_pod, member_secret, plan, view,
+};
+use super::template::template_hash;
+use crate::runtime::conditions::{self, Desired, Progress};
+use crate::runtime::context::{Context, object_key};
+use crate::runtime::error::{Error, Result};
+use crate::runtime::metrics::ReconcileTimer;
+use crate::runtime::own_writes::child_key;
+use crate::runtime::ownership::Owner;
+use crate::runtime::writes::{self, ChildState, create_owned};
+use crate::sandbox::apply::{ensure_baseline, new_token};
+use crate::sandbox::build::token_secret_of;
+use orchard_api::{POOL_LABEL, SandboxPool, SandboxPoolStatus};
+
+/// Controller name used in metrics and logs.
+pub const CONTROLLER: &str = "sandboxpool";
+
+/// How long a pool waits after a member failed before it starts replacements (a bad image would
+/// otherwise start and fail members in a tight loop).
+const FAILURE_PAUSE: Duration = Duration::from_secs(5);
+
+/// How long a `Stalled` condition stays after the last member failure.
+const STALLED_FOR: Duration = Duration::from_secs(60);
+
+/// Members created at once by one reconcile.
+const CREATE_BATCH: usize = 16;
+
+/// The pool as the owner of its members.
+fn owner_of(pool: &SandboxPool) -> Owner<'_> {
+    Owner {
+        kind: "SandboxPool",
+        name: pool.meta().name.as_deref().unwrap_or_default(),
+        uid: pool.meta().uid.as_deref().unwrap_or_default(),
+    }
+}
+
+/// The key of `pool` in the book.
+pub fn key_of(pool: &SandboxPool) -> PoolKey {
+    PoolKey {
+        namespace: pool.namespace().unwrap_or_default(),
+        name: pool.name_any(),
+    }
+}
+
+/// Reconciles one SandboxPool.
+#[instrument(skip_all, fields(pool = %object_key(pool.as_ref())))]
+pub async fn reconcile(pool: Arc<SandboxPool>, ctx: Arc<Context>) -> Result<Action> {
+    let _timer = ReconcileTimer::start(&ctx.metrics, CONTROLLER);
+    let next = ctx
+        .leadership
+        .while_leader(reconcile_inner(&pool, &ctx))
+        .await
+        .unwrap_or(Ok(None))?;
+    let uid = pool.uid().unwrap_or_default();
+    ctx.reconciled(CONTROLLER, &uid);
+    Ok(ctx.next_action(&uid, next.or(Some(ctx.settings.resync))))
+}
+
+/// Retries a failed reconcile with per-object exponential backoff.
+pub fn error_policy(pool: Arc<SandboxPool>, error: &Error, ctx: Arc<Context>) -> Action {
+    let delay = ctx.reconcile_failed(CONTROLLER, &pool.uid().unwrap_or_default(), error);
+    warn!(pool = %object_key(pool.as_ref()), %error, retry_in_ms = delay.as_millis() as u64, "pool reconcile failed");
+    Action::requeue(delay)
+}
+
+/// The members of `pool` the operator knows: the cache's, and the ones it created moments ago that
+/// the cache does not show yet; members it deleted moments ago count as terminating.
+fn members(ctx: &Context, pool: &SandboxPool, hash: &str) -> Vec<MemberView> {
+    let namespace = pool.namespace().unwrap_or_default();
+    let name = pool.name_any();
+    let uid = pool.uid().unwrap_or_default();
+    let mut seen: Vec<MemberView> = ctx
+        .caches
+        .pods
+        .state()
+        .iter()
+        .filter(|p| p.metadata.namespace.as_deref() == Some(namespace.as_str()))
+        .filter(|p| {
+            p.metadata
+                .labels
+                .as_ref()
+                .and_then(|l| l.get(POOL_LABEL))
+                .is_some_and(|v| *v == name)
+        })
+        .filter_map(|p| view(p, &uid, hash))
+        .collect();
+    for created in ctx.own_writes.objects::<Pod>(&uid) {
+        if let Some(member) = view(&created, &uid, hash)
+            && !seen.iter().any(|m| m.uid == member.uid)
+        {
+            seen.push(member);
+        }
+    }
+    for member in &mut seen {
+        if ctx
+            .own_writes
+            .recorded(&uid, &child_key("Pod", &member.name), "delete")
+        {
+            member.terminating = true;
+        }
+    }
+    seen
+}
+
+async fn reconcile_inner(cached: &SandboxPool, ctx: &Arc<Context>) -> Result<Option<Duration>> {
+    let key = key_of(cached);
+    if cached.meta().deletion_timestamp.is_some() {
+        ctx.pools.forget(&key);
+        return Ok(None);
+    }
+    if !ctx.leadership.is_leader() {
+        return Ok(None);
+    }
+    let Some(pool) = writes::freshest(ctx, &ctx.caches.sandbox_pools, cached, |p, status| {
+        p.status = Some(status);
+    }) else {
+        return Ok(None);
+    };
+    let namespace = pool.namespace().ok_or(Error::MissingField {
+        kind: "SandboxPool",
+        field: "metadata.namespace",
+    })?;
+    let owner = pool.controller_owner_ref(&()).ok_or(Error::MissingField {
+        kind: "SandboxPool",
+        field: "metadata.uid",
+    })?;
+    let hash = template_hash(&pool.spec.template);
+    let seen = members(ctx, &pool, &hash);
+    let paused = ctx
+        .pools
+        .last_failure(&key)
+        .map(|at| FAILURE_PAUSE.saturating_sub(at.elapsed()))
+        .filter(|left| !left.is_zero());
+    let plan = plan(pool.spec.replicas, &seen, paused.is_none());
+
+    for (member, why) in &plan.delete {
+        if *why == Removal::Failed {
+            ctx.pools
+                .member_failed(&key, plan.failure.clone().unwrap_or_default());
+        }
+        delete_member(ctx, &pool, &namespace, member).await?;
+    }
+    if plan.create > 0 {
+        ensure_baseline(ctx, &namespace).await?;
+    }
+    let starts = (0..plan.create.min(CREATE_BATCH)).map(|_| start_member(ctx, &pool, &owner));
+    for started in join_all(starts).await {
+        started?;
+    }
+    repair_secrets(ctx, &pool, &seen).await?;
+
+    let now = Timestamp::now();
+    let status = pool_status(
+        &pool,
+        &plan,
+        ctx.pools.claim_counts(&key),
+        ctx.pools.recent_failure(&key, STALLED_FOR),
+        now,
+    );
+    let labels = [namespace.as_str(), key.name.as_str()];
+    ctx.metrics
+        .pool_members
+        .with_label_values(&[labels[0], labels[1], "ready"])
+        .set(i64::from(plan.ready));
+    ctx.metrics
+        .pool_members
+        .with_label_values(&[labels[0], labels[1], "starting"])
+        .set(i64::from(plan.replicas - plan.ready));
+    if pool.status.as_ref() != Some(&status) {
+        writes::write_status(
+            ctx,
+            &ctx.caches.sandbox_pools,
+            &pool,
+            pool.status.as_ref(),
+            &status,
+        )
+        .await?;
+    }
+    if plan.create > CREATE_BATCH {
+        return Ok(Some(Duration::ZERO));
+    }
+    // Come back when replacements may start again; the claim counts age, so look once a minute.
+    Ok(Some(paused.unwrap_or(Duration::from_secs(60))))
+}
+
+/// Starts one member: its Pod, then its token Secret (controlled by the Pod).
+async fn start_member(
+    ctx: &Context,
+    pool: &SandboxPool,
+    owner: &k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference,
+) -> Result<()> {
+    let name = member_name(&pool.name_any(), rand::random());
+    let desired = member_pod(pool, &name, owner, &ctx.settings.pod);
+    match create_owned(
+        ctx,
+        &ctx.caches.pods,
+        &desired,
+        owner_of(pool),
+        "create",
+        true,
+    )
+    .await?
+    {
+        ChildState::Ours(pod) => create_member_secret(ctx, pool, &pod).await,
+        // A random name that is taken: the next reconcile picks another.
+        _ => Ok(()),
+    }
+}
+
+async fn create_member_secret(ctx: &Context, pool: &SandboxPool, pod: &Pod) -> Result<()> {
+    let secret = member_secret(pool, pod, &new_token());
+    let owner = Owner {
+        kind: "Pod",
+        name: pod.metadata.name.as_deref().unwrap_or_default(),
+        uid: pod.metadata.uid.as_deref().unwrap_or_default(),
+    };
+    create_owned(ctx, &ctx.caches.secrets, &secret, owner, "create", false).await?;
+    Ok(())
+}
+
+/// Creates the token Secret of a member still starting whose Secret is missing (its creation failed
+/// after the Pod's): the kubelet keeps waiting for it, so the member starts once it exists.
+async fn repair_secrets(ctx: &Context, pool: &SandboxPool, seen: &[MemberView]) -> Result<()> {
+    let namespace = pool.namespace().unwrap_or_default();
+    for member in seen
+        .iter()
+        .filter(|m| !m.ready && !m.terminating && m.failed.is_none())
+    {
+        let Some(pod) = ctx
+            .caches
+            .pods
+            .get(&ObjectRef::new(&member.name).within(&namespace))
+        else {
+            continue;
+        };
+        let Some(secret) = token_secret_of(&pod) else {
+            continue;
+        };
+        let young = member
+            .created
+            .is_some_and(|at| Timestamp::now().duration_since(at).as_secs() < 5);
+        let known = ctx
+            .caches
+            .secrets
+            .get(&ObjectRef::new(&secret).within(&namespace))
+            .is_some()
+            || ctx
+                .own_writes
+                .recorded(&member.uid, &child_key("Secret", &secret), "create");
+        if !known && !young {
+            info!(member = %member.name, "creating the missing token Secret of a pool member");
+            create_member_secret(ctx, pool, &pod).await?;
+        }
+    }
+    Ok(())
+}
+
+/// Deletes a member if it is still exactly the one the plan saw (UID and resourceVersion): a member
+/// claimed meanwhile has another resourceVersion and stays. Gone or changed counts as done.
+async fn delete_member(
+    ctx: &Context,
+    pool: &SandboxPool,
+    namespace: &str,
+    member: &MemberView,
+) -> Result<()> {
+    let api: Api<Pod> = Api::namespaced(ctx.client.clone(), namespace);
+    let params = DeleteParams {
+        propagation_policy: Some(PropagationPolicy::Background),
+        preconditions: Some(Preconditions {
+            uid: Some(member.uid.clone()),
+            resource_version: (!member.resource_version.is_empty())
+                .then(|| member.resource_version.clone()),
+        }),
+        ..DeleteParams::default()
+    };
+    let answer = api.delete(&member.name, &params).await;
+    ctx.metrics.api_write("pods", "delete");
+    match answer {
+        Ok(_) => {
+            ctx.own_writes.record(
+                pool.meta().uid.as_deref().unwrap_or_default(),
+                &child_key("Pod", &member.name),
+                "delete",
+                || false,
+            );
+            Ok(())
+        }
+        Err(kube::Error::Api(status)) if status.is_not_found() || status.code == 409 => Ok(()),
+        Err(err) => Err(err.into()),
+    }
+}
+
+/// The pool's status (pure).
+pub fn pool_status(
+    pool: &SandboxPool,
+    plan: &Plan,
+    (claimed_last_minute, claimed_total): (i64, i64),
+    failure: Option<String>,
+    now: Timestamp,
+) -> SandboxPoolStatus {
+    let previous = pool.status.clone().unwrap_or_default();
+    let desired = pool.spec.replicas.max(0);
+    let ready = plan.ready;
+    let starting = plan.replicas - plan.ready;
+    let all_ready = plan.replicas == desired && ready == desired;
+    let progress = match &failure {
+        Some(message) => Progress::Stalled("MemberFailed".into(), message.clone()),
+        None if !all_ready => Progress::Reconciling(
+            "Filling".into(),
+            format!("{ready} of {desired} members Ready, {starting} starting"),
+        ),
+        None => Progress::Settled,
+    };
+    let mut wanted = vec![Desired::new(
+        "Ready",
+        all_ready,
+        if all_ready {
+            "AllMembersReady"
+        } else {
+            "MembersStarting"
+        },
+        format!("{ready} of {desired} members Ready"),
+    )];
+    wanted.extend(conditions::kstatus(&progress));
+    SandboxPoolStatus {
+        replicas: plan.replicas,
+        ready_replicas: ready,
+        starting_replicas: starting,
+        claimed_last_minute,
+        claimed_total,
+        selector: Some(format!("{POOL_LABEL}={}", pool.name_any())),
+        observed_generation: pool.metadata.generation,
+        conditions: conditions::merge(&previous.conditions, wanted, pool.metadata.generation, now),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use orchard_api::{SandboxPoolSpec, SandboxSpec};
+
+    fn pool(replicas: i32) -> SandboxPool {
+        let mut pool = SandboxPool::new(
+            "py",
+            SandboxPoolSpec {
+                replicas,
+                template: SandboxSpec {
+                    image: "python:3.11".into(),
+                    ..SandboxSpec::default()
+                },
+            },
+        );
+        pool.metadata.generation = Some(3);
+        pool
+    }
+
+    fn condition<'a>(status: &'a SandboxPoolStatus, type_: &str) -> &'a str {
+        status
+            .conditions
+            .iter()
+            .find(|c| c.type_ == type_)
+            .map_or("absent", |c| c.status.as_str())
+    }
+
+    #[test]
+    fn a_full_pool_is_ready_and_settled() {
+        let plan = Plan {
+            replicas: 2,
+            ready: 2,
+            ..Plan::default()
+        };
+        let status = pool_status(&pool(2), &plan, (5, 9), None, Timestamp::UNIX_EPOCH);
+        assert_eq!(
+            (
+                status.replicas,
+                status.ready_replicas,
+                status.starting_replicas
+            ),
+            (2, 2, 0)
+        );
+        assert_eq!((status.claimed_last_minute, status.claimed_total), (5, 9));
+        assert_eq!(status.selector.as_deref(), Some("orchard.dev/pool=py"));
+        assert_eq!(status.observed_generation, Some(3));
+        assert_eq!(condition(&status, "Ready"), "True");
+        assert_eq!(condition(&status, "Reconciling"), "False");
+        assert_eq!(condition(&status, "Stalled"), "False");
+    }
+
+    #[test]
+    fn a_filling_pool_reconciles_and_failing_members_stall_it() {
+        let plan = Plan {
+            replicas: 2,
+            ready: 1,
+            ..Plan::default()
+        };
+        let status = pool_status(&pool(3), &plan, (0, 0), None, Timestamp::UNIX_EPOCH);
+        assert_eq!(status.starting_replicas, 1);
+        assert_eq!(condition(&status, "Ready"), "False");
+        assert_eq!(condition(&status, "Reconciling"), "True");
+        let stalled = pool_status(
+            &pool(3),
+            &plan,
+            (0, 0),
+            Some("py-abcde: ErrImagePull: not found".into()),
+            Timestamp::UNIX_EPOCH,
+        );
+        assert_eq!(condition(&stalled, "Stalled"), "True");
+        assert!(
+            stalled
+                .conditions
+                .iter()
+                .any(|c| c.message.contains("ErrImagePull"))
+        );
+    }
+}

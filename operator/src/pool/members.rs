@@ -1,0 +1,337 @@
+//! A pool's members (pure): how one is built (the Sandbox builders applied to a stand-in Sandbox named
+//! after the member, owned by the pool, plus the pool's label and template hash), and what a pool
+//! reconcile does with the members it sees: which to delete, how many to start, and the counts of
+//! its status.
+
+use std::collections::BTreeMap;
+
+use k8s_openapi::api::core::v1::{Pod, Secret};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference};
+use k8s_openapi::jiff::Timestamp;
+
+use super::template::template_hash;
+use crate::runtime::ownership::controlled_by;
+use crate::sandbox::build::{PodShape, desired_pod, desired_token_secret};
+use crate::sandbox::status::pod_failure;
+use orchard_api::{POOL_LABEL, POOL_TEMPLATE_HASH_ANNOTATION, Sandbox, SandboxPool};
+
+/// Length of the random suffix of a member's name (`<pool>-<suffix>`).
+pub const SUFFIX_LEN: usize = 5;
+
+/// Characters of a member suffix (those `generateName` uses: no vowels, no look-alikes).
+const SUFFIX_ALPHABET: &[u8] = b"bcdfghjklmnpqrstvwxz2456789";
+
+/// A member name for `pool` from random `bytes` (pure).
+pub fn member_name(pool: &str, bytes: [u8; SUFFIX_LEN]) -> String {
+    let suffix: String = bytes
+        .iter()
+        .map(|b| char::from(SUFFIX_ALPHABET[usize::from(*b) % SUFFIX_ALPHABET.len()]))
+        .collect();
+    format!("{pool}-{suffix}")
+}
+
+/// The stand-in Sandbox a member is built from: the member's name, the pool's namespace, the
+/// template as its spec.
+fn stand_in(pool: &SandboxPool, member: &str) -> Sandbox {
+    Sandbox {
+        metadata: ObjectMeta {
+            name: Some(member.to_string()),
+            namespace: pool.metadata.namespace.clone(),
+            ..ObjectMeta::default()
+        },
+        spec: pool.spec.template.clone(),
+        status: None,
+    }
+}
+
+/// The Pod of member `member` of `pool` (controlled by `owner`, the pool): a sandbox Pod of the
+/// template, labelled with the pool and annotated with the template's hash.
+pub fn member_pod(
+    pool: &SandboxPool,
+    member: &str,
+    owner: &OwnerReference,
+    shape: &PodShape,
+) -> Pod {
+    let mut pod = desired_pod(&stand_in(pool, member), owner, shape);
+    let pool_name = pool.metadata.name.clone().unwrap_or_default();
+    pod.metadata
+        .labels
+        .get_or_insert_with(BTreeMap::new)
+        .insert(POOL_LABEL.to_string(), pool_name);
+    pod.metadata.annotations = Some(BTreeMap::from([(
+        POOL_TEMPLATE_HASH_ANNOTATION.to_string(),
+        template_hash(&pool.spec.template),
+    )]));
+    pod
+}
+
+/// The token Secret of member Pod `pod`, controlled by the Pod: it follows the Pod wherever a claim
+/// takes it, and the garbage collector removes it with the Pod.
+pub fn member_secret(pool: &SandboxPool, pod: &Pod, token: &str) -> Secret {
+    let member = pod.metadata.name.clone().unwrap_or_default();
+    let owner = OwnerReference {
+        api_version: "v1".into(),
+        kind: "Pod".into(),
+        name: member.clone(),
+        uid: pod.metadata.uid.clone().unwrap_or_default(),
+        controller: Some(true),
+        block_owner_deletion: None,
+    };
+    desired_token_secret(&stand_in(pool, &member), &owner, token)
+}
+
+/// What the pool reconcile sees of one member Pod.
+#[derive(Debug, Clone, PartialEq)]
+pub struct MemberView {
+    /// Pod name.
+    pub name: String,
+    /// Pod UID.
+    pub uid: String,
+    /// Pod resourceVersion (deletes are conditional on it: a member claimed meanwhile is never deleted).
+    pub resource_version: String,
+    /// Creation time.
+    pub created: Option<Timestamp>,
+    /// Ready (the agent answers).
+    pub ready: bool,
+    /// Can no longer serve (and why).
+    pub failed: Option<String>,
+    /// Being deleted.
+    pub terminating: bool,
+    /// Built from the current template.
+    pub current: bool,
+}
+
+/// Reads `pod` as a member of the pool with UID `pool_uid` and template hash `hash`; `None` if the
+/// pool does not control it (a claimed member is the Sandbox's).
+pub fn view(pod: &Pod, pool_uid: &str, hash: &str) -> Option<MemberView> {
+    if !controlled_by(&pod.metadata, pool_uid) {
+        return None;
+    }
+    let annotation = pod
+        .metadata
+        .annotations
+        .as_ref()
+        .and_then(|a| a.get(POOL_TEMPLATE_HASH_ANNOTATION));
+    let ready = pod
+        .status
+        .as_ref()
+        .and_then(|s| s.conditions.as_ref())
+        .is_some_and(|c| c.iter().any(|c| c.type_ == "Ready" && c.status == "True"))
+        && pod
+            .status
+            .as_ref()
+            .and_then(|s| s.pod_ip.as_deref())
+            .is_some_and(|ip| !ip.is_empty());
+    Some(MemberView {
+        name: pod.metadata.name.clone().unwrap_or_default(),
+        uid: pod.metadata.uid.clone().unwrap_or_default(),
+        resource_version: pod.metadata.resource_version.clone().unwrap_or_default(),
+        created: pod.metadata.creation_timestamp.as_ref().map(|t| t.0),
+        ready,
+        failed: pod_failure(pod).map(|f| format!("{}: {}", f.reason, f.message)),
+        terminating: pod.metadata.deletion_timestamp.is_some(),
+        current: annotation.is_some_and(|h| h == hash),
+    })
+}
+
+/// Why a member is deleted.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Removal {
+    /// It can no longer serve.
+    Failed,
+    /// Built from an earlier template.
+    Outdated,
+    /// More members than `replicas`.
+    Surplus,
+}
+
+/// What one pool reconcile does.
+#[derive(Debug, Clone, PartialEq, Default)]
+pub struct Plan {
+    /// Members to delete, with why.
+    pub delete: Vec<(MemberView, Removal)>,
+    /// Members to start.
+    pub create: usize,
+    /// Unclaimed current members kept (status `replicas`).
+    pub replicas: i32,
+    /// Of those, Ready.
+    pub ready: i32,
+    /// The first failure seen, for the status.
+    pub failure: Option<String>,
+}
+
+/// Plans a reconcile of a pool that wants `desired` members, given the members it controls (pure).
+/// Failed and outdated members go; a surplus goes starting ones first, then the youngest Ready ones
+/// (the oldest are claimed first); `may_start` false (members failed moments ago) starts none.
+pub fn plan(desired: i32, members: &[MemberView], may_start: bool) -> Plan {
+    let mut plan = Plan::default();
+    let mut kept: Vec<&MemberView> = Vec::new();
+    for member in members.iter().filter(|m| !m.terminating) {
+        if let Some(why) = &member.failed {
+            plan.failure
+                .get_or_insert_with(|| format!("{}: {why}", member.name));
+            plan.delete.push((member.clone(), Removal::Failed));
+        } else if !member.current {
+            plan.delete.push((member.clone(), Removal::Outdated));
+        } else {
+            kept.push(member);
+        }
+    }
+    let desired = usize::try_from(desired.max(0)).unwrap_or(0);
+    if kept.len() > desired {
+        // Starting members first, then the youngest.
+        kept.sort_by_key(|m| (m.ready, std::cmp::Reverse(m.created)));
+        let surplus = kept.len() - desired;
+        for member in kept.drain(..surplus) {
+            plan.delete.push((member.clone(), Removal::Surplus));
+        }
+    }
+    if may_start {
+        plan.create = desired.saturating_sub(kept.len());
+    }
+    plan.replicas = i32::try_from(kept.len()).unwrap_or(i32::MAX);
+    plan.ready = i32::try_from(kept.iter().filter(|m| m.ready).count()).unwrap_or(i32::MAX);
+    plan
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use orchard_api::{SandboxPoolSpec, SandboxSpec};
+
+    fn member(name: &str, ready: bool, age: i64) -> MemberView {
+        MemberView {
+            name: name.into(),
+            uid: format!("uid-{name}"),
+            resource_version: "1".into(),
+            created: Some(Timestamp::from_second(1_000_000 - age).expect("time")),
+            ready,
+            failed: None,
+            terminating: false,
+            current: true,
+        }
+    }
+
+    #[test]
+    fn member_names_are_the_pool_and_five_safe_characters() {
+        let name = member_name("py", [0, 1, 26, 27, 255]);
+        assert_eq!(name.len(), "py-".len() + SUFFIX_LEN);
+        assert!(name.starts_with("py-"));
+        assert!(name[3..].bytes().all(|b| SUFFIX_ALPHABET.contains(&b)));
+    }
+
+    #[test]
+    fn a_short_pool_is_filled_and_terminating_members_do_not_count() {
+        let mut gone = member("c", true, 5);
+        gone.terminating = true;
+        let p = plan(
+            4,
+            &[member("a", true, 10), member("b", false, 1), gone],
+            true,
+        );
+        assert_eq!(p.create, 2);
+        assert!(p.delete.is_empty());
+        assert_eq!((p.replicas, p.ready), (2, 1));
+    }
+
+    #[test]
+    fn failed_and_outdated_members_are_replaced() {
+        let mut failed = member("f", false, 3);
+        failed.failed = Some("ImagePullBackOff: no such image".into());
+        let mut old = member("o", true, 9);
+        old.current = false;
+        let p = plan(2, &[failed, old, member("a", true, 1)], true);
+        let removed: Vec<_> = p
+            .delete
+            .iter()
+            .map(|(m, why)| (m.name.as_str(), *why))
+            .collect();
+        assert_eq!(
+            removed,
+            vec![("f", Removal::Failed), ("o", Removal::Outdated)]
+        );
+        assert_eq!(p.create, 1);
+        assert!(
+            p.failure
+                .as_deref()
+                .is_some_and(|f| f.contains("ImagePullBackOff"))
+        );
+        assert_eq!(
+            plan(2, &[], false).create,
+            0,
+            "no starts right after failures"
+        );
+    }
+
+    #[test]
+    fn a_surplus_loses_starting_members_first_then_the_youngest() {
+        let members = [
+            member("old", true, 100),
+            member("young", true, 1),
+            member("starting", false, 50),
+            member("mid", true, 10),
+        ];
+        let p = plan(2, &members, true);
+        let removed: Vec<_> = p.delete.iter().map(|(m, _)| m.name.as_str()).collect();
+        assert_eq!(removed, vec!["starting", "young"]);
+        assert_eq!((p.create, p.replicas, p.ready), (0, 2, 2));
+        assert_eq!(plan(0, &members, true).delete.len(), 4);
+    }
+
+    #[test]
+    fn members_are_template_pods_owned_by_the_pool_with_a_secret_owned_by_the_pod() {
+        let mut pool = SandboxPool::new(
+            "py",
+            SandboxPoolSpec {
+                replicas: 2,
+                template: SandboxSpec {
+                    image: "python:3.11".into(),
+                    ..SandboxSpec::default()
+                },
+            },
+        );
+        pool.metadata.namespace = Some("ns".into());
+        pool.metadata.uid = Some("pool-uid".into());
+        let owner = OwnerReference {
+            api_version: "orchard.dev/v1alpha1".into(),
+            kind: "SandboxPool".into(),
+            name: "py".into(),
+            uid: "pool-uid".into(),
+            controller: Some(true),
+            block_owner_deletion: Some(true),
+        };
+        let shape = PodShape {
+            agent_image: "agent:test".into(),
+            agent_port: 9090,
+            default_cpu: "1".into(),
+            default_memory: "1Gi".into(),
+            default_ephemeral_storage: None,
+            termination_grace_seconds: 5,
+            default_security_profile: orchard_api::SecurityProfile::Default,
+        };
+        let mut pod = member_pod(&pool, "py-abcde", &owner, &shape);
+        assert_eq!(pod.metadata.name.as_deref(), Some("py-abcde"));
+        let labels = pod.metadata.labels.clone().unwrap_or_default();
+        assert_eq!(labels[POOL_LABEL], "py");
+        assert_eq!(labels[orchard_api::SANDBOX_LABEL], "py-abcde");
+        assert_eq!(
+            pod.metadata.annotations.as_ref().unwrap()[POOL_TEMPLATE_HASH_ANNOTATION],
+            template_hash(&pool.spec.template)
+        );
+        assert!(controlled_by(&pod.metadata, "pool-uid"));
+        assert_eq!(
+            crate::sandbox::build::token_secret_of(&pod).as_deref(),
+            Some("py-abcde-agent-token")
+        );
+        pod.metadata.uid = Some("pod-uid".into());
+        let secret = member_secret(&pool, &pod, "t0k3n");
+        assert_eq!(
+            secret.metadata.name.as_deref(),
+            Some("py-abcde-agent-token")
+        );
+        assert!(controlled_by(&secret.metadata, "pod-uid"));
+        let seen = view(&pod, "pool-uid", &template_hash(&pool.spec.template)).expect("a member");
+        assert!(seen.current && !seen.ready && seen.failed.is_none());
+        assert!(view(&pod, "other", "h").is_none());
+    }
+}

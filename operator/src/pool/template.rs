@@ -1,0 +1,189 @@
+//! What a pool's template means for the Sandboxes that name the pool (pure): the spec a Sandbox runs
+//! with (its own fields, the template's where it leaves them unset), the part of a spec that shapes
+//! the Pod, its stable hash (stamped on every member), and which pod-shaping fields differ.
+
+use orchard_api::SandboxSpec;
+
+/// `spec` with every field it leaves unset taken from the pool's `template` (`run`, `pool` and
+/// `whenPoolEmpty` are the Sandbox's own: a template has none).
+pub fn effective_spec(spec: &SandboxSpec, template: &SandboxSpec) -> SandboxSpec {
+    fn pick<T: Clone>(own: &Option<T>, template: &Option<T>) -> Option<T> {
+        own.clone().or_else(|| template.clone())
+    }
+    fn pick_vec<T: Clone>(own: &[T], template: &[T]) -> Vec<T> {
+        if own.is_empty() { template } else { own }.to_vec()
+    }
+    SandboxSpec {
+        image: if spec.image.is_empty() {
+            template.image.clone()
+        } else {
+            spec.image.clone()
+        },
+        image_pull_policy: pick(&spec.image_pull_policy, &template.image_pull_policy),
+        image_pull_secrets: pick_vec(&spec.image_pull_secrets, &template.image_pull_secrets),
+        resources: pick(&spec.resources, &template.resources),
+        env: pick_vec(&spec.env, &template.env),
+        working_dir: pick(&spec.working_dir, &template.working_dir),
+        network: pick(&spec.network, &template.network),
+        lifecycle: pick(&spec.lifecycle, &template.lifecycle),
+        runtime_class_name: pick(&spec.runtime_class_name, &template.runtime_class_name),
+        node_selector: if spec.node_selector.is_empty() {
+            template.node_selector.clone()
+        } else {
+            spec.node_selector.clone()
+        },
+        tolerations: pick_vec(&spec.tolerations, &template.tolerations),
+        priority_class_name: pick(&spec.priority_class_name, &template.priority_class_name),
+        startup: pick(&spec.startup, &template.startup),
+        run: spec.run.clone(),
+        security: pick(&spec.security, &template.security),
+        pool: spec.pool.clone(),
+        when_pool_empty: spec.when_pool_empty,
+    }
+}
+
+/// The fields of `spec` that shape a sandbox's Pod (everything a running Pod cannot change); the
+/// others (`network`, `lifecycle`, `run`, `pool`, `whenPoolEmpty`) are cleared.
+pub fn pod_shaping(spec: &SandboxSpec) -> SandboxSpec {
+    SandboxSpec {
+        network: None,
+        lifecycle: None,
+        run: None,
+        pool: None,
+        when_pool_empty: None,
+        ..spec.clone()
+    }
+}
+
+/// A stable 16-hex-digit hash of the pod-shaping fields of `spec` (FNV-1a over their canonical JSON:
+/// the same on every replica and every version of the operator, unlike std's hasher).
+pub fn template_hash(spec: &SandboxSpec) -> String {
+    let canonical = serde_json::to_vec(&pod_shaping(spec)).unwrap_or_default();
+    let mut hash: u64 = 0xcbf2_9ce4_8422_2325;
+    for byte in canonical {
+        hash ^= u64::from(byte);
+        hash = hash.wrapping_mul(0x0000_0100_0000_01b3);
+    }
+    format!("{hash:016x}")
+}
+
+/// The pod-shaping fields in which `effective` differs from `template`, by their API names (empty:
+/// a member of the pool is this sandbox's Pod).
+pub fn mismatches(effective: &SandboxSpec, template: &SandboxSpec) -> Vec<&'static str> {
+    let (a, b) = (pod_shaping(effective), pod_shaping(template));
+    let mut fields = Vec::new();
+    let mut differs = |name: &'static str, same: bool| {
+        if !same {
+            fields.push(name);
+        }
+    };
+    differs("image", a.image == b.image);
+    differs(
+        "imagePullPolicy",
+        a.image_pull_policy == b.image_pull_policy,
+    );
+    differs(
+        "imagePullSecrets",
+        a.image_pull_secrets == b.image_pull_secrets,
+    );
+    differs("resources", a.resources == b.resources);
+    differs("env", a.env == b.env);
+    differs("workingDir", a.working_dir == b.working_dir);
+    differs(
+        "runtimeClassName",
+        a.runtime_class_name == b.runtime_class_name,
+    );
+    differs("nodeSelector", a.node_selector == b.node_selector);
+    differs("tolerations", a.tolerations == b.tolerations);
+    differs(
+        "priorityClassName",
+        a.priority_class_name == b.priority_class_name,
+    );
+    differs("startup", a.startup == b.startup);
+    differs("security", a.security == b.security);
+    fields
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use orchard_api::{
+        EgressPolicy, EnvVar, LifecycleSpec, NetworkSpec, PoolFallback, RunSpec, SecurityProfile,
+        SecuritySpec,
+    };
+
+    fn template() -> SandboxSpec {
+        SandboxSpec {
+            image: "python:3.11".into(),
+            env: vec![EnvVar {
+                name: "A".into(),
+                value: "1".into(),
+            }],
+            network: Some(NetworkSpec {
+                egress: EgressPolicy::AllowAll,
+                allow: vec![],
+            }),
+            lifecycle: Some(LifecycleSpec {
+                ttl_seconds: Some(600),
+                heartbeat_timeout_seconds: None,
+            }),
+            ..SandboxSpec::default()
+        }
+    }
+
+    #[test]
+    fn unset_fields_come_from_the_template_and_set_ones_win() {
+        let own = SandboxSpec {
+            pool: Some("p".into()),
+            when_pool_empty: Some(PoolFallback::Wait),
+            network: Some(NetworkSpec::default()),
+            run: Some(RunSpec {
+                command: vec!["true".into()],
+                timeout_seconds: 5,
+                result_path: "/r".into(),
+            }),
+            ..SandboxSpec::default()
+        };
+        let effective = effective_spec(&own, &template());
+        assert_eq!(effective.image, "python:3.11");
+        assert_eq!(effective.env, template().env);
+        assert_eq!(effective.lifecycle, template().lifecycle, "a default");
+        assert_eq!(effective.network, Some(NetworkSpec::default()), "its own");
+        assert_eq!(effective.run, own.run);
+        assert_eq!(effective.pool.as_deref(), Some("p"));
+        assert_eq!(effective.when_pool_empty, Some(PoolFallback::Wait));
+        assert!(mismatches(&effective, &template()).is_empty());
+        assert_eq!(template_hash(&effective), template_hash(&template()));
+    }
+
+    #[test]
+    fn a_differing_pod_field_is_named_and_changes_the_hash() {
+        let own = SandboxSpec {
+            image: "busybox".into(),
+            security: Some(SecuritySpec {
+                profile: Some(SecurityProfile::Restricted),
+                ..SecuritySpec::default()
+            }),
+            pool: Some("p".into()),
+            ..SandboxSpec::default()
+        };
+        let effective = effective_spec(&own, &template());
+        assert_eq!(
+            mismatches(&effective, &template()),
+            vec!["image", "security"]
+        );
+        assert_ne!(template_hash(&effective), template_hash(&template()));
+    }
+
+    #[test]
+    fn network_lifecycle_and_run_do_not_change_the_hash() {
+        let mut other = template();
+        other.network = None;
+        other.lifecycle = None;
+        other.pool = Some("x".into());
+        assert_eq!(template_hash(&other), template_hash(&template()));
+        assert_eq!(template_hash(&template()).len(), 16);
+        other.working_dir = Some("/w".into());
+        assert_ne!(template_hash(&other), template_hash(&template()));
+    }
+}
