@@ -82,6 +82,11 @@ curl -sS -H "Authorization: Bearer $TOKEN" -H 'Content-Type: application/json' \
   -d '{"argv": ["/bin/sh", "-c", "echo hello from $ORCHARD_SANDBOX on $(uname -n); grep ^PRETTY_NAME= /etc/os-release; xargs -0 echo PID 1: < /proc/1/cmdline"]}' \
   "$GATEWAY/v1/namespaces/default/sandboxes/$SANDBOX/exec" | python3 -m json.tool
 
+step "a warm pool (SandboxPool busybox-warm): sandbox/from-pool claims one of its members"
+kubectl wait --for=condition=Ready sandbox/from-pool --timeout=180s
+echo "sandbox/from-pool runs in pod $(kubectl get sandbox from-pool -o jsonpath='{.status.podName}')"
+kubectl get sbxpool
+
 GROUP=$(kubectl get rolloutgroups -o name | head -n1 | cut -d/ -f2)
 if [ -n "$GROUP" ]; then
   step "waiting for rolloutgroup/$GROUP to be Complete (Balanced Adaptive Rollout)"

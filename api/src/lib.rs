@@ -56,6 +56,11 @@ pub const CLAIMED_FROM_LABEL: &str = "orchard.dev/claimed-from";
 /// A Sandbox claims only a member whose hash equals its own pod-shaping spec's.
 pub const POOL_TEMPLATE_HASH_ANNOTATION: &str = "orchard.dev/pool-template-hash";
 
+/// Annotation on the Pod of a Sandbox of a pool (claimed or cold): the pool template's `network` and
+/// `lifecycle` (JSON) the Sandbox runs with where its own spec leaves them unset, fixed when it got its
+/// Pod.
+pub const POOL_DEFAULTS_ANNOTATION: &str = "orchard.dev/pool-defaults";
+
 /// Label on every object the operator manages (value `orchard-operator`).
 pub const MANAGED_BY_LABEL: &str = "app.kubernetes.io/managed-by";
 

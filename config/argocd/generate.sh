@@ -16,7 +16,7 @@ cd "$(dirname "$0")"
   echo "    app.kubernetes.io/name: argocd-cm"
   echo "    app.kubernetes.io/part-of: argocd"
   echo "data:"
-  for pair in Sandbox:sandbox RolloutGroup:rolloutgroup RolloutQueue:rolloutqueue; do
+  for pair in Sandbox:sandbox RolloutGroup:rolloutgroup RolloutQueue:rolloutqueue SandboxPool:sandboxpool; do
     kind=${pair%%:*}
     file=health-${pair##*:}.lua
     echo "  resource.customizations.health.orchard.dev_$kind: |"

@@ -32,7 +32,7 @@ use orchard_e2e::env::{EnvOptions, TestEnv};
 use orchard_e2e::test_support::rollouts::{GROUP_TIMEOUT, group, reward_script, template};
 use orchard_e2e::test_support::sandboxes::sandbox;
 use orchard_e2e::wait;
-use orchard_operator::api::{RolloutGroup, RolloutQueue, Sandbox};
+use orchard_operator::api::{RolloutGroup, RolloutQueue, Sandbox, SandboxPool};
 use serde_json::{Value, json};
 
 const TIMEOUT: Duration = Duration::from_secs(60);
@@ -461,6 +461,55 @@ async fn a_rollout_group_is_in_progress_while_generating_then_current() {
     env.delete_namespace(&ns).await;
 }
 
+#[tokio::test]
+async fn a_sandbox_pool_is_in_progress_while_filling_then_current_and_failed_when_stalled() {
+    let env = env();
+    let client = env.client().await;
+    let ns = env.namespace("gitops-pool").await;
+    let api = dynamic::<SandboxPool>(&client, &ns);
+    let versions = versions_of(api.clone(), "warm").await;
+    let typed: Api<SandboxPool> = Api::namespaced(client.clone(), &ns);
+    let pool: SandboxPool = serde_json::from_value(json!({
+        "apiVersion": "orchard.dev/v1alpha1", "kind": "SandboxPool", "metadata": {"name": "warm"},
+        "spec": {"replicas": 2, "template": {"image": "busybox:1.36"}},
+    }))
+    .expect("pool JSON");
+    typed
+        .create(&PostParams::default(), &pool)
+        .await
+        .expect("create the pool");
+    let created = Instant::now();
+    let ready = until_json(&api, "warm", "Ready", TIMEOUT, |o| {
+        condition(o, "Ready").is_some_and(|c| c["status"] == "True")
+    })
+    .await;
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let seen = versions.lock().expect("lock").clone();
+    assert_first_status_prompt("pool warm", created, &seen);
+    let filling = seen
+        .iter()
+        .map(|(_, v)| v)
+        .find(|v| condition(v, "Reconciling").is_some_and(|c| c["status"] == "True"))
+        .expect("the watch saw the pool filling");
+    record("sandboxpool-filling", filling);
+    record("sandboxpool-ready", &ready);
+    assert_verdicts("pool warm, filling", filling, "InProgress", "Progressing");
+    assert_verdicts("pool warm, Ready", &ready, "Current", "Healthy");
+    // Members that keep failing stall the pool (the condition the operator writes then).
+    let mut stalled = ready.clone();
+    if let Some(conditions) = stalled["status"]["conditions"].as_array_mut() {
+        for c in conditions.iter_mut() {
+            if c["type"] == "Stalled" {
+                c["status"] = json!("True");
+                c["reason"] = json!("MemberFailed");
+                c["message"] = json!("warm-abcde: ErrImagePull: not found");
+            }
+        }
+    }
+    assert_verdicts("pool warm, Stalled", &stalled, "Failed", "Degraded");
+    env.delete_namespace(&ns).await;
+}
+
 fn queue(name: &str, max: i32) -> RolloutQueue {
     serde_json::from_value(json!({
         "apiVersion": "orchard.dev/v1alpha1", "kind": "RolloutQueue",
@@ -618,6 +667,8 @@ const EXPECTED: &[(&str, &str, &str)] = &[
     ("rolloutgroup-stride-exceeds-queue", "Failed", "Degraded"),
     ("rolloutgroup-failed-name-conflict", "Failed", "Degraded"),
     ("rolloutqueue-active", "Current", "Healthy"),
+    ("sandboxpool-filling", "InProgress", "Progressing"),
+    ("sandboxpool-ready", "Current", "Healthy"),
 ];
 
 fn fixture(name: &str) -> Value {
@@ -671,6 +722,7 @@ fn objects_without_status_being_deleted_or_not_yet_observed_are_progressing() {
         "sandbox-ready",
         "rolloutgroup-complete",
         "rolloutqueue-active",
+        "sandboxpool-ready",
     ] {
         let healthy = fixture(name);
         // No status yet: Argo CD waits. kstatus calls an object without status or conditions
@@ -721,11 +773,12 @@ fn the_argocd_cm_patch_carries_the_health_scripts_unchanged() {
     assert_eq!(patch["kind"], "ConfigMap");
     assert_eq!(patch["metadata"]["name"], "argocd-cm");
     let data = patch["data"].as_object().expect("data");
-    assert_eq!(data.len(), 3, "{:?}", data.keys().collect::<Vec<_>>());
+    assert_eq!(data.len(), 4, "{:?}", data.keys().collect::<Vec<_>>());
     for (kind, file) in [
         ("Sandbox", "sandbox"),
         ("RolloutGroup", "rolloutgroup"),
         ("RolloutQueue", "rolloutqueue"),
+        ("SandboxPool", "sandboxpool"),
     ] {
         let script = std::fs::read_to_string(root.join(format!("config/argocd/health-{file}.lua")))
             .expect("script");
@@ -749,6 +802,7 @@ fn the_health_scripts_use_only_the_libraries_argo_cd_opens() {
         "health-sandbox.lua",
         "health-rolloutgroup.lua",
         "health-rolloutqueue.lua",
+        "health-sandboxpool.lua",
     ] {
         let text = std::fs::read_to_string(workspace_root().join("config/argocd").join(file))
             .expect("script");

@@ -19,7 +19,7 @@ use orchard_e2e::test_support::rollouts::{
     GROUP_TIMEOUT, expected, group, is_complete, reward_script,
 };
 use orchard_e2e::wait;
-use orchard_operator::api::{RolloutGroup, RolloutPhase, Sandbox};
+use orchard_operator::api::{RolloutGroup, RolloutPhase, Sandbox, SandboxPool};
 use serde_json::{Value, json};
 use tokio::sync::{OnceCell, RwLock};
 
@@ -605,6 +605,109 @@ async fn allow_list_reaches_exactly_its_destination_and_the_cluster_resolver() {
     let _ = Api::<Pod>::namespaced(client.clone(), "kube-system")
         .delete(&format!("resolver-{ns}"), &DeleteParams::default())
         .await;
+    env.delete_namespace(&ns).await;
+}
+
+/// Runs `probe` in sandbox `name` until it prints `open`, for up to 15 s (a claimed pool member is
+/// relabelled into its sandbox's egress policy at the claim; the enforcer applies the policy to it when
+/// it next syncs, the namespace's default-deny baseline until then). Returns the last answer.
+async fn open_within(caller: &Caller, ns: &str, name: &str, probe: Vec<String>) -> String {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(15);
+    loop {
+        let answer = run_in(caller, ns, name, probe.clone()).await;
+        if answer == "open" || tokio::time::Instant::now() >= deadline {
+            return answer;
+        }
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+}
+
+#[tokio::test]
+async fn a_claimed_pool_member_gets_its_sandboxs_egress_policy_not_the_pools() {
+    let _shared = OPERATOR_PODS.read().await;
+    let env = env();
+    let release = release().await;
+    let client = env.client().await;
+    let ns = env.namespace("np-pool").await;
+    let caller = admin_at(env, release.gateway_url(&client).await.expect("url"));
+    let allowed = outside_listener(env).await;
+    let other = outside_listener(env).await;
+    let ip = allowed.ip().to_string();
+    let image = env.node.real().image("debian-python");
+    // The template's network is a default for claimers; the members themselves have no egress.
+    let pool: SandboxPool = serde_json::from_value(json!({
+        "apiVersion": "orchard.dev/v1alpha1", "kind": "SandboxPool", "metadata": {"name": "py"},
+        "spec": {"replicas": 1, "template": {"image": image, "network": {"egress": "AllowAll"}}},
+    }))
+    .expect("pool JSON");
+    let pools: Api<SandboxPool> = Api::namespaced(client.clone(), &ns);
+    pools
+        .create(&PostParams::default(), &pool)
+        .await
+        .expect("create pool");
+    let member_ready = |p: Option<&SandboxPool>| {
+        p.and_then(|p| p.status.as_ref())
+            .is_some_and(|s| s.ready_replicas == 1)
+    };
+    wait::until(
+        &pools,
+        "py",
+        "a Ready member",
+        Duration::from_secs(180),
+        member_ready,
+    )
+    .await;
+
+    // Its own allow-list: the listed port opens, the template's AllowAll does not apply.
+    caller
+        .create_sandbox(
+            &ns,
+            json!({"name": "listed", "pool": "py", "network": {"egress": "AllowList", "allow": [
+                {"cidr": format!("{ip}/32"), "ports": [{"port": allowed.port()}]}]}}),
+        )
+        .await;
+    let ready = caller.wait_ready(&ns, "listed").await;
+    let member = ready["status"]["podName"]
+        .as_str()
+        .unwrap_or_default()
+        .to_string();
+    assert!(member.starts_with("py-"), "a claimed member: {ready}");
+    assert_eq!(
+        open_within(&caller, &ns, "listed", tcp_probe(&ip, allowed.port())).await,
+        "open",
+        "the sandbox's own allow-list applies to the claimed member"
+    );
+    let elsewhere = run_in(&caller, &ns, "listed", tcp_probe(&ip, other.port())).await;
+    assert!(
+        elsewhere.starts_with("closed"),
+        "nothing of the pool template's AllowAll: {elsewhere}"
+    );
+
+    // A claimer that leaves `network` unset gets the template's default.
+    wait::until(
+        &pools,
+        "py",
+        "refilled",
+        Duration::from_secs(180),
+        member_ready,
+    )
+    .await;
+    caller
+        .create_sandbox(&ns, json!({"name": "defaulted", "pool": "py"}))
+        .await;
+    let ready = caller.wait_ready(&ns, "defaulted").await;
+    assert!(
+        ready["status"]["podName"]
+            .as_str()
+            .unwrap_or_default()
+            .starts_with("py-"),
+        "{ready}"
+    );
+    assert_eq!(
+        open_within(&caller, &ns, "defaulted", tcp_probe(&ip, other.port())).await,
+        "open",
+        "the template's AllowAll"
+    );
     env.delete_namespace(&ns).await;
 }
 

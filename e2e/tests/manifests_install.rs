@@ -335,6 +335,33 @@ async fn operator_under_service_account_runs_a_sandbox(
         status.trajectories
     );
 
+    // The SandboxPool sample: the pool starts its members and writes its status, and the Sandbox
+    // naming it claims one (a patch of the member Pod) under the same RBAC.
+    let pool_text =
+        std::fs::read_to_string(workspace_root().join("config/samples/sandbox_pool.yaml"))
+            .expect("sandbox_pool sample");
+    kubectl(
+        &env.control_plane.kubeconfig,
+        &["apply", "-n", &namespace, "-f", "-"],
+        Some(&pool_text),
+    );
+    let claimed = wait::until(
+        &sandboxes,
+        "from-pool",
+        "Ready from the pool",
+        READY_TIMEOUT,
+        is_ready,
+    )
+    .await;
+    let member = claimed
+        .status
+        .and_then(|s| s.pod_name)
+        .unwrap_or_default();
+    assert!(
+        member.starts_with("busybox-warm-"),
+        "the sample claims a member: {member}"
+    );
+
     let metrics = operator.metrics().await.expect("metrics");
     assert_eq!(
         metric_sum(

@@ -10,7 +10,7 @@
 use std::sync::Arc;
 
 use json_patch::jsonptr::PointerBuf;
-use json_patch::{Patch, PatchOperation, ReplaceOperation, TestOperation};
+use json_patch::{AddOperation, Patch, PatchOperation, ReplaceOperation, TestOperation};
 use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
 use kube::api::{Api, PatchParams};
@@ -22,13 +22,15 @@ use tracing::{debug, info};
 use super::book::PoolKey;
 use super::members::view;
 use super::template::mismatches;
-use super::template::template_hash;
+use super::template::{PoolDefaults, defaults_annotation, defaults_of, template_hash};
 use crate::runtime::context::Context;
 use crate::runtime::error::{Error, Result};
 use crate::runtime::own_writes::child_key;
 use crate::sandbox::build::{pod_labels, pod_name};
 use crate::sandbox::status::Blocked;
-use orchard_api::{CLAIMED_FROM_LABEL, POOL_LABEL, PoolFallback, Sandbox, SandboxPool};
+use orchard_api::{
+    CLAIMED_FROM_LABEL, POOL_DEFAULTS_ANNOTATION, POOL_LABEL, PoolFallback, Sandbox, SandboxPool,
+};
 
 /// How many members one reconcile tries before it gives up (each failed try means a concurrent claim
 /// won that member).
@@ -70,13 +72,19 @@ pub fn candidates(
 }
 
 /// The claim patch (pure): `test` that `member` is still exactly the object the cache showed (UID and
-/// resourceVersion: unclaimed, not being deleted), then make `owner` its controller and give it
-/// `labels`.
+/// resourceVersion: unclaimed, not being deleted), then make `owner` its controller, give it
+/// `labels`, and record the pool template's `defaults` (network, lifecycle) the sandbox runs with.
 pub fn claim_patch(
     member: &Pod,
     owner: &OwnerReference,
     labels: &std::collections::BTreeMap<String, String>,
+    defaults: &PoolDefaults,
 ) -> Patch {
+    let mut annotations = member.metadata.annotations.clone().unwrap_or_default();
+    annotations.insert(
+        POOL_DEFAULTS_ANNOTATION.to_string(),
+        defaults_annotation(defaults),
+    );
     let path = |tokens: &[&str]| PointerBuf::from_tokens(tokens.iter().copied());
     let text = |v: Option<&String>| Value::String(v.cloned().unwrap_or_default());
     Patch(vec![
@@ -95,6 +103,11 @@ pub fn claim_patch(
         PatchOperation::Replace(ReplaceOperation {
             path: path(&["metadata", "labels"]),
             value: serde_json::to_value(labels).unwrap_or(Value::Null),
+        }),
+        // `add` sets the member whether or not the Pod has annotations yet.
+        PatchOperation::Add(AddOperation {
+            path: path(&["metadata", "annotations"]),
+            value: serde_json::to_value(annotations).unwrap_or(Value::Null),
         }),
     ])
 }
@@ -122,6 +135,7 @@ pub async fn claim_member(
     let found = candidates(&pods, pool, &hash, |uid| ctx.pools.is_reserved(uid));
     let api: Api<Pod> = Api::namespaced(ctx.client.clone(), &namespace);
     let labels = claimed_labels(sandbox, &pool_name);
+    let defaults = defaults_of(&pool.spec.template);
     let key = PoolKey {
         namespace: namespace.clone(),
         name: pool_name.clone(),
@@ -131,7 +145,7 @@ pub async fn claim_member(
         if !ctx.pools.reserve(&member_uid) {
             continue;
         }
-        let patch = claim_patch(member, owner, &labels);
+        let patch = claim_patch(member, owner, &labels, &defaults);
         let answer = api
             .patch(
                 &member.name_any(),
@@ -313,38 +327,17 @@ pub fn claimed_in_cache(pods: &Store<Pod>, sandbox: &Sandbox) -> Option<Arc<Pod>
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::pool::members::member_pod;
-    use crate::sandbox::build::PodShape;
-    use orchard_api::{SandboxPoolSpec, SandboxSpec};
+    use crate::pool::members::{fixtures, member_pod};
+    use orchard_api::SandboxSpec;
 
     fn pool() -> SandboxPool {
-        let mut pool = SandboxPool::new(
-            "py",
-            SandboxPoolSpec {
-                replicas: 3,
-                template: SandboxSpec {
-                    image: "python:3.11".into(),
-                    ..SandboxSpec::default()
-                },
-            },
-        );
-        pool.metadata.namespace = Some("ns".into());
-        pool.metadata.uid = Some("pool-uid".into());
-        pool
+        fixtures::pool(3)
     }
 
     fn member(name: &str, ready: bool, second: i64) -> Arc<Pod> {
         let pool = pool();
         let owner = pool.controller_owner_ref(&()).expect("owner");
-        let shape = PodShape {
-            agent_image: "agent:test".into(),
-            agent_port: 9090,
-            default_cpu: "1".into(),
-            default_memory: "1Gi".into(),
-            default_ephemeral_storage: None,
-            termination_grace_seconds: 5,
-            default_security_profile: orchard_api::SecurityProfile::Default,
-        };
+        let shape = fixtures::shape();
         let mut pod = member_pod(&pool, name, &owner, &shape);
         pod.metadata.uid = Some(format!("uid-{name}"));
         pod.metadata.resource_version = Some("7".into());
@@ -394,7 +387,9 @@ mod tests {
             !labels.contains_key(POOL_LABEL),
             "out of the pool's selector"
         );
-        let patch = serde_json::to_value(claim_patch(&pod, &owner, &labels)).expect("json");
+        let defaults = PoolDefaults::default();
+        let patch =
+            serde_json::to_value(claim_patch(&pod, &owner, &labels, &defaults)).expect("json");
         assert_eq!(
             patch[0],
             serde_json::json!({"op": "test", "path": "/metadata/uid", "value": "uid-py-aaaaa"})
@@ -407,5 +402,11 @@ mod tests {
         assert_eq!(patch[2]["value"][0]["uid"], "sbx-uid");
         assert_eq!(patch[2]["value"][0]["controller"], true);
         assert_eq!(patch[3]["value"][orchard_api::SANDBOX_LABEL], "task");
+        assert_eq!(patch[4]["path"], "/metadata/annotations");
+        assert_eq!(patch[4]["value"][POOL_DEFAULTS_ANNOTATION], "{}");
+        assert!(
+            patch[4]["value"][orchard_api::POOL_TEMPLATE_HASH_ANNOTATION].is_string(),
+            "the member's other annotations stay"
+        );
     }
 }

@@ -357,19 +357,10 @@ pub fn pool_status(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use orchard_api::{SandboxPoolSpec, SandboxSpec};
+    use crate::pool::members::fixtures;
 
     fn pool(replicas: i32) -> SandboxPool {
-        let mut pool = SandboxPool::new(
-            "py",
-            SandboxPoolSpec {
-                replicas,
-                template: SandboxSpec {
-                    image: "python:3.11".into(),
-                    ..SandboxSpec::default()
-                },
-            },
-        );
+        let mut pool = fixtures::pool(replicas);
         pool.metadata.generation = Some(3);
         pool
     }

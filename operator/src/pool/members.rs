@@ -194,10 +194,47 @@ pub fn plan(desired: i32, members: &[MemberView], may_start: bool) -> Plan {
     plan
 }
 
+/// Fixtures the pool module's tests share.
+#[cfg(test)]
+pub mod fixtures {
+    use crate::sandbox::build::PodShape;
+    use orchard_api::{SandboxPool, SandboxPoolSpec, SandboxSpec};
+
+    /// Pool `py` of `replicas` python members in namespace `ns`, UID `pool-uid`.
+    pub fn pool(replicas: i32) -> SandboxPool {
+        let mut pool = SandboxPool::new(
+            "py",
+            SandboxPoolSpec {
+                replicas,
+                template: SandboxSpec {
+                    image: "python:3.11".into(),
+                    ..SandboxSpec::default()
+                },
+            },
+        );
+        pool.metadata.namespace = Some("ns".into());
+        pool.metadata.uid = Some("pool-uid".into());
+        pool
+    }
+
+    /// A pod shape.
+    pub fn shape() -> PodShape {
+        PodShape {
+            agent_image: "agent:test".into(),
+            agent_port: 9090,
+            default_cpu: "1".into(),
+            default_memory: "1Gi".into(),
+            default_ephemeral_storage: None,
+            termination_grace_seconds: 5,
+            default_security_profile: orchard_api::SecurityProfile::Default,
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
+    use super::fixtures::{pool as test_pool, shape as test_shape};
     use super::*;
-    use orchard_api::{SandboxPoolSpec, SandboxSpec};
 
     fn member(name: &str, ready: bool, age: i64) -> MemberView {
         MemberView {
@@ -280,18 +317,7 @@ mod tests {
 
     #[test]
     fn members_are_template_pods_owned_by_the_pool_with_a_secret_owned_by_the_pod() {
-        let mut pool = SandboxPool::new(
-            "py",
-            SandboxPoolSpec {
-                replicas: 2,
-                template: SandboxSpec {
-                    image: "python:3.11".into(),
-                    ..SandboxSpec::default()
-                },
-            },
-        );
-        pool.metadata.namespace = Some("ns".into());
-        pool.metadata.uid = Some("pool-uid".into());
+        let pool = test_pool(2);
         let owner = OwnerReference {
             api_version: "orchard.dev/v1alpha1".into(),
             kind: "SandboxPool".into(),
@@ -300,15 +326,7 @@ mod tests {
             controller: Some(true),
             block_owner_deletion: Some(true),
         };
-        let shape = PodShape {
-            agent_image: "agent:test".into(),
-            agent_port: 9090,
-            default_cpu: "1".into(),
-            default_memory: "1Gi".into(),
-            default_ephemeral_storage: None,
-            termination_grace_seconds: 5,
-            default_security_profile: orchard_api::SecurityProfile::Default,
-        };
+        let shape = test_shape();
         let mut pod = member_pod(&pool, "py-abcde", &owner, &shape);
         assert_eq!(pod.metadata.name.as_deref(), Some("py-abcde"));
         let labels = pod.metadata.labels.clone().unwrap_or_default();

@@ -2,7 +2,56 @@
 //! with (its own fields, the template's where it leaves them unset), the part of a spec that shapes
 //! the Pod, its stable hash (stamped on every member), and which pod-shaping fields differ.
 
-use orchard_api::SandboxSpec;
+use k8s_openapi::api::core::v1::Pod;
+use orchard_api::{LifecycleSpec, NetworkSpec, POOL_DEFAULTS_ANNOTATION, SandboxSpec};
+use serde::{Deserialize, Serialize};
+
+/// A pool template's defaults that do not shape the Pod, recorded on the Pod of a sandbox of the pool
+/// (annotation `orchard.dev/pool-defaults`) when it claims a member or starts cold.
+#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
+pub struct PoolDefaults {
+    /// The template's `network`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub network: Option<NetworkSpec>,
+    /// The template's `lifecycle`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub lifecycle: Option<LifecycleSpec>,
+}
+
+/// The defaults of `template`.
+pub fn defaults_of(template: &SandboxSpec) -> PoolDefaults {
+    PoolDefaults {
+        network: template.network.clone(),
+        lifecycle: template.lifecycle.clone(),
+    }
+}
+
+/// `defaults` as the annotation's value.
+pub fn defaults_annotation(defaults: &PoolDefaults) -> String {
+    serde_json::to_string(defaults).unwrap_or_else(|_| "{}".into())
+}
+
+/// Records `defaults` on `pod` (a cold start from a pool).
+pub fn record_defaults(pod: &mut Pod, defaults: &PoolDefaults) {
+    pod.metadata
+        .annotations
+        .get_or_insert_with(Default::default)
+        .insert(
+            POOL_DEFAULTS_ANNOTATION.to_string(),
+            defaults_annotation(defaults),
+        );
+}
+
+/// The defaults `pod` recorded; `None` if it recorded none (or they do not parse: then the live
+/// template's apply).
+pub fn recorded_defaults(pod: &Pod) -> Option<PoolDefaults> {
+    let text = pod
+        .metadata
+        .annotations
+        .as_ref()?
+        .get(POOL_DEFAULTS_ANNOTATION)?;
+    serde_json::from_str(text).ok()
+}
 
 /// `spec` with every field it leaves unset taken from the pool's `template` (`run`, `pool` and
 /// `whenPoolEmpty` are the Sandbox's own: a template has none).
@@ -173,6 +222,15 @@ mod tests {
             vec!["image", "security"]
         );
         assert_ne!(template_hash(&effective), template_hash(&template()));
+    }
+
+    #[test]
+    fn defaults_round_trip_through_the_pod() {
+        let mut pod = Pod::default();
+        assert_eq!(recorded_defaults(&pod), None);
+        let defaults = defaults_of(&template());
+        record_defaults(&mut pod, &defaults);
+        assert_eq!(recorded_defaults(&pod), Some(defaults));
     }
 
     #[test]

@@ -101,8 +101,15 @@ async fn reconcile_inner(cached: &Sandbox, ctx: &Arc<Context>) -> Result<Option<
         // Deleted since it was queued.
         return Ok(None);
     };
-    // A sandbox of a pool runs with the pool template's values where its spec leaves them unset.
-    let (sandbox, pool) = crate::pool::resolve(&ctx.caches.sandbox_pools, &sandbox);
+    let known = apply::known_pod(ctx, &sandbox);
+    // A sandbox of a pool runs with the pool template's values where its spec leaves them unset (the
+    // network and lifecycle defaults as its Pod recorded them when it was claimed or created).
+    let recorded = match &known {
+        Some(ChildState::Ours(pod)) => crate::pool::template::recorded_defaults(pod),
+        _ => None,
+    };
+    let (sandbox, pool) =
+        crate::pool::resolve(&ctx.caches.sandbox_pools, &sandbox, recorded.as_ref());
     let sandbox = &sandbox;
     let namespace = sandbox.namespace().ok_or(Error::MissingField {
         kind: "Sandbox",
@@ -125,7 +132,6 @@ async fn reconcile_inner(cached: &Sandbox, ctx: &Arc<Context>) -> Result<Option<
         return remove_failed_at_ttl(ctx, sandbox, &previous).await;
     }
 
-    let known = apply::known_pod(ctx, sandbox);
     // The placement policy gates the Pod's creation only: a sandbox whose Pod exists keeps it.
     let refused = (known.is_none() && previous.pod_name.is_none())
         .then(|| placement::check(&sandbox.spec, &ctx.settings.placement).err())
@@ -203,7 +209,11 @@ async fn reconcile_inner(cached: &Sandbox, ctx: &Arc<Context>) -> Result<Option<
                 }
             }
             if start_cold {
-                let (created, refused) = create_own_pod(ctx, sandbox, &owner).await?;
+                let defaults = pool
+                    .as_deref()
+                    .map(|p| crate::pool::template::defaults_of(&p.spec.template));
+                let (created, refused) =
+                    create_own_pod(ctx, sandbox, &owner, defaults.as_ref()).await?;
                 pod = created;
                 blocked = refused;
             }
@@ -327,14 +337,19 @@ async fn reconcile_inner(cached: &Sandbox, ctx: &Arc<Context>) -> Result<Option<
     Ok(Some(until(now, startup_deadline).min(ctx.settings.resync)))
 }
 
-/// Creates the sandbox's own Pod; a refusal that is not an error becomes the returned block (Pod
-/// Security admission, a full quota, the name held by another object).
+/// Creates the sandbox's own Pod (recording `defaults`, its pool template's network and lifecycle, for
+/// a cold start from a pool); a refusal that is not an error becomes the returned block (Pod Security
+/// admission, a full quota, the name held by another object).
 async fn create_own_pod(
     ctx: &Context,
     sandbox: &Sandbox,
     owner: &OwnerReference,
+    defaults: Option<&crate::pool::template::PoolDefaults>,
 ) -> Result<(Option<Pod>, Option<Blocked>)> {
-    let desired = desired_pod(sandbox, owner, &ctx.settings.pod);
+    let mut desired = desired_pod(sandbox, owner, &ctx.settings.pod);
+    if let Some(defaults) = defaults {
+        crate::pool::template::record_defaults(&mut desired, defaults);
+    }
     match apply::create_pod(ctx, sandbox, &desired).await {
         Ok(ChildState::Ours(created)) => Ok((Some(created), None)),
         Ok(other) => Ok((None, blocked_by(&[&other.unit()]))),
