@@ -353,10 +353,7 @@ async fn operator_under_service_account_runs_a_sandbox(
         is_ready,
     )
     .await;
-    let member = claimed
-        .status
-        .and_then(|s| s.pod_name)
-        .unwrap_or_default();
+    let member = claimed.status.and_then(|s| s.pod_name).unwrap_or_default();
     assert!(
         member.starts_with("busybox-warm-"),
         "the sample claims a member: {member}"

@@ -2,7 +2,8 @@
 //! operator's defaults, a Sandbox that tolerates the control-plane taint or names a PriorityClass fails
 //! with reason `PlacementRefused`, a message naming the field, the value and the setting that would
 //! allow it, and nothing is created for it (no Pod, no token Secret, no egress policy); a RolloutGroup
-//! whose template is refused ends with every trajectory aborted instead of looping. Restarted with
+//! whose template is refused ends with every trajectory aborted instead of looping, and a SandboxPool
+//! whose template is refused starts no member (`Stalled`, reason `PlacementRefused`). Restarted with
 //! `--allow-control-plane-placement` and `--allowed-priority-classes`, the operator lets the same specs
 //! become Ready.
 
@@ -18,7 +19,7 @@ use orchard_e2e::operator_process::OperatorProcess;
 use orchard_e2e::test_support::rollouts::{group, template};
 use orchard_e2e::test_support::sandboxes::{is_failed, is_ready, sandbox};
 use orchard_e2e::wait;
-use orchard_operator::api::{RolloutGroup, RolloutPhase, Sandbox, TrajectoryStatus};
+use orchard_operator::api::{RolloutGroup, RolloutPhase, Sandbox, SandboxPool, TrajectoryStatus};
 use serde_json::{Value, json};
 
 const TIMEOUT: Duration = Duration::from_secs(60);
@@ -186,6 +187,34 @@ async fn refused_placement_fails_the_sandbox_and_the_operator_setting_allows_it(
         status.trajectories.len(),
         status.conditions
     );
+    // A SandboxPool whose template is refused gets no members: whoever may create pools cannot
+    // place sandboxes where Sandboxes may not go.
+    let pools: Api<SandboxPool> = Api::namespaced(client.clone(), &ns);
+    let pool: SandboxPool = serde_json::from_value(json!({
+        "apiVersion": "orchard.dev/v1alpha1", "kind": "SandboxPool", "metadata": {"name": "refused"},
+        "spec": {"replicas": 2, "template": control_plane_toleration()},
+    }))
+    .expect("pool JSON");
+    pools
+        .create(&PostParams::default(), &pool)
+        .await
+        .expect("create the pool");
+    let stalled = wait::until(
+        &pools,
+        "refused",
+        "Stalled",
+        TIMEOUT,
+        |p: Option<&SandboxPool>| {
+            p.and_then(|p| p.status.as_ref()).is_some_and(|s| {
+                s.conditions.iter().any(|c| {
+                    c.type_ == "Stalled" && c.status == "True" && c.reason == "PlacementRefused"
+                })
+            })
+        },
+    )
+    .await;
+    let status = stalled.status.expect("pool status");
+    assert_eq!(status.replicas, 0, "{status:?}");
     let pods: Api<Pod> = Api::namespaced(client.clone(), &ns);
     assert!(
         pods.list(&ListParams::default())
@@ -193,7 +222,7 @@ async fn refused_placement_fails_the_sandbox_and_the_operator_setting_allows_it(
             .expect("list pods")
             .items
             .is_empty(),
-        "refused sandboxes have pods"
+        "refused sandboxes and pools have pods"
     );
     strict.kill();
 

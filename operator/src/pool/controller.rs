@@ -30,6 +30,7 @@ use crate::runtime::ownership::Owner;
 use crate::runtime::writes::{self, ChildState, create_owned};
 use crate::sandbox::apply::{ensure_baseline, new_token};
 use crate::sandbox::build::token_secret_of;
+use crate::sandbox::placement;
 use orchard_api::{POOL_LABEL, SandboxPool, SandboxPoolStatus};
 
 /// Controller name used in metrics and logs.
@@ -151,7 +152,15 @@ async fn reconcile_inner(cached: &SandboxPool, ctx: &Arc<Context>) -> Result<Opt
         .last_failure(&key)
         .map(|at| FAILURE_PAUSE.saturating_sub(at.elapsed()))
         .filter(|left| !left.is_zero());
-    let plan = plan(pool.spec.replicas, &seen, paused.is_none());
+    // The operator's placement policy applies to members as to any Sandbox: a refused template gets
+    // no members (and loses those it has), whoever may create pools.
+    let refused = placement::check(&pool.spec.template, &ctx.settings.placement).err();
+    let desired = if refused.is_some() {
+        0
+    } else {
+        pool.spec.replicas
+    };
+    let plan = plan(desired, &seen, paused.is_none());
 
     for (member, why) in &plan.delete {
         if *why == Removal::Failed {
@@ -170,13 +179,14 @@ async fn reconcile_inner(cached: &SandboxPool, ctx: &Arc<Context>) -> Result<Opt
     repair_secrets(ctx, &pool, &seen).await?;
 
     let now = Timestamp::now();
-    let status = pool_status(
-        &pool,
-        &plan,
-        ctx.pools.claim_counts(&key),
-        ctx.pools.recent_failure(&key, STALLED_FOR),
-        now,
-    );
+    let problem = match refused {
+        Some(why) => Some((placement::REASON.to_string(), why)),
+        None => ctx
+            .pools
+            .recent_failure(&key, STALLED_FOR)
+            .map(|why| ("MemberFailed".to_string(), why)),
+    };
+    let status = pool_status(&pool, &plan, ctx.pools.claim_counts(&key), problem, now);
     let labels = [namespace.as_str(), key.name.as_str()];
     ctx.metrics
         .pool_members
@@ -310,12 +320,13 @@ async fn delete_member(
     }
 }
 
-/// The pool's status (pure).
+/// The pool's status (pure); `problem` is the reason and message of a `Stalled` pool (its template
+/// refused by the placement policy, its members failing).
 pub fn pool_status(
     pool: &SandboxPool,
     plan: &Plan,
     (claimed_last_minute, claimed_total): (i64, i64),
-    failure: Option<String>,
+    problem: Option<(String, String)>,
     now: Timestamp,
 ) -> SandboxPoolStatus {
     let previous = pool.status.clone().unwrap_or_default();
@@ -323,8 +334,8 @@ pub fn pool_status(
     let ready = plan.ready;
     let starting = plan.replicas - plan.ready;
     let all_ready = plan.replicas == desired && ready == desired;
-    let progress = match &failure {
-        Some(message) => Progress::Stalled("MemberFailed".into(), message.clone()),
+    let progress = match &problem {
+        Some((reason, message)) => Progress::Stalled(reason.clone(), message.clone()),
         None if !all_ready => Progress::Reconciling(
             "Filling".into(),
             format!("{ready} of {desired} members Ready, {starting} starting"),
@@ -412,7 +423,10 @@ mod tests {
             &pool(3),
             &plan,
             (0, 0),
-            Some("py-abcde: ErrImagePull: not found".into()),
+            Some((
+                "MemberFailed".into(),
+                "py-abcde: ErrImagePull: not found".into(),
+            )),
             Timestamp::UNIX_EPOCH,
         );
         assert_eq!(condition(&stalled, "Stalled"), "True");
