@@ -5,7 +5,7 @@ use axum::Json;
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use kube::api::{Api, DeleteParams, ListParams, PostParams};
-use kube::runtime::reflector::Store;
+use kube::runtime::reflector::{ObjectRef, Store};
 use kube::{Resource, ResourceExt};
 use serde_json::{Value, json};
 
@@ -88,18 +88,49 @@ pub async fn list<K: Child>(
     ))
 }
 
-/// Deletes `namespace/name` (its children are garbage-collected) and answers `{deleted: true}`.
+/// How long a delete waits for this replica's watch cache to show it before answering anyway.
+const DELETE_VISIBLE_WITHIN: std::time::Duration = std::time::Duration::from_secs(2);
+
+/// Deletes `namespace/name` (its children are garbage-collected) and answers `{deleted: true}` once
+/// this replica's watch cache (`cache`) shows the deletion (gone, being deleted, or replaced by
+/// another incarnation; at most [`DELETE_VISIBLE_WITHIN`]): a client that deletes and then lists
+/// through the gateway does not see the object it deleted as live.
 pub async fn delete<K: Child>(
     state: &State,
+    cache: &Store<K>,
     namespace: &str,
     name: &str,
     user: &str,
 ) -> Result<Response, ApiError> {
-    api::<K>(state, namespace)
+    let mut notes = state.deps.changes.subscribe();
+    let answer = api::<K>(state, namespace)
         .delete(name, &DeleteParams::background())
         .await
         .map_err(|err| from_kube(&err, &format!("{} {namespace}/{name}", K::kind(&()))))?;
     state.deps.metrics.api_write(&K::plural(&()), "delete");
+    let uid = match &answer {
+        either::Either::Left(object) => object.uid(),
+        either::Either::Right(status) => status
+            .details
+            .as_ref()
+            .map(|d| d.uid.clone())
+            .filter(|uid| !uid.is_empty()),
+    };
+    let key = ObjectRef::<K>::new(name).within(namespace);
+    let shown = || match cache.get(&key) {
+        None => true,
+        Some(cached) => {
+            cached.meta().deletion_timestamp.is_some()
+                || (uid.is_some() && cached.meta().uid != uid)
+        }
+    };
+    let deadline = tokio::time::Instant::now() + DELETE_VISIBLE_WITHIN;
+    while !shown() {
+        match tokio::time::timeout_at(deadline, notes.recv()).await {
+            Err(_) | Ok(Err(tokio::sync::broadcast::error::RecvError::Closed)) => break,
+            Ok(_) => {}
+        }
+    }
     tracing::info!(object = %format!("{namespace}/{name}"), kind = %K::kind(&()), %user, "deleted through the gateway");
     Ok(Json(json!({"namespace": namespace, "name": name, "deleted": true})).into_response())
 }

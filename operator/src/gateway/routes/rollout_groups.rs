@@ -112,7 +112,14 @@ pub async fn delete_group(
     let identity = state
         .authorize_object(&headers, Operation::DeleteRolloutGroup, &path)
         .await?;
-    objects::delete::<RolloutGroup>(&state, &path.namespace, &path.name, &identity.username).await
+    objects::delete::<RolloutGroup>(
+        &state,
+        &state.deps.rollout_groups,
+        &path.namespace,
+        &path.name,
+        &identity.username,
+    )
+    .await
 }
 
 /// Whether a group is done: `Complete=True`, phase Complete, or phase Failed.

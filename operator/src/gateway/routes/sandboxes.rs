@@ -128,7 +128,14 @@ pub async fn delete_sandbox(
     let identity = state
         .authorize_object(&headers, Operation::DeleteSandbox, &path)
         .await?;
-    objects::delete::<Sandbox>(&state, &path.namespace, &path.name, &identity.username).await
+    objects::delete::<Sandbox>(
+        &state,
+        &state.deps.caches.sandboxes,
+        &path.namespace,
+        &path.name,
+        &identity.username,
+    )
+    .await
 }
 
 /// Whether a sandbox has settled: Ready, or a phase it will not leave on its own.
