@@ -2,8 +2,10 @@
 //! run. Each of `--rounds` rounds (default 3) alternates: `--claims` Sandboxes (default 10) one at a
 //! time from a SandboxPool of that size (create -> Ready as the client's watch sees it), the same
 //! number cold (their own Pod from the same image), then a RolloutGroup (N 4, Nmax 8, stride 4,
-//! runners that report at once) from the pool and one cold (create -> Complete). Prints p50/p99 of
-//! each and writes the section "Warm pools" of docs/BENCHMARKS.md.
+//! runners that report at once) from the pool and one cold (create -> Complete). Waits (bounded) for a
+//! quiet machine first and reports the load and CPU steal (`orchard-bench-support`). Prints p50/p99 of
+//! each over all rounds, and the median and spread of the rounds' p50s, and writes the section "Warm
+//! pools" of docs/BENCHMARKS.md.
 //!
 //! ```text
 //! bench-pool [--claims N] [--rounds R] [--hollow-node] [--write-doc docs/BENCHMARKS.md]
@@ -14,7 +16,7 @@ use std::time::{Duration, Instant};
 use k8s_openapi::api::core::v1::Namespace;
 use kube::Client;
 use kube::api::{Api, DeleteParams, PostParams};
-use orchard_e2e::cluster_process::{ClusterProcess, load_average};
+use orchard_e2e::cluster_process::ClusterProcess;
 use orchard_e2e::control_plane::client_from_kubeconfig;
 use orchard_e2e::test_support::rollouts::{group, is_complete, reward_script};
 use orchard_e2e::wait;
@@ -22,6 +24,9 @@ use orchard_operator::api::{RolloutGroup, Sandbox, SandboxPool};
 use serde_json::{Value, json};
 
 const TIMEOUT: Duration = Duration::from_secs(300);
+
+/// How long the benchmark waits for a quiet machine before it runs anyway (and says so).
+const QUIET_WAIT: Duration = Duration::from_secs(120);
 
 struct Args {
     claims: usize,
@@ -177,12 +182,14 @@ async fn main() {
         eprintln!("bench-pool: create pool: {err}");
         std::process::exit(1);
     }
-    let load_before = load_average();
+    let machine = orchard_bench_support::Machine::settle(QUIET_WAIT);
     let (mut warm, mut cold, mut misses) = (Vec::new(), Vec::new(), 0);
+    let (mut warm_p50s, mut cold_p50s) = (Vec::new(), Vec::new());
     let (mut group_warm, mut group_cold) = (Vec::new(), Vec::new());
     let run = reward_script(7, 50, None, None);
     for round in 0..args.rounds {
         filled(&pools, size).await;
+        let (warm_from, cold_from) = (warm.len(), cold.len());
         for i in 0..args.claims {
             let (seconds, from_pool) = one_sandbox(
                 &sandboxes,
@@ -205,6 +212,8 @@ async fn main() {
             .await;
             cold.push(seconds);
         }
+        warm_p50s.push(quantile_ms(&warm[warm_from..], 0.5));
+        cold_p50s.push(quantile_ms(&cold[cold_from..], 0.5));
         filled(&pools, size).await;
         let run_spec = json!({"command": ["/bin/sh", "-c", run], "timeoutSeconds": 60, "resultPath": "result.json"});
         group_warm.push(
@@ -225,14 +234,20 @@ async fn main() {
         );
         eprintln!(
             "round {round}: warm p50 {:.0} ms, cold p50 {:.0} ms, group {:.2} s from the pool, {:.2} s cold",
-            quantile_ms(&warm, 0.5),
-            quantile_ms(&cold, 0.5),
+            warm_p50s.last().copied().unwrap_or(f64::NAN),
+            cold_p50s.last().copied().unwrap_or(f64::NAN),
             group_warm.last().copied().unwrap_or_default(),
             group_cold.last().copied().unwrap_or_default()
         );
     }
-    let load_after = load_average();
+    let machine = machine.report();
     let node = if args.real_node { "real" } else { "hollow" };
+    let ms = |v: f64| format!("{v:.0} ms");
+    let rounds = format!(
+        "Per round (median of the rounds' p50s, spread): warm {}, cold {}.",
+        orchard_bench_support::median_spread(&warm_p50s, ms),
+        orchard_bench_support::median_spread(&cold_p50s, ms)
+    );
     let table = format!(
         "| {node} node | p50 | p99 | samples |\n|---|---|---|---|\n\
          | claim -> Ready from a warm pool | {:.0} ms | {:.0} ms | {} |\n\
@@ -252,14 +267,14 @@ async fn main() {
         quantile_ms(&group_cold, 0.99),
         group_cold.len(),
     );
-    println!("{table}");
+    println!("{table}\n{rounds}");
     if misses > 0 {
         println!("{misses} claims found the pool empty and started cold (not counted as warm)");
     }
     if let Some(path) = &args.write_doc {
         let section = format!(
-            "## Warm pools\n\nCommand: `make bench-real` (its `bench-pool` part; release build). On the {node} node, in one run: {rounds} rounds, each of {claims} Sandboxes created one at a time from a SandboxPool of {claims} busybox members (`spec.pool`), {claims} created cold from the same image, then a RolloutGroup whose template names the pool and the same group cold. Times are from the client's create call to the Ready (or Complete) its own watch saw. The pool is refilled between rounds. Load average {load_before} before, {load_after} after (two cores, shared).\n\n{table}",
-            rounds = args.rounds,
+            "## Warm pools\n\nCommand: `make bench-real` (its `bench-pool` part; release build). On the {node} node, in one run: {count} rounds, each of {claims} Sandboxes created one at a time from a SandboxPool of {claims} busybox members (`spec.pool`), {claims} created cold from the same image, then a RolloutGroup whose template names the pool and the same group cold. Times are from the client's create call to the Ready (or Complete) its own watch saw. The pool is refilled between rounds. Machine: {machine}; the cluster, the node's containers and the client share it.\n\n{table}\n{rounds}",
+            count = args.rounds,
             claims = args.claims,
         );
         if let Err(err) = orchard_e2e::docs::write_section(path, "## Warm pools", &section) {
