@@ -43,7 +43,9 @@ BASE = f"/v1/namespaces/{NS}/rolloutgroups"
 class FakeGateway:
     """The gateway's RolloutGroup routes plus a scripted controller. Group ``name`` completes
     ``durations[name]`` seconds after its creation (``default`` when absent; ``NEVER``: never), or, when it
-    is in ``sequence``, only after every group before it in ``sequence`` was answered complete. Creations
+    is in ``sequence``, only after the consumer received every group before it in ``sequence`` (not merely
+    after the gateway answered them: a worker thread that was answered first may hand its result over
+    later on a busy machine, so only the consumer's receipt fixes the order). Creations
     of ``fail_create`` answer 422, waits of ``fail_wait`` 403, groups of ``failed_phase`` end ``Failed``;
     the create answer of a group in ``slow_create`` comes ``slow_create[name]`` seconds after the group
     exists. ``received`` is what the test's consumer got; ``peak_unreceived`` the most groups created and
@@ -64,14 +66,15 @@ class FakeGateway:
         self.created: list[str] = []
         self.created_at: dict[str, float] = {}
         self.deleted: list[str] = []
-        self.answered_complete: list[str] = []
         self.received = 0
+        self.received_names: list[str | None] = []
         self.peak_unreceived = 0
 
-    def got(self) -> None:
-        """The consumer received a result."""
+    def got(self, name: str | None = None) -> None:
+        """The consumer received a result (of group ``name``)."""
         with self.lock:
             self.received += 1
+            self.received_names.append(name)
 
     def group(self, name: str, phase: str) -> dict[str, Any]:
         status: dict[str, Any] = {"phase": phase}
@@ -104,11 +107,10 @@ class FakeGateway:
                 return httpx.Response(403, json={"code": "Forbidden", "message": "no get"})
             if name in self.sequence:
                 index = self.sequence.index(name)
-                due = all(before in self.answered_complete for before in self.sequence[:index])
+                due = all(before in self.received_names for before in self.sequence[:index])
             else:
                 due = time.monotonic() >= self.created_at[name] + self.durations.get(name, self.default)
             if due:
-                self.answered_complete.append(name)
                 return httpx.Response(200, json=self.group(name, "Failed" if name in self.failed_phase else "Complete"))
         if waited >= wait:
             return httpx.Response(504, json={"code": "WaitTimeout", "message": "wait", "retryable": True})
@@ -178,7 +180,7 @@ def dispatch(
     out: list[DispatchResult] = []
 
     def consume(done: DispatchResult) -> bool:
-        fake.got()
+        fake.got(done.name)
         out.append(done)
         return body is not None and body(done) is BREAK
 
