@@ -12,7 +12,7 @@ use k8s_openapi::jiff::Timestamp;
 use super::template::template_hash;
 use crate::runtime::ownership::controlled_by;
 use crate::sandbox::build::{PodShape, desired_pod, desired_token_secret};
-use crate::sandbox::status::pod_failure;
+use crate::sandbox::status::{pod_failure, pod_ready};
 use orchard_api::{POOL_LABEL, POOL_TEMPLATE_HASH_ANNOTATION, Sandbox, SandboxPool};
 
 /// Length of the random suffix of a member's name (`<pool>-<suffix>`).
@@ -112,11 +112,7 @@ pub fn view(pod: &Pod, pool_uid: &str, hash: &str) -> Option<MemberView> {
         .annotations
         .as_ref()
         .and_then(|a| a.get(POOL_TEMPLATE_HASH_ANNOTATION));
-    let ready = pod
-        .status
-        .as_ref()
-        .and_then(|s| s.conditions.as_ref())
-        .is_some_and(|c| c.iter().any(|c| c.type_ == "Ready" && c.status == "True"))
+    let ready = pod_ready(pod)
         && pod
             .status
             .as_ref()

@@ -633,12 +633,7 @@ fn tell_pools(
         };
         if let Some(pool) = labels.and_then(|l| l.get(POOL_LABEL)) {
             book.wake_pool(&key(pool));
-            let ready = pod
-                .status
-                .as_ref()
-                .and_then(|s| s.conditions.as_ref())
-                .is_some_and(|c| c.iter().any(|c| c.type_ == "Ready" && c.status == "True"));
-            if ready && pod.metadata.deletion_timestamp.is_none() {
+            if crate::sandbox::status::pod_ready(pod) && pod.metadata.deletion_timestamp.is_none() {
                 book.wake_waiting(&key(pool));
             }
         } else if let Some(pool) = labels.and_then(|l| l.get(CLAIMED_FROM_LABEL)) {

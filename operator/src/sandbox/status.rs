@@ -320,7 +320,8 @@ fn scheduling(pod: &Pod) -> (bool, String, String) {
     }
 }
 
-fn pod_ready(pod: &Pod) -> bool {
+/// Whether `pod`'s `Ready` condition is `True` (pure).
+pub fn pod_ready(pod: &Pod) -> bool {
     pod_condition(pod, "Ready").is_some_and(|c| c.status == "True")
 }
 
