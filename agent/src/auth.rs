@@ -1,16 +1,63 @@
-//! Bearer-token authentication of `/v1` routes: loading the token and comparing it in constant time.
+//! Bearer-token authentication of `/v1` routes. One mechanism whatever the source: the agent keeps only
+//! the SHA-256 digest of the token (hashed from a token file or value, or given as the verifier
+//! `ORCHARD_AGENT_TOKEN_SHA256`), hashes the presented bearer value and compares digests in constant time.
 
 use std::fmt;
 use std::path::{Path, PathBuf};
 
 use axum::http::{HeaderMap, header};
+use sha2::{Digest, Sha256};
 
 use crate::cli::TokenSource;
 
-/// The configured bearer token. `Debug` never prints the secret.
+/// Length of a SHA-256 digest in bytes (64 hex characters).
+pub const DIGEST_LEN: usize = 32;
+
+/// The SHA-256 digest of `bytes`.
+pub fn sha256(bytes: &[u8]) -> [u8; DIGEST_LEN] {
+    Sha256::digest(bytes).into()
+}
+
+/// Decodes a token verifier: exactly 64 hex characters (either case; surrounding whitespace ignored).
+/// Errors name the rule broken, never the whole value (it might be a token pasted by mistake).
+pub fn parse_sha256_hex(text: &str) -> Result<[u8; DIGEST_LEN], String> {
+    let hex = text.trim();
+    if let Some(bad) = hex.chars().find(|c| !c.is_ascii_hexdigit()) {
+        return Err(format!(
+            "the token verifier must be the token's SHA-256 in hex, and `{}` is not a hex digit",
+            bad.escape_default()
+        ));
+    }
+    if hex.len() != DIGEST_LEN * 2 {
+        return Err(format!(
+            "the token verifier must be the token's SHA-256 as exactly {} hex characters, got {}",
+            DIGEST_LEN * 2,
+            hex.len()
+        ));
+    }
+    let mut digest = [0u8; DIGEST_LEN];
+    for (byte, pair) in digest.iter_mut().zip(hex.as_bytes().chunks_exact(2)) {
+        let (Some(high), Some(low)) = (hex_value(pair[0]), hex_value(pair[1])) else {
+            return Err("the token verifier is not hex".into());
+        };
+        *byte = (high << 4) | low;
+    }
+    Ok(digest)
+}
+
+fn hex_value(digit: u8) -> Option<u8> {
+    match digit {
+        b'0'..=b'9' => Some(digit - b'0'),
+        b'a'..=b'f' => Some(digit - b'a' + 10),
+        b'A'..=b'F' => Some(digit - b'A' + 10),
+        _ => None,
+    }
+}
+
+/// The configured bearer token, kept only as its SHA-256 digest. `Debug` prints neither.
 #[derive(Clone)]
 pub struct Token {
-    secret: Vec<u8>,
+    digest: [u8; DIGEST_LEN],
     /// The file it came from (protected from the files API), if any.
     pub file: Option<PathBuf>,
 }
@@ -18,31 +65,44 @@ pub struct Token {
 impl fmt::Debug for Token {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("Token")
-            .field("secret", &"<redacted>")
+            .field("sha256", &"<redacted>")
             .field("file", &self.file)
             .finish()
     }
 }
 
 impl Token {
-    pub fn new(secret: impl Into<Vec<u8>>) -> Result<Self, String> {
-        let secret = secret.into();
+    /// The token `secret` (used as given), kept as its digest.
+    pub fn new(secret: impl AsRef<[u8]>) -> Result<Self, String> {
+        let secret = secret.as_ref();
         if secret.is_empty() {
             return Err("the bearer token is empty".into());
         }
-        Ok(Token { secret, file: None })
+        Ok(Token {
+            digest: sha256(secret),
+            file: None,
+        })
     }
 
-    /// Loads the token; a file's trailing whitespace (the newline `echo` adds) is ignored.
+    /// The token whose SHA-256 is `digest` (the verifier). The digest of the empty string is refused:
+    /// no empty bearer value is ever accepted.
+    pub fn from_sha256(digest: [u8; DIGEST_LEN]) -> Result<Self, String> {
+        if constant_time_eq(&digest, &sha256(b"")) {
+            return Err("the token verifier is the SHA-256 of the empty string".into());
+        }
+        Ok(Token { digest, file: None })
+    }
+
+    /// Loads the token; a value's or file's surrounding whitespace (the newline `echo` adds) is ignored.
     pub fn load(source: &TokenSource) -> Result<Self, String> {
         match source {
             TokenSource::Value(value) => Token::new(value.trim().as_bytes()),
+            TokenSource::Sha256(digest) => Token::from_sha256(*digest),
             TokenSource::File(path) => {
                 let contents = std::fs::read(path).map_err(|error| {
                     format!("cannot read token file `{}`: {error}", path.display())
                 })?;
-                let trimmed = contents.trim_ascii();
-                let mut token = Token::new(trimmed)
+                let mut token = Token::new(contents.trim_ascii())
                     .map_err(|_| format!("token file `{}` is empty", path.display()))?;
                 token.file = Some(path.clone());
                 Ok(token)
@@ -54,7 +114,8 @@ impl Token {
         self.file.as_deref()
     }
 
-    /// Whether `headers` carry `Authorization: Bearer <this token>`.
+    /// Whether `headers` carry `Authorization: Bearer <token>` with a token whose SHA-256 is this
+    /// token's digest (compared in constant time). An empty bearer value never authorizes.
     pub fn authorizes(&self, headers: &HeaderMap) -> bool {
         let Some(value) = headers.get(header::AUTHORIZATION) else {
             return false;
@@ -64,38 +125,11 @@ impl Token {
         if value.len() < scheme_len || !value[..scheme_len].eq_ignore_ascii_case(b"bearer ") {
             return false;
         }
-        constant_time_eq(value[scheme_len..].trim_ascii(), &self.secret)
-    }
-}
-
-/// `--consume-token-file`: deletes the token file once it has been read, so the commands the agent runs
-/// cannot read it later. Fails closed: an error (naming the path) whenever the file is not certainly
-/// gone. A symlink or a file with other hard links is refused without deleting anything, since
-/// removing that one name would leave the token readable under another.
-pub fn consume_token_file(path: &Path) -> Result<(), String> {
-    use std::os::unix::fs::MetadataExt;
-    let refuse = |why: String| {
-        Err(format!(
-            "--consume-token-file: cannot remove the token file `{}`: {why}; refusing to start with the token still readable",
-            path.display()
-        ))
-    };
-    let metadata = match std::fs::symlink_metadata(path) {
-        Ok(metadata) => metadata,
-        Err(error) => return refuse(error.to_string()),
-    };
-    if metadata.file_type().is_symlink() {
-        return refuse("it is a symlink (its target would stay)".into());
-    }
-    if metadata.nlink() > 1 {
-        return refuse(format!(
-            "it has {} hard links (the others would stay)",
-            metadata.nlink()
-        ));
-    }
-    match std::fs::remove_file(path) {
-        Ok(()) => Ok(()),
-        Err(error) => refuse(error.to_string()),
+        let presented = value[scheme_len..].trim_ascii();
+        if presented.is_empty() {
+            return false;
+        }
+        constant_time_eq(&sha256(presented), &self.digest)
     }
 }
 
@@ -132,59 +166,88 @@ mod tests {
         assert!(Token::new("").is_err());
     }
 
+    fn hex(bytes: &[u8]) -> String {
+        bytes.iter().map(|byte| format!("{byte:02x}")).collect()
+    }
+
+    /// SHA-256 of `abc` (FIPS 180-2 example).
+    const ABC_SHA256: &str = "ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad";
+
+    #[test]
+    fn verifier_authorizes_only_the_token_it_hashes() {
+        let digest = parse_sha256_hex(ABC_SHA256).unwrap();
+        assert_eq!(hex(&digest), ABC_SHA256);
+        assert_eq!(digest, sha256(b"abc"));
+        let token = Token::load(&TokenSource::Sha256(digest)).unwrap();
+        assert_eq!(token.file(), None);
+        assert!(token.authorizes(&headers("Bearer abc")));
+        assert!(token.authorizes(&headers("bearer  abc ")));
+        assert!(!token.authorizes(&headers("Bearer abd")));
+        assert!(!token.authorizes(&headers("Bearer abcd")));
+        assert!(!token.authorizes(&headers("Bearer ")));
+        assert!(!token.authorizes(&headers("Bearer")));
+        assert!(!token.authorizes(&headers("Basic abc")));
+        assert!(!token.authorizes(&headers("abc")));
+        assert!(!token.authorizes(&HeaderMap::new()));
+        // The verifier is public: presenting it is not presenting the token.
+        assert!(!token.authorizes(&headers(&format!("Bearer {ABC_SHA256}"))));
+        // Same mechanism as a token given by value: both accept the same header.
+        let by_value = Token::load(&TokenSource::Value("abc\n".into())).unwrap();
+        assert!(by_value.authorizes(&headers("Bearer abc")));
+        assert!(!by_value.authorizes(&headers("Bearer ")));
+    }
+
+    #[test]
+    fn verifier_must_be_64_hex_characters() {
+        let upper = parse_sha256_hex(&ABC_SHA256.to_ascii_uppercase()).unwrap();
+        assert_eq!(upper, sha256(b"abc"), "upper-case hex is accepted");
+        assert_eq!(
+            parse_sha256_hex(&format!(" {ABC_SHA256}\n")).unwrap(),
+            sha256(b"abc")
+        );
+        for (bad, why) in [
+            ("", "got 0"),
+            (&ABC_SHA256[1..], "got 63"),
+            (&format!("{ABC_SHA256}0"), "got 65"),
+            (&format!("g{}", &ABC_SHA256[1..]), "`g` is not a hex digit"),
+            (
+                &format!("{} {}", &ABC_SHA256[..32], &ABC_SHA256[32..]),
+                "` ` is not",
+            ),
+            (&format!("0x{}", &ABC_SHA256[2..]), "`x` is not"),
+            (&format!("é{}", &ABC_SHA256[2..]), "is not a hex digit"),
+        ] {
+            let error = parse_sha256_hex(bad).unwrap_err();
+            assert!(error.contains(why), "{bad:?}: {error}");
+        }
+        // The SHA-256 of the empty string would stand for an empty token: refused.
+        let error = Token::from_sha256(sha256(b"")).unwrap_err();
+        assert!(error.contains("empty"), "{error}");
+    }
+
+    #[test]
+    fn debug_prints_neither_token_nor_digest() {
+        for source in [
+            TokenSource::Value("s3cret-value".into()),
+            TokenSource::Sha256(sha256(b"s3cret-value")),
+        ] {
+            let printed = format!("{:?}", Token::load(&source).unwrap());
+            assert!(!printed.contains("s3cret"), "{printed}");
+            assert!(
+                !printed.contains(&hex(&sha256(b"s3cret-value"))),
+                "{printed}"
+            );
+            let first_byte = sha256(b"s3cret-value")[0].to_string();
+            assert!(!printed.contains(&format!("[{first_byte},")), "{printed}");
+        }
+    }
+
     #[test]
     fn constant_time_comparison() {
         assert!(constant_time_eq(b"abc", b"abc"));
         assert!(!constant_time_eq(b"abd", b"abc"));
         assert!(!constant_time_eq(b"", b"abc"));
         assert!(!constant_time_eq(b"abcd", b"abc"));
-    }
-
-    fn scratch(name: &str) -> PathBuf {
-        let dir = std::env::temp_dir().join(format!(
-            "orchard-auth-{name}-{}",
-            crate::entropy::random_hex()
-        ));
-        std::fs::create_dir_all(&dir).unwrap();
-        dir
-    }
-
-    #[test]
-    fn consuming_removes_the_token_file() {
-        let dir = scratch("consume");
-        let path = dir.join("token");
-        std::fs::write(&path, "t").unwrap();
-        consume_token_file(&path).unwrap();
-        assert!(!path.exists());
-        std::fs::remove_dir_all(dir).unwrap();
-    }
-
-    #[test]
-    fn consuming_fails_closed() {
-        let dir = scratch("consume-fail");
-        // Missing: not certainly consumed by us.
-        let error = consume_token_file(&dir.join("missing")).unwrap_err();
-        assert!(
-            error.contains(&dir.join("missing").display().to_string()),
-            "{error}"
-        );
-        // A symlink: its target would stay readable.
-        let target = dir.join("target");
-        std::fs::write(&target, "t").unwrap();
-        std::os::unix::fs::symlink(&target, dir.join("link")).unwrap();
-        let error = consume_token_file(&dir.join("link")).unwrap_err();
-        assert!(error.contains("symlink"), "{error}");
-        assert!(dir.join("link").exists() && target.exists());
-        // A second hard link would keep the token readable.
-        std::fs::hard_link(&target, dir.join("hard")).unwrap();
-        let error = consume_token_file(&target).unwrap_err();
-        assert!(error.contains("hard links"), "{error}");
-        assert!(target.exists());
-        // A file that cannot be unlinked, even by root (procfs refuses every unlink).
-        let error = consume_token_file(Path::new("/proc/version")).unwrap_err();
-        assert!(error.contains("`/proc/version`"), "{error}");
-        assert!(error.contains("refusing to start"), "{error}");
-        std::fs::remove_dir_all(dir).unwrap();
     }
 
     #[test]

@@ -19,27 +19,33 @@ pub const DEFAULT_MAX_OUTPUT_BYTES_TOTAL: u64 = 256 * 1024 * 1024;
 pub const ENV_PREFIX: &str = "ORCHARD_AGENT_";
 /// The environment variable that may carry the token itself (wiped from the environment block at start).
 pub const TOKEN_VARIABLE: &str = "ORCHARD_AGENT_TOKEN";
+/// The environment variable that may carry the token verifier: the token's SHA-256 in hex (what the
+/// operator puts in the pod spec). Wiped from the environment block at start like the token.
+pub const TOKEN_SHA256_VARIABLE: &str = "ORCHARD_AGENT_TOKEN_SHA256";
+/// Variables whose values `serve` overwrites in its environment block at start (so
+/// `/proc/<pid>/environ` does not show them), before removing every `ORCHARD_AGENT_*` variable.
+pub const WIPED_VARIABLES: &[&str] = &[TOKEN_VARIABLE, TOKEN_SHA256_VARIABLE];
 
 pub const USAGE: &str = "\
 usage:
-  orchard-agent serve [--listen ADDR] [--token-file PATH [--consume-token-file]] [--root DIR]
+  orchard-agent serve [--listen ADDR] [--token-file PATH | --token-sha256 HEX] [--root DIR]
                       [--max-concurrent N] [--max-body-bytes SIZE] [--max-upload-bytes SIZE]
                       [--max-output-bytes-total SIZE] [--insecure-no-auth]
-  orchard-agent install DIR [--token-from PATH --token-to PATH]
-                       copy this executable to DIR/orchard-agent (mode 0755) and print the path;
-                       with the token flags, also copy the token file (atomically, mode 0444)
+  orchard-agent install DIR
+                       copy this executable to DIR/orchard-agent (mode 0755) and print the path
   orchard-agent --version
   orchard-agent --help
 
 serve options (flag, then environment variable, then default):
   --listen ADDR            ORCHARD_AGENT_LISTEN          literal socket address, default 0.0.0.0:9090
   --token-file PATH        ORCHARD_AGENT_TOKEN_FILE      file holding the bearer token (or ORCHARD_AGENT_TOKEN=value)
+  --token-sha256 HEX       ORCHARD_AGENT_TOKEN_SHA256    accept the bearer token whose SHA-256 is HEX (64 hex digits);
+                           give exactly one of token file, token value and token verifier
   --root DIR               ORCHARD_AGENT_ROOT            default cwd and base of relative paths, default: current dir
   --max-concurrent N       ORCHARD_AGENT_MAX_CONCURRENT  in-flight /v1 requests before 429, default 256
   --max-body-bytes SIZE    ORCHARD_AGENT_MAX_BODY_BYTES  JSON body limit, default 16MiB
   --max-upload-bytes SIZE  ORCHARD_AGENT_MAX_UPLOAD_BYTES  uploaded file limit, default 8GiB
   --max-output-bytes-total SIZE  ORCHARD_AGENT_MAX_OUTPUT_BYTES_TOTAL  output buffered by all commands, default 256MiB
-  --consume-token-file     ORCHARD_AGENT_CONSUME_TOKEN_FILE=true  delete the token file once read (refuse to start if that fails)
   --insecure-no-auth       ORCHARD_AGENT_INSECURE_NO_AUTH=true    serve without a token: LOCAL DEBUGGING ONLY, anyone who
                            can reach the port runs commands (serve refuses to start without a token otherwise)
   ORCHARD_AGENT_STARTUP    JSON {\"argv\":[..]} or {\"command\":\"..\"}: background process `startup` at boot
@@ -51,11 +57,7 @@ SIZE accepts a byte count or a suffix: K, M, G (also KiB, MiB, GiB; all powers o
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Invocation {
     Serve(ServeOptions),
-    Install {
-        dir: PathBuf,
-        /// `--token-from SRC --token-to DST`: also copy the token file.
-        token: Option<TokenCopy>,
-    },
+    Install { dir: PathBuf },
     Version,
     Help,
 }
@@ -66,14 +68,9 @@ pub enum TokenSource {
     File(PathBuf),
     /// Given directly in `ORCHARD_AGENT_TOKEN`.
     Value(String),
-}
-
-/// `install --token-from SRC --token-to DST`: the token hand-over from the init container to the task
-/// container (see docs/AGENT.md, "Token hand-over").
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct TokenCopy {
-    pub from: PathBuf,
-    pub to: PathBuf,
+    /// Only the token's SHA-256 (`--token-sha256`, `ORCHARD_AGENT_TOKEN_SHA256`): the verifier, not
+    /// secret; the token itself never reaches the agent's configuration.
+    Sha256([u8; crate::auth::DIGEST_LEN]),
 }
 
 /// Settings of `orchard-agent serve`, after merging flags, environment and defaults.
@@ -88,8 +85,6 @@ pub struct ServeOptions {
     pub max_upload_bytes: u64,
     /// Cap on the output buffered by all execs and background processes together.
     pub max_output_bytes_total: u64,
-    /// Delete the token file once it is read (`--consume-token-file`); only with a token file.
-    pub consume_token_file: bool,
     /// `--insecure-no-auth`: serve without a token (local debugging only). `token` is then `None`.
     pub insecure_no_auth: bool,
     /// Raw JSON of `ORCHARD_AGENT_STARTUP`, parsed by the server.
@@ -147,44 +142,20 @@ fn option_value<'a>(
     }
 }
 
-/// `install DIR [--token-from PATH --token-to PATH]` (flags in any order after `DIR`, `--flag=value` too).
+/// `install DIR`.
 fn parse_install(args: &[String]) -> Result<Invocation, CliError> {
-    let usage =
-        || CliError("usage: orchard-agent install DIR [--token-from PATH --token-to PATH]".into());
+    let usage = || CliError("usage: orchard-agent install DIR".into());
     let Some((dir, rest)) = args.split_first() else {
         return Err(usage());
     };
     if dir.starts_with('-') {
         return Err(usage());
     }
-    let mut from = None;
-    let mut to = None;
-    let mut rest = rest.iter();
-    while let Some(arg) = rest.next() {
-        let (name, inline_value) = split_option(arg);
-        let slot = match name {
-            "--token-from" => &mut from,
-            "--token-to" => &mut to,
-            _ => return Err(CliError(format!("unknown option `{arg}` for install"))),
-        };
-        let value = option_value(name, inline_value, &mut rest)?;
-        if value.is_empty() {
-            return Err(CliError(format!("option `{name}` needs a non-empty path")));
-        }
-        *slot = Some(PathBuf::from(value));
+    if let Some(arg) = rest.first() {
+        return Err(CliError(format!("unknown option `{arg}` for install")));
     }
-    let token = match (from, to) {
-        (Some(from), Some(to)) => Some(TokenCopy { from, to }),
-        (None, None) => None,
-        _ => {
-            return Err(CliError(
-                "--token-from and --token-to go together: give both or neither".into(),
-            ));
-        }
-    };
     Ok(Invocation::Install {
         dir: PathBuf::from(dir),
-        token,
     })
 }
 
@@ -205,34 +176,28 @@ fn parse_serve(
 ) -> Result<ServeOptions, CliError> {
     let mut listen = None;
     let mut token_file = None;
+    let mut token_sha256 = None;
     let mut root = None;
     let mut max_concurrent = None;
     let mut max_body = None;
     let mut max_upload = None;
     let mut max_output_total = None;
     let mut insecure_no_auth = false;
-    let mut consume_token_file = false;
 
     let mut rest = args.iter();
     while let Some(arg) = rest.next() {
         if arg == "--help" || arg == "-h" {
             return Err(CliError("serve takes only the options below".into()));
         }
-        match arg.as_str() {
-            "--insecure-no-auth" => {
-                insecure_no_auth = true;
-                continue;
-            }
-            "--consume-token-file" => {
-                consume_token_file = true;
-                continue;
-            }
-            _ => {}
+        if arg == "--insecure-no-auth" {
+            insecure_no_auth = true;
+            continue;
         }
         let (name, inline_value) = split_option(arg);
         let slot = match name {
             "--listen" => &mut listen,
             "--token-file" => &mut token_file,
+            "--token-sha256" => &mut token_sha256,
             "--root" => &mut root,
             "--max-concurrent" => &mut max_concurrent,
             "--max-body-bytes" => &mut max_body,
@@ -247,25 +212,15 @@ fn parse_serve(
     let listen_text = listen
         .or_else(|| from_env("ORCHARD_AGENT_LISTEN"))
         .unwrap_or_else(|| DEFAULT_LISTEN.to_string());
-    let token_file = token_file.or_else(|| from_env("ORCHARD_AGENT_TOKEN_FILE"));
-    let token_value = from_env(TOKEN_VARIABLE);
-    let token = match (token_file, token_value) {
-        (Some(_), Some(_)) => {
-            return Err(CliError(
-                "both a token file (--token-file/ORCHARD_AGENT_TOKEN_FILE) and ORCHARD_AGENT_TOKEN are set; set one".into(),
-            ));
-        }
-        (Some(file), None) => Some(TokenSource::File(PathBuf::from(file))),
-        (None, Some(value)) => Some(TokenSource::Value(value)),
-        (None, None) => None,
-    };
+    let token = token_source(
+        token_file.or_else(|| from_env("ORCHARD_AGENT_TOKEN_FILE")),
+        from_env(TOKEN_VARIABLE),
+        token_sha256.or_else(|| from_env(TOKEN_SHA256_VARIABLE)),
+    )?;
     if let Some(text) = from_env("ORCHARD_AGENT_INSECURE_NO_AUTH") {
         insecure_no_auth |= parse_bool("ORCHARD_AGENT_INSECURE_NO_AUTH", &text)?;
     }
-    if let Some(text) = from_env("ORCHARD_AGENT_CONSUME_TOKEN_FILE") {
-        consume_token_file |= parse_bool("ORCHARD_AGENT_CONSUME_TOKEN_FILE", &text)?;
-    }
-    check_auth_choice(token.as_ref(), insecure_no_auth, consume_token_file)?;
+    check_auth_choice(token.as_ref(), insecure_no_auth)?;
     let max_concurrent = match max_concurrent.or_else(|| from_env("ORCHARD_AGENT_MAX_CONCURRENT")) {
         Some(text) => match text.trim().parse::<usize>() {
             Ok(n) if n > 0 => n,
@@ -304,41 +259,73 @@ fn parse_serve(
         max_body_bytes,
         max_upload_bytes,
         max_output_bytes_total,
-        consume_token_file,
         insecure_no_auth,
         startup: from_env("ORCHARD_AGENT_STARTUP"),
         log_filter: from_env("ORCHARD_AGENT_LOG"),
     })
 }
 
+/// The one token source among a token file, a token value and a token verifier (flag or environment,
+/// already merged); two at once are refused, naming both.
+fn token_source(
+    file: Option<String>,
+    value: Option<String>,
+    sha256: Option<String>,
+) -> Result<Option<TokenSource>, CliError> {
+    let given: Vec<&str> = [
+        (
+            file.is_some(),
+            "a token file (--token-file/ORCHARD_AGENT_TOKEN_FILE)",
+        ),
+        (value.is_some(), "a token value (ORCHARD_AGENT_TOKEN)"),
+        (
+            sha256.is_some(),
+            "a token verifier (--token-sha256/ORCHARD_AGENT_TOKEN_SHA256)",
+        ),
+    ]
+    .into_iter()
+    .filter_map(|(set, name)| set.then_some(name))
+    .collect();
+    if given.len() > 1 {
+        return Err(CliError(format!(
+            "{} are set at once; set exactly one",
+            given.join(" and ")
+        )));
+    }
+    if let Some(file) = file {
+        return Ok(Some(TokenSource::File(PathBuf::from(file))));
+    }
+    if let Some(value) = value {
+        return Ok(Some(TokenSource::Value(value)));
+    }
+    match sha256 {
+        Some(hex) => crate::auth::parse_sha256_hex(&hex)
+            .map(|digest| Some(TokenSource::Sha256(digest)))
+            .map_err(|error| {
+                CliError(format!("--token-sha256 ({TOKEN_SHA256_VARIABLE}): {error}"))
+            }),
+        None => Ok(None),
+    }
+}
+
 /// The token rules of `serve`: a token is required unless `--insecure-no-auth` says otherwise (and then
-/// none may be given, so the choice is never ambiguous); `--consume-token-file` needs a token file.
+/// none may be given, so the choice is never ambiguous).
 pub fn check_auth_choice(
     token: Option<&TokenSource>,
     insecure_no_auth: bool,
-    consume_token_file: bool,
 ) -> Result<(), CliError> {
     match (token, insecure_no_auth) {
-        (None, false) => {
-            return Err(CliError(
-                "no bearer token: set --token-file PATH (ORCHARD_AGENT_TOKEN_FILE) or ORCHARD_AGENT_TOKEN; \
-                 to serve without authentication for local debugging only, pass --insecure-no-auth"
-                    .into(),
-            ));
-        }
-        (Some(_), true) => {
-            return Err(CliError(
-                "--insecure-no-auth (ORCHARD_AGENT_INSECURE_NO_AUTH) and a token are both set; set one".into(),
-            ));
-        }
-        _ => {}
+        (None, false) => Err(CliError(
+            "no bearer token: set --token-file PATH (ORCHARD_AGENT_TOKEN_FILE), ORCHARD_AGENT_TOKEN or \
+             --token-sha256 HEX (ORCHARD_AGENT_TOKEN_SHA256); \
+             to serve without authentication for local debugging only, pass --insecure-no-auth"
+                .into(),
+        )),
+        (Some(_), true) => Err(CliError(
+            "--insecure-no-auth (ORCHARD_AGENT_INSECURE_NO_AUTH) and a token are both set; set one".into(),
+        )),
+        _ => Ok(()),
     }
-    if consume_token_file && !matches!(token, Some(TokenSource::File(_))) {
-        return Err(CliError(
-            "--consume-token-file (ORCHARD_AGENT_CONSUME_TOKEN_FILE) needs a token file (--token-file or ORCHARD_AGENT_TOKEN_FILE)".into(),
-        ));
-    }
-    Ok(())
 }
 
 /// Parses a literal socket address; `:PORT` means all IPv4 interfaces. Host names are refused on purpose:
@@ -426,7 +413,6 @@ mod tests {
         assert_eq!(options.max_body_bytes, 16 << 20);
         assert_eq!(options.max_upload_bytes, 8 << 30);
         assert_eq!(options.max_output_bytes_total, 256 << 20);
-        assert!(!options.consume_token_file);
         assert!(!options.insecure_no_auth);
     }
 
@@ -453,57 +439,126 @@ mod tests {
         assert!(parse_with(&["serve", "--insecure-no-auth=yes"], &[]).is_err());
     }
 
+    /// SHA-256 of `abc`.
+    const ABC_SHA256: &str = "ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad";
+
     #[test]
-    fn consume_token_file_needs_a_token_file() {
+    fn token_verifier_from_flag_or_environment() {
+        let digest = crate::auth::sha256(b"abc");
+        let options = serve(&["serve", "--token-sha256", ABC_SHA256], &[]);
+        assert_eq!(options.token, Some(TokenSource::Sha256(digest)));
+        assert!(!options.insecure_no_auth);
+        let options = serve(&["serve"], &[(TOKEN_SHA256_VARIABLE, ABC_SHA256)]);
+        assert_eq!(options.token, Some(TokenSource::Sha256(digest)));
+        // Upper case is normalised; the flag beats the variable.
+        let upper = ABC_SHA256.to_ascii_uppercase();
+        let options = serve(&["serve", &format!("--token-sha256={upper}")], &[]);
+        assert_eq!(options.token, Some(TokenSource::Sha256(digest)));
+        let other = "00".repeat(32);
         let options = serve(
-            &["serve", "--token-file", "/t", "--consume-token-file"],
-            &[],
+            &["serve", "--token-sha256", &other],
+            &[(TOKEN_SHA256_VARIABLE, ABC_SHA256)],
         );
-        assert!(options.consume_token_file);
-        let options = serve(
+        assert_eq!(options.token, Some(TokenSource::Sha256([0; 32])));
+    }
+
+    #[test]
+    fn token_verifier_must_be_64_hex_characters() {
+        for bad in [
+            &ABC_SHA256[..63],
+            &format!("{ABC_SHA256}a"),
+            &format!("z{}", &ABC_SHA256[1..]),
+            "abc",
+            "",
+        ] {
+            let error = parse_with(&["serve", "--token-sha256", bad], &[]).unwrap_err();
+            assert!(error.0.contains("--token-sha256"), "{bad:?}: {error}");
+            assert!(error.0.contains("hex"), "{bad:?}: {error}");
+            if !bad.is_empty() {
+                let error = parse_with(&["serve"], &[(TOKEN_SHA256_VARIABLE, bad)]).unwrap_err();
+                assert!(error.0.contains(TOKEN_SHA256_VARIABLE), "{bad:?}: {error}");
+            }
+        }
+        // An empty variable counts as unset, like the other variables: then there is no token.
+        let error = parse_with(&["serve"], &[(TOKEN_SHA256_VARIABLE, "")]).unwrap_err();
+        assert!(error.0.contains("no bearer token"), "{error}");
+        assert!(error.0.contains("--token-sha256"), "{error}");
+        assert!(parse_with(&["serve", "--token-sha256"], &[]).is_err());
+    }
+
+    #[test]
+    fn two_token_sources_are_refused_naming_both() {
+        let verifier = (TOKEN_SHA256_VARIABLE, ABC_SHA256);
+        let refused = |list: &[&str], env: &[(&str, &str)], named: [&str; 2]| {
+            let error = parse_with(list, env).unwrap_err();
+            for name in named {
+                assert!(error.0.contains(name), "{list:?} {env:?}: {error}");
+            }
+            assert!(error.0.contains("set exactly one"), "{error}");
+        };
+        refused(
+            &["serve", "--token-sha256", ABC_SHA256],
+            &[TOKEN],
+            ["ORCHARD_AGENT_TOKEN)", "--token-sha256"],
+        );
+        refused(
             &["serve"],
-            &[
-                ("ORCHARD_AGENT_TOKEN_FILE", "/t"),
-                ("ORCHARD_AGENT_CONSUME_TOKEN_FILE", "true"),
-            ],
+            &[TOKEN, verifier],
+            ["ORCHARD_AGENT_TOKEN)", "ORCHARD_AGENT_TOKEN_SHA256"],
         );
-        assert!(options.consume_token_file);
-        assert!(parse_with(&["serve", "--consume-token-file"], &[TOKEN]).is_err());
+        refused(
+            &["serve", "--token-file", "/t"],
+            &[verifier],
+            ["--token-file", "--token-sha256"],
+        );
+        refused(
+            &["serve"],
+            &[("ORCHARD_AGENT_TOKEN_FILE", "/t"), verifier],
+            ["ORCHARD_AGENT_TOKEN_FILE", "ORCHARD_AGENT_TOKEN_SHA256"],
+        );
+        refused(
+            &["serve", "--token-file", "/t"],
+            &[TOKEN],
+            ["--token-file", "ORCHARD_AGENT_TOKEN)"],
+        );
+        // A bad verifier beside another source: the conflict is what is reported.
+        let error = parse_with(&["serve", "--token-sha256", "xyz"], &[TOKEN]).unwrap_err();
+        assert!(error.0.contains("set exactly one"), "{error}");
+        // A verifier is a token: not together with --insecure-no-auth.
+        assert!(parse_with(&["serve", "--insecure-no-auth"], &[verifier]).is_err());
+    }
+
+    #[test]
+    fn token_variables_are_wiped_and_scrubbed() {
+        // main wipes these values from /proc/<pid>/environ, then removes every ORCHARD_AGENT_* variable.
+        assert!(WIPED_VARIABLES.contains(&TOKEN_VARIABLE));
+        assert!(WIPED_VARIABLES.contains(&TOKEN_SHA256_VARIABLE));
         assert!(
-            parse_with(
-                &["serve", "--consume-token-file", "--insecure-no-auth"],
-                &[]
-            )
-            .is_err()
+            WIPED_VARIABLES
+                .iter()
+                .all(|name| name.starts_with(ENV_PREFIX))
         );
     }
 
     #[test]
-    fn install_token_flags() {
-        assert_eq!(
-            parse_with(
-                &[
-                    "install",
-                    "/opt/orchard",
-                    "--token-from",
-                    "/a/token",
-                    "--token-to=/b/token"
-                ],
-                &[]
-            ),
-            Ok(Invocation::Install {
-                dir: "/opt/orchard".into(),
-                token: Some(TokenCopy {
-                    from: "/a/token".into(),
-                    to: "/b/token".into()
-                }),
-            })
+    fn the_token_hand_over_is_gone() {
+        for list in [
+            &["serve", "--token-file", "/t", "--consume-token-file"][..],
+            &["install", "/d", "--token-from", "/a", "--token-to", "/b"],
+            &["install", "/d", "--token-to=/b"],
+        ] {
+            let error = parse_with(list, &[]).unwrap_err();
+            assert!(
+                error.0.starts_with("unknown option `--"),
+                "{list:?}: {error}"
+            );
+        }
+        // The variable is not read any more (and, like every ORCHARD_AGENT_* variable, scrubbed).
+        let options = serve(
+            &["serve"],
+            &[TOKEN, ("ORCHARD_AGENT_CONSUME_TOKEN_FILE", "true")],
         );
-        assert!(parse_with(&["install", "/d", "--token-from", "/a"], &[]).is_err());
-        assert!(parse_with(&["install", "/d", "--token-to", "/b"], &[]).is_err());
-        assert!(parse_with(&["install", "/d", "--token-from"], &[]).is_err());
-        assert!(parse_with(&["install", "/d", "--bogus", "x"], &[]).is_err());
-        assert!(parse_with(&["install", "--token-from", "/a"], &[]).is_err());
+        assert_eq!(options.token, Some(TokenSource::Value("t".into())));
     }
 
     #[test]
@@ -589,7 +644,6 @@ mod tests {
             parse_with(&["install", "/opt/orchard"], &[]),
             Ok(Invocation::Install {
                 dir: "/opt/orchard".into(),
-                token: None,
             })
         );
         assert!(parse_with(&["install"], &[]).is_err());

@@ -1,6 +1,6 @@
 //! Keeping the agent's secrets out of reach of the commands it runs (same uid, no `CAP_SYS_PTRACE`):
-//! the token given in `ORCHARD_AGENT_TOKEN` is wiped from the process' original environment block (what
-//! `/proc/<pid>/environ` shows), and the process is made non-dumpable, so `/proc/<pid>/{environ,mem,fd}`
+//! the token given in `ORCHARD_AGENT_TOKEN` (and the verifier in `ORCHARD_AGENT_TOKEN_SHA256`) is wiped
+//! from the process' original environment block (what `/proc/<pid>/environ` shows), and the process is made non-dumpable, so `/proc/<pid>/{environ,mem,fd}`
 //! of the agent are closed to its children. Both run at `serve` start, before any thread exists.
 
 use std::ffi::CStr;

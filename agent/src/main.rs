@@ -3,7 +3,7 @@
 
 use std::process::ExitCode;
 
-use orchard_agent::cli::{self, ENV_PREFIX, Invocation, ServeOptions, TOKEN_VARIABLE, USAGE};
+use orchard_agent::cli::{self, ENV_PREFIX, Invocation, ServeOptions, USAGE, WIPED_VARIABLES};
 use orchard_agent::server::{self, AgentConfig, AppState};
 use orchard_agent::{VERSION, hardening, init, install, logging};
 
@@ -29,32 +29,29 @@ fn main() -> ExitCode {
             println!("{USAGE}");
             ExitCode::SUCCESS
         }
-        Invocation::Install { dir, token } => {
-            let installed = install::install(&dir).and_then(|path| match &token {
-                Some(copy) => install::copy_token(&copy.from, &copy.to).map(|()| path),
-                None => Ok(path),
-            });
-            match installed {
-                Ok(path) => {
-                    println!("{}", path.display());
-                    ExitCode::SUCCESS
-                }
-                Err(error) => {
-                    eprintln!("orchard-agent install: {error}");
-                    ExitCode::FAILURE
-                }
+        Invocation::Install { dir } => match install::install(&dir) {
+            Ok(path) => {
+                println!("{}", path.display());
+                ExitCode::SUCCESS
             }
-        }
+            Err(error) => {
+                eprintln!("orchard-agent install: {error}");
+                ExitCode::FAILURE
+            }
+        },
         Invocation::Serve(options) => {
             if let Err(error) = arm_parent_death_signal() {
                 eprintln!("orchard-agent: {error}");
                 return ExitCode::FAILURE;
             }
-            // Before any thread exists (the PID 1 fork and the runtime come later): the token value
-            // leaves the environment block /proc/<pid>/environ shows, then every ORCHARD_AGENT_*
-            // variable leaves the environment children inherit, then /proc/<pid> closes to them.
-            // SAFETY: single-threaded here; `cli::parse` copied the token out already.
-            unsafe { hardening::wipe_environment_value(TOKEN_VARIABLE) };
+            // Before any thread exists (the PID 1 fork and the runtime come later): the token value and
+            // the token verifier leave the environment block /proc/<pid>/environ shows, then every
+            // ORCHARD_AGENT_* variable leaves the environment children inherit, then /proc/<pid>
+            // closes to them.
+            for name in WIPED_VARIABLES {
+                // SAFETY: single-threaded here; `cli::parse` copied the values out already.
+                unsafe { hardening::wipe_environment_value(name) };
+            }
             scrub_agent_environment();
             if let Err(error) = hardening::make_non_dumpable() {
                 eprintln!("orchard-agent: {error}");

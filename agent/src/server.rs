@@ -50,19 +50,11 @@ pub struct AgentConfig {
 }
 
 impl AgentConfig {
-    /// Resolves `options`: reads the token (and, with `--consume-token-file`, deletes its file: an error
-    /// if that fails), canonicalises the root, finds the files to protect.
+    /// Resolves `options`: loads the token (keeping only its digest), canonicalises the root, finds the
+    /// files to protect.
     pub fn from_options(options: &ServeOptions) -> Result<Self, String> {
         let token = options.token.as_ref().map(Token::load).transpose()?;
-        let mut protected = ProtectedFiles::discover(token.as_ref().and_then(Token::file));
-        if options.consume_token_file {
-            let Some(file) = token.as_ref().and_then(Token::file) else {
-                return Err("--consume-token-file needs a token file".into());
-            };
-            crate::auth::consume_token_file(file)?;
-            // The path stays protected; its inode number is free now and may name another file later.
-            protected.forget_token_identity();
-        }
+        let protected = ProtectedFiles::discover(token.as_ref().and_then(Token::file));
         let root = match &options.root {
             Some(root) => root.clone(),
             None => std::env::current_dir()

@@ -67,6 +67,10 @@ pub const MANAGED_BY_LABEL: &str = "app.kubernetes.io/managed-by";
 /// Value of [`MANAGED_BY_LABEL`].
 pub const MANAGED_BY: &str = "orchard-operator";
 
+/// Annotation recording who created an object through the gateway (the gateway writes with the
+/// operator's identity, so the API server's audit log alone would not say).
+pub const CREATED_BY_ANNOTATION: &str = "orchard.dev/created-by";
+
 /// Annotation a client sets (RFC 3339 time, e.g. with `kubectl annotate`) to record a heartbeat.
 pub const HEARTBEAT_ANNOTATION: &str = "orchard.dev/heartbeat";
 

@@ -9,8 +9,6 @@
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
-use k8s_openapi::api::core::v1::Secret;
-use kube::api::Api;
 use orchard_bench_support::Machine;
 use orchard_bench_support::median_spread;
 use orchard_e2e::binaries::workspace_root;
@@ -203,13 +201,9 @@ async fn main() {
         .as_str()
         .expect("agent endpoint")
         .to_string();
-    let secrets: Api<Secret> = Api::namespaced(env.client().await, &namespace);
-    let secret = secrets
-        .get("bench-agent-token")
-        .await
-        .expect("token secret");
     let agent_token =
-        String::from_utf8(secret.data.expect("data")["token"].0.clone()).expect("token");
+        orchard_e2e::test_support::sandboxes::token_of(&env.client().await, &namespace, "bench")
+            .await;
 
     let direct = Target {
         url: format!("{endpoint}/v1/exec"),

@@ -12,6 +12,9 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::time::{Duration, Instant};
 
 use k8s_openapi::api::core::v1::{Pod, Secret};
+use orchard_operator::runtime::token_key::{TOKEN_KEY_SECRET, key_of};
+
+use crate::control_plane::OPERATOR_NAMESPACE;
 use k8s_openapi::api::networking::v1::NetworkPolicy;
 use kube::api::{Api, DeleteParams, ListParams, PostParams, PropagationPolicy};
 use kube::{Client, Resource, ResourceExt};
@@ -234,7 +237,7 @@ async fn settled(
     Err(last)
 }
 
-/// What a stuck sandbox's Pod and token Secret look like (for reports).
+/// What a stuck sandbox's Pod looks like (for reports).
 async fn describe_children(client: &Client, ns: &str, name: &str) -> String {
     let pod = Api::<Pod>::namespaced(client.clone(), ns)
         .get_opt(name)
@@ -252,15 +255,6 @@ async fn describe_children(client: &Client, ns: &str, name: &str) -> String {
             p.metadata.deletion_timestamp.is_some()
         ),
     };
-    let secret = Api::<Secret>::namespaced(client.clone(), ns)
-        .get_opt(&format!("{name}-agent-token"))
-        .await
-        .ok()
-        .flatten()
-        .map_or_else(
-            || "no secret".to_string(),
-            |s| format!("secret owner {:?}", owner_uid(&s)),
-        );
     let sandbox_uid = Api::<Sandbox>::namespaced(client.clone(), ns)
         .get_opt(name)
         .await
@@ -268,7 +262,7 @@ async fn describe_children(client: &Client, ns: &str, name: &str) -> String {
         .flatten()
         .and_then(|s| s.uid())
         .unwrap_or_default();
-    format!(" | sandbox uid {sandbox_uid} | {pod} | {secret}")
+    format!(" | sandbox uid {sandbox_uid} | {pod}")
 }
 
 /// Phase and the Ready condition's reason and message, for reports.
@@ -458,8 +452,8 @@ async fn collect_leaks<K>(
     }
 }
 
-/// A live Sandbox's Pod, token Secret and egress policy carry its UID, and its agent accepts the
-/// token of its own Secret (so the Pod did not mount an earlier incarnation's Secret).
+/// A live Sandbox's Pod and egress policy carry its UID, and the agent at its status's endpoint
+/// accepts the token derived for that Pod (so the status points at this incarnation's Pod).
 async fn check_sandbox_children(
     client: &Client,
     ns: &str,
@@ -472,10 +466,6 @@ async fn check_sandbox_children(
         .get_opt(&name)
         .await
         .expect("get pod");
-    let secret = Api::<Secret>::namespaced(client.clone(), ns)
-        .get_opt(&format!("{name}-agent-token"))
-        .await
-        .expect("get secret");
     let policy = Api::<NetworkPolicy>::namespaced(client.clone(), ns)
         .get_opt(&format!("{name}-egress"))
         .await
@@ -486,7 +476,6 @@ async fn check_sandbox_children(
         _ => {}
     };
     check("Pod", pod.as_ref().map(owner_uid), true);
-    check("Secret", secret.as_ref().map(owner_uid), true);
     let egress = sandbox
         .spec
         .network
@@ -498,10 +487,15 @@ async fn check_sandbox_children(
         policy.as_ref().map(owner_uid),
         egress != "Deny",
     );
-    let token = secret.and_then(|s| s.data).and_then(|d| {
-        d.get("token")
-            .map(|t| String::from_utf8_lossy(&t.0).to_string())
-    });
+    let keys = Api::<Secret>::namespaced(client.clone(), OPERATOR_NAMESPACE);
+    let key = keys
+        .get_opt(TOKEN_KEY_SECRET)
+        .await
+        .expect("get the key Secret")
+        .map(|secret| key_of(&secret).expect("a valid key"));
+    let token = key
+        .zip(pod.as_ref())
+        .and_then(|(key, pod)| key.token_of(pod).ok());
     let endpoint = sandbox
         .status
         .as_ref()
@@ -517,7 +511,7 @@ async fn check_sandbox_children(
         match answer {
             Ok(r) if r.status().is_success() => {}
             Ok(r) => wrong.push(format!(
-                "agent of {name}: its own Secret's token got {}",
+                "agent of {name}: its own Pod's token got {}",
                 r.status()
             )),
             Err(err) => wrong.push(format!("agent of {name}: {err}")),

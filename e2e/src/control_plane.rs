@@ -18,6 +18,30 @@ use kube::{Client, Config};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 use crate::error::{E2eError, Result};
+
+/// The operator's namespace (its default, `POD_NAMESPACE`'s, and the chart's release namespace in the
+/// tests): it holds the agent-token key Secret of an operator running as a host process, as it would
+/// in an install.
+pub const OPERATOR_NAMESPACE: &str = "orchard-system";
+
+/// Creates namespace `name` (an existing one is fine).
+async fn create_namespace(client: &Client, name: &str) -> Result<()> {
+    use k8s_openapi::api::core::v1::Namespace;
+    let api: kube::Api<Namespace> = kube::Api::all(client.clone());
+    let namespace: Namespace =
+        serde_json::from_value(serde_json::json!({"metadata": {"name": name}}))
+            .map_err(|e| E2eError::Setup(format!("namespace {name}: {e}")))?;
+    match api
+        .create(&kube::api::PostParams::default(), &namespace)
+        .await
+    {
+        Ok(_) => Ok(()),
+        Err(kube::Error::Api(status)) if status.code == 409 => Ok(()),
+        Err(err) => Err(E2eError::Setup(format!(
+            "cannot create namespace {name}: {err}"
+        ))),
+    }
+}
 use crate::ports::free_ports;
 use crate::supervise::{Child, Spec};
 
@@ -227,7 +251,9 @@ impl ControlPlane {
             .await?;
         plane.write_kubeconfig("admin", &plane.kubeconfig)?;
         plane.wait_apiserver(Duration::from_secs(90)).await?;
-        crate::crds::install(&plane.client().await?, crds_dir).await?;
+        let client = plane.client().await?;
+        crate::crds::install(&client, crds_dir).await?;
+        create_namespace(&client, OPERATOR_NAMESPACE).await?;
         plane.start_controller_manager()?;
         Ok(plane)
     }

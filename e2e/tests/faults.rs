@@ -1,12 +1,13 @@
 //! Faults on the local node: an evicted pod, an unpullable image and a killed agent each end in a
-//! `Failed` sandbox with a reason a user can act on; the failed pod's resources are released. A
-//! deleted token Secret fails the sandbox too, and is not replaced.
+//! `Failed` sandbox with a reason a user can act on; the failed pod's resources are released. A pod
+//! whose token cannot be derived any more gets a clear 409 from the gateway.
 
 use std::time::Duration;
 
-use k8s_openapi::api::core::v1::{Pod, Secret};
-use kube::api::{Api, DeleteParams, PostParams};
+use k8s_openapi::api::core::v1::Pod;
+use kube::api::{Api, Patch, PatchParams, PostParams};
 use orchard_e2e::env::TestEnv;
+use orchard_e2e::test_support::gateway::Caller;
 use orchard_e2e::test_support::sandboxes::{is_failed, is_ready, sandbox};
 use orchard_e2e::wait;
 use orchard_operator::api::Sandbox;
@@ -131,42 +132,46 @@ async fn a_killed_agent_is_detected() {
 }
 
 #[tokio::test]
-async fn a_deleted_token_secret_fails_the_sandbox_and_is_not_replaced() {
+async fn a_pod_stripped_of_its_token_nonce_gets_a_clear_answer_not_a_wrong_token() {
     let env = TestEnv::shared();
     let client = env.client().await;
     let ns = env.namespace("token").await;
-    let api: Api<Sandbox> = Api::namespaced(client.clone(), &ns);
-    api.create(
-        &PostParams::default(),
-        &sandbox("keyless", json!({"image": "busybox"})),
+    let admin = Caller::user(env, "admin");
+    let name = admin
+        .create_sandbox(&ns, json!({"name": "keyless", "image": "busybox"}))
+        .await;
+    admin.wait_ready(&ns, &name).await;
+    let ok = admin.exec(&ns, &name, json!({"argv": ["true"]})).await;
+    assert_eq!(ok.status, 200, "{ok:?}");
+    // Whoever may patch pods removes the annotation the token is derived from.
+    let pods: Api<Pod> = Api::namespaced(client.clone(), &ns);
+    pods.patch(
+        &name,
+        &PatchParams::default(),
+        &Patch::Merge(
+            json!({"metadata": {"annotations": {"orchard.dev/agent-token-nonce": null}}}),
+        ),
     )
     .await
-    .expect("create");
-    wait::until(&api, "keyless", "Ready", Duration::from_secs(60), is_ready).await;
-    let secrets: Api<Secret> = Api::namespaced(client.clone(), &ns);
-    secrets
-        .delete("keyless-agent-token", &DeleteParams::default())
-        .await
-        .expect("delete the token Secret");
-    let failed = wait::until(
-        &api,
-        "keyless",
-        "Failed",
-        Duration::from_secs(30),
-        is_failed,
-    )
+    .expect("strip the nonce");
+    let answer = wait::poll("the gateway sees the edit", Duration::from_secs(30), || {
+        let admin = &admin;
+        let (ns, name) = (&ns, &name);
+        async move {
+            let answer = admin.exec(ns, name, json!({"argv": ["true"]})).await;
+            (answer.status != 200).then_some(answer)
+        }
+    })
     .await;
-    assert_eq!(reason(&failed), "TokenSecretDeleted");
-    let pods: Api<Pod> = Api::namespaced(client.clone(), &ns);
-    wait::deleted(&pods, "keyless", Duration::from_secs(30)).await;
-    // A new token would only lock the gateway out of the agent that read the old one.
+    assert_eq!(
+        (answer.status, answer.code()),
+        (409, "Conflict"),
+        "{answer:?}"
+    );
     assert!(
-        secrets
-            .get_opt("keyless-agent-token")
-            .await
-            .expect("get")
-            .is_none(),
-        "the operator created a new token Secret for a pod that cannot read it"
+        answer.message().contains("create it again"),
+        "{}",
+        answer.message()
     );
     env.delete_namespace(&ns).await;
 }

@@ -685,7 +685,7 @@ fn can_i(env: &TestEnv, user: &str, verb: &str, resource: &str, namespace: &str)
 /// The namespaced install mode: the chart with `watchNamespace` grants the controllers' rules by a
 /// Role in that namespace only. The operator under that ServiceAccount runs a Sandbox there to Ready
 /// (and the gateway, expiry and RolloutGroup scenario), has no rights on pods, secrets or sandboxes in
-/// another namespace, and leaves a Sandbox created there alone. (`manifests_rbac.rs` shows the
+/// another namespace (nor on Secrets in the watched one), and leaves a Sandbox created there alone. (`manifests_rbac.rs` shows the
 /// kustomize overlay config/overlays/namespaced grants the same rules; it is applied here too.)
 #[tokio::test]
 async fn helm_chart_with_watch_namespace_confines_the_operator_to_that_namespace() {
@@ -715,8 +715,8 @@ async fn helm_chart_with_watch_namespace_confines_the_operator_to_that_namespace
     let user = format!("system:serviceaccount:{RELEASE_NAMESPACE}:{service_account}");
     for (verb, resource) in [
         ("create", "pods"),
-        ("get", "secrets"),
-        ("list", "secrets"),
+        ("list", "pods"),
+        ("create", "networkpolicies.networking.k8s.io"),
         ("create", "sandboxes.orchard.dev"),
         ("patch", "sandboxes.orchard.dev/status"),
     ] {
@@ -730,6 +730,13 @@ async fn helm_chart_with_watch_namespace_confines_the_operator_to_that_namespace
         );
     }
     assert!(!can_i(&env, &user, "list", "pods", "default"));
+    // Agent tokens are derived, not stored: no Secret of a sandbox namespace is readable.
+    for verb in ["get", "list", "create"] {
+        assert!(
+            !can_i(&env, &user, verb, "secrets", WATCHED),
+            "{user} can {verb} secrets in the watched namespace"
+        );
+    }
 
     let operator = operator_under_service_account_runs_a_sandbox(
         &env,

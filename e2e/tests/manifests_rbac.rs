@@ -140,19 +140,23 @@ fn namespaced_rules() -> Table {
             "pods",
             &["get", "list", "watch", "create", "patch", "delete"],
         ),
-        ("", "secrets", &["get", "list", "watch", "create"]),
         ("events.k8s.io", "events", &["create", "patch"]),
         ("networking.k8s.io", "networkpolicies", crud),
     ])
 }
 
-/// Leader election (a Role in the release namespace): the Lease is read, created and renewed with PUT.
+/// The release namespace (a Role): the leader-election Lease is read, created and renewed with PUT;
+/// the agent-token key Secret is read (by name only) and created by the first replica. No Secret
+/// permission anywhere else: agent tokens are derived, not stored per sandbox.
 fn lease_rules() -> Table {
-    table(&[(
-        "coordination.k8s.io",
-        "leases",
-        &["get", "create", "update"],
-    )])
+    table(&[
+        (
+            "coordination.k8s.io",
+            "leases",
+            &["get", "create", "update"],
+        ),
+        ("", "secrets", &["get", "create"]),
+    ])
 }
 
 /// What the controllers and the gateway need: the contract of docs/SECURITY.md.

@@ -1,11 +1,11 @@
 //! Names taken by somebody else's objects: the operator uses or deletes an object only when its
-//! controller owner reference carries the owner's UID. A Pod, token Secret or egress policy under a
-//! sandbox's names, or a Sandbox under a RolloutGroup's trajectory name, fails the owner with
+//! controller owner reference carries the owner's UID. A Pod or egress policy under a sandbox's
+//! names, or a Sandbox under a RolloutGroup's trajectory name, fails the owner with
 //! `NameConflict`, and the foreign object is left exactly as it was (same UID, same content).
 
 use std::time::Duration;
 
-use k8s_openapi::api::core::v1::{Pod, Secret};
+use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::api::networking::v1::NetworkPolicy;
 use kube::ResourceExt;
 use kube::api::{Api, PostParams};
@@ -94,18 +94,6 @@ async fn a_foreign_pod_under_the_sandbox_name_is_never_touched() {
         "spec": {"containers": [{"name": "app", "image": "busybox"}], "nodeName": "not-a-node"},
     }));
     collide(env, &ns, "taken-pod", pod).await;
-    env.delete_namespace(&ns).await;
-}
-
-#[tokio::test]
-async fn a_foreign_secret_under_the_token_name_is_never_touched() {
-    let env = TestEnv::shared();
-    let ns = env.namespace("conflict-secret").await;
-    let secret: Secret = object(json!({
-        "metadata": {"name": "taken-secret-agent-token", "labels": {"app.kubernetes.io/managed-by": "orchard-operator"}},
-        "stringData": {"token": "not-yours"},
-    }));
-    collide(env, &ns, "taken-secret", secret).await;
     env.delete_namespace(&ns).await;
 }
 

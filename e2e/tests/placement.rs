@@ -1,7 +1,7 @@
 //! Pod placement allow-lists (operator/src/sandbox/placement.rs) on the local cluster: with the
 //! operator's defaults, a Sandbox that tolerates the control-plane taint or names a PriorityClass fails
 //! with reason `PlacementRefused`, a message naming the field, the value and the setting that would
-//! allow it, and nothing is created for it (no Pod, no token Secret, no egress policy); a RolloutGroup
+//! allow it, and nothing is created for it (no Pod, no egress policy); a RolloutGroup
 //! whose template is refused ends with every trajectory aborted instead of looping, and a SandboxPool
 //! whose template is refused starts no member (`Stalled`, reason `PlacementRefused`). Restarted with
 //! `--allow-control-plane-placement` and `--allowed-priority-classes`, the operator lets the same specs
@@ -9,7 +9,7 @@
 
 use std::time::Duration;
 
-use k8s_openapi::api::core::v1::{Pod, Secret};
+use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::api::networking::v1::NetworkPolicy;
 use k8s_openapi::api::scheduling::v1::PriorityClass;
 use kube::api::{Api, ListParams, PostParams};
@@ -61,15 +61,6 @@ async fn assert_refused(env: &TestEnv, ns: &str, name: &str, spec: Value, mentio
     assert!(
         pods.get_opt(name).await.expect("get pod").is_none(),
         "a refused sandbox has a Pod"
-    );
-    let secrets: Api<Secret> = Api::namespaced(client.clone(), ns);
-    assert!(
-        secrets
-            .get_opt(&format!("{name}-agent-token"))
-            .await
-            .expect("get secret")
-            .is_none(),
-        "a refused sandbox has a token Secret"
     );
     let policies: Api<NetworkPolicy> = Api::namespaced(client, ns);
     assert!(

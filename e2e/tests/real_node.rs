@@ -613,10 +613,10 @@ async fn pod_security_restricted_admits_only_the_restricted_profile() {
     env.delete_namespace(&ns).await;
 }
 
-/// What a command in the sandbox finds of the agent's token: the files left in the hand-over volume,
-/// whether the agent's (PID 1) environment, memory and mappings are readable, read-only mounts under
-/// `/var/run/orchard*` (a Secret volume is one), and every file under the likely paths that holds the
-/// token's text.
+/// What a command in the sandbox finds of the agent's token: files under `/var/run/orchard` (where
+/// earlier versions handed a token over), whether the agent's (PID 1) environment, memory and mappings
+/// are readable, read-only mounts under `/var/run/orchard*` (a Secret volume is one), and every file
+/// under the likely paths that holds the token's text. The pod carries only the token's SHA-256.
 async fn token_traces(caller: &Caller, ns: &str, name: &str, token: &str) -> String {
     // The token goes in as two halves, so that the command's own argv never holds it whole.
     let script = format!(
@@ -640,7 +640,6 @@ async fn task_code_cannot_find_the_agent_token() {
     let env = env();
     let ns = env.namespace("token-reach").await;
     let admin = Caller::user(env, "admin");
-    let secrets: Api<k8s_openapi::api::core::v1::Secret> = Api::namespaced(env.client().await, &ns);
     let image = env.node.real().image("debian-python");
     // As the image's root (the Default profile) and as a non-root uid (Restricted).
     for (name, extra) in [
@@ -651,21 +650,13 @@ async fn task_code_cannot_find_the_agent_token() {
         ),
     ] {
         ready_sandbox(&ns, name, &image, extra).await;
-        let secret = secrets
-            .get(&format!("{name}-agent-token"))
-            .await
-            .expect("the token Secret");
-        let token = secret
-            .data
-            .as_ref()
-            .and_then(|d| d.get("token"))
-            .map(|b| String::from_utf8_lossy(&b.0).to_string())
-            .expect("a token");
+        let token =
+            orchard_e2e::test_support::sandboxes::token_of(&env.client().await, &ns, name).await;
         let seen = token_traces(&admin, &ns, name, &token).await;
         assert_eq!(
             seen, "files=0\nenviron=denied\nmem=denied\nmaps=denied\nsecret-mounts=0\ndone\n",
-            "{name}: the token file was consumed, the agent's process is not readable, the Secret is \
-             not mounted, and the token is nowhere to be found"
+            "{name}: no token file, the agent's process is not readable, no Secret is mounted, and \
+             the token is nowhere to be found"
         );
         // The agent still answers to the token (the gateway's calls above used it).
     }

@@ -5,7 +5,7 @@
 
 use std::time::Duration;
 
-use k8s_openapi::api::core::v1::{Pod, Secret};
+use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::api::networking::v1::NetworkPolicy;
 use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
 use orchard_e2e::env::TestEnv;
@@ -113,16 +113,14 @@ async fn sandbox_becomes_ready_runs_commands_and_is_garbage_collected() {
     assert_eq!(got.status(), 200);
     assert_eq!(got.bytes().await.expect("body").to_vec(), payload);
 
-    // Delete: the pod, token Secret and policies go with it (garbage collector).
+    // Delete: the pod and policies go with it (garbage collector).
     sandboxes
         .delete("s1", &DeleteParams::default())
         .await
         .expect("delete");
     let pods: Api<Pod> = Api::namespaced(client.clone(), &ns);
-    let secrets: Api<Secret> = Api::namespaced(client.clone(), &ns);
     wait::deleted(&sandboxes, "s1", Duration::from_secs(30)).await;
     wait::deleted(&pods, "s1", Duration::from_secs(60)).await;
-    wait::deleted(&secrets, "s1-agent-token", Duration::from_secs(60)).await;
     wait::poll("agent process gone", Duration::from_secs(30), || async {
         env.node
             .hollow()

@@ -101,14 +101,6 @@ impl ProtectedFiles {
         }
     }
 
-    /// Keeps protecting the token file's path but no longer its inode: for a token file that was
-    /// deleted (`--consume-token-file`), whose inode number the file system may give to another file.
-    pub fn forget_token_identity(&mut self) {
-        if let Some(token) = &mut self.token_file {
-            token.identity = None;
-        }
-    }
-
     fn all(&self) -> impl Iterator<Item = &ProtectedFile> {
         self.executable.iter().chain(self.token_file.iter())
     }

@@ -70,8 +70,9 @@ pub struct Agent {
 pub struct AgentOptions {
     pub args: Vec<String>,
     pub env: Vec<(String, String)>,
-    /// Pass `--token-file` (the harness' token). Without it and without an `ORCHARD_AGENT_TOKEN*`
-    /// variable in `env`, the agent is started with `--insecure-no-auth`.
+    /// Pass `--token-file` (the harness' token). Without it, without an `ORCHARD_AGENT_TOKEN*`
+    /// variable in `env` and without a `--token*` flag in `args`, the agent is started with
+    /// `--insecure-no-auth`.
     pub with_token: bool,
     /// Run the agent as this uid and gid (supplementary groups dropped) instead of the test's.
     pub uid: Option<u32>,
@@ -133,6 +134,7 @@ impl Agent {
             .env
             .iter()
             .any(|(key, _)| key.starts_with("ORCHARD_AGENT_TOKEN"))
+            && !options.args.iter().any(|arg| arg.starts_with("--token"))
         {
             command.arg("--insecure-no-auth");
         }

@@ -1,15 +1,16 @@
 //! Keeping the token away from the commands the agent runs: no serving without a token unless asked
 //! for explicitly, the token wiped from /proc/<pid>/environ, the agent's /proc files closed to its
-//! children (non-dumpable), and the token hand-over (`install --token-from/--token-to`, then
-//! `serve --consume-token-file`).
+//! children (non-dumpable), and the token verifier (`ORCHARD_AGENT_TOKEN_SHA256`: the agent is given
+//! only the token's SHA-256).
 
 use std::io::Read;
-use std::os::unix::fs::MetadataExt;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
+use http_body_util::BodyExt;
 use hyper::{Method, StatusCode};
-use serde_json::json;
+use serde_json::{Value, json};
+use sha2::{Digest, Sha256};
 
 use crate::common::{Agent, AgentOptions, TOKEN, TempDir, agent_binary, full};
 
@@ -166,16 +167,78 @@ async fn commands_cannot_read_the_agents_proc_files() {
     assert_eq!(out["exitCode"], 0, "{out}");
 }
 
+/// The token verifier the operator puts in the pod spec: lowercase hex SHA-256 of the token.
+fn sha256_hex(token: &str) -> String {
+    Sha256::digest(token.as_bytes())
+        .iter()
+        .map(|byte| format!("{byte:02x}"))
+        .collect()
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn consume_token_file_deletes_it_before_serving() {
+async fn token_verifier_accepts_only_the_token_it_hashes() {
+    let secret = "pod-token-5b2e8f14c7a3d960";
+    let verifier = sha256_hex(secret);
     let agent = Agent::start_with(AgentOptions {
-        args: vec!["--consume-token-file".into()],
+        with_token: false,
+        env: vec![("ORCHARD_AGENT_TOKEN_SHA256".into(), verifier.clone())],
         ..AgentOptions::default()
     });
-    assert!(
-        !agent.token_file.exists(),
-        "the token file is still there after start"
+    assert_eq!(authorised(&agent, Some(secret)).await, StatusCode::OK);
+    assert_eq!(
+        authorised(&agent, Some(TOKEN)).await,
+        StatusCode::UNAUTHORIZED
     );
+    assert_eq!(
+        authorised(&agent, Some(&verifier)).await,
+        StatusCode::UNAUTHORIZED,
+        "the verifier is public: it must not work as a token"
+    );
+    assert_eq!(authorised(&agent, None).await, StatusCode::UNAUTHORIZED);
+    // The readiness probe needs no token.
+    let health = agent
+        .send(Method::GET, "/healthz", full(""), None)
+        .await
+        .status();
+    assert_eq!(health, StatusCode::OK);
+
+    // Commands do not inherit the verifier (nor any ORCHARD_AGENT_* variable).
+    let response = agent
+        .send(
+            Method::POST,
+            "/v1/exec",
+            full(json!({"argv": ["env"], "env": {"MARKER": "from-request"}}).to_string()),
+            Some(secret),
+        )
+        .await;
+    assert_eq!(response.status(), StatusCode::OK);
+    let body = response.into_body().collect().await.unwrap().to_bytes();
+    let out: Value = serde_json::from_slice(&body).unwrap();
+    let stdout = out["stdout"].as_str().unwrap_or_default();
+    assert_eq!(out["exitCode"], 0, "{out}");
+    assert!(stdout.contains("MARKER=from-request"), "{out}");
+    assert!(!stdout.contains("ORCHARD_AGENT_TOKEN_SHA256"), "{stdout}");
+    assert!(!stdout.contains(&verifier), "{stdout}");
+    // Nor does /proc/<pid>/environ show it any more.
+    let environ = proc_environ(agent.pid());
+    assert!(contains(&environ, "ORCHARD_AGENT_LOG=info"));
+    assert!(
+        !contains(&environ, &verifier),
+        "the verifier is readable in /proc/{}/environ",
+        agent.pid()
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn token_verifier_flag_accepts_upper_case_hex() {
+    let agent = Agent::start_with(AgentOptions {
+        with_token: false,
+        args: vec![
+            "--token-sha256".into(),
+            sha256_hex(TOKEN).to_ascii_uppercase(),
+        ],
+        ..AgentOptions::default()
+    });
     assert_eq!(authorised(&agent, Some(TOKEN)).await, StatusCode::OK);
     assert_eq!(
         authorised(&agent, Some("wrong")).await,
@@ -184,73 +247,58 @@ async fn consume_token_file_deletes_it_before_serving() {
 }
 
 #[test]
-fn consume_token_file_fails_closed_when_the_file_cannot_be_removed() {
-    // procfs refuses every unlink, even root's: the token "file" stays, so the agent must not start.
-    let root = TempDir::new("consume-fail");
+fn serve_refuses_a_bad_verifier_two_token_sources_and_the_removed_hand_over() {
+    let root = TempDir::new("bad-verifier");
     let root = root.path().display().to_string();
+    let serve = ["serve", "--listen", "127.0.0.1:0", "--root", &root];
+    let verifier = sha256_hex(TOKEN);
+
+    let (code, stderr) = run_agent(&serve, &[("ORCHARD_AGENT_TOKEN_SHA256", "not-a-digest")]);
+    assert_eq!(code, Some(2), "{stderr}");
+    assert!(stderr.contains("ORCHARD_AGENT_TOKEN_SHA256"), "{stderr}");
+    assert!(stderr.contains("hex"), "{stderr}");
+    let short = &verifier[..63];
+    let (code, stderr) = run_agent(&[&serve[..], &["--token-sha256", short]].concat(), &[]);
+    assert_eq!(code, Some(2), "{stderr}");
+    assert!(stderr.contains("exactly 64 hex characters"), "{stderr}");
+
+    let (code, stderr) = run_agent(
+        &serve,
+        &[
+            ("ORCHARD_AGENT_TOKEN_SHA256", &verifier),
+            ("ORCHARD_AGENT_TOKEN", TOKEN),
+        ],
+    );
+    assert_eq!(code, Some(2), "{stderr}");
+    assert!(stderr.contains("ORCHARD_AGENT_TOKEN)"), "{stderr}");
+    assert!(stderr.contains("ORCHARD_AGENT_TOKEN_SHA256"), "{stderr}");
+
+    // The token hand-over flags are gone.
     let (code, stderr) = run_agent(
         &[
-            "serve",
-            "--listen",
-            "127.0.0.1:0",
-            "--root",
-            &root,
-            "--token-file",
+            &serve[..],
+            &["--token-file", "/proc/version", "--consume-token-file"],
+        ]
+        .concat(),
+        &[],
+    );
+    assert_eq!(code, Some(2), "{stderr}");
+    assert!(
+        stderr.contains("unknown option `--consume-token-file`"),
+        "{stderr}"
+    );
+    let opt = TempDir::new("install");
+    let (code, stderr) = run_agent(
+        &[
+            "install",
+            &opt.path().display().to_string(),
+            "--token-from",
             "/proc/version",
-            "--consume-token-file",
+            "--token-to",
+            "/tmp/token",
         ],
         &[],
     );
     assert_eq!(code, Some(2), "{stderr}");
-    assert!(stderr.contains("`/proc/version`"), "{stderr}");
-    assert!(stderr.contains("refusing to start"), "{stderr}");
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn token_hand_over_from_install_to_serve() {
-    // The init container: the Secret mounted at .../orchard-token/token, a shared memory volume at
-    // .../orchard; `install` copies the agent and the token.
-    let pod = TempDir::new("handover");
-    let secret = pod.path().join("var/run/orchard-token/token");
-    std::fs::create_dir_all(secret.parent().unwrap()).unwrap();
-    std::fs::write(&secret, format!("{TOKEN}\n")).unwrap();
-    let shared = pod.path().join("var/run/orchard/token");
-    let opt = pod.path().join("opt/orchard");
-    let (code, stderr) = run_agent(
-        &[
-            "install",
-            &opt.display().to_string(),
-            "--token-from",
-            &secret.display().to_string(),
-            "--token-to",
-            &shared.display().to_string(),
-        ],
-        &[],
-    );
-    assert_eq!(code, Some(0), "{stderr}");
-    assert!(opt.join("orchard-agent").is_file());
-    assert_eq!(
-        std::fs::read_to_string(&shared).unwrap(),
-        format!("{TOKEN}\n")
-    );
-    assert_eq!(std::fs::metadata(&shared).unwrap().mode() & 0o7777, 0o444);
-    // `install DIR` alone still works and copies no token.
-    let (code, stderr) = run_agent(&["install", &opt.display().to_string()], &[]);
-    assert_eq!(code, Some(0), "{stderr}");
-
-    // The task container: the agent reads the shared copy and deletes it before serving.
-    let agent = Agent::start_with(AgentOptions {
-        with_token: false,
-        env: vec![
-            (
-                "ORCHARD_AGENT_TOKEN_FILE".into(),
-                shared.display().to_string(),
-            ),
-            ("ORCHARD_AGENT_CONSUME_TOKEN_FILE".into(), "true".into()),
-        ],
-        ..AgentOptions::default()
-    });
-    assert!(!shared.exists(), "the shared token copy is still there");
-    assert_eq!(authorised(&agent, Some(TOKEN)).await, StatusCode::OK);
-    assert_eq!(authorised(&agent, None).await, StatusCode::UNAUTHORIZED);
+    assert!(stderr.contains("unknown option `--token-from`"), "{stderr}");
 }

@@ -111,10 +111,6 @@ config/rbac/role.yaml holds the same rules (e2e/tests/manifests_rbac.rs compares
 - apiGroups: [""]
   resources: ["pods"]
   verbs: ["get", "list", "watch", "create", "patch", "delete"]
-# Per-sandbox agent-token Secrets: created once, never updated (garbage-collected with the Sandbox).
-- apiGroups: [""]
-  resources: ["secrets"]
-  verbs: ["get", "list", "watch", "create"]
 # Events on transitions: the kube Recorder creates events and patches them to aggregate repeats.
 - apiGroups: ["events.k8s.io"]
   resources: ["events"]
@@ -139,9 +135,16 @@ config/rbac/role.yaml holds the same rules (e2e/tests/manifests_rbac.rs compares
   verbs: ["get"]
 {{- end -}}
 
-{{/* Leader election: the Lease in the release namespace, read and renewed with PUT (never patched). `create` cannot be limited by resourceNames. */}}
+{{/* The release namespace: the leader-election Lease, read and renewed with PUT (never patched), and the agent-token key Secret, read at start and created by the first replica that finds none. `create` cannot be limited by resourceNames. */}}
 {{- define "orchard-env.leaseRules" -}}
 - apiGroups: ["coordination.k8s.io"]
   resources: ["leases"]
   verbs: ["get", "create", "update"]
+- apiGroups: [""]
+  resources: ["secrets"]
+  resourceNames: ["orchard-agent-token-key"]
+  verbs: ["get"]
+- apiGroups: [""]
+  resources: ["secrets"]
+  verbs: ["create"]
 {{- end -}}

@@ -1,9 +1,12 @@
 //! Helpers shared by the end-to-end test binaries: Sandbox manifests and checks.
 
-use k8s_openapi::api::core::v1::Secret;
+use k8s_openapi::api::core::v1::{Pod, Secret};
 use kube::api::Api;
 use orchard_api::{Sandbox, SandboxPhase};
+use orchard_operator::runtime::token_key::{TOKEN_KEY_SECRET, key_of};
 use serde_json::json;
+
+use crate::control_plane::OPERATOR_NAMESPACE;
 
 /// A Sandbox object from a spec in JSON.
 pub fn sandbox(name: &str, spec: serde_json::Value) -> Sandbox {
@@ -29,13 +32,26 @@ pub fn is_failed(s: Option<&Sandbox>) -> bool {
         .is_some_and(|st| st.phase == Some(SandboxPhase::Failed))
 }
 
-/// The agent token of a sandbox.
+/// The agent token of a sandbox, derived as the operator derives it: from the key Secret in the
+/// operator's namespace and the annotations of the sandbox's pod.
 pub async fn token_of(client: &kube::Client, namespace: &str, sandbox: &str) -> String {
-    let secrets: Api<Secret> = Api::namespaced(client.clone(), namespace);
-    let secret = secrets
-        .get(&format!("{sandbox}-agent-token"))
+    let sandboxes: Api<Sandbox> = Api::namespaced(client.clone(), namespace);
+    let pod_name = sandboxes
+        .get(sandbox)
         .await
-        .expect("token secret exists");
-    String::from_utf8(secret.data.expect("secret has data")["token"].0.clone())
-        .expect("token is text")
+        .expect("sandbox exists")
+        .status
+        .and_then(|s| s.pod_name)
+        .unwrap_or_else(|| sandbox.to_string());
+    let pods: Api<Pod> = Api::namespaced(client.clone(), namespace);
+    let pod = pods.get(&pod_name).await.expect("the sandbox's pod exists");
+    let keys: Api<Secret> = Api::namespaced(client.clone(), OPERATOR_NAMESPACE);
+    let secret = keys
+        .get(TOKEN_KEY_SECRET)
+        .await
+        .expect("the key Secret exists");
+    key_of(&secret)
+        .expect("a valid key")
+        .token_of(&pod)
+        .expect("the pod's token can be derived")
 }

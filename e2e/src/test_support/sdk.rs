@@ -1,5 +1,5 @@
 //! Runs the Python SDK's tests (`sdk/python/tests`, pytest) against a gateway of the local cluster:
-//! a namespace where the test user `alice` has a trainer Role (plus `get secrets` and `get pods` for direct mode), one
+//! a namespace where the test user `alice` has a trainer Role (plus `get sandboxes/token` for direct mode), one
 //! where she has none, and `bob` without rights. Shared by `python_sdk.rs` (the operator process) and
 //! `in_cluster.rs` (the chart-installed operator).
 
@@ -66,8 +66,8 @@ pub async fn run_sdk_tests(env: &TestEnv, target: &SdkTarget) -> SdkRun {
     let other = env.namespace("sdk-other").await;
     let mut rules = trainer_rules();
     if let Some(list) = rules.as_array_mut() {
-        // Direct mode reads the sandbox's agent token from its Secret and its address from its Pod.
-        list.push(json!({"apiGroups": [""], "resources": ["secrets", "pods"], "verbs": ["get"]}));
+        // Direct mode asks the gateway for the agent's address and token.
+        list.push(json!({"apiGroups": ["orchard.dev"], "resources": ["sandboxes/token"], "verbs": ["get"]}));
         // The dispatcher's queue test creates its own RolloutQueue (a platform object, so kubectl
         // rather than the gateway).
         list.push(json!({"apiGroups": ["orchard.dev"], "resources": ["rolloutqueues"], "verbs": ["get", "create", "delete"]}));

@@ -43,6 +43,8 @@ pub enum Operation {
     Heartbeat,
     /// `POST result`.
     RecordResult,
+    /// `GET token`: the agent's address and token, for direct calls.
+    AgentToken,
     /// `POST .../rolloutgroups`.
     CreateRolloutGroup,
     /// `GET .../rolloutgroups`.
@@ -60,7 +62,7 @@ pub struct Access {
     pub verb: &'static str,
     /// Resource.
     pub resource: Resource,
-    /// Subresource (`exec`, `files`, `heartbeat`, `result`) or empty.
+    /// Subresource (`exec`, `files`, `heartbeat`, `result`, `token`) or empty.
     pub subresource: &'static str,
     /// Namespace of the request.
     pub namespace: String,
@@ -82,6 +84,7 @@ impl Access {
             WriteFiles => ("create", Resource::Sandboxes, "files"),
             Heartbeat => ("create", Resource::Sandboxes, "heartbeat"),
             RecordResult => ("create", Resource::Sandboxes, "result"),
+            AgentToken => ("get", Resource::Sandboxes, "token"),
             CreateRolloutGroup => ("create", Resource::RolloutGroups, ""),
             ListRolloutGroups => ("list", Resource::RolloutGroups, ""),
             GetRolloutGroup => ("get", Resource::RolloutGroups, ""),
@@ -173,6 +176,7 @@ mod tests {
                 "result",
                 "s",
             ),
+            (Operation::AgentToken, "get", "sandboxes", "token", "s"),
             (
                 Operation::CreateRolloutGroup,
                 "create",

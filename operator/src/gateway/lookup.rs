@@ -1,18 +1,18 @@
 //! Finding what a request names: sandboxes and groups from the watch caches (one API read only when
 //! the cache does not have the object yet, e.g. right after it was created), whether a sandbox's agent
-//! can take calls, and the sandbox's agent token from the Secret cache.
+//! can take calls, and the sandbox's agent token, derived from its pod under the operator's key.
 
 use std::sync::Arc;
 
-use k8s_openapi::api::core::v1::{Pod, Secret};
+use k8s_openapi::api::core::v1::Pod;
 use kube::api::Api;
 use kube::runtime::reflector::{ObjectRef, Store};
 use kube::{Client, Resource, ResourceExt};
 
 use super::errors::{ApiError, from_kube};
-use crate::sandbox::apply::{cached_pod, own_pod_name, token_secret_for, token_secret_is_own};
-use crate::sandbox::build::TOKEN_KEY;
+use crate::sandbox::apply::{cached_pod, own_pod_name};
 use crate::sandbox::status::endpoint_of_own_pod;
+use crate::sandbox::token::TokenKey;
 use orchard_api::{RolloutGroup, RolloutPhase, Sandbox, SandboxPhase};
 
 /// Phase name of a RolloutGroup.
@@ -119,44 +119,28 @@ pub async fn own_pod(client: &Client, pods: &Store<Pod>, sandbox: &Sandbox) -> O
     }
 }
 
-fn token_from(secret: &Secret) -> Option<String> {
-    let bytes = secret.data.as_ref()?.get(TOKEN_KEY)?;
-    let text = String::from_utf8(bytes.0.clone()).ok()?;
-    let token = text.trim().to_string();
-    (!token.is_empty()).then_some(token)
-}
-
-/// The agent token of `sandbox` running in `pod`, from its own token Secret (controlled by the
-/// sandbox's UID, or by its pod's for a claimed pool member: a Secret left by a deleted sandbox of
-/// the same name is never used). Secret cache first, then one API read.
-pub async fn agent_token(
-    client: &Client,
-    secrets: &Store<Secret>,
+/// The agent endpoint and token of `sandbox`, which must be Ready in `pod`, its own: the token
+/// derived from the pod's annotations under the operator's key (a pod without them, or made under
+/// another key, cannot be called: 409 saying so).
+pub fn agent_access(
     sandbox: &Sandbox,
     pod: Option<&Pod>,
-) -> Result<String, ApiError> {
-    let namespace = sandbox.namespace().unwrap_or_default();
-    let name = sandbox.name_any();
-    let uid = sandbox.uid().unwrap_or_default();
-    let secret_name = token_secret_for(sandbox, pod);
-    let own = |secret: &Secret| token_secret_is_own(secret, &uid, pod);
-    if let Some(token) = secrets
-        .get(&ObjectRef::new(&secret_name).within(&namespace))
-        .filter(|s| own(s))
-        .and_then(|s| token_from(&s))
-    {
-        return Ok(token);
+    agent_port: u16,
+    key: &TokenKey,
+) -> Result<(String, String), ApiError> {
+    let endpoint = agent_endpoint(sandbox, pod, agent_port)?;
+    let token = pod
+        .map(|pod| key.token_of(pod))
+        .transpose()
+        .map_err(|err| ApiError::conflict(err.to_string()))?;
+    match token {
+        Some(token) => Ok((endpoint, token)),
+        None => Err(ApiError::not_ready(
+            &sandbox.namespace().unwrap_or_default(),
+            &sandbox.name_any(),
+            None,
+        )),
     }
-    let api: Api<Secret> = Api::namespaced(client.clone(), &namespace);
-    let secret = api
-        .get_opt(&secret_name)
-        .await
-        .map_err(|err| from_kube(&err, &format!("agent token of sandbox {namespace}/{name}")))?;
-    secret.filter(own).as_ref().and_then(token_from).ok_or_else(|| {
-        ApiError::unavailable(format!(
-            "the agent token of sandbox {namespace}/{name} (Secret {secret_name}) does not exist yet; retry shortly"
-        ))
-    })
 }
 
 #[cfg(test)]

@@ -68,7 +68,7 @@ pub const GATEWAY_FIELD_MANAGER: &str = "orchard-gateway";
 pub struct GatewayDeps {
     /// Kubernetes client (the operator's own identity).
     pub client: Client,
-    /// Watch caches of sandboxes, pods, secrets and policies.
+    /// Watch caches of sandboxes, pods and policies.
     pub caches: Caches,
     /// Watch cache of RolloutGroups.
     pub rollout_groups: Store<RolloutGroup>,
@@ -80,6 +80,8 @@ pub struct GatewayDeps {
     pub settings: Settings,
     /// Connection, request and authentication limits.
     pub limits: GatewayLimits,
+    /// The key the agents' tokens are derived from.
+    pub token_key: std::sync::Arc<crate::sandbox::token::TokenKey>,
 }
 
 /// How the gateway authenticates, from its limits (pure).
@@ -159,6 +161,7 @@ fn api_routes() -> OpenApiRouter<State> {
         .routes(routes!(sandboxes::get_sandbox, sandboxes::delete_sandbox))
         .routes(routes!(sandboxes::wait_sandbox))
         .routes(routes!(sandboxes::heartbeat))
+        .routes(routes!(sandboxes::agent_token))
         .routes(routes!(sandboxes::record_result))
         .merge(agent::router())
         .routes(routes!(
@@ -344,6 +347,10 @@ mod tests {
             (
                 "/v1/namespaces/{namespace}/sandboxes/{name}/result",
                 &["post"],
+            ),
+            (
+                "/v1/namespaces/{namespace}/sandboxes/{name}/token",
+                &["get"],
             ),
             ("/v1/namespaces/{namespace}/rolloutgroups", &["get", "post"]),
             (

@@ -166,6 +166,16 @@ pub struct Deleted {
     deleted: bool,
 }
 
+/// Answer of `GET .../token`.
+#[derive(ToSchema)]
+#[allow(dead_code)]
+pub struct AgentAccessResponse {
+    /// The agent's URL at the sandbox's own pod (`http://<pod IP>:<port>`).
+    endpoint: String,
+    /// The bearer token the agent accepts: bound to that pod, valid while it lives.
+    token: String,
+}
+
 /// Answer of `POST .../heartbeat`.
 #[derive(ToSchema)]
 #[allow(dead_code)]

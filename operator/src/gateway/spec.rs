@@ -13,9 +13,7 @@ use serde_json::{Map, Value, json};
 use super::errors::ApiError;
 use orchard_api::{RolloutGroup, RolloutGroupSpec, Sandbox, SandboxSpec};
 
-/// Annotation recording who created an object through the gateway (the gateway writes with the
-/// operator's identity, so the API server's audit log alone would not say).
-pub const CREATED_BY_ANNOTATION: &str = "orchard.dev/created-by";
+pub use orchard_api::CREATED_BY_ANNOTATION;
 
 /// `generateName` used when a sandbox request names neither `name` nor `generateName`.
 pub const DEFAULT_SANDBOX_PREFIX: &str = "sbx-";

@@ -5,7 +5,7 @@
 //! does). The API server evaluates the tests against the stored object and applies all or nothing, so
 //! of any number of concurrent claims, by any number of reconciles or replicas, before or after a
 //! failover, exactly one gets the member; the others get 422 or 409 and try the next one. The Pod's
-//! token Secret is controlled by the Pod, so it follows without a second write.
+//! agent token is derived from the Pod's own annotations, so it follows without a second write.
 
 use std::sync::Arc;
 
@@ -37,11 +37,13 @@ use orchard_api::{
 const MAX_ATTEMPTS: usize = 8;
 
 /// The claimable members of `pool` for a sandbox whose pod-shaping spec hashes to `hash`, oldest
-/// first (pure): Ready, not being deleted, controlled by the pool, built from that template.
+/// first (pure): Ready, not being deleted, controlled by the pool, built from that template with a
+/// token the key `key_id` derives.
 pub fn candidates(
     pods: &[Arc<Pod>],
     pool: &SandboxPool,
     hash: &str,
+    key_id: &str,
     reserved: impl Fn(&str) -> bool,
 ) -> Vec<Arc<Pod>> {
     let namespace = pool.metadata.namespace.as_deref();
@@ -58,7 +60,7 @@ pub fn candidates(
                 .is_some_and(|v| v == name)
         })
         .filter_map(|p| {
-            let member = view(p, uid, hash)?;
+            let member = view(p, uid, hash, key_id)?;
             let usable = member.ready
                 && member.current
                 && member.failed.is_none()
@@ -132,7 +134,9 @@ pub async fn claim_member(
     let namespace = sandbox.namespace().unwrap_or_default();
     let hash = template_hash(&sandbox.spec);
     let pods: Vec<Arc<Pod>> = ctx.caches.pods.state();
-    let found = candidates(&pods, pool, &hash, |uid| ctx.pools.is_reserved(uid));
+    let found = candidates(&pods, pool, &hash, ctx.token_key.id(), |uid| {
+        ctx.pools.is_reserved(uid)
+    });
     let api: Api<Pod> = Api::namespaced(ctx.client.clone(), &namespace);
     let labels = claimed_labels(sandbox, &pool_name);
     let defaults = defaults_of(&pool.spec.template);
@@ -328,6 +332,7 @@ pub fn claimed_in_cache(pods: &Store<Pod>, sandbox: &Sandbox) -> Option<Arc<Pod>
 mod tests {
     use super::*;
     use crate::pool::members::{fixtures, member_pod};
+    use crate::runtime::mock_api::test_token_key;
     use orchard_api::SandboxSpec;
 
     fn pool() -> SandboxPool {
@@ -338,7 +343,8 @@ mod tests {
         let pool = pool();
         let owner = pool.controller_owner_ref(&()).expect("owner");
         let shape = fixtures::shape();
-        let mut pod = member_pod(&pool, name, &owner, &shape);
+        let credentials = test_token_key().credentials("team", name, "00");
+        let mut pod = member_pod(&pool, name, &owner, &shape, &credentials);
         pod.metadata.uid = Some(format!("uid-{name}"));
         pod.metadata.resource_version = Some("7".into());
         pod.metadata.creation_timestamp =
@@ -365,12 +371,23 @@ mod tests {
             member("py-starting", false, 50),
             member("py-held", true, 10),
         ];
-        let names: Vec<String> = candidates(&pods, &pool, &hash, |uid| uid == "uid-py-held")
-            .iter()
-            .map(|p| p.name_any())
-            .collect();
+        let names: Vec<String> = candidates(&pods, &pool, &hash, test_token_key().id(), |uid| {
+            uid == "uid-py-held"
+        })
+        .iter()
+        .map(|p| p.name_any())
+        .collect();
         assert_eq!(names, vec!["py-old", "py-new"]);
-        assert!(candidates(&pods, &pool, "other-template", |_| false).is_empty());
+        assert!(
+            candidates(
+                &pods,
+                &pool,
+                "other-template",
+                test_token_key().id(),
+                |_| false
+            )
+            .is_empty()
+        );
     }
 
     #[test]

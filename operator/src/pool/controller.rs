@@ -1,8 +1,8 @@
 //! The SandboxPool reconcile: keep `replicas` unclaimed members built from the current template
 //! (start missing ones, delete failed, outdated and surplus ones), and write the pool's status. A
-//! member Pod is created first and its token Secret right after (the Secret is controlled by the Pod,
-//! and the kubelet waits for it before the Pod starts). A delete is conditional on the member's UID
-//! and resourceVersion, so a member claimed meanwhile is never deleted by its former pool.
+//! member is one Pod write: its agent token is derived from the Pod's own annotations, so it follows
+//! the Pod into a claim. A delete is conditional on the member's UID and resourceVersion, so a member
+//! claimed meanwhile is never deleted by its former pool.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -12,14 +12,11 @@ use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::jiff::Timestamp;
 use kube::api::{Api, DeleteParams, Preconditions, PropagationPolicy};
 use kube::runtime::controller::Action;
-use kube::runtime::reflector::ObjectRef;
 use kube::{Resource, ResourceExt};
-use tracing::{info, instrument, warn};
+use tracing::{instrument, warn};
 
 use super::book::PoolKey;
-use super::members::{
-    MemberView, Plan, Removal, member_name, member_pod, member_secret, plan, view,
-};
+use super::members::{MemberView, Plan, Removal, member_name, member_pod, plan, view};
 use super::template::template_hash;
 use crate::runtime::conditions::{self, Desired, Progress};
 use crate::runtime::context::{Context, object_key};
@@ -27,10 +24,10 @@ use crate::runtime::error::{Error, Result};
 use crate::runtime::metrics::ReconcileTimer;
 use crate::runtime::own_writes::child_key;
 use crate::runtime::ownership::Owner;
-use crate::runtime::writes::{self, ChildState, create_owned};
-use crate::sandbox::apply::{ensure_baseline, new_token};
-use crate::sandbox::build::token_secret_of;
+use crate::runtime::writes::{self, create_owned};
+use crate::sandbox::apply::ensure_baseline;
 use crate::sandbox::placement;
+use crate::sandbox::token::new_nonce;
 use orchard_api::{POOL_LABEL, SandboxPool, SandboxPoolStatus};
 
 /// Controller name used in metrics and logs.
@@ -103,10 +100,10 @@ fn members(ctx: &Context, pool: &SandboxPool, hash: &str) -> Vec<MemberView> {
                 .and_then(|l| l.get(POOL_LABEL))
                 .is_some_and(|v| *v == name)
         })
-        .filter_map(|p| view(p, &uid, hash))
+        .filter_map(|p| view(p, &uid, hash, ctx.token_key.id()))
         .collect();
     for created in ctx.own_writes.objects::<Pod>(&uid) {
-        if let Some(member) = view(&created, &uid, hash)
+        if let Some(member) = view(&created, &uid, hash, ctx.token_key.id())
             && !seen.iter().any(|m| m.uid == member.uid)
         {
             seen.push(member);
@@ -176,7 +173,6 @@ async fn reconcile_inner(cached: &SandboxPool, ctx: &Arc<Context>) -> Result<Opt
     for started in join_all(starts).await {
         started?;
     }
-    repair_secrets(ctx, &pool, &seen).await?;
 
     let now = Timestamp::now();
     let problem = match refused {
@@ -213,15 +209,18 @@ async fn reconcile_inner(cached: &SandboxPool, ctx: &Arc<Context>) -> Result<Opt
     Ok(Some(paused.unwrap_or(Duration::from_secs(60))))
 }
 
-/// Starts one member: its Pod, then its token Secret (controlled by the Pod).
+/// Starts one member: its Pod, carrying the credentials of its own agent token.
 async fn start_member(
     ctx: &Context,
     pool: &SandboxPool,
     owner: &k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference,
 ) -> Result<()> {
     let name = member_name(&pool.name_any(), rand::random());
-    let desired = member_pod(pool, &name, owner, &ctx.settings.pod);
-    match create_owned(
+    let namespace = pool.namespace().unwrap_or_default();
+    let credentials = ctx.token_key.credentials(&namespace, &name, &new_nonce());
+    let desired = member_pod(pool, &name, owner, &ctx.settings.pod, &credentials);
+    // A random name that is taken is left alone: the next reconcile picks another.
+    create_owned(
         ctx,
         &ctx.caches.pods,
         &desired,
@@ -229,59 +228,7 @@ async fn start_member(
         "create",
         true,
     )
-    .await?
-    {
-        ChildState::Ours(pod) => create_member_secret(ctx, pool, &pod).await,
-        // A random name that is taken: the next reconcile picks another.
-        _ => Ok(()),
-    }
-}
-
-async fn create_member_secret(ctx: &Context, pool: &SandboxPool, pod: &Pod) -> Result<()> {
-    let secret = member_secret(pool, pod, &new_token());
-    let owner = Owner {
-        kind: "Pod",
-        name: pod.metadata.name.as_deref().unwrap_or_default(),
-        uid: pod.metadata.uid.as_deref().unwrap_or_default(),
-    };
-    create_owned(ctx, &ctx.caches.secrets, &secret, owner, "create", false).await?;
-    Ok(())
-}
-
-/// Creates the token Secret of a member still starting whose Secret is missing (its creation failed
-/// after the Pod's): the kubelet keeps waiting for it, so the member starts once it exists.
-async fn repair_secrets(ctx: &Context, pool: &SandboxPool, seen: &[MemberView]) -> Result<()> {
-    let namespace = pool.namespace().unwrap_or_default();
-    for member in seen
-        .iter()
-        .filter(|m| !m.ready && !m.terminating && m.failed.is_none())
-    {
-        let Some(pod) = ctx
-            .caches
-            .pods
-            .get(&ObjectRef::new(&member.name).within(&namespace))
-        else {
-            continue;
-        };
-        let Some(secret) = token_secret_of(&pod) else {
-            continue;
-        };
-        let young = member
-            .created
-            .is_some_and(|at| Timestamp::now().duration_since(at).as_secs() < 5);
-        let known = ctx
-            .caches
-            .secrets
-            .get(&ObjectRef::new(&secret).within(&namespace))
-            .is_some()
-            || ctx
-                .own_writes
-                .recorded(&member.uid, &child_key("Secret", &secret), "create");
-        if !known && !young {
-            info!(member = %member.name, "creating the missing token Secret of a pool member");
-            create_member_secret(ctx, pool, &pod).await?;
-        }
-    }
+    .await?;
     Ok(())
 }
 

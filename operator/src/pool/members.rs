@@ -5,14 +5,15 @@
 
 use std::collections::BTreeMap;
 
-use k8s_openapi::api::core::v1::{Pod, Secret};
+use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference};
 use k8s_openapi::jiff::Timestamp;
 
 use super::template::template_hash;
 use crate::runtime::ownership::controlled_by;
-use crate::sandbox::build::{PodShape, desired_pod, desired_token_secret};
+use crate::sandbox::build::{PodShape, desired_pod};
 use crate::sandbox::status::{pod_failure, pod_ready};
+use crate::sandbox::token::{KEY_ID_ANNOTATION, NONCE_ANNOTATION, PodCredentials};
 use orchard_api::{POOL_LABEL, POOL_TEMPLATE_HASH_ANNOTATION, Sandbox, SandboxPool};
 
 /// Length of the random suffix of a member's name (`<pool>-<suffix>`).
@@ -45,39 +46,29 @@ fn stand_in(pool: &SandboxPool, member: &str) -> Sandbox {
 }
 
 /// The Pod of member `member` of `pool` (controlled by `owner`, the pool): a sandbox Pod of the
-/// template, labelled with the pool and annotated with the template's hash.
+/// template, labelled with the pool and annotated with the template's hash. Its agent token
+/// (`credentials`, derived for the member's name) follows the Pod when a Sandbox claims it.
 pub fn member_pod(
     pool: &SandboxPool,
     member: &str,
     owner: &OwnerReference,
     shape: &PodShape,
+    credentials: &PodCredentials,
 ) -> Pod {
-    let mut pod = desired_pod(&stand_in(pool, member), owner, shape);
+    let mut pod = desired_pod(&stand_in(pool, member), owner, shape, credentials);
     let pool_name = pool.metadata.name.clone().unwrap_or_default();
     pod.metadata
         .labels
         .get_or_insert_with(BTreeMap::new)
         .insert(POOL_LABEL.to_string(), pool_name);
-    pod.metadata.annotations = Some(BTreeMap::from([(
-        POOL_TEMPLATE_HASH_ANNOTATION.to_string(),
-        template_hash(&pool.spec.template),
-    )]));
+    pod.metadata
+        .annotations
+        .get_or_insert_with(BTreeMap::new)
+        .insert(
+            POOL_TEMPLATE_HASH_ANNOTATION.to_string(),
+            template_hash(&pool.spec.template),
+        );
     pod
-}
-
-/// The token Secret of member Pod `pod`, controlled by the Pod: it follows the Pod wherever a claim
-/// takes it, and the garbage collector removes it with the Pod.
-pub fn member_secret(pool: &SandboxPool, pod: &Pod, token: &str) -> Secret {
-    let member = pod.metadata.name.clone().unwrap_or_default();
-    let owner = OwnerReference {
-        api_version: "v1".into(),
-        kind: "Pod".into(),
-        name: member.clone(),
-        uid: pod.metadata.uid.clone().unwrap_or_default(),
-        controller: Some(true),
-        block_owner_deletion: None,
-    };
-    desired_token_secret(&stand_in(pool, &member), &owner, token)
 }
 
 /// What the pool reconcile sees of one member Pod.
@@ -103,15 +94,12 @@ pub struct MemberView {
 
 /// Reads `pod` as a member of the pool with UID `pool_uid` and template hash `hash`; `None` if the
 /// pool does not control it (a claimed member is the Sandbox's).
-pub fn view(pod: &Pod, pool_uid: &str, hash: &str) -> Option<MemberView> {
+pub fn view(pod: &Pod, pool_uid: &str, hash: &str, key_id: &str) -> Option<MemberView> {
     if !controlled_by(&pod.metadata, pool_uid) {
         return None;
     }
-    let annotation = pod
-        .metadata
-        .annotations
-        .as_ref()
-        .and_then(|a| a.get(POOL_TEMPLATE_HASH_ANNOTATION));
+    let annotations = pod.metadata.annotations.as_ref();
+    let annotation = annotations.and_then(|a| a.get(POOL_TEMPLATE_HASH_ANNOTATION));
     let ready = pod_ready(pod)
         && pod
             .status
@@ -126,7 +114,13 @@ pub fn view(pod: &Pod, pool_uid: &str, hash: &str) -> Option<MemberView> {
         ready,
         failed: pod_failure(pod).map(|f| format!("{}: {}", f.reason, f.message)),
         terminating: pod.metadata.deletion_timestamp.is_some(),
-        current: annotation.is_some_and(|h| h == hash),
+        // Built from the current template, with a token the operator's key derives (a member made
+        // under another key, or before tokens were derived, is replaced like an outdated one).
+        current: annotation.is_some_and(|h| h == hash)
+            && annotations
+                .and_then(|a| a.get(KEY_ID_ANNOTATION))
+                .is_some_and(|k| k == key_id)
+            && annotations.is_some_and(|a| a.contains_key(NONCE_ANNOTATION)),
     })
 }
 
@@ -312,7 +306,7 @@ mod tests {
     }
 
     #[test]
-    fn members_are_template_pods_owned_by_the_pool_with_a_secret_owned_by_the_pod() {
+    fn members_are_template_pods_owned_by_the_pool_carrying_their_own_token() {
         let pool = test_pool(2);
         let owner = OwnerReference {
             api_version: "orchard.dev/v1alpha1".into(),
@@ -323,7 +317,9 @@ mod tests {
             block_owner_deletion: Some(true),
         };
         let shape = test_shape();
-        let mut pod = member_pod(&pool, "py-abcde", &owner, &shape);
+        let key = crate::runtime::mock_api::test_token_key();
+        let credentials = key.credentials("ns", "py-abcde", "00aa");
+        let pod = member_pod(&pool, "py-abcde", &owner, &shape, &credentials);
         assert_eq!(pod.metadata.name.as_deref(), Some("py-abcde"));
         let labels = pod.metadata.labels.clone().unwrap_or_default();
         assert_eq!(labels[POOL_LABEL], "py");
@@ -333,19 +329,19 @@ mod tests {
             template_hash(&pool.spec.template)
         );
         assert!(controlled_by(&pod.metadata, "pool-uid"));
+        let token = key
+            .token_of(&pod)
+            .expect("the member's token can be derived");
         assert_eq!(
-            crate::sandbox::build::token_secret_of(&pod).as_deref(),
-            Some("py-abcde-agent-token")
+            crate::sandbox::token::verifier(&token),
+            credentials.verifier
         );
-        pod.metadata.uid = Some("pod-uid".into());
-        let secret = member_secret(&pool, &pod, "t0k3n");
-        assert_eq!(
-            secret.metadata.name.as_deref(),
-            Some("py-abcde-agent-token")
-        );
-        assert!(controlled_by(&secret.metadata, "pod-uid"));
-        let seen = view(&pod, "pool-uid", &template_hash(&pool.spec.template)).expect("a member");
+        let hash = template_hash(&pool.spec.template);
+        let seen = view(&pod, "pool-uid", &hash, key.id()).expect("a member");
         assert!(seen.current && !seen.ready && seen.failed.is_none());
-        assert!(view(&pod, "other", "h").is_none());
+        assert!(view(&pod, "other", "h", key.id()).is_none());
+        // A member whose token another key derives is outdated: the pool replaces it.
+        let other_key = view(&pod, "pool-uid", &hash, "another-key").expect("a member");
+        assert!(!other_key.current);
     }
 }

@@ -6,7 +6,7 @@ use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use k8s_openapi::api::core::v1::{Pod, Secret};
+use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::api::networking::v1::NetworkPolicy;
 use kube::Client;
 use kube::runtime::controller::Action;
@@ -27,6 +27,7 @@ use crate::sandbox::build::{PodShape, PolicyShape};
 use crate::sandbox::cidr::Cidr;
 use crate::sandbox::placement::Placement;
 use crate::sandbox::runner::Runners;
+use crate::sandbox::token::TokenKey;
 use orchard_api::{RolloutGroup, RolloutQueue, Sandbox, SandboxPool};
 
 /// Field manager of every server-side apply the operator sends.
@@ -145,8 +146,6 @@ pub struct Caches {
     pub sandboxes: Store<Sandbox>,
     /// Sandbox pods (label `orchard.dev/sandbox-pod=true`).
     pub pods: Store<Pod>,
-    /// Agent-token Secrets (label `app.kubernetes.io/managed-by=orchard-operator`).
-    pub secrets: Store<Secret>,
     /// NetworkPolicies the operator manages.
     pub policies: Store<NetworkPolicy>,
     /// Every RolloutGroup in scope.
@@ -190,6 +189,8 @@ pub struct Context {
     pub queues: Arc<QueueBook>,
     /// The pools' in-memory state (member reservations, claim counts, waiting Sandboxes) and signals.
     pub pools: Arc<PoolBook>,
+    /// The key every sandbox pod's agent token is derived from.
+    pub token_key: Arc<TokenKey>,
 }
 
 /// Async locks by key, created on first use and dropped when nobody holds or waits for them.
@@ -220,7 +221,9 @@ impl KeyedLocks {
 
 impl Context {
     /// Builds the context; `backoff` carries the configured base and cap. The watches share `backoff`
-    /// and `own_writes` to forget deleted objects.
+    /// and `own_writes` to forget deleted objects. Every argument is a handle start-up made and shares
+    /// with others (the watches, the gateway), hence their number.
+    #[allow(clippy::too_many_arguments)]
     pub fn new(
         client: Client,
         settings: Settings,
@@ -229,6 +232,7 @@ impl Context {
         caches: Caches,
         own_writes: Arc<OwnWrites>,
         leadership: Leadership,
+        token_key: Arc<TokenKey>,
     ) -> Self {
         let reporter = Reporter {
             controller: "orchard-operator".into(),
@@ -254,6 +258,7 @@ impl Context {
             baseline_applies: KeyedLocks::default(),
             queues: Arc::default(),
             pools: Arc::default(),
+            token_key,
         }
     }
 

@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use http_body_util::BodyExt;
 use hyper::{Request, Response};
-use k8s_openapi::api::core::v1::{Pod, Secret};
+use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::api::networking::v1::NetworkPolicy;
 use kube::Client;
 use kube::client::Body;
@@ -110,7 +110,6 @@ impl Expect {
 pub struct TestCaches {
     pub sandboxes: Writer<Sandbox>,
     pub pods: Writer<Pod>,
-    pub secrets: Writer<Secret>,
     pub policies: Writer<NetworkPolicy>,
     pub rollout_groups: Writer<RolloutGroup>,
     pub rollout_queues: Writer<RolloutQueue>,
@@ -129,7 +128,6 @@ impl Default for TestCaches {
         }
         let (sandboxes, sandboxes_w) = store();
         let (pods, pods_w) = store();
-        let (secrets, secrets_w) = store();
         let (policies, policies_w) = store();
         let (rollout_groups, rollout_groups_w) = store();
         let (rollout_queues, rollout_queues_w) = store();
@@ -137,7 +135,6 @@ impl Default for TestCaches {
         Self {
             sandboxes: sandboxes_w,
             pods: pods_w,
-            secrets: secrets_w,
             policies: policies_w,
             rollout_groups: rollout_groups_w,
             rollout_queues: rollout_queues_w,
@@ -145,7 +142,6 @@ impl Default for TestCaches {
             caches: Caches {
                 sandboxes,
                 pods,
-                secrets,
                 policies,
                 rollout_groups,
                 rollout_queues,
@@ -238,6 +234,7 @@ pub fn scripted(caches: &TestCaches, script: Vec<Expect>) -> Scripted {
         caches.caches.clone(),
         Arc::new(OwnWrites::default()),
         Leadership::always(),
+        Arc::new(test_token_key()),
     );
     Scripted {
         ctx: Arc::new(ctx),
@@ -260,5 +257,13 @@ impl Scripted {
             Ok(Err(err)) => std::panic::resume_unwind(err.into_panic()),
             Err(_) => panic!("the script did not finish within 5 s"),
         }
+    }
+}
+
+/// The token key of test contexts (fixed, so tests can derive the tokens of the pods they build).
+pub fn test_token_key() -> crate::sandbox::token::TokenKey {
+    match crate::sandbox::token::TokenKey::new(&[7; 32]) {
+        Ok(key) => key,
+        Err(err) => panic!("a 32-byte key is valid: {err}"),
     }
 }

@@ -4,7 +4,7 @@
 //! ([`own_writes`]), ownership checks ([`ownership`]), per-object backoff and reconcile slots
 //! ([`backoff`], [`reconcile_slots`]), conditions and events ([`conditions`], [`events`]), the
 //! shared [`context`], configuration ([`config`]), errors ([`error`]), metrics and the admin server
-//! ([`metrics`], [`admin`]) and logging ([`telemetry`]).
+//! ([`metrics`], [`admin`]), logging ([`telemetry`]) and the agent-token key ([`token_key`]).
 
 pub mod admin;
 pub mod backoff;
@@ -24,6 +24,7 @@ pub mod reconcile_slots;
 pub mod start;
 pub mod status_patch;
 pub mod telemetry;
+pub mod token_key;
 pub mod triggers;
 pub mod writes;
 

@@ -6,7 +6,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use futures::{StreamExt, future};
-use k8s_openapi::api::core::v1::{Pod, Secret};
+use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::api::networking::v1::NetworkPolicy;
 use kube::api::{Api, ListParams};
 use kube::runtime::controller::{self, Controller};
@@ -132,6 +132,20 @@ pub async fn run(args: OperatorArgs) -> Result<()> {
             }
         }
     }
+    let token_key = super::token_key::load_or_create(&client, &args.sandbox.operator_namespace)
+        .await
+        .map_err(|err| {
+            Error::Config(format!(
+                "the agent-token key (Secret {}/{}): {err}; the operator needs `get` and `create` on Secrets in its own namespace",
+                args.sandbox.operator_namespace,
+                super::token_key::TOKEN_KEY_SECRET
+            ))
+        })?;
+    info!(
+        key = token_key.id(),
+        "agent tokens are derived from this key"
+    );
+    let token_key = Arc::new(token_key);
     let metrics = Metrics::new().map_err(|e| Error::Config(format!("metrics registry: {e}")))?;
     let shutdown = CancellationToken::new();
     {
@@ -310,12 +324,6 @@ pub async fn run(args: OperatorArgs) -> Result<()> {
             }
         },
     );
-    let (secrets, secret_events) = cached_watch::<Secret>(
-        scoped_api(&client, &namespace),
-        &managed_labels,
-        filled.secrets.clone(),
-        tell_memory(own_writes.clone(), backoff.clone()),
-    );
     let (policies, policy_events) = cached_watch::<NetworkPolicy>(
         scoped_api(&client, &namespace),
         &managed_labels,
@@ -326,7 +334,6 @@ pub async fn run(args: OperatorArgs) -> Result<()> {
     let caches = Caches {
         sandboxes: sandbox_store.clone(),
         pods,
-        secrets,
         policies,
         rollout_groups: rollout_store.clone(),
         rollout_queues: queue_store,
@@ -340,6 +347,7 @@ pub async fn run(args: OperatorArgs) -> Result<()> {
         metrics: metrics.clone(),
         settings: settings.clone(),
         limits: args.gateway.clone(),
+        token_key: token_key.clone(),
     };
     // Leader election: the election's own Lease writes, the watches and the gateway use `client`;
     // the controllers (reconciles, the trajectory runner, events) use `controller_client`, whose
@@ -389,6 +397,7 @@ pub async fn run(args: OperatorArgs) -> Result<()> {
         caches.clone(),
         own_writes,
         leadership.clone(),
+        token_key,
     );
     context.queues = queue_book.clone();
     context.pools = pool_book.clone();
@@ -402,7 +411,6 @@ pub async fn run(args: OperatorArgs) -> Result<()> {
 
     let sandbox_controller = Controller::for_shared_stream(sandbox_trigger, sandbox_store)
         .owns_stream(pod_events)
-        .owns_stream(secret_events)
         .owns_stream(policy_events)
         .reconcile_on(pool_signals.sandboxes)
         .with_config(controller::Config::default().concurrency(UNLIMITED))
@@ -496,8 +504,6 @@ pub struct CacheFill {
     pub sandboxes: Arc<AtomicBool>,
     /// Pods cache.
     pub pods: Arc<AtomicBool>,
-    /// Secrets cache.
-    pub secrets: Arc<AtomicBool>,
     /// NetworkPolicies cache.
     pub policies: Arc<AtomicBool>,
     /// RolloutGroups cache.
@@ -514,7 +520,6 @@ impl CacheFill {
         [
             &self.sandboxes,
             &self.pods,
-            &self.secrets,
             &self.policies,
             &self.rollout_groups,
             &self.rollout_queues,

@@ -1,11 +1,10 @@
-//! The thin I/O layer of the Sandbox controller: the baseline and egress policies, the token Secret and
-//! the Pod. Each function writes only when neither the watch caches nor the operator's memory of its
+//! The thin I/O layer of the Sandbox controller: the baseline and egress policies and the Pod. Each function writes only when neither the watch caches nor the operator's memory of its
 //! own writes (scoped by the Sandbox's UID) show what the pure builders want, and uses an existing
 //! object only when its controller owner reference carries the Sandbox's UID.
 
 use std::sync::Arc;
 
-use k8s_openapi::api::core::v1::{Pod, Secret};
+use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::api::networking::v1::NetworkPolicy;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
 use kube::api::Api;
@@ -14,8 +13,8 @@ use kube::runtime::reflector::{ObjectRef, Store};
 use kube::{Resource, ResourceExt};
 
 use super::build::{
-    BASELINE_POLICY, baseline_policy, desired_egress_policy, desired_token_secret,
-    egress_policy_name, pod_name, refused_allow_rules, token_secret_name,
+    BASELINE_POLICY, baseline_policy, desired_egress_policy, egress_policy_name, pod_name,
+    refused_allow_rules,
 };
 use crate::runtime::context::Context;
 use crate::runtime::error::{Error, Result};
@@ -76,61 +75,6 @@ pub async fn ensure_baseline(ctx: &Context, namespace: &str) -> Result<()> {
             .await
         })
         .await
-}
-
-/// Ensures the sandbox's agent-token Secret is its own. The token is generated here, once, before
-/// the Pod exists; an existing Secret of ours is never replaced (the running agent read its token at
-/// start). Once the token was handed to a Pod (`handed_out`), a Secret missing from the cache is
-/// looked up on the API server instead of created: `None` means it was deleted, and a new token
-/// would only lock the gateway out of the running agent (this also keeps a reconcile working from a
-/// Sandbox the cache still shows after its deletion from recreating the Secret the garbage collector
-/// just removed).
-pub async fn ensure_token_secret(
-    ctx: &Context,
-    sandbox: &Sandbox,
-    owner: &OwnerReference,
-    handed_out: bool,
-) -> Result<Option<ChildState<()>>> {
-    let namespace = sandbox.namespace().unwrap_or_default();
-    let name = token_secret_name(&sandbox.name_any());
-    let scope = owner.uid.as_str();
-    let key = child_key("Secret", &name);
-    if let Some(cached) = ctx
-        .caches
-        .secrets
-        .get(&ObjectRef::new(&name).within(&namespace))
-    {
-        return Ok(Some(
-            existing_state((*cached).clone(), owner_of(sandbox)).unit(),
-        ));
-    }
-    if ctx.own_writes.recorded(scope, &key, "create") {
-        return Ok(Some(ChildState::Ours(())));
-    }
-    if handed_out {
-        let api: Api<Secret> = Api::namespaced(ctx.client.clone(), &namespace);
-        return Ok(api
-            .get_opt(&name)
-            .await?
-            .map(|existing| existing_state(existing, owner_of(sandbox)).unit()));
-    }
-    let secret = desired_token_secret(sandbox, owner, &new_token());
-    let state = create_owned(
-        ctx,
-        &ctx.caches.secrets,
-        &secret,
-        owner_of(sandbox),
-        "create",
-        false,
-    )
-    .await?;
-    Ok(Some(state.unit()))
-}
-
-/// 32 random bytes, hex-encoded: the per-sandbox agent token.
-pub fn new_token() -> String {
-    let bytes: [u8; 32] = rand::random();
-    bytes.iter().map(|b| format!("{b:02x}")).collect()
 }
 
 /// Ensures the sandbox's own egress policy matches its spec (applied, or deleted for `Deny`). A
@@ -247,27 +191,6 @@ pub fn cached_pod(pods: &Store<Pod>, sandbox: &Sandbox) -> Option<Arc<Pod>> {
         })
 }
 
-/// Name of the agent-token Secret of `sandbox`, whose pod is `pod`: the Secret the pod mounts (a
-/// claimed pool member's is the member's), else the sandbox's own.
-pub fn token_secret_for(sandbox: &Sandbox, pod: Option<&Pod>) -> String {
-    pod.and_then(super::build::token_secret_of)
-        .unwrap_or_else(|| token_secret_name(&sandbox.name_any()))
-}
-
-/// Whether `secret` may be trusted as the token of the sandbox with `sandbox_uid` running in `pod`:
-/// controlled by the sandbox, or (a claimed pool member's) by the pod the sandbox controls (pure).
-pub fn token_secret_is_own(secret: &Secret, sandbox_uid: &str, pod: Option<&Pod>) -> bool {
-    controlled_by(secret.meta(), sandbox_uid)
-        || pod.is_some_and(|pod| {
-            controlled_by(pod.meta(), sandbox_uid)
-                && pod
-                    .meta()
-                    .uid
-                    .as_deref()
-                    .is_some_and(|uid| controlled_by(secret.meta(), uid))
-        })
-}
-
 /// Creates the sandbox's Pod. A plain create, not server-side apply: a Pod's spec is immutable, so
 /// field ownership buys nothing and costs the API server a managed-fields computation on a large
 /// object. A Pod already under the name is classified, never adopted.
@@ -329,18 +252,4 @@ pub async fn delete_sandbox(ctx: &Context, sandbox: &Sandbox) -> Result<()> {
     let namespace = sandbox.namespace().unwrap_or_default();
     let uid = sandbox.uid().unwrap_or_default();
     delete_if_same::<Sandbox>(ctx, &namespace, &sandbox.name_any(), &uid).await
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn tokens_are_long_random_hex() {
-        let a = new_token();
-        let b = new_token();
-        assert_eq!(a.len(), 64);
-        assert!(a.chars().all(|c| c.is_ascii_hexdigit()));
-        assert_ne!(a, b);
-    }
 }

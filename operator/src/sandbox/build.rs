@@ -1,13 +1,12 @@
-//! Pure builders: a Sandbox spec plus the operator's defaults in, the desired Pod, agent-token Secret
-//! and NetworkPolicies out. No I/O; every variant of the spec is unit-tested here.
+//! Pure builders: a Sandbox spec plus the operator's defaults in, the desired Pod and NetworkPolicies
+//! out. No I/O; every variant of the spec is unit-tested here.
 
 use std::collections::BTreeMap;
 
-use k8s_openapi::ByteString;
 use k8s_openapi::api::core::v1::{
-    Capabilities, Container, ContainerPort, EmptyDirVolumeSource, EnvVar, HTTPGetAction, KeyToPath,
+    Capabilities, Container, ContainerPort, EmptyDirVolumeSource, EnvVar, HTTPGetAction,
     LocalObjectReference, Pod, PodSecurityContext, PodSpec, Probe, ResourceRequirements,
-    SeccompProfile, Secret, SecretVolumeSource, SecurityContext, Volume, VolumeMount,
+    SeccompProfile, SecurityContext, Volume, VolumeMount,
 };
 use k8s_openapi::api::networking::v1::{
     IPBlock, NetworkPolicy, NetworkPolicyEgressRule, NetworkPolicyIngressRule, NetworkPolicyPeer,
@@ -20,6 +19,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::{
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 
 use super::cidr::{Cidr, excepts_within};
+use super::token::{PodCredentials, VERIFIER_VARIABLE};
 use orchard_api::{
     EgressPolicy, MANAGED_BY, MANAGED_BY_LABEL, PortProtocol, ROLLOUT_GROUP_LABEL,
     ROLLOUT_QUEUE_LABEL, SANDBOX_LABEL, SANDBOX_POD_LABEL, STRIDE_LABEL, Sandbox, SandboxSpec,
@@ -32,25 +32,12 @@ pub const TASK_CONTAINER: &str = "sandbox";
 pub const INSTALL_CONTAINER: &str = "orchard-agent-install";
 /// Where the agent binary lives inside the task container.
 pub const AGENT_DIR: &str = "/opt/orchard";
-/// Where the init container hands the token over to the agent: a memory `emptyDir` in both
-/// containers. The agent reads the file and deletes it before it serves, so nothing in the task
-/// container's filesystem holds the token afterwards.
-pub const TOKEN_DIR: &str = "/var/run/orchard";
-/// Where the agent-token Secret is mounted: in the init container only, never in the task container.
-pub const TOKEN_SECRET_DIR: &str = "/var/run/orchard-token";
-/// Key of the token in the agent-token Secret.
-pub const TOKEN_KEY: &str = "token";
-/// The handed-over token file: in a directory the init container creates without the sticky bit that
-/// the tmpfs root of a memory `emptyDir` has, so that the agent may delete it whatever its uid.
-pub const TOKEN_HANDOVER_FILE: &str = "/var/run/orchard/handover/token";
 /// Name of the per-namespace baseline NetworkPolicy.
 pub const BASELINE_POLICY: &str = "orchard-sandbox-baseline";
 /// Name of the named container port of the agent.
 pub const AGENT_PORT_NAME: &str = "agent";
 
 const AGENT_VOLUME: &str = "orchard-agent";
-const TOKEN_VOLUME: &str = "orchard-token";
-const HANDOVER_VOLUME: &str = "orchard-token-handover";
 
 /// Everything about the pods the operator builds that does not come from a Sandbox spec.
 #[derive(Debug, Clone, PartialEq)]
@@ -98,11 +85,6 @@ pub fn pod_name(sandbox_name: &str) -> String {
     sandbox_name.to_string()
 }
 
-/// Name of a sandbox's agent-token Secret.
-pub fn token_secret_name(sandbox_name: &str) -> String {
-    format!("{sandbox_name}-agent-token")
-}
-
 /// Name of a sandbox's own egress NetworkPolicy.
 pub fn egress_policy_name(sandbox_name: &str) -> String {
     format!("{sandbox_name}-egress")
@@ -134,21 +116,6 @@ pub fn pod_labels(sandbox: &Sandbox) -> BTreeMap<String, String> {
     let mut labels = child_labels(sandbox, &name);
     labels.insert(SANDBOX_POD_LABEL.to_string(), "true".to_string());
     labels
-}
-
-/// Name of the agent-token Secret `pod` mounts (pure): a pool member's is named after the member, not
-/// after the Sandbox that claimed it.
-pub fn token_secret_of(pod: &Pod) -> Option<String> {
-    pod.spec
-        .as_ref()?
-        .volumes
-        .as_ref()?
-        .iter()
-        .find(|v| v.name == TOKEN_VOLUME)?
-        .secret
-        .as_ref()?
-        .secret_name
-        .clone()
 }
 
 fn child_meta(
@@ -197,7 +164,7 @@ pub fn resource_requirements(spec: &SandboxSpec, shape: &PodShape) -> ResourceRe
 
 /// The environment of the task container: the user's variables, then what the agent needs.
 /// User variables cannot override the agent's own settings (the agent variables come last).
-fn task_env(sandbox: &Sandbox, name: &str, shape: &PodShape) -> Vec<EnvVar> {
+fn task_env(sandbox: &Sandbox, name: &str, shape: &PodShape, verifier: &str) -> Vec<EnvVar> {
     let spec = &sandbox.spec;
     let mut env: Vec<EnvVar> = spec
         .env
@@ -221,8 +188,7 @@ fn task_env(sandbox: &Sandbox, name: &str, shape: &PodShape) -> Vec<EnvVar> {
         "ORCHARD_AGENT_LISTEN",
         format!("0.0.0.0:{}", shape.agent_port),
     );
-    push("ORCHARD_AGENT_TOKEN_FILE", TOKEN_HANDOVER_FILE.to_string());
-    push("ORCHARD_AGENT_CONSUME_TOKEN_FILE", "true".to_string());
+    push(VERIFIER_VARIABLE, verifier.to_string());
     if let Some(startup) = &spec.startup {
         push(
             "ORCHARD_AGENT_STARTUP",
@@ -292,12 +258,19 @@ pub fn sandbox_security(spec: &SandboxSpec, shape: &PodShape) -> SandboxSecurity
 }
 
 /// The sandbox's Pod: an init container installs the static agent into an `emptyDir`, and the task
-/// container (the user's image) runs `orchard-agent serve` from there.
-pub fn desired_pod(sandbox: &Sandbox, owner: &OwnerReference, shape: &PodShape) -> Pod {
+/// container (the user's image) runs `orchard-agent serve` from there, accepting the token whose hash
+/// `credentials` carry (the token itself never enters the pod: see [`super::token`]).
+pub fn desired_pod(
+    sandbox: &Sandbox,
+    owner: &OwnerReference,
+    shape: &PodShape,
+    credentials: &PodCredentials,
+) -> Pod {
     let name = sandbox.metadata.name.clone().unwrap_or_default();
     let spec = &sandbox.spec;
     let mut meta = child_meta(sandbox, &name, pod_name(&name), owner);
     meta.labels = Some(pod_labels(sandbox));
+    meta.annotations = Some(credentials.annotations());
     let security = sandbox_security(spec, shape);
     let install = Container {
         name: INSTALL_CONTAINER.to_string(),
@@ -306,29 +279,12 @@ pub fn desired_pod(sandbox: &Sandbox, owner: &OwnerReference, shape: &PodShape) 
             "/orchard-agent".to_string(),
             "install".to_string(),
             AGENT_DIR.to_string(),
-            "--token-from".to_string(),
-            format!("{TOKEN_SECRET_DIR}/{TOKEN_KEY}"),
-            "--token-to".to_string(),
-            TOKEN_HANDOVER_FILE.to_string(),
         ]),
-        volume_mounts: Some(vec![
-            VolumeMount {
-                name: AGENT_VOLUME.to_string(),
-                mount_path: AGENT_DIR.to_string(),
-                ..VolumeMount::default()
-            },
-            VolumeMount {
-                name: TOKEN_VOLUME.to_string(),
-                mount_path: TOKEN_SECRET_DIR.to_string(),
-                read_only: Some(true),
-                ..VolumeMount::default()
-            },
-            VolumeMount {
-                name: HANDOVER_VOLUME.to_string(),
-                mount_path: TOKEN_DIR.to_string(),
-                ..VolumeMount::default()
-            },
-        ]),
+        volume_mounts: Some(vec![VolumeMount {
+            name: AGENT_VOLUME.to_string(),
+            mount_path: AGENT_DIR.to_string(),
+            ..VolumeMount::default()
+        }]),
         resources: Some(install_resources()),
         security_context: Some(SecurityContext {
             allow_privilege_escalation: Some(false),
@@ -352,7 +308,7 @@ pub fn desired_pod(sandbox: &Sandbox, owner: &OwnerReference, shape: &PodShape) 
             "serve".to_string(),
         ]),
         working_dir: spec.working_dir.clone(),
-        env: Some(task_env(sandbox, &name, shape)),
+        env: Some(task_env(sandbox, &name, shape, &credentials.verifier)),
         ports: Some(vec![ContainerPort {
             name: Some(AGENT_PORT_NAME.to_string()),
             container_port: i32::from(shape.agent_port),
@@ -372,20 +328,12 @@ pub fn desired_pod(sandbox: &Sandbox, owner: &OwnerReference, shape: &PodShape) 
         }),
         resources: Some(resource_requirements(spec, shape)),
         security_context: Some(security.task),
-        volume_mounts: Some(vec![
-            VolumeMount {
-                name: AGENT_VOLUME.to_string(),
-                mount_path: AGENT_DIR.to_string(),
-                read_only: Some(true),
-                ..VolumeMount::default()
-            },
-            // Writable: the agent deletes the handed-over token file before it serves.
-            VolumeMount {
-                name: HANDOVER_VOLUME.to_string(),
-                mount_path: TOKEN_DIR.to_string(),
-                ..VolumeMount::default()
-            },
-        ]),
+        volume_mounts: Some(vec![VolumeMount {
+            name: AGENT_VOLUME.to_string(),
+            mount_path: AGENT_DIR.to_string(),
+            read_only: Some(true),
+            ..VolumeMount::default()
+        }]),
         ..Container::default()
     };
     Pod {
@@ -411,40 +359,14 @@ pub fn desired_pod(sandbox: &Sandbox, owner: &OwnerReference, shape: &PodShape) 
                     })
                     .collect()
             }),
-            volumes: Some(vec![
-                Volume {
-                    name: AGENT_VOLUME.to_string(),
-                    empty_dir: Some(EmptyDirVolumeSource {
-                        size_limit: Some(Quantity("64Mi".to_string())),
-                        ..EmptyDirVolumeSource::default()
-                    }),
-                    ..Volume::default()
-                },
-                Volume {
-                    name: HANDOVER_VOLUME.to_string(),
-                    empty_dir: Some(EmptyDirVolumeSource {
-                        medium: Some("Memory".to_string()),
-                        size_limit: Some(Quantity("1Mi".to_string())),
-                    }),
-                    ..Volume::default()
-                },
-                Volume {
-                    name: TOKEN_VOLUME.to_string(),
-                    secret: Some(SecretVolumeSource {
-                        secret_name: Some(token_secret_name(&name)),
-                        items: Some(vec![KeyToPath {
-                            key: TOKEN_KEY.to_string(),
-                            path: TOKEN_KEY.to_string(),
-                            ..KeyToPath::default()
-                        }]),
-                        // Mounted in the init container only (uid 65532), which copies it to the
-                        // hand-over volume for the agent.
-                        default_mode: Some(0o444),
-                        ..SecretVolumeSource::default()
-                    }),
-                    ..Volume::default()
-                },
-            ]),
+            volumes: Some(vec![Volume {
+                name: AGENT_VOLUME.to_string(),
+                empty_dir: Some(EmptyDirVolumeSource {
+                    size_limit: Some(Quantity("64Mi".to_string())),
+                    ..EmptyDirVolumeSource::default()
+                }),
+                ..Volume::default()
+            }]),
             ..PodSpec::default()
         }),
         status: None,
@@ -461,21 +383,6 @@ fn install_resources() -> ResourceRequirements {
         limits: Some(amounts.clone()),
         requests: Some(amounts),
         ..ResourceRequirements::default()
-    }
-}
-
-/// The sandbox's agent-token Secret holding `token` (generated by the caller: builders are pure).
-pub fn desired_token_secret(sandbox: &Sandbox, owner: &OwnerReference, token: &str) -> Secret {
-    let name = sandbox.metadata.name.clone().unwrap_or_default();
-    Secret {
-        metadata: child_meta(sandbox, &name, token_secret_name(&name), owner),
-        data: Some(BTreeMap::from([(
-            TOKEN_KEY.to_string(),
-            ByteString(token.as_bytes().to_vec()),
-        )])),
-        type_: Some("Opaque".to_string()),
-        immutable: Some(true),
-        ..Secret::default()
     }
 }
 
@@ -742,6 +649,14 @@ mod tests {
         })
     }
 
+    fn credentials() -> PodCredentials {
+        PodCredentials {
+            nonce: "00".into(),
+            key_id: "k".into(),
+            verifier: "ab".repeat(32),
+        }
+    }
+
     fn env_value(pod: &Pod, key: &str) -> Option<String> {
         pod.spec.as_ref()?.containers[0]
             .env
@@ -753,7 +668,7 @@ mod tests {
 
     #[test]
     fn pod_injects_the_agent_through_an_init_container() {
-        let pod = desired_pod(&minimal(), &owner(), &shape());
+        let pod = desired_pod(&minimal(), &owner(), &shape(), &credentials());
         let spec = pod.spec.as_ref().unwrap();
         let init = &spec.init_containers.as_ref().unwrap()[0];
         assert_eq!(
@@ -762,15 +677,7 @@ mod tests {
         );
         assert_eq!(
             init.command.as_ref().unwrap(),
-            &[
-                "/orchard-agent",
-                "install",
-                "/opt/orchard",
-                "--token-from",
-                "/var/run/orchard-token/token",
-                "--token-to",
-                "/var/run/orchard/handover/token"
-            ]
+            &["/orchard-agent", "install", "/opt/orchard",]
         );
         let task = &spec.containers[0];
         assert_eq!(task.image.as_deref(), Some("python:3.11"));
@@ -782,10 +689,6 @@ mod tests {
             env_value(&pod, "ORCHARD_AGENT_LISTEN").as_deref(),
             Some("0.0.0.0:9090")
         );
-        assert_eq!(
-            env_value(&pod, "ORCHARD_AGENT_TOKEN_FILE").as_deref(),
-            Some("/var/run/orchard/handover/token")
-        );
         let probe = task
             .readiness_probe
             .as_ref()
@@ -796,75 +699,40 @@ mod tests {
         assert_eq!(probe.path.as_deref(), Some("/healthz"));
         assert_eq!(probe.port, IntOrString::String("agent".into()));
         let volumes = spec.volumes.as_ref().unwrap();
+        assert_eq!(volumes.len(), 1);
         assert!(volumes[0].empty_dir.is_some());
-        assert_eq!(
-            volumes[2].secret.as_ref().unwrap().secret_name.as_deref(),
-            Some("s1-agent-token")
-        );
     }
 
     #[test]
-    fn the_token_secret_reaches_only_the_init_container_and_the_agent_consumes_the_copy() {
-        let pod = desired_pod(&minimal(), &owner(), &shape());
+    fn the_pod_carries_the_tokens_hash_and_nonce_and_never_the_token() {
+        let key = crate::sandbox::token::TokenKey::new(&[5; 32]).unwrap();
+        let credentials = key.credentials("ns", "s1", "abcd");
+        let pod = desired_pod(&minimal(), &owner(), &shape(), &credentials);
+        assert_eq!(
+            env_value(&pod, "ORCHARD_AGENT_TOKEN_SHA256"),
+            Some(credentials.verifier.clone())
+        );
+        assert_eq!(pod.metadata.annotations, Some(credentials.annotations()));
+        let token = key.token_of(&pod).unwrap();
+        let text = serde_json::to_string(&pod).unwrap();
+        assert!(
+            !text.contains(&token),
+            "the token itself is nowhere in the pod"
+        );
         let spec = pod.spec.as_ref().unwrap();
-        let mounts = |c: &Container| -> Vec<(String, String, bool)> {
-            c.volume_mounts
-                .iter()
-                .flatten()
-                .map(|m| {
-                    (
-                        m.name.clone(),
-                        m.mount_path.clone(),
-                        m.read_only == Some(true),
-                    )
-                })
-                .collect()
-        };
-        let init = &spec.init_containers.as_ref().unwrap()[0];
-        let task = &spec.containers[0];
-        let secret_volume = "orchard-token".to_string();
-        assert!(mounts(init).contains(&(
-            secret_volume.clone(),
-            "/var/run/orchard-token".into(),
-            true
-        )));
         assert!(
-            mounts(task)
-                .iter()
-                .all(|(name, _, _)| *name != secret_volume),
-            "the task container never mounts the token Secret: {:?}",
-            mounts(task)
+            spec.volumes.iter().flatten().all(|v| v.secret.is_none()),
+            "no Secret volume"
         );
-        let handover = (
-            "orchard-token-handover".to_string(),
-            "/var/run/orchard".to_string(),
-            false,
-        );
-        assert!(mounts(init).contains(&handover));
         assert!(
-            mounts(task).contains(&handover),
-            "writable: the agent deletes the file"
-        );
-        let volume = spec
-            .volumes
-            .iter()
-            .flatten()
-            .find(|v| v.name == "orchard-token-handover")
-            .unwrap();
-        assert_eq!(
-            volume.empty_dir.as_ref().unwrap().medium.as_deref(),
-            Some("Memory"),
-            "the token never touches the node's disk"
-        );
-        assert_eq!(
-            env_value(&pod, "ORCHARD_AGENT_CONSUME_TOKEN_FILE").as_deref(),
-            Some("true")
+            env_value(&pod, "ORCHARD_AGENT_TOKEN").is_none()
+                && env_value(&pod, "ORCHARD_AGENT_TOKEN_FILE").is_none()
         );
     }
 
     #[test]
     fn pod_is_hardened_and_owned() {
-        let pod = desired_pod(&minimal(), &owner(), &shape());
+        let pod = desired_pod(&minimal(), &owner(), &shape(), &credentials());
         assert_eq!(
             pod.metadata.owner_references.as_ref().unwrap(),
             &vec![owner()]
@@ -908,7 +776,7 @@ mod tests {
 
     #[test]
     fn resources_default_and_requests_equal_limits() {
-        let pod = desired_pod(&minimal(), &owner(), &shape());
+        let pod = desired_pod(&minimal(), &owner(), &shape(), &credentials());
         let resources = pod.spec.unwrap().containers[0].resources.clone().unwrap();
         assert_eq!(resources.requests, resources.limits);
         let limits = resources.limits.unwrap();
@@ -953,7 +821,7 @@ mod tests {
             working_dir: Some("/workspace".into()),
             ..SandboxSpec::default()
         };
-        let pod = desired_pod(&sandbox(spec), &owner(), &shape());
+        let pod = desired_pod(&sandbox(spec), &owner(), &shape(), &credentials());
         let pod_spec = pod.spec.unwrap();
         assert_eq!(pod_spec.runtime_class_name.as_deref(), Some("gvisor"));
         assert_eq!(pod_spec.node_selector.unwrap()["pool"], "sandbox");
@@ -992,7 +860,7 @@ mod tests {
             }),
             ..SandboxSpec::default()
         };
-        let pod = desired_pod(&sandbox(spec), &owner(), &shape());
+        let pod = desired_pod(&sandbox(spec), &owner(), &shape(), &credentials());
         assert_eq!(env_value(&pod, "TASK").as_deref(), Some("fix-bug"));
         assert_eq!(env_value(&pod, "ORCHARD_AGENT_TOKEN"), None);
         assert_eq!(env_value(&pod, "ORCHARD_SANDBOX").as_deref(), Some("s1"));
@@ -1010,20 +878,11 @@ mod tests {
             (STRIDE_LABEL.into(), "1".into()),
             ("unrelated".into(), "x".into()),
         ]));
-        let pod = desired_pod(&s, &owner(), &shape());
+        let pod = desired_pod(&s, &owner(), &shape(), &credentials());
         let labels = pod.metadata.labels.unwrap();
         assert_eq!(labels[ROLLOUT_GROUP_LABEL], "g");
         assert_eq!(labels[STRIDE_LABEL], "1");
         assert!(!labels.contains_key("unrelated"));
-    }
-
-    #[test]
-    fn token_secret_is_owned_immutable_and_holds_the_token() {
-        let secret = desired_token_secret(&minimal(), &owner(), "abc");
-        assert_eq!(secret.metadata.name.as_deref(), Some("s1-agent-token"));
-        assert_eq!(secret.immutable, Some(true));
-        assert_eq!(secret.data.unwrap()["token"].0, b"abc");
-        assert_eq!(secret.metadata.owner_references.unwrap()[0].uid, "uid-1");
     }
 
     #[test]
@@ -1234,7 +1093,7 @@ mod tests {
 
     #[test]
     fn the_default_profile_keeps_the_image_user_and_forbids_escalation() {
-        let pod = desired_pod(&minimal(), &owner(), &shape());
+        let pod = desired_pod(&minimal(), &owner(), &shape(), &credentials());
         let spec = pod.spec.expect("spec");
         let pod_security = spec.security_context.expect("pod securityContext");
         assert_eq!(pod_security.run_as_non_root, None);
@@ -1271,7 +1130,9 @@ mod tests {
         ] {
             let mut s = minimal();
             s.spec.security = Some(security);
-            let spec = desired_pod(&s, &owner(), &shape()).spec.expect("spec");
+            let spec = desired_pod(&s, &owner(), &shape(), &credentials())
+                .spec
+                .expect("spec");
             let pod_security = spec.security_context.expect("pod securityContext");
             assert_eq!(pod_security.run_as_non_root, Some(true));
             assert_eq!(pod_security.run_as_user, Some(uid));
@@ -1310,7 +1171,7 @@ mod tests {
     fn the_operator_default_profile_applies_when_the_spec_sets_none() {
         let mut restricted = shape();
         restricted.default_security_profile = SecurityProfile::Restricted;
-        let spec = desired_pod(&minimal(), &owner(), &restricted)
+        let spec = desired_pod(&minimal(), &owner(), &restricted, &credentials())
             .spec
             .expect("spec");
         assert_eq!(
@@ -1322,7 +1183,9 @@ mod tests {
             profile: Some(SecurityProfile::Default),
             ..Default::default()
         });
-        let spec = desired_pod(&s, &owner(), &restricted).spec.expect("spec");
+        let spec = desired_pod(&s, &owner(), &restricted, &credentials())
+            .spec
+            .expect("spec");
         assert_eq!(spec.security_context.and_then(|c| c.run_as_non_root), None);
     }
 }

@@ -14,6 +14,7 @@ pub mod run_protocol;
 pub mod run_result;
 pub mod runner;
 pub mod status;
+pub mod token;
 
 #[cfg(test)]
 mod reconcile_tests;

@@ -19,9 +19,10 @@ use super::build::pod_name;
 use super::expiry::{Lifecycle, annotated_heartbeat, expiry_deadline, failed_deadline};
 use super::run_result::aborted;
 use super::status::{
-    Blocked, Observed, admission_rejection, desired_status, expired_status, hold_back_transient,
-    is_trajectory, quota_refusal, rollout_group_of, startup_clock,
+    Blocked, Observed, admission_rejection, desired_status, expired_status, first_status_can_wait,
+    hold_back_transient, is_trajectory, quota_refusal, rollout_group_of, startup_clock,
 };
+use super::token::new_nonce;
 use super::{apply, placement, runner};
 use crate::pool::claim::{PoolStep, announce_identity, claim_or_fallback, is_claimed_member};
 use crate::runtime::context::{Context, object_key};
@@ -136,42 +137,17 @@ async fn reconcile_inner(cached: &Sandbox, ctx: &Arc<Context>) -> Result<Option<
     let refused = (known.is_none() && previous.pod_name.is_none())
         .then(|| placement::check(&sandbox.spec, &ctx.settings.placement).err())
         .flatten();
-    // A claimed pool member brings its own token Secret (controlled by the Pod); a sandbox of a pool
-    // with no Pod yet creates its own only if it starts cold.
-    let claimed = matches!(&known, Some(ChildState::Ours(p)) if is_claimed_member(sandbox, p))
-        || previous
-            .pod_name
-            .as_deref()
-            .is_some_and(|name| name != pod_name(&sandbox.name_any()));
-    let pool_first = sandbox.spec.pool.is_some() && known.is_none() && previous.pod_name.is_none();
-    let (egress, secret) = if refused.is_some() {
-        // Refused before anything is created: no baseline, no policy, no token.
-        (Ok(ChildState::Ours(())), Ok(Some(ChildState::Ours(()))))
-    } else if claimed || pool_first {
-        // The egress policy exists before a claim relabels the member into its selector.
-        apply::ensure_baseline(ctx, &namespace).await?;
-        (
-            apply::ensure_egress_policy(ctx, sandbox, &owner).await,
-            Ok(Some(ChildState::Ours(()))),
-        )
+    // The egress policy exists before the Pod starts, and before a claim relabels a pool member into
+    // its selector. Refused before anything is created: no baseline, no policy.
+    let egress = if refused.is_some() {
+        ChildState::Ours(())
     } else {
         apply::ensure_baseline(ctx, &namespace).await?;
-        // The token Secret and the egress policy are independent writes; the Pod waits for both, so
-        // it never starts with a previous incarnation's token or under its policy.
-        let token_handed_out =
-            matches!(known, Some(ChildState::Ours(_))) || previous.pod_name.is_some();
-        futures::future::join(
-            apply::ensure_egress_policy(ctx, sandbox, &owner),
-            apply::ensure_token_secret(ctx, sandbox, &owner, token_handed_out),
-        )
-        .await
+        apply::ensure_egress_policy(ctx, sandbox, &owner).await?
     };
-    let egress = egress?;
-    let secret = secret?;
-    let token_gone = secret.is_none();
     let mut blocked = refused
         .map(Blocked::PlacementRefused)
-        .or_else(|| blocked_by(&[&egress, &secret.unwrap_or(ChildState::Ours(()))]));
+        .or_else(|| blocked_by(&[&egress]));
 
     let mut pod = None;
     let mut pod_gone = false;
@@ -195,17 +171,7 @@ async fn reconcile_inner(cached: &Sandbox, ctx: &Arc<Context>) -> Result<Option<
                         blocked = Some(why);
                         start_cold = false;
                     }
-                    PoolStep::Cold => {
-                        // Its own Pod needs its own token, created before the Pod.
-                        match apply::ensure_token_secret(ctx, sandbox, &owner, false).await? {
-                            Some(ChildState::Ours(())) => {}
-                            Some(other) => {
-                                blocked = blocked_by(&[&other]);
-                                start_cold = false;
-                            }
-                            None => start_cold = false,
-                        }
-                    }
+                    PoolStep::Cold => {}
                 }
             }
             if start_cold {
@@ -237,7 +203,6 @@ async fn reconcile_inner(cached: &Sandbox, ctx: &Arc<Context>) -> Result<Option<
     let observed = Observed {
         pod: pod.as_ref(),
         pod_gone,
-        token_gone,
         now,
         lifecycle,
         startup_timeout_seconds: ctx.settings.startup_timeout_seconds,
@@ -260,6 +225,7 @@ async fn reconcile_inner(cached: &Sandbox, ctx: &Arc<Context>) -> Result<Option<
             created,
             now,
             ctx.settings.status_coalesce,
+            first_status_can_wait(sandbox),
         )
     {
         // A young sandbox usually becomes Ready within the window: write once, then.
@@ -346,7 +312,11 @@ async fn create_own_pod(
     owner: &OwnerReference,
     defaults: Option<&crate::pool::template::PoolDefaults>,
 ) -> Result<(Option<Pod>, Option<Blocked>)> {
-    let mut desired = desired_pod(sandbox, owner, &ctx.settings.pod);
+    let namespace = sandbox.namespace().unwrap_or_default();
+    let credentials =
+        ctx.token_key
+            .credentials(&namespace, &pod_name(&sandbox.name_any()), &new_nonce());
+    let mut desired = desired_pod(sandbox, owner, &ctx.settings.pod, &credentials);
     if let Some(defaults) = defaults {
         crate::pool::template::record_defaults(&mut desired, defaults);
     }
@@ -462,12 +432,9 @@ async fn report_transition(
                 let seconds = now.duration_since(created.0).as_secs_f64().max(0.0);
                 ctx.metrics.sandbox_ready_seconds.observe(seconds);
             }
+            // No event: the Ready condition's transition time says it, and an event would be one
+            // more API write per sandbox (docs/CONTROLLER.md, "API calls per sandbox").
             info!(sandbox = %object_key(sandbox), endpoint = status.agent_endpoint.as_deref().unwrap_or(""), "sandbox ready");
-            let note = format!(
-                "agent answering at {}",
-                status.agent_endpoint.as_deref().unwrap_or("?")
-            );
-            publish(ctx, sandbox, EventType::Normal, "Ready", note).await;
         }
         Some(SandboxPhase::Failed) => {
             let reason = status.reason.clone().unwrap_or_else(|| "Failed".into());

@@ -1,6 +1,6 @@
 //! The exact requests one Sandbox reconcile sends, against a scripted API server
-//! (`runtime::mock_api`), for the main cases: a new sandbox, its pod turning Ready, its token Secret
-//! deleted under it, its TTL passed, an egress switch to `Deny`.
+//! (`runtime::mock_api`), for the main cases: a new sandbox, its pod turning Ready, its TTL passed, an
+//! egress switch to `Deny`.
 
 use std::sync::Arc;
 
@@ -10,11 +10,13 @@ use k8s_openapi::jiff::{SignedDuration, Timestamp};
 use kube::Resource;
 use serde_json::{Value, json};
 
-use super::build::{baseline_policy, desired_egress_policy, desired_pod, desired_token_secret};
+use super::build::{baseline_policy, desired_egress_policy, desired_pod};
 use super::expiry::Lifecycle;
 use super::reconcile;
 use super::status::{Observed, desired_status};
-use crate::runtime::mock_api::{Expect, TestCaches, cache, default_settings, scripted};
+use crate::runtime::mock_api::{
+    Expect, TestCaches, cache, default_settings, scripted, test_token_key,
+};
 use orchard_api::{
     EgressPolicy, LifecycleSpec, NetworkSpec, Sandbox, SandboxPhase, SandboxSpec, SandboxStatus,
 };
@@ -43,7 +45,8 @@ fn sandbox(created_ago_seconds: i64) -> Sandbox {
 fn ready_pod(s: &Sandbox) -> Pod {
     let settings = default_settings();
     let owner = s.controller_owner_ref(&()).expect("owner");
-    let mut pod = desired_pod(s, &owner, &settings.pod);
+    let credentials = test_token_key().credentials(NS, "s1", "00");
+    let mut pod = desired_pod(s, &owner, &settings.pod, &credentials);
     pod.metadata.uid = Some("uid-pod".into());
     pod.spec.get_or_insert_default().node_name = Some("node-1".into());
     pod.status = Some(PodStatus {
@@ -59,18 +62,12 @@ fn ready_pod(s: &Sandbox) -> Pod {
     pod
 }
 
-/// Caches as the watches show them once the sandbox's baseline and Secret exist.
-fn caches_with_children(s: &Sandbox, pod: Option<Pod>, secret: bool) -> TestCaches {
+/// Caches as the watches show them once the sandbox's baseline exists.
+fn caches_with_children(s: &Sandbox, pod: Option<Pod>) -> TestCaches {
     let settings = default_settings();
-    let owner = s.controller_owner_ref(&()).expect("owner");
     let mut caches = TestCaches::default();
     cache(&mut caches.sandboxes, s.clone());
     cache(&mut caches.policies, baseline_policy(NS, &settings.policy));
-    if secret {
-        let mut token = desired_token_secret(s, &owner, "t");
-        token.metadata.uid = Some("uid-secret".into());
-        cache(&mut caches.secrets, token);
-    }
     if let Some(pod) = pod {
         cache(&mut caches.pods, pod);
     }
@@ -102,7 +99,6 @@ fn settled(mut s: Sandbox, pod: &Pod, ready_seconds_ago: i64) -> Sandbox {
     let observed = Observed {
         pod: Some(pod),
         pod_gone: false,
-        token_gone: false,
         now: ready,
         lifecycle: Lifecycle::of(
             &s,
@@ -144,7 +140,7 @@ async fn expect_deleted_at_its_deadline(s: Sandbox, caches: &TestCaches) {
 }
 
 #[tokio::test]
-async fn a_new_sandbox_gets_its_baseline_token_pod_and_first_status_at_once() {
+async fn a_new_sandbox_gets_its_baseline_pod_and_first_status_at_once() {
     let s = sandbox(0);
     let mut caches = TestCaches::default();
     cache(&mut caches.sandboxes, s.clone());
@@ -161,13 +157,14 @@ async fn a_new_sandbox_gets_its_baseline_token_pod_and_first_status_at_once() {
             )
             .query("fieldManager=orchard-operator")
             .echo(200),
-            Expect::create("/api/v1/namespaces/team/secrets", "uid-secret").body(|secret| {
-                assert_eq!(secret["metadata"]["name"], "s1-agent-token");
-                assert_eq!(secret["metadata"]["ownerReferences"][0]["uid"], "uid-s1");
-            }),
             Expect::create("/api/v1/namespaces/team/pods", "uid-pod").body(|pod| {
                 assert_eq!(pod["metadata"]["name"], "s1");
                 assert_eq!(pod["metadata"]["ownerReferences"][0]["uid"], "uid-s1");
+                // The token's derivation inputs, not the token: no Secret is written for it.
+                assert_eq!(
+                    pod["metadata"]["annotations"]["orchard.dev/agent-token-key"],
+                    test_token_key().id()
+                );
             }),
             Expect::new(
                 "PATCH",
@@ -190,13 +187,44 @@ async fn a_new_sandbox_gets_its_baseline_token_pod_and_first_status_at_once() {
         .expect("reconcile");
     // The first status is written at once (kstatus reads a new object as Current until then); later
     // transient phases of a young sandbox are coalesced.
-    assert_eq!(script.finish().await.len(), 4);
+    assert_eq!(script.finish().await.len(), 3);
 }
 
 #[tokio::test]
-async fn a_ready_pod_costs_one_status_write_and_one_event() {
+async fn a_new_sandbox_created_through_the_gateway_waits_for_its_first_status() {
+    let mut s = sandbox(0);
+    s.metadata.annotations = Some(std::collections::BTreeMap::from([(
+        orchard_api::CREATED_BY_ANNOTATION.to_string(),
+        "alice".to_string(),
+    )]));
+    let mut caches = TestCaches::default();
+    cache(&mut caches.sandboxes, s.clone());
+    let script = scripted(
+        &caches,
+        vec![
+            Expect::new(
+                "PATCH",
+                "/apis/networking.k8s.io/v1/namespaces/team/networkpolicies/orchard-sandbox-baseline",
+                200,
+                Value::Null,
+            )
+            .query("fieldManager=orchard-operator")
+            .echo(200),
+            Expect::create("/api/v1/namespaces/team/pods", "uid-pod"),
+        ],
+    );
+    let action = reconcile(Arc::new(s), script.ctx.clone())
+        .await
+        .expect("reconcile");
+    // No status yet: it comes with Ready, or once the coalescing window has passed.
+    assert_eq!(script.finish().await.len(), 2);
+    assert_ne!(action, kube::runtime::controller::Action::await_change());
+}
+
+#[tokio::test]
+async fn a_ready_pod_costs_one_status_write() {
     let s = with_status(sandbox(2), SandboxPhase::Starting);
-    let caches = caches_with_children(&s, Some(ready_pod(&s)), true);
+    let caches = caches_with_children(&s, Some(ready_pod(&s)));
     let mut written = s.clone();
     written.metadata.resource_version = Some("11".into());
     let script = scripted(
@@ -209,38 +237,6 @@ async fn a_ready_pod_costs_one_status_write_and_one_event() {
                 serde_json::to_value(&written).expect("json"),
             )
             .body(status_patch_sets("phase", json!("Ready"))),
-            Expect::create(EVENTS, "uid-event").body(|event| {
-                assert_eq!(event["reason"], "Ready");
-                assert_eq!(event["regarding"]["uid"], "uid-s1");
-            }),
-        ],
-    );
-    reconcile(Arc::new(s), script.ctx.clone())
-        .await
-        .expect("reconcile");
-    script.finish().await;
-}
-
-#[tokio::test]
-async fn a_deleted_token_secret_fails_the_sandbox_and_no_new_token_is_made() {
-    let s = with_status(sandbox(30), SandboxPhase::Ready);
-    let caches = caches_with_children(&s, Some(ready_pod(&s)), false);
-    let script = scripted(
-        &caches,
-        vec![
-            Expect::not_found("GET", "/api/v1/namespaces/team/secrets/s1-agent-token"),
-            Expect::new(
-                "PATCH",
-                format!("{SANDBOXES}/s1/status"),
-                200,
-                serde_json::to_value(&s).expect("json"),
-            )
-            .body(status_patch_sets("reason", json!("TokenSecretDeleted"))),
-            Expect::create(EVENTS, "uid-event").body(|event| {
-                assert_eq!(event["reason"], "TokenSecretDeleted");
-            }),
-            Expect::delete("/api/v1/namespaces/team/pods/s1")
-                .body(|delete| assert_eq!(delete["preconditions"]["uid"], "uid-pod")),
         ],
     );
     reconcile(Arc::new(s), script.ctx.clone())
@@ -261,7 +257,7 @@ async fn a_sandbox_past_its_ttl_is_deleted_by_uid() {
         s.status.as_ref().and_then(|st| st.phase),
         Some(SandboxPhase::Ready)
     );
-    let caches = caches_with_children(&s, Some(ready_pod(&s)), true);
+    let caches = caches_with_children(&s, Some(ready_pod(&s)));
     expect_deleted_at_its_deadline(s, &caches).await;
 }
 
@@ -278,7 +274,7 @@ async fn switching_egress_to_deny_deletes_the_sandbox_policy_only() {
     policy.metadata.uid = Some("uid-egress".into());
     s.spec.network = None;
     s.metadata.generation = Some(2);
-    let mut caches = caches_with_children(&s, Some(ready_pod(&s)), true);
+    let mut caches = caches_with_children(&s, Some(ready_pod(&s)));
     cache(&mut caches.policies, policy);
     let mut written = s.clone();
     written.metadata.resource_version = Some("11".into());
@@ -311,14 +307,14 @@ async fn a_failed_sandbox_is_deleted_by_uid_when_its_ttl_ends() {
         ..LifecycleSpec::default()
     });
     // Never Ready: the TTL counts from creation (120 s ago); its pod is gone already.
-    let caches = caches_with_children(&s, None, true);
+    let caches = caches_with_children(&s, None);
     expect_deleted_at_its_deadline(s, &caches).await;
 }
 
 #[tokio::test]
 async fn a_failed_sandbox_within_its_ttl_is_kept_and_nothing_is_written() {
     let s = with_status(sandbox(10), SandboxPhase::Failed);
-    let caches = caches_with_children(&s, None, true);
+    let caches = caches_with_children(&s, None);
     let script = scripted(&caches, vec![]);
     reconcile(Arc::new(s), script.ctx.clone())
         .await

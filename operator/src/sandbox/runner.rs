@@ -20,8 +20,7 @@ use tokio::sync::Semaphore;
 use tokio::task::{AbortHandle, JoinSet};
 use tracing::{info, warn};
 
-use super::apply::{cached_pod, token_secret_for, token_secret_is_own};
-use super::build::TOKEN_KEY;
+use super::apply::cached_pod;
 use super::run_protocol::{DEADLINE_GRACE, RunAgent, run_to_result};
 use super::status::endpoint_of_own_pod;
 use crate::runtime::backoff::Retry;
@@ -42,31 +41,24 @@ fn result_patch(uid: &str, result: &TrajectoryResult) -> Option<json_patch::Patc
 /// Id of the run's background process inside the agent.
 pub const RUN_PROCESS_ID: &str = "orchard-run";
 
-/// The agent endpoint and token of a sandbox, from its own pod and its own Secret (by owner UID) in
-/// the caches.
+/// The agent endpoint and token of a sandbox, from its own pod in the cache.
 pub fn agent_target(ctx: &Context, sandbox: &Sandbox) -> Option<AgentTarget> {
     let pod = cached_pod(&ctx.caches.pods, sandbox)?;
     agent_target_of(ctx, sandbox, &pod)
 }
 
 /// The agent endpoint and token of `sandbox` running in `pod` (which must be its own, Ready), the
-/// token from the Secret the pod mounts (its own, by owner UID) in the cache.
+/// token derived from the pod's annotations under the operator's key.
 pub fn agent_target_of(ctx: &Context, sandbox: &Sandbox, pod: &Pod) -> Option<AgentTarget> {
-    let namespace = sandbox.namespace()?;
     // From the sandbox's own Ready pod, never from `status.agentEndpoint` (see endpoint_of_own_pod).
     let endpoint = endpoint_of_own_pod(sandbox, pod, ctx.settings.pod.agent_port)?;
-    let secret = ctx
-        .caches
-        .secrets
-        .get(&ObjectRef::new(&token_secret_for(sandbox, Some(pod))).within(&namespace))
-        .filter(|s| {
-            token_secret_is_own(
-                s,
-                sandbox.meta().uid.as_deref().unwrap_or_default(),
-                Some(pod),
-            )
-        })?;
-    let token = String::from_utf8(secret.data.as_ref()?.get(TOKEN_KEY)?.0.clone()).ok()?;
+    let token = match ctx.token_key.token_of(pod) {
+        Ok(token) => token,
+        Err(err) => {
+            warn!(sandbox = %sandbox.name_any(), %err, "no agent token");
+            return None;
+        }
+    };
     Some(AgentTarget { endpoint, token })
 }
 

@@ -44,8 +44,6 @@ pub struct Observed<'a> {
     pub pod: Option<&'a Pod>,
     /// The Pod existed (status names it) and a live read confirmed it is gone.
     pub pod_gone: bool,
-    /// The agent-token Secret was handed to the Pod and a live read confirmed it is gone.
-    pub token_gone: bool,
     /// Current time.
     pub now: Timestamp,
     /// Effective TTL and heartbeat timeout.
@@ -456,17 +454,6 @@ pub fn desired_status(sandbox: &Sandbox, observed: &Observed) -> SandboxStatus {
             now,
         );
     }
-    if observed.token_gone {
-        return failed_status(
-            sandbox,
-            status,
-            Failure::new(
-                "TokenSecretDeleted",
-                "the sandbox's agent-token Secret was deleted from outside the operator; the gateway can no longer authenticate to its agent (a new token would not reach the running agent): create a new sandbox",
-            ),
-            now,
-        );
-    }
     let refused = match &observed.blocked {
         Some(Blocked::NameConflict(message)) => Some(("NameConflict", message)),
         Some(Blocked::PodRejected(message)) => Some(("PodRejected", message)),
@@ -638,6 +625,7 @@ pub fn hold_back_transient(
     created: Option<Timestamp>,
     now: Timestamp,
     window: std::time::Duration,
+    first_can_wait: bool,
 ) -> Option<std::time::Duration> {
     let transient = |phase: Option<SandboxPhase>| {
         matches!(
@@ -645,14 +633,29 @@ pub fn hold_back_transient(
             None | Some(SandboxPhase::Pending | SandboxPhase::Starting)
         )
     };
-    // The first status is written at once: until then kstatus (Flux, `kubectl wait`-style tools)
-    // would call the new object Current.
-    let previous = previous?;
-    if !transient(desired.phase) || !transient(previous.phase) {
+    // The first status is written at once unless `first_can_wait`: until then kstatus (Flux, Argo
+    // CD, cli-utils) would call the new object Current.
+    if previous.is_none() && !first_can_wait {
+        return None;
+    }
+    if !transient(desired.phase) || !transient(previous.and_then(|p| p.phase)) {
         return None;
     }
     let age = std::time::Duration::try_from(now.duration_since(created?)).unwrap_or_default();
     window.checked_sub(age).filter(|left| !left.is_zero())
+}
+
+/// Whether a new sandbox's first status may wait like later transient ones (pure): true for sandboxes
+/// nobody reads with kstatus, those created through the gateway (whose callers wait with its `/wait`
+/// or read its answers) and a RolloutGroup's trajectories (the group's status is what GitOps tools
+/// read). A sandbox applied by `kubectl`, Flux or Argo CD gets its first status at once.
+pub fn first_status_can_wait(sandbox: &Sandbox) -> bool {
+    rollout_group_of(sandbox).is_some()
+        || sandbox
+            .metadata
+            .annotations
+            .as_ref()
+            .is_some_and(|a| a.contains_key(orchard_api::CREATED_BY_ANNOTATION))
 }
 
 /// The status written just before an expired sandbox is deleted (only when a trajectory result must
@@ -713,7 +716,6 @@ mod tests {
         Observed {
             pod,
             pod_gone: false,
-            token_gone: false,
             now: t(now),
             lifecycle: Lifecycle {
                 ttl_seconds: 3600,
@@ -967,17 +969,6 @@ mod tests {
     }
 
     #[test]
-    fn a_deleted_token_secret_fails_the_sandbox() {
-        let s = sandbox();
-        let healthy = pod(Some("node-1"), Some("10.0.0.7"), true);
-        let mut obs = observed(Some(&healthy), "2026-01-01T00:00:05Z");
-        obs.token_gone = true;
-        let status = desired_status(&s, &obs);
-        assert_eq!(status.phase, Some(SandboxPhase::Failed));
-        assert_eq!(status.reason.as_deref(), Some("TokenSecretDeleted"));
-    }
-
-    #[test]
     fn deleted_pod_fails_the_sandbox_and_failure_is_terminal() {
         let mut s = sandbox();
         let mut obs = observed(None, "2026-01-01T00:00:05Z");
@@ -1192,31 +1183,31 @@ mod tests {
         let young = t("2026-01-01T00:00:00.300Z");
         let old = t("2026-01-01T00:00:01.500Z");
         assert_eq!(
-            hold_back_transient(None, &pending, created, young, window),
+            hold_back_transient(None, &pending, created, young, window, false),
             None,
             "the first status is written at once (kstatus needs it)"
         );
         assert_eq!(
-            hold_back_transient(Some(&pending), &starting, created, young, window),
+            hold_back_transient(Some(&pending), &starting, created, young, window, false),
             Some(std::time::Duration::from_millis(700))
         );
         assert_eq!(
-            hold_back_transient(Some(&pending), &starting, created, old, window),
+            hold_back_transient(Some(&pending), &starting, created, old, window, false),
             None,
             "old enough: write"
         );
         assert_eq!(
-            hold_back_transient(None, &ready, created, young, window),
+            hold_back_transient(None, &ready, created, young, window, false),
             None,
             "Ready is never held back"
         );
         assert_eq!(
-            hold_back_transient(None, &failed, created, young, window),
+            hold_back_transient(None, &failed, created, young, window, false),
             None,
             "Failed is never held back"
         );
         assert_eq!(
-            hold_back_transient(Some(&ready), &starting, created, young, window),
+            hold_back_transient(Some(&ready), &starting, created, young, window, false),
             None
         );
         assert_eq!(
@@ -1225,10 +1216,46 @@ mod tests {
                 &starting,
                 created,
                 young,
-                std::time::Duration::ZERO
+                std::time::Duration::ZERO,
+                false
             ),
             None
         );
+        // Sandboxes nobody reads with kstatus wait for their first status too.
+        assert_eq!(
+            hold_back_transient(None, &pending, created, young, window, true),
+            Some(std::time::Duration::from_millis(700))
+        );
+        assert_eq!(
+            hold_back_transient(None, &ready, created, young, window, true),
+            None,
+            "Ready is never held back"
+        );
+        assert_eq!(
+            hold_back_transient(None, &pending, created, old, window, true),
+            None
+        );
+    }
+
+    #[test]
+    fn only_gateway_and_group_sandboxes_wait_for_their_first_status() {
+        let mut s = Sandbox::new("s", SandboxSpec::default());
+        assert!(!first_status_can_wait(&s), "kubectl, Flux, Argo CD");
+        s.metadata.annotations = Some(BTreeMap::from([(
+            orchard_api::CREATED_BY_ANNOTATION.to_string(),
+            "alice".to_string(),
+        )]));
+        assert!(first_status_can_wait(&s), "created through the gateway");
+        s.metadata.annotations = None;
+        s.metadata.owner_references = Some(vec![
+            k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference {
+                kind: "RolloutGroup".into(),
+                name: "g".into(),
+                controller: Some(true),
+                ..Default::default()
+            },
+        ]);
+        assert!(first_status_can_wait(&s), "a trajectory");
     }
 
     #[test]

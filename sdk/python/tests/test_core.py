@@ -25,7 +25,7 @@ from orchard_env import (
     SandboxFailed,
     Timeout,
 )
-from orchard_env import _core, _ops
+from orchard_env import _core
 from orchard_env import client as client_module
 from orchard_env._config import TokenSource
 
@@ -283,51 +283,32 @@ def test_exec_plan_through_the_gateway(client: SandboxClient) -> None:
         drive(handle(client)._exec_plan("sleep 9", check=True), answers(httpx.Response(200, json=failed)))
 
 
-def own_pod(uid: str = "uid-s1", ready: str = "True") -> dict[str, Any]:
-    """The sandbox's pod as the Kubernetes API returns it."""
-    return {
-        "metadata": {"name": "s1", "ownerReferences": [{"kind": "Sandbox", "uid": uid, "controller": True}]},
-        "spec": {"containers": [{"name": "task", "ports": [{"name": "agent", "containerPort": 9090}]}]},
-        "status": {"podIP": "10.0.0.7", "conditions": [{"type": "Ready", "status": ready}]},
-    }
-
-
-def test_the_agent_endpoint_comes_from_the_sandboxs_own_ready_pod() -> None:
-    assert _ops.endpoint_of_own_pod(own_pod(), "uid-s1") == "http://10.0.0.7:9090"
-    assert _ops.endpoint_of_own_pod(own_pod(uid="someone-else"), "uid-s1") is None
-    assert _ops.endpoint_of_own_pod(own_pod(ready="False"), "uid-s1") is None
-    assert _ops.endpoint_of_own_pod(own_pod(), None) is None
-    v6 = own_pod()
-    v6["status"]["podIP"] = "fd00::7"
-    assert _ops.endpoint_of_own_pod(v6, "uid-s1") == "http://[fd00::7]:9090"
-
-
-def test_direct_mode_reads_the_agent_token_once_and_ignores_status_agent_endpoint() -> None:
-    direct = SandboxClient("http://gw", "tok", namespace="ns", direct=True, kube_server="https://kube:6443",
-                           kube_token="kube-tok")
-    sbx = Sandbox(direct, "s1", "ns", {"status": {"phase": "Pending"}}, delete_on_exit=False, auto_heartbeat=False, direct=True)
+def test_direct_mode_asks_the_gateway_for_the_target_with_its_retries_and_keeps_it() -> None:
+    direct = SandboxClient("http://gw", "tok", namespace="ns", direct=True, retry=POLICY)
+    # status.agentEndpoint says 10.0.0.1 (forgeable): never used; the gateway's answer is.
+    sbx = Sandbox(direct, "s1", "ns", READY, delete_on_exit=False, auto_heartbeat=False, direct=True)
+    target = {"endpoint": "http://10.0.0.7:9090/", "token": "ab" * 32}
     steps: list[Any] = []
-    secret = {"data": {"token": "YWdlbnQtdG9rZW4K"}}  # "agent-token\n"
-    # status.agentEndpoint says 10.0.0.1 (forgeable); the sandbox's own pod is at 10.0.0.7.
-    ready = {**READY, "metadata": {"name": "s1", "uid": "uid-s1"}}
     drive(sbx._list_files_plan("."), answers(
-        httpx.Response(200, json=ready), httpx.Response(200, json=own_pod()), httpx.Response(200, json=secret),
-        httpx.Response(200, json={"entries": []}),
+        failure(503, "Unavailable", True), httpx.Response(200, json=target), httpx.Response(200, json={"entries": []}),
     ), steps)
-    refresh, pod, kube, agent = sends(steps)
-    assert refresh.url == "http://gw/v1/namespaces/ns/sandboxes/s1"
-    assert pod.url == "https://kube:6443/api/v1/namespaces/ns/pods/s1"
-    assert kube.url == "https://kube:6443/api/v1/namespaces/ns/secrets/s1-agent-token"
-    assert [s.kube for s in steps if isinstance(s, _core.Send)][1] is not None
-    assert isinstance(kube.token, TokenSource) and kube.token.get() == "kube-tok"
-    assert (agent.url, agent.token, agent.params) == ("http://10.0.0.7:9090/v1/files/list", "agent-token", {"path": "."})
+    first, again, agent = sends(steps)
+    assert first == again, "the token route is retried like every gateway call"
+    assert (first.method, first.url) == ("GET", "http://gw/v1/namespaces/ns/sandboxes/s1/token")
+    assert first.token is direct.settings.token and first.retry
+    assert len(sleeps(steps)) == 1
+    assert (agent.url, agent.token, agent.params) == ("http://10.0.0.7:9090/v1/files/list", "ab" * 32, {"path": "."})
     steps.clear()
     drive(sbx._kill_process_plan("p1"), answers(httpx.Response(200, json={"id": "p1", "state": "exited"})), steps)
-    assert [r.url for r in sends(steps)] == ["http://10.0.0.7:9090/v1/processes/p1"]
-    # A pod that is not the sandbox's own is never called.
-    other = Sandbox(direct, "s1", "ns", ready, delete_on_exit=False, auto_heartbeat=False, direct=True)
-    with pytest.raises(OrchardError, match="no Ready pod of its own"):
-        drive(other._list_files_plan("."), answers(httpx.Response(200, json=own_pod(uid="someone-else"))))
+    assert [r.url for r in sends(steps)] == ["http://10.0.0.7:9090/v1/processes/p1"], "asked once per handle"
+    # An answer without an http(s) endpoint and a token is refused, and nothing goes to the agent.
+    bad_answers: list[Any] = [{"endpoint": "10.0.0.7:9090", "token": "t"}, {"endpoint": "http://10.0.0.7:9090", "token": ""}, []]
+    for bad in bad_answers:
+        fresh = Sandbox(direct, "s1", "ns", READY, delete_on_exit=False, auto_heartbeat=False, direct=True)
+        steps.clear()
+        with pytest.raises(OrchardError, match="no agent endpoint and token for sandbox ns/s1"):
+            drive(fresh._list_files_plan("."), answers(httpx.Response(200, json=bad)), steps)
+        assert len(sends(steps)) == 1 and fresh._direct_target is None
 
 
 def test_wait_ready_tracks_the_phase_and_starts_heartbeats(client: SandboxClient) -> None:

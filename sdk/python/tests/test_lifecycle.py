@@ -127,10 +127,8 @@ def test_direct_mode_talks_to_the_agent_at_the_pod_ip(cluster: Cluster) -> None:
             if line.startswith("orchard_gateway_requests_total{") and route in line
         )
 
-    with SandboxClient(
-        cluster.gateway, cluster.token, namespace=cluster.namespace, direct=True,
-        kube_server=cluster.kube_server, kube_token=cluster.token, kube_ca_file=cluster.kube_ca,
-    ) as client:
+    # The agent's address and token come from the gateway (RBAC get on sandboxes/token).
+    with SandboxClient(cluster.gateway, cluster.token, namespace=cluster.namespace, direct=True) as client:
         with client.create(image=cluster.image) as sbx:
             before = gateway_execs()
             for _ in range(5):

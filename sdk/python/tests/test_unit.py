@@ -2,10 +2,15 @@
 
 from __future__ import annotations
 
+import contextlib
+import inspect
 import json
 import os
 import time
+import warnings
+from collections.abc import AsyncIterator
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
@@ -14,6 +19,7 @@ from orchard_env import (
     AgentUnavailable,
     AsyncSandboxClient,
     Conflict,
+    Forbidden,
     GatewayUnreachable,
     InvalidRequest,
     NotFound,
@@ -49,13 +55,9 @@ def test_shorthand_body() -> None:
         _ops.sandbox_body(None)
 
 
-def test_a_pool_stands_in_for_the_image_and_names_the_token_secret() -> None:
+def test_a_pool_stands_in_for_the_image() -> None:
     body = _ops.sandbox_body(None, extra={"pool": "py", "when_pool_empty": "Wait"})
     assert body == {"pool": "py", "whenPoolEmpty": "Wait"}
-    pod = {"spec": {"volumes": [{"name": "orchard-agent", "emptyDir": {}},
-                                {"name": "orchard-token", "secret": {"secretName": "py-abcde-agent-token"}}]}}
-    assert _ops.token_secret_of_pod(pod) == "py-abcde-agent-token"
-    assert _ops.token_secret_of_pod({"spec": {}}) is None
 
 
 def test_exec_body_forms() -> None:
@@ -232,6 +234,138 @@ async def test_async_client_retries_and_cleans_up() -> None:
         async with client.create(image="x", auto_heartbeat=False) as sbx:
             assert (await sbx.exec("true")).stdout == "ok\n"
     assert attempts == {"exec": 2, "deleted": 1}
+
+
+# -- direct mode: the agent's address and token come from the gateway -----------------------------------
+
+AGENT_TOKEN = "0123456789abcdef" * 4
+TARGET = {"endpoint": "http://10.0.0.7:9090", "token": AGENT_TOKEN}
+TOKEN_PATH = "/v1/namespaces/ns/sandboxes/s1/token"
+
+
+def direct_world(*token_answers: httpx.Response):  # type: ignore[no-untyped-def]
+    """The gateway (``gw``) and the agent of the sandbox's own pod (``10.0.0.7:9090``); the token route
+    answers ``token_answers`` in order. ``status.agentEndpoint`` (10.0.0.1) points elsewhere and must
+    never be called."""
+    answers = list(token_answers)
+
+    def handle(request: httpx.Request, n: int) -> httpx.Response:
+        host, path = request.url.netloc.decode(), request.url.path
+        if host == "gw":
+            assert request.headers["authorization"] == "Bearer t"
+            if path == "/v1/namespaces/ns/sandboxes/s1":
+                return httpx.Response(200, json={**SANDBOX, "metadata": {"name": "s1", "uid": "uid-s1"}})
+            if path == TOKEN_PATH:
+                return answers.pop(0)
+            raise AssertionError(f"agent call through the gateway in direct mode: {request.method} {path}")
+        assert host == "10.0.0.7:9090", f"direct call to {host}"
+        assert request.headers["authorization"] == f"Bearer {AGENT_TOKEN}"
+        if path == "/v1/exec":
+            return httpx.Response(200, json=EXEC_OK)
+        if path == "/v1/files/list":
+            return httpx.Response(200, json={"entries": [{"name": "a", "type": "file"}]})
+        if path == "/v1/processes/p1":
+            return httpx.Response(200, json={"id": "p1", "state": "exited"})
+        return httpx.Response(404, json={"code": "NotFound", "message": path})
+
+    return handle
+
+
+def routes(calls: list[httpx.Request]) -> list[tuple[str, str, str]]:
+    return [(c.method, c.url.netloc.decode(), c.url.path) for c in calls]
+
+
+@contextlib.asynccontextmanager
+async def direct_client(mode: str, transport: httpx.MockTransport) -> AsyncIterator[Any]:
+    """A direct-mode client of either driver on ``transport``; with :func:`done` a test runs as is on both."""
+    if mode == "sync":
+        with SandboxClient("http://gw", "t", namespace="ns", transport=transport, retry=FAST, direct=True) as client:
+            yield client
+    else:
+        async with AsyncSandboxClient("http://gw", "t", namespace="ns", transport=transport, retry=FAST, direct=True) as aclient:
+            yield aclient
+
+
+async def done(value: Any) -> Any:
+    """The result of a sync call, or of an async call's awaitable."""
+    return await value if inspect.isawaitable(value) else value
+
+
+async def close(client: SandboxClient | AsyncSandboxClient) -> None:
+    if isinstance(client, AsyncSandboxClient):
+        await client.aclose()
+    else:
+        client.close()
+
+
+DRIVERS = pytest.mark.parametrize("mode", ["sync", "async"])
+
+
+@DRIVERS
+async def test_direct_mode_gets_the_agent_address_and_token_from_the_gateway_once(mode: str) -> None:
+    transport, calls = fake(direct_world(httpx.Response(200, json=TARGET)))
+    async with direct_client(mode, transport) as client:
+        sbx = await done(client.connect("s1", auto_heartbeat=False))
+        assert (await done(sbx.exec(["true"], timeout=5))).ok
+        assert [e.name for e in await done(sbx.list_files("."))] == ["a"]
+        assert (await done(sbx.kill_process("p1"))).state == "exited"
+    assert routes(calls) == [
+        ("GET", "gw", "/v1/namespaces/ns/sandboxes/s1"),
+        ("GET", "gw", TOKEN_PATH),  # once per handle, with the gateway token
+        ("POST", "10.0.0.7:9090", "/v1/exec"),  # then straight to the agent, with its token
+        ("GET", "10.0.0.7:9090", "/v1/files/list"),
+        ("DELETE", "10.0.0.7:9090", "/v1/processes/p1"),
+    ]
+
+
+@DRIVERS
+async def test_direct_mode_without_rbac_on_sandboxes_token_raises_forbidden(mode: str) -> None:
+    message = "user alice cannot get sandboxes/token in namespace ns"
+    denied = {"code": "Forbidden", "message": message, "retryable": False}
+    transport, calls = fake(direct_world(httpx.Response(403, json=denied), httpx.Response(403, json={"code": "Forbidden", "message": "forbidden"})))
+    async with direct_client(mode, transport) as client:
+        sbx = await done(client.connect("s1", auto_heartbeat=False))
+        with pytest.raises(Forbidden) as raised:
+            await done(sbx.exec(["true"]))
+        assert raised.value.status == 403 and str(raised.value) == f"403 Forbidden: {message}"
+        # A 403 whose message does not name the permission gets it named.
+        with pytest.raises(Forbidden, match=r"^403 Forbidden: forbidden \(direct mode needs RBAC get on sandboxes/token in namespace ns\)$"):
+            await done(sbx.list_files("."))
+    assert routes(calls)[1:] == [("GET", "gw", TOKEN_PATH)] * 2, "never retried, nothing sent to an agent"
+
+
+@DRIVERS
+async def test_direct_mode_not_ready_and_not_found_behave_as_for_other_calls(mode: str) -> None:
+    not_ready = {"code": "NotReady", "message": "sandbox ns/s1 is Pending", "phase": "Pending", "retryable": True}
+    transport, calls = fake(direct_world(
+        httpx.Response(409, json=not_ready), httpx.Response(404, json={"code": "NotFound", "message": "no sandbox"}),
+        error(503, "Unavailable", True), httpx.Response(200, json=TARGET),
+    ))
+    async with direct_client(mode, transport) as client:
+        sbx = await done(client.connect("s1", auto_heartbeat=False))
+        with pytest.raises(NotReady) as raised:
+            await done(sbx.exec(["true"]))
+        assert raised.value.phase == "Pending" and raised.value.retryable
+        with pytest.raises(NotFound):
+            await done(sbx.exec(["true"]))
+        # Nothing was kept from the failures: the next call asks again (a retryable 503 is retried as
+        # for every gateway call), then goes to the agent.
+        assert (await done(sbx.exec(["true"]))).ok
+    assert routes(calls)[1:] == [("GET", "gw", TOKEN_PATH)] * 4 + [("POST", "10.0.0.7:9090", "/v1/exec")]
+
+
+@DRIVERS
+async def test_kube_arguments_are_deprecated_and_ignored(mode: str) -> None:
+    kind = SandboxClient if mode == "sync" else AsyncSandboxClient
+    kubes: list[dict[str, Any]] = [{"kube_server": "https://kube:6443"}, {"kube_token": "k"}, {"kube_ca_file": "/ca.crt"}]
+    for kube in kubes:
+        with pytest.warns(DeprecationWarning, match="ignored: direct mode gets the agent's address and token from the gateway") as caught:
+            client = kind("http://gw", "t", namespace="ns", direct=True, **kube)
+        assert caught[0].filename == __file__, "the warning points at the caller"
+        await close(client)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        await close(kind("http://gw", "t", namespace="ns", direct=True))
 
 
 def test_token_files_are_reread_when_rotated(tmp_path: Path) -> None:

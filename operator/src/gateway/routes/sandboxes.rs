@@ -1,5 +1,6 @@
 //! Sandbox lifecycle routes: create (returns at once), list and get (from the watch cache), delete,
-//! wait (watch-driven), heartbeat (coalesced annotation write) and result (write-once status field).
+//! wait (watch-driven), heartbeat (coalesced annotation write), result (write-once status field) and
+//! the agent's address and token for direct calls.
 
 use axum::Json;
 use axum::body::Bytes;
@@ -18,10 +19,10 @@ use super::{
 use crate::gateway::GATEWAY_FIELD_MANAGER;
 use crate::gateway::access::{Access, Operation};
 use crate::gateway::errors::{ApiError, ErrorBody, from_kube, json_response};
-use crate::gateway::lookup::condition_true;
+use crate::gateway::lookup::{agent_access, condition_true, own_pod};
 use crate::gateway::openapi::{
-    CreateSandboxRequest, Deleted, HeartbeatResponse, ResultResponse, SandboxList, SandboxSchema,
-    TrajectoryResultSchema,
+    AgentAccessResponse, CreateSandboxRequest, Deleted, HeartbeatResponse, ResultResponse,
+    SandboxList, SandboxSchema, TrajectoryResultSchema,
 };
 use crate::gateway::revalidate::Guard;
 use crate::gateway::spec::sandbox_from_request;
@@ -109,7 +110,7 @@ pub async fn get_sandbox(
     Ok(json_response(StatusCode::OK, sandbox.as_ref()))
 }
 
-/// Deletes a Sandbox (its Pod, token Secret and policies are garbage-collected).
+/// Deletes a Sandbox (its Pod and policy are garbage-collected).
 #[utoipa::path(
     delete,
     path = "/v1/namespaces/{namespace}/sandboxes/{name}",
@@ -253,6 +254,43 @@ pub async fn heartbeat(Call(state, path, headers): Call<ObjectPath>) -> Result<R
         "expiresAt": expires_at,
     }))
     .into_response())
+}
+
+/// The agent address and token of a Ready sandbox, for clients that call its agent directly
+/// (`direct` mode of the SDK): the address of the sandbox's own pod and the token bound to that pod.
+#[utoipa::path(
+    get,
+    path = "/v1/namespaces/{namespace}/sandboxes/{name}/token",
+    tag = "sandboxes",
+    params(ObjectPath),
+    responses(
+        (status = 200, body = AgentAccessResponse),
+        (status = 401, body = ErrorBody),
+        (status = 403, description = "RBAC denies `get sandboxes/token`", body = ErrorBody),
+        (status = 404, body = ErrorBody),
+        (status = 409, description = "Not Ready (`NotReady`), or a pod whose token cannot be derived (`Conflict`)", body = ErrorBody),
+    )
+)]
+pub async fn agent_token(
+    Call(state, path, headers): Call<ObjectPath>,
+) -> Result<Response, ApiError> {
+    state
+        .authorize_object(&headers, Operation::AgentToken, &path)
+        .await?;
+    let sandbox = state.sandbox(&path).await?;
+    let pod = own_pod(&state.deps.client, &state.deps.caches.pods, &sandbox).await;
+    let (endpoint, token) = agent_access(
+        &sandbox,
+        pod.as_deref(),
+        state.deps.settings.pod.agent_port,
+        &state.deps.token_key,
+    )?;
+    let mut response = Json(json!({"endpoint": endpoint, "token": token})).into_response();
+    response.headers_mut().insert(
+        axum::http::header::CACHE_CONTROL,
+        axum::http::HeaderValue::from_static("no-store"),
+    );
+    Ok(response)
 }
 
 /// Checks a result the way the CRD's CEL rules will, so the caller gets a 400 naming the field.

@@ -84,33 +84,3 @@ def resolve(
         except OSError:
             ns = ""
     return Settings(base_url=url.rstrip("/"), namespace=ns or "default", token=source)
-
-
-@dataclass(frozen=True)
-class KubeSettings:
-    """Where direct mode reads the sandbox's agent token (the Kubernetes API)."""
-
-    server: str
-    token: TokenSource
-    ca_file: str | None
-
-
-def resolve_kube(
-    server: str | None, token: str | None, ca_file: str | None
-) -> KubeSettings:
-    """Explicit values, else the in-cluster API server, service-account token and CA."""
-    if server is None:
-        host = os.environ.get("KUBERNETES_SERVICE_HOST")
-        port = os.environ.get("KUBERNETES_SERVICE_PORT", "443")
-        if not host:
-            raise ValueError(
-                "direct mode needs the Kubernetes API: run in a pod, or pass kube_server=, kube_token= and kube_ca_file="
-            )
-        server = f"https://{host}:{port}"
-    if token is not None:
-        source = TokenSource(token=token)
-    else:
-        source = TokenSource(path=SERVICE_ACCOUNT_DIR / "token")
-    if ca_file is None and (SERVICE_ACCOUNT_DIR / "ca.crt").exists():
-        ca_file = str(SERVICE_ACCOUNT_DIR / "ca.crt")
-    return KubeSettings(server=server.rstrip("/"), token=source, ca_file=ca_file)

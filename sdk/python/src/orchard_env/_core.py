@@ -12,13 +12,12 @@ Nothing here does I/O, so plans can be driven step by step in tests.
 
 from __future__ import annotations
 
-import base64
 import contextlib
 import functools
 import json
 import logging
 import os
-import ssl
+import warnings
 from collections.abc import Callable, Generator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import IO, Any, ClassVar, Generic, Protocol, TypeAlias, TypeVar
@@ -26,11 +25,12 @@ from typing import IO, Any, ClassVar, Generic, Protocol, TypeAlias, TypeVar
 import httpx
 
 from . import _ops
-from ._config import KubeSettings, Settings, TokenSource, resolve, resolve_kube
+from ._config import Settings, TokenSource, resolve
 from ._retry import NO_RETRY, RetryPolicy, retry_exception, retry_status
 from .errors import (
     CommandFailed,
     Conflict,
+    Forbidden,
     GatewayUnreachable,
     NotFound,
     OrchardError,
@@ -48,6 +48,12 @@ T = TypeVar("T")
 CHUNK = 256 * 1024
 #: What ``upload`` takes: bytes, text, a local file's path or a binary file object.
 Upload = bytes | str | os.PathLike[str] | IO[bytes]
+#: The permission direct mode needs (``get``, API group ``orchard.dev``) to ask the gateway for an agent's token.
+TOKEN_PERMISSION = "sandboxes/token"
+#: The DeprecationWarning of the constructor's ``kube_server``/``kube_token``/``kube_ca_file``.
+KUBE_ARGS_IGNORED = (
+    "kube_server, kube_token and kube_ca_file are ignored: direct mode gets the agent's address and token from the gateway"
+)
 
 
 # -- steps ---------------------------------------------------------------------------------------
@@ -90,11 +96,9 @@ class Request:
 @dataclass(frozen=True)
 class Send:
     """Step: send ``request`` once. The driver answers with the response (already read and closed when
-    its status is >= 400) or throws the transport error. With ``kube``, the request goes to the
-    Kubernetes API with a client that trusts ``kube.ca_file``."""
+    its status is >= 400) or throws the transport error."""
 
     request: Request
-    kube: KubeSettings | None = None
 
 
 @dataclass(frozen=True)
@@ -164,15 +168,10 @@ def http_timeout(seconds: float) -> httpx.Timeout:
     return httpx.Timeout(seconds, connect=10.0)
 
 
-def kube_verify(kube: KubeSettings) -> ssl.SSLContext | bool:
-    """TLS verification of Kubernetes API calls: the configured CA, else the system's."""
-    return ssl.create_default_context(cafile=kube.ca_file) if kube.ca_file else True
-
-
 # -- requests with retries -----------------------------------------------------------------------
 
 
-def exchange(request: Request, policy: RetryPolicy, kube: KubeSettings | None = None) -> Plan[httpx.Response]:
+def exchange(request: Request, policy: RetryPolicy) -> Plan[httpx.Response]:
     """Sends ``request`` and answers its response (status < 400); retries connection errors and
     retryable answers with ``policy`` (never when ``request.retry`` is False) and raises the
     :class:`~orchard_env.errors.OrchardError` of the last failure."""
@@ -182,7 +181,7 @@ def exchange(request: Request, policy: RetryPolicy, kube: KubeSettings | None = 
     attempt = 0
     while True:
         try:
-            response = yield Send(request, kube)
+            response = yield Send(request)
         except httpx.TransportError as error:
             if attempt + 1 < policy.attempts and retry_exception(error, request.method):
                 yield from _backoff(policy, attempt, f"{what}: {error!r}")
@@ -279,8 +278,8 @@ class ClientCore:
         self.namespace = self.settings.namespace
         self.direct = direct
         self._retry = retry or RetryPolicy()
-        self._kube_args = (kube_server, kube_token, kube_ca_file)
-        self._kube: KubeSettings | None = None
+        if (kube_server, kube_token, kube_ca_file) != (None, None, None):
+            warnings.warn(KUBE_ARGS_IGNORED, DeprecationWarning, stacklevel=2)
         self._http = self._open_http(http_timeout(timeout), transport)
 
     def _open_http(self, timeout: httpx.Timeout, transport: Any) -> Any:
@@ -291,25 +290,24 @@ class ClientCore:
         """A request to the gateway (``fields`` as in :class:`Request`)."""
         return exchange(Request(method, self.settings.base_url + path, self.settings.token, **fields), self._retry)
 
-    def _kube_get_plan(self, path: str) -> Plan[dict[str, Any]]:
-        """``GET path`` on the Kubernetes API with the client's own credentials (direct mode)."""
-        if self._kube is None:
-            self._kube = resolve_kube(*self._kube_args)
-        kube = self._kube
-        response = yield from exchange(Request("GET", f"{kube.server}{path}", kube.token), RetryPolicy(), kube)
-        return dict(response.json())
-
-    def _agent_token_plan(self, namespace: str, secret_name: str) -> Plan[str]:
-        """The sandbox's agent token, from the Secret its pod mounts, through the Kubernetes API (direct mode)."""
-        secret = yield from self._kube_get_plan(f"/api/v1/namespaces/{namespace}/secrets/{secret_name}")
-        data = secret.get("data") or {}
-        return base64.b64decode(data.get("token", "")).decode().strip()
-
-    def _agent_endpoint_plan(self, namespace: str, pod_name: str, uid: str | None) -> Plan[tuple[str | None, str]]:
-        """The agent's URL at the sandbox's own Ready pod and the name of the token Secret the pod
-        mounts (a claimed pool member's is the member's), read through the Kubernetes API (direct mode)."""
-        pod = yield from self._kube_get_plan(f"/api/v1/namespaces/{namespace}/pods/{pod_name}")
-        return _ops.endpoint_of_own_pod(pod, uid), _ops.token_secret_of_pod(pod) or f"{pod_name}-agent-token"
+    def _agent_target_plan(self, namespace: str, name: str) -> Plan[tuple[str, str]]:
+        """Direct mode: the agent's URL at the sandbox's own Ready pod and its bearer token, from the
+        gateway (``GET .../sandboxes/{name}/token``, RBAC ``get sandboxes/token``). The gateway finds the
+        pod (a claimed pool member's included) and checks it is the sandbox's own; a sandbox without a
+        Ready pod answers ``NotReady``."""
+        try:
+            response = yield from self._gateway_plan("GET", _ops.sandbox_path(namespace, name, "/token"))
+        except Forbidden as error:
+            if TOKEN_PERMISSION in error.message:
+                raise
+            raise Forbidden(
+                f"{error.message} (direct mode needs RBAC get on {TOKEN_PERMISSION} in namespace {namespace})",
+                status=error.status, code=error.code, retryable=error.retryable, body=error.body,
+            ) from error
+        target = _ops.agent_target(response.json())
+        if target is None:
+            raise OrchardError(f"the gateway answered no agent endpoint and token for sandbox {namespace}/{name}")
+        return target
 
     def _server_wait_plan(self, path: str, wait: float) -> Plan[tuple[bool, Any]]:
         """One watch-driven wait of the gateway (``GET .../wait``): ``(True, the object)``, or
@@ -500,19 +498,11 @@ class SandboxCore:
     # -- agent calls -------------------------------------------------------------------------------
 
     def _target_plan(self) -> Plan[tuple[str, str]]:
-        """Direct mode: the agent's endpoint at the sandbox's own pod and the sandbox's token (read once)."""
+        """Direct mode: the agent's endpoint at the sandbox's own pod and its token, asked of the gateway
+        once per handle (again only while asking fails). Never ``status.agentEndpoint``: anyone allowed
+        to patch the status could point it, and so the token, anywhere."""
         if self._direct_target is None:
-            if not _ops.is_ready(self.raw) or not (self.raw.get("metadata") or {}).get("uid"):
-                yield from self._refresh_plan()
-            uid = (self.raw.get("metadata") or {}).get("uid")
-            # From the sandbox's own pod, never from status.agentEndpoint (anyone allowed to patch the
-            # status could point it, and so the token, anywhere).
-            # A sandbox that claimed a pool member runs in the member's pod (status.podName).
-            pod_name = ((self.raw.get("status") or {}).get("podName")) or self.name
-            endpoint, secret_name = yield from self.client._agent_endpoint_plan(self.namespace, pod_name, uid)
-            if not endpoint:
-                raise OrchardError(f"sandbox {self.namespace}/{self.name} has no Ready pod of its own yet; wait_ready() first")
-            self._direct_target = (endpoint, (yield from self.client._agent_token_plan(self.namespace, secret_name)))
+            self._direct_target = yield from self.client._agent_target_plan(self.namespace, self.name)
         return self._direct_target
 
     def _agent(self, method: str, path: str, **fields: Any) -> Plan[httpx.Response]:

@@ -248,42 +248,18 @@ def agent_endpoint_of(sandbox: Mapping[str, Any]) -> str | None:
     return (sandbox.get("status") or {}).get("agentEndpoint")
 
 
-AGENT_PORT_NAME = "agent"
-# Name of the pod volume holding the agent token (the operator's `orchard-token`).
-TOKEN_VOLUME_NAME = "orchard-token"
-
-
-def endpoint_of_own_pod(pod: Mapping[str, Any], sandbox_uid: str | None) -> str | None:
-    """The agent's URL at a sandbox's own pod (pure): only a pod whose controller owner reference
-    carries ``sandbox_uid``, not being deleted, Ready, with an IP and the agent's named port. Never
-    ``status.agentEndpoint``, which whoever may patch the Sandbox's status could point anywhere."""
-    meta = pod.get("metadata") or {}
-    owners = meta.get("ownerReferences") or []
-    if not sandbox_uid or not any(o.get("controller") and o.get("uid") == sandbox_uid for o in owners):
+def agent_target(answer: Any) -> tuple[str, str] | None:
+    """The agent's URL and bearer token of the gateway's ``GET .../sandboxes/{name}/token`` answer
+    (``{"endpoint": "http://10.0.0.7:9090", "token": "..."}``) (pure); ``None`` when it holds no
+    http(s) URL and token."""
+    if not isinstance(answer, Mapping):
         return None
-    if meta.get("deletionTimestamp"):
+    endpoint, token = answer.get("endpoint"), answer.get("token")
+    if not isinstance(endpoint, str) or not endpoint.startswith(("http://", "https://")):
         return None
-    status = pod.get("status") or {}
-    ready = any(c.get("type") == "Ready" and c.get("status") == "True" for c in status.get("conditions") or [])
-    ip = status.get("podIP")
-    ports = [
-        p.get("containerPort")
-        for c in (pod.get("spec") or {}).get("containers") or []
-        for p in c.get("ports") or []
-        if p.get("name") == AGENT_PORT_NAME
-    ]
-    if not ready or not ip or not ports:
+    if not isinstance(token, str) or not token.strip():
         return None
-    host = f"[{ip}]" if ":" in ip else ip
-    return f"http://{host}:{ports[0]}"
-
-
-def token_secret_of_pod(pod: Mapping[str, Any]) -> str | None:
-    """The name of the agent-token Secret a sandbox pod mounts (pure); ``None`` if it mounts none."""
-    for volume in (pod.get("spec") or {}).get("volumes") or []:
-        if volume.get("name") == TOKEN_VOLUME_NAME:
-            return (volume.get("secret") or {}).get("secretName")
-    return None
+    return endpoint.rstrip("/"), token.strip()
 
 
 # -- trainer-driven rollout groups -----------------------------------------------------------------

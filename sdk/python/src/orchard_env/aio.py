@@ -66,10 +66,7 @@ class _AsyncDriver:
 
     async def _perform(self, step: _core.Step) -> Any:
         if isinstance(step, _core.Send):
-            if step.kube is None:
-                return await _send_once(self._http, step.request)
-            async with httpx.AsyncClient(verify=_core.kube_verify(step.kube), timeout=30.0) as http:
-                return await _send_once(http, step.request)
+            return await _send_once(self._http, step.request)
         if isinstance(step, _core.Sleep):
             return await asyncio.sleep(step.seconds, False)
         if isinstance(step, _core.Call):

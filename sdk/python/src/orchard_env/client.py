@@ -73,10 +73,7 @@ class _Driver:
 
     def _perform(self, step: _core.Step, stop: threading.Event | None) -> Any:
         if isinstance(step, _core.Send):
-            if step.kube is None:
-                return _send_once(self._http, step.request)
-            with httpx.Client(verify=_core.kube_verify(step.kube), timeout=30.0) as http:
-                return _send_once(http, step.request)
+            return _send_once(self._http, step.request)
         if isinstance(step, _core.Sleep):
             return stop.wait(step.seconds) if step.idle and stop is not None else time.sleep(step.seconds)
         if isinstance(step, _core.Call):
@@ -396,9 +393,12 @@ class SandboxClient(_Driver, _core.ClientCore):
     ``base_url`` and ``token`` default to ``ORCHARD_GATEWAY_URL`` and ``ORCHARD_TOKEN`` (or
     ``ORCHARD_TOKEN_FILE``), then to the in-cluster gateway Service and the pod's service-account
     token; ``namespace`` to ``ORCHARD_NAMESPACE``, then the pod's namespace. With ``direct=True``,
-    sandboxes send exec/file calls straight to the agent at the pod IP with the sandbox's own token,
-    read from its Secret through the Kubernetes API (``kube_server``/``kube_token``/``kube_ca_file``,
-    in-cluster defaults); lifecycle calls still go through the gateway.
+    sandboxes send exec, process, file and patch calls straight to the agent at the IP of the
+    sandbox's own Ready pod with that pod's token; a handle asks the gateway for both once
+    (``GET .../sandboxes/{name}/token``, which needs RBAC ``get`` on ``sandboxes/token``). Lifecycle
+    calls still go through the gateway. ``kube_server``, ``kube_token`` and ``kube_ca_file`` are
+    deprecated and ignored (a ``DeprecationWarning`` when given): direct mode no longer reads the
+    Kubernetes API.
     """
 
     _sandbox_type = Sandbox
