@@ -25,6 +25,17 @@ impl ClusterProcess {
         real_node: bool,
         operator_args: &[String],
     ) -> std::io::Result<Self> {
+        Self::start_with(name, real_node, false, operator_args).await
+    }
+
+    /// [`ClusterProcess::start`], with the API server's audit log of writes (`logs/audit.log` under the
+    /// info file's `logs`) when `audit_log`.
+    pub async fn start_with(
+        name: &str,
+        real_node: bool,
+        audit_log: bool,
+        operator_args: &[String],
+    ) -> std::io::Result<Self> {
         let exe_dir = std::env::current_exe()
             .ok()
             .and_then(|p| p.parent().map(PathBuf::from))
@@ -35,6 +46,9 @@ impl ClusterProcess {
         command.arg("--info-file").arg(&info_file);
         if real_node {
             command.arg("--real-node");
+        }
+        if audit_log {
+            command.arg("--audit-log");
         }
         command.arg("--").args(operator_args);
         command.stdout(Stdio::null());

@@ -7,6 +7,7 @@
 //! the CRDs and the operator process; tests live in `tests/`, and `orchard-local-cluster` serves
 //! `make demo`. See `docs/TESTING.md`.
 
+pub mod audit_summary;
 pub mod binaries;
 pub mod chart_install;
 pub mod churn;

@@ -5,7 +5,7 @@
 //! kube-apiserver, kube-controller-manager, operator, local node, agents, this driver).
 //!
 //! ```text
-//! bench-scale [--sandboxes N] [--concurrency C] [--execs E] [--real-node] [--json PATH]
+//! bench-scale [--sandboxes N] [--concurrency C] [--execs E] [--real-node] [--audit] [--json PATH]
 //!             [--write-doc docs/BENCHMARKS.md] [-- OPERATOR_FLAGS...]
 //! ```
 //! The cluster runs in a separate `orchard-local-cluster` process so each component's CPU is its own;
@@ -26,12 +26,18 @@ use orchard_e2e::proc_stats::{cpu_seconds, peak_rss_bytes, percentile, rss_bytes
 use orchard_e2e::supervise::processes_with_env;
 use serde_json::{Value, json};
 
+/// How long the benchmark waits for a quiet machine before it runs anyway (and says so).
+const QUIET_WAIT: Duration = Duration::from_secs(90);
+
 struct Args {
     sandboxes: usize,
     concurrency: usize,
     execs: usize,
     image: Option<String>,
     real_node: bool,
+    /// Turn on the API server's audit log and print every write per sandbox by who sent it (costs
+    /// the API server a file write per request: for attribution runs, not for timing).
+    audit: bool,
     json: Option<PathBuf>,
     write_doc: Option<PathBuf>,
     operator_args: Vec<String>,
@@ -39,7 +45,7 @@ struct Args {
 
 fn usage() -> ! {
     eprintln!(
-        "usage: bench-scale [--sandboxes N] [--concurrency C] [--execs E] [--image I] [--real-node] [--json PATH] [--write-doc PATH] [-- OPERATOR_FLAGS...]"
+        "usage: bench-scale [--sandboxes N] [--concurrency C] [--execs E] [--image I] [--real-node] [--audit] [--json PATH] [--write-doc PATH] [-- OPERATOR_FLAGS...]"
     );
     std::process::exit(2);
 }
@@ -51,6 +57,7 @@ fn parse_args() -> Args {
         execs: 4,
         image: None,
         real_node: false,
+        audit: false,
         json: None,
         write_doc: None,
         operator_args: Vec::new(),
@@ -68,6 +75,7 @@ fn parse_args() -> Args {
             "--execs" => args.execs = number(it.next()),
             "--image" => args.image = Some(it.next().unwrap_or_else(|| usage())),
             "--real-node" => args.real_node = true,
+            "--audit" => args.audit = true,
             "--json" => args.json = Some(PathBuf::from(it.next().unwrap_or_else(|| usage()))),
             "--write-doc" => {
                 args.write_doc = Some(PathBuf::from(it.next().unwrap_or_else(|| usage())))
@@ -202,12 +210,17 @@ fn mib(bytes: f64) -> String {
 async fn main() {
     let args = parse_args();
     eprintln!("starting the local cluster...");
-    let cluster = ClusterProcess::start("bench-scale", args.real_node, &args.operator_args)
-        .await
-        .unwrap_or_else(|e| {
-            eprintln!("bench-scale: cannot start orchard-local-cluster: {e}");
-            std::process::exit(1)
-        });
+    let cluster = ClusterProcess::start_with(
+        "bench-scale",
+        args.real_node,
+        args.audit,
+        &args.operator_args,
+    )
+    .await
+    .unwrap_or_else(|e| {
+        eprintln!("bench-scale: cannot start orchard-local-cluster: {e}");
+        std::process::exit(1)
+    });
     let info = cluster.info.clone();
     let gateway = info["gatewayURL"].as_str().unwrap_or_default().to_string();
     let image = args.image.clone().unwrap_or_else(|| {
@@ -315,6 +328,8 @@ async fn main() {
         });
     let milestones = Arc::new(std::sync::Mutex::new(BTreeMap::<String, Milestones>::new()));
     let tracker = tokio::spawn(track_milestones(kube.clone(), milestones.clone()));
+    // The cluster's own start-up load settles first (bounded wait; the report says when it did not).
+    let machine = orchard_bench_support::Machine::settle(QUIET_WAIT);
     eprintln!(
         "running {} sandboxes with concurrency {} ...",
         args.sandboxes, args.concurrency
@@ -354,6 +369,8 @@ async fn main() {
     let steps = milestone_percentiles(&milestones.lock().unwrap_or_else(|p| p.into_inner()));
     let breakdown = milestone_table(&steps);
 
+    let machine_report = machine.report();
+    eprintln!("machine: {machine_report}");
     let cpu_after: BTreeMap<String, f64> = pids
         .iter()
         .filter_map(|(k, p)| Some((k.clone(), cpu_seconds(*p)?)))
@@ -531,6 +548,20 @@ async fn main() {
         ));
     }
     println!("{table}\n{cpu}\n{breakdown}\n{latency}");
+    if args.audit {
+        let log = PathBuf::from(info["logs"].as_str().unwrap_or_default()).join("audit.log");
+        match std::fs::read_to_string(&log) {
+            Ok(text) => {
+                let rows = orchard_e2e::audit_summary::summarize(&text);
+                println!(
+                    "Every write of the run by sender (kube-apiserver audit log {}):\n\n{}",
+                    log.display(),
+                    orchard_e2e::audit_summary::table(&rows, args.sandboxes)
+                );
+            }
+            Err(err) => eprintln!("bench-scale: cannot read {}: {err}", log.display()),
+        }
+    }
     if !errors.is_empty() {
         println!("errors:");
         for (error, count) in &errors {
@@ -539,8 +570,9 @@ async fn main() {
     }
     if let Some(path) = &args.write_doc {
         let section = format!(
-            "## Scale\n\nCommand: `{command}` (release build; the local cluster of `docs/TESTING.md` on this machine: 2 cores, 24 GiB; everything — etcd, kube-apiserver, kube-controller-manager, the operator, the local node, {} agents and this driver — shares the two cores).\n\n{table}\nWhere the CPU goes (CPU seconds from `/proc/<pid>/stat`, from the first create until every pod was gone):\n\n{cpu}\nWhere create -> Ready goes (first time the driver's watches saw each milestone; p50 / p99 of the step):\n\n{breakdown}\nWhere the latency goes (means over the run, from the gateway's and kube-apiserver's own histograms; the busiest kube-apiserver requests by total time):\n\n{latency}",
-            args.sandboxes
+            "## Scale\n\nCommand: `{command}` (release build; the local cluster of `docs/TESTING.md` on this machine: 2 cores, 24 GiB; everything — etcd, kube-apiserver, kube-controller-manager, the operator, the local node, {} agents and this driver — shares the two cores). Machine: {machine}.\n\n{table}\nWhere the CPU goes (CPU seconds from `/proc/<pid>/stat`, from the first create until every pod was gone):\n\n{cpu}\nWhere create -> Ready goes (first time the driver's watches saw each milestone; p50 / p99 of the step):\n\n{breakdown}\nWhere the latency goes (means over the run, from the gateway's and kube-apiserver's own histograms; the busiest kube-apiserver requests by total time):\n\n{latency}",
+            args.sandboxes,
+            machine = machine_report,
         );
         if let Err(err) = orchard_e2e::docs::write_section(path, "## Scale", &section) {
             eprintln!("bench-scale: cannot write {}: {err}", path.display());
@@ -677,7 +709,7 @@ type Step = fn(&Milestones) -> Option<(Instant, Instant)>;
 fn milestone_steps() -> [(&'static str, Step); 5] {
     [
         (
-            "Sandbox created -> Pod created (operator: token Secret, Pod)",
+            "Sandbox created -> Pod created (operator: egress policy if any, Pod)",
             |m| Some((m.sandbox_seen?, m.pod_created?)),
         ),
         ("Pod created -> Pod bound (scheduling)", |m| {

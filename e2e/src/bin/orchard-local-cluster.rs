@@ -4,7 +4,7 @@
 //! `--real-node` a real one (kubelet, containerd, runc; root only).
 //!
 //! ```text
-//! orchard-local-cluster [--info-file PATH] [--no-operator] [--real-node] [-- OPERATOR_FLAGS...]
+//! orchard-local-cluster [--info-file PATH] [--no-operator] [--real-node] [--audit-log] [-- OPERATOR_FLAGS...]
 //! ```
 //! Once everything is up it writes a JSON file (`--info-file`, default `target/local-cluster.json`)
 //! with the kubeconfig path, the gateway URL, the metrics URL and the admin token, and prints
@@ -17,7 +17,7 @@ use serde_json::json;
 
 fn usage() -> ! {
     eprintln!(
-        "usage: orchard-local-cluster [--info-file PATH] [--no-operator] [--real-node] [-- OPERATOR_FLAGS...]"
+        "usage: orchard-local-cluster [--info-file PATH] [--no-operator] [--real-node] [--audit-log] [-- OPERATOR_FLAGS...]"
     );
     std::process::exit(2);
 }
@@ -32,6 +32,7 @@ async fn main() {
             "--info-file" => info_file = PathBuf::from(args.next().unwrap_or_else(|| usage())),
             "--no-operator" => options.operator = false,
             "--real-node" => options.node = NodeKind::Real,
+            "--audit-log" => options.audit_log = true,
             "--" => {
                 options.operator_args.extend(args.by_ref());
             }

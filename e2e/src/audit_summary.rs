@@ -1,0 +1,140 @@
+//! Who wrote what (pure): the API server's audit log of writes (`ControlPlane::audit_log`, metadata
+//! level, one JSON event per line) summed per sender, verb, resource and answer code, for the
+//! benchmarks' "every write per sandbox" tables.
+
+use std::collections::BTreeMap;
+
+use serde_json::Value;
+
+/// One row: who, what, how it was answered, how many.
+#[derive(Debug, Clone, PartialEq)]
+pub struct WriteRow {
+    /// The sender, shortened (`operator`, `garbage collector`, `node`, ...).
+    pub who: String,
+    /// `verb resource[/subresource]`, e.g. `delete pods`.
+    pub what: String,
+    /// HTTP code of the answer.
+    pub code: u16,
+    /// Requests.
+    pub count: u64,
+}
+
+/// A readable name for an audit event's user (pure).
+pub fn sender(username: &str, user_agent: &str) -> String {
+    let name = username
+        .strip_prefix("system:serviceaccount:kube-system:")
+        .map(|controller| controller.replace('-', " "));
+    match name {
+        Some(controller) => controller,
+        None if username.starts_with("system:node:") => "node".into(),
+        None if username == "system:kube-scheduler" => "scheduler".into(),
+        None if user_agent.starts_with("orchard-operator") => "operator".into(),
+        None => format!(
+            "{username} ({})",
+            user_agent.split('/').next().unwrap_or("")
+        ),
+    }
+}
+
+/// The writes in `log` (audit events, one per line; lines that are not events are skipped), summed by
+/// sender, verb, resource and code, most frequent first (pure).
+pub fn summarize(log: &str) -> Vec<WriteRow> {
+    let mut counts: BTreeMap<(String, String, u16), u64> = BTreeMap::new();
+    for event in log
+        .lines()
+        .filter_map(|l| serde_json::from_str::<Value>(l).ok())
+    {
+        let Some(verb) = event["verb"].as_str() else {
+            continue;
+        };
+        if !matches!(
+            verb,
+            "create" | "update" | "patch" | "delete" | "deletecollection"
+        ) {
+            continue;
+        }
+        let resource = event["objectRef"]["resource"].as_str().unwrap_or("?");
+        let what = match event["objectRef"]["subresource"].as_str() {
+            Some(sub) => format!("{verb} {resource}/{sub}"),
+            None => format!("{verb} {resource}"),
+        };
+        let who = sender(
+            event["user"]["username"].as_str().unwrap_or(""),
+            event["userAgent"].as_str().unwrap_or(""),
+        );
+        let code = event["responseStatus"]["code"]
+            .as_u64()
+            .and_then(|c| u16::try_from(c).ok())
+            .unwrap_or(0);
+        *counts.entry((who, what, code)).or_default() += 1;
+    }
+    let mut rows: Vec<WriteRow> = counts
+        .into_iter()
+        .map(|((who, what, code), count)| WriteRow {
+            who,
+            what,
+            code,
+            count,
+        })
+        .collect();
+    rows.sort_by(|a, b| b.count.cmp(&a.count).then(a.who.cmp(&b.who)));
+    rows
+}
+
+/// The markdown table of `rows` per sandbox of `sandboxes`, with the total (pure).
+pub fn table(rows: &[WriteRow], sandboxes: usize) -> String {
+    let n = sandboxes.max(1) as f64;
+    let mut text = String::from("| sender | write | answer | per sandbox |\n|---|---|---|---|\n");
+    for row in rows {
+        text.push_str(&format!(
+            "| {} | {} | {} | {:.2} |\n",
+            row.who,
+            row.what,
+            row.code,
+            row.count as f64 / n
+        ));
+    }
+    let total: u64 = rows.iter().map(|r| r.count).sum();
+    text.push_str(&format!("| **all** | | | **{:.2}** |\n", total as f64 / n));
+    text
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn writes_are_summed_by_sender_and_answer() {
+        let log = [
+            r#"{"verb":"delete","user":{"username":"system:serviceaccount:kube-system:generic-garbage-collector"},"userAgent":"kube-controller-manager/v1.34","objectRef":{"resource":"pods"},"responseStatus":{"code":200}}"#,
+            r#"{"verb":"delete","user":{"username":"system:serviceaccount:kube-system:generic-garbage-collector"},"userAgent":"kube-controller-manager/v1.34","objectRef":{"resource":"pods"},"responseStatus":{"code":200}}"#,
+            r#"{"verb":"delete","user":{"username":"system:node:n1"},"userAgent":"kubelet","objectRef":{"resource":"pods"},"responseStatus":{"code":404}}"#,
+            r#"{"verb":"patch","user":{"username":"admin"},"userAgent":"orchard-operator/0.1","objectRef":{"resource":"sandboxes","subresource":"status"},"responseStatus":{"code":200}}"#,
+            r#"{"verb":"get","user":{"username":"admin"},"objectRef":{"resource":"pods"},"responseStatus":{"code":200}}"#,
+            "not json",
+        ]
+        .join("\n");
+        let rows = summarize(&log);
+        assert_eq!(rows.len(), 3);
+        assert_eq!(
+            rows[0],
+            WriteRow {
+                who: "generic garbage collector".into(),
+                what: "delete pods".into(),
+                code: 200,
+                count: 2
+            }
+        );
+        assert!(rows.iter().any(|r| r.who == "node" && r.code == 404));
+        assert!(
+            rows.iter()
+                .any(|r| r.who == "operator" && r.what == "patch sandboxes/status")
+        );
+        let shown = table(&rows, 2);
+        assert!(
+            shown.contains("| generic garbage collector | delete pods | 200 | 1.00 |"),
+            "{shown}"
+        );
+        assert!(shown.contains("**2.00**"), "{shown}");
+    }
+}
