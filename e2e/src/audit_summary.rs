@@ -29,6 +29,10 @@ pub fn sender(username: &str, user_agent: &str) -> String {
         None if username.starts_with("system:node:") => "node".into(),
         None if username == "system:kube-scheduler" => "scheduler".into(),
         None if user_agent.starts_with("orchard-operator") => "operator".into(),
+        None if user_agent.starts_with("orchard-local-node") => "node (the hollow node)".into(),
+        None if user_agent.starts_with("kube-controller-manager") => {
+            "kube-controller-manager".into()
+        }
         None => format!(
             "{username} ({})",
             user_agent.split('/').next().unwrap_or("")

@@ -467,6 +467,20 @@ impl ControlPlane {
         client_from_kubeconfig(&self.kubeconfig).await
     }
 
+    /// An admin client whose requests carry the User-Agent `agent` (the API server's audit log names
+    /// the sender by it: the local node and the test driver share the admin identity).
+    pub async fn client_as(&self, agent: &str) -> Result<Client> {
+        let kubeconfig = Kubeconfig::read_from(&self.kubeconfig)
+            .map_err(|e| E2eError::Setup(format!("kubeconfig: {e}")))?;
+        let mut config = Config::from_custom_kubeconfig(kubeconfig, &KubeConfigOptions::default())
+            .await
+            .map_err(|e| E2eError::Setup(format!("kubeconfig: {e}")))?;
+        if let Ok(value) = http::HeaderValue::from_str(agent) {
+            config.headers.push((http::header::USER_AGENT, value));
+        }
+        Ok(Client::try_from(config)?)
+    }
+
     /// A client authenticated with `token`.
     pub async fn client_with_token(&self, token: &str) -> Result<Client> {
         let path = self.dir.join(format!("kubeconfig-{}", random_hex(4)));

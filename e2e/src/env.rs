@@ -198,7 +198,7 @@ impl TestEnv {
                 };
                 let control_plane =
                     ControlPlane::start(&dir, &bin_dir, &crds, plane_options).await?;
-                let client = control_plane.client().await?;
+                let client = control_plane.client_as("orchard-local-node").await?;
                 // The agent injector "image": a root filesystem holding only the static agent binary.
                 let image_root = dir.join("images/orchard-agent");
                 std::fs::create_dir_all(&image_root)?;

@@ -87,6 +87,9 @@ pub(crate) struct Inner {
     secret_changed: tokio::sync::Notify,
     /// Uids of pods removed since the last sweep for processes that escaped their agent.
     finished_pods: Mutex<std::collections::HashSet<String>>,
+    /// Uids of pods this node sent its final DELETE for, until the watch reports them gone: a late
+    /// update of such a pod must not start a second worker (whose DELETE would only get a 404).
+    terminated_pods: Mutex<std::collections::HashSet<String>>,
 }
 
 /// Handle to a running local node.
@@ -112,6 +115,7 @@ impl HollowNode {
             secrets,
             secret_changed: tokio::sync::Notify::new(),
             finished_pods: Mutex::new(Default::default()),
+            terminated_pods: Mutex::new(Default::default()),
         });
         tokio::spawn(sweep_finished_pods(inner.clone()));
         {
@@ -166,6 +170,15 @@ impl HollowNode {
             return;
         }
         let uid = pod.uid().unwrap_or_default();
+        if self
+            .inner
+            .terminated_pods
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .contains(&uid)
+        {
+            return;
+        }
         let node_name = pod.spec.as_ref().and_then(|s| s.node_name.clone());
         let deleting = pod.metadata.deletion_timestamp.is_some();
         match node_name {
@@ -220,6 +233,11 @@ impl HollowNode {
 
     fn on_deleted(&self, pod: &Pod) {
         let uid = pod.uid().unwrap_or_default();
+        self.inner
+            .terminated_pods
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .remove(&uid);
         if let Some(handle) = self
             .inner
             .pods

@@ -647,6 +647,12 @@ impl PodWorker {
         }
         let _ = std::fs::remove_dir_all(&self.dir);
         if reason == PodCommand::Terminate {
+            // Remembered before the DELETE, so the watch's Delete event (which forgets it) comes after.
+            self.inner
+                .terminated_pods
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .insert(self.uid());
             let params = DeleteParams {
                 grace_period_seconds: Some(0),
                 preconditions: Some(Preconditions {
@@ -657,6 +663,15 @@ impl PodWorker {
             };
             if let Err(err) = self.api().delete(&self.pod.name_any(), &params).await {
                 debug!(%err, pod = %self.pod.name_any(), "final delete (pod already gone?)");
+                let gone = matches!(&err, kube::Error::Api(status) if status.code == 404);
+                if !gone {
+                    // Not deleted: a later update of the pod may start a worker that tries again.
+                    self.inner
+                        .terminated_pods
+                        .lock()
+                        .unwrap_or_else(|p| p.into_inner())
+                        .remove(&self.uid());
+                }
             }
         }
     }
