@@ -15,6 +15,17 @@ use orchard_e2e::wait;
 use orchard_operator::api::Sandbox;
 use serde_json::json;
 
+/// Name -> UID of the pods in `pods`' namespace.
+async fn pod_uids(pods: &Api<Pod>) -> BTreeMap<String, String> {
+    pods.list(&ListParams::default())
+        .await
+        .expect("list pods")
+        .items
+        .into_iter()
+        .map(|p| (p.name_any(), p.uid().unwrap_or_default()))
+        .collect()
+}
+
 #[tokio::test]
 async fn a_killed_operator_resumes_without_duplicates() {
     let env = TestEnv::shared();
@@ -42,14 +53,7 @@ async fn a_killed_operator_resumes_without_duplicates() {
         .expect("create");
     }
     let pods: Api<Pod> = Api::namespaced(client.clone(), &ns);
-    let pods_before: BTreeMap<String, String> = pods
-        .list(&ListParams::default())
-        .await
-        .expect("list pods")
-        .items
-        .into_iter()
-        .map(|p| (p.name_any(), p.uid().unwrap_or_default()))
-        .collect();
+    let pods_before = pod_uids(&pods).await;
     env.operator().restart().await.expect("operator restarts");
     for name in &names {
         wait::until(
@@ -61,14 +65,7 @@ async fn a_killed_operator_resumes_without_duplicates() {
         )
         .await;
     }
-    let pods_after: BTreeMap<String, String> = pods
-        .list(&ListParams::default())
-        .await
-        .expect("list pods")
-        .items
-        .into_iter()
-        .map(|p| (p.name_any(), p.uid().unwrap_or_default()))
-        .collect();
+    let pods_after = pod_uids(&pods).await;
     let pod_names: Vec<String> = pods_after.keys().cloned().collect();
     assert_eq!(
         pod_names.len(),

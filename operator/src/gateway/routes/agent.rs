@@ -31,7 +31,7 @@ use utoipa_axum::router::{OpenApiRouter, UtoipaMethodRouter};
 use super::{ObjectPath, State};
 use crate::gateway::access::{Access, Operation};
 use crate::gateway::errors::{ApiError, ErrorBody};
-use crate::gateway::lookup::{agent_access, find_sandbox, own_pod};
+use crate::gateway::lookup::find_sandbox;
 use crate::gateway::proxy::{Target, answer_timeout};
 use crate::gateway::revalidate::Guard;
 
@@ -686,13 +686,7 @@ async fn proxy(
         name,
     )
     .await?;
-    let pod = own_pod(&state.deps.client, &state.deps.caches.pods, &sandbox).await;
-    let (endpoint, token) = agent_access(
-        &sandbox,
-        pod.as_deref(),
-        state.deps.settings.pod.agent_port,
-        &state.deps.token_key,
-    )?;
+    let (endpoint, token) = state.agent_access(&sandbox).await?;
     let path = route
         .agent_target(parts.uri.path(), parts.uri.query())
         .ok_or_else(|| ApiError::internal(format!("unroutable path {}", parts.uri.path())))?;

@@ -26,7 +26,7 @@ use super::access::{Access, Operation};
 use super::auth::{Authorizer, Identity};
 use super::errors::ApiError;
 use super::heartbeat::Heartbeats;
-use super::lookup::{find_group, find_sandbox};
+use super::lookup::{agent_access, find_group, find_sandbox, own_pod};
 use super::metrics::GatewayMetrics;
 use super::proxy::AgentProxy;
 use orchard_api::{RolloutGroup, Sandbox};
@@ -112,6 +112,18 @@ impl GatewayState {
     pub async fn sandbox(&self, path: &ObjectPath) -> Result<Arc<Sandbox>, ApiError> {
         let cache = &self.deps.caches.sandboxes;
         find_sandbox(&self.deps.client, cache, &path.namespace, &path.name).await
+    }
+
+    /// The agent endpoint and token of `sandbox`, which must be Ready in a pod of its own (see
+    /// [`agent_access`]).
+    pub async fn agent_access(&self, sandbox: &Sandbox) -> Result<(String, String), ApiError> {
+        let pod = own_pod(&self.deps.client, &self.deps.caches.pods, sandbox).await;
+        agent_access(
+            sandbox,
+            pod.as_deref(),
+            self.deps.settings.pod.agent_port,
+            &self.deps.token_key,
+        )
     }
 
     /// The RolloutGroup a route's path names (watch cache; one API read if the cache lacks it).

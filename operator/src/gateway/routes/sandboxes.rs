@@ -19,7 +19,7 @@ use super::{
 use crate::gateway::GATEWAY_FIELD_MANAGER;
 use crate::gateway::access::{Access, Operation};
 use crate::gateway::errors::{ApiError, ErrorBody, from_kube, json_response};
-use crate::gateway::lookup::{agent_access, condition_true, own_pod};
+use crate::gateway::lookup::condition_true;
 use crate::gateway::openapi::{
     AgentAccessResponse, CreateSandboxRequest, Deleted, HeartbeatResponse, ResultResponse,
     SandboxList, SandboxSchema, TrajectoryResultSchema,
@@ -278,13 +278,7 @@ pub async fn agent_token(
         .authorize_object(&headers, Operation::AgentToken, &path)
         .await?;
     let sandbox = state.sandbox(&path).await?;
-    let pod = own_pod(&state.deps.client, &state.deps.caches.pods, &sandbox).await;
-    let (endpoint, token) = agent_access(
-        &sandbox,
-        pod.as_deref(),
-        state.deps.settings.pod.agent_port,
-        &state.deps.token_key,
-    )?;
+    let (endpoint, token) = state.agent_access(&sandbox).await?;
     let mut response = Json(json!({"endpoint": endpoint, "token": token})).into_response();
     response.headers_mut().insert(
         axum::http::header::CACHE_CONTROL,
