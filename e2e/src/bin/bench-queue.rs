@@ -24,6 +24,9 @@ use orchard_e2e::test_support::rollouts::{group, is_complete, reward_script, tem
 use orchard_operator::api::{RolloutGroup, RolloutQueue};
 use serde_json::json;
 
+/// How long each run waits for a quiet machine before it starts anyway (and says so).
+const QUIET_WAIT: Duration = Duration::from_secs(90);
+
 struct Args {
     groups: usize,
     slots: i32,
@@ -78,6 +81,8 @@ struct Run {
     selections: BTreeMap<String, usize>,
     load_before: String,
     load_after: String,
+    /// The machine during the run: quiet wait, load, CPU steal (`orchard-bench-support`).
+    machine: String,
 }
 
 /// Pod lifetimes in a namespace, from a watch: first seen to deleted.
@@ -146,6 +151,8 @@ async fn run(client: &Client, args: &Args, queue: Option<i32>) -> Run {
         }
     }
     let clock = watch_pods(client, ns);
+    // Wait (bounded) for the previous run's, or the cluster start's, load to settle.
+    let machine = orchard_bench_support::Machine::settle(QUIET_WAIT);
     let load_before = load_average();
     let groups: Api<RolloutGroup> = Api::namespaced(client.clone(), ns);
     let started = Instant::now();
@@ -217,6 +224,7 @@ async fn run(client: &Client, args: &Args, queue: Option<i32>) -> Run {
         selections,
         load_before,
         load_after,
+        machine: machine.report(),
     }
 }
 
@@ -275,6 +283,10 @@ async fn main() {
             r.load_before,
             r.load_after
         ));
+    }
+    section.push('\n');
+    for r in &runs {
+        section.push_str(&format!("- Machine, {}: {}.\n", r.label, r.machine));
     }
     section.push_str(
         "\nSandbox-seconds are the summed lifetimes of the trajectory pods (first seen to deleted, from a pod watch). A queued group with `cleanup: Delete` deletes each finished trajectory as soon as its outcome is recorded (docs/QUEUES.md), while an unqueued group keeps its finished trajectories until it completes; that, and hundreds of pods competing for the same cores, is most of the difference. Both runs share the machine with whatever else runs: compare them only with their load averages.\n",

@@ -4,8 +4,8 @@
 //! - 50 sandboxes at once: create -> Ready;
 //! - 200 sandboxes: create -> Ready -> 4 execs -> delete, success rate and total time.
 //!
-//! Records the load average before and after each run (the machine is shared). Writes the section
-//! "Real node" of `--write-doc`.
+//! Records the load average before and after each run (the machine is shared), and each bench-scale
+//! run's quiet wait and CPU steal. Writes the section "Real node" of `--write-doc`.
 //!
 //! ```text
 //! bench-real [--write-doc docs/BENCHMARKS.md] [--large N]
@@ -95,7 +95,7 @@ fn main() {
 
     let mut table = String::from("| run | metric | hollow node | real node |\n|---|---|---|---|\n");
     for (label, hollow, real) in &results {
-        let rows: [(&str, Render); 5] = [
+        let rows: [(&str, Render); 6] = [
             (
                 "success",
                 Box::new(|s: &Value| format!("{}/{}", s["ok"], s["sandboxes"])),
@@ -133,6 +133,10 @@ fn main() {
                         s["loadAfter"].as_str().unwrap_or("?")
                     )
                 }),
+            ),
+            (
+                "machine (bench-scale's quiet wait, load, CPU steal)",
+                Box::new(|s: &Value| s["machine"].as_str().unwrap_or("?").to_string()),
             ),
         ];
         for (metric, render) in rows {

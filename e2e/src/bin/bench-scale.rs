@@ -591,6 +591,7 @@ async fn main() {
             "execMilliseconds": {"p50": percentile(&exec, 50.0), "p99": percentile(&exec, 99.0)},
             "steps": steps.iter().map(|(name, p50, p99)| json!({"step": name, "p50": p50, "p99": p99})).collect::<Vec<_>>(),
             "errors": errors,
+            "machine": machine_report,
         });
         if let Err(err) = std::fs::write(path, summary.to_string()) {
             eprintln!("bench-scale: cannot write {}: {err}", path.display());
