@@ -692,8 +692,13 @@ async fn a_claimed_pool_member_gets_its_sandboxs_egress_policy_not_the_pools() {
         member_ready,
     )
     .await;
+    // `Wait`: the pool's status can still show the member "listed" claimed as Ready; the claimer waits
+    // for the refill instead of starting cold.
     caller
-        .create_sandbox(&ns, json!({"name": "defaulted", "pool": "py"}))
+        .create_sandbox(
+            &ns,
+            json!({"name": "defaulted", "pool": "py", "whenPoolEmpty": "Wait"}),
+        )
         .await;
     let ready = caller.wait_ready(&ns, "defaulted").await;
     assert!(
