@@ -12,9 +12,6 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::time::{Duration, Instant};
 
 use k8s_openapi::api::core::v1::{Pod, Secret};
-use orchard_operator::runtime::token_key::{TOKEN_KEY_SECRET, key_of};
-
-use crate::control_plane::OPERATOR_NAMESPACE;
 use k8s_openapi::api::networking::v1::NetworkPolicy;
 use kube::api::{Api, DeleteParams, ListParams, PostParams, PropagationPolicy};
 use kube::{Client, Resource, ResourceExt};
@@ -487,13 +484,8 @@ async fn check_sandbox_children(
         policy.as_ref().map(owner_uid),
         egress != "Deny",
     );
-    let keys = Api::<Secret>::namespaced(client.clone(), OPERATOR_NAMESPACE);
-    let key = keys
-        .get_opt(TOKEN_KEY_SECRET)
+    let token = crate::test_support::sandboxes::token_key(client)
         .await
-        .expect("get the key Secret")
-        .map(|secret| key_of(&secret).expect("a valid key"));
-    let token = key
         .zip(pod.as_ref())
         .and_then(|(key, pod)| key.token_of(pod).ok());
     let endpoint = sandbox

@@ -4,6 +4,7 @@ use k8s_openapi::api::core::v1::{Pod, Secret};
 use kube::api::Api;
 use orchard_api::{Sandbox, SandboxPhase};
 use orchard_operator::runtime::token_key::{TOKEN_KEY_SECRET, key_of};
+use orchard_operator::sandbox::token::TokenKey;
 use serde_json::json;
 
 use crate::control_plane::OPERATOR_NAMESPACE;
@@ -45,13 +46,20 @@ pub async fn token_of(client: &kube::Client, namespace: &str, sandbox: &str) -> 
         .unwrap_or_else(|| sandbox.to_string());
     let pods: Api<Pod> = Api::namespaced(client.clone(), namespace);
     let pod = pods.get(&pod_name).await.expect("the sandbox's pod exists");
-    let keys: Api<Secret> = Api::namespaced(client.clone(), OPERATOR_NAMESPACE);
-    let secret = keys
-        .get(TOKEN_KEY_SECRET)
+    token_key(client)
         .await
-        .expect("the key Secret exists");
-    key_of(&secret)
-        .expect("a valid key")
+        .expect("the key Secret exists")
         .token_of(&pod)
         .expect("the pod's token can be derived")
+}
+
+/// The operator's agent-token key, from its Secret in the operator's namespace (`None` before the
+/// operator created it).
+pub async fn token_key(client: &kube::Client) -> Option<TokenKey> {
+    let keys: Api<Secret> = Api::namespaced(client.clone(), OPERATOR_NAMESPACE);
+    let secret = keys
+        .get_opt(TOKEN_KEY_SECRET)
+        .await
+        .expect("get the key Secret")?;
+    Some(key_of(&secret).expect("a valid key"))
 }

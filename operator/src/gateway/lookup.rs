@@ -129,18 +129,18 @@ pub fn agent_access(
     key: &TokenKey,
 ) -> Result<(String, String), ApiError> {
     let endpoint = agent_endpoint(sandbox, pod, agent_port)?;
-    let token = pod
-        .map(|pod| key.token_of(pod))
-        .transpose()
-        .map_err(|err| ApiError::conflict(err.to_string()))?;
-    match token {
-        Some(token) => Ok((endpoint, token)),
-        None => Err(ApiError::not_ready(
+    // `agent_endpoint` answers only with a pod; without one it was NotReady above.
+    let pod = pod.ok_or_else(|| {
+        ApiError::not_ready(
             &sandbox.namespace().unwrap_or_default(),
             &sandbox.name_any(),
             None,
-        )),
-    }
+        )
+    })?;
+    let token = key
+        .token_of(pod)
+        .map_err(|err| ApiError::conflict(err.to_string()))?;
+    Ok((endpoint, token))
 }
 
 #[cfg(test)]
