@@ -256,6 +256,13 @@ undeploy: ## helm uninstall the release (the CRDs and your Sandboxes stay: see d
 BENCH_SANDBOXES ?= 1000
 BENCH_CONCURRENCY ?= 500
 
+.PHONY: bench-callgrind
+bench-callgrind: k8s agent ## instructions per agent exec, gateway exec and Sandbox life, counted by valgrind's callgrind; writes docs/BENCHMARKS.md
+	@e2e/node-tools/debs.sh valgrind=1:3.19.0-1
+	$(CARGO) build --release -p orchard-operator -j 2
+	ORCHARD_AGENT_BIN=$(abspath $(AGENT_BIN)) ORCHARD_OPERATOR_BIN=$(abspath $(TARGET_DIR))/release/orchard-operator \
+		$(CARGO) run --release -p orchard-e2e --example bench_callgrind -j 2 -- --write-doc $(abspath docs/BENCHMARKS.md)
+
 .PHONY: bench-scale
 bench-scale: k8s agent ## 1,000 sandboxes through create -> Ready -> 4 execs -> delete on the local cluster; writes docs/BENCHMARKS.md
 	$(CARGO) build --release -p orchard-operator -p orchard-e2e --bins -j 2
@@ -278,7 +285,7 @@ bench-real: k8s agent node-images ## the hollow and the real node side by side (
 		$(TARGET_DIR)/release/bench-pool --write-doc docs/BENCHMARKS.md
 
 .PHONY: bench
-bench: bench-agent bench-gateway bench-bar bench-scale bench-queue bench-real ## every benchmark (numbers go to docs/BENCHMARKS.md and docs/BAR.md)
+bench: bench-agent bench-gateway bench-callgrind bench-bar bench-scale bench-queue bench-real ## every benchmark (numbers go to docs/BENCHMARKS.md and docs/BAR.md)
 
 # ---------------------------------------------------------------------------------------------------
 # GitOps and observability (issue 18, docs/OPERATIONS.md). kstatus (sigs.k8s.io/cli-utils), luahealth

@@ -4,6 +4,7 @@
 #   runc, containernetworking-plugins (bridge, host-local, loopback, portmap), iptables (kubelet and
 #   kube-proxy), ipset (kube-router's NetworkPolicy sets), mmdebstrap (the Debian task image),
 #   busybox-static (the busybox image).
+# With arguments (name=version ...), installs those instead (`make bench-callgrind`: valgrind).
 # Already installed at the pinned version: returns at once. A pinned version the mirror no longer has
 # (Debian replaces point releases) is reported and the mirror's version installed instead.
 set -euo pipefail
@@ -15,6 +16,7 @@ PACKAGES=(
   "mmdebstrap=1.3.5-7"
   "busybox-static=1:1.35.0-4+deb12u1+b1"
 )
+[ $# -gt 0 ] && PACKAGES=("$@")
 CACHE=${ORCHARD_APT_CACHE:-$HOME/.cache/orchard/apt}
 wanted=()
 for spec in "${PACKAGES[@]}"; do

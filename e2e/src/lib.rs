@@ -9,6 +9,7 @@
 
 pub mod audit_summary;
 pub mod binaries;
+pub mod callgrind;
 pub mod chart_install;
 pub mod churn;
 pub mod cluster_process;

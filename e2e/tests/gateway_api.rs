@@ -207,6 +207,21 @@ async fn sandboxes_run_commands_move_files_and_apply_patches_through_the_gateway
     assert_eq!(ran.status, 200, "{ran:?}");
     assert_eq!(ran.body["stdout"], "in hi there\n/tmp\n");
     assert_eq!(ran.body["exitCode"], 0);
+    // A proxied call whose body the agent read keeps the caller's connection open for the next one
+    // (it once answered every exec with `Connection: close`, a TCP handshake per call).
+    let kept = alice
+        .request(reqwest::Method::POST, &sandbox_path(&ns, &name, "/exec"))
+        .json(&json!({"argv": ["true"]}))
+        .send()
+        .await
+        .expect("exec");
+    assert_eq!(kept.status(), 200);
+    assert_eq!(
+        kept.headers().get(reqwest::header::CONNECTION),
+        None,
+        "{:?}",
+        kept.headers()
+    );
     let failed = alice
         .exec(&ns, &name, json!({"command": "echo oops >&2; exit 3"}))
         .await;

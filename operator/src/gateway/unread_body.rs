@@ -42,14 +42,20 @@ impl HttpBody for Tracked {
         cx: &mut Context<'_>,
     ) -> Poll<Option<Result<Frame<Bytes>, axum::Error>>> {
         let polled = Pin::new(&mut self.inner).poll_frame(cx);
-        if matches!(polled, Poll::Ready(None)) {
+        // A reader that knows the length stops at `is_end_stream` without polling for the end:
+        // hyper's client forwarding a body with a Content-Length does (the gateway's proxy).
+        if matches!(polled, Poll::Ready(None)) || self.inner.is_end_stream() {
             self.finished.store(true, Ordering::Release);
         }
         polled
     }
 
     fn is_end_stream(&self) -> bool {
-        self.inner.is_end_stream()
+        let end = self.inner.is_end_stream();
+        if end {
+            self.finished.store(true, Ordering::Release);
+        }
+        end
     }
 
     fn size_hint(&self) -> SizeHint {
@@ -91,7 +97,22 @@ mod tests {
         Router::new()
             .route("/ignores", post(|| async { "not needed" }))
             .route("/reads", post(|body: Bytes| async move { body }))
+            .route("/forwards", post(forward_like_hyper))
             .layer(axum::middleware::from_fn(close_if_unread))
+    }
+
+    /// Reads frames until the body says it is at its end, never polling past it: what hyper's client
+    /// does when it sends a body of known length on to the agent.
+    async fn forward_like_hyper(mut body: Body) -> Vec<u8> {
+        use http_body_util::BodyExt;
+        let mut sent = Vec::new();
+        while !body.is_end_stream() {
+            match body.frame().await {
+                Some(Ok(frame)) => sent.extend_from_slice(&frame.into_data().unwrap_or_default()),
+                _ => break,
+            }
+        }
+        sent
     }
 
     async fn connection_header(path: &str, body: &'static str) -> Option<String> {
@@ -113,6 +134,11 @@ mod tests {
             Some("close")
         );
         assert_eq!(connection_header("/reads", "payload").await, None);
+        assert_eq!(
+            connection_header("/forwards", "payload").await,
+            None,
+            "a body read up to its known length is read: the connection stays open for the next call"
+        );
         assert_eq!(
             connection_header("/ignores", "").await,
             None,

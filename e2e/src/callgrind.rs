@@ -1,0 +1,170 @@
+//! Instruction counts with valgrind's callgrind, for `make bench-callgrind`: a process is started under
+//! `valgrind --tool=callgrind` (through a wrapper script, so the harness starts it as it would the
+//! binary), its counters are zeroed before a measured stretch of work and dumped after it with
+//! `callgrind_control`, and the dump's total of executed instructions (`Ir`) is read back. Counts of
+//! user-space instructions do not move with the machine's load the way timings do (system calls are
+//! counted as the instructions around them, not the kernel's work inside).
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+/// The total of executed instructions in a callgrind dump: its `totals:` line, else its `summary:`
+/// line (pure).
+pub fn parse_totals(dump: &str) -> Option<u64> {
+    let value = |key: &str| {
+        dump.lines()
+            .find_map(|line| line.strip_prefix(key))
+            .and_then(|rest| rest.split_whitespace().next()?.parse().ok())
+    };
+    value("totals:").or_else(|| value("summary:"))
+}
+
+/// The highest-numbered dump `<prefix>.<n>` among `names` (pure): callgrind numbers its dumps 1, 2, …
+pub fn latest_dump<'a>(
+    prefix: &str,
+    names: impl IntoIterator<Item = &'a str>,
+) -> Option<(u32, &'a str)> {
+    names
+        .into_iter()
+        .filter_map(|name| {
+            let number = name.strip_prefix(prefix)?.strip_prefix('.')?.parse().ok()?;
+            Some((number, name))
+        })
+        .max_by_key(|(number, _)| *number)
+}
+
+/// Whether `valgrind` and `callgrind_control` can be run; the error says how to get them.
+pub fn check_tools() -> Result<(), String> {
+    for (tool, arg) in [
+        ("valgrind", "--version"),
+        ("callgrind_control", "--version"),
+    ] {
+        let ran = Command::new(tool).arg(arg).output();
+        if !ran.is_ok_and(|output| output.status.success()) {
+            return Err(format!(
+                "`{tool}` cannot be run; `make bench-callgrind` installs valgrind (the pinned Debian package)"
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// A program run under callgrind: the wrapper that starts it, and its dumps.
+pub struct Counted {
+    /// Executable script that runs the program under callgrind with the arguments it is given.
+    pub wrapper: PathBuf,
+    /// What `callgrind_control` is told to address: the program's path, as valgrind reports it.
+    program: String,
+    dir: PathBuf,
+    prefix: String,
+}
+
+impl Counted {
+    /// Writes `dir/<name>.sh`, which runs `binary` under callgrind with its dumps in `dir/<name>.cg.<n>`.
+    /// Nothing is counted until [`Counted::zero`] (`--collect-atstart` stays on so that the start-up
+    /// shows in the first dump, should anyone look).
+    pub fn prepare(dir: &Path, name: &str, binary: &Path) -> std::io::Result<Self> {
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::create_dir_all(dir)?;
+        let prefix = format!("{name}.cg");
+        let wrapper = dir.join(format!("{name}.sh"));
+        let script = format!(
+            "#!/bin/sh\nexec valgrind --tool=callgrind --callgrind-out-file='{}' '{}' \"$@\"\n",
+            dir.join(&prefix).display(),
+            binary.display()
+        );
+        std::fs::write(&wrapper, script)?;
+        std::fs::set_permissions(&wrapper, std::fs::Permissions::from_mode(0o755))?;
+        Ok(Self {
+            wrapper,
+            program: binary.display().to_string(),
+            dir: dir.to_path_buf(),
+            prefix,
+        })
+    }
+
+    fn control(&self, flag: &str) -> Result<(), String> {
+        let output = Command::new("callgrind_control")
+            .arg(flag)
+            .arg(&self.program)
+            .output()
+            .map_err(|e| format!("callgrind_control {flag}: {e}"))?;
+        if !output.status.success() {
+            return Err(format!(
+                "callgrind_control {flag} {}: {}{}",
+                self.program,
+                String::from_utf8_lossy(&output.stdout),
+                String::from_utf8_lossy(&output.stderr)
+            ));
+        }
+        Ok(())
+    }
+
+    fn latest(&self) -> Option<(u32, PathBuf)> {
+        let names: Vec<String> = std::fs::read_dir(&self.dir)
+            .ok()?
+            .filter_map(|entry| entry.ok()?.file_name().into_string().ok())
+            .collect();
+        latest_dump(&self.prefix, names.iter().map(String::as_str))
+            .map(|(number, name)| (number, self.dir.join(name)))
+    }
+
+    /// Zeroes the counters: what runs from here on is in the next [`Counted::dump`].
+    pub fn zero(&self) -> Result<(), String> {
+        self.control("--zero")
+    }
+
+    /// Dumps the counters and returns the instructions executed since the last zero or dump.
+    pub fn dump(&self) -> Result<u64, String> {
+        let before = self.latest().map_or(0, |(number, _)| number);
+        self.control("--dump")?;
+        let deadline = Instant::now() + Duration::from_secs(60);
+        loop {
+            if let Some((_, path)) = self.latest().filter(|(number, _)| *number > before)
+                && let Some(total) = std::fs::read_to_string(&path)
+                    .ok()
+                    .as_deref()
+                    .and_then(parse_totals)
+            {
+                return Ok(total);
+            }
+            if Instant::now() > deadline {
+                return Err(format!(
+                    "no new dump {}.<n> in {} after callgrind_control --dump",
+                    self.prefix,
+                    self.dir.display()
+                ));
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn totals_come_from_the_totals_line_else_the_summary() {
+        let dump = "version: 1\ncreator: callgrind-3.19.0\nevents: Ir\nsummary: 11202349\n\nfn=main\n1 2\ntotals: 11202350\n";
+        assert_eq!(parse_totals(dump), Some(11_202_350));
+        assert_eq!(parse_totals("summary: 42\n"), Some(42));
+        assert_eq!(parse_totals("events: Ir\n"), None);
+        assert_eq!(parse_totals("totals: many\n"), None);
+    }
+
+    #[test]
+    fn the_latest_dump_is_the_highest_number_not_the_last_listed() {
+        let names = [
+            "agent.cg.2",
+            "agent.cg",
+            "agent.cg.10",
+            "operator.cg.11",
+            "agent.cg.x",
+            "agent.sh",
+        ];
+        assert_eq!(latest_dump("agent.cg", names), Some((10, "agent.cg.10")));
+        assert_eq!(latest_dump("gateway.cg", names), None);
+    }
+}
