@@ -41,7 +41,7 @@ fn per(total: u64, count: usize) -> String {
     let digits: Vec<char> = text.chars().collect();
     let mut out = String::new();
     for (i, c) in digits.iter().enumerate() {
-        if i > 0 && (digits.len() - i) % 3 == 0 {
+        if i > 0 && (digits.len() - i).is_multiple_of(3) {
             out.push(',');
         }
         out.push(*c);
@@ -245,7 +245,8 @@ gateway and the controllers run on the local cluster (hollow node): {REQUESTS} e
 token (its TokenReview and SubjectAccessReview answers cached, as for any caller that calls again within 10 s), \
 {SANDBOXES} Sandboxes `{{image: busybox}}` created at once through the Kubernetes API, waited Ready, deleted and waited gone with their Pods. \
 The idle row is the operator's background work per second with one Ready sandbox (measured before the gateway row), of which the \
-other operator rows carry a share for the seconds they last under callgrind.{baseline_note}\n\n{table}"
+other operator rows carry a share for the seconds they last under callgrind. The Sandbox-life row also moves between runs of the same binary, by up to a fifth: how many new TLS connections to the API server the burst of 20 opens depends on timing, and a handshake \
+costs about half a million instructions.{baseline_note}\n\n{table}"
     );
     if let Some(doc) = doc {
         orchard_e2e::docs::write_section(&doc, "## Instruction counts", &section)
