@@ -7,7 +7,6 @@
 //! fastapi+uvicorn; the FastAPI column is left out without it).
 
 use orchard_bench_support::{Machine, median, median_spread};
-use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::sync::Arc;
@@ -61,17 +60,8 @@ fn start_agent(binary: &Path, root: &Path) -> Server {
         .stderr(Stdio::piped())
         .spawn()
         .expect("start orchard-agent");
-    let stderr = child.stderr.take().unwrap();
-    let (sender, receiver) = std::sync::mpsc::channel();
-    std::thread::spawn(move || {
-        for line in BufReader::new(stderr).lines().map_while(Result::ok) {
-            if let Some(rest) = line.split("listen=").nth(1) {
-                let _ = sender.send(rest.split_whitespace().next().unwrap_or("").to_string());
-            }
-        }
-    });
-    let address = receiver
-        .recv_timeout(Duration::from_secs(30))
+    let stderr = child.stderr.take().expect("piped stderr");
+    let address = orchard_bench_support::listen_address(stderr, Duration::from_secs(30))
         .expect("agent address");
     Server {
         child,
@@ -341,11 +331,7 @@ const QUIET_WAIT: Duration = Duration::from_secs(120);
 
 fn main() {
     let args: Vec<String> = std::env::args().collect();
-    let doc = args
-        .iter()
-        .position(|arg| arg == "--write-doc")
-        .and_then(|index| args.get(index + 1))
-        .map(PathBuf::from);
+    let doc = orchard_bench_support::write_doc_arg(&args);
     let Ok(binary) = std::env::var("ORCHARD_AGENT_BIN") else {
         eprintln!("set ORCHARD_AGENT_BIN to the agent to measure (make bench-agent does)");
         std::process::exit(2);

@@ -124,8 +124,61 @@ pub fn median_spread<T: Copy + PartialOrd>(values: &[T], show: impl Fn(T) -> Str
     }
 }
 
+/// The path after `--write-doc` in `args` (the program's arguments), if given (pure).
+pub fn write_doc_arg(args: &[String]) -> Option<std::path::PathBuf> {
+    args.iter()
+        .position(|arg| arg == "--write-doc")
+        .and_then(|index| args.get(index + 1))
+        .map(std::path::PathBuf::from)
+}
+
+/// The address in an agent's start-up log line (`... listen=127.0.0.1:40321 ...`), if it is that
+/// line (pure).
+pub fn listen_address_in(line: &str) -> Option<&str> {
+    let rest = line.split("listen=").nth(1)?;
+    rest.split_whitespace()
+        .next()
+        .filter(|address| !address.is_empty())
+}
+
+/// Reads an agent's `stderr` in a thread of its own until the start-up line says where it listens;
+/// `None` when no such line came within `timeout`. The rest of the log is read and dropped, so the
+/// agent never blocks on a full pipe.
+pub fn listen_address(stderr: std::process::ChildStderr, timeout: Duration) -> Option<String> {
+    use std::io::{BufRead, BufReader};
+    let (sender, receiver) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        for line in BufReader::new(stderr).lines().map_while(Result::ok) {
+            if let Some(address) = listen_address_in(&line) {
+                let _ = sender.send(address.to_string());
+            }
+        }
+    });
+    receiver.recv_timeout(timeout).ok()
+}
+
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn write_doc_and_listen_arguments_are_found() {
+        let args: Vec<String> = ["bench", "--rows", "--write-doc", "docs/B.md"]
+            .map(String::from)
+            .to_vec();
+        assert_eq!(
+            write_doc_arg(&args),
+            Some(std::path::PathBuf::from("docs/B.md"))
+        );
+        assert_eq!(write_doc_arg(&args[..3]), None, "a flag without its path");
+        assert_eq!(
+            listen_address_in(
+                "INFO orchard-agent serving version=\"0.1.0\" listen=127.0.0.1:4032 root=/r"
+            ),
+            Some("127.0.0.1:4032")
+        );
+        assert_eq!(listen_address_in("INFO something else"), None);
+        assert_eq!(listen_address_in("listen="), None);
+    }
+
     use super::*;
 
     #[test]

@@ -83,7 +83,6 @@ async fn calls(
 
 /// Starts the agent under callgrind on a free loopback port; returns the child and its base URL.
 fn start_agent(counted: &Counted, root: &PathBuf) -> (Child, String) {
-    use std::io::{BufRead, BufReader};
     let mut child = Command::new(&counted.wrapper)
         .args(["serve", "--listen", "127.0.0.1:0", "--root"])
         .arg(root)
@@ -95,16 +94,7 @@ fn start_agent(counted: &Counted, root: &PathBuf) -> (Child, String) {
         .spawn()
         .expect("start the agent under callgrind");
     let stderr = child.stderr.take().expect("agent stderr");
-    let (sender, receiver) = std::sync::mpsc::channel();
-    std::thread::spawn(move || {
-        for line in BufReader::new(stderr).lines().map_while(Result::ok) {
-            if let Some(rest) = line.split("listen=").nth(1) {
-                let _ = sender.send(rest.split_whitespace().next().unwrap_or("").to_string());
-            }
-        }
-    });
-    let address = receiver
-        .recv_timeout(Duration::from_secs(120))
+    let address = orchard_bench_support::listen_address(stderr, Duration::from_secs(120))
         .expect("the agent's listen address");
     (child, format!("http://{address}"))
 }
@@ -147,11 +137,7 @@ fn baseline_rows(operator: Option<String>, agent: Option<String>) -> Vec<Row> {
 
 fn main() {
     let args: Vec<String> = std::env::args().collect();
-    let doc = args
-        .iter()
-        .position(|a| a == "--write-doc")
-        .and_then(|i| args.get(i + 1))
-        .map(PathBuf::from);
+    let doc = orchard_bench_support::write_doc_arg(&args);
     let rows_only = args.iter().any(|a| a == "--rows");
     if let Err(missing) = check_tools() {
         eprintln!("bench-callgrind: {missing}");

@@ -158,11 +158,7 @@ const QUIET_WAIT: Duration = Duration::from_secs(120);
 #[tokio::main]
 async fn main() {
     let args: Vec<String> = std::env::args().collect();
-    let doc = args
-        .iter()
-        .position(|a| a == "--write-doc")
-        .and_then(|i| args.get(i + 1))
-        .map(PathBuf::from);
+    let doc = orchard_bench_support::write_doc_arg(&args);
     let machine = Machine::settle(QUIET_WAIT);
     let env = TestEnv::start("bench-gateway", EnvOptions::default())
         .await

@@ -159,9 +159,8 @@ impl Agent {
         std::thread::spawn(move || {
             for line in BufReader::new(stderr).lines() {
                 let Ok(line) = line else { break };
-                if let Some(rest) = line.split("listen=").nth(1) {
-                    let address = rest.split_whitespace().next().unwrap_or("").to_string();
-                    let _ = address_sender.send(address);
+                if let Some(address) = orchard_bench_support::listen_address_in(&line) {
+                    let _ = address_sender.send(address.to_string());
                 }
                 log_sink.lock().unwrap().push(line);
             }
