@@ -14,14 +14,14 @@
 //!
 //! Prints a table; with `--write-doc PATH` replaces the `## Instruction counts` section of that file.
 
-use std::path::PathBuf;
+use std::path::Path;
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
 use k8s_openapi::api::core::v1::Pod;
 use kube::api::{Api, DeleteParams, PostParams};
 use orchard_e2e::binaries::{agent_bin, operator_bin, target_dir};
-use orchard_e2e::callgrind::{Counted, check_tools};
+use orchard_e2e::callgrind::{Counted, Row, check_tools, table};
 use orchard_e2e::env::{EnvOptions, TestEnv};
 use orchard_e2e::test_support::sandboxes::{is_ready, sandbox};
 use orchard_e2e::wait;
@@ -33,21 +33,6 @@ const REQUESTS: usize = 500;
 const SANDBOXES: usize = 20;
 const IDLE: Duration = Duration::from_secs(10);
 const AGENT_TOKEN: &str = "bench-callgrind-token";
-
-fn per(total: u64, count: usize) -> String {
-    let value = total as f64 / count as f64;
-    let text = format!("{value:.0}");
-    // Thousands separators make the counts readable at a glance.
-    let digits: Vec<char> = text.chars().collect();
-    let mut out = String::new();
-    for (i, c) in digits.iter().enumerate() {
-        if i > 0 && (digits.len() - i).is_multiple_of(3) {
-            out.push(',');
-        }
-        out.push(*c);
-    }
-    out
-}
 
 async fn call(
     http: &reqwest::Client,
@@ -82,7 +67,7 @@ async fn calls(
 }
 
 /// Starts the agent under callgrind on a free loopback port; returns the child and its base URL.
-fn start_agent(counted: &Counted, root: &PathBuf) -> (Child, String) {
+fn start_agent(counted: &Counted, root: &Path) -> (Child, String) {
     let mut child = Command::new(&counted.wrapper)
         .args(["serve", "--listen", "127.0.0.1:0", "--root"])
         .arg(root)
@@ -98,9 +83,6 @@ fn start_agent(counted: &Counted, root: &PathBuf) -> (Child, String) {
         .expect("the agent's listen address");
     (child, format!("http://{address}"))
 }
-
-/// One measured row: what, instructions in all, per what, how many.
-type Row = (String, u64, String, usize);
 
 /// The rows of a run of this example in a child process with other binaries (the baseline), read
 /// from its `--rows` output (`label<TAB>total<TAB>unit<TAB>count` per line).
@@ -120,18 +102,7 @@ fn baseline_rows(operator: Option<String>, agent: Option<String>) -> Vec<Row> {
     assert!(output.status.success(), "the baseline run failed");
     String::from_utf8_lossy(&output.stdout)
         .lines()
-        .filter_map(|line| {
-            let fields: Vec<&str> = line.split('\t').collect();
-            match fields[..] {
-                [label, total, unit, count] => Some((
-                    label.to_string(),
-                    total.parse().ok()?,
-                    unit.to_string(),
-                    count.parse().ok()?,
-                )),
-                _ => None,
-            }
-        })
+        .filter_map(Row::from_line)
         .collect()
 }
 
@@ -162,47 +133,13 @@ fn main() {
         .expect("runtime");
     let rows = runtime.block_on(measure(&dir, &agent, &operator));
     if rows_only {
-        for (label, total, unit, count) in &rows {
-            println!("{label}\t{total}\t{unit}\t{count}");
+        for row in &rows {
+            println!("{}", row.to_line());
         }
         return;
     }
 
-    let mut table = match &baseline {
-        Some(_) => String::from(
-            "| path | baseline: instructions per unit | this build: instructions per unit | change | unit, count |\n|---|---|---|---|---|\n",
-        ),
-        None => String::from(
-            "| path | instructions per unit (callgrind `Ir`) | unit, count |\n|---|---|---|\n",
-        ),
-    };
-    for (label, total, unit, count) in &rows {
-        let before = baseline
-            .as_ref()
-            .and_then(|rows| rows.iter().find(|row| &row.0 == label));
-        match (&baseline, before) {
-            (Some(_), Some((_, before_total, _, before_count))) => {
-                let (then, now) = (
-                    *before_total as f64 / *before_count as f64,
-                    *total as f64 / *count as f64,
-                );
-                table.push_str(&format!(
-                    "| {label} | {} | {} | {:+.0} % | {unit}, {count} |\n",
-                    per(*before_total, *before_count),
-                    per(*total, *count),
-                    100.0 * (now / then - 1.0)
-                ));
-            }
-            (Some(_), None) => table.push_str(&format!(
-                "| {label} | | {} | | {unit}, {count} |\n",
-                per(*total, *count)
-            )),
-            (None, _) => table.push_str(&format!(
-                "| {label} | {} | {unit}, {count} |\n",
-                per(*total, *count)
-            )),
-        }
-    }
+    let table = table(&rows, baseline.as_deref());
     println!("\n{table}");
     println!(
         "callgrind's dumps (agent.cg.<n> and operator.cg.<n>, numbered in the order of the rows) are in {}; `callgrind_annotate --inclusive=yes <dump>` shows where the instructions went",
@@ -280,10 +217,10 @@ async fn measure(dir: &std::path::Path, agent: &Counted, operator: &Counted) -> 
         .await;
         agent.zero().expect("zero the agent");
         calls(&http, method, url, AGENT_TOKEN, body, REQUESTS).await;
-        rows.push((
-            label.to_string(),
+        rows.push(Row::new(
+            label,
             agent.dump().expect("dump the agent"),
-            "request".to_string(),
+            "request",
             REQUESTS,
         ));
     }
@@ -326,10 +263,10 @@ async fn measure(dir: &std::path::Path, agent: &Counted, operator: &Counted) -> 
     .await;
     operator.zero().expect("zero the operator");
     tokio::time::sleep(IDLE).await;
-    rows.push((
-        "operator: idle (watches, timers)".to_string(),
+    rows.push(Row::new(
+        "operator: idle (watches, timers)",
         operator.dump().expect("dump the operator"),
-        "second".to_string(),
+        "second",
         IDLE.as_secs() as usize,
     ));
     operator.zero().expect("zero the operator");
@@ -342,11 +279,10 @@ async fn measure(dir: &std::path::Path, agent: &Counted, operator: &Counted) -> 
         REQUESTS,
     )
     .await;
-    rows.push((
-        "operator: gateway exec (`POST .../sandboxes/{name}/exec`, proxied to the agent)"
-            .to_string(),
+    rows.push(Row::new(
+        "operator: gateway exec (`POST .../sandboxes/{name}/exec`, proxied to the agent)",
         operator.dump().expect("dump the operator"),
-        "request".to_string(),
+        "request",
         REQUESTS,
     ));
 
@@ -384,10 +320,10 @@ async fn measure(dir: &std::path::Path, agent: &Counted, operator: &Counted) -> 
         wait::deleted(&sandboxes, name, Duration::from_secs(300)).await;
         wait::deleted(&pods, name, Duration::from_secs(300)).await;
     }
-    rows.push((
-        "operator: controllers, one Sandbox's life (create -> Ready -> delete -> Sandbox and Pod gone)".to_string(),
+    rows.push(Row::new(
+        "operator: controllers, one Sandbox's life (create -> Ready -> delete -> Sandbox and Pod gone)",
         operator.dump().expect("dump the operator"),
-        "sandbox".to_string(),
+        "sandbox",
         SANDBOXES,
     ));
 

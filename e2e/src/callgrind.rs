@@ -141,6 +141,98 @@ impl Counted {
     }
 }
 
+/// One measured stretch of work: what it was, the instructions executed, the unit of work and how
+/// many units were done.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Row {
+    pub label: String,
+    pub total: u64,
+    pub unit: String,
+    pub count: usize,
+}
+
+impl Row {
+    /// A row of `count` units of `unit`.
+    pub fn new(label: &str, total: u64, unit: &str, count: usize) -> Self {
+        Self {
+            label: label.to_string(),
+            total,
+            unit: unit.to_string(),
+            count,
+        }
+    }
+
+    /// Instructions per unit.
+    pub fn per_unit(&self) -> f64 {
+        self.total as f64 / self.count.max(1) as f64
+    }
+
+    /// `label<TAB>total<TAB>unit<TAB>count`: how a baseline run hands its rows over (pure).
+    pub fn to_line(&self) -> String {
+        format!(
+            "{}\t{}\t{}\t{}",
+            self.label, self.total, self.unit, self.count
+        )
+    }
+
+    /// The row of a [`Row::to_line`] line; `None` for any other line (pure).
+    pub fn from_line(line: &str) -> Option<Self> {
+        match line.split('\t').collect::<Vec<_>>()[..] {
+            [label, total, unit, count] => Some(Self {
+                label: label.to_string(),
+                total: total.parse().ok()?,
+                unit: unit.to_string(),
+                count: count.parse().ok().filter(|count| *count > 0)?,
+            }),
+            _ => None,
+        }
+    }
+}
+
+/// `value` rounded, with thousands separators: `1,234,567` (pure).
+pub fn thousands(value: f64) -> String {
+    let digits = format!("{:.0}", value.max(0.0));
+    let mut out = String::with_capacity(digits.len() + digits.len() / 3);
+    for (i, digit) in digits.chars().enumerate() {
+        if i > 0 && (digits.len() - i).is_multiple_of(3) {
+            out.push(',');
+        }
+        out.push(digit);
+    }
+    out
+}
+
+/// The Markdown table of `rows`, with a baseline column and the change where `baseline` has the same
+/// row (pure).
+pub fn table(rows: &[Row], baseline: Option<&[Row]>) -> String {
+    let mut out = match baseline {
+        Some(_) => String::from(
+            "| path | baseline: instructions per unit | this build: instructions per unit | change | unit, count |\n|---|---|---|---|---|\n",
+        ),
+        None => String::from(
+            "| path | instructions per unit (callgrind `Ir`) | unit, count |\n|---|---|---|\n",
+        ),
+    };
+    for row in rows {
+        let Row {
+            label, unit, count, ..
+        } = row;
+        let now = thousands(row.per_unit());
+        out.push_str(&match baseline {
+            None => format!("| {label} | {now} | {unit}, {count} |\n"),
+            Some(baseline) => match baseline.iter().find(|before| before.label == row.label) {
+                Some(before) => format!(
+                    "| {label} | {} | {now} | {:+.0} % | {unit}, {count} |\n",
+                    thousands(before.per_unit()),
+                    100.0 * (row.per_unit() / before.per_unit() - 1.0)
+                ),
+                None => format!("| {label} | | {now} | | {unit}, {count} |\n"),
+            },
+        });
+    }
+    out
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -166,5 +258,26 @@ mod tests {
         ];
         assert_eq!(latest_dump("agent.cg", names), Some((10, "agent.cg.10")));
         assert_eq!(latest_dump("gateway.cg", names), None);
+    }
+
+    #[test]
+    fn rows_cross_from_a_baseline_run_and_tabulate_with_the_change() {
+        let row = Row::new("gateway exec", 62_500_000, "request", 500);
+        assert_eq!(Row::from_line(&row.to_line()), Some(row.clone()));
+        assert_eq!(Row::from_line("callgrind's dumps are in /x"), None);
+        assert_eq!(Row::from_line("a\tmany\tb\t3"), None);
+        assert_eq!(Row::from_line("a\t1\tb\t0"), None, "no units, no division");
+        assert_eq!(thousands(124_959.4), "124,959");
+        assert_eq!(thousands(999.0), "999");
+        assert_eq!(thousands(1_000.0), "1,000");
+        let before = [Row::new("gateway exec", 86_500_000, "request", 500)];
+        let now = [row, Row::new("new path", 10, "call", 1)];
+        let with = table(&now, Some(&before));
+        assert!(
+            with.contains("| gateway exec | 173,000 | 125,000 | -28 % | request, 500 |"),
+            "{with}"
+        );
+        assert!(with.contains("| new path | | 10 | | call, 1 |"), "{with}");
+        assert!(table(&now, None).contains("| gateway exec | 125,000 | request, 500 |"));
     }
 }
