@@ -150,12 +150,11 @@ impl TokenKey {
             .ok_or_else(|| TokenError::NoNonce { pod: shown() })?;
         let pod_key = annotations
             .and_then(|a| a.get(KEY_ID_ANNOTATION))
-            .cloned()
-            .unwrap_or_default();
+            .map_or("", String::as_str);
         if pod_key != self.id {
             return Err(TokenError::OtherKey {
                 pod: shown(),
-                pod_key,
+                pod_key: pod_key.to_string(),
                 ours: self.id.clone(),
             });
         }
