@@ -346,6 +346,20 @@ impl PodWorker {
         let mut volumes = BTreeMap::new();
         let spec = self.pod.spec.clone().unwrap_or_default();
         for volume in spec.volumes.iter().flatten() {
+            if let Some(image) = &volume.image {
+                // An image volume of the agent image is its root (read-only is not enforced here);
+                // the local node has no other image to mount.
+                let reference = image.reference.clone().unwrap_or_default();
+                if reference.contains(&self.inner.config.agent_image_pattern) {
+                    volumes.insert(
+                        volume.name.clone(),
+                        self.inner.config.agent_image_root.clone(),
+                    );
+                } else {
+                    warn!(%reference, "the local node mounts only the agent image as an image volume");
+                }
+                continue;
+            }
             let host = self.dir.join("volumes").join(&volume.name);
             if std::fs::create_dir_all(&host).is_err() {
                 continue;

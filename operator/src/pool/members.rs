@@ -211,6 +211,7 @@ pub mod fixtures {
     pub fn shape() -> PodShape {
         PodShape {
             agent_image: "agent:test".into(),
+            agent_injection: crate::sandbox::build::AgentInjection::InitContainer,
             agent_port: 9090,
             default_cpu: "1".into(),
             default_memory: "1Gi".into(),

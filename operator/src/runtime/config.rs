@@ -58,9 +58,15 @@ pub enum LogFormat {
 /// Defaults applied to every sandbox, and the shape of the pods the operator builds.
 #[derive(clap::Args, Debug, Clone, PartialEq)]
 pub struct SandboxDefaults {
-    /// Image of the agent injector init container (holds the static `orchard-agent` binary).
+    /// Image holding the static agent binary at `/orchard-agent` (the injector init container's, or the
+    /// image volume's).
     #[arg(long, env = "ORCHARD_AGENT_IMAGE", default_value = concat!("ghcr.io/orchard-env/orchard-agent:", env!("CARGO_PKG_VERSION")))]
     pub agent_image: String,
+
+    /// How the agent gets into each sandbox pod: `init-container` (any cluster) or `image-volume`
+    /// (Kubernetes 1.35+ with containerd 2.1+ or CRI-O 1.31+; no init container to run).
+    #[arg(long, env = "ORCHARD_AGENT_INJECTION", value_enum, default_value_t = crate::sandbox::build::AgentInjection::InitContainer)]
+    pub agent_injection: crate::sandbox::build::AgentInjection,
 
     /// Port the agent listens on inside each sandbox pod.
     #[arg(long, env = "ORCHARD_AGENT_PORT", default_value_t = 9090)]

@@ -97,6 +97,7 @@ impl Settings {
         Ok(Self {
             pod: PodShape {
                 agent_image: defaults.agent_image.clone(),
+                agent_injection: defaults.agent_injection,
                 agent_port: defaults.agent_port,
                 default_cpu: defaults.default_cpu.clone(),
                 default_memory: defaults.default_memory.clone(),

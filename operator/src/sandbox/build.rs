@@ -5,8 +5,8 @@ use std::collections::BTreeMap;
 
 use k8s_openapi::api::core::v1::{
     Capabilities, Container, ContainerPort, EmptyDirVolumeSource, EnvVar, HTTPGetAction,
-    LocalObjectReference, Pod, PodSecurityContext, PodSpec, Probe, ResourceRequirements,
-    SeccompProfile, SecurityContext, Volume, VolumeMount,
+    ImageVolumeSource, LocalObjectReference, Pod, PodSecurityContext, PodSpec, Probe,
+    ResourceRequirements, SeccompProfile, SecurityContext, Volume, VolumeMount,
 };
 use k8s_openapi::api::networking::v1::{
     IPBlock, NetworkPolicy, NetworkPolicyEgressRule, NetworkPolicyIngressRule, NetworkPolicyPeer,
@@ -39,11 +39,25 @@ pub const AGENT_PORT_NAME: &str = "agent";
 
 const AGENT_VOLUME: &str = "orchard-agent";
 
+/// How the static agent gets into a sandbox's task container (whose image need not contain it).
+#[derive(clap::ValueEnum, Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum AgentInjection {
+    /// An init container copies the agent from the agent image into an `emptyDir` (any cluster).
+    #[default]
+    InitContainer,
+    /// The agent image is mounted read-only as an image volume (Kubernetes 1.35+, where the
+    /// `ImageVolume` feature is on by default, with a runtime that supports it: containerd 2.1+ or
+    /// CRI-O 1.31+): one container fewer per pod to create, start and remove.
+    ImageVolume,
+}
+
 /// Everything about the pods the operator builds that does not come from a Sandbox spec.
 #[derive(Debug, Clone, PartialEq)]
 pub struct PodShape {
     /// Image holding the static agent binary at `/orchard-agent`.
     pub agent_image: String,
+    /// How the agent gets into the task container.
+    pub agent_injection: AgentInjection,
     /// Port the agent listens on.
     pub agent_port: u16,
     /// CPU when the spec sets none.
@@ -257,9 +271,10 @@ pub fn sandbox_security(spec: &SandboxSpec, shape: &PodShape) -> SandboxSecurity
     }
 }
 
-/// The sandbox's Pod: an init container installs the static agent into an `emptyDir`, and the task
-/// container (the user's image) runs `orchard-agent serve` from there, accepting the token whose hash
-/// `credentials` carry (the token itself never enters the pod: see [`super::token`]).
+/// The sandbox's Pod: the task container (the user's image) runs `orchard-agent serve` from
+/// [`AGENT_DIR`], accepting the token whose hash `credentials` carry (the token itself never enters the
+/// pod: see [`super::token`]). The agent gets there as `shape.agent_injection` says: copied by an init
+/// container into an `emptyDir`, or the agent image mounted read-only as an image volume.
 pub fn desired_pod(
     sandbox: &Sandbox,
     owner: &OwnerReference,
@@ -272,33 +287,8 @@ pub fn desired_pod(
     meta.labels = Some(pod_labels(sandbox));
     meta.annotations = Some(credentials.annotations());
     let security = sandbox_security(spec, shape);
-    let install = Container {
-        name: INSTALL_CONTAINER.to_string(),
-        image: Some(shape.agent_image.clone()),
-        command: Some(vec![
-            "/orchard-agent".to_string(),
-            "install".to_string(),
-            AGENT_DIR.to_string(),
-        ]),
-        volume_mounts: Some(vec![VolumeMount {
-            name: AGENT_VOLUME.to_string(),
-            mount_path: AGENT_DIR.to_string(),
-            ..VolumeMount::default()
-        }]),
-        resources: Some(install_resources()),
-        security_context: Some(SecurityContext {
-            allow_privilege_escalation: Some(false),
-            read_only_root_filesystem: Some(true),
-            run_as_non_root: Some(true),
-            run_as_user: Some(65532),
-            capabilities: Some(Capabilities {
-                drop: Some(vec!["ALL".to_string()]),
-                ..Capabilities::default()
-            }),
-            ..SecurityContext::default()
-        }),
-        ..Container::default()
-    };
+    let resources = resource_requirements(spec, shape);
+    let (install, agent_volume) = agent_injection(shape, &resources);
     let task = Container {
         name: TASK_CONTAINER.to_string(),
         image: Some(spec.image.clone()),
@@ -326,7 +316,7 @@ pub fn desired_pod(
             timeout_seconds: Some(1),
             ..Probe::default()
         }),
-        resources: Some(resource_requirements(spec, shape)),
+        resources: Some(resources),
         security_context: Some(security.task),
         volume_mounts: Some(vec![VolumeMount {
             name: AGENT_VOLUME.to_string(),
@@ -339,7 +329,7 @@ pub fn desired_pod(
     Pod {
         metadata: meta,
         spec: Some(PodSpec {
-            init_containers: Some(vec![install]),
+            init_containers: install.map(|install| vec![install]),
             containers: vec![task],
             // A crashed agent means lost sandbox state: fail the sandbox instead of restarting silently.
             restart_policy: Some("Never".to_string()),
@@ -359,30 +349,72 @@ pub fn desired_pod(
                     })
                     .collect()
             }),
-            volumes: Some(vec![Volume {
-                name: AGENT_VOLUME.to_string(),
-                empty_dir: Some(EmptyDirVolumeSource {
-                    size_limit: Some(Quantity("64Mi".to_string())),
-                    ..EmptyDirVolumeSource::default()
-                }),
-                ..Volume::default()
-            }]),
+            volumes: Some(vec![agent_volume]),
             ..PodSpec::default()
         }),
         status: None,
     }
 }
 
-/// The init container copies one binary: a small fixed budget, requests = limits.
-fn install_resources() -> ResourceRequirements {
-    let amounts = BTreeMap::from([
-        ("cpu".to_string(), Quantity("50m".to_string())),
-        ("memory".to_string(), Quantity("32Mi".to_string())),
-    ]);
-    ResourceRequirements {
-        limits: Some(amounts.clone()),
-        requests: Some(amounts),
-        ..ResourceRequirements::default()
+/// The init container that installs the agent (none with an image volume), given the task container's
+/// resources, and the volume the task container finds the agent in (pure).
+fn agent_injection(
+    shape: &PodShape,
+    task_resources: &ResourceRequirements,
+) -> (Option<Container>, Volume) {
+    match shape.agent_injection {
+        AgentInjection::ImageVolume => (
+            None,
+            Volume {
+                name: AGENT_VOLUME.to_string(),
+                image: Some(ImageVolumeSource {
+                    reference: Some(shape.agent_image.clone()),
+                    pull_policy: Some("IfNotPresent".to_string()),
+                }),
+                ..Volume::default()
+            },
+        ),
+        AgentInjection::InitContainer => (
+            Some(Container {
+                name: INSTALL_CONTAINER.to_string(),
+                image: Some(shape.agent_image.clone()),
+                command: Some(vec![
+                    "/orchard-agent".to_string(),
+                    "install".to_string(),
+                    AGENT_DIR.to_string(),
+                ]),
+                volume_mounts: Some(vec![VolumeMount {
+                    name: AGENT_VOLUME.to_string(),
+                    mount_path: AGENT_DIR.to_string(),
+                    ..VolumeMount::default()
+                }]),
+                // The task container's own budget: a pod reserves the larger of its init container
+                // and its app containers, so a fixed install budget above a small sandbox's would
+                // reserve more than the sandbox asked for (50m for a 5m sandbox: ten times fewer
+                // sandboxes per node).
+                resources: Some(task_resources.clone()),
+                security_context: Some(SecurityContext {
+                    allow_privilege_escalation: Some(false),
+                    read_only_root_filesystem: Some(true),
+                    run_as_non_root: Some(true),
+                    run_as_user: Some(65532),
+                    capabilities: Some(Capabilities {
+                        drop: Some(vec!["ALL".to_string()]),
+                        ..Capabilities::default()
+                    }),
+                    ..SecurityContext::default()
+                }),
+                ..Container::default()
+            }),
+            Volume {
+                name: AGENT_VOLUME.to_string(),
+                empty_dir: Some(EmptyDirVolumeSource {
+                    size_limit: Some(Quantity("64Mi".to_string())),
+                    ..EmptyDirVolumeSource::default()
+                }),
+                ..Volume::default()
+            },
+        ),
     }
 }
 
@@ -596,6 +628,7 @@ mod tests {
     fn shape() -> PodShape {
         PodShape {
             agent_image: "ghcr.io/orchard-env/orchard-agent:test".into(),
+            agent_injection: AgentInjection::InitContainer,
             agent_port: 9090,
             default_cpu: "1".into(),
             default_memory: "2Gi".into(),
@@ -704,6 +737,43 @@ mod tests {
     }
 
     #[test]
+    fn an_image_volume_brings_the_agent_without_an_init_container() {
+        let by_volume = PodShape {
+            agent_injection: AgentInjection::ImageVolume,
+            ..shape()
+        };
+        let pod = desired_pod(&minimal(), &owner(), &by_volume, &credentials());
+        let spec = pod.spec.as_ref().unwrap();
+        assert_eq!(spec.init_containers, None);
+        let volumes = spec.volumes.as_ref().unwrap();
+        assert_eq!(volumes.len(), 1);
+        let image = volumes[0].image.as_ref().expect("an image volume");
+        assert_eq!(
+            image.reference.as_deref(),
+            Some("ghcr.io/orchard-env/orchard-agent:test")
+        );
+        assert_eq!(image.pull_policy.as_deref(), Some("IfNotPresent"));
+        assert!(volumes[0].empty_dir.is_none());
+        let task = &spec.containers[0];
+        assert_eq!(
+            task.command.as_ref().unwrap(),
+            &["/opt/orchard/orchard-agent", "serve"]
+        );
+        let mount = &task.volume_mounts.as_ref().unwrap()[0];
+        assert_eq!(
+            (
+                mount.name.as_str(),
+                mount.mount_path.as_str(),
+                mount.read_only
+            ),
+            (volumes[0].name.as_str(), "/opt/orchard", Some(true))
+        );
+        // Everything else is the init-container pod's.
+        let classic = desired_pod(&minimal(), &owner(), &shape(), &credentials());
+        assert_eq!(classic.spec.as_ref().unwrap().containers, spec.containers);
+    }
+
+    #[test]
     fn the_pod_carries_the_tokens_hash_and_nonce_and_never_the_token() {
         let key = crate::sandbox::token::TokenKey::new(&[5; 32]).unwrap();
         let credentials = key.credentials("ns", "s1", "abcd");
@@ -777,8 +847,14 @@ mod tests {
     #[test]
     fn resources_default_and_requests_equal_limits() {
         let pod = desired_pod(&minimal(), &owner(), &shape(), &credentials());
-        let resources = pod.spec.unwrap().containers[0].resources.clone().unwrap();
+        let spec = pod.spec.unwrap();
+        let resources = spec.containers[0].resources.clone().unwrap();
         assert_eq!(resources.requests, resources.limits);
+        assert_eq!(
+            spec.init_containers.unwrap()[0].resources.as_ref(),
+            Some(&resources),
+            "the install container reserves nothing beyond the sandbox's own budget"
+        );
         let limits = resources.limits.unwrap();
         assert_eq!(limits["cpu"], Quantity("1".into()));
         assert_eq!(limits["memory"], Quantity("2Gi".into()));
