@@ -11,6 +11,17 @@ pub fn cpu_seconds(pid: u32) -> Option<f64> {
     Some((utime + stime) / clock_ticks_per_second())
 }
 
+/// CPU seconds a cgroup has used, from its cgroup v1 `cpuacct.usage` file (nanoseconds, every process
+/// that ever ran in it or its sub-cgroups), or `None` if it is unreadable.
+pub fn cgroup_cpu_seconds(usage_file: &std::path::Path) -> Option<f64> {
+    let nanoseconds: u64 = std::fs::read_to_string(usage_file)
+        .ok()?
+        .trim()
+        .parse()
+        .ok()?;
+    Some(nanoseconds as f64 / 1e9)
+}
+
 fn clock_ticks_per_second() -> f64 {
     match nix::unistd::sysconf(nix::unistd::SysconfVar::CLK_TCK) {
         Ok(Some(ticks)) if ticks > 0 => ticks as f64,
@@ -58,6 +69,19 @@ mod tests {
         assert!(cpu_seconds(me).is_some());
         assert!(rss_bytes(me).unwrap() > 0);
         assert!(peak_rss_bytes(me).unwrap() >= rss_bytes(me).unwrap() / 2);
+    }
+
+    #[test]
+    fn cgroup_usage_is_read_in_nanoseconds() {
+        let file = std::env::temp_dir().join(format!("cpuacct-{}", std::process::id()));
+        std::fs::write(&file, "2500000000\n").unwrap();
+        let seconds = cgroup_cpu_seconds(&file);
+        std::fs::write(&file, "not a number\n").unwrap();
+        let garbage = cgroup_cpu_seconds(&file);
+        std::fs::remove_file(&file).unwrap();
+        assert_eq!(seconds, Some(2.5));
+        assert_eq!(garbage, None);
+        assert_eq!(cgroup_cpu_seconds(&file), None, "gone");
     }
 
     #[test]

@@ -22,7 +22,9 @@ use futures::StreamExt;
 use orchard_e2e::cluster_process::ClusterProcess;
 use orchard_e2e::control_plane::client_from_kubeconfig;
 use orchard_e2e::operator_process::metric_sum;
-use orchard_e2e::proc_stats::{cpu_seconds, peak_rss_bytes, percentile, rss_bytes};
+use orchard_e2e::proc_stats::{
+    cgroup_cpu_seconds, cpu_seconds, peak_rss_bytes, percentile, rss_bytes,
+};
 use orchard_e2e::supervise::processes_with_env;
 use serde_json::{Value, json};
 
@@ -241,19 +243,26 @@ async fn main() {
         })
         .unwrap_or_default();
     pids.insert("bench driver (client)".into(), std::process::id());
-    // On the real node every pod's containers (agents included) are accounted in one cgroup.
-    let pods_cpu_file = info["podsCpuUsageFile"].as_str().map(PathBuf::from);
-    let pods_cpu = || {
-        pods_cpu_file.as_ref().and_then(|f| {
-            std::fs::read_to_string(f)
-                .ok()?
-                .trim()
-                .parse::<f64>()
-                .ok()
-                .map(|ns| ns / 1e9)
+    // On the real node, cgroups account the pods' containers and each node component with the
+    // processes it starts (short-lived ones such as runc and the CNI plugins included).
+    let cpu_files: BTreeMap<String, PathBuf> = info["cpuUsageFiles"]
+        .as_object()
+        .map(|o| {
+            o.iter()
+                .filter_map(|(k, v)| Some((k.clone(), PathBuf::from(v.as_str()?))))
+                .collect()
         })
+        .unwrap_or_default();
+    let read_cpu = || -> BTreeMap<String, f64> {
+        pids.iter()
+            .filter_map(|(k, p)| Some((k.clone(), cpu_seconds(*p)?)))
+            .chain(
+                cpu_files
+                    .iter()
+                    .filter_map(|(k, f)| Some((k.clone(), cgroup_cpu_seconds(f)?))),
+            )
+            .collect()
     };
-    let pods_cpu_before = pods_cpu();
     let kube = client_from_kubeconfig(&kubeconfig)
         .await
         .unwrap_or_else(|e| {
@@ -284,10 +293,7 @@ async fn main() {
         .map(|m| metric_sum(&m, "orchard_api_writes_total", &[]))
         .unwrap_or(0.0);
     let all_writes_before = apiserver_writes().await.unwrap_or(0.0);
-    let cpu_before: BTreeMap<String, f64> = pids
-        .iter()
-        .filter_map(|(k, p)| Some((k.clone(), cpu_seconds(*p)?)))
-        .collect();
+    let cpu_before = read_cpu();
 
     // Sample memory while the load runs.
     let peak_agents = Arc::new(AtomicU64::new(0));
@@ -371,10 +377,7 @@ async fn main() {
 
     let machine_report = machine.report();
     eprintln!("machine: {machine_report}");
-    let cpu_after: BTreeMap<String, f64> = pids
-        .iter()
-        .filter_map(|(k, p)| Some((k.clone(), cpu_seconds(*p)?)))
-        .collect();
+    let cpu_after = read_cpu();
     let gateway_latency = operator_metrics()
         .await
         .map(|m| mean_latencies(&m, "orchard_gateway_request_duration_seconds", "route"))
@@ -503,12 +506,8 @@ async fn main() {
         .iter()
         .map(|(k, after)| (k.clone(), after - cpu_before.get(k).copied().unwrap_or(0.0)))
         .collect();
-    match (pods_cpu_before, pods_cpu()) {
-        (Some(before), Some(after)) => rows.push((
-            "pods (every container, agents included)".into(),
-            after - before,
-        )),
-        _ => rows.push(("agents (all sandboxes)".into(), agents_cpu)),
+    if cpu_files.is_empty() {
+        rows.push(("agents (all sandboxes)".into(), agents_cpu));
     }
     let total: f64 = rows.iter().map(|(_, s)| s).sum();
     rows.sort_by(|a, b| b.1.total_cmp(&a.1));
@@ -592,6 +591,7 @@ async fn main() {
             "steps": steps.iter().map(|(name, p50, p99)| json!({"step": name, "p50": p50, "p99": p99})).collect::<Vec<_>>(),
             "errors": errors,
             "machine": machine_report,
+            "cpuSeconds": rows.iter().map(|(name, seconds)| json!({"component": name, "seconds": seconds})).collect::<Vec<_>>(),
         });
         if let Err(err) = std::fs::write(path, summary.to_string()) {
             eprintln!("bench-scale: cannot write {}: {err}", path.display());

@@ -67,7 +67,7 @@ async fn main() {
         "local-node": std::process::id(),
     });
     if let ClusterNode::Real(node) = &env.node {
-        for (name, pid) in node.pids() {
+        for (name, pid) in node.host_pids() {
             pids[name] = json!(pid);
         }
         pids["local-node"] = json!(null);
@@ -92,9 +92,13 @@ async fn main() {
         },
         "pid": std::process::id(),
         "pids": pids,
-        "podsCpuUsageFile": match &env.node {
-            ClusterNode::Real(node) => json!(node.pods_cpu_usage_file()),
-            ClusterNode::Hollow(_) => json!(null),
+        "cpuUsageFiles": match &env.node {
+            ClusterNode::Real(node) => node
+                .cpu_usage_files()
+                .into_iter()
+                .map(|(label, file)| (label, json!(file)))
+                .collect::<serde_json::Map<_, _>>(),
+            ClusterNode::Hollow(_) => serde_json::Map::new(),
         },
     });
     if let Err(err) = std::fs::write(&info_file, info.to_string()) {

@@ -109,7 +109,22 @@ impl Layout {
     pub fn containerd_socket(&self) -> PathBuf {
         self.path("containerd/containerd.sock")
     }
+
+    /// The cgroup that accounts the CPU time of node component `name` and of every process it starts
+    /// (e.g. `containerd` with the CNI plugins it runs), like a systemd unit's slice on a real node.
+    /// [`SHIMS`] holds containerd's shims and the `runc` they run.
+    pub fn accounting_cgroup(&self, name: &str) -> String {
+        format!("{}/{ACCOUNTING}/{name}", self.cgroup_root)
+    }
 }
+
+/// The directory under the node's cgroup that holds one accounting cgroup per component.
+const ACCOUNTING: &str = "components";
+
+/// The accounting cgroup name of containerd's shims (containerd's `ShimCgroup`): every `runc` call is
+/// the child of a shim, so its CPU time is counted there; a container's own processes move to their
+/// pod's cgroup.
+pub const SHIMS: &str = "shims";
 
 /// containerd's configuration (CRI plugin, overlayfs, runc with cgroupfs, the CNI bridge, the local
 /// registry), config format 3. `restrict_oom_score_adj`: this machine's root lacks `CAP_SYS_RESOURCE`,
@@ -147,6 +162,7 @@ state = "{dir}/containerd/state"
           BinaryName = "{runc}"
           SystemdCgroup = false
           Root = "{dir}/containerd/runc"
+          ShimCgroup = "{shims}"
     [plugins.'io.containerd.cri.v1.runtime'.cni]
       bin_dirs = ["{cni}"]
       conf_dir = "{dir}/cni/net.d"
@@ -155,6 +171,7 @@ state = "{dir}/containerd/state"
         socket = layout.containerd_socket().display(),
         runc = runc.display(),
         cni = cni_bin_dir.display(),
+        shims = layout.accounting_cgroup(SHIMS),
     )
 }
 
@@ -354,6 +371,7 @@ mod tests {
         );
         assert!(containerd.contains("address = \"/n/containerd/containerd.sock\""));
         assert!(containerd.contains("sandbox = \"localhost:5000/pause:3.10\""));
+        assert!(containerd.contains("ShimCgroup = \"/orchard-node-1/components/shims\""));
         let kubelet = kubelet_config(&layout, Path::new("/ca.crt"));
         assert!(kubelet.contains("failCgroupV1: false"));
         assert!(kubelet.contains("cgroupRoot: /orchard-node-1"));

@@ -89,9 +89,8 @@ impl RealNode {
             components: Mutex::new(Vec::new()),
         };
         let blobs = images::blob_dir()?;
-        node.spawn(namespaces::component(
+        node.spawn(node.component(
             "registry",
-            init,
             &tools.join("crane"),
             &[
                 "registry".into(),
@@ -101,21 +100,20 @@ impl RealNode {
                 "--disk".into(),
                 blobs.display().to_string(),
             ],
-            logs.join("registry.log"),
-        ))?;
+        )?)?;
         let pushed = images::push(init, &tools.join("crane"), images).await?;
+        // containerd moves each shim it starts here (`ShimCgroup`).
+        namespaces::create_accounting_cgroup(&layout.accounting_cgroup(layout::SHIMS))?;
 
         node.spawn(
-            namespaces::component(
+            node.component(
                 "containerd",
-                init,
                 &tools.join("containerd"),
                 &[
                     "--config".into(),
                     layout.path("containerd/config.toml").display().to_string(),
                 ],
-                logs.join("containerd.log"),
-            )
+            )?
             // containerd finds its shim next to itself.
             .env(
                 "PATH",
@@ -129,9 +127,8 @@ impl RealNode {
         )
         .await?;
 
-        node.spawn(namespaces::component(
+        node.spawn(node.component(
             "kubelet",
-            init,
             &k8s.join("kubelet"),
             &[
                 format!("--config={}", layout.path("kubelet/config.yaml").display()),
@@ -145,11 +142,9 @@ impl RealNode {
                 format!("--cert-dir={}", layout.path("kubelet/pki").display()),
                 "--v=1".into(),
             ],
-            logs.join("kubelet.log"),
-        ))?;
-        node.spawn(namespaces::component(
+        )?)?;
+        node.spawn(node.component(
             "kube-proxy",
-            init,
             &k8s.join("kube-proxy"),
             &[
                 format!(
@@ -158,8 +153,7 @@ impl RealNode {
                 ),
                 "--v=1".into(),
             ],
-            logs.join("kube-proxy.log"),
-        ))?;
+        )?)?;
         node.spawn(
             Spec::new("kube-scheduler", k8s.join("kube-scheduler"))
                 .args([
@@ -184,18 +178,31 @@ impl RealNode {
             let client = plane.client().await?;
             network_policy::grant_kube_router(&client).await?;
             node.spawn(
-                namespaces::component(
+                node.component(
                     "kube-router",
-                    init,
                     &tools.join("kube-router"),
                     &network_policy::kube_router_args(&layout),
-                    logs.join("kube-router.log"),
-                )
+                )?
                 .env("PATH", "/usr/sbin:/usr/bin:/sbin:/bin"),
             )?;
             network_policy::wait_enforcing(init, Duration::from_secs(60)).await?;
         }
         Ok(node)
+    }
+
+    /// Component `name` inside the node, accounted in its own cgroup with every process it starts
+    /// ([`Layout::accounting_cgroup`]); its log is `<name>.log`.
+    fn component(&self, name: &str, program: &Path, args: &[String]) -> Result<Spec> {
+        let layout = &self.namespaces.layout;
+        let cgroup = namespaces::create_accounting_cgroup(&layout.accounting_cgroup(name))?;
+        Ok(namespaces::component(
+            name,
+            self.namespaces.init_pid,
+            &cgroup,
+            program,
+            args,
+            self.logs.join(format!("{name}.log")),
+        ))
     }
 
     fn spawn(&self, spec: Spec) -> Result<()> {
@@ -382,29 +389,49 @@ impl RealNode {
         Ok(network_namespace_path(&info))
     }
 
-    /// Process ids of the node's components by name (for resource accounting): the programs
-    /// themselves, not the `nsenter` that started them inside the node.
-    pub fn pids(&self) -> Vec<(String, u32)> {
+    /// Process ids of the node's components that run on the host rather than in an accounting
+    /// cgroup (kube-scheduler), by name (for resource accounting).
+    pub fn host_pids(&self) -> Vec<(String, u32)> {
         self.components
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .iter()
-            .map(|c| {
-                let pid = c.pid();
-                let child = std::fs::read_to_string(format!("/proc/{pid}/task/{pid}/children"))
-                    .ok()
-                    .and_then(|text| text.split_whitespace().next()?.parse().ok());
-                (c.name().to_string(), child.unwrap_or(pid))
-            })
+            .filter(|c| c.name() == "kube-scheduler")
+            .map(|c| (c.name().to_string(), c.pid()))
             .collect()
     }
 
-    /// The cgroup v1 `cpuacct.usage` file of all the node's pods (their containers' CPU time, in
-    /// nanoseconds).
-    pub fn pods_cpu_usage_file(&self) -> PathBuf {
-        Path::new("/sys/fs/cgroup/cpuacct")
-            .join(self.namespaces.layout.cgroup_root.trim_start_matches('/'))
-            .join("kubepods/cpuacct.usage")
+    /// The cgroup v1 `cpuacct.usage` files (CPU nanoseconds) that account everything else the node
+    /// runs, by what each holds: every pod's containers; each component with the processes it starts
+    /// (containerd with the CNI plugins, kube-proxy with iptables); containerd's shims with `runc`.
+    pub fn cpu_usage_files(&self) -> Vec<(String, PathBuf)> {
+        let layout = &self.namespaces.layout;
+        let usage = |cgroup: &str| namespaces::cpuacct_dir(cgroup).join("cpuacct.usage");
+        let mut files = vec![(
+            "pods (every container, agents included)".to_string(),
+            usage(&format!("{}/kubepods", layout.cgroup_root)),
+        )];
+        let components = self
+            .components
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .iter()
+            .filter(|c| c.name() != "kube-scheduler")
+            .map(|c| c.name().to_string())
+            .collect::<Vec<_>>();
+        for name in components {
+            let label = match name.as_str() {
+                "containerd" => "containerd (with the CNI plugins it runs)".to_string(),
+                "kube-proxy" => "kube-proxy (with iptables)".to_string(),
+                other => other.to_string(),
+            };
+            files.push((label, usage(&layout.accounting_cgroup(&name))));
+        }
+        files.push((
+            "containerd shims and runc".to_string(),
+            usage(&layout.accounting_cgroup(layout::SHIMS)),
+        ));
+        files
     }
 
     /// Stops everything: kube-scheduler, then the namespaces (every node process, container, mount and

@@ -10,6 +10,7 @@
 //!
 //! Why not `ip netns exec`: it remounts `/sys` and loses the cgroup mounts the kubelet and runc need.
 
+use std::ffi::OsString;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::{Duration, Instant};
@@ -101,9 +102,47 @@ pub fn nsenter(init_pid: u32, pid_namespace: bool) -> Vec<String> {
     args
 }
 
-/// A supervised component running inside the node.
-pub fn component(name: &str, init_pid: u32, program: &Path, args: &[String], log: PathBuf) -> Spec {
-    Spec::new(name, "nsenter")
+/// The shell script that moves its own shell into the cgroup directory given as `$0`, then becomes
+/// the command in its arguments: the command, and every process it starts, is counted there from its
+/// first instruction.
+const JOIN_CGROUP_AND_EXEC: &str = "echo $$ > \"$0/cgroup.procs\" && exec \"$@\"";
+
+/// The `cpuacct` hierarchy (cgroup v1; a separate mount on this machine, so joining a cgroup there
+/// counts CPU time and changes no scheduling or limit).
+const CPUACCT: &str = "/sys/fs/cgroup/cpuacct";
+
+/// The `cpuacct` directory of `cgroup` (a path from the hierarchy's root, e.g. the node's cgroup).
+pub fn cpuacct_dir(cgroup: &str) -> PathBuf {
+    Path::new(CPUACCT).join(cgroup.trim_start_matches('/'))
+}
+
+/// Creates `cgroup` in the `cpuacct` hierarchy only (it accounts, it limits nothing) and returns its
+/// directory.
+pub fn create_accounting_cgroup(cgroup: &str) -> Result<PathBuf> {
+    let dir = cpuacct_dir(cgroup);
+    std::fs::create_dir_all(&dir)
+        .map_err(|e| E2eError::Setup(format!("cannot create the cgroup {}: {e}", dir.display())))?;
+    Ok(dir)
+}
+
+/// A supervised component running inside the node, accounted in the cgroup directory `cgroup_dir`
+/// (from [`create_accounting_cgroup`]). The supervised process is the shell that joins the cgroup,
+/// then `nsenter`; the component is its child.
+pub fn component(
+    name: &str,
+    init_pid: u32,
+    cgroup_dir: &Path,
+    program: &Path,
+    args: &[String],
+    log: PathBuf,
+) -> Spec {
+    Spec::new(name, "sh")
+        .args([
+            OsString::from("-c"),
+            OsString::from(JOIN_CGROUP_AND_EXEC),
+            cgroup_dir.as_os_str().to_owned(),
+            OsString::from("nsenter"),
+        ])
         .args(nsenter(init_pid, true))
         .args([program.as_os_str().to_owned()])
         .args(args.iter().cloned())
@@ -412,6 +451,31 @@ pub fn stale_cgroup_roots() -> Vec<String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_component_joins_its_cgroup_before_it_becomes_its_command() {
+        let dir = std::env::temp_dir().join(format!("join-cgroup-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let output = Command::new("sh")
+            .args(["-c", JOIN_CGROUP_AND_EXEC])
+            .arg(&dir)
+            .args(["sh", "-c", "echo $$"])
+            .output()
+            .unwrap();
+        let joined = std::fs::read_to_string(dir.join("cgroup.procs")).unwrap();
+        std::fs::remove_dir_all(&dir).unwrap();
+        assert!(output.status.success());
+        assert_eq!(
+            joined.trim(),
+            String::from_utf8_lossy(&output.stdout).trim(),
+            "the process that joined is the command (exec keeps the pid)"
+        );
+        let failed = Command::new("sh")
+            .args(["-c", JOIN_CGROUP_AND_EXEC, "/nonexistent-cgroup", "true"])
+            .output()
+            .unwrap();
+        assert!(!failed.status.success(), "no cgroup, no command");
+    }
 
     #[test]
     fn the_mount_script_keeps_cgroups_and_shadows_the_global_sysctls() {
