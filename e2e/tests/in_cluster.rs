@@ -354,6 +354,17 @@ async fn run_in(caller: &Caller, ns: &str, name: &str, argv: Vec<String>) -> Str
         .to_string()
 }
 
+/// Runs `script` with `/bin/sh -c` in sandbox `name` (see [`run_in`]).
+async fn sh_in(caller: &Caller, ns: &str, name: &str, script: &str) -> String {
+    run_in(
+        caller,
+        ns,
+        name,
+        vec!["/bin/sh".into(), "-c".into(), script.into()],
+    )
+    .await
+}
+
 /// Creates sandboxes `(name, network)` from the Debian image and waits until all are Ready.
 async fn network_sandboxes(env: &TestEnv, caller: &Caller, ns: &str, specs: &[(&str, Value)]) {
     let image = env.node.real().image("debian-python");
@@ -470,17 +481,7 @@ async fn the_agent_comes_from_a_read_only_image_volume_without_an_init_container
         Some(env.node.real().image("orchard-agent").as_str()),
         "the agent image is the volume"
     );
-    let mount = run_in(
-        &caller,
-        &ns,
-        "iv",
-        vec![
-            "/bin/sh".into(),
-            "-c".into(),
-            "grep ' /opt/orchard ' /proc/mounts".into(),
-        ],
-    )
-    .await;
+    let mount = sh_in(&caller, &ns, "iv", "grep ' /opt/orchard ' /proc/mounts").await;
     assert!(
         mount
             .split_whitespace()
@@ -488,16 +489,11 @@ async fn the_agent_comes_from_a_read_only_image_volume_without_an_init_container
             .is_some_and(|o| o.split(',').any(|f| f == "ro")),
         "mounted read-only: {mount}"
     );
-    let write = run_in(
+    let write = sh_in(
         &caller,
         &ns,
         "iv",
-        vec![
-            "/bin/sh".into(),
-            "-c".into(),
-            "echo x > /opt/orchard/orchard-agent 2>/dev/null && echo written || echo refused"
-                .into(),
-        ],
+        "echo x > /opt/orchard/orchard-agent 2>/dev/null && echo written || echo refused",
     )
     .await;
     assert_eq!(write, "refused", "task code cannot replace the agent");
