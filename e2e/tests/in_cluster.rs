@@ -2,8 +2,7 @@
 //! built here, the chart's securityContext, RBAC, probes and leader election as shipped. The gateway is
 //! used through its Service (kube-proxy) and through `kubectl port-forward`, and the leader pod is
 //! killed in the middle of a RolloutGroup; the Python SDK's tests run against the in-cluster gateway;
-//! NetworkPolicies are enforced (kube-router) and checked on real packets. This release injects the
-//! agent through an image volume (`agentImage.injection=image-volume`): no init container.
+//! NetworkPolicies are enforced (kube-router) and checked on real packets.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
@@ -35,13 +34,7 @@ async fn release() -> &'static ChartRelease {
         .get_or_init(|| async {
             let env = env();
             env.on_env_runtime(async {
-                // The in-cluster release gets the agent from an image volume; the other real-node
-                // tests (real_node.rs) run the operator with the default init container.
-                let options = ReleaseOptions {
-                    values: vec![("agentImage.injection".into(), "image-volume".into())],
-                    ..ReleaseOptions::default()
-                };
-                ChartRelease::install(env, &options)
+                ChartRelease::install(env, &ReleaseOptions::default())
                     .await
                     .unwrap_or_else(|e| panic!("helm install: {e}"))
             })
@@ -354,17 +347,6 @@ async fn run_in(caller: &Caller, ns: &str, name: &str, argv: Vec<String>) -> Str
         .to_string()
 }
 
-/// Runs `script` with `/bin/sh -c` in sandbox `name` (see [`run_in`]).
-async fn sh_in(caller: &Caller, ns: &str, name: &str, script: &str) -> String {
-    run_in(
-        caller,
-        ns,
-        name,
-        vec!["/bin/sh".into(), "-c".into(), script.into()],
-    )
-    .await
-}
-
 /// Creates sandboxes `(name, network)` from the Debian image and waits until all are Ready.
 async fn network_sandboxes(env: &TestEnv, caller: &Caller, ns: &str, specs: &[(&str, Value)]) {
     let image = env.node.real().image("debian-python");
@@ -458,46 +440,6 @@ async fn pod_reports(env: &TestEnv, ns: &str, name: &str, prefix: &str) -> Strin
         },
     )
     .await
-}
-
-#[tokio::test]
-async fn the_agent_comes_from_a_read_only_image_volume_without_an_init_container() {
-    let _shared = OPERATOR_PODS.read().await;
-    let env = env();
-    let release = release().await;
-    let client = env.client().await;
-    let ns = env.namespace("image-volume").await;
-    let caller = admin_at(env, release.gateway_url(&client).await.expect("url"));
-    network_sandboxes(env, &caller, &ns, &[("iv", json!({"egress": "Deny"}))]).await;
-    let pod = Api::<Pod>::namespaced(client.clone(), &ns)
-        .get("iv")
-        .await
-        .expect("the sandbox's pod");
-    let spec = pod.spec.expect("pod spec");
-    assert_eq!(spec.init_containers, None, "no init container");
-    let image = spec.volumes.iter().flatten().find_map(|v| v.image.clone());
-    assert_eq!(
-        image.and_then(|i| i.reference).as_deref(),
-        Some(env.node.real().image("orchard-agent").as_str()),
-        "the agent image is the volume"
-    );
-    let mount = sh_in(&caller, &ns, "iv", "grep ' /opt/orchard ' /proc/mounts").await;
-    assert!(
-        mount
-            .split_whitespace()
-            .nth(3)
-            .is_some_and(|o| o.split(',').any(|f| f == "ro")),
-        "mounted read-only: {mount}"
-    );
-    let write = sh_in(
-        &caller,
-        &ns,
-        "iv",
-        "echo x > /opt/orchard/orchard-agent 2>/dev/null && echo written || echo refused",
-    )
-    .await;
-    assert_eq!(write, "refused", "task code cannot replace the agent");
-    env.delete_namespace(&ns).await;
 }
 
 #[tokio::test]
