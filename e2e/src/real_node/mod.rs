@@ -27,6 +27,9 @@ use crate::control_plane::ControlPlane;
 use crate::error::{E2eError, Result};
 use crate::supervise::{Child, Spec};
 
+/// The component that runs on the host, not inside the node (and so not in an accounting cgroup).
+const SCHEDULER: &str = "kube-scheduler";
+
 /// Where Debian's packages put runc and the CNI plugins (`make node-deps`).
 const RUNC: &str = "/usr/sbin/runc";
 const CNI_BIN_DIR: &str = "/usr/lib/cni";
@@ -155,7 +158,7 @@ impl RealNode {
             ],
         )?)?;
         node.spawn(
-            Spec::new("kube-scheduler", k8s.join("kube-scheduler"))
+            Spec::new(SCHEDULER, k8s.join("kube-scheduler"))
                 .args([
                     format!(
                         "--kubeconfig={}",
@@ -396,7 +399,7 @@ impl RealNode {
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .iter()
-            .filter(|c| c.name() == "kube-scheduler")
+            .filter(|c| c.name() == SCHEDULER)
             .map(|c| (c.name().to_string(), c.pid()))
             .collect()
     }
@@ -416,7 +419,7 @@ impl RealNode {
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .iter()
-            .filter(|c| c.name() != "kube-scheduler")
+            .filter(|c| c.name() != SCHEDULER)
             .map(|c| c.name().to_string())
             .collect::<Vec<_>>();
         for name in components {
@@ -443,7 +446,7 @@ impl RealNode {
             .unwrap_or_else(|p| p.into_inner())
             .drain(..)
             .collect();
-        for child in components.iter().filter(|c| c.name() == "kube-scheduler") {
+        for child in components.iter().filter(|c| c.name() == SCHEDULER) {
             child.stop(Duration::from_secs(5)).await;
         }
         self.namespaces.destroy().await;
