@@ -30,7 +30,7 @@ pub const USAGE: &str = "\
 usage:
   orchard-agent serve [--listen ADDR] [--token-file PATH | --token-sha256 HEX] [--root DIR]
                       [--max-concurrent N] [--max-body-bytes SIZE] [--max-upload-bytes SIZE]
-                      [--max-output-bytes-total SIZE] [--insecure-no-auth]
+                      [--max-output-bytes-total SIZE] [--egress-canary ADDR[,ADDR]] [--insecure-no-auth]
   orchard-agent install DIR
                        copy this executable to DIR/orchard-agent (mode 0755) and print the path
   orchard-agent --version
@@ -46,6 +46,8 @@ serve options (flag, then environment variable, then default):
   --max-body-bytes SIZE    ORCHARD_AGENT_MAX_BODY_BYTES  JSON body limit, default 16MiB
   --max-upload-bytes SIZE  ORCHARD_AGENT_MAX_UPLOAD_BYTES  uploaded file limit, default 8GiB
   --max-output-bytes-total SIZE  ORCHARD_AGENT_MAX_OUTPUT_BYTES_TOTAL  output buffered by all commands, default 256MiB
+  --egress-canary ADDRS    ORCHARD_AGENT_EGRESS_CANARY   socket addresses (comma-separated) this sandbox's NetworkPolicies deny:
+                           serve nothing (503, the startup command waits) until a TCP connection to each fails
   --insecure-no-auth       ORCHARD_AGENT_INSECURE_NO_AUTH=true    serve without a token: LOCAL DEBUGGING ONLY, anyone who
                            can reach the port runs commands (serve refuses to start without a token otherwise)
   ORCHARD_AGENT_STARTUP    JSON {\"argv\":[..]} or {\"command\":\"..\"}: background process `startup` at boot
@@ -87,6 +89,9 @@ pub struct ServeOptions {
     pub max_output_bytes_total: u64,
     /// `--insecure-no-auth`: serve without a token (local debugging only). `token` is then `None`.
     pub insecure_no_auth: bool,
+    /// Addresses the sandbox's NetworkPolicies deny: nothing is served until none accepts a
+    /// connection (`policy_gate`). Empty: serve at once.
+    pub egress_canaries: Vec<SocketAddr>,
     /// Raw JSON of `ORCHARD_AGENT_STARTUP`, parsed by the server.
     pub startup: Option<String>,
     /// Raw `ORCHARD_AGENT_LOG` filter.
@@ -182,6 +187,7 @@ fn parse_serve(
     let mut max_body = None;
     let mut max_upload = None;
     let mut max_output_total = None;
+    let mut egress_canary = None;
     let mut insecure_no_auth = false;
 
     let mut rest = args.iter();
@@ -203,6 +209,7 @@ fn parse_serve(
             "--max-body-bytes" => &mut max_body,
             "--max-upload-bytes" => &mut max_upload,
             "--max-output-bytes-total" => &mut max_output_total,
+            "--egress-canary" => &mut egress_canary,
             _ => return Err(CliError(format!("unknown option `{arg}` for serve"))),
         };
         *slot = Some(option_value(name, inline_value, &mut rest)?);
@@ -260,6 +267,10 @@ fn parse_serve(
         max_upload_bytes,
         max_output_bytes_total,
         insecure_no_auth,
+        egress_canaries: match egress_canary.or_else(|| from_env("ORCHARD_AGENT_EGRESS_CANARY")) {
+            Some(text) => parse_canaries(&text)?,
+            None => Vec::new(),
+        },
         startup: from_env("ORCHARD_AGENT_STARTUP"),
         log_filter: from_env("ORCHARD_AGENT_LOG"),
     })
@@ -345,6 +356,21 @@ pub fn parse_listen(text: &str) -> Result<SocketAddr, CliError> {
     })
 }
 
+/// Parses `--egress-canary`: literal socket addresses, comma-separated (blanks between commas ignored).
+pub fn parse_canaries(text: &str) -> Result<Vec<SocketAddr>, CliError> {
+    text.split(',')
+        .map(str::trim)
+        .filter(|part| !part.is_empty())
+        .map(|part| {
+            part.parse::<SocketAddr>().map_err(|_| {
+                CliError(format!(
+                    "--egress-canary `{part}` is not a literal socket address (examples: 10.0.0.1:6443, [fd00::1]:6443)"
+                ))
+            })
+        })
+        .collect()
+}
+
 /// Parses a byte size: `1048576`, `512K`, `16MiB`, `8G` (binary multiples).
 pub fn parse_size(text: &str) -> Result<u64, String> {
     let trimmed = text.trim();
@@ -414,6 +440,35 @@ mod tests {
         assert_eq!(options.max_upload_bytes, 8 << 30);
         assert_eq!(options.max_output_bytes_total, 256 << 20);
         assert!(!options.insecure_no_auth);
+        assert!(options.egress_canaries.is_empty());
+    }
+
+    #[test]
+    fn egress_canaries_come_from_the_flag_or_the_environment() {
+        let from_env = serve(
+            &["serve"],
+            &[
+                TOKEN,
+                (
+                    "ORCHARD_AGENT_EGRESS_CANARY",
+                    "10.0.0.1:6443, [fd00::1]:6443,",
+                ),
+            ],
+        );
+        assert_eq!(
+            from_env.egress_canaries,
+            vec![
+                "10.0.0.1:6443".parse().unwrap(),
+                "[fd00::1]:6443".parse().unwrap()
+            ]
+        );
+        let flag = serve(
+            &["serve", "--egress-canary=10.0.0.2:443"],
+            &[TOKEN, ("ORCHARD_AGENT_EGRESS_CANARY", "10.0.0.1:6443")],
+        );
+        assert_eq!(flag.egress_canaries, vec!["10.0.0.2:443".parse().unwrap()]);
+        let error = parse_with(&["serve", "--egress-canary", "api:6443"], &[TOKEN]).unwrap_err();
+        assert!(error.0.contains("`api:6443`"), "{error}");
     }
 
     #[test]

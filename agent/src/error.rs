@@ -47,6 +47,9 @@ pub enum AgentError {
     MethodNotAllowed(String),
     #[error("{0}")]
     TooManyRequests(String),
+    /// The agent cannot serve yet; retrying later succeeds (503).
+    #[error("{0}")]
+    Unavailable(String),
     #[error("{0}")]
     Internal(String),
 }
@@ -93,6 +96,7 @@ impl AgentError {
             AgentError::UnsupportedMediaType(_) => StatusCode::UNSUPPORTED_MEDIA_TYPE,
             AgentError::MethodNotAllowed(_) => StatusCode::METHOD_NOT_ALLOWED,
             AgentError::TooManyRequests(_) => StatusCode::TOO_MANY_REQUESTS,
+            AgentError::Unavailable(_) => StatusCode::SERVICE_UNAVAILABLE,
             AgentError::Internal(_) => StatusCode::INTERNAL_SERVER_ERROR,
         }
     }
@@ -113,6 +117,7 @@ impl AgentError {
             AgentError::UnsupportedMediaType(_) => "UnsupportedMediaType",
             AgentError::MethodNotAllowed(_) => "MethodNotAllowed",
             AgentError::TooManyRequests(_) => "TooManyRequests",
+            AgentError::Unavailable(_) => "Unavailable",
             AgentError::Internal(_) => "Internal",
         }
     }

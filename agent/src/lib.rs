@@ -3,7 +3,8 @@
 //!
 //! Data flow: `cli` (flags, env) -> `server` (router, `/v1` guard, shutdown) -> handlers in `exec`,
 //! `processes`, `files`, `patch`; `process_group` owns the kill-the-whole-group rule; `init` the PID 1
-//! duty; `error` the JSON error mapping.
+//! duty; `policy_gate` holds everything back until the sandbox's NetworkPolicies are enforced;
+//! `error` the JSON error mapping.
 
 pub mod auth;
 pub mod cli;
@@ -18,6 +19,7 @@ pub mod install;
 pub mod json_body;
 pub mod logging;
 pub mod patch;
+pub mod policy_gate;
 pub mod process_group;
 pub mod processes;
 pub mod server;

@@ -4,6 +4,7 @@
 use std::process::ExitCode;
 
 use orchard_agent::cli::{self, ENV_PREFIX, Invocation, ServeOptions, USAGE, WIPED_VARIABLES};
+use orchard_agent::policy_gate::{PolicyGate, ProbeTiming};
 use orchard_agent::server::{self, AgentConfig, AppState};
 use orchard_agent::{VERSION, hardening, init, install, logging};
 
@@ -156,12 +157,23 @@ fn serve(options: ServeOptions) -> ExitCode {
             auth = config.token.is_some(),
             "orchard-agent serving"
         );
-        let state = AppState::new(config);
-        if let Some(startup) = &options.startup
-            && let Err(error) = server::start_startup_command(&state, startup)
-        {
-            eprintln!("orchard-agent: {error}");
-            return ExitCode::from(2);
+        let gate = PolicyGate::probing(options.egress_canaries.clone(), ProbeTiming::default());
+        let state = AppState::new(config).with_gate(gate);
+        if let Some(startup) = options.startup.clone() {
+            // Checked now, started once the sandbox's NetworkPolicies are enforced: a command that
+            // cannot start still ends the agent (and fails the sandbox), as before the gate.
+            if let Err(error) = server::startup_spec(&state.config.root, &startup) {
+                eprintln!("orchard-agent: {error}");
+                return ExitCode::from(2);
+            }
+            let state = state.clone();
+            tokio::spawn(async move {
+                state.gate.opened().await;
+                if let Err(error) = server::start_startup_command(&state, &startup) {
+                    eprintln!("orchard-agent: {error}");
+                    std::process::exit(2);
+                }
+            });
         }
         match server::serve(state, listener, server::termination_signal()).await {
             Ok(()) => {

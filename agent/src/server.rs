@@ -26,12 +26,18 @@ use crate::error::{AgentError, json_response};
 use crate::exec::budget::OutputBudget;
 use crate::exec::request::{CommandRequest, CommandSpec, IntoSpec, RequestKind};
 use crate::files::paths::ProtectedFiles;
+use crate::policy_gate::PolicyGate;
 use crate::process_group::ProcessGroups;
 use crate::processes::table::{MAX_PROCESSES, ProcessTable, Started};
 use crate::{VERSION, exec, files, patch, processes};
 
 /// How long commands get to exit after SIGTERM at shutdown before they are SIGKILLed.
 pub const SHUTDOWN_GRACE: Duration = Duration::from_secs(5);
+
+/// How long `/healthz` waits for a closed [`PolicyGate`] to open before answering 503: the kubelet
+/// probes once a second with a one-second timeout, so a pod turns Ready within moments of its policy
+/// being enforced rather than at the next probe.
+pub const HEALTH_HOLD: Duration = Duration::from_millis(700);
 
 /// Everything the server needs to know, resolved at startup.
 #[derive(Debug, Clone)]
@@ -93,6 +99,8 @@ pub struct AppState {
     /// The Sandbox this agent serves, once the operator said so (`PUT /v1/identity`).
     identity: Arc<std::sync::RwLock<Option<String>>>,
     admission: Arc<Semaphore>,
+    /// Nothing is served until the sandbox's NetworkPolicies are seen enforced.
+    pub gate: PolicyGate,
 }
 
 impl AppState {
@@ -109,7 +117,13 @@ impl AppState {
             output_budget,
             identity: Arc::default(),
             admission,
+            gate: PolicyGate::open(),
         }
+    }
+
+    /// The same state, serving only once `gate` opens.
+    pub fn with_gate(self, gate: PolicyGate) -> Self {
+        AppState { gate, ..self }
     }
 
     /// Gives `spec` the `ORCHARD_SANDBOX` of the identity set by `PUT /v1/identity`, unless the
@@ -148,7 +162,12 @@ async fn set_identity(
     ))
 }
 
-async fn healthz() -> Response {
+/// `GET /healthz` (no token): 200 once the policy gate is open; until then it waits up to
+/// [`HEALTH_HOLD`] for it and answers 503.
+async fn healthz(State(state): State<AppState>) -> Response {
+    if !state.gate.wait_open(HEALTH_HOLD).await {
+        return AgentError::Unavailable(POLICY_NOT_ENFORCED.into()).into_response();
+    }
     json_response(
         StatusCode::OK,
         &AgentHealth {
@@ -174,13 +193,21 @@ async fn method_not_allowed(request: Request) -> AgentError {
     ))
 }
 
-/// Authenticates, then admits the request if fewer than `max_concurrent` are in flight. The admission
+/// Why a request is refused while the policy gate is closed.
+const POLICY_NOT_ENFORCED: &str = "the sandbox's NetworkPolicies are not enforced yet (it still reaches an address they deny); \
+     the agent serves once they are: retry shortly";
+
+/// Authenticates, refuses everything while the policy gate is closed, then admits the request if
+/// fewer than `max_concurrent` are in flight. The admission
 /// permit lives as long as the response body, so streams and downloads count until they end.
 async fn guard_v1(State(state): State<AppState>, request: Request, next: Next) -> Response {
     if let Some(token) = &state.config.token
         && !token.authorizes(request.headers())
     {
         return AgentError::Unauthorized.into_response();
+    }
+    if !state.gate.is_open() {
+        return AgentError::Unavailable(POLICY_NOT_ENFORCED.into()).into_response();
     }
     let Ok(permit) = Arc::clone(&state.admission).try_acquire_owned() else {
         return AgentError::TooManyRequests(format!(

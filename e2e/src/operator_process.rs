@@ -43,6 +43,14 @@ impl OperatorProcess {
         if !extra_args.iter().any(|a| a.starts_with("--agent-image")) {
             args.push(format!("--agent-image={AGENT_IMAGE}"));
         }
+        // An operator outside the cluster reaches agents only where no NetworkPolicy is enforced (the
+        // hollow node; the real node without kube-router): sandboxes there would wait for ever.
+        if !extra_args
+            .iter()
+            .any(|a| a.starts_with("--await-policy-enforcement"))
+        {
+            args.push("--await-policy-enforcement=false".to_string());
+        }
         let mut spec = Spec::new("orchard-operator", binary)
             .args(args)
             .args(extra_args.iter().cloned())

@@ -2,7 +2,9 @@
 //! built here, the chart's securityContext, RBAC, probes and leader election as shipped. The gateway is
 //! used through its Service (kube-proxy) and through `kubectl port-forward`, and the leader pod is
 //! killed in the middle of a RolloutGroup; the Python SDK's tests run against the in-cluster gateway;
-//! NetworkPolicies are enforced (kube-router) and checked on real packets.
+//! NetworkPolicies are enforced (kube-router) and checked on real packets, from a sandbox's first
+//! moment of Ready on. This release injects the agent through an image volume
+//! (`agentImage.injection=image-volume`): no init container, so sandboxes are Ready soonest.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
@@ -34,7 +36,13 @@ async fn release() -> &'static ChartRelease {
         .get_or_init(|| async {
             let env = env();
             env.on_env_runtime(async {
-                ChartRelease::install(env, &ReleaseOptions::default())
+                // The in-cluster release gets the agent from an image volume; the other real-node
+                // tests (real_node.rs) run the operator with the default init container.
+                let options = ReleaseOptions {
+                    values: vec![("agentImage.injection".into(), "image-volume".into())],
+                    ..ReleaseOptions::default()
+                };
+                ChartRelease::install(env, &options)
                     .await
                     .unwrap_or_else(|e| panic!("helm install: {e}"))
             })
@@ -347,6 +355,17 @@ async fn run_in(caller: &Caller, ns: &str, name: &str, argv: Vec<String>) -> Str
         .to_string()
 }
 
+/// Runs `script` with `/bin/sh -c` in sandbox `name` (see [`run_in`]).
+async fn sh_in(caller: &Caller, ns: &str, name: &str, script: &str) -> String {
+    run_in(
+        caller,
+        ns,
+        name,
+        vec!["/bin/sh".into(), "-c".into(), script.into()],
+    )
+    .await
+}
+
 /// Creates sandboxes `(name, network)` from the Debian image and waits until all are Ready.
 async fn network_sandboxes(env: &TestEnv, caller: &Caller, ns: &str, specs: &[(&str, Value)]) {
     let image = env.node.real().image("debian-python");
@@ -440,6 +459,100 @@ async fn pod_reports(env: &TestEnv, ns: &str, name: &str, prefix: &str) -> Strin
         },
     )
     .await
+}
+
+#[tokio::test]
+async fn the_agent_comes_from_a_read_only_image_volume_without_an_init_container() {
+    let _shared = OPERATOR_PODS.read().await;
+    let env = env();
+    let release = release().await;
+    let client = env.client().await;
+    let ns = env.namespace("image-volume").await;
+    let caller = admin_at(env, release.gateway_url(&client).await.expect("url"));
+    network_sandboxes(env, &caller, &ns, &[("iv", json!({"egress": "Deny"}))]).await;
+    let pod = Api::<Pod>::namespaced(client.clone(), &ns)
+        .get("iv")
+        .await
+        .expect("the sandbox's pod");
+    let spec = pod.spec.expect("pod spec");
+    assert_eq!(spec.init_containers, None, "no init container");
+    let image = spec.volumes.iter().flatten().find_map(|v| v.image.clone());
+    assert_eq!(
+        image.and_then(|i| i.reference).as_deref(),
+        Some(env.node.real().image("orchard-agent").as_str()),
+        "the agent image is the volume"
+    );
+    let mount = sh_in(&caller, &ns, "iv", "grep ' /opt/orchard ' /proc/mounts").await;
+    assert!(
+        mount
+            .split_whitespace()
+            .nth(3)
+            .is_some_and(|o| o.split(',').any(|f| f == "ro")),
+        "mounted read-only: {mount}"
+    );
+    let write = sh_in(
+        &caller,
+        &ns,
+        "iv",
+        "echo x > /opt/orchard/orchard-agent 2>/dev/null && echo written || echo refused",
+    )
+    .await;
+    assert_eq!(write, "refused", "task code cannot replace the agent");
+    env.delete_namespace(&ns).await;
+}
+
+/// kube-router programs a new pod's rules some time after the pod's network is up; a sandbox is
+/// Ready only after that (`sandboxEgress.awaitEnforcement`, on by default): its agent served nothing
+/// until its egress to the API server was refused. Several sandboxes at once, each probed outside the
+/// moment it is Ready.
+#[tokio::test]
+async fn a_sandbox_is_ready_only_once_its_policies_are_enforced() {
+    let _shared = OPERATOR_PODS.read().await;
+    let env = env();
+    let release = release().await;
+    let client = env.client().await;
+    let ns = env.namespace("np-first").await;
+    let caller = admin_at(env, release.gateway_url(&client).await.expect("url"));
+    let outside = outside_listener(env).await;
+    let (ip, port) = (outside.ip().to_string(), outside.port());
+    let image = env.node.real().image("debian-python");
+    let names: Vec<String> = (0..4).map(|i| format!("first-{i}")).collect();
+    for name in &names {
+        caller
+            .create_sandbox(
+                &ns,
+                json!({"name": name, "image": image, "network": {"egress": "Deny"}}),
+            )
+            .await;
+    }
+    let probes = names.iter().map(|name| {
+        let (caller, ns, ip) = (&caller, &ns, &ip);
+        async move {
+            caller.wait_ready(ns, name).await;
+            (name, run_in(caller, ns, name, tcp_probe(ip, port)).await)
+        }
+    });
+    for (name, answer) in futures::future::join_all(probes).await {
+        assert!(
+            answer.starts_with("closed"),
+            "{name} reached the outside host on its first exec after Ready: {answer}"
+        );
+    }
+    // Each agent waited for the enforcer, and says so.
+    let pods: Api<Pod> = Api::namespaced(client.clone(), &ns);
+    let params = kube::api::LogParams {
+        container: Some("sandbox".into()),
+        ..kube::api::LogParams::default()
+    };
+    for name in &names {
+        let logs = pods.logs(name, &params).await.expect("agent logs");
+        let line = logs
+            .lines()
+            .find(|l| l.contains("network policy enforced"))
+            .unwrap_or_else(|| panic!("{name}'s agent did not wait for its policies:\n{logs}"));
+        eprintln!("{name}: {line}");
+    }
+    env.delete_namespace(&ns).await;
 }
 
 #[tokio::test]

@@ -122,6 +122,8 @@ fn flags_from_deployment(deployment: &Value) -> Vec<String> {
         "ORCHARD_METRICS_LISTEN",
         "ORCHARD_AGENT_IMAGE",
         "ORCHARD_LOG_FORMAT",
+        // The hollow node enforces no NetworkPolicy: OperatorProcess turns the wait off.
+        "ORCHARD_AWAIT_POLICY_ENFORCEMENT",
     ];
     let mut args = Vec::new();
     for (name, value) in env_map(container) {

@@ -8,4 +8,5 @@ mod files;
 mod hardening;
 mod patch;
 mod pid1;
+mod policy_gate;
 mod processes;

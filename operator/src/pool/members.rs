@@ -218,6 +218,7 @@ pub mod fixtures {
             default_ephemeral_storage: None,
             termination_grace_seconds: 5,
             default_security_profile: orchard_api::SecurityProfile::Default,
+            policy_canaries: crate::sandbox::policy_canary::PolicyCanaries::default(),
         }
     }
 }

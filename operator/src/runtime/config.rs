@@ -148,6 +148,15 @@ pub struct SandboxDefaults {
     #[arg(long, env = "ORCHARD_EGRESS_ALLOW_API_SERVER", default_value_t = false)]
     pub egress_allow_api_server: bool,
 
+    /// Make every sandbox wait for its NetworkPolicies to be enforced before it is Ready: its agent serves nothing, and its startup command waits, until a TCP connection to the API server's endpoints (which its policies deny) fails. Enforcers program a new pod's rules some time after its network is up; without this a `Deny` sandbox reaches everything for that long. Turn it off only on clusters without a NetworkPolicy enforcer, where sandboxes would never become Ready. With --egress-allow-api-server only `Deny` sandboxes wait.
+    #[arg(
+        long,
+        env = "ORCHARD_AWAIT_POLICY_ENFORCEMENT",
+        default_value_t = true,
+        action = clap::ArgAction::Set
+    )]
+    pub await_policy_enforcement: bool,
+
     /// Pod address ranges of the cluster (comma-separated). With them, `AllowAll` reaches pods only through a namespace selector that leaves out the operator's namespace, and `AllowList` CIDRs never cover pods; without them, enforcers that match IP blocks against pod addresses let `AllowAll` reach the operator's pods.
     #[arg(long, env = "ORCHARD_CLUSTER_POD_CIDRS", default_value = "")]
     pub cluster_pod_cidrs: String,

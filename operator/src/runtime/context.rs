@@ -26,6 +26,7 @@ use crate::sandbox::agent_client::AgentClient;
 use crate::sandbox::build::{PodShape, PolicyShape};
 use crate::sandbox::cidr::Cidr;
 use crate::sandbox::placement::Placement;
+use crate::sandbox::policy_canary::PolicyCanaries;
 use crate::sandbox::runner::Runners;
 use crate::sandbox::token::TokenKey;
 use orchard_api::{RolloutGroup, RolloutQueue, Sandbox, SandboxPool};
@@ -105,6 +106,8 @@ impl Settings {
                     .filter(|s| !s.is_empty()),
                 termination_grace_seconds: defaults.termination_grace_seconds,
                 default_security_profile: defaults.default_security_profile,
+                // Filled at start from the API server's endpoints (`--await-policy-enforcement`).
+                policy_canaries: PolicyCanaries::default(),
             },
             policy: PolicyShape {
                 agent_port: defaults.agent_port,

@@ -105,6 +105,65 @@ async fn termination_signal() {
     }
 }
 
+/// Reads the API server's endpoints, when needed, into `settings`: the addresses sandboxes never
+/// reach (unless --egress-allow-api-server), and the canaries their agents probe before serving
+/// (--await-policy-enforcement).
+async fn apply_api_server_endpoints(
+    client: &Client,
+    args: &OperatorArgs,
+    settings: &mut Settings,
+) -> Result<()> {
+    let protect = !args.sandbox.egress_allow_api_server;
+    let await_enforcement = args.sandbox.await_policy_enforcement;
+    if !protect && !await_enforcement {
+        return Ok(());
+    }
+    let slice = crate::sandbox::apply::api_server_endpoints(client)
+        .await
+        .map_err(|err| {
+            Error::Config(format!(
+                "cannot read the EndpointSlice default/kubernetes ({err}): the operator needs `get` on it to keep sandboxes away from the API server and to see their NetworkPolicies enforced (or --egress-allow-api-server and --await-policy-enforcement=false)"
+            ))
+        })?;
+    if protect {
+        let cidrs = slice
+            .as_ref()
+            .map(crate::sandbox::cidr::endpoint_cidrs)
+            .unwrap_or_default();
+        if cidrs.is_empty() {
+            warn!(
+                "no ready endpoint in the EndpointSlice default/kubernetes: the API server's addresses cannot be excepted from sandbox egress; add them to --egress-except-cidrs"
+            );
+        } else {
+            let shown: Vec<String> = cidrs.iter().map(ToString::to_string).collect();
+            info!(api_server = ?shown, "AllowAll and AllowList sandboxes will not reach the API server");
+            settings.policy.protected_cidrs.extend(cidrs);
+        }
+    }
+    if await_enforcement {
+        let addresses = slice
+            .as_ref()
+            .map(crate::sandbox::policy_canary::endpoint_addresses)
+            .unwrap_or_default();
+        if addresses.is_empty() {
+            warn!(
+                "no ready endpoint with a TCP port in the EndpointSlice default/kubernetes: sandboxes cannot check that their NetworkPolicies are enforced and become Ready without waiting for it"
+            );
+        } else {
+            info!(
+                canaries = ?addresses,
+                only_deny = !protect,
+                "sandboxes become Ready only once their NetworkPolicies deny them these addresses"
+            );
+            settings.pod.policy_canaries = crate::sandbox::policy_canary::PolicyCanaries {
+                addresses,
+                denied_to_open_egress: protect,
+            };
+        }
+    }
+    Ok(())
+}
+
 /// Runs the operator until a termination signal.
 pub async fn run(args: OperatorArgs) -> Result<()> {
     let mut settings = Settings::from_args(&args)?;
@@ -115,23 +174,7 @@ pub async fn run(args: OperatorArgs) -> Result<()> {
         .unwrap_or_else(default_identity);
     let config = client_config(&identity).await?;
     let client = Client::try_from(config.clone())?;
-    if !args.sandbox.egress_allow_api_server {
-        match crate::sandbox::apply::api_server_cidrs(&client).await {
-            Ok(cidrs) if !cidrs.is_empty() => {
-                let shown: Vec<String> = cidrs.iter().map(ToString::to_string).collect();
-                info!(api_server = ?shown, "AllowAll and AllowList sandboxes will not reach the API server");
-                settings.policy.protected_cidrs.extend(cidrs);
-            }
-            Ok(_) => warn!(
-                "no EndpointSlice default/kubernetes: the API server's addresses cannot be excepted from sandbox egress; add them to --egress-except-cidrs"
-            ),
-            Err(err) => {
-                return Err(Error::Config(format!(
-                    "cannot read the EndpointSlice default/kubernetes ({err}): the operator needs `get` on it to keep sandboxes away from the API server (or --egress-allow-api-server)"
-                )));
-            }
-        }
-    }
+    apply_api_server_endpoints(&client, &args, &mut settings).await?;
     let token_key = super::token_key::load_or_create(&client, &args.sandbox.operator_namespace)
         .await
         .map_err(|err| {

@@ -35,16 +35,15 @@ pub fn owner_of(sandbox: &Sandbox) -> Owner<'_> {
     }
 }
 
-/// The API server's endpoint addresses, from the EndpointSlice `default/kubernetes` that
-/// kube-apiserver keeps (egress policies except them). Empty when the cluster has none.
-pub async fn api_server_cidrs(client: &kube::Client) -> Result<Vec<super::cidr::Cidr>> {
+/// The API server's endpoints, the EndpointSlice `default/kubernetes` that kube-apiserver keeps
+/// (egress policies except them; sandboxes probe them to see their policies enforced). `None` when
+/// the cluster has none.
+pub async fn api_server_endpoints(
+    client: &kube::Client,
+) -> Result<Option<k8s_openapi::api::discovery::v1::EndpointSlice>> {
     let api: Api<k8s_openapi::api::discovery::v1::EndpointSlice> =
         Api::namespaced(client.clone(), "default");
-    Ok(api
-        .get_opt("kubernetes")
-        .await?
-        .map(|slice| super::cidr::endpoint_cidrs(&slice))
-        .unwrap_or_default())
+    Ok(api.get_opt("kubernetes").await?)
 }
 
 /// Ensures the namespace baseline policy (default-deny egress, agent ingress only from the operator).

@@ -19,6 +19,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::{
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 
 use super::cidr::{Cidr, excepts_within};
+use super::policy_canary::{CANARY_VARIABLE, PolicyCanaries, canaries_for, canary_value};
 use super::token::{PodCredentials, VERIFIER_VARIABLE};
 use orchard_api::{
     EgressPolicy, MANAGED_BY, MANAGED_BY_LABEL, PortProtocol, ROLLOUT_GROUP_LABEL,
@@ -70,6 +71,8 @@ pub struct PodShape {
     pub termination_grace_seconds: i64,
     /// Security profile when the spec sets none.
     pub default_security_profile: SecurityProfile,
+    /// What the agent must find closed before it serves (`--await-policy-enforcement`).
+    pub policy_canaries: PolicyCanaries,
 }
 
 /// Who may reach agents, and where DNS lives: the inputs of the NetworkPolicies.
@@ -203,6 +206,10 @@ fn task_env(sandbox: &Sandbox, name: &str, shape: &PodShape, verifier: &str) -> 
         format!("0.0.0.0:{}", shape.agent_port),
     );
     push(VERIFIER_VARIABLE, verifier.to_string());
+    let egress = spec.network.as_ref().map(|n| n.egress).unwrap_or_default();
+    if let Some(canaries) = canary_value(canaries_for(egress, &shape.policy_canaries)) {
+        push(CANARY_VARIABLE, canaries);
+    }
     if let Some(startup) = &spec.startup {
         push(
             "ORCHARD_AGENT_STARTUP",
@@ -635,6 +642,7 @@ mod tests {
             default_ephemeral_storage: None,
             termination_grace_seconds: 5,
             default_security_profile: SecurityProfile::Default,
+            policy_canaries: PolicyCanaries::default(),
         }
     }
 
@@ -944,6 +952,50 @@ mod tests {
             env_value(&pod, "ORCHARD_AGENT_STARTUP").as_deref(),
             Some(r#"{"argv":["/usr/bin/Xvfb",":1"]}"#)
         );
+    }
+
+    #[test]
+    fn the_agent_is_told_its_canaries_only_when_its_policies_deny_them() {
+        let canary: std::net::SocketAddr = "10.250.0.1:6443".parse().expect("address");
+        let gated = PodShape {
+            policy_canaries: PolicyCanaries {
+                addresses: vec![canary],
+                denied_to_open_egress: false,
+            },
+            ..shape()
+        };
+        let with_egress = |egress: EgressPolicy| {
+            let mut s = minimal();
+            s.spec.network = Some(NetworkSpec {
+                egress,
+                ..NetworkSpec::default()
+            });
+            s
+        };
+        let deny = desired_pod(&minimal(), &owner(), &gated, &credentials());
+        assert_eq!(
+            env_value(&deny, CANARY_VARIABLE).as_deref(),
+            Some("10.250.0.1:6443")
+        );
+        // --egress-allow-api-server: an AllowAll sandbox may reach the API server; nothing to probe.
+        let open = desired_pod(
+            &with_egress(EgressPolicy::AllowAll),
+            &owner(),
+            &gated,
+            &credentials(),
+        );
+        assert_eq!(env_value(&open, CANARY_VARIABLE), None);
+        // Enforcement not awaited: no variable at all.
+        let off = desired_pod(&minimal(), &owner(), &shape(), &credentials());
+        assert_eq!(env_value(&off, CANARY_VARIABLE), None);
+        // A user's variable of the same name never reaches the agent.
+        let mut spoofed = minimal();
+        spoofed.spec.env.push(SandboxEnv {
+            name: CANARY_VARIABLE.into(),
+            value: "127.0.0.1:1".into(),
+        });
+        let pod = desired_pod(&spoofed, &owner(), &shape(), &credentials());
+        assert_eq!(env_value(&pod, CANARY_VARIABLE), None);
     }
 
     #[test]

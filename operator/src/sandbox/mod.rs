@@ -1,4 +1,5 @@
-//! The Sandbox controller: [`build`] (pure: desired Pod, token Secret, NetworkPolicies), [`status`]
+//! The Sandbox controller: [`build`] (pure: desired Pod, token Secret, NetworkPolicies; the agent's
+//! [`policy_canary`] of enforcement), [`status`]
 //! (pure: observed Pod -> status), [`expiry`] (pure deadline arithmetic), [`apply`] (thin I/O) and
 //! [`reconcile`] (the loop that ties them together), and the trajectory [`runner`] of `spec.run`
 //! (its pure half: [`run_result`]).
@@ -9,6 +10,7 @@ pub mod build;
 pub mod cidr;
 pub mod expiry;
 pub mod placement;
+pub mod policy_canary;
 pub mod reconcile;
 pub mod run_protocol;
 pub mod run_result;

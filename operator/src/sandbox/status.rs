@@ -10,6 +10,7 @@ use super::build::{INSTALL_CONTAINER, TASK_CONTAINER};
 use super::expiry::{
     Lifecycle, annotated_heartbeat, expiry_deadline, floor_to_second, latest_heartbeat,
 };
+use super::policy_canary::awaits_enforcement;
 use crate::runtime::conditions::{self, Desired, Progress};
 use crate::runtime::ownership::controlled_by;
 use orchard_api::{Sandbox, SandboxPhase, SandboxStatus};
@@ -54,6 +55,20 @@ pub struct Observed<'a> {
     pub agent_port: u16,
     /// A child the sandbox needs whose name is held by an object that is not its own.
     pub blocked: Option<Blocked>,
+}
+
+/// The `StartupTimeout` message; `gated`: the pod's agent waits for its NetworkPolicies to be enforced
+/// (pure).
+fn startup_timeout_message(seconds: i64, pod: &str, gated: bool) -> String {
+    let mut message = format!(
+        "not Ready {seconds}s after creation (a trajectory: after its pod was scheduled); check `kubectl describe pod {pod}` for scheduling or image problems"
+    );
+    if gated {
+        message.push_str(&format!(
+            ", and `kubectl logs {pod}`: the agent serves only once the sandbox's NetworkPolicies are enforced, which never happens in a cluster without a NetworkPolicy enforcer (operator flag --await-policy-enforcement=false)"
+        ));
+    }
+    message
 }
 
 /// Why the sandbox cannot have one of its children under the name it needs.
@@ -487,15 +502,13 @@ pub fn desired_status(sandbox: &Sandbox, observed: &Observed) -> SandboxStatus {
             && now.duration_since(started) >= limit
         {
             let pod = status.pod_name.clone().unwrap_or_default();
+            let gated = observed.pod.is_some_and(awaits_enforcement);
             return failed_status(
                 sandbox,
                 status,
                 Failure::new(
                     "StartupTimeout",
-                    format!(
-                        "not Ready {}s after creation (a trajectory: after its pod was scheduled); check `kubectl describe pod {}` for scheduling or image problems",
-                        observed.startup_timeout_seconds, pod
-                    ),
+                    startup_timeout_message(observed.startup_timeout_seconds, &pod, gated),
                 ),
                 now,
             );
@@ -544,6 +557,12 @@ pub fn desired_status(sandbox: &Sandbox, observed: &Observed) -> SandboxStatus {
         (
             "AgentNotResponding",
             "the agent stopped answering its health probe".to_string(),
+        )
+    } else if observed.pod.is_some_and(awaits_enforcement) {
+        (
+            "AgentStarting",
+            "waiting for the agent to answer /healthz (it answers once the sandbox's NetworkPolicies are enforced)"
+                .to_string(),
         )
     } else {
         (
@@ -687,8 +706,8 @@ pub fn expired_status(sandbox: &Sandbox, cause: &str, now: Timestamp) -> Sandbox
 mod tests {
     use super::*;
     use k8s_openapi::api::core::v1::{
-        ContainerState, ContainerStateTerminated, ContainerStateWaiting, PodCondition, PodSpec,
-        PodStatus,
+        ContainerState, ContainerStateTerminated, ContainerStateWaiting, EnvVar, PodCondition,
+        PodSpec, PodStatus,
     };
     use orchard_api::{HEARTBEAT_ANNOTATION, SandboxSpec, TrajectoryResult, TrajectoryStatus};
     use std::collections::BTreeMap;
@@ -1039,6 +1058,48 @@ mod tests {
         assert_eq!(before.phase, Some(SandboxPhase::Pending));
         let after = desired_status(&sandbox(), &observed(Some(&p), "2026-01-01T00:10:00Z"));
         assert_eq!(after.reason.as_deref(), Some("StartupTimeout"));
+    }
+
+    /// `pod`, its agent told to wait for its NetworkPolicies to be enforced.
+    fn awaiting_enforcement(mut pod: Pod) -> Pod {
+        pod.spec.as_mut().unwrap().containers[0].env = Some(vec![EnvVar {
+            name: crate::sandbox::policy_canary::CANARY_VARIABLE.into(),
+            value: Some("10.0.0.1:6443".into()),
+            ..Default::default()
+        }]);
+        pod
+    }
+
+    #[test]
+    fn a_sandbox_waiting_for_its_policies_says_so_and_its_timeout_says_where_to_look() {
+        let plain = pod(Some("node-1"), Some("10.0.0.9"), false);
+        let gated = awaiting_enforcement(plain.clone());
+        let now = "2026-01-01T00:00:30Z";
+        let waiting = desired_status(&sandbox(), &observed(Some(&gated), now));
+        let message = &cond(&waiting, "AgentReady").message;
+        assert!(
+            message.contains("NetworkPolicies are enforced"),
+            "{message}"
+        );
+        let unaware = desired_status(&sandbox(), &observed(Some(&plain), now));
+        assert!(
+            !cond(&unaware, "AgentReady")
+                .message
+                .contains("NetworkPolicies")
+        );
+
+        let late = "2026-01-01T00:10:00Z";
+        let timed_out = desired_status(&sandbox(), &observed(Some(&gated), late));
+        assert_eq!(timed_out.reason.as_deref(), Some("StartupTimeout"));
+        let message = timed_out.message.clone().unwrap_or_default();
+        assert!(
+            message.contains("--await-policy-enforcement=false"),
+            "{message}"
+        );
+        assert!(message.contains("kubectl logs s1"), "{message}");
+        let plain_timeout = desired_status(&sandbox(), &observed(Some(&plain), late));
+        let message = plain_timeout.message.unwrap_or_default();
+        assert!(!message.contains("NetworkPolicies"), "{message}");
     }
 
     fn with_pod_condition(mut pod: Pod, condition: PodCondition) -> Pod {
