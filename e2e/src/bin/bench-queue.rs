@@ -1,12 +1,14 @@
 //! `bench-queue` (`make bench-queue`): many RolloutGroups at once, with and without a RolloutQueue, on
 //! one local cluster in the same run. G groups (default 64) of Nmax 16 (stride 8, N 8) whose runners
-//! sleep a little and report a seeded reward; once all at once, once through a queue of Q slots
-//! (default 128). Reports the time until the last group is recorded, the most trajectory pods that
-//! existed at once, and the sandbox-seconds (summed lifetimes of the trajectory pods, from a pod watch)
-//! per admitted group, plus each run's selection mix.
+//! sleep a little and report a seeded reward; all at once, and through a queue of Q slots (default
+//! 128), in R alternating rounds (default 3; the order flips each round, so a trend in the machine's
+//! load falls on both). Reports, per configuration, the median and spread over the rounds of the time
+//! until the last group is recorded, the most trajectory pods that existed at once, and the
+//! sandbox-seconds (summed lifetimes of the trajectory pods, from a pod watch) per admitted group,
+//! plus the selection mix.
 //!
 //! ```text
-//! bench-queue [--groups G] [--slots Q] [--sleep S] [--real-node] [--write-doc docs/BENCHMARKS.md]
+//! bench-queue [--groups G] [--slots Q] [--sleep S] [--rounds R] [--real-node] [--write-doc docs/BENCHMARKS.md]
 //! ```
 
 use std::collections::BTreeMap;
@@ -31,13 +33,14 @@ struct Args {
     groups: usize,
     slots: i32,
     sleep: u32,
+    rounds: u32,
     real_node: bool,
     write_doc: Option<std::path::PathBuf>,
 }
 
 fn usage() -> ! {
     eprintln!(
-        "usage: bench-queue [--groups G] [--slots Q] [--sleep S] [--real-node] [--write-doc PATH]"
+        "usage: bench-queue [--groups G] [--slots Q] [--sleep S] [--rounds R] [--real-node] [--write-doc PATH]"
     );
     std::process::exit(2);
 }
@@ -47,6 +50,7 @@ fn parse_args() -> Args {
         groups: 64,
         slots: 128,
         sleep: 2,
+        rounds: 3,
         real_node: false,
         write_doc: None,
     };
@@ -61,6 +65,7 @@ fn parse_args() -> Args {
             "--groups" => args.groups = number(it.next()) as usize,
             "--slots" => args.slots = i32::try_from(number(it.next())).unwrap_or_else(|_| usage()),
             "--sleep" => args.sleep = number(it.next()),
+            "--rounds" => args.rounds = number(it.next()),
             "--real-node" => args.real_node = true,
             "--write-doc" => {
                 args.write_doc = Some(it.next().map(Into::into).unwrap_or_else(|| usage()))
@@ -120,15 +125,30 @@ fn watch_pods(client: &Client, ns: &str) -> Arc<Mutex<PodClock>> {
     clock
 }
 
-async fn run(client: &Client, args: &Args, queue: Option<i32>) -> Run {
-    let label = match queue {
+/// The label of a configuration (pure).
+fn label(queue: Option<i32>) -> String {
+    match queue {
         Some(q) => format!("queue of {q}"),
         None => "no queue".to_string(),
-    };
-    let ns = if queue.is_some() {
-        "bench-queued"
+    }
+}
+
+/// The configurations of round `round` (from 0) in the order they run: unqueued first in even
+/// rounds, queued first in odd ones (pure).
+fn round_order(round: u32, slots: i32) -> [Option<i32>; 2] {
+    if round % 2 == 0 {
+        [None, Some(slots)]
     } else {
-        "bench-unqueued"
+        [Some(slots), None]
+    }
+}
+
+async fn run(client: &Client, args: &Args, queue: Option<i32>, round: u32) -> Run {
+    let label = label(queue);
+    let ns = &if queue.is_some() {
+        format!("bench-queued-{round}")
+    } else {
+        format!("bench-unqueued-{round}")
     };
     let namespaces: Api<Namespace> = Api::all(client.clone());
     let namespace: Namespace =
@@ -246,56 +266,139 @@ async fn main() {
             std::process::exit(1)
         });
     let mut runs = Vec::new();
-    for queue in [None, Some(args.slots)] {
-        eprintln!("running {} groups, {:?}...", args.groups, queue);
-        let result = run(&client, &args, queue).await;
-        eprintln!(
-            "{}: last group after {:.1} s, at most {} pods, {:.0} sandbox-seconds",
-            result.label, result.seconds, result.most_pods, result.pod_seconds
-        );
-        runs.push(result);
+    for round in 0..args.rounds {
+        for queue in round_order(round, args.slots) {
+            eprintln!(
+                "round {} of {}: {} groups, {}...",
+                round + 1,
+                args.rounds,
+                args.groups,
+                label(queue)
+            );
+            let result = run(&client, &args, queue, round).await;
+            eprintln!(
+                "{}: last group after {:.1} s, at most {} pods, {:.0} sandbox-seconds",
+                result.label, result.seconds, result.most_pods, result.pod_seconds
+            );
+            runs.push(result);
+        }
     }
     drop(cluster);
-    let node = if args.real_node { "real" } else { "hollow" };
-    let mut section = format!(
-        "## Queues\n\n{} RolloutGroups (N 8, Nmax 16, stride 8; each runner sleeps {} s, then reports a seeded reward with a 30 % pass rate) submitted at once on the {node} node, without a queue and through a `Fair` RolloutQueue, one after the other on the same cluster (`make bench-queue`; load average before and after each run shown).\n\n| run | last group recorded | most trajectory pods at once | sandbox-seconds | per admitted group | selections | load before / after |\n|---|---|---|---|---|---|---|\n",
-        args.groups, args.sleep
-    );
-    for r in &runs {
-        let per_group = if r.admitted > 0 {
-            r.pod_seconds / r.admitted as f64
-        } else {
-            0.0
-        };
-        let mix: Vec<String> = r
-            .selections
-            .iter()
-            .map(|(k, v)| format!("{k} {v}"))
-            .collect();
-        section.push_str(&format!(
-            "| {} | {:.1} s | {} | {:.0} | {:.1} | {} | {} / {} |\n",
-            r.label,
-            r.seconds,
-            r.most_pods,
-            r.pod_seconds,
-            per_group,
-            mix.join(", "),
-            r.load_before,
-            r.load_after
-        ));
-    }
-    section.push('\n');
-    for r in &runs {
-        section.push_str(&format!("- Machine, {}: {}.\n", r.label, r.machine));
-    }
-    section.push_str(
-        "\nSandbox-seconds are the summed lifetimes of the trajectory pods (first seen to deleted, from a pod watch). A queued group with `cleanup: Delete` deletes each finished trajectory as soon as its outcome is recorded (docs/QUEUES.md), while an unqueued group keeps its finished trajectories until it completes; that, and hundreds of pods competing for the same cores, is most of the difference. Both runs share the machine with whatever else runs: compare them only with their load averages.\n",
-    );
+    let section = doc_section(&args, &runs);
     println!("{section}");
     if let Some(path) = &args.write_doc
         && let Err(err) = orchard_e2e::docs::write_section(path, "## Queues", &section)
     {
         eprintln!("bench-queue: cannot write {}: {err}", path.display());
         std::process::exit(1);
+    }
+}
+
+/// The doc section: one row per configuration with the median (min–max) over its rounds, then each
+/// run's machine (pure).
+fn doc_section(args: &Args, runs: &[Run]) -> String {
+    use orchard_bench_support::median_spread;
+    let node = if args.real_node { "real" } else { "hollow" };
+    let mut section = format!(
+        "## Queues\n\n{} RolloutGroups (N 8, Nmax 16, stride 8; each runner sleeps {} s, then reports a seeded reward with a 30 % pass rate) submitted at once on the {node} node, without a queue and through a `Fair` RolloutQueue, on the same cluster in {} alternating rounds (the order flips each round; `make bench-queue`). Each cell is the median over the rounds with the lowest and highest in brackets.\n\n| run | rounds | last group recorded | most trajectory pods at once | sandbox-seconds | per admitted group | selections (all rounds) |\n|---|---|---|---|---|---|---|\n",
+        args.groups, args.sleep, args.rounds
+    );
+    for queue in [None, Some(args.slots)] {
+        let label = label(queue);
+        let mine: Vec<&Run> = runs.iter().filter(|r| r.label == label).collect();
+        let seconds: Vec<f64> = mine.iter().map(|r| r.seconds).collect();
+        let most: Vec<usize> = mine.iter().map(|r| r.most_pods).collect();
+        let pod_seconds: Vec<f64> = mine.iter().map(|r| r.pod_seconds).collect();
+        let per_group: Vec<f64> = mine
+            .iter()
+            .map(|r| r.pod_seconds / r.admitted.max(1) as f64)
+            .collect();
+        let mut mix: BTreeMap<&str, usize> = BTreeMap::new();
+        for r in &mine {
+            for (k, v) in &r.selections {
+                *mix.entry(k).or_insert(0) += v;
+            }
+        }
+        let mix: Vec<String> = mix.iter().map(|(k, v)| format!("{k} {v}")).collect();
+        section.push_str(&format!(
+            "| {label} | {} | {} | {} | {} | {} | {} |\n",
+            mine.len(),
+            median_spread(&seconds, |v| format!("{v:.1} s")),
+            median_spread(&most, |v| v.to_string()),
+            median_spread(&pod_seconds, |v| format!("{v:.0}")),
+            median_spread(&per_group, |v| format!("{v:.1}")),
+            mix.join(", "),
+        ));
+    }
+    section.push_str("\nThe machine in each run, in order:\n\n");
+    for (i, r) in runs.iter().enumerate() {
+        section.push_str(&format!(
+            "- {}. {}: {}; load average {} before, {} after the groups.\n",
+            i + 1,
+            r.label,
+            r.machine,
+            r.load_before,
+            r.load_after
+        ));
+    }
+    section.push_str(
+        "\nSandbox-seconds are the summed lifetimes of the trajectory pods (first seen to deleted, from a pod watch). A queued group with `cleanup: Delete` deletes each finished trajectory as soon as its outcome is recorded (docs/QUEUES.md), while an unqueued group keeps its finished trajectories until it completes; that, and hundreds of pods competing for the same cores, is most of the difference. Both configurations share the machine with whatever else runs: read them with the machine lines.\n",
+    );
+    section
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn rounds_alternate_the_order() {
+        assert_eq!(round_order(0, 128), [None, Some(128)]);
+        assert_eq!(round_order(1, 128), [Some(128), None]);
+        assert_eq!(round_order(2, 128), [None, Some(128)]);
+    }
+
+    fn run(queue: Option<i32>, seconds: f64, admitted: usize) -> Run {
+        Run {
+            label: label(queue),
+            seconds,
+            most_pods: 100,
+            pod_seconds: 1000.0,
+            admitted,
+            selections: BTreeMap::from([("Balanced".to_string(), admitted)]),
+            load_before: "0.5".into(),
+            load_after: "2.0".into(),
+            machine: "2 CPUs".into(),
+        }
+    }
+
+    #[test]
+    fn each_configuration_gets_its_median_and_spread() {
+        let args = Args {
+            groups: 4,
+            slots: 128,
+            sleep: 2,
+            rounds: 3,
+            real_node: false,
+            write_doc: None,
+        };
+        let runs = [
+            run(None, 20.0, 4),
+            run(Some(128), 30.0, 4),
+            run(Some(128), 33.0, 4),
+            run(None, 24.0, 4),
+            run(None, 22.0, 4),
+            run(Some(128), 31.0, 4),
+        ];
+        let section = doc_section(&args, &runs);
+        assert!(
+            section.contains("| no queue | 3 | 22.0 s (20.0 s–24.0 s) | 100 (100–100) | 1000 (1000–1000) | 250.0 (250.0–250.0) | Balanced 12 |"),
+            "{section}"
+        );
+        assert!(
+            section.contains("| queue of 128 | 3 | 31.0 s (30.0 s–33.0 s) |"),
+            "{section}"
+        );
+        assert!(section.contains("- 6. queue of 128: 2 CPUs"), "{section}");
     }
 }

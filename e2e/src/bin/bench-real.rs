@@ -66,6 +66,10 @@ fn run(exe_dir: &Path, node: &Node, sandboxes: usize, concurrency: usize) -> Opt
         &concurrency.to_string(),
         "--execs",
         "4",
+        // One round per setup and size: the setups need clusters of their own, so bench-real
+        // alternates them across sizes instead (bench-scale's rounds give the spread of a repeat).
+        "--rounds",
+        "1",
         "--json",
     ]);
     command.arg(&json);

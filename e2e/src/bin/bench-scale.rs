@@ -1,12 +1,14 @@
 //! `bench-scale` (`make bench-scale`): the paper's headline lifecycle at scale on the local cluster.
 //! N sandboxes (default 1,000) go through create -> wait Ready -> 4 execs through the gateway -> delete,
-//! with bounded client concurrency. Reports success rate, end-to-end time, create->Ready and exec
-//! latency percentiles, API writes per sandbox, CPU seconds and memory per component (etcd,
-//! kube-apiserver, kube-controller-manager, operator, local node, agents, this driver).
+//! with bounded client concurrency, in R rounds on one cluster (default 3; each waits for a quiet
+//! machine first). Reports success rate, the median and spread over the rounds of the end-to-end time,
+//! create->Ready and exec latency percentiles over every sandbox, API writes per sandbox, CPU seconds
+//! and memory per component (etcd, kube-apiserver, kube-controller-manager, operator, local node,
+//! agents, this driver), and each round on its own.
 //!
 //! ```text
-//! bench-scale [--sandboxes N] [--concurrency C] [--execs E] [--real-node] [--audit] [--json PATH]
-//!             [--write-doc docs/BENCHMARKS.md] [-- OPERATOR_FLAGS...]
+//! bench-scale [--sandboxes N] [--concurrency C] [--execs E] [--rounds R] [--real-node] [--audit]
+//!             [--json PATH] [--write-doc docs/BENCHMARKS.md] [-- OPERATOR_FLAGS...]
 //! ```
 //! The cluster runs in a separate `orchard-local-cluster` process so each component's CPU is its own;
 //! `--real-node` gives it the real node (every sandbox a container; default image: the busybox image
@@ -35,6 +37,7 @@ struct Args {
     sandboxes: usize,
     concurrency: usize,
     execs: usize,
+    rounds: usize,
     image: Option<String>,
     real_node: bool,
     /// Turn on the API server's audit log and print every write per sandbox by who sent it (costs
@@ -47,7 +50,7 @@ struct Args {
 
 fn usage() -> ! {
     eprintln!(
-        "usage: bench-scale [--sandboxes N] [--concurrency C] [--execs E] [--image I] [--real-node] [--audit] [--json PATH] [--write-doc PATH] [-- OPERATOR_FLAGS...]"
+        "usage: bench-scale [--sandboxes N] [--concurrency C] [--execs E] [--rounds R] [--image I] [--real-node] [--audit] [--json PATH] [--write-doc PATH] [-- OPERATOR_FLAGS...]"
     );
     std::process::exit(2);
 }
@@ -57,6 +60,7 @@ fn parse_args() -> Args {
         sandboxes: 1000,
         concurrency: 250,
         execs: 4,
+        rounds: 3,
         image: None,
         real_node: false,
         audit: false,
@@ -75,6 +79,7 @@ fn parse_args() -> Args {
             "--sandboxes" => args.sandboxes = number(it.next()),
             "--concurrency" => args.concurrency = number(it.next()),
             "--execs" => args.execs = number(it.next()),
+            "--rounds" => args.rounds = number(it.next()),
             "--image" => args.image = Some(it.next().unwrap_or_else(|| usage())),
             "--real-node" => args.real_node = true,
             "--audit" => args.audit = true,
@@ -288,13 +293,6 @@ async fn main() {
             )
         }
     };
-    let writes_before = operator_metrics()
-        .await
-        .map(|m| metric_sum(&m, "orchard_api_writes_total", &[]))
-        .unwrap_or(0.0);
-    let all_writes_before = apiserver_writes().await.unwrap_or(0.0);
-    let cpu_before = read_cpu();
-
     // Sample memory while the load runs.
     let peak_agents = Arc::new(AtomicU64::new(0));
     let peak_agent_rss = Arc::new(AtomicU64::new(0));
@@ -334,70 +332,113 @@ async fn main() {
         });
     let milestones = Arc::new(std::sync::Mutex::new(BTreeMap::<String, Milestones>::new()));
     let tracker = tokio::spawn(track_milestones(kube.clone(), milestones.clone()));
-    // The cluster's own start-up load settles first (bounded wait; the report says when it did not).
-    let machine = orchard_bench_support::Machine::settle(QUIET_WAIT);
-    eprintln!(
-        "running {} sandboxes with concurrency {} ...",
-        args.sandboxes, args.concurrency
-    );
-    let started = Instant::now();
-    let outcomes: Vec<Outcome> = futures::stream::iter(0..args.sandboxes)
-        .map(|i| {
-            lifecycle(
-                &http,
-                &gateway,
-                &token,
-                format!("bench-{i}"),
-                &image,
-                args.execs,
-            )
-        })
-        .buffer_unordered(args.concurrency)
-        .collect()
-        .await;
-    let end_to_end = started.elapsed();
     let pods: kube::Api<k8s_openapi::api::core::v1::Pod> =
         kube::Api::namespaced(kube.clone(), "default");
-    loop {
-        let left = pods
-            .list(&Default::default())
+    let mut rounds: Vec<Round> = Vec::new();
+    for round in 0..args.rounds {
+        // The cluster's start-up load, or the previous round's, settles first (bounded wait; the
+        // report says when it did not).
+        let machine = orchard_bench_support::Machine::settle(QUIET_WAIT);
+        let writes_before = operator_metrics()
             .await
-            .map(|l| l.items.len())
-            .unwrap_or(usize::MAX);
-        if left == 0 || started.elapsed() > end_to_end + Duration::from_secs(300) {
-            break;
+            .map(|m| metric_sum(&m, "orchard_api_writes_total", &[]))
+            .unwrap_or(0.0);
+        let all_writes_before = apiserver_writes().await.unwrap_or(0.0);
+        let cpu_before = read_cpu();
+        eprintln!(
+            "round {} of {}: {} sandboxes with concurrency {} ...",
+            round + 1,
+            args.rounds,
+            args.sandboxes,
+            args.concurrency
+        );
+        let started = Instant::now();
+        let outcomes: Vec<Outcome> = futures::stream::iter(0..args.sandboxes)
+            .map(|i| {
+                lifecycle(
+                    &http,
+                    &gateway,
+                    &token,
+                    format!("bench-{round}-{i}"),
+                    &image,
+                    args.execs,
+                )
+            })
+            .buffer_unordered(args.concurrency)
+            .collect()
+            .await;
+        let end_to_end = started.elapsed();
+        loop {
+            let left = pods
+                .list(&Default::default())
+                .await
+                .map(|l| l.items.len())
+                .unwrap_or(usize::MAX);
+            if left == 0 || started.elapsed() > end_to_end + Duration::from_secs(300) {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(250)).await;
         }
-        tokio::time::sleep(Duration::from_millis(250)).await;
+        let cleaned = started.elapsed();
+        let cpu_after = read_cpu();
+        let cpu: BTreeMap<String, f64> = cpu_after
+            .iter()
+            .map(|(k, after)| (k.clone(), after - cpu_before.get(k).copied().unwrap_or(0.0)))
+            .collect();
+        let operator_writes = operator_metrics()
+            .await
+            .map(|m| metric_sum(&m, "orchard_api_writes_total", &[]))
+            .unwrap_or(0.0)
+            - writes_before;
+        let all_writes = apiserver_writes().await.unwrap_or(0.0) - all_writes_before;
+        let result = Round {
+            outcomes,
+            end_to_end,
+            cleaned,
+            operator_writes,
+            all_writes,
+            cpu,
+            machine: machine.report(),
+        };
+        eprintln!(
+            "round {}: {}/{} ok, last delete answered after {:.1} s, all pods gone after {:.1} s; machine: {}",
+            round + 1,
+            result.ok(),
+            args.sandboxes,
+            end_to_end.as_secs_f64(),
+            cleaned.as_secs_f64(),
+            result.machine
+        );
+        rounds.push(result);
     }
-    let cleaned = started.elapsed();
     sampler.abort();
     tracker.abort();
     let steps = milestone_percentiles(&milestones.lock().unwrap_or_else(|p| p.into_inner()));
     let breakdown = milestone_table(&steps);
 
-    let machine_report = machine.report();
-    eprintln!("machine: {machine_report}");
-    let cpu_after = read_cpu();
     let gateway_latency = operator_metrics()
         .await
         .map(|m| mean_latencies(&m, "orchard_gateway_request_duration_seconds", "route"))
         .unwrap_or_default();
-    let apiserver_latency = match kube
+    let apiserver_metrics = kube
         .request_text(
             http::Request::get("/metrics")
                 .body(Vec::new())
                 .unwrap_or_default(),
         )
         .await
-    {
-        Ok(text) => mean_latencies(&text, "apiserver_request_duration_seconds", "resource_verb"),
-        Err(_) => Vec::new(),
-    };
-    let writes_after = operator_metrics()
-        .await
-        .map(|m| metric_sum(&m, "orchard_api_writes_total", &[]))
-        .unwrap_or(0.0);
-    let all_writes_after = apiserver_writes().await.unwrap_or(0.0);
+        .unwrap_or_default();
+    let apiserver_latency = mean_latencies(
+        &apiserver_metrics,
+        "apiserver_request_duration_seconds",
+        "resource_verb",
+    );
+    // Time requests waited in API Priority and Fairness queues before they ran, per priority level.
+    let apiserver_queueing = mean_latencies(
+        &apiserver_metrics,
+        "apiserver_flowcontrol_request_wait_duration_seconds",
+        "priority_level",
+    );
     let operator_peak = pids
         .get("orchard-operator")
         .and_then(|p| peak_rss_bytes(*p))
@@ -408,6 +449,10 @@ async fn main() {
         .values()
         .sum();
 
+    let outcomes: Vec<&Outcome> = rounds.iter().flat_map(|r| r.outcomes.iter()).collect();
+    let end_to_end: Vec<f64> = rounds.iter().map(|r| r.end_to_end.as_secs_f64()).collect();
+    let cleaned: Vec<f64> = rounds.iter().map(|r| r.cleaned.as_secs_f64()).collect();
+    let end_to_end_median = orchard_bench_support::median(&end_to_end).unwrap_or(f64::NAN);
     let ok = outcomes.iter().filter(|o| o.ok).count();
     let mut errors: BTreeMap<String, usize> = BTreeMap::new();
     for o in outcomes.iter().filter(|o| !o.ok) {
@@ -443,25 +488,30 @@ async fn main() {
         v.sort_by(f64::total_cmp);
     }
     let mean = |v: &[f64]| v.iter().sum::<f64>() / v.len().max(1) as f64;
-    let n = args.sandboxes as f64;
+    // Per sandbox: over every round's sandboxes.
+    let n = (args.sandboxes * args.rounds) as f64;
+    let secs = |v: f64| format!("{v:.1} s");
     let mut table = String::new();
-    table.push_str("| metric | this run | Orchard paper (8 nodes x 32 vCPU) |\n|---|---|---|\n");
     table.push_str(&format!(
-        "| sandboxes (create -> Ready -> {} execs -> delete) | {} | 1,000 |\n",
+        "| metric | this run ({} rounds: median (lowest–highest), or over every sandbox) | Orchard paper (8 nodes x 32 vCPU) |\n|---|---|---|\n",
+        args.rounds
+    ));
+    table.push_str(&format!(
+        "| sandboxes per round (create -> Ready -> {} execs -> delete) | {} | 1,000 |\n",
         args.execs, args.sandboxes
     ));
     table.push_str(&format!(
-        "| success | {ok}/{} ({:.1} %) | 100 % |\n",
-        args.sandboxes,
+        "| success, all rounds | {ok}/{} ({:.1} %) | 100 % |\n",
+        outcomes.len(),
         100.0 * ok as f64 / n
     ));
     table.push_str(&format!(
-        "| end-to-end time (last delete answered) | {:.1} s | 26 s |\n",
-        end_to_end.as_secs_f64()
+        "| end-to-end time (last delete answered) | {} | 26 s |\n",
+        orchard_bench_support::median_spread(&end_to_end, secs)
     ));
     table.push_str(&format!(
-        "| all pods gone (garbage collection done) | {:.1} s | — |\n",
-        cleaned.as_secs_f64()
+        "| all pods gone (garbage collection done) | {} | — |\n",
+        orchard_bench_support::median_spread(&cleaned, secs)
     ));
     table.push_str(&format!(
         "| create -> Ready p50 / p99 / mean | {:.2} / {:.2} / {:.2} s | mean 11.75 s |\n",
@@ -484,11 +534,11 @@ async fn main() {
     ));
     table.push_str(&format!(
         "| operator API writes per sandbox | {:.2} | — |\n",
-        (writes_after - writes_before) / n
+        rounds.iter().map(|r| r.operator_writes).sum::<f64>() / n
     ));
     table.push_str(&format!(
         "| all API writes per sandbox (operator, node, GC, driver) | {:.2} | — |\n",
-        (all_writes_after - all_writes_before) / n
+        rounds.iter().map(|r| r.all_writes).sum::<f64>() / n
     ));
     table.push_str(&format!(
         "| operator peak RSS | {} | — |\n",
@@ -501,13 +551,20 @@ async fn main() {
         mib(peak_agent_rss.load(Ordering::Relaxed) as f64 / agents as f64)
     ));
     let mut cpu =
-        String::from("| component | CPU seconds during the run | share |\n|---|---|---|\n");
-    let mut rows: Vec<(String, f64)> = cpu_after
-        .iter()
-        .map(|(k, after)| (k.clone(), after - cpu_before.get(k).copied().unwrap_or(0.0)))
+        String::from("| component | CPU seconds per round (mean) | share |\n|---|---|---|\n");
+    let mut summed: BTreeMap<String, f64> = BTreeMap::new();
+    for round in &rounds {
+        for (name, seconds) in &round.cpu {
+            *summed.entry(name.clone()).or_default() += seconds;
+        }
+    }
+    let per_round = args.rounds as f64;
+    let mut rows: Vec<(String, f64)> = summed
+        .into_iter()
+        .map(|(name, seconds)| (name, seconds / per_round))
         .collect();
     if cpu_files.is_empty() {
-        rows.push(("agents (all sandboxes)".into(), agents_cpu));
+        rows.push(("agents (all sandboxes)".into(), agents_cpu / per_round));
     }
     let total: f64 = rows.iter().map(|(_, s)| s).sum();
     rows.sort_by(|a, b| b.1.total_cmp(&a.1));
@@ -517,14 +574,15 @@ async fn main() {
             100.0 * seconds / total.max(1e-9)
         ));
     }
+    let mean_cleaned = mean(&cleaned);
     cpu.push_str(&format!(
-        "| **total** (2 cores x {:.0} s = {:.0} core-seconds available) | {total:.1} | |\n",
-        cleaned.as_secs_f64(),
-        2.0 * cleaned.as_secs_f64()
+        "| **total** (2 cores x {mean_cleaned:.0} s, the mean round = {:.0} core-seconds available) | {total:.1} | |\n",
+        2.0 * mean_cleaned
     ));
+    let round_table = round_table(&rounds, args.sandboxes);
     let command = format!(
-        "make bench-scale BENCH_SANDBOXES={} BENCH_CONCURRENCY={}",
-        args.sandboxes, args.concurrency
+        "make bench-scale BENCH_SANDBOXES={} BENCH_CONCURRENCY={} BENCH_ROUNDS={}",
+        args.sandboxes, args.concurrency, args.rounds
     );
     let mut latency = String::from("| where | mean latency | requests |\n|---|---|---|\n");
     for (label, mean_s, count) in gateway_latency.iter().filter(|(_, _, c)| *c >= 10.0) {
@@ -546,7 +604,13 @@ async fn main() {
             count / n
         ));
     }
-    println!("{table}\n{cpu}\n{breakdown}\n{latency}");
+    for (level, mean_s, count) in apiserver_queueing.iter().filter(|(_, _, c)| *c >= 0.1 * n) {
+        latency.push_str(&format!(
+            "| kube-apiserver queueing (priority and fairness) at level `{level}` | {:.1} ms | {count:.0} |\n",
+            mean_s * 1e3
+        ));
+    }
+    println!("{table}\n{round_table}\n{cpu}\n{breakdown}\n{latency}");
     if args.audit {
         let log = PathBuf::from(info["logs"].as_str().unwrap_or_default()).join("audit.log");
         match std::fs::read_to_string(&log) {
@@ -569,9 +633,8 @@ async fn main() {
     }
     if let Some(path) = &args.write_doc {
         let section = format!(
-            "## Scale\n\nCommand: `{command}` (release build; the local cluster of `docs/TESTING.md` on this machine: 2 cores, 24 GiB; everything — etcd, kube-apiserver, kube-controller-manager, the operator, the local node, {} agents and this driver — shares the two cores). Machine: {machine}.\n\n{table}\nWhere the CPU goes (CPU seconds from `/proc/<pid>/stat`, from the first create until every pod was gone):\n\n{cpu}\nWhere create -> Ready goes (first time the driver's watches saw each milestone; p50 / p99 of the step):\n\n{breakdown}\nWhere the latency goes (means over the run, from the gateway's and kube-apiserver's own histograms; the busiest kube-apiserver requests by total time):\n\n{latency}",
-            args.sandboxes,
-            machine = machine_report,
+            "## Scale\n\nCommand: `{command}` (release build; the local cluster of `docs/TESTING.md` on this machine: 2 cores, 24 GiB; everything — etcd, kube-apiserver, kube-controller-manager, the operator, the local node, {} agents and this driver — shares the two cores). The same batch runs {} times on one cluster, each round after a wait for a quiet machine; times are the median over the rounds with the lowest and highest in brackets, latencies are over every sandbox of every round.\n\n{table}\nEach round:\n\n{round_table}\nWhere the CPU goes (CPU seconds from `/proc/<pid>/stat`, from a round's first create until every pod was gone, the mean of the rounds):\n\n{cpu}\nWhere create -> Ready goes (first time the driver's watches saw each milestone; p50 / p99 of the step, every round):\n\n{breakdown}\nWhere the latency goes (means over the run, from the gateway's and kube-apiserver's own histograms; the busiest kube-apiserver requests by total time):\n\n{latency}",
+            args.sandboxes, args.rounds,
         );
         if let Err(err) = orchard_e2e::docs::write_section(path, "## Scale", &section) {
             eprintln!("bench-scale: cannot write {}: {err}", path.display());
@@ -582,15 +645,17 @@ async fn main() {
             "node": if args.real_node { "real" } else { "hollow" },
             "image": image,
             "sandboxes": args.sandboxes,
+            "rounds": args.rounds,
             "concurrency": args.concurrency,
             "execs": args.execs,
             "ok": ok,
-            "endToEndSeconds": end_to_end.as_secs_f64(),
+            "attempted": outcomes.len(),
+            "endToEndSeconds": end_to_end_median,
             "readySeconds": {"p50": percentile(&ready, 50.0) / 1e3, "p99": percentile(&ready, 99.0) / 1e3},
             "execMilliseconds": {"p50": percentile(&exec, 50.0), "p99": percentile(&exec, 99.0)},
             "steps": steps.iter().map(|(name, p50, p99)| json!({"step": name, "p50": p50, "p99": p99})).collect::<Vec<_>>(),
             "errors": errors,
-            "machine": machine_report,
+            "machine": rounds.iter().map(|r| r.machine.as_str()).collect::<Vec<_>>().join(" | "),
             "cpuSeconds": rows.iter().map(|(name, seconds)| json!({"component": name, "seconds": seconds})).collect::<Vec<_>>(),
         });
         if let Err(err) = std::fs::write(path, summary.to_string()) {
@@ -598,9 +663,59 @@ async fn main() {
         }
     }
     drop(cluster);
-    if ok != args.sandboxes {
+    if ok != outcomes.len() {
         std::process::exit(1);
     }
+}
+
+/// One round of the batch.
+struct Round {
+    outcomes: Vec<Outcome>,
+    /// From the first create until the last delete was answered.
+    end_to_end: Duration,
+    /// Until every pod was gone.
+    cleaned: Duration,
+    operator_writes: f64,
+    /// Every write the API server took (operator, node, garbage collector, driver).
+    all_writes: f64,
+    /// CPU seconds per component.
+    cpu: BTreeMap<String, f64>,
+    machine: String,
+}
+
+impl Round {
+    fn ok(&self) -> usize {
+        self.outcomes.iter().filter(|o| o.ok).count()
+    }
+}
+
+/// One row per round: success, times, create -> Ready p50, writes per sandbox, CPU seconds of every
+/// component together, and the machine (pure).
+fn round_table(rounds: &[Round], sandboxes: usize) -> String {
+    let mut table = String::from(
+        "| round | success | end-to-end | all pods gone | create -> Ready p50 | all API writes per sandbox | CPU seconds, all components | machine |\n|---|---|---|---|---|---|---|---|\n",
+    );
+    for (i, round) in rounds.iter().enumerate() {
+        let mut ready: Vec<f64> = round
+            .outcomes
+            .iter()
+            .filter(|o| o.ok)
+            .map(|o| o.ready_ms)
+            .collect();
+        ready.sort_by(f64::total_cmp);
+        table.push_str(&format!(
+            "| {} | {}/{sandboxes} | {:.1} s | {:.1} s | {:.2} s | {:.2} | {:.1} | {} |\n",
+            i + 1,
+            round.ok(),
+            round.end_to_end.as_secs_f64(),
+            round.cleaned.as_secs_f64(),
+            percentile(&ready, 50.0) / 1e3,
+            round.all_writes / sandboxes.max(1) as f64,
+            round.cpu.values().fold(0.0, |total, s| total + s),
+            round.machine
+        ));
+    }
+    table
 }
 
 /// When the driver's watches first saw each step of one sandbox's start.
@@ -806,4 +921,50 @@ fn mean_latencies(text: &str, histogram: &str, label: &str) -> Vec<(String, f64,
         .filter(|(_, (_, count))| *count > 0.0)
         .map(|(key, (sum, count))| (key, sum / count, count))
         .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn outcome(ok: bool, ready_ms: f64) -> Outcome {
+        Outcome {
+            ok,
+            ready_ms,
+            ..Outcome::default()
+        }
+    }
+
+    #[test]
+    fn each_round_gets_its_own_row() {
+        let rounds = [
+            Round {
+                outcomes: vec![outcome(true, 1000.0), outcome(true, 3000.0)],
+                end_to_end: Duration::from_millis(20_500),
+                cleaned: Duration::from_secs(22),
+                operator_writes: 6.0,
+                all_writes: 16.0,
+                cpu: BTreeMap::from([("etcd".into(), 10.0), ("kube-apiserver".into(), 20.0)]),
+                machine: "quiet".into(),
+            },
+            Round {
+                outcomes: vec![outcome(true, 2000.0), outcome(false, 0.0)],
+                end_to_end: Duration::from_secs(30),
+                cleaned: Duration::from_secs(31),
+                operator_writes: 6.0,
+                all_writes: 18.0,
+                cpu: BTreeMap::new(),
+                machine: "noisy".into(),
+            },
+        ];
+        let table = round_table(&rounds, 2);
+        let rows: Vec<&str> = table.lines().skip(2).collect();
+        assert_eq!(
+            rows,
+            [
+                "| 1 | 2/2 | 20.5 s | 22.0 s | 3.00 s | 8.00 | 30.0 | quiet |",
+                "| 2 | 1/2 | 30.0 s | 31.0 s | 2.00 s | 9.00 | 0.0 | noisy |",
+            ]
+        );
+    }
 }
