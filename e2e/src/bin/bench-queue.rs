@@ -136,7 +136,7 @@ fn label(queue: Option<i32>) -> String {
 /// The configurations of round `round` (from 0) in the order they run: unqueued first in even
 /// rounds, queued first in odd ones (pure).
 fn round_order(round: u32, slots: i32) -> [Option<i32>; 2] {
-    if round % 2 == 0 {
+    if round.is_multiple_of(2) {
         [None, Some(slots)]
     } else {
         [Some(slots), None]

@@ -129,6 +129,12 @@ async fn lifecycle(
     let mut out = Outcome::default();
     if let Err(error) = run_lifecycle(http, base, token, &name, image, execs, &mut out).await {
         out.error = Some(error);
+        // Leave nothing behind for the next round (the failure is counted already).
+        let _ = http
+            .delete(format!("{base}/v1/namespaces/default/sandboxes/{name}"))
+            .bearer_auth(token)
+            .send()
+            .await;
     } else {
         out.ok = true;
     }
@@ -368,11 +374,22 @@ async fn main() {
             .collect()
             .await;
         let end_to_end = started.elapsed();
+        let prefix = format!("bench-{round}-");
         loop {
             let left = pods
                 .list(&Default::default())
                 .await
-                .map(|l| l.items.len())
+                .map(|l| {
+                    l.items
+                        .iter()
+                        .filter(|p| {
+                            p.metadata
+                                .name
+                                .as_deref()
+                                .is_some_and(|n| n.starts_with(&prefix))
+                        })
+                        .count()
+                })
                 .unwrap_or(usize::MAX);
             if left == 0 || started.elapsed() > end_to_end + Duration::from_secs(300) {
                 break;

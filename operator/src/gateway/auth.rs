@@ -364,8 +364,8 @@ impl Authorizer {
             },
             ..TokenReview::default()
         };
-        let answer = api
-            .create(&PostParams::default(), &review)
+        let params = PostParams::default();
+        let answer = on_fresh_connections(|| api.create(&params, &review))
             .await
             .map_err(|err| {
                 self.review_counted("failed");
@@ -438,8 +438,8 @@ impl Authorizer {
             },
             ..SubjectAccessReview::default()
         };
-        let answer = api
-            .create(&PostParams::default(), &review)
+        let params = PostParams::default();
+        let answer = on_fresh_connections(|| api.create(&params, &review))
             .await
             .map_err(|err| {
                 tracing::warn!(error = %err, "SubjectAccessReview failed");
@@ -459,11 +459,79 @@ impl Authorizer {
     }
 }
 
+/// Most attempts at a review whose request never got an answer.
+const REVIEW_ATTEMPTS: usize = 3;
+
+/// Runs `review` again, up to [`REVIEW_ATTEMPTS`] in all, while it fails without an answer from the API
+/// server (a transport error, such as a pooled keep-alive connection the server closed as the
+/// request went out: seen in bursts after the gateway had been idle for about 90 s, kube-apiserver's
+/// idle time-out). Reviews are not stored, so asking again is always safe; the client drops the
+/// broken connection, so the next attempt goes out on another. An answer, even an error status, is
+/// final.
+async fn on_fresh_connections<T, F, Fut>(mut review: F) -> Result<T, kube::Error>
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Result<T, kube::Error>>,
+{
+    let mut attempt = 1;
+    loop {
+        match review().await {
+            Err(err @ (kube::Error::Service(_) | kube::Error::HyperError(_)))
+                if attempt < REVIEW_ATTEMPTS =>
+            {
+                tracing::info!(error = %err, attempt, "review sent on a broken connection; asking again");
+                attempt += 1;
+            }
+            other => return other,
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::super::access::Operation;
     use super::*;
     use axum::http::HeaderValue;
+
+    #[tokio::test]
+    async fn a_review_without_an_answer_is_asked_again_and_an_answer_is_final() {
+        let broken = || kube::Error::Service("client error (SendRequest)".into());
+        let mut calls = 0;
+        let answer = on_fresh_connections(|| {
+            calls += 1;
+            let result = if calls < 3 { Err(broken()) } else { Ok(calls) };
+            async move { result }
+        })
+        .await;
+        assert_eq!(
+            answer.ok(),
+            Some(3),
+            "two broken connections, then an answer"
+        );
+
+        let mut calls = 0;
+        let gone = on_fresh_connections(|| {
+            calls += 1;
+            async { Err::<(), _>(broken()) }
+        })
+        .await;
+        assert!(gone.is_err());
+        assert_eq!(calls, REVIEW_ATTEMPTS, "bounded");
+
+        let mut calls = 0;
+        let refused = on_fresh_connections(|| {
+            calls += 1;
+            async {
+                Err::<(), _>(kube::Error::Api(Box::new(
+                    kube::core::Status::failure("too many requests", "TooManyRequests")
+                        .with_code(429),
+                )))
+            }
+        })
+        .await;
+        assert!(refused.is_err());
+        assert_eq!(calls, 1, "the API server answered: no second attempt");
+    }
 
     fn headers(value: &str) -> HeaderMap {
         let mut headers = HeaderMap::new();
