@@ -106,14 +106,21 @@ impl std::fmt::Display for Cidr {
 /// The single-address ranges of an EndpointSlice's ready endpoints (the API server's, from
 /// `default/kubernetes`); addresses that do not parse are skipped (pure).
 pub fn endpoint_cidrs(slice: &k8s_openapi::api::discovery::v1::EndpointSlice) -> Vec<Cidr> {
+    ready_addresses(slice)
+        .filter_map(|address| Cidr::parse(address).ok())
+        .collect()
+}
+
+/// The addresses of an EndpointSlice's endpoints that are not marked unready (pure).
+pub fn ready_addresses(
+    slice: &k8s_openapi::api::discovery::v1::EndpointSlice,
+) -> impl Iterator<Item = &String> {
     slice
         .endpoints
         .iter()
         .flatten()
         .filter(|e| e.conditions.as_ref().and_then(|c| c.ready) != Some(false))
         .flat_map(|e| e.addresses.iter())
-        .filter_map(|address| Cidr::parse(address).ok())
-        .collect()
 }
 
 /// What an allowed range becomes: its `except` entries (the protected ranges strictly inside it), or

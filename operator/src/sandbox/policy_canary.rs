@@ -69,12 +69,7 @@ pub fn endpoint_addresses(slice: &EndpointSlice) -> Vec<SocketAddr> {
     let Some(port) = port else {
         return Vec::new();
     };
-    slice
-        .endpoints
-        .iter()
-        .flatten()
-        .filter(|e| e.conditions.as_ref().and_then(|c| c.ready) != Some(false))
-        .flat_map(|e| e.addresses.iter())
+    super::cidr::ready_addresses(slice)
         .filter_map(|address| address.parse::<IpAddr>().ok())
         .map(|ip| SocketAddr::new(ip, port))
         .collect()
