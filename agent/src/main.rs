@@ -159,17 +159,20 @@ fn serve(options: ServeOptions) -> ExitCode {
         );
         let gate = PolicyGate::probing(options.egress_canaries.clone(), ProbeTiming::default());
         let state = AppState::new(config).with_gate(gate);
-        if let Some(startup) = options.startup.clone() {
+        if let Some(startup) = &options.startup {
             // Checked now, started once the sandbox's NetworkPolicies are enforced: a command that
             // cannot start still ends the agent (and fails the sandbox), as before the gate.
-            if let Err(error) = server::startup_spec(&state.config.root, &startup) {
-                eprintln!("orchard-agent: {error}");
-                return ExitCode::from(2);
-            }
+            let spec = match server::startup_spec(&state.config.root, startup) {
+                Ok(spec) => spec,
+                Err(error) => {
+                    eprintln!("orchard-agent: {error}");
+                    return ExitCode::from(2);
+                }
+            };
             let state = state.clone();
             tokio::spawn(async move {
                 state.gate.opened().await;
-                if let Err(error) = server::start_startup_command(&state, &startup) {
+                if let Err(error) = server::start_startup_command(&state, spec) {
                     eprintln!("orchard-agent: {error}");
                     std::process::exit(2);
                 }

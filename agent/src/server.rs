@@ -198,8 +198,8 @@ const POLICY_NOT_ENFORCED: &str = "the sandbox's NetworkPolicies are not enforce
      the agent serves once they are: retry shortly";
 
 /// Authenticates, refuses everything while the policy gate is closed, then admits the request if
-/// fewer than `max_concurrent` are in flight. The admission
-/// permit lives as long as the response body, so streams and downloads count until they end.
+/// fewer than `max_concurrent` are in flight. The admission permit lives as long as the response body,
+/// so streams and downloads count until they end.
 async fn guard_v1(State(state): State<AppState>, request: Request, next: Next) -> Response {
     if let Some(token) = &state.config.token
         && !token.authorizes(request.headers())
@@ -270,9 +270,9 @@ pub fn startup_spec(root: &Path, json: &str) -> Result<CommandSpec, String> {
         .map_err(|error| format!("ORCHARD_AGENT_STARTUP: {error}"))
 }
 
-/// Starts the `ORCHARD_AGENT_STARTUP` command as background process `startup`.
-pub fn start_startup_command(state: &AppState, json: &str) -> Result<(), String> {
-    let spec = startup_spec(&state.config.root, json)?;
+/// Starts the `ORCHARD_AGENT_STARTUP` command (checked by [`startup_spec`]) as background process
+/// `startup`.
+pub fn start_startup_command(state: &AppState, spec: CommandSpec) -> Result<(), String> {
     match state.processes.start(
         Some("startup".into()),
         spec,
