@@ -463,11 +463,11 @@ impl Authorizer {
 const REVIEW_ATTEMPTS: usize = 3;
 
 /// Runs `review` again, up to [`REVIEW_ATTEMPTS`] in all, while it fails without an answer from the API
-/// server (a transport error, such as a pooled keep-alive connection the server closed as the
-/// request went out: seen in bursts after the gateway had been idle for about 90 s, kube-apiserver's
-/// idle time-out). Reviews are not stored, so asking again is always safe; the client drops the
-/// broken connection, so the next attempt goes out on another. An answer, even an error status, is
-/// final.
+/// server (a transport error: first seen in bursts after about 90 s idle, when pooled keep-alive
+/// connections met kube-apiserver's idle time-out; `runtime::api_client` now drops idle connections
+/// before the server does, and this covers the transport failures left). Reviews are not stored, so
+/// asking again is always safe; the client drops the broken connection, so the next attempt goes
+/// out on another. An answer, even an error status, is final.
 async fn on_fresh_connections<T, F, Fut>(mut review: F) -> Result<T, kube::Error>
 where
     F: FnMut() -> Fut,

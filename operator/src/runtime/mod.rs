@@ -1,4 +1,5 @@
-//! The operator's Kubernetes plumbing, shared by both controllers and the gateway: process start-up
+//! The operator's Kubernetes plumbing, shared by both controllers and the gateway: the API client
+//! ([`api_client`]), process start-up
 //! and the watch caches ([`start`], [`triggers`], [`change_feed`]), leadership ([`leader`]), the
 //! generic write layer ([`writes`], [`status_patch`]) and its memory of the operator's own writes
 //! ([`own_writes`]), ownership checks ([`ownership`]), per-object backoff and reconcile slots
@@ -7,6 +8,7 @@
 //! ([`metrics`], [`admin`]), logging ([`telemetry`]) and the agent-token key ([`token_key`]).
 
 pub mod admin;
+pub mod api_client;
 pub mod backoff;
 pub mod change_feed;
 pub mod conditions;

@@ -21,6 +21,7 @@ use crate::gateway::{self, GatewayDeps};
 use crate::pool::book::{PoolBook, PoolKey};
 use crate::queue::book::{QueueBook, QueueKey};
 use crate::runtime::admin::{self, AdminState};
+use crate::runtime::api_client;
 use crate::runtime::backoff::ReconcileBackoff;
 use crate::runtime::change_feed::ChangeFeed;
 use crate::runtime::config::OperatorArgs;
@@ -173,7 +174,7 @@ pub async fn run(args: OperatorArgs) -> Result<()> {
         .clone()
         .unwrap_or_else(default_identity);
     let config = client_config(&identity).await?;
-    let client = Client::try_from(config.clone())?;
+    let client = api_client::client_builder(&config, api_client::POOL_IDLE_TIMEOUT)?.build();
     apply_api_server_endpoints(&client, &args, &mut settings).await?;
     let token_key = super::token_key::load_or_create(&client, &args.sandbox.operator_namespace)
         .await
@@ -409,7 +410,7 @@ pub async fn run(args: OperatorArgs) -> Result<()> {
             duration: Duration::from_secs(args.leader.lease_duration_seconds.max(1)),
         };
         let timing = Timing::for_lease(election.duration);
-        let controller_client = kube::client::ClientBuilder::try_from(config)?
+        let controller_client = api_client::client_builder(&config, api_client::POOL_IDLE_TIMEOUT)?
             .with_layer(&WriteGate::new(leadership.clone(), timing.call_timeout))
             .build();
         tokio::spawn(leader::run(
