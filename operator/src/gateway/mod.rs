@@ -41,7 +41,6 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::get;
 use kube::Client;
 use kube::runtime::reflector::Store;
-use tokio::sync::broadcast::error::RecvError;
 use tokio_util::sync::CancellationToken;
 use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
@@ -124,27 +123,18 @@ async fn track(
 
 /// Marks the Sandbox and RolloutGroup caches filled when their watches report `InitDone`.
 fn watch_cache_fill(state: &State, shutdown: CancellationToken) {
-    let mut notes = state.deps.changes.subscribe();
+    let mut sandboxes = state.deps.changes.relists("Sandbox");
+    let mut groups = state.deps.changes.relists("RolloutGroup");
     let state = state.clone();
     tokio::spawn(async move {
-        loop {
-            let note = tokio::select! {
-                note = notes.recv() => note,
+        let filled = &state.filled;
+        while !(filled.sandboxes.load(Ordering::Relaxed)
+            && filled.rollout_groups.load(Ordering::Relaxed))
+        {
+            tokio::select! {
+                _ = sandboxes.next() => filled.sandboxes.store(true, Ordering::Relaxed),
+                _ = groups.next() => filled.rollout_groups.store(true, Ordering::Relaxed),
                 () = shutdown.cancelled() => return,
-            };
-            match note {
-                Ok(note) if note.namespace.is_empty() && note.name.is_empty() => match note.kind {
-                    "Sandbox" => state.filled.sandboxes.store(true, Ordering::Relaxed),
-                    "RolloutGroup" => state.filled.rollout_groups.store(true, Ordering::Relaxed),
-                    _ => {}
-                },
-                Ok(_) | Err(RecvError::Lagged(_)) => {}
-                Err(RecvError::Closed) => return,
-            }
-            if state.filled.sandboxes.load(Ordering::Relaxed)
-                && state.filled.rollout_groups.load(Ordering::Relaxed)
-            {
-                return;
             }
         }
     });

@@ -1,6 +1,6 @@
-//! Server-side waits (`.../wait?timeoutSeconds=`), driven by the watch: the waiter subscribes to the
-//! change feed, reads the cache, and re-reads it only when a note names its object (or the cache was
-//! re-listed, or the receiver lagged). The API server is read at most once, when the cache does not
+//! Server-side waits (`.../wait?timeoutSeconds=`), driven by the watch: the waiter subscribes to its
+//! object's notes in the change feed, reads the cache, and re-reads it only when told its object
+//! changed (or the cache of its kind was re-listed). The API server is read at most once, when the cache does not
 //! have the object yet (just created, or the caches are still filling at startup). Never
 //! `Store::wait_until_ready()`: in kube-runtime 5.0.0 it keeps one waker per store and the controller
 //! already waits on it.
@@ -8,13 +8,11 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use kube::runtime::reflector::{ObjectRef, Store};
-use kube::{Client, Resource};
-use tokio::sync::broadcast::error::RecvError;
-
 use super::errors::ApiError;
 use super::lookup::find;
-use crate::runtime::change_feed::{ChangeFeed, Changed};
+use crate::runtime::change_feed::{Change, ChangeFeed};
+use kube::runtime::reflector::{ObjectRef, Store};
+use kube::{Client, Resource};
 
 /// Default `timeoutSeconds` of wait routes.
 pub const DEFAULT_WAIT_SECONDS: u64 = 30;
@@ -41,14 +39,6 @@ pub fn wait_duration(timeout_seconds: Option<f64>) -> Duration {
         .unwrap_or(DEFAULT_WAIT_SECONDS as f64)
         .clamp(0.0, MAX_WAIT_SECONDS as f64);
     Duration::from_secs_f64(seconds)
-}
-
-/// Whether a change-feed note may concern `kind` `namespace/name`: a note naming it, or an `InitDone`
-/// note of that kind (published with an empty name after a (re-)list replaced the cache).
-pub fn concerns(note: &Changed, kind: &str, namespace: &str, name: &str) -> bool {
-    note.kind == kind
-        && ((note.namespace == namespace && note.name == name)
-            || (note.namespace.is_empty() && note.name.is_empty()))
 }
 
 /// What to wait on.
@@ -80,7 +70,7 @@ where
         done: impl Fn(&K) -> bool,
     ) -> Result<WaitOutcome<K>, ApiError> {
         // Subscribe before reading, so no change between the read and the subscription is missed.
-        let mut notes = self.changes.subscribe();
+        let mut notes = self.changes.subscribe(self.kind, self.namespace, self.name);
         let key = ObjectRef::new(self.name).within(self.namespace);
         let mut last = find(
             self.client,
@@ -95,22 +85,11 @@ where
         }
         let deadline = tokio::time::Instant::now() + timeout;
         loop {
-            let note = tokio::select! {
-                note = notes.recv() => note,
+            let change = tokio::select! {
+                change = notes.next() => change,
                 () = tokio::time::sleep_until(deadline) => return Ok(WaitOutcome::TimedOut(last)),
             };
-            let named = match note {
-                Ok(note) if concerns(&note, self.kind, self.namespace, self.name) => {
-                    !note.name.is_empty()
-                }
-                Ok(_) => continue,
-                Err(RecvError::Lagged(_)) => false,
-                Err(RecvError::Closed) => {
-                    return Err(ApiError::unavailable(
-                        "the operator is shutting down; retry against another replica",
-                    ));
-                }
-            };
+            let named = change == Change::Named;
             match self.store.get(&key) {
                 Some(object) => {
                     if done(&object) {
@@ -120,7 +99,7 @@ where
                 }
                 // A note naming the object after the cache applied it, and the cache lacks it: deleted.
                 None if named => return Ok(WaitOutcome::Deleted),
-                // After a re-list or a lag the cache may still be filling: ask once more.
+                // After a re-list the cache may still be filling: ask once more.
                 None => {
                     match find(
                         self.client,
@@ -149,39 +128,6 @@ where
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    fn note(kind: &'static str, namespace: &str, name: &str) -> Changed {
-        Changed {
-            kind,
-            namespace: namespace.into(),
-            name: name.into(),
-        }
-    }
-
-    #[test]
-    fn notes_concern_their_object_or_a_relist_of_the_kind() {
-        assert!(concerns(&note("Sandbox", "ns", "s"), "Sandbox", "ns", "s"));
-        assert!(concerns(&note("Sandbox", "", ""), "Sandbox", "ns", "s"));
-        assert!(!concerns(&note("Sandbox", "ns", "t"), "Sandbox", "ns", "s"));
-        assert!(!concerns(
-            &note("Sandbox", "other", "s"),
-            "Sandbox",
-            "ns",
-            "s"
-        ));
-        assert!(!concerns(
-            &note("RolloutGroup", "ns", "s"),
-            "Sandbox",
-            "ns",
-            "s"
-        ));
-        assert!(!concerns(
-            &note("RolloutGroup", "", ""),
-            "Sandbox",
-            "ns",
-            "s"
-        ));
-    }
 
     #[test]
     fn wait_durations_default_and_clamp() {

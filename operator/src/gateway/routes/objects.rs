@@ -102,7 +102,7 @@ pub async fn delete<K: Child>(
     name: &str,
     user: &str,
 ) -> Result<Response, ApiError> {
-    let mut notes = state.deps.changes.subscribe();
+    let mut notes = state.deps.changes.subscribe(&K::kind(&()), namespace, name);
     let answer = api::<K>(state, namespace)
         .delete(name, &DeleteParams::background())
         .await
@@ -126,9 +126,11 @@ pub async fn delete<K: Child>(
     };
     let deadline = tokio::time::Instant::now() + DELETE_VISIBLE_WITHIN;
     while !shown() {
-        match tokio::time::timeout_at(deadline, notes.recv()).await {
-            Err(_) | Ok(Err(tokio::sync::broadcast::error::RecvError::Closed)) => break,
-            Ok(_) => {}
+        if tokio::time::timeout_at(deadline, notes.next())
+            .await
+            .is_err()
+        {
+            break;
         }
     }
     tracing::info!(object = %format!("{namespace}/{name}"), kind = %K::kind(&()), %user, "deleted through the gateway");
