@@ -272,6 +272,17 @@ bench-scale: k8s agent ## 1,000 sandboxes through create -> Ready -> 4 execs -> 
 		$(TARGET_DIR)/release/bench-scale --sandboxes $(BENCH_SANDBOXES) --concurrency $(BENCH_CONCURRENCY) \
 		--rounds $(BENCH_ROUNDS) --write-doc docs/BENCHMARKS.md
 
+# Two operator configurations on the same batch, alternating single-round runs (fresh cluster each):
+# `make bench-scale-compare COMPARE_A="--sandbox-concurrency=64" COMPARE_B="--sandbox-concurrency=256"`.
+COMPARE_A ?= --sandbox-concurrency=64
+COMPARE_B ?= --sandbox-concurrency=256
+.PHONY: bench-scale-compare
+bench-scale-compare: k8s agent ## bench-scale for operator flags COMPARE_A against COMPARE_B, 3 alternating rounds; prints a Markdown table
+	$(CARGO) build --release -p orchard-operator -p orchard-e2e --bins -j 2
+	ORCHARD_OPERATOR_BIN=$(abspath $(TARGET_DIR))/release/orchard-operator BENCH_SCALE=$(TARGET_DIR)/release/bench-scale \
+		python3 e2e/examples/bench-scale-compare.py --rounds $(BENCH_ROUNDS) --a="$(COMPARE_A)" --b="$(COMPARE_B)" \
+		-- --sandboxes $(BENCH_SANDBOXES) --concurrency $(BENCH_CONCURRENCY)
+
 .PHONY: bench-queue
 bench-queue: k8s agent ## 64 RolloutGroups at once, without and with a RolloutQueue of 128, 3 alternating rounds (time to the last group, sandbox-seconds per group); writes docs/BENCHMARKS.md
 	$(CARGO) build --release -p orchard-operator -p orchard-e2e --bins -j 2

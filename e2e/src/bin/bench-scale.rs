@@ -337,9 +337,14 @@ async fn main() {
             std::process::exit(1)
         });
     let milestones = Arc::new(std::sync::Mutex::new(BTreeMap::<String, Milestones>::new()));
-    let tracker = tokio::spawn(track_milestones(kube.clone(), milestones.clone()));
-    let pods: kube::Api<k8s_openapi::api::core::v1::Pod> =
-        kube::Api::namespaced(kube.clone(), "default");
+    // The tracker's pod watch also keeps a cache of the pods, which tells when a round's pods are
+    // gone without listing every pod from the API server four times a second.
+    let (pods, pods_writer) = kube::runtime::reflector::store();
+    let tracker = tokio::spawn(track_milestones(
+        kube.clone(),
+        milestones.clone(),
+        pods_writer,
+    ));
     let mut rounds: Vec<Round> = Vec::new();
     for round in 0..args.rounds {
         // The cluster's start-up load, or the previous round's, settles first (bounded wait; the
@@ -377,20 +382,15 @@ async fn main() {
         let prefix = format!("bench-{round}-");
         loop {
             let left = pods
-                .list(&Default::default())
-                .await
-                .map(|l| {
-                    l.items
-                        .iter()
-                        .filter(|p| {
-                            p.metadata
-                                .name
-                                .as_deref()
-                                .is_some_and(|n| n.starts_with(&prefix))
-                        })
-                        .count()
+                .state()
+                .iter()
+                .filter(|p| {
+                    p.metadata
+                        .name
+                        .as_deref()
+                        .is_some_and(|n| n.starts_with(&prefix))
                 })
-                .unwrap_or(usize::MAX);
+                .count();
             if left == 0 || started.elapsed() > end_to_end + Duration::from_secs(300) {
                 break;
             }
@@ -749,9 +749,10 @@ struct Milestones {
 async fn track_milestones(
     kube: kube::Client,
     milestones: Arc<std::sync::Mutex<BTreeMap<String, Milestones>>>,
+    pods_cache: kube::runtime::reflector::store::Writer<k8s_openapi::api::core::v1::Pod>,
 ) {
     use k8s_openapi::api::core::v1::Pod;
-    use kube::runtime::watcher;
+    use kube::runtime::{WatchStreamExt, watcher};
     use orchard_operator::api::Sandbox;
     let sandboxes = watcher(
         kube::Api::<Sandbox>::namespaced(kube.clone(), "default"),
@@ -762,6 +763,7 @@ async fn track_milestones(
         kube::Api::<Pod>::namespaced(kube, "default"),
         watcher::Config::default(),
     )
+    .reflect(pods_cache)
     .boxed();
     enum Seen {
         Sandbox(Box<Sandbox>),
