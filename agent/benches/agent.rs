@@ -170,6 +170,36 @@ async fn measure_exec(base: &str, concurrency: usize) -> Latencies {
     }
 }
 
+/// p50 of `GET /healthz` at concurrency 1 on a keep-alive connection: the HTTP round trip to the agent
+/// with no command behind it (the floor under an exec request, besides the spawn).
+async fn measure_round_trip_p50(base: &str) -> Duration {
+    let client: HttpClient = Client::builder(TokioExecutor::new()).build_http();
+    let once = || async {
+        let started = Instant::now();
+        let request = Request::builder()
+            .uri(format!("{base}/healthz"))
+            .body(full(""))
+            .unwrap();
+        let response = client.request(request).await.expect("healthz request");
+        assert!(
+            response.status().is_success(),
+            "healthz: {}",
+            response.status()
+        );
+        response.into_body().collect().await.unwrap();
+        started.elapsed()
+    };
+    for _ in 0..100 {
+        once().await;
+    }
+    let mut all = Vec::with_capacity(EXEC_REQUESTS);
+    for _ in 0..EXEC_REQUESTS {
+        all.push(once().await);
+    }
+    all.sort();
+    all[all.len() / 2]
+}
+
 async fn measure_files(base: &str) -> (f64, f64) {
     let client: HttpClient = Client::builder(TokioExecutor::new()).build_http();
     let chunk = Bytes::from(vec![0xA5u8; 1024 * 1024]);
@@ -359,7 +389,7 @@ fn main() {
         .as_ref()
         .map(|server| tree_rss_kib(server.child.id()));
     // Rounds: every path once per round, in the same order, so slow phases of the machine hit all.
-    let (mut floor, mut floor_fork) = (Vec::new(), Vec::new());
+    let (mut floor, mut floor_fork, mut round_trip) = (Vec::new(), Vec::new(), Vec::new());
     let (mut rust_1, mut rust_32, mut python_1, mut python_32) =
         (Vec::new(), Vec::new(), Vec::new(), Vec::new());
     for round in 0..ROUNDS {
@@ -367,6 +397,7 @@ fn main() {
         floor.push(direct_spawn_p50(&root, true));
         floor_fork.push(direct_spawn_p50(&root, false));
         runtime.block_on(async {
+            round_trip.push(measure_round_trip_p50(&agent.base).await);
             rust_1.push(measure_exec(&agent.base, 1).await);
             rust_32.push(measure_exec(&agent.base, 32).await);
             if let Some(server) = &fastapi {
@@ -386,6 +417,12 @@ fn main() {
         .iter()
         .zip(&floor)
         .map(|(agent, floor)| (agent.p50.as_secs_f64() - floor.as_secs_f64()) * 1000.0)
+        .collect();
+    // What is left of it besides the HTTP round trip, round by round.
+    let handling: Vec<f64> = overhead
+        .iter()
+        .zip(&round_trip)
+        .map(|(overhead, trip)| overhead - trip.as_secs_f64() * 1000.0)
         .collect();
     let mut table = String::new();
     table.push_str("| metric | orchard-agent (Rust, static) | FastAPI + uvicorn (Python) | ratio |\n|---|---|---|---|\n");
@@ -442,6 +479,14 @@ fn main() {
     table.push_str(&format!(
         "| the agent's own cost per exec (agent p50 minus the floor, per round) | {} | | |\n",
         median_spread(&overhead, |v| format!("{v:.2} ms"))
+    ));
+    table.push_str(&format!(
+        "| HTTP round trip to the agent, no command (`GET /healthz`, concurrency 1), p50 | {} | | |\n",
+        latency(round_trip)
+    ));
+    table.push_str(&format!(
+        "| the agent's exec handling besides the HTTP round trip (own cost minus the round trip, per round) | {} | | |\n",
+        median_spread(&handling, |v| format!("{v:.2} ms"))
     ));
     table.push_str(&format!(
         "| spawn `true` directly with fork + setsid instead, p50 | {} | | |\n",
@@ -508,7 +553,10 @@ fn main() {
          is the median over the rounds with the spread (min–max) in brackets, ratios are of medians. The\n\
          \"spawn `true` directly\" row starts `true` the way the agent does (posix_spawn into a new process\n\
          group, three pipes) and waits for it: the agent's own cost per exec is the difference to the\n\
-         concurrency-1 p50, taken round by round. The fork + setsid row is how the agent started commands\n\
+         concurrency-1 p50, taken round by round; of that, the HTTP round trip (`GET /healthz` on the same\n\
+         kind of keep-alive connection, which runs no command) is the part any HTTP agent pays, and the\n\
+         rest is the exec request's own handling (body, spawn bookkeeping, pipes, reaping, the JSON answer).\n\
+         The fork + setsid row is how the agent started commands\n\
          before (a `pre_exec` hook forces std to fork). Machine: {machine}.\n\n{table}\n"
     );
     println!("{section}");
