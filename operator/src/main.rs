@@ -5,6 +5,12 @@ use clap::Parser;
 use orchard_operator::runtime::config::OperatorArgs;
 use orchard_operator::runtime::{self, telemetry};
 
+/// mimalloc instead of glibc's malloc: the operator decodes and drops a stream of watch events and
+/// API answers, and with glibc's allocator about a quarter of its CPU went to `malloc`, `free` and
+/// `malloc_consolidate` in `perf` during `make bench-scale` (docs/BENCHMARKS.md, "Scale").
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 #[tokio::main]
 async fn main() {
     let args = OperatorArgs::parse();
