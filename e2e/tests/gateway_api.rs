@@ -377,10 +377,32 @@ async fn sandboxes_run_commands_move_files_and_apply_patches_through_the_gateway
         .await;
     assert_eq!(gone.status, 404);
 
-    // Delete: the sandbox goes away and the routes say so.
+    // Delete: answered as soon as the API server took it, and from then on this gateway shows the
+    // sandbox as gone, whether or not its watch cache has seen the deletion yet.
     let removed = alice.delete(&sandbox_path(&ns, &name, "")).await;
     assert_eq!(removed.status, 200, "{removed:?}");
     assert_eq!(removed.body["deleted"], true);
+    let read = alice.get(&sandbox_path(&ns, &name, "")).await;
+    assert_eq!(read.status, 404, "read right after the delete: {read:?}");
+    let listed = alice.get(&format!("/v1/namespaces/{ns}/sandboxes")).await;
+    assert_eq!(listed.status, 200, "{listed:?}");
+    let names: Vec<&str> = listed.body["items"]
+        .as_array()
+        .map(|items| {
+            items
+                .iter()
+                .filter_map(|item| item["metadata"]["name"].as_str())
+                .collect()
+        })
+        .unwrap_or_default();
+    assert!(
+        !names.contains(&name.as_str()),
+        "listed right after the delete: {names:?}"
+    );
+    let waited = alice
+        .get(&sandbox_path(&ns, &name, "/wait?timeoutSeconds=5"))
+        .await;
+    assert_eq!(waited.status, 404, "wait right after the delete: {waited:?}");
     let sandboxes: Api<Sandbox> = Api::namespaced(env.client().await, &ns);
     orchard_e2e::wait::deleted(&sandboxes, &name, Duration::from_secs(30)).await;
     let after = alice.exec(&ns, &name, json!({"argv": ["true"]})).await;

@@ -10,6 +10,7 @@ use kube::runtime::reflector::{ObjectRef, Store};
 use kube::{Client, Resource, ResourceExt};
 
 use super::errors::{ApiError, from_kube};
+use super::recent_deletes::RecentDeletes;
 use crate::sandbox::apply::{cached_pod, own_pod_name};
 use crate::sandbox::status::endpoint_of_own_pod;
 use crate::sandbox::token::TokenKey;
@@ -58,10 +59,12 @@ pub fn agent_endpoint(
     }
 }
 
-/// An object from `store`, or from one API read when the cache does not have it (yet); 404 if neither.
+/// An object from `store`, or from one API read when the cache does not have it (yet), or shows an
+/// incarnation this replica deleted (`deletes`); 404 if neither.
 pub async fn find<K>(
     client: &Client,
     store: &Store<K>,
+    deletes: &RecentDeletes,
     kind: &str,
     namespace: &str,
     name: &str,
@@ -69,7 +72,7 @@ pub async fn find<K>(
 where
     K: crate::runtime::writes::Child,
 {
-    if let Some(object) = store.get(&ObjectRef::new(name).within(namespace)) {
+    if let Some(object) = deletes.visible(store.get(&ObjectRef::new(name).within(namespace))) {
         return Ok(object);
     }
     let api: Api<K> = Api::namespaced(client.clone(), namespace);
@@ -84,20 +87,22 @@ where
 pub async fn find_sandbox(
     client: &Client,
     store: &Store<Sandbox>,
+    deletes: &RecentDeletes,
     namespace: &str,
     name: &str,
 ) -> Result<Arc<Sandbox>, ApiError> {
-    find(client, store, "sandbox", namespace, name).await
+    find(client, store, deletes, "sandbox", namespace, name).await
 }
 
 /// The rollout group `namespace/name`.
 pub async fn find_group(
     client: &Client,
     store: &Store<RolloutGroup>,
+    deletes: &RecentDeletes,
     namespace: &str,
     name: &str,
 ) -> Result<Arc<RolloutGroup>, ApiError> {
-    find(client, store, "rolloutgroup", namespace, name).await
+    find(client, store, deletes, "rolloutgroup", namespace, name).await
 }
 
 /// The sandbox's pod from the cache; for a sandbox that claimed a pool member moments ago, whose

@@ -18,6 +18,7 @@ pub mod lookup;
 pub mod metrics;
 pub mod openapi;
 pub mod proxy;
+pub mod recent_deletes;
 pub mod revalidate;
 pub mod review_budget;
 pub mod routes;
@@ -232,6 +233,7 @@ pub fn state(deps: GatewayDeps) -> std::io::Result<State> {
         proxy: proxy::AgentProxy::new(metrics.clone()),
         metrics,
         filled: CachesFilled::default(),
+        recent_deletes: recent_deletes::RecentDeletes::default(),
         deps,
     }))
 }

@@ -10,6 +10,7 @@ use std::time::Duration;
 
 use super::errors::ApiError;
 use super::lookup::find;
+use super::recent_deletes::RecentDeletes;
 use crate::runtime::change_feed::{Change, ChangeFeed};
 use kube::runtime::reflector::{ObjectRef, Store};
 use kube::{Client, Resource};
@@ -47,6 +48,8 @@ pub struct WaitFor<'a, K: Resource<DynamicType = ()> + 'static> {
     pub client: &'a Client,
     /// The watch cache of `K`.
     pub store: &'a Store<K>,
+    /// What this replica deleted that the cache may still show (shown as gone).
+    pub deletes: &'a RecentDeletes,
     /// Notes of changes, published after the cache applied them.
     pub changes: &'a ChangeFeed,
     /// `Sandbox` or `RolloutGroup` (the change feed's kind).
@@ -75,6 +78,7 @@ where
         let mut last = find(
             self.client,
             self.store,
+            self.deletes,
             self.noun,
             self.namespace,
             self.name,
@@ -90,20 +94,22 @@ where
                 () = tokio::time::sleep_until(deadline) => return Ok(WaitOutcome::TimedOut(last)),
             };
             let named = change == Change::Named;
-            match self.store.get(&key) {
+            match self.deletes.visible(self.store.get(&key)) {
                 Some(object) => {
                     if done(&object) {
                         return Ok(WaitOutcome::Done(object));
                     }
                     last = object;
                 }
-                // A note naming the object after the cache applied it, and the cache lacks it: deleted.
+                // A note naming the object after the cache applied it, and the cache lacks it (or
+                // still shows the incarnation this replica deleted): deleted.
                 None if named => return Ok(WaitOutcome::Deleted),
                 // After a re-list the cache may still be filling: ask once more.
                 None => {
                     match find(
                         self.client,
                         self.store,
+                        self.deletes,
                         self.noun,
                         self.namespace,
                         self.name,

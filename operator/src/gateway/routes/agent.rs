@@ -682,6 +682,7 @@ async fn proxy(
     let sandbox = find_sandbox(
         &state.deps.client,
         &state.deps.caches.sandboxes,
+        &state.recent_deletes,
         namespace,
         name,
     )

@@ -29,6 +29,7 @@ use super::heartbeat::Heartbeats;
 use super::lookup::{agent_access, find_group, find_sandbox, own_pod};
 use super::metrics::GatewayMetrics;
 use super::proxy::AgentProxy;
+use super::recent_deletes::RecentDeletes;
 use orchard_api::{RolloutGroup, Sandbox};
 
 /// Route templates (also the `route` label of the request metrics).
@@ -78,6 +79,8 @@ pub struct GatewayState {
     pub metrics: GatewayMetrics,
     /// Cache fill flags.
     pub filled: CachesFilled,
+    /// Objects this replica deleted that its caches may still show.
+    pub recent_deletes: RecentDeletes,
 }
 
 /// Shared state of the router.
@@ -111,7 +114,14 @@ impl GatewayState {
     /// The Sandbox a route's path names (watch cache; one API read if the cache lacks it).
     pub async fn sandbox(&self, path: &ObjectPath) -> Result<Arc<Sandbox>, ApiError> {
         let cache = &self.deps.caches.sandboxes;
-        find_sandbox(&self.deps.client, cache, &path.namespace, &path.name).await
+        find_sandbox(
+            &self.deps.client,
+            cache,
+            &self.recent_deletes,
+            &path.namespace,
+            &path.name,
+        )
+        .await
     }
 
     /// The agent endpoint and token of `sandbox`, which must be Ready in a pod of its own (see
@@ -129,7 +139,14 @@ impl GatewayState {
     /// The RolloutGroup a route's path names (watch cache; one API read if the cache lacks it).
     pub async fn group(&self, path: &ObjectPath) -> Result<Arc<RolloutGroup>, ApiError> {
         let cache = &self.deps.rollout_groups;
-        find_group(&self.deps.client, cache, &path.namespace, &path.name).await
+        find_group(
+            &self.deps.client,
+            cache,
+            &self.recent_deletes,
+            &path.namespace,
+            &path.name,
+        )
+        .await
     }
 }
 

@@ -1,6 +1,8 @@
 //! What the Sandbox and RolloutGroup routes share: create, list (from the watch cache once it is
 //! filled, else one read from the API server) and delete, for either kind.
 
+use std::time::Instant;
+
 use axum::Json;
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
@@ -12,6 +14,7 @@ use serde_json::{Value, json};
 use super::State;
 use crate::gateway::GATEWAY_FIELD_MANAGER;
 use crate::gateway::errors::{ApiError, from_kube, json_response};
+use crate::gateway::recent_deletes::RecentDeletes;
 use crate::gateway::selector;
 use crate::runtime::writes::Child;
 
@@ -19,17 +22,22 @@ fn api<K: Child>(state: &State, namespace: &str) -> Api<K> {
     Api::namespaced(state.deps.client.clone(), namespace)
 }
 
-/// Objects of `store` in `namespace` whose labels match `selector`, in name order.
+/// Objects of `store` in `namespace` whose labels match `selector`, in name order, but for those this
+/// replica deleted (`deletes`).
 pub fn cached_items<K>(
     store: &Store<K>,
+    deletes: &RecentDeletes,
     namespace: &str,
     selector: &selector::LabelSelector,
 ) -> Vec<std::sync::Arc<K>>
 where
     K: Resource<DynamicType = ()> + Clone + 'static,
 {
+    let now = Instant::now();
     let mut items = store.state_filter(|o| {
-        o.meta().namespace.as_deref() == Some(namespace) && selector.matches(o.labels())
+        o.meta().namespace.as_deref() == Some(namespace)
+            && selector.matches(o.labels())
+            && !deletes.hides(o, now)
     });
     items.sort_by(|a, b| a.meta().name.cmp(&b.meta().name));
     items
@@ -67,7 +75,7 @@ pub async fn list<K: Child>(
 ) -> Result<Response, ApiError> {
     let selector = selector::parse(text).map_err(ApiError::bad_request)?;
     let items: Vec<Value> = if cache_filled {
-        cached_items(cache, namespace, &selector)
+        cached_items(cache, &state.recent_deletes, namespace, &selector)
             .iter()
             .filter_map(|o| serde_json::to_value(o.as_ref()).ok())
             .collect()
@@ -88,13 +96,10 @@ pub async fn list<K: Child>(
     ))
 }
 
-/// How long a delete waits for this replica's watch cache to show it before answering anyway.
-const DELETE_VISIBLE_WITHIN: std::time::Duration = std::time::Duration::from_secs(2);
-
-/// Deletes `namespace/name` (its children are garbage-collected) and answers `{deleted: true}` once
-/// this replica's watch cache (`cache`) shows the deletion (gone, being deleted, or replaced by
-/// another incarnation; at most [`DELETE_VISIBLE_WITHIN`]): a client that deletes and then lists
-/// through the gateway does not see the object it deleted as live.
+/// Deletes `namespace/name` (its children are garbage-collected) and answers `{deleted: true}` as soon
+/// as the API server did. This replica's answers stop showing the deleted incarnation at once, even
+/// while its watch cache (`cache`) still shows it ([`RecentDeletes`]): a client that deletes and then
+/// lists, reads or waits through the gateway does not see the object it deleted as live.
 pub async fn delete<K: Child>(
     state: &State,
     cache: &Store<K>,
@@ -102,7 +107,9 @@ pub async fn delete<K: Child>(
     name: &str,
     user: &str,
 ) -> Result<Response, ApiError> {
-    let mut notes = state.deps.changes.subscribe(&K::kind(&()), namespace, name);
+    let key = ObjectRef::<K>::new(name).within(namespace);
+    // The incarnation the cache shows now: the one deleted, should the answer not name it.
+    let cached_uid = cache.get(&key).and_then(|cached| cached.uid());
     let answer = api::<K>(state, namespace)
         .delete(name, &DeleteParams::background())
         .await
@@ -115,23 +122,12 @@ pub async fn delete<K: Child>(
             .as_ref()
             .map(|d| d.uid.clone())
             .filter(|uid| !uid.is_empty()),
-    };
-    let key = ObjectRef::<K>::new(name).within(namespace);
-    let shown = || match cache.get(&key) {
-        None => true,
-        Some(cached) => {
-            cached.meta().deletion_timestamp.is_some()
-                || (uid.is_some() && cached.meta().uid != uid)
-        }
-    };
-    let deadline = tokio::time::Instant::now() + DELETE_VISIBLE_WITHIN;
-    while !shown() {
-        if tokio::time::timeout_at(deadline, notes.next())
-            .await
-            .is_err()
-        {
-            break;
-        }
+    }
+    .or(cached_uid);
+    if let Some(uid) = uid {
+        state
+            .recent_deletes
+            .record(&K::kind(&()), namespace, name, &uid, Instant::now());
     }
     tracing::info!(object = %format!("{namespace}/{name}"), kind = %K::kind(&()), %user, "deleted through the gateway");
     Ok(Json(json!({"namespace": namespace, "name": name, "deleted": true})).into_response())

@@ -154,6 +154,7 @@ pub async fn wait_group(
     let waiter = WaitFor {
         client: &state.deps.client,
         store: &state.deps.rollout_groups,
+        deletes: &state.recent_deletes,
         changes: &state.deps.changes,
         kind: "RolloutGroup",
         noun: "rolloutgroup",

@@ -190,6 +190,7 @@ pub async fn wait_sandbox(
     let waiter = WaitFor {
         client: &state.deps.client,
         store: &state.deps.caches.sandboxes,
+        deletes: &state.recent_deletes,
         changes: &state.deps.changes,
         kind: "Sandbox",
         noun: "sandbox",
