@@ -31,6 +31,30 @@ pub fn parse_cpu_jiffies(stat: &str) -> (u64, u64) {
     )
 }
 
+/// Iterations of [`cpu_probe`]'s loop: about 40 ms on this project's machines.
+const PROBE_ITERATIONS: u64 = 20_000_000;
+
+/// Milliseconds one CPU takes for a fixed integer workload (the best of 3 tries, so a preemption does
+/// not count): the machine's speed at that moment, lower is faster. On a shared host the same
+/// machine has been seen to do the same work in half again the CPU time at times, with no steal
+/// reported; this tells such phases apart.
+pub fn cpu_probe() -> f64 {
+    (0..3)
+        .map(|_| {
+            let started = Instant::now();
+            let mut x: u64 = 0x9E37_79B9_7F4A_7C15;
+            for i in 0..PROBE_ITERATIONS {
+                x ^= x << 13;
+                x ^= x >> 7;
+                x ^= x << 17;
+                x = x.wrapping_add(std::hint::black_box(i));
+            }
+            std::hint::black_box(x);
+            started.elapsed().as_secs_f64() * 1000.0
+        })
+        .fold(f64::INFINITY, f64::min)
+}
+
 /// The machine as a benchmark found it, and the meter of CPU steal from then on.
 pub struct Machine {
     /// CPUs available to this process.
@@ -41,6 +65,8 @@ pub struct Machine {
     pub quiet: bool,
     /// How long the benchmark waited.
     pub waited: Duration,
+    /// [`cpu_probe`] when the benchmark started measuring.
+    pub probe_before_ms: f64,
     jiffies: (u64, u64),
 }
 
@@ -70,12 +96,13 @@ impl Machine {
             load_before: load,
             quiet,
             waited: started.elapsed(),
+            probe_before_ms: cpu_probe(),
             jiffies: parse_cpu_jiffies(&std::fs::read_to_string("/proc/stat").unwrap_or_default()),
         }
     }
 
     /// The sentence a benchmark's doc section carries about the machine: CPUs, quiet or not, the load
-    /// average before and now, and the CPU steal since [`Machine::settle`].
+    /// average before and now, the CPU steal since [`Machine::settle`], and [`cpu_probe`] then and now.
     pub fn report(&self) -> String {
         let now = parse_cpu_jiffies(&std::fs::read_to_string("/proc/stat").unwrap_or_default());
         let total = now.0.saturating_sub(self.jiffies.0).max(1);
@@ -93,10 +120,13 @@ impl Machine {
             )
         };
         format!(
-            "{} CPUs; {state}; load average {:.2} at the start, {:.2} at the end; CPU steal during the run {steal:.1} %",
+            "{} CPUs; {state}; load average {:.2} at the start, {:.2} at the end; CPU steal during the run {steal:.1} %; \
+             CPU probe {:.0} ms at the start, {:.0} ms at the end (a fixed single-thread workload, lower is faster)",
             self.cpus,
             self.load_before,
-            load_1()
+            load_1(),
+            self.probe_before_ms,
+            cpu_probe()
         )
     }
 }
