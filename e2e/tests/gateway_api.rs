@@ -402,7 +402,10 @@ async fn sandboxes_run_commands_move_files_and_apply_patches_through_the_gateway
     let waited = alice
         .get(&sandbox_path(&ns, &name, "/wait?timeoutSeconds=5"))
         .await;
-    assert_eq!(waited.status, 404, "wait right after the delete: {waited:?}");
+    assert_eq!(
+        waited.status, 404,
+        "wait right after the delete: {waited:?}"
+    );
     let sandboxes: Api<Sandbox> = Api::namespaced(env.client().await, &ns);
     orchard_e2e::wait::deleted(&sandboxes, &name, Duration::from_secs(30)).await;
     let after = alice.exec(&ns, &name, json!({"argv": ["true"]})).await;

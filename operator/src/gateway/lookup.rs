@@ -14,7 +14,7 @@ use super::recent_deletes::RecentDeletes;
 use crate::sandbox::apply::{cached_pod, own_pod_name};
 use crate::sandbox::status::endpoint_of_own_pod;
 use crate::sandbox::token::TokenKey;
-use orchard_api::{RolloutGroup, RolloutPhase, Sandbox, SandboxPhase};
+use orchard_api::{RolloutPhase, Sandbox, SandboxPhase};
 
 /// Phase name of a RolloutGroup.
 pub fn group_phase_name(phase: RolloutPhase) -> &'static str {
@@ -92,17 +92,6 @@ pub async fn find_sandbox(
     name: &str,
 ) -> Result<Arc<Sandbox>, ApiError> {
     find(client, store, deletes, "sandbox", namespace, name).await
-}
-
-/// The rollout group `namespace/name`.
-pub async fn find_group(
-    client: &Client,
-    store: &Store<RolloutGroup>,
-    deletes: &RecentDeletes,
-    namespace: &str,
-    name: &str,
-) -> Result<Arc<RolloutGroup>, ApiError> {
-    find(client, store, deletes, "rolloutgroup", namespace, name).await
 }
 
 /// The sandbox's pod from the cache; for a sandbox that claimed a pool member moments ago, whose

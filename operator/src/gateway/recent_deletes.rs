@@ -129,11 +129,13 @@ mod tests {
         deletes.record("Sandbox", "ns", "a", "uid-1", now);
         let live = sandbox("ns", "a", "uid-1");
         assert!(deletes.hides(&live, now));
-        assert!(deletes.hides(&live, now + Duration::from_secs(1)), "asked again");
+        assert!(
+            deletes.hides(&live, now + Duration::from_secs(1)),
+            "asked again"
+        );
         // The cache shows it being deleted: shown as it is, and forgotten.
         let mut terminating = live.clone();
-        terminating.metadata.deletion_timestamp =
-            Some(Time(k8s_openapi::jiff::Timestamp::now()));
+        terminating.metadata.deletion_timestamp = Some(Time(k8s_openapi::jiff::Timestamp::now()));
         assert!(!deletes.hides(&terminating, now));
         assert_eq!(deletes.len(), 0);
         assert!(!deletes.hides(&live, now), "forgotten");

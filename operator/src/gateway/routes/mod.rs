@@ -21,15 +21,18 @@ use serde::de::DeserializeOwned;
 use serde_json::Value;
 use utoipa::IntoParams;
 
+use kube::runtime::reflector::Store;
+
 use super::GatewayDeps;
 use super::access::{Access, Operation};
 use super::auth::{Authorizer, Identity};
 use super::errors::ApiError;
 use super::heartbeat::Heartbeats;
-use super::lookup::{agent_access, find_group, find_sandbox, own_pod};
+use super::lookup::{agent_access, find, own_pod};
 use super::metrics::GatewayMetrics;
 use super::proxy::AgentProxy;
 use super::recent_deletes::RecentDeletes;
+use crate::runtime::writes::Child;
 use orchard_api::{RolloutGroup, Sandbox};
 
 /// Route templates (also the `route` label of the request metrics).
@@ -111,17 +114,30 @@ impl GatewayState {
             .await
     }
 
-    /// The Sandbox a route's path names (watch cache; one API read if the cache lacks it).
-    pub async fn sandbox(&self, path: &ObjectPath) -> Result<Arc<Sandbox>, ApiError> {
-        let cache = &self.deps.caches.sandboxes;
-        find_sandbox(
+    /// The object `path` names, of the kind `store` caches (`noun` for messages): the watch cache,
+    /// or one API read if the cache lacks it or shows an incarnation this replica deleted.
+    async fn cached<K: Child>(
+        &self,
+        store: &Store<K>,
+        noun: &str,
+        path: &ObjectPath,
+    ) -> Result<Arc<K>, ApiError> {
+        let deletes = &self.recent_deletes;
+        find(
             &self.deps.client,
-            cache,
-            &self.recent_deletes,
+            store,
+            deletes,
+            noun,
             &path.namespace,
             &path.name,
         )
         .await
+    }
+
+    /// The Sandbox a route's path names (see [`GatewayState::cached`]).
+    pub async fn sandbox(&self, path: &ObjectPath) -> Result<Arc<Sandbox>, ApiError> {
+        self.cached(&self.deps.caches.sandboxes, "sandbox", path)
+            .await
     }
 
     /// The agent endpoint and token of `sandbox`, which must be Ready in a pod of its own (see
@@ -136,17 +152,10 @@ impl GatewayState {
         )
     }
 
-    /// The RolloutGroup a route's path names (watch cache; one API read if the cache lacks it).
+    /// The RolloutGroup a route's path names (see [`GatewayState::cached`]).
     pub async fn group(&self, path: &ObjectPath) -> Result<Arc<RolloutGroup>, ApiError> {
-        let cache = &self.deps.rollout_groups;
-        find_group(
-            &self.deps.client,
-            cache,
-            &self.recent_deletes,
-            &path.namespace,
-            &path.name,
-        )
-        .await
+        self.cached(&self.deps.rollout_groups, "rolloutgroup", path)
+            .await
     }
 }
 
