@@ -1,19 +1,20 @@
 //! Server-side waits (`.../wait?timeoutSeconds=`), driven by the watch: the waiter subscribes to its
 //! object's notes in the change feed, reads the cache, and re-reads it only when told its object
-//! changed (or the cache of its kind was re-listed). The API server is read at most once, when the cache does not
-//! have the object yet (just created, or the caches are still filling at startup). Never
+//! changed (or the cache of its kind was re-listed). The API server is read at most once, when the
+//! cache does not have the object yet (just created, or the caches are still filling at startup). Never
 //! `Store::wait_until_ready()`: in kube-runtime 5.0.0 it keeps one waker per store and the controller
 //! already waits on it.
 
 use std::sync::Arc;
 use std::time::Duration;
 
+use kube::runtime::reflector::{ObjectRef, Store};
+use kube::{Client, Resource};
+
 use super::errors::ApiError;
 use super::lookup::find;
 use super::recent_deletes::RecentDeletes;
 use crate::runtime::change_feed::{Change, ChangeFeed};
-use kube::runtime::reflector::{ObjectRef, Store};
-use kube::{Client, Resource};
 
 /// Default `timeoutSeconds` of wait routes.
 pub const DEFAULT_WAIT_SECONDS: u64 = 30;

@@ -17,11 +17,10 @@ use axum::extract::{FromRequestParts, Path};
 use axum::http::HeaderMap;
 use axum::http::request::Parts;
 use axum::response::{IntoResponse, Response};
+use kube::runtime::reflector::Store;
 use serde::de::DeserializeOwned;
 use serde_json::Value;
 use utoipa::IntoParams;
-
-use kube::runtime::reflector::Store;
 
 use super::GatewayDeps;
 use super::access::{Access, Operation};
