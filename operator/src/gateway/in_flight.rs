@@ -9,39 +9,37 @@ use std::sync::Arc;
 use axum::extract::{Request, State};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
+use prometheus::IntCounter;
 use tokio::sync::Semaphore;
 
 use super::errors::ApiError;
 use super::metrics::GatewayMetrics;
 
-/// Slots of requests in flight.
+/// Slots of requests in flight (cloned for every request: shared parts only).
 #[derive(Clone)]
 pub struct InFlight {
     slots: Arc<Semaphore>,
     limit: usize,
-    metrics: GatewayMetrics,
+    /// `orchard_gateway_throttled_total{reason="in_flight"}`.
+    shed: IntCounter,
 }
 
 impl InFlight {
     /// At most `limit` requests at once (at least one).
-    pub fn new(limit: usize, metrics: GatewayMetrics) -> Self {
+    pub fn new(limit: usize, metrics: &GatewayMetrics) -> Self {
         let limit = limit.max(1);
         Self {
             slots: Arc::new(Semaphore::new(limit)),
             limit,
-            metrics,
+            shed: metrics.throttled.with_label_values(&["in_flight"]),
         }
     }
 }
 
 /// Middleware: runs the request in a free slot, or answers 503 `Overloaded`.
 pub async fn limit(State(in_flight): State<InFlight>, request: Request, next: Next) -> Response {
-    let Ok(_slot) = in_flight.slots.clone().try_acquire_owned() else {
-        in_flight
-            .metrics
-            .throttled
-            .with_label_values(&["in_flight"])
-            .inc();
+    let Ok(_slot) = in_flight.slots.try_acquire() else {
+        in_flight.shed.inc();
         return ApiError::overloaded(in_flight.limit).into_response();
     };
     next.run(request).await
@@ -75,7 +73,7 @@ mod tests {
                 }),
             )
             .route("/quick", get(|| async { "quick" }))
-            .layer(from_fn_with_state(InFlight::new(2, metrics.clone()), limit));
+            .layer(from_fn_with_state(InFlight::new(2, &metrics), limit));
         let get = |path: &str| {
             router
                 .clone()

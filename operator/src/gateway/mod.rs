@@ -100,24 +100,21 @@ pub fn auth_settings(limits: &GatewayLimits) -> AuthSettings {
 
 /// Counts requests and their latency by route template and status code.
 async fn track(
-    AxumState(metrics): AxumState<GatewayMetrics>,
+    AxumState(metrics): AxumState<Arc<GatewayMetrics>>,
     request: Request,
     next: Next,
 ) -> Response {
-    let route = request
-        .extensions()
-        .get::<MatchedPath>()
-        .map(|p| p.as_str().to_string())
-        .unwrap_or_else(|| "unmatched".to_string());
+    let matched = request.extensions().get::<MatchedPath>().cloned();
+    let route = matched.as_ref().map_or("unmatched", MatchedPath::as_str);
     let started = Instant::now();
     let response = next.run(request).await;
     metrics
         .duration
-        .with_label_values(&[&route])
+        .with_label_values(&[route])
         .observe(started.elapsed().as_secs_f64());
     metrics
         .requests
-        .with_label_values(&[&route, response.status().as_str()])
+        .with_label_values(&[route, response.status().as_str()])
         .inc();
     response
 }
@@ -173,10 +170,7 @@ pub fn router(state: State) -> (Router, serde_json::Value) {
     let document = openapi::document(openapi);
     let served = Arc::new(serde_json::to_vec_pretty(&document).unwrap_or_default());
     let metrics = state.metrics.clone();
-    let in_flight = InFlight::new(
-        state.deps.limits.gateway_max_in_flight_requests,
-        metrics.clone(),
-    );
+    let in_flight = InFlight::new(state.deps.limits.gateway_max_in_flight_requests, &metrics);
     let router = router
         .route(
             "/openapi.json",
@@ -208,7 +202,7 @@ pub fn router(state: State) -> (Router, serde_json::Value) {
         })
         .layer(middleware::from_fn_with_state(in_flight, in_flight::limit))
         .layer(middleware::from_fn(unread_body::close_if_unread))
-        .layer(middleware::from_fn_with_state(metrics, track))
+        .layer(middleware::from_fn_with_state(Arc::new(metrics), track))
         .with_state(state);
     (router, document)
 }

@@ -54,40 +54,21 @@ pub fn error_event(error: &ApiError) -> Bytes {
     Bytes::from(line)
 }
 
-/// What a long call re-checks.
-#[derive(Clone)]
-pub struct Guard {
-    state: State,
-    headers: HeaderMap,
-    access: Access,
+/// What a long call re-checks, borrowed from the request for as long as the call runs (a streamed
+/// body, which outlives the request handler, takes copies).
+pub struct Guard<'a> {
+    state: &'a State,
+    headers: &'a HeaderMap,
+    access: &'a Access,
 }
 
-impl Guard {
+impl<'a> Guard<'a> {
     /// Re-checks `access` for the caller of `headers`.
-    pub fn new(state: &State, headers: &HeaderMap, access: Access) -> Self {
+    pub fn new(state: &'a State, headers: &'a HeaderMap, access: &'a Access) -> Self {
         Self {
-            state: state.clone(),
-            headers: headers.clone(),
+            state,
+            headers,
             access,
-        }
-    }
-
-    /// Resolves with the error to end the call with once access is revoked (never otherwise).
-    pub async fn revoked(&self) -> ApiError {
-        let period = check_period(self.state.auth.ttl());
-        loop {
-            tokio::time::sleep(period).await;
-            let Err(error) = self.state.auth.authorize(&self.headers, &self.access).await else {
-                continue;
-            };
-            match revocation(&error) {
-                Some(ended) => {
-                    self.state.metrics.revoked.inc();
-                    tracing::info!(access = %self.access, "access revoked: ending the call");
-                    return ended;
-                }
-                None => tracing::debug!(%error, "re-check of a long call failed; it continues"),
-            }
         }
     }
 
@@ -98,16 +79,21 @@ impl Guard {
     ) -> Result<T, ApiError> {
         tokio::select! {
             result = call => result,
-            error = self.revoked() => Err(error),
+            error = revoked(self.state, self.headers, self.access) => Err(error),
         }
     }
 
     /// `body`, streamed while access lasts; then ended with an error event (`ndjson`) or cut off.
-    pub fn stream(self, body: Body, ndjson: bool) -> Body {
+    pub fn stream(&self, body: Body, ndjson: bool) -> Body {
         let (tx, rx) = tokio::sync::mpsc::channel::<Result<Bytes, axum::Error>>(1);
+        let (state, headers, access) = (
+            self.state.clone(),
+            self.headers.clone(),
+            self.access.clone(),
+        );
         tokio::spawn(async move {
             let mut data = body.into_data_stream();
-            let revoked = self.revoked();
+            let revoked = revoked(&state, &headers, &access);
             tokio::pin!(revoked);
             loop {
                 tokio::select! {
@@ -135,6 +121,25 @@ impl Guard {
         Body::from_stream(futures::stream::unfold(rx, |mut rx| async move {
             rx.recv().await.map(|item| (item, rx))
         }))
+    }
+}
+
+/// Resolves with the error to end the call with once access is revoked (never otherwise).
+async fn revoked(state: &State, headers: &HeaderMap, access: &Access) -> ApiError {
+    let period = check_period(state.auth.ttl());
+    loop {
+        tokio::time::sleep(period).await;
+        let Err(error) = state.auth.authorize(headers, access).await else {
+            continue;
+        };
+        match revocation(&error) {
+            Some(ended) => {
+                state.metrics.revoked.inc();
+                tracing::info!(%access, "access revoked: ending the call");
+                return ended;
+            }
+            None => tracing::debug!(%error, "re-check of a long call failed; it continues"),
+        }
     }
 }
 

@@ -698,7 +698,7 @@ async fn proxy(
         token,
     };
     // The caller is checked again while the agent works and while an exec stream streams.
-    let guard = Guard::new(state, &parts.headers, access);
+    let guard = Guard::new(state, &parts.headers, &access);
     let response = guard
         .run(
             state

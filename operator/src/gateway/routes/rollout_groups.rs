@@ -162,11 +162,8 @@ pub async fn wait_group(
         name: &path.name,
     };
     // The caller is checked again while waiting (a revoked RoleBinding ends the wait).
-    let guard = Guard::new(
-        &state,
-        &headers,
-        Access::of(Operation::GetRolloutGroup, &path.namespace, &path.name),
-    );
+    let access = Access::of(Operation::GetRolloutGroup, &path.namespace, &path.name);
+    let guard = Guard::new(&state, &headers, &access);
     match guard.run(waiter.until(timeout, group_settled)).await? {
         WaitOutcome::Done(group) => Ok(json_response(StatusCode::OK, group.as_ref())),
         WaitOutcome::TimedOut(group) => {

@@ -198,11 +198,8 @@ pub async fn wait_sandbox(
         name: &path.name,
     };
     // The caller is checked again while waiting (a revoked RoleBinding ends the wait).
-    let guard = Guard::new(
-        &state,
-        &headers,
-        Access::of(Operation::GetSandbox, &path.namespace, &path.name),
-    );
+    let access = Access::of(Operation::GetSandbox, &path.namespace, &path.name);
+    let guard = Guard::new(&state, &headers, &access);
     match guard.run(waiter.until(timeout, sandbox_settled)).await? {
         WaitOutcome::Done(sandbox) => Ok(json_response(StatusCode::OK, sandbox.as_ref())),
         WaitOutcome::TimedOut(sandbox) => {
