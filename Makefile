@@ -273,14 +273,18 @@ bench-scale: k8s agent ## 1,000 sandboxes through create -> Ready -> 4 execs -> 
 		--rounds $(BENCH_ROUNDS) --write-doc docs/BENCHMARKS.md
 
 # Two operator configurations on the same batch, alternating single-round runs (fresh cluster each):
-# `make bench-scale-compare COMPARE_A="--sandbox-concurrency=64" COMPARE_B="--sandbox-concurrency=256"`.
+# `make bench-scale-compare COMPARE_A="--sandbox-concurrency=64" COMPARE_B="--sandbox-concurrency=256"`;
+# COMPARE_A_DRIVER / COMPARE_B_DRIVER add bench-scale arguments to one side, e.g. "--concurrency 1000".
 COMPARE_A ?= --sandbox-concurrency=64
 COMPARE_B ?= --sandbox-concurrency=256
+COMPARE_A_DRIVER ?=
+COMPARE_B_DRIVER ?=
 .PHONY: bench-scale-compare
 bench-scale-compare: k8s agent ## bench-scale for operator flags COMPARE_A against COMPARE_B, 3 alternating rounds; prints a Markdown table
 	$(CARGO) build --release -p orchard-operator -p orchard-e2e --bins -j 2
 	ORCHARD_OPERATOR_BIN=$(abspath $(TARGET_DIR))/release/orchard-operator BENCH_SCALE=$(TARGET_DIR)/release/bench-scale \
 		python3 e2e/examples/bench-scale-compare.py --rounds $(BENCH_ROUNDS) --a="$(COMPARE_A)" --b="$(COMPARE_B)" \
+		--a-driver="$(COMPARE_A_DRIVER)" --b-driver="$(COMPARE_B_DRIVER)" \
 		-- --sandboxes $(BENCH_SANDBOXES) --concurrency $(BENCH_CONCURRENCY)
 
 .PHONY: bench-queue
@@ -290,7 +294,7 @@ bench-queue: k8s agent ## 64 RolloutGroups at once, without and with a RolloutQu
 		$(TARGET_DIR)/release/bench-queue --write-doc docs/BENCHMARKS.md
 
 .PHONY: bench-real
-bench-real: k8s agent node-images ## the hollow and the real node side by side (1 at a time, 50 at once, 200 with execs), then warm-pool claims against cold starts (bench-pool); writes docs/BENCHMARKS.md
+bench-real: k8s agent node-images ## the hollow and the real node side by side (1 at a time, 50 at once, 200 with execs; 3 rounds, setups rotating), then warm-pool claims against cold starts (bench-pool); writes docs/BENCHMARKS.md
 	$(CARGO) build --release -p orchard-operator -p orchard-e2e --bins -j 2
 	ORCHARD_OPERATOR_BIN=$(abspath $(TARGET_DIR))/release/orchard-operator \
 		$(TARGET_DIR)/release/bench-real --write-doc docs/BENCHMARKS.md

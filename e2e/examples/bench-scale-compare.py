@@ -2,9 +2,10 @@
 """Compares two operator flag sets on `bench-scale`, in alternating single-round runs.
 
 usage: bench-scale-compare.py --rounds R --a="FLAGS" --b="FLAGS" [--a-operator BIN] [--b-operator BIN]
-                              [-- BENCH_SCALE_ARGS...]
+                              [--a-driver="ARGS"] [--b-driver="ARGS"] [-- BENCH_SCALE_ARGS...]
 (the `=` form, since the flags start with dashes; `--x-operator` runs that configuration with another
-operator binary, to compare two builds)
+operator binary, to compare two builds; `--x-driver` adds bench-scale arguments of that configuration
+alone, after the shared ones, e.g. `--a-driver="--concurrency 1000"` to compare client concurrency)
 
 Each round runs bench-scale once per flag set (`--rounds 1`, a fresh local cluster each time, so
 neither configuration inherits the other's warm caches); the order flips every round, so drift on
@@ -62,20 +63,23 @@ def main():
     parser.add_argument("--b", required=True, help="operator flags of configuration B")
     parser.add_argument("--a-operator", help="operator binary of configuration A (default ORCHARD_OPERATOR_BIN)")
     parser.add_argument("--b-operator", help="operator binary of configuration B (default ORCHARD_OPERATOR_BIN)")
-    parser.add_argument("extra", nargs="*", help="bench-scale arguments (after --)")
+    parser.add_argument("--a-driver", default="", help="bench-scale arguments of configuration A alone")
+    parser.add_argument("--b-driver", default="", help="bench-scale arguments of configuration B alone")
+    parser.add_argument("extra", nargs="*", help="bench-scale arguments of both (after --)")
     args = parser.parse_args()
     if args.rounds < 1:
         sys.exit("bench-scale-compare: --rounds must be at least 1")
     binary = os.environ.get("BENCH_SCALE", "target/release/bench-scale")
     names = {"A": args.a, "B": args.b}
     operators = {"A": args.a_operator, "B": args.b_operator}
+    drivers = {"A": shlex.split(args.a_driver), "B": shlex.split(args.b_driver)}
     runs = {"A": [], "B": []}
     with tempfile.TemporaryDirectory() as scratch:
         for round_index in range(args.rounds):
             order = ["A", "B"] if round_index % 2 == 0 else ["B", "A"]
             for name in order:
                 path = os.path.join(scratch, f"{name}-{round_index}.json")
-                runs[name].append(run(binary, names[name], operators[name], args.extra, path))
+                runs[name].append(run(binary, names[name], operators[name], args.extra + drivers[name], path))
     rows = [
         ("end-to-end (last delete answered), s", lambda s: s["endToEndSeconds"], " s"),
         ("create -> Ready p50, s", lambda s: s["readySeconds"]["p50"], " s"),
@@ -89,7 +93,8 @@ def main():
     ]
     def title(name):
         operator = f" (operator {operators[name]})" if operators[name] else ""
-        return f"{name}: `{names[name]}`{operator}"
+        driver = f" (bench-scale `{shlex.join(drivers[name])}`)" if drivers[name] else ""
+        return f"{name}: `{names[name]}`{operator}{driver}"
     print(f"| metric ({args.rounds} alternating rounds: median (lowest–highest)) | {title('A')} | {title('B')} |")
     print("|---|---|---|")
     success = {name: f"{sum(s['ok'] for s in runs[name])}/{sum(s['attempted'] for s in runs[name])}" for name in runs}

@@ -8,8 +8,11 @@
 //!
 //! ```text
 //! bench-scale [--sandboxes N] [--concurrency C] [--execs E] [--rounds R] [--real-node] [--audit]
-//!             [--json PATH] [--write-doc docs/BENCHMARKS.md] [-- OPERATOR_FLAGS...]
+//!             [--apiserver-profile PATH] [--json PATH] [--write-doc docs/BENCHMARKS.md] [-- OPERATOR_FLAGS...]
 //! ```
+//! `--apiserver-profile` saves kube-apiserver's own CPU profile (Go's pprof format, from its
+//! `/debug/pprof/profile`) of the first round's first 15 s to PATH; read it with
+//! `go tool pprof -top -cum PATH`.
 //! The cluster runs in a separate `orchard-local-cluster` process so each component's CPU is its own;
 //! `--real-node` gives it the real node (every sandbox a container; default image: the busybox image
 //! built here). `--json` writes a summary that `bench-real` puts side by side.
@@ -32,6 +35,27 @@ use serde_json::{Value, json};
 
 /// How long the benchmark waits for a quiet machine before it runs anyway (and says so).
 const QUIET_WAIT: Duration = Duration::from_secs(90);
+/// The span of kube-apiserver's CPU profile (`--apiserver-profile`): from the first round's start,
+/// shorter than the round itself, so it samples the API server under load only.
+const PROFILE_SECONDS: u32 = 15;
+
+/// Saves kube-apiserver's CPU profile over the next [`PROFILE_SECONDS`] to `path` (kube-apiserver
+/// serves Go's pprof at `/debug/pprof/profile` to cluster administrators).
+async fn save_apiserver_profile(kube: kube::Client, path: PathBuf) -> Result<(), String> {
+    use futures::AsyncReadExt;
+    let request = http::Request::get(format!("/debug/pprof/profile?seconds={PROFILE_SECONDS}"))
+        .body(Vec::new())
+        .map_err(|e| e.to_string())?;
+    let mut body = kube
+        .request_stream(request)
+        .await
+        .map_err(|e| format!("GET /debug/pprof/profile: {e}"))?;
+    let mut profile = Vec::new();
+    body.read_to_end(&mut profile)
+        .await
+        .map_err(|e| format!("reading the profile: {e}"))?;
+    std::fs::write(&path, &profile).map_err(|e| format!("{}: {e}", path.display()))
+}
 
 struct Args {
     sandboxes: usize,
@@ -43,6 +67,8 @@ struct Args {
     /// Turn on the API server's audit log and print every write per sandbox by who sent it (costs
     /// the API server a file write per request: for attribution runs, not for timing).
     audit: bool,
+    /// Where to save kube-apiserver's CPU profile of the first round (`--apiserver-profile`).
+    apiserver_profile: Option<PathBuf>,
     json: Option<PathBuf>,
     write_doc: Option<PathBuf>,
     operator_args: Vec<String>,
@@ -50,7 +76,7 @@ struct Args {
 
 fn usage() -> ! {
     eprintln!(
-        "usage: bench-scale [--sandboxes N] [--concurrency C] [--execs E] [--rounds R] [--image I] [--real-node] [--audit] [--json PATH] [--write-doc PATH] [-- OPERATOR_FLAGS...]"
+        "usage: bench-scale [--sandboxes N] [--concurrency C] [--execs E] [--rounds R] [--image I] [--real-node] [--audit] [--apiserver-profile PATH] [--json PATH] [--write-doc PATH] [-- OPERATOR_FLAGS...]"
     );
     std::process::exit(2);
 }
@@ -64,6 +90,7 @@ fn parse_args() -> Args {
         image: None,
         real_node: false,
         audit: false,
+        apiserver_profile: None,
         json: None,
         write_doc: None,
         operator_args: Vec::new(),
@@ -83,6 +110,9 @@ fn parse_args() -> Args {
             "--image" => args.image = Some(it.next().unwrap_or_else(|| usage())),
             "--real-node" => args.real_node = true,
             "--audit" => args.audit = true,
+            "--apiserver-profile" => {
+                args.apiserver_profile = Some(PathBuf::from(it.next().unwrap_or_else(|| usage())))
+            }
             "--json" => args.json = Some(PathBuf::from(it.next().unwrap_or_else(|| usage()))),
             "--write-doc" => {
                 args.write_doc = Some(PathBuf::from(it.next().unwrap_or_else(|| usage())))
@@ -105,8 +135,10 @@ struct Outcome {
 }
 
 /// Sends `request` and reads a successful answer's JSON body (`Null` when there is none); any
-/// other answer or a transport error is the failure message of `step`.
+/// other answer or a transport error is the failure message of `step`, with the error's causes and
+/// how long after sending it came.
 async fn send_ok(request: reqwest::RequestBuilder, step: &str) -> Result<Value, String> {
+    let sent = Instant::now();
     match request.send().await {
         Ok(r) if r.status().is_success() => Ok(r.json().await.unwrap_or(Value::Null)),
         Ok(r) => Err(format!(
@@ -114,8 +146,24 @@ async fn send_ok(request: reqwest::RequestBuilder, step: &str) -> Result<Value, 
             r.status(),
             r.text().await.unwrap_or_default()
         )),
-        Err(e) => Err(format!("{step}: {e}")),
+        Err(e) => Err(format!(
+            "{step}: {} (after {:.1} s)",
+            with_causes(&e),
+            sent.elapsed().as_secs_f64()
+        )),
     }
+}
+
+/// `error: cause: cause ...` (reqwest's own message leaves out what hyper and the socket said).
+fn with_causes(error: &dyn std::error::Error) -> String {
+    let mut text = error.to_string();
+    let mut cause = error.source();
+    while let Some(inner) = cause {
+        text.push_str(": ");
+        text.push_str(&inner.to_string());
+        cause = inner.source();
+    }
+    text
 }
 
 async fn lifecycle(
@@ -364,6 +412,13 @@ async fn main() {
             args.concurrency
         );
         let started = Instant::now();
+        let profile = match (&args.apiserver_profile, round) {
+            (Some(path), 0) => Some(tokio::spawn(save_apiserver_profile(
+                kube.clone(),
+                path.clone(),
+            ))),
+            _ => None,
+        };
         let outcomes: Vec<Outcome> = futures::stream::iter(0..args.sandboxes)
             .map(|i| {
                 lifecycle(
@@ -379,6 +434,17 @@ async fn main() {
             .collect()
             .await;
         let end_to_end = started.elapsed();
+        if let (Some(profile), Some(path)) = (profile, &args.apiserver_profile) {
+            match profile.await {
+                Ok(Ok(())) => eprintln!(
+                    "kube-apiserver's CPU profile of round 1's first {PROFILE_SECONDS} s: {} (`go tool pprof -top -cum {}`)",
+                    path.display(),
+                    path.display()
+                ),
+                Ok(Err(error)) => eprintln!("bench-scale: no kube-apiserver profile: {error}"),
+                Err(error) => eprintln!("bench-scale: no kube-apiserver profile: {error}"),
+            }
+        }
         let prefix = format!("bench-{round}-");
         loop {
             let left = pods
@@ -471,16 +537,12 @@ async fn main() {
     let cleaned: Vec<f64> = rounds.iter().map(|r| r.cleaned.as_secs_f64()).collect();
     let end_to_end_median = orchard_bench_support::median(&end_to_end).unwrap_or(f64::NAN);
     let ok = outcomes.iter().filter(|o| o.ok).count();
-    let mut errors: BTreeMap<String, usize> = BTreeMap::new();
+    // Failures grouped by the start of their message; the first one of each group in full.
+    let mut errors: BTreeMap<String, (usize, String)> = BTreeMap::new();
     for o in outcomes.iter().filter(|o| !o.ok) {
-        let key: String = o
-            .error
-            .clone()
-            .unwrap_or_default()
-            .chars()
-            .take(120)
-            .collect();
-        *errors.entry(key).or_default() += 1;
+        let message = o.error.clone().unwrap_or_default();
+        let key: String = message.chars().take(60).collect();
+        errors.entry(key).or_insert((0, message)).0 += 1;
     }
     let mut ready: Vec<f64> = outcomes
         .iter()
@@ -644,8 +706,8 @@ async fn main() {
     }
     if !errors.is_empty() {
         println!("errors:");
-        for (error, count) in &errors {
-            println!("  {count} x {error}");
+        for (count, first) in errors.values() {
+            println!("  {count} x {first}");
         }
     }
     if let Some(path) = &args.write_doc {
@@ -671,7 +733,7 @@ async fn main() {
             "readySeconds": {"p50": percentile(&ready, 50.0) / 1e3, "p99": percentile(&ready, 99.0) / 1e3},
             "execMilliseconds": {"p50": percentile(&exec, 50.0), "p99": percentile(&exec, 99.0)},
             "steps": steps.iter().map(|(name, p50, p99)| json!({"step": name, "p50": p50, "p99": p99})).collect::<Vec<_>>(),
-            "errors": errors,
+            "errors": errors.values().map(|(count, first)| json!({"count": count, "first": first})).collect::<Vec<_>>(),
             "machine": rounds.iter().map(|r| r.machine.as_str()).collect::<Vec<_>>().join(" | "),
             "cpuSeconds": rows.iter().map(|(name, seconds)| json!({"component": name, "seconds": seconds})).collect::<Vec<_>>(),
         });
