@@ -143,6 +143,9 @@ pub fn ensure_runner(ctx: &Arc<Context>, sandbox: &Sandbox) {
         return;
     }
     let Some(uid) = sandbox.uid() else { return };
+    let Some(ready) = status.ready_time.as_ref().map(|t| t.0) else {
+        return;
+    };
     let key = ObjectRef::from_obj(sandbox);
     let task_ctx = ctx.clone();
     let task_uid = uid.clone();
@@ -151,7 +154,7 @@ pub fn ensure_runner(ctx: &Arc<Context>, sandbox: &Sandbox) {
         // Only during this replica's term: a step-down stops the waits and aborts the result write;
         // the new leader adopts the run (its start request gets 409 and waits on the same process).
         let term = ctx.leadership.while_leader(async {
-            if let Some(result) = drive(&ctx, &key, &uid, &run).await {
+            if let Some(result) = drive(&ctx, &key, &uid, ready, &run).await {
                 record(&ctx, &key, &uid, &result).await;
             }
         });
@@ -228,14 +231,19 @@ fn run_deadline(ready: Timestamp, run: &RunSpec) -> Instant {
     Instant::now() + Duration::try_from(left).unwrap_or(Duration::ZERO)
 }
 
+/// Runs the trajectory of the sandbox that became Ready at `ready` to its result. `ready` comes from
+/// the status the reconcile just wrote, not from the cache, which may not show that write yet. A run
+/// that gave up on the stale cache could stay unstarted: the reconcile that the write's watch event
+/// brings can find the giving-up task still running and leave it be (seen once in `rollout_restart`:
+/// a Ready trajectory never started, its group never completed).
 async fn drive(
     ctx: &Context,
     key: &ObjectRef<Sandbox>,
     uid: &str,
+    ready: Timestamp,
     run: &RunSpec,
 ) -> Option<TrajectoryResult> {
-    let sandbox = still_wanted(ctx, key, uid)?;
-    let deadline = run_deadline(sandbox.status.as_ref()?.ready_time.as_ref()?.0, run);
+    let deadline = run_deadline(ready, run);
     let mut retry = retry();
     let target = loop {
         let sandbox = still_wanted(ctx, key, uid)?;
