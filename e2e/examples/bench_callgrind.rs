@@ -179,7 +179,7 @@ costs about half a million instructions.{baseline_note}\n\n{table}"
 }
 
 async fn measure(dir: &std::path::Path, agent: &Counted, operator: &Counted) -> Vec<Row> {
-    let http = reqwest::Client::builder()
+    let http = orchard_e2e::gateway_http_builder()
         .pool_max_idle_per_host(4)
         .build()
         .expect("HTTP client");

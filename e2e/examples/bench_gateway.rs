@@ -259,7 +259,7 @@ async fn main() {
     let namespace = env.namespace("bench").await;
     let admin_token = env.control_plane.tokens["admin"].clone();
     let gateway = env.operator().gateway_url();
-    let http = reqwest::Client::builder()
+    let http = orchard_e2e::gateway_http_builder()
         .pool_max_idle_per_host(256)
         .build()
         .expect("HTTP client");

@@ -40,6 +40,26 @@ pub fn now_rfc3339() -> String {
         .unwrap_or_else(|_| now.to_string())
 }
 
+/// How long a pooled connection to the gateway may stay idle before the client drops it: below the
+/// gateway's header-read timeout (10 s by default), which closes idle kept-alive connections. A
+/// client that keeps them longer can send a request just as the gateway closes the connection and
+/// gets `IncompleteMessage` ("error sending request"); httpx, under the Python SDK, drops them after
+/// 5 s too.
+pub const GATEWAY_POOL_IDLE: Duration = Duration::from_secs(5);
+
+/// An HTTP client builder for calls to the gateway (pooled connections dropped after
+/// [`GATEWAY_POOL_IDLE`]).
+pub fn gateway_http_builder() -> reqwest::ClientBuilder {
+    reqwest::Client::builder().pool_idle_timeout(GATEWAY_POOL_IDLE)
+}
+
+/// An HTTP client for calls to the gateway (see [`gateway_http_builder`]).
+pub fn gateway_http() -> reqwest::Client {
+    gateway_http_builder()
+        .build()
+        .unwrap_or_else(|_| reqwest::Client::new())
+}
+
 /// A plain-HTTP GET (status code and body) for health and metrics endpoints, within 10 s.
 pub async fn http_get(address: &str, path: &str) -> std::io::Result<(u16, String)> {
     let response = reqwest::Client::new()

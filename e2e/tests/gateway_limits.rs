@@ -286,7 +286,7 @@ async fn a_flood_of_bogus_tokens_stays_within_the_review_budget_and_starves_nobo
             let base = operator.gateway_url();
             let list = list.clone();
             tokio::spawn(async move {
-                let http = reqwest::Client::new();
+                let http = orchard_e2e::gateway_http();
                 let (mut refused, mut throttled, mut n) = (0u32, 0u32, 0u32);
                 while started.elapsed() < flood_for {
                     n += 1;

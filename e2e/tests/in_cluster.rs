@@ -59,7 +59,7 @@ fn admin_at(env: &TestEnv, base: String) -> Caller {
     Caller {
         base,
         token: Some(env.control_plane.tokens["admin"].clone()),
-        http: reqwest::Client::new(),
+        http: orchard_e2e::gateway_http(),
     }
 }
 

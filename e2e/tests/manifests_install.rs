@@ -395,7 +395,7 @@ async fn operator_under_service_account_runs_a_sandbox(
 /// timeout: the heartbeat patches it; TTL 3 s: the operator expires and deletes it), and a RolloutGroup
 /// created and deleted through it.
 async fn gateway_writes(env: &TestEnv, operator: &OperatorProcess, namespace: &str) {
-    let http = reqwest::Client::new();
+    let http = orchard_e2e::gateway_http();
     let admin_token = env.control_plane.tokens["admin"].clone();
     let base = format!("{}/v1/namespaces/{namespace}", operator.gateway_url());
     let call = |method: reqwest::Method, path: &str, body: Option<Value>| {

@@ -376,7 +376,7 @@ async fn main() {
         })
     };
 
-    let http = reqwest::Client::builder()
+    let http = orchard_e2e::gateway_http_builder()
         .pool_max_idle_per_host(args.concurrency)
         .timeout(Duration::from_secs(330))
         .build()

@@ -91,7 +91,7 @@ impl Caller {
         Self {
             base: env.operator().gateway_url(),
             token: Some(env.control_plane.tokens[user].clone()),
-            http: reqwest::Client::new(),
+            http: crate::gateway_http(),
         }
     }
 
@@ -100,7 +100,7 @@ impl Caller {
         Self {
             base: env.operator().gateway_url(),
             token: token.map(str::to_string),
-            http: reqwest::Client::new(),
+            http: crate::gateway_http(),
         }
     }
 
@@ -215,7 +215,7 @@ impl Caller {
         Self {
             base: base.to_string(),
             token: token.map(str::to_string),
-            http: reqwest::Client::new(),
+            http: crate::gateway_http(),
         }
     }
 }
