@@ -136,14 +136,10 @@ pub fn ensure_runner(ctx: &Arc<Context>, sandbox: &Sandbox) {
         return;
     };
     let status = sandbox.status.clone().unwrap_or_default();
-    if status.result.is_some()
-        || status.ready_time.is_none()
-        || status.phase != Some(SandboxPhase::Ready)
-    {
+    if status.result.is_some() || status.phase != Some(SandboxPhase::Ready) {
         return;
     }
-    let Some(uid) = sandbox.uid() else { return };
-    let Some(ready) = status.ready_time.as_ref().map(|t| t.0) else {
+    let (Some(uid), Some(ready)) = (sandbox.uid(), status.ready_time.as_ref().map(|t| t.0)) else {
         return;
     };
     let key = ObjectRef::from_obj(sandbox);
