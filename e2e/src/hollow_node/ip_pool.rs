@@ -1,9 +1,30 @@
 //! Pod IPs for the local node: one loopback address per pod (`127.<a>.<b>.<c>`, all routed to `lo` by
 //! Linux without configuration). The second octet is derived from the harness pid so concurrent runs
 //! rarely overlap, and every address is checked free on the agent port before it is handed out.
+//!
+//! The check binds a socket without listening on it. A listening check socket would be copied into
+//! any process the node's spawner thread starts at that moment, and it keeps listening in that
+//! process until its `execve` closes it (`O_CLOEXEC`); under load that can be after the pod's own
+//! agent tries to listen on the address, which then fails with "Address already in use" (seen once in
+//! 3000 sandboxes of `make bench-scale-compare`). A socket that is only bound, with `SO_REUSEADDR`
+//! like every Rust listener has, does not stand in a listener's way, yet binding it still fails while
+//! something listens on the address.
 
 use std::collections::BTreeSet;
-use std::net::{Ipv4Addr, SocketAddrV4, TcpListener};
+use std::net::{Ipv4Addr, SocketAddr, SocketAddrV4};
+
+use tokio::net::TcpSocket;
+
+/// Whether `address` can be listened on: binding a socket with `SO_REUSEADDR` there works, which it
+/// does unless something listens on it. The socket never listens, and is closed on return.
+fn can_listen_on(address: SocketAddrV4) -> bool {
+    TcpSocket::new_v4()
+        .and_then(|socket| {
+            socket.set_reuseaddr(true)?;
+            socket.bind(SocketAddr::V4(address))
+        })
+        .is_ok()
+}
 
 /// Allocates and releases pod IPs.
 #[derive(Debug)]
@@ -55,7 +76,7 @@ impl IpPool {
                 continue;
             }
             let ip = self.address(index);
-            if TcpListener::bind(SocketAddrV4::new(ip, port)).is_ok() {
+            if can_listen_on(SocketAddrV4::new(ip, port)) {
                 self.in_use.insert(index);
                 return Some(ip);
             }
@@ -79,6 +100,7 @@ impl IpPool {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::net::TcpListener;
 
     #[test]
     fn addresses_are_unique_and_reused_after_release() {
@@ -98,5 +120,24 @@ mod tests {
         let ip = pool.allocate(40_002).unwrap();
         assert_ne!(ip, Ipv4Addr::new(127, 201, 0, 1));
         drop(busy);
+    }
+
+    #[test]
+    fn a_copy_of_the_check_socket_does_not_keep_the_agent_from_listening() {
+        // What a process the spawner started during the check holds until its execve: the same
+        // kind of socket the check binds. The agent's listener (std and tokio both set SO_REUSEADDR)
+        // must still get the address, and the check must still see that listener.
+        let address = SocketAddrV4::new(Ipv4Addr::new(127, 202, 0, 1), 40_003);
+        let inherited = TcpSocket::new_v4().unwrap();
+        inherited.set_reuseaddr(true).unwrap();
+        inherited.bind(SocketAddr::V4(address)).unwrap();
+        let agent = TcpListener::bind(address).expect("the agent listens despite the copy");
+        assert!(
+            !can_listen_on(address),
+            "a listening agent makes the address busy"
+        );
+        drop(agent);
+        assert!(can_listen_on(address));
+        drop(inherited);
     }
 }
