@@ -90,6 +90,10 @@ def main():
         ("CPU seconds, all components", lambda s: sum(c["seconds"] for c in s["cpuSeconds"]), ""),
         ("CPU seconds, kube-apiserver", lambda s: cpu(s, "kube-apiserver"), ""),
         ("CPU seconds, orchard-operator", lambda s: cpu(s, "orchard-operator"), ""),
+        ("CPU seconds, sandboxes' processes (hollow node: agent installs, agents, commands)",
+         lambda s: sum(c["seconds"] for c in s["cpuSeconds"] if c["component"].startswith("sandboxes' processes")), ""),
+        ("CPU seconds, the whole machine busy (/proc/stat)",
+         lambda s: s.get("machineBusySeconds") if s.get("machineBusySeconds") is not None else float("nan"), ""),
     ]
     def title(name):
         operator = f" (operator {operators[name]})" if operators[name] else ""

@@ -1,14 +1,54 @@
 //! CPU time and memory of processes, read from `/proc` (for benchmarks: where the time goes).
 
+/// CPU ticks in a `/proc/<pid>/stat` line: the process's own (user + system) and those of its children
+/// it has reaped (`cutime` + `cstime`: every child that exited and was waited for, with its own
+/// reaped children in turn), or `None` when the line is not one (pure).
+pub fn parse_stat_ticks(stat: &str) -> Option<(u64, u64)> {
+    // The command name may hold spaces and parentheses: the fields start after the last ')'.
+    let rest = stat.get(stat.rfind(')')? + 2..)?;
+    let fields: Vec<&str> = rest.split_whitespace().collect();
+    // After the command name: state is field 3, utime 14, stime 15, cutime 16, cstime 17 (1-based
+    // in proc(5)).
+    let field = |i: usize| -> Option<u64> { fields.get(i)?.parse().ok() };
+    Some((field(11)? + field(12)?, field(13)? + field(14)?))
+}
+
+fn stat_ticks(pid: u32) -> Option<(u64, u64)> {
+    parse_stat_ticks(&std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?)
+}
+
 /// CPU seconds (user + system) a process has used, or `None` if it is gone.
 pub fn cpu_seconds(pid: u32) -> Option<f64> {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
-    let rest = &stat[stat.rfind(')')? + 2..];
-    let fields: Vec<&str> = rest.split_whitespace().collect();
-    // After the command name: state is field 3, utime 14, stime 15 (1-based in proc(5)).
-    let utime: f64 = fields.get(11)?.parse().ok()?;
-    let stime: f64 = fields.get(12)?.parse().ok()?;
-    Some((utime + stime) / clock_ticks_per_second())
+    stat_ticks(pid).map(|(own, _)| own as f64 / clock_ticks_per_second())
+}
+
+/// CPU seconds of the children a process has reaped, and of their reaped children in turn (the
+/// short-lived processes a supervisor starts and waits for), or `None` if it is gone. A child counts
+/// once it has exited and been waited for, not while it runs.
+pub fn reaped_children_cpu_seconds(pid: u32) -> Option<f64> {
+    stat_ticks(pid).map(|(_, children)| children as f64 / clock_ticks_per_second())
+}
+
+/// Busy ticks of all CPUs from the first line of `/proc/stat`: user, nice, system, irq and softirq
+/// (guest time is already in user), so everything but idle, I/O wait and steal (pure).
+pub fn parse_busy_ticks(stat: &str) -> Option<u64> {
+    let line = stat.lines().next()?;
+    let mut fields = line.split_whitespace();
+    if fields.next()? != "cpu" {
+        return None;
+    }
+    let values: Vec<u64> = fields.map(|f| f.parse().ok()).collect::<Option<_>>()?;
+    let [user, nice, system, _idle, _iowait, irq, softirq, ..] = values.as_slice() else {
+        return None;
+    };
+    Some(user + nice + system + irq + softirq)
+}
+
+/// CPU seconds the whole machine has spent busy since boot, summed over its CPUs: every process,
+/// those that already exited included, and the kernel's own threads and interrupts (`/proc/stat`).
+pub fn machine_busy_seconds() -> Option<f64> {
+    let ticks = parse_busy_ticks(&std::fs::read_to_string("/proc/stat").ok()?)?;
+    Some(ticks as f64 / clock_ticks_per_second())
 }
 
 /// CPU seconds a cgroup has used, from its cgroup v1 `cpuacct.usage` file (nanoseconds, every process
@@ -69,6 +109,32 @@ mod tests {
         assert!(cpu_seconds(me).is_some());
         assert!(rss_bytes(me).unwrap() > 0);
         assert!(peak_rss_bytes(me).unwrap() >= rss_bytes(me).unwrap() / 2);
+    }
+
+    #[test]
+    fn stat_lines_give_own_and_reaped_children_ticks() {
+        // A command name with a space and a parenthesis, as proc(5) allows.
+        let line = "4242 (tokio (rt) x) S 1 4242 4242 0 -1 4194560 100 0 0 0 \
+                    150 30 7 5 20 0 3 0 100 1000 200 18446744073709551615";
+        assert_eq!(parse_stat_ticks(line), Some((180, 12)));
+        assert_eq!(parse_stat_ticks("4242 (short) S 1 2 3"), None);
+        assert_eq!(parse_stat_ticks("no command name here"), None);
+        let me = std::process::id();
+        assert!(reaped_children_cpu_seconds(me).is_some());
+    }
+
+    #[test]
+    fn busy_ticks_leave_out_idle_iowait_and_steal() {
+        let stat = "cpu  100 5 50 9000 40 3 7 11 0 0\ncpu0 50 2 25 4500 20 1 3 5 0 0\n";
+        assert_eq!(parse_busy_ticks(stat), Some(165));
+        assert_eq!(
+            parse_busy_ticks("cpu0 1 2 3 4 5 6 7\n"),
+            None,
+            "not the total line"
+        );
+        assert_eq!(parse_busy_ticks("cpu 1 2 x 4 5 6 7\n"), None);
+        assert_eq!(parse_busy_ticks("cpu 1 2 3\n"), None);
+        assert!(machine_busy_seconds().is_some_and(|s| s > 0.0));
     }
 
     #[test]

@@ -28,13 +28,16 @@ use orchard_e2e::cluster_process::ClusterProcess;
 use orchard_e2e::control_plane::client_from_kubeconfig;
 use orchard_e2e::operator_process::metric_sum;
 use orchard_e2e::proc_stats::{
-    cgroup_cpu_seconds, cpu_seconds, peak_rss_bytes, percentile, rss_bytes,
+    cgroup_cpu_seconds, cpu_seconds, machine_busy_seconds, peak_rss_bytes, percentile,
+    reaped_children_cpu_seconds, rss_bytes,
 };
 use orchard_e2e::supervise::processes_with_env;
 use serde_json::{Value, json};
 
 /// How long the benchmark waits for a quiet machine before it runs anyway (and says so).
 const QUIET_WAIT: Duration = Duration::from_secs(90);
+/// The CPU table's row of the hollow node's sandbox processes.
+const SANDBOX_PROCESSES: &str = "sandboxes' processes (agent installs, agents, their commands)";
 /// The span of kube-apiserver's CPU profile (`--apiserver-profile`): from the first round's start,
 /// shorter than the round itself, so it samples the API server under load only.
 const PROFILE_SECONDS: u32 = 15;
@@ -312,6 +315,13 @@ async fn main() {
                 .collect()
         })
         .unwrap_or_default();
+    // On the hollow node, every sandbox's processes (the agent's install, the agent, the commands it
+    // runs) are children of the local node's process, which reaps them: its reaped children's CPU
+    // is theirs once they have exited, as every one of a round has when its pods are gone.
+    let sandbox_processes_of = match (cpu_files.is_empty(), pids.get("local-node")) {
+        (true, Some(pid)) => Some(*pid),
+        _ => None,
+    };
     let read_cpu = || -> BTreeMap<String, f64> {
         pids.iter()
             .filter_map(|(k, p)| Some((k.clone(), cpu_seconds(*p)?)))
@@ -320,6 +330,12 @@ async fn main() {
                     .iter()
                     .filter_map(|(k, f)| Some((k.clone(), cgroup_cpu_seconds(f)?))),
             )
+            .chain(sandbox_processes_of.and_then(|pid| {
+                Some((
+                    SANDBOX_PROCESSES.to_string(),
+                    reaped_children_cpu_seconds(pid)?,
+                ))
+            }))
             .collect()
     };
     let kube = client_from_kubeconfig(&kubeconfig)
@@ -350,27 +366,14 @@ async fn main() {
     // Sample memory while the load runs.
     let peak_agents = Arc::new(AtomicU64::new(0));
     let peak_agent_rss = Arc::new(AtomicU64::new(0));
-    let agent_cpu = Arc::new(std::sync::Mutex::new(BTreeMap::<u32, f64>::new()));
     let sampler = {
-        let (peak_agents, peak_agent_rss, agent_cpu) = (
-            peak_agents.clone(),
-            peak_agent_rss.clone(),
-            agent_cpu.clone(),
-        );
+        let (peak_agents, peak_agent_rss) = (peak_agents.clone(), peak_agent_rss.clone());
         tokio::spawn(async move {
             loop {
                 let agents = agent_pids();
                 let rss: u64 = agents.iter().filter_map(|p| rss_bytes(*p)).sum();
                 peak_agents.fetch_max(agents.len() as u64, Ordering::Relaxed);
                 peak_agent_rss.fetch_max(rss, Ordering::Relaxed);
-                {
-                    let mut cpu = agent_cpu.lock().unwrap_or_else(|p| p.into_inner());
-                    for pid in agents {
-                        if let Some(seconds) = cpu_seconds(pid) {
-                            cpu.insert(pid, seconds);
-                        }
-                    }
-                }
                 tokio::time::sleep(Duration::from_millis(500)).await;
             }
         })
@@ -404,6 +407,7 @@ async fn main() {
             .unwrap_or(0.0);
         let all_writes_before = apiserver_writes().await.unwrap_or(0.0);
         let cpu_before = read_cpu();
+        let machine_before = machine_busy_seconds();
         eprintln!(
             "round {} of {}: {} sandboxes with concurrency {} ...",
             round + 1,
@@ -464,6 +468,9 @@ async fn main() {
         }
         let cleaned = started.elapsed();
         let cpu_after = read_cpu();
+        let machine_busy = machine_busy_seconds()
+            .zip(machine_before)
+            .map(|(after, before)| after - before);
         let cpu: BTreeMap<String, f64> = cpu_after
             .iter()
             .map(|(k, after)| (k.clone(), after - cpu_before.get(k).copied().unwrap_or(0.0)))
@@ -481,6 +488,7 @@ async fn main() {
             operator_writes,
             all_writes,
             cpu,
+            machine_busy,
             machine: machine.report(),
         };
         eprintln!(
@@ -526,11 +534,6 @@ async fn main() {
         .get("orchard-operator")
         .and_then(|p| peak_rss_bytes(*p))
         .unwrap_or(0) as f64;
-    let agents_cpu: f64 = agent_cpu
-        .lock()
-        .unwrap_or_else(|p| p.into_inner())
-        .values()
-        .sum();
 
     let outcomes: Vec<&Outcome> = rounds.iter().flat_map(|r| r.outcomes.iter()).collect();
     let end_to_end: Vec<f64> = rounds.iter().map(|r| r.end_to_end.as_secs_f64()).collect();
@@ -629,35 +632,8 @@ async fn main() {
         mib(peak_agent_rss.load(Ordering::Relaxed) as f64),
         mib(peak_agent_rss.load(Ordering::Relaxed) as f64 / agents as f64)
     ));
-    let mut cpu =
-        String::from("| component | CPU seconds per round (mean) | share |\n|---|---|---|\n");
-    let mut summed: BTreeMap<String, f64> = BTreeMap::new();
-    for round in &rounds {
-        for (name, seconds) in &round.cpu {
-            *summed.entry(name.clone()).or_default() += seconds;
-        }
-    }
-    let per_round = args.rounds as f64;
-    let mut rows: Vec<(String, f64)> = summed
-        .into_iter()
-        .map(|(name, seconds)| (name, seconds / per_round))
-        .collect();
-    if cpu_files.is_empty() {
-        rows.push(("agents (all sandboxes)".into(), agents_cpu / per_round));
-    }
-    let total: f64 = rows.iter().map(|(_, s)| s).sum();
-    rows.sort_by(|a, b| b.1.total_cmp(&a.1));
-    for (name, seconds) in &rows {
-        cpu.push_str(&format!(
-            "| {name} | {seconds:.1} | {:.0} % |\n",
-            100.0 * seconds / total.max(1e-9)
-        ));
-    }
-    let mean_cleaned = mean(&cleaned);
-    cpu.push_str(&format!(
-        "| **total** (2 cores x {mean_cleaned:.0} s, the mean round = {:.0} core-seconds available) | {total:.1} | |\n",
-        2.0 * mean_cleaned
-    ));
+    let cpus = std::thread::available_parallelism().map_or(2, |n| n.get());
+    let (cpu, rows, machine_busy) = cpu_table(&rounds, mean(&cleaned), cpus);
     let round_table = round_table(&rounds, args.sandboxes);
     let command = format!(
         "make bench-scale BENCH_SANDBOXES={} BENCH_CONCURRENCY={} BENCH_ROUNDS={}",
@@ -712,7 +688,7 @@ async fn main() {
     }
     if let Some(path) = &args.write_doc {
         let section = format!(
-            "## Scale\n\nCommand: `{command}` (release build; the local cluster of `docs/TESTING.md` on this machine: 2 cores, 24 GiB; everything — etcd, kube-apiserver, kube-controller-manager, the operator, the local node, {} agents and this driver — shares the two cores). The same batch runs {} times on one cluster, each round after a wait for a quiet machine; times are the median over the rounds with the lowest and highest in brackets, latencies are over every sandbox of every round.\n\n{table}\nEach round:\n\n{round_table}\nWhere the CPU goes (CPU seconds from `/proc/<pid>/stat`, from a round's first create until every pod was gone, the mean of the rounds):\n\n{cpu}\nWhere create -> Ready goes (first time the driver's watches saw each milestone; p50 / p99 of the step, every round):\n\n{breakdown}\nWhere the latency goes (means over the run, from the gateway's and kube-apiserver's own histograms; the busiest kube-apiserver requests by total time):\n\n{latency}",
+            "## Scale\n\nCommand: `{command}` (release build; the local cluster of `docs/TESTING.md` on this machine: 2 cores, 24 GiB; everything — etcd, kube-apiserver, kube-controller-manager, the operator, the local node, {} agents and this driver — shares the two cores). The same batch runs {} times on one cluster, each round after a wait for a quiet machine; times are the median over the rounds with the lowest and highest in brackets, latencies are over every sandbox of every round.\n\n{table}\nEach round:\n\n{round_table}\nWhere the CPU goes (from a round's first create until every pod was gone, the mean of the rounds; each component's own CPU seconds from `/proc/<pid>/stat`, its sandboxes' processes from the local node's reaped children in the same file, and the whole machine's busy time from `/proc/stat`):\n\n{cpu}\nWhere create -> Ready goes (first time the driver's watches saw each milestone; p50 / p99 of the step, every round):\n\n{breakdown}\nWhere the latency goes (means over the run, from the gateway's and kube-apiserver's own histograms; the busiest kube-apiserver requests by total time):\n\n{latency}",
             args.sandboxes, args.rounds,
         );
         if let Err(err) = orchard_e2e::docs::write_section(path, "## Scale", &section) {
@@ -736,6 +712,7 @@ async fn main() {
             "errors": errors.values().map(|(count, first)| json!({"count": count, "first": first})).collect::<Vec<_>>(),
             "machine": rounds.iter().map(|r| r.machine.as_str()).collect::<Vec<_>>().join(" | "),
             "cpuSeconds": rows.iter().map(|(name, seconds)| json!({"component": name, "seconds": seconds})).collect::<Vec<_>>(),
+            "machineBusySeconds": machine_busy,
         });
         if let Err(err) = std::fs::write(path, summary.to_string()) {
             eprintln!("bench-scale: cannot write {}: {err}", path.display());
@@ -759,6 +736,9 @@ struct Round {
     all_writes: f64,
     /// CPU seconds per component.
     cpu: BTreeMap<String, f64>,
+    /// CPU seconds the whole machine was busy (every process and the kernel), if `/proc/stat` was
+    /// readable.
+    machine_busy: Option<f64>,
     machine: String,
 }
 
@@ -769,10 +749,10 @@ impl Round {
 }
 
 /// One row per round: success, times, create -> Ready p50, writes per sandbox, CPU seconds of every
-/// component together, and the machine (pure).
+/// component together and of the whole machine, and the machine (pure).
 fn round_table(rounds: &[Round], sandboxes: usize) -> String {
     let mut table = String::from(
-        "| round | success | end-to-end | all pods gone | create -> Ready p50 | all API writes per sandbox | CPU seconds, all components | machine |\n|---|---|---|---|---|---|---|---|\n",
+        "| round | success | end-to-end | all pods gone | create -> Ready p50 | all API writes per sandbox | CPU seconds: all components; the whole machine | machine |\n|---|---|---|---|---|---|---|---|\n",
     );
     for (i, round) in rounds.iter().enumerate() {
         let mut ready: Vec<f64> = round
@@ -783,7 +763,7 @@ fn round_table(rounds: &[Round], sandboxes: usize) -> String {
             .collect();
         ready.sort_by(f64::total_cmp);
         table.push_str(&format!(
-            "| {} | {}/{sandboxes} | {:.1} s | {:.1} s | {:.2} s | {:.2} | {:.1} | {} |\n",
+            "| {} | {}/{sandboxes} | {:.1} s | {:.1} s | {:.2} s | {:.2} | {:.1}; {} | {} |\n",
             i + 1,
             round.ok(),
             round.end_to_end.as_secs_f64(),
@@ -791,10 +771,61 @@ fn round_table(rounds: &[Round], sandboxes: usize) -> String {
             percentile(&ready, 50.0) / 1e3,
             round.all_writes / sandboxes.max(1) as f64,
             round.cpu.values().fold(0.0, |total, s| total + s),
+            round
+                .machine_busy
+                .map_or_else(|| "—".to_string(), |s| format!("{s:.1}")),
             round.machine
         ));
     }
     table
+}
+
+/// The CPU table: each component's CPU seconds per round (the mean over the rounds) with its share,
+/// their total against the core-seconds the mean round had, and the whole machine's busy time with
+/// the part no component accounts for (kernel threads, interrupts, processes outside the cluster).
+/// Also returns the rows, largest first, and the machine's mean busy seconds per round (pure).
+fn cpu_table(
+    rounds: &[Round],
+    mean_cleaned: f64,
+    cpus: usize,
+) -> (String, Vec<(String, f64)>, Option<f64>) {
+    let mut table =
+        String::from("| component | CPU seconds per round (mean) | share |\n|---|---|---|\n");
+    let mut summed: BTreeMap<String, f64> = BTreeMap::new();
+    for round in rounds {
+        for (name, seconds) in &round.cpu {
+            *summed.entry(name.clone()).or_default() += seconds;
+        }
+    }
+    let per_round = rounds.len().max(1) as f64;
+    let mut rows: Vec<(String, f64)> = summed
+        .into_iter()
+        .map(|(name, seconds)| (name, seconds / per_round))
+        .collect();
+    let total: f64 = rows.iter().map(|(_, s)| s).sum();
+    rows.sort_by(|a, b| b.1.total_cmp(&a.1));
+    for (name, seconds) in &rows {
+        table.push_str(&format!(
+            "| {name} | {seconds:.1} | {:.0} % |\n",
+            100.0 * seconds / total.max(1e-9)
+        ));
+    }
+    table.push_str(&format!(
+        "| **total** ({cpus} cores x {mean_cleaned:.0} s, the mean round = {:.0} core-seconds available) | {total:.1} | |\n",
+        cpus as f64 * mean_cleaned
+    ));
+    let busy: Vec<f64> = rounds.iter().filter_map(|r| r.machine_busy).collect();
+    let machine_busy = (busy.len() == rounds.len() && !busy.is_empty())
+        .then(|| busy.iter().sum::<f64>() / busy.len() as f64);
+    if let Some(machine) = machine_busy {
+        table.push_str(&format!(
+            "| the whole machine busy (`/proc/stat`: every process and the kernel) | {machine:.1} | |\n\
+             | of it not in a component above (kernel threads, interrupts, processes outside the cluster) | {:.1} | {:.0} % of the machine |\n",
+            machine - total,
+            100.0 * (machine - total) / machine.max(1e-9)
+        ));
+    }
+    (table, rows, machine_busy)
 }
 
 /// When the driver's watches first saw each step of one sandbox's start.
@@ -1026,6 +1057,7 @@ mod tests {
                 operator_writes: 6.0,
                 all_writes: 16.0,
                 cpu: BTreeMap::from([("etcd".into(), 10.0), ("kube-apiserver".into(), 20.0)]),
+                machine_busy: Some(41.0),
                 machine: "quiet".into(),
             },
             Round {
@@ -1035,6 +1067,7 @@ mod tests {
                 operator_writes: 6.0,
                 all_writes: 18.0,
                 cpu: BTreeMap::new(),
+                machine_busy: None,
                 machine: "noisy".into(),
             },
         ];
@@ -1043,9 +1076,61 @@ mod tests {
         assert_eq!(
             rows,
             [
-                "| 1 | 2/2 | 20.5 s | 22.0 s | 3.00 s | 8.00 | 30.0 | quiet |",
-                "| 2 | 1/2 | 30.0 s | 31.0 s | 2.00 s | 9.00 | 0.0 | noisy |",
+                "| 1 | 2/2 | 20.5 s | 22.0 s | 3.00 s | 8.00 | 30.0; 41.0 | quiet |",
+                "| 2 | 1/2 | 30.0 s | 31.0 s | 2.00 s | 9.00 | 0.0; — | noisy |",
             ]
         );
+    }
+
+    fn cpu_round(cpu: &[(&str, f64)], machine_busy: Option<f64>) -> Round {
+        Round {
+            outcomes: Vec::new(),
+            end_to_end: Duration::from_secs(20),
+            cleaned: Duration::from_secs(22),
+            operator_writes: 0.0,
+            all_writes: 0.0,
+            cpu: cpu.iter().map(|(k, v)| (k.to_string(), *v)).collect(),
+            machine_busy,
+            machine: String::new(),
+        }
+    }
+
+    #[test]
+    fn the_cpu_table_averages_components_and_shows_what_none_accounts_for() {
+        let rounds = [
+            cpu_round(
+                &[("kube-apiserver", 18.0), (SANDBOX_PROCESSES, 10.0)],
+                Some(40.0),
+            ),
+            cpu_round(
+                &[("kube-apiserver", 20.0), (SANDBOX_PROCESSES, 12.0)],
+                Some(44.0),
+            ),
+        ];
+        let (table, rows, machine) = cpu_table(&rounds, 22.0, 2);
+        assert_eq!(
+            rows,
+            [
+                ("kube-apiserver".to_string(), 19.0),
+                (SANDBOX_PROCESSES.to_string(), 11.0)
+            ]
+        );
+        assert_eq!(machine, Some(42.0));
+        let lines: Vec<&str> = table.lines().skip(2).collect();
+        assert_eq!(
+            lines,
+            [
+                "| kube-apiserver | 19.0 | 63 % |",
+                "| sandboxes' processes (agent installs, agents, their commands) | 11.0 | 37 % |",
+                "| **total** (2 cores x 22 s, the mean round = 44 core-seconds available) | 30.0 | |",
+                "| the whole machine busy (`/proc/stat`: every process and the kernel) | 42.0 | |",
+                "| of it not in a component above (kernel threads, interrupts, processes outside the cluster) | 12.0 | 29 % of the machine |",
+            ]
+        );
+        // One round without the machine's figure: no machine rows rather than a skewed mean.
+        let partial = [cpu_round(&[("etcd", 1.0)], Some(5.0)), cpu_round(&[], None)];
+        let (table, _, machine) = cpu_table(&partial, 10.0, 2);
+        assert_eq!(machine, None);
+        assert!(!table.contains("whole machine"));
     }
 }
