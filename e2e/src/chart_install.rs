@@ -17,6 +17,9 @@ use crate::error::{E2eError, Result};
 use crate::port_forward::PortForward;
 use crate::real_node::Layout;
 
+/// How long [`ChartRelease::install`] waits for the gateway to answer through its Service after helm.
+const GATEWAY_SERVICE_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(60);
+
 /// Label selector of the chart's operator pods (its `selectorLabels` for a release named `orchard`).
 pub const OPERATOR_SELECTOR: &str =
     "app.kubernetes.io/name=orchard-operator,app.kubernetes.io/instance=orchard";
@@ -98,7 +101,7 @@ pub fn node_values(
 
 impl ChartRelease {
     /// `helm install`s the chart (taking over the CRDs the harness installed) and waits until every
-    /// replica is Ready. Needs the real node and the operator image (`make operator-image`).
+    /// replica is Ready and the gateway answers through its Service. Needs the real node and the operator image (`make operator-image`).
     pub async fn install(env: &TestEnv, options: &ReleaseOptions) -> Result<Self> {
         let node = env.node.real();
         if !node.has_image("orchard-operator") {
@@ -139,7 +142,45 @@ impl ChartRelease {
             args.push(value);
         }
         release.helm(&args).await?;
+        let client = env.client().await;
+        release
+            .wait_gateway_serving(&client, GATEWAY_SERVICE_TIMEOUT)
+            .await?;
         Ok(release)
+    }
+
+    /// Waits until the gateway answers `GET /healthz` through its Service. `helm --wait` returns once
+    /// the pods are Ready, but kube-proxy programs the Service's address on the node some time after
+    /// the pods' endpoints appear; until then the node has no route for it and answers a connection
+    /// with ICMP "network unreachable", which the first test to call the gateway got once.
+    pub async fn wait_gateway_serving(
+        &self,
+        client: &Client,
+        timeout: std::time::Duration,
+    ) -> Result<()> {
+        let url = format!("{}/healthz", self.gateway_url(client).await?);
+        let http = crate::gateway_http();
+        let started = std::time::Instant::now();
+        loop {
+            let last = match http
+                .get(&url)
+                .timeout(std::time::Duration::from_secs(2))
+                .send()
+                .await
+            {
+                Ok(answer) if answer.status().is_success() => return Ok(()),
+                Ok(answer) => format!("{url} answered {}", answer.status()),
+                Err(err) => format!("{url}: {}", crate::with_causes(&err)),
+            };
+            if started.elapsed() >= timeout {
+                return Err(E2eError::NotReady {
+                    component: "the gateway through its Service".into(),
+                    seconds: timeout.as_secs(),
+                    detail: last,
+                });
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+        }
     }
 
     /// Runs helm with the cluster's admin kubeconfig from the repository root.

@@ -53,6 +53,19 @@ pub fn gateway_http_builder() -> reqwest::ClientBuilder {
     reqwest::Client::builder().pool_idle_timeout(GATEWAY_POOL_IDLE)
 }
 
+/// `error: cause: cause ...`: an error with its chain of sources (reqwest's own message leaves out
+/// what hyper and the socket said).
+pub fn with_causes(error: &dyn std::error::Error) -> String {
+    let mut text = error.to_string();
+    let mut cause = error.source();
+    while let Some(inner) = cause {
+        text.push_str(": ");
+        text.push_str(&inner.to_string());
+        cause = inner.source();
+    }
+    text
+}
+
 /// An HTTP client for calls to the gateway (see [`gateway_http_builder`]).
 pub fn gateway_http() -> reqwest::Client {
     gateway_http_builder()
@@ -71,4 +84,32 @@ pub async fn http_get(address: &str, path: &str) -> std::io::Result<(u16, String
     let status = response.status().as_u16();
     let body = response.text().await.map_err(std::io::Error::other)?;
     Ok((status, body))
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn an_error_is_shown_with_its_causes() {
+        #[derive(Debug)]
+        struct Outer(std::io::Error);
+        impl std::fmt::Display for Outer {
+            fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.write_str("error sending request")
+            }
+        }
+        impl std::error::Error for Outer {
+            fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+                Some(&self.0)
+            }
+        }
+        let error = Outer(std::io::Error::new(
+            std::io::ErrorKind::NetworkUnreachable,
+            "Network is unreachable",
+        ));
+        assert_eq!(
+            super::with_causes(&error),
+            "error sending request: Network is unreachable"
+        );
+        assert_eq!(super::with_causes(&std::io::Error::other("alone")), "alone");
+    }
 }

@@ -151,22 +151,10 @@ async fn send_ok(request: reqwest::RequestBuilder, step: &str) -> Result<Value, 
         )),
         Err(e) => Err(format!(
             "{step}: {} (after {:.1} s)",
-            with_causes(&e),
+            orchard_e2e::with_causes(&e),
             sent.elapsed().as_secs_f64()
         )),
     }
-}
-
-/// `error: cause: cause ...` (reqwest's own message leaves out what hyper and the socket said).
-fn with_causes(error: &dyn std::error::Error) -> String {
-    let mut text = error.to_string();
-    let mut cause = error.source();
-    while let Some(inner) = cause {
-        text.push_str(": ");
-        text.push_str(&inner.to_string());
-        cause = inner.source();
-    }
-    text
 }
 
 async fn lifecycle(
