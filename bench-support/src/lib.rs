@@ -14,21 +14,36 @@ pub fn load_1() -> f64 {
         .unwrap_or(f64::NAN)
 }
 
-/// Total and steal jiffies of all CPUs from the first line of `/proc/stat` (pure).
+/// The counters of the first line of `/proc/stat` (`cpu  user nice system idle iowait irq softirq
+/// steal guest guest_nice`, in jiffies of all CPUs together), or `None` when that line is not the
+/// all-CPU line or a counter does not parse (pure).
+fn all_cpu_jiffies(stat: &str) -> Option<Vec<u64>> {
+    let mut fields = stat.lines().next()?.split_whitespace();
+    if fields.next()? != "cpu" {
+        return None;
+    }
+    fields.map(|field| field.parse().ok()).collect()
+}
+
+/// Total and steal jiffies of all CPUs from the first line of `/proc/stat`, `(0, 0)` when it cannot
+/// be read (pure).
 pub fn parse_cpu_jiffies(stat: &str) -> (u64, u64) {
-    let fields: Vec<u64> = stat
-        .lines()
-        .next()
-        .unwrap_or_default()
-        .split_whitespace()
-        .skip(1)
-        .filter_map(|field| field.parse().ok())
-        .collect();
+    let fields = all_cpu_jiffies(stat).unwrap_or_default();
     // user nice system idle iowait irq softirq steal (guest time is already in user).
     (
         fields.iter().take(8).sum(),
         fields.get(7).copied().unwrap_or(0),
     )
+}
+
+/// Busy jiffies of all CPUs from the first line of `/proc/stat`: user, nice, system, irq and softirq
+/// (guest time is already in user), so everything but idle, I/O wait and steal (pure).
+pub fn parse_busy_jiffies(stat: &str) -> Option<u64> {
+    let fields = all_cpu_jiffies(stat)?;
+    let [user, nice, system, _idle, _iowait, irq, softirq, ..] = fields.as_slice() else {
+        return None;
+    };
+    Some(user + nice + system + irq + softirq)
 }
 
 /// Iterations of [`cpu_probe`]'s loop: about 40 ms on this project's machines.
@@ -216,6 +231,19 @@ mod tests {
         let stat = "cpu  100 5 50 800 10 1 2 30 7 0\ncpu0 1 2 3 4\n";
         assert_eq!(parse_cpu_jiffies(stat), (998, 30));
         assert_eq!(parse_cpu_jiffies(""), (0, 0));
+    }
+
+    #[test]
+    fn busy_jiffies_leave_out_idle_iowait_and_steal() {
+        let stat = "cpu  100 5 50 9000 40 3 7 11 0 0\ncpu0 50 2 25 4500 20 1 3 5 0 0\n";
+        assert_eq!(parse_busy_jiffies(stat), Some(165));
+        assert_eq!(
+            parse_busy_jiffies("cpu0 1 2 3 4 5 6 7\n"),
+            None,
+            "not the total line"
+        );
+        assert_eq!(parse_busy_jiffies("cpu 1 2 x 4 5 6 7\n"), None);
+        assert_eq!(parse_busy_jiffies("cpu 1 2 3\n"), None);
     }
 
     #[test]

@@ -153,7 +153,7 @@ impl ChartRelease {
     /// the pods are Ready, but kube-proxy programs the Service's address on the node some time after
     /// the pods' endpoints appear; until then the node has no route for it and answers a connection
     /// with ICMP "network unreachable", which the first test to call the gateway got once.
-    pub async fn wait_gateway_serving(
+    async fn wait_gateway_serving(
         &self,
         client: &Client,
         timeout: std::time::Duration,
