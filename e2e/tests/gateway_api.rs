@@ -563,6 +563,125 @@ async fn trajectory_results_are_recorded_once() {
     env.delete_namespace(&ns).await;
 }
 
+/// A `spec.run` of `seconds` of sleep that then writes reward 0.
+fn run_writing_reward_zero(seconds: u32) -> serde_json::Value {
+    json!({"command": ["/bin/sh", "-c",
+                       format!("sleep {seconds}; echo '{{\"reward\": 0}}' > result.json")],
+           "timeoutSeconds": 120, "resultPath": "result.json"})
+}
+
+#[tokio::test]
+async fn the_result_of_a_run_driven_sandbox_is_the_runners_alone() {
+    let env = TestEnv::shared();
+    let ns = env.namespace("gw-rundriven").await;
+    grant(env, &ns, "alice", "trainer", trainer_rules()).await;
+    // bob is an evaluator that only posts results (the Role docs/API.md suggests for that).
+    grant(
+        env,
+        &ns,
+        "bob",
+        "evaluator",
+        json!([{"apiGroups": ["orchard.dev"], "resources": ["sandboxes/result"], "verbs": ["create"]}]),
+    )
+    .await;
+    let alice = Caller::user(env, "alice");
+    let bob = Caller::user(env, "bob");
+    let sandboxes: Api<Sandbox> = Api::namespaced(env.client().await, &ns);
+
+    // Through the gateway: refused, whoever asks, and the runner's result is recorded later.
+    let name = alice
+        .create_sandbox(
+            &ns,
+            json!({"name": "run", "image": "busybox", "run": run_writing_reward_zero(2)}),
+        )
+        .await;
+    alice.wait_ready(&ns, &name).await;
+    for caller in [&bob, &alice] {
+        let forged = caller
+            .post(
+                &sandbox_path(&ns, &name, "/result"),
+                json!({"reward": 1.0, "status": "completed"}),
+            )
+            .await;
+        assert_eq!(forged.status, 409, "{forged:?}");
+        assert_eq!(forged.code(), "RunDriven", "{forged:?}");
+        assert!(forged.message().contains("spec.run"), "{forged:?}");
+    }
+    let recorded = orchard_e2e::wait::until(
+        &sandboxes,
+        &name,
+        "the run's result",
+        Duration::from_secs(60),
+        |s: Option<&Sandbox>| s.and_then(|s| s.status.as_ref()?.result.as_ref()).is_some(),
+    )
+    .await;
+    let result = recorded.status.and_then(|s| s.result).expect("result");
+    assert_eq!(result.reward, Some(0.0), "{result:?}");
+
+    // Around the gateway, with `patch sandboxes/status`: the first result stays (write-once), and
+    // the runner says that its own lost, in a condition and a Warning event.
+    let name = alice
+        .create_sandbox(
+            &ns,
+            json!({"name": "preempted", "image": "busybox", "run": run_writing_reward_zero(3)}),
+        )
+        .await;
+    alice.wait_ready(&ns, &name).await;
+    sandboxes
+        .patch_status(
+            &name,
+            &kube::api::PatchParams::default(),
+            &kube::api::Patch::Merge(
+                json!({"status": {"result": {"reward": 1.0, "status": "completed"}}}),
+            ),
+        )
+        .await
+        .expect("an administrator patches the result");
+    let preempted = orchard_e2e::wait::until(
+        &sandboxes,
+        &name,
+        "the ResultPreempted condition",
+        Duration::from_secs(60),
+        |s: Option<&Sandbox>| {
+            s.and_then(|s| s.status.as_ref()).is_some_and(|status| {
+                status
+                    .conditions
+                    .iter()
+                    .any(|c| c.type_ == "ResultPreempted" && c.status == "True")
+            })
+        },
+    )
+    .await;
+    let status = preempted.status.expect("status");
+    assert_eq!(status.result.and_then(|r| r.reward), Some(1.0));
+    let condition = status
+        .conditions
+        .iter()
+        .find(|c| c.type_ == "ResultPreempted")
+        .expect("condition");
+    assert!(
+        condition.message.contains("\"reward\":1.0"),
+        "the condition names the result that won: {}",
+        condition.message
+    );
+    let events: Api<k8s_openapi::api::events::v1::Event> = Api::namespaced(env.client().await, &ns);
+    let warned =
+        orchard_e2e::wait::poll("the ResultPreempted event", Duration::from_secs(30), || {
+            let events = events.clone();
+            let name = name.clone();
+            async move {
+                let list = events.list(&Default::default()).await.ok()?;
+                list.items.into_iter().find(|e| {
+                    e.reason.as_deref() == Some("ResultPreempted")
+                        && e.regarding.as_ref().and_then(|r| r.name.as_deref()) == Some(&name)
+                })
+            }
+        })
+        .await;
+    assert_eq!(warned.type_.as_deref(), Some("Warning"));
+    env.delete_namespace(&ns).await;
+}
+
 #[tokio::test]
 async fn roles_limited_to_resource_names_are_honoured() {
     // The gateway first asks namespace-wide (one review covers every sandbox of a namespace); a Role

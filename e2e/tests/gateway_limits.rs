@@ -566,3 +566,322 @@ async fn an_exec_stream_and_a_wait_end_soon_after_access_is_revoked() {
     );
     env.delete_namespace(&ns).await;
 }
+
+/// The operator's resident memory in bytes (`VmRSS` of `/proc/<pid>/status`).
+fn resident_bytes(operator: &OperatorProcess) -> u64 {
+    let pid = operator.pid().expect("the operator runs");
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).expect("proc status");
+    let kib: u64 = status
+        .lines()
+        .find_map(|line| line.strip_prefix("VmRSS:"))
+        .and_then(|rest| rest.split_whitespace().next())
+        .and_then(|kib| kib.parse().ok())
+        .expect("VmRSS");
+    kib * 1024
+}
+
+/// What became of one connection that announced a large body: the status line of its answer (empty
+/// if none came) and whether the gateway closed the connection.
+struct Announced {
+    status: String,
+    closed: bool,
+}
+
+/// Opens a connection, sends the head of `POST path` announcing a 2,000,000-byte body with the
+/// `authorization` header (if any), then up to 1 MiB of that body as fast as the gateway takes it, and
+/// reads what the gateway answers within `wait` (the rest of the body is never sent).
+async fn announce_large_body(
+    addr: String,
+    path: String,
+    authorization: Option<String>,
+    wait: Duration,
+) -> Announced {
+    let mut stream = TcpStream::connect(&addr).await.expect("connect");
+    let auth = authorization
+        .map(|value| format!("Authorization: {value}\r\n"))
+        .unwrap_or_default();
+    let head = format!(
+        "POST {path} HTTP/1.1\r\nHost: gateway\r\nContent-Type: application/json\r\n{auth}Content-Length: 2000000\r\n\r\n"
+    );
+    stream.write_all(head.as_bytes()).await.expect("head");
+    let (mut reader, mut writer) = stream.into_split();
+    let sender = tokio::spawn(async move {
+        let chunk = vec![b' '; 64 * 1024];
+        for _ in 0..16 {
+            match tokio::time::timeout(Duration::from_secs(1), writer.write_all(&chunk)).await {
+                Ok(Ok(())) => {}
+                // The gateway stopped reading (a full socket buffer) or closed the connection.
+                _ => break,
+            }
+        }
+        writer
+    });
+    let mut seen = Vec::new();
+    let closed = tokio::time::timeout(wait, async {
+        let mut buf = [0u8; 4096];
+        loop {
+            match reader.read(&mut buf).await {
+                Ok(0) | Err(_) => return,
+                Ok(n) => seen.extend_from_slice(&buf[..n]),
+            }
+        }
+    })
+    .await
+    .is_ok();
+    drop(sender.await);
+    let text = String::from_utf8_lossy(&seen);
+    Announced {
+        status: text.lines().next().unwrap_or_default().to_string(),
+        closed,
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bodies_of_callers_without_access_are_never_read() {
+    const CONNECTIONS: usize = 600;
+    let _one = ONE_AT_A_TIME.lock().await;
+    let env = env();
+    let ns = env.namespace("gwl-bodies").await;
+    let operator = scoped_operator(env, &ns, "gwl-bodies", &[]).await;
+    let addr = gateway_addr(&operator);
+    grant(env, &ns, "alice", "trainer", trainer_rules()).await;
+    // bob may read sandboxes, not create them.
+    grant(
+        env,
+        &ns,
+        "bob",
+        "reader",
+        json!([{"apiGroups": ["orchard.dev"], "resources": ["sandboxes"], "verbs": ["get", "list"]}]),
+    )
+    .await;
+    let alice = Caller::at(
+        &operator.gateway_url(),
+        Some(&env.control_plane.tokens["alice"]),
+    );
+    let bob_token = env.control_plane.tokens["bob"].clone();
+    let list = format!("/v1/namespaces/{ns}/sandboxes");
+    assert_eq!(alice.get(&list).await.status, 200);
+    let idle = resident_bytes(&operator);
+
+    // 600 connections announce 2 MB bodies: most without a token, some with a bogus one, some as
+    // bob, who may not create sandboxes. None may have its body read.
+    let started = Instant::now();
+    let flood: Vec<_> = (0..CONNECTIONS)
+        .map(|n| {
+            let authorization = match n % 6 {
+                0 => Some(format!("Bearer bogus-{n}")),
+                1 => Some(format!("Bearer {bob_token}")),
+                _ => None,
+            };
+            tokio::spawn(announce_large_body(
+                addr.clone(),
+                list.clone(),
+                authorization,
+                Duration::from_secs(20),
+            ))
+        })
+        .collect();
+    let mut peak = idle;
+    let mut served = 0;
+    while flood.iter().any(|task| !task.is_finished())
+        && started.elapsed() < Duration::from_secs(30)
+    {
+        peak = peak.max(resident_bytes(&operator));
+        let answer = tokio::time::timeout(Duration::from_secs(10), alice.get(&list))
+            .await
+            .expect("an authorised caller is answered during the flood");
+        assert_eq!(answer.status, 200, "{answer:?}");
+        served += 1;
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let mut statuses = std::collections::BTreeMap::<String, usize>::new();
+    for task in flood {
+        let announced = task.await.expect("connection task");
+        assert!(
+            announced.closed,
+            "a connection with an unread body is still open: {}",
+            announced.status
+        );
+        *statuses.entry(announced.status).or_default() += 1;
+    }
+    peak = peak.max(resident_bytes(&operator));
+    eprintln!(
+        "{CONNECTIONS} announced bodies answered in {:?}: {statuses:?}; operator RSS idle {} MiB, peak {} MiB; the authorised caller was served {served} times meanwhile",
+        started.elapsed(),
+        idle >> 20,
+        peak >> 20
+    );
+    for status in statuses.keys() {
+        assert!(
+            status.starts_with("HTTP/1.1 401")
+                || status.starts_with("HTTP/1.1 403")
+                || status.starts_with("HTTP/1.1 429"),
+            "an unauthorised body got {status:?}: {statuses:?}"
+        );
+    }
+    assert!(
+        statuses.keys().any(|s| s.starts_with("HTTP/1.1 403")),
+        "bob's requests were refused by RBAC: {statuses:?}"
+    );
+    assert!(
+        peak < idle + 100 * 1024 * 1024,
+        "the operator grew from {} MiB to {} MiB",
+        idle >> 20,
+        peak >> 20
+    );
+    assert!(served > 0);
+    env.delete_namespace(&ns).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_authorised_callers_slow_and_many_bodies_are_bounded() {
+    let _one = ONE_AT_A_TIME.lock().await;
+    let env = env();
+    let ns = env.namespace("gwl-slowbody").await;
+    let operator = scoped_operator(
+        env,
+        &ns,
+        "gwl-slowbody",
+        &[
+            "--gateway-body-read-timeout-seconds=2",
+            "--gateway-max-body-bytes=2000000",
+            "--gateway-body-bytes-per-caller=5000000",
+        ],
+    )
+    .await;
+    let addr = gateway_addr(&operator);
+    grant(env, &ns, "alice", "trainer", trainer_rules()).await;
+    let token = env.control_plane.tokens["alice"].clone();
+    let list = format!("/v1/namespaces/{ns}/sandboxes");
+    // Alice sends eight 2 MB bodies and never finishes them: two fit her 5 MB budget and time out
+    // (408), the other six are refused at once (429); none holds the gateway for longer.
+    let started = Instant::now();
+    let bodies: Vec<_> = (0..8)
+        .map(|_| {
+            tokio::spawn(announce_large_body(
+                addr.clone(),
+                list.clone(),
+                Some(format!("Bearer {token}")),
+                Duration::from_secs(15),
+            ))
+        })
+        .collect();
+    let mut statuses = Vec::new();
+    for body in bodies {
+        let announced = body.await.expect("connection task");
+        assert!(announced.closed, "{}", announced.status);
+        statuses.push(announced.status.chars().skip(9).take(3).collect::<String>());
+    }
+    statuses.sort();
+    eprintln!("{statuses:?} after {:?}", started.elapsed());
+    assert_eq!(
+        statuses,
+        vec!["408", "408", "429", "429", "429", "429", "429", "429"]
+    );
+    // A whole body is read as before.
+    let alice = Caller::at(&operator.gateway_url(), Some(&token));
+    let created = alice
+        .post(&list, json!({"image": "busybox", "name": "after"}))
+        .await;
+    assert_eq!(created.status, 201, "{created:?}");
+    for reason in ["body_timeout", "body_budget"] {
+        assert!(
+            metric(
+                &operator,
+                "orchard_gateway_throttled_total",
+                &[("reason", reason)]
+            )
+            .await
+                >= 1.0,
+            "{reason} counted"
+        );
+    }
+    env.delete_namespace(&ns).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_callers_waits_neither_take_the_slots_of_calls_nor_lock_out_other_callers() {
+    let _one = ONE_AT_A_TIME.lock().await;
+    let env = env();
+    let ns = env.namespace("gwl-fair").await;
+    let operator = scoped_operator(
+        env,
+        &ns,
+        "gwl-fair",
+        &[
+            "--gateway-max-in-flight-requests=4",
+            "--gateway-max-waits=4",
+            "--gateway-max-in-flight-per-caller=3",
+        ],
+    )
+    .await;
+    grant(env, &ns, "alice", "trainer", trainer_rules()).await;
+    grant(env, &ns, "bob", "trainer-bob", trainer_rules()).await;
+    let alice = Caller::at(
+        &operator.gateway_url(),
+        Some(&env.control_plane.tokens["alice"]),
+    );
+    let bob = Caller::at(
+        &operator.gateway_url(),
+        Some(&env.control_plane.tokens["bob"]),
+    );
+    // Alice's sandbox never settles: it waits for a pool that does not exist.
+    let stuck = alice
+        .create_sandbox(&ns, json!({"pool": "nope", "whenPoolEmpty": "Wait"}))
+        .await;
+    let bobs = ready_sandbox(&bob, &ns).await;
+    let waits: Vec<_> = (0..4)
+        .map(|_| {
+            let alice = Caller::at(&alice.base, alice.token.as_deref());
+            let path = sandbox_path(&ns, &stuck, "/wait?timeoutSeconds=30");
+            tokio::spawn(async move { alice.get(&path).await })
+        })
+        .collect();
+    // Three of Alice's waits hold slots for their 30 s; her fourth is over her share of waits and
+    // is answered at once.
+    let (first_done, _, held) =
+        tokio::time::timeout(Duration::from_secs(20), futures::future::select_all(waits))
+            .await
+            .expect("one of alice's four waits is answered at once");
+    let refused = first_done.expect("wait task");
+    assert_eq!(refused.status, 429, "{refused:?}");
+    assert_eq!(refused.code(), "TooManyRequests", "{refused:?}");
+    assert!(
+        refused
+            .message()
+            .contains("--gateway-max-in-flight-per-caller"),
+        "{refused:?}"
+    );
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while metric(
+        &operator,
+        "orchard_gateway_requests_in_flight",
+        &[("pool", "waits")],
+    )
+    .await
+        < 3.0
+    {
+        assert!(Instant::now() < deadline, "alice's waits never started");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    // Bob's calls and his own wait are served while Alice's waits are held.
+    let get = bob.get(&sandbox_path(&ns, &bobs, "")).await;
+    assert_eq!(get.status, 200, "{get:?}");
+    let wait = bob
+        .get(&sandbox_path(&ns, &bobs, "/wait?timeoutSeconds=5"))
+        .await;
+    assert_eq!(wait.status, 200, "{wait:?}");
+    let own = alice.get(&sandbox_path(&ns, &stuck, "")).await;
+    assert_eq!(
+        own.status, 200,
+        "alice's own calls are still served: {own:?}"
+    );
+    assert!(
+        held.iter().all(|wait| !wait.is_finished()),
+        "alice's other waits are still waiting"
+    );
+    for wait in held {
+        wait.abort();
+    }
+    env.delete_namespace(&ns).await;
+}

@@ -1,6 +1,6 @@
 //! Authentication (TokenReview) and authorisation (SubjectAccessReview) of gateway callers, with a
 //! short cache of decisions keyed by a SHA-256 of the token (never the token itself; tokens are never
-//! logged). Accepted and refused tokens are cached apart (`token_cache`), and TokenReviews of unknown
+//! logged). Accepted and refused tokens are cached apart (`verdict_cache`), and TokenReviews of unknown
 //! tokens are budgeted globally and per client IP (`review_budget`): a flood of bogus tokens neither
 //! evicts valid callers nor costs the API server more than the budget. With audiences configured, a
 //! token is accepted only if the API server confirms one of them. After this check the gateway acts
@@ -22,17 +22,19 @@ use kube::api::{Api, PostParams};
 use super::access::Access;
 use super::errors::ApiError;
 use super::metrics::GatewayMetrics;
-use super::review_budget::{BudgetLimits, ReviewBudget, retry_after_seconds};
-use super::token_cache::{Key, Lookup, TokenCache};
+use super::review_budget::{BudgetLimits, KeyedBuckets, ReviewBudget, retry_after_seconds};
+use super::verdict_cache::{Key, Lookup, VerdictCache};
 use orchard_api::GROUP;
 
 /// How long a decision is reused unless configured (`--gateway-auth-cache-ttl-seconds`).
 pub const DECISION_TTL: Duration = Duration::from_secs(10);
 
-/// Most cached entries per cache; beyond it expired entries are dropped, then everything.
+/// Most cached accepted tokens, and accepted access decisions; beyond it expired entries are
+/// dropped, then everything.
 const MAX_ENTRIES: usize = 65_536;
 
-/// Most cached refused tokens (their own map: they never push out accepted ones).
+/// Most cached refused tokens, and refused access decisions (their own maps: they never push out
+/// accepted ones).
 const MAX_REFUSED: usize = 16_384;
 
 /// How the authorizer checks callers.
@@ -44,6 +46,10 @@ pub struct AuthSettings {
     pub audiences: Vec<String>,
     /// Budget of TokenReviews for unknown tokens.
     pub budget: BudgetLimits,
+    /// SubjectAccessReviews per second one caller may cause (cache misses); 0: unlimited.
+    pub access_review_rate: f64,
+    /// Burst of each caller's SubjectAccessReviews.
+    pub access_review_burst: f64,
 }
 
 impl Default for AuthSettings {
@@ -57,6 +63,8 @@ impl Default for AuthSettings {
                 per_client_rate: 0.0,
                 per_client_burst: 0.0,
             },
+            access_review_rate: 0.0,
+            access_review_burst: 0.0,
         }
     }
 }
@@ -78,41 +86,6 @@ pub struct Identity {
 enum TokenDecision {
     Valid(Arc<Identity>),
     Invalid(String),
-}
-
-/// A small TTL cache.
-struct TtlCache<V> {
-    entries: Mutex<HashMap<Key, (Instant, V)>>,
-    ttl: Duration,
-}
-
-impl<V: Clone> TtlCache<V> {
-    fn new(ttl: Duration) -> Self {
-        Self {
-            entries: Mutex::new(HashMap::new()),
-            ttl,
-        }
-    }
-
-    fn get(&self, key: &Key) -> Option<V> {
-        let entries = self.entries.lock().unwrap_or_else(|p| p.into_inner());
-        entries
-            .get(key)
-            .filter(|(at, _)| at.elapsed() < self.ttl)
-            .map(|(_, v)| v.clone())
-    }
-
-    fn insert(&self, key: Key, value: V) {
-        let mut entries = self.entries.lock().unwrap_or_else(|p| p.into_inner());
-        if entries.len() >= MAX_ENTRIES {
-            let ttl = self.ttl;
-            entries.retain(|_, (at, _)| at.elapsed() < ttl);
-            if entries.len() >= MAX_ENTRIES {
-                entries.clear();
-            }
-        }
-        entries.insert(key, (Instant::now(), value));
-    }
 }
 
 /// Whether a TokenReview answer's `status.audiences` fits the configured audiences (pure): always
@@ -140,10 +113,11 @@ fn audience_hint(audiences: &[String]) -> String {
 pub struct Authorizer {
     client: Client,
     settings: AuthSettings,
-    tokens: Mutex<TokenCache<Arc<Identity>>>,
+    tokens: Mutex<VerdictCache<Arc<Identity>>>,
     budget: Mutex<ReviewBudget>,
     flights: Mutex<HashMap<Key, Arc<Flight>>>,
-    decisions: TtlCache<Result<(), String>>,
+    decisions: Mutex<VerdictCache<()>>,
+    access_budget: Mutex<KeyedBuckets<String>>,
     metrics: GatewayMetrics,
 }
 
@@ -203,10 +177,14 @@ impl Authorizer {
     pub fn new(client: Client, metrics: GatewayMetrics, settings: AuthSettings) -> Self {
         Self {
             client,
-            tokens: Mutex::new(TokenCache::new(settings.ttl, MAX_ENTRIES, MAX_REFUSED)),
+            tokens: Mutex::new(VerdictCache::new(settings.ttl, MAX_ENTRIES, MAX_REFUSED)),
             budget: Mutex::new(ReviewBudget::new(settings.budget, Instant::now())),
             flights: Mutex::default(),
-            decisions: TtlCache::new(settings.ttl),
+            decisions: Mutex::new(VerdictCache::new(settings.ttl, MAX_ENTRIES, MAX_REFUSED)),
+            access_budget: Mutex::new(KeyedBuckets::new(
+                settings.access_review_rate,
+                settings.access_review_burst,
+            )),
             settings,
             metrics,
         }
@@ -233,6 +211,7 @@ impl Authorizer {
         let token = bearer_token(headers)?;
         let key = token_key(token);
         let identity = self.authenticate(token, &key).await?;
+        super::in_flight::charge_caller(&identity.username)?;
         // Most Roles grant a verb on every object of a namespace: one namespace-wide review (no name)
         // then covers every sandbox, instead of one review per sandbox name. RBAC allows an unnamed
         // review only through a rule without resourceNames, which grants every name; when it is not
@@ -263,14 +242,55 @@ impl Authorizer {
         access: &Access,
     ) -> Result<Result<(), String>, ApiError> {
         let decision_key = access_key(key, access);
-        if let Some(decision) = self.decisions.get(&decision_key) {
-            self.count("access", true);
-            return Ok(decision);
+        let cached = self
+            .decisions
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .lookup(&decision_key, Instant::now());
+        match cached {
+            Lookup::Valid(()) => {
+                self.count("access", true);
+                return Ok(Ok(()));
+            }
+            Lookup::Invalid(reason) => {
+                self.count("access", true);
+                return Ok(Err(reason));
+            }
+            Lookup::Known | Lookup::Unknown => self.count("access", false),
         }
-        self.count("access", false);
+        self.spend_access_budget(&identity.username)?;
         let decision = self.review_access(identity, access).await?;
-        self.decisions.insert(decision_key, decision.clone());
+        let mut decisions = self.decisions.lock().unwrap_or_else(|p| p.into_inner());
+        match &decision {
+            Ok(()) => decisions.accept(decision_key, (), Instant::now()),
+            Err(reason) => decisions.refuse(decision_key, reason.clone(), Instant::now()),
+        }
         Ok(decision)
+    }
+
+    /// Spends one SubjectAccessReview of `caller`'s budget, or answers 429: one caller asking about
+    /// many names can neither flood the API server nor push others' decisions out of the cache.
+    fn spend_access_budget(&self, caller: &str) -> Result<(), ApiError> {
+        let spent = self
+            .access_budget
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .try_take(&caller.to_string(), Instant::now());
+        spent.map_err(|wait| {
+            self.metrics
+                .throttled
+                .with_label_values(&["access_review_budget"])
+                .inc();
+            ApiError::new(
+                StatusCode::TOO_MANY_REQUESTS,
+                "TooManyRequests",
+                format!(
+                    "{caller} causes too many permission checks right now (the gateway limits SubjectAccessReviews per caller: --gateway-access-review-rate-per-caller, Helm gateway.accessReview.ratePerCaller); retry after the Retry-After delay"
+                ),
+            )
+            .retryable(true)
+            .retry_after(retry_after_seconds(wait))
+        })
     }
 
     async fn authenticate(&self, token: &str, key: &Key) -> Result<Arc<Identity>, ApiError> {
@@ -600,12 +620,34 @@ mod tests {
     }
 
     #[test]
-    fn ttl_cache_expires_entries() {
-        let cache = TtlCache::new(Duration::from_millis(30));
-        cache.insert([1; 32], 5);
-        assert_eq!(cache.get(&[1; 32]), Some(5));
-        assert_eq!(cache.get(&[2; 32]), None);
-        std::thread::sleep(Duration::from_millis(40));
-        assert_eq!(cache.get(&[1; 32]), None);
+    fn one_callers_denials_never_push_out_anothers_decisions() {
+        let now = Instant::now();
+        let mut decisions: VerdictCache<()> =
+            VerdictCache::new(Duration::from_secs(10), MAX_ENTRIES, MAX_REFUSED);
+        let alice = access_key(&token_key("alice"), &Access::of(Operation::Exec, "ns", "s"));
+        decisions.accept(alice, (), now);
+        let mallory = token_key("mallory");
+        for n in 0..MAX_ENTRIES {
+            let name = format!("random-{n}");
+            let key = access_key(&mallory, &Access::of(Operation::Exec, "ns", &name));
+            decisions.refuse(key, "no".into(), now);
+        }
+        assert_eq!(decisions.lookup(&alice, now), Lookup::Valid(()));
+        let (_, refused) = decisions.sizes();
+        assert!(refused <= MAX_REFUSED, "{refused}");
+    }
+
+    #[test]
+    fn a_callers_access_reviews_are_budgeted_apart_from_others() {
+        let now = Instant::now();
+        let mut budget: KeyedBuckets<String> = KeyedBuckets::new(1.0, 3.0);
+        let mallory = "mallory".to_string();
+        let spent = (0..100)
+            .filter(|_| budget.try_take(&mallory, now).is_ok())
+            .count();
+        assert_eq!(spent, 3);
+        assert!(budget.try_take(&"alice".to_string(), now).is_ok());
+        let mut off: KeyedBuckets<String> = KeyedBuckets::new(0.0, 0.0);
+        assert!((0..1000).all(|_| off.try_take(&mallory, now).is_ok()));
     }
 }

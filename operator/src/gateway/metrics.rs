@@ -2,7 +2,7 @@
 //! templates (`/v1/namespaces/{namespace}/sandboxes/{name}/exec`), so cardinality stays bounded.
 
 use prometheus::{
-    HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGauge, Opts, Registry,
+    HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGauge, IntGaugeVec, Opts, Registry,
 };
 
 use crate::runtime::metrics::HTTP_BUCKETS;
@@ -27,9 +27,12 @@ pub struct GatewayMetrics {
     /// `orchard_gateway_token_reviews_total{result}`: TokenReviews sent (`accepted`, `refused`,
     /// `failed`).
     pub token_reviews: IntCounterVec,
-    /// `orchard_gateway_throttled_total{reason}`: requests refused by a limit (`in_flight`: 503,
-    /// `token_review_budget`: 429).
+    /// `orchard_gateway_throttled_total{reason}`: requests refused by a limit (`in_flight`, `waits`:
+    /// 503; `caller_share`, `token_review_budget`, `access_review_budget`, `body_budget`: 429;
+    /// `body_timeout`: 408; `body_too_large`: 413).
     pub throttled: IntCounterVec,
+    /// `orchard_gateway_requests_in_flight{pool}`: requests holding a slot (`calls`, `waits`).
+    pub in_flight: IntGaugeVec,
     /// `orchard_gateway_open_connections`: connections being served.
     pub open_connections: IntGauge,
     /// `orchard_gateway_revoked_total`: streams and waits ended because the caller lost access.
@@ -86,9 +89,16 @@ impl GatewayMetrics {
         let throttled = IntCounterVec::new(
             Opts::new(
                 "orchard_gateway_throttled_total",
-                "Requests refused by a gateway limit: in_flight (503 Overloaded) or token_review_budget (429).",
+                "Requests refused by a gateway limit: in_flight and waits (503 Overloaded); caller_share, token_review_budget, access_review_budget and body_budget (429); body_timeout (408); body_too_large (413).",
             ),
             &["reason"],
+        )?;
+        let in_flight = IntGaugeVec::new(
+            Opts::new(
+                "orchard_gateway_requests_in_flight",
+                "Gateway requests holding a slot of their pool (calls: --gateway-max-in-flight-requests; waits: --gateway-max-waits), until their answer's head is sent.",
+            ),
+            &["pool"],
         )?;
         let open_connections = IntGauge::new(
             "orchard_gateway_open_connections",
@@ -101,6 +111,7 @@ impl GatewayMetrics {
         registry.register(Box::new(token_reviews.clone()))?;
         registry.register(Box::new(throttled.clone()))?;
         registry.register(Box::new(open_connections.clone()))?;
+        registry.register(Box::new(in_flight.clone()))?;
         registry.register(Box::new(revoked.clone()))?;
         registry.register(Box::new(requests.clone()))?;
         registry.register(Box::new(duration.clone()))?;
@@ -117,6 +128,7 @@ impl GatewayMetrics {
             agent_errors,
             token_reviews,
             throttled,
+            in_flight,
             open_connections,
             revoked,
         })

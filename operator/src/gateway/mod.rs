@@ -4,18 +4,20 @@
 //! SubjectAccessReview, heartbeats coalesced into few API writes. `docs/API.md` is the reference.
 //!
 //! Modules: [`routes`] (handlers), [`access`] (route -> RBAC attributes), [`auth`] (with
-//! [`token_cache`] and [`review_budget`]), [`revalidate`] (long calls re-check their caller),
+//! [`verdict_cache`] and [`review_budget`]), [`revalidate`] (long calls re-check their caller),
 //! [`proxy`], [`heartbeat`], [`wait`], [`lookup`], [`spec`] (create requests -> objects),
 //! [`selector`], [`errors`], [`metrics`], [`openapi`], and the server with its limits: [`server`]
 //! (header-read timeout, connection limit) and [`in_flight`] (request limit).
 
 pub mod access;
 pub mod auth;
+pub mod body;
 pub mod errors;
 pub mod heartbeat;
 pub mod in_flight;
 pub mod lookup;
 pub mod metrics;
+pub mod names;
 pub mod openapi;
 pub mod proxy;
 pub mod recent_deletes;
@@ -25,8 +27,8 @@ pub mod routes;
 pub mod selector;
 pub mod server;
 pub mod spec;
-pub mod token_cache;
 pub mod unread_body;
+pub mod verdict_cache;
 pub mod wait;
 
 use std::net::SocketAddr;
@@ -51,8 +53,9 @@ use crate::runtime::config::GatewayLimits;
 use crate::runtime::context::{Caches, Settings};
 use crate::runtime::metrics::Metrics;
 use auth::AuthSettings;
+use body::BodyLimits;
 use errors::ApiError;
-use in_flight::InFlight;
+use in_flight::{InFlight, PoolLimits};
 use metrics::GatewayMetrics;
 use orchard_api::RolloutGroup;
 use review_budget::BudgetLimits;
@@ -95,6 +98,8 @@ pub fn auth_settings(limits: &GatewayLimits) -> AuthSettings {
             per_client_rate: f64::from(limits.gateway_token_review_rate_per_client),
             per_client_burst: f64::from(limits.gateway_token_review_burst_per_client),
         },
+        access_review_rate: f64::from(limits.gateway_access_review_rate_per_caller),
+        access_review_burst: f64::from(limits.gateway_access_review_burst_per_caller),
     }
 }
 
@@ -170,7 +175,7 @@ pub fn router(state: State) -> (Router, serde_json::Value) {
     let document = openapi::document(openapi);
     let served = Arc::new(serde_json::to_vec_pretty(&document).unwrap_or_default());
     let metrics = state.metrics.clone();
-    let in_flight = InFlight::new(state.deps.limits.gateway_max_in_flight_requests, &metrics);
+    let in_flight = InFlight::new(pool_limits(&state.deps.limits), &metrics);
     let router = router
         .route(
             "/openapi.json",
@@ -225,6 +230,7 @@ pub fn state(deps: GatewayDeps) -> std::io::Result<State> {
             deps.metrics.clone(),
         ),
         proxy: proxy::AgentProxy::new(metrics.clone()),
+        bodies: body::BodyReader::new(body_limits(&deps.limits), metrics.throttled.clone()),
         metrics,
         filled: CachesFilled::default(),
         recent_deletes: recent_deletes::RecentDeletes::default(),
@@ -247,6 +253,25 @@ pub async fn serve(
     let listener = tokio::net::TcpListener::bind(addr).await?;
     tracing::info!(%addr, "gateway listening");
     server::serve_router(listener, router, connection_limits, metrics, shutdown).await
+}
+
+/// The sizes of the request pools, from the gateway's limits (pure).
+pub fn pool_limits(limits: &GatewayLimits) -> PoolLimits {
+    PoolLimits {
+        calls: limits.gateway_max_in_flight_requests,
+        waits: limits.gateway_max_waits,
+        per_caller: limits.gateway_max_in_flight_per_caller,
+    }
+}
+
+/// How authorised bodies are read, from the gateway's limits (pure). The deadline is at least one
+/// second.
+pub fn body_limits(limits: &GatewayLimits) -> BodyLimits {
+    BodyLimits {
+        max_bytes: limits.gateway_max_body_bytes,
+        read_timeout: Duration::from_secs(limits.gateway_body_read_timeout_seconds.max(1)),
+        per_caller_bytes: limits.gateway_body_bytes_per_caller,
+    }
 }
 
 /// The server's connection limits, from the gateway's limits (pure). The header-read timeout is at

@@ -1,13 +1,14 @@
 //! The budget of TokenReviews for tokens the gateway does not know (pure: every call takes `now`):
 //! token buckets, one global and one per client IP, so a flood of bogus tokens costs the API server
 //! at most `burst + rate × seconds` reviews and one noisy client cannot spend everyone's budget.
-//! Tokens the gateway has seen valid are re-reviewed outside this budget (see `token_cache`).
+//! Tokens the gateway has seen valid are re-reviewed outside this budget (see `verdict_cache`). The
+//! same keyed buckets ([`KeyedBuckets`]) budget each caller's SubjectAccessReviews (`auth`).
 
 use std::collections::HashMap;
 use std::net::IpAddr;
 use std::time::{Duration, Instant};
 
-/// Most per-client buckets kept; beyond it full (idle) buckets are dropped, then all of them.
+/// Most per-key buckets kept; beyond it full (idle) buckets are dropped, then all of them.
 const MAX_CLIENTS: usize = 16_384;
 
 /// A token bucket: holds up to `burst` tokens, refilled at `rate` per second.
@@ -62,6 +63,56 @@ impl TokenBucket {
     }
 }
 
+/// One token bucket per key (a client IP, a caller), created full on first use; when more than
+/// [`MAX_CLIENTS`] keys are held, full (idle) buckets are forgotten, then all of them.
+#[derive(Debug)]
+pub struct KeyedBuckets<K> {
+    rate: f64,
+    burst: f64,
+    buckets: HashMap<K, TokenBucket>,
+}
+
+impl<K: std::hash::Hash + Eq + Clone> KeyedBuckets<K> {
+    /// Buckets of `burst` tokens refilled at `rate` per second; a rate of 0 turns them off.
+    pub fn new(rate: f64, burst: f64) -> Self {
+        Self {
+            rate,
+            burst,
+            buckets: HashMap::new(),
+        }
+    }
+
+    /// Whether the buckets limit anything.
+    pub fn is_on(&self) -> bool {
+        self.rate > 0.0
+    }
+
+    /// Takes one token of `key`'s bucket, or says how long until one is there.
+    pub fn try_take(&mut self, key: &K, now: Instant) -> Result<(), Duration> {
+        if !self.is_on() {
+            return Ok(());
+        }
+        if !self.buckets.contains_key(key) && self.buckets.len() >= MAX_CLIENTS {
+            self.buckets.retain(|_, bucket| !bucket.is_full(now));
+            if self.buckets.len() >= MAX_CLIENTS {
+                self.buckets.clear();
+            }
+        }
+        let (rate, burst) = (self.rate, self.burst);
+        self.buckets
+            .entry(key.clone())
+            .or_insert_with(|| TokenBucket::new(rate, burst, now))
+            .try_take(now)
+    }
+
+    /// Puts back a token of `key` taken by [`KeyedBuckets::try_take`].
+    pub fn give_back(&mut self, key: &K) {
+        if let Some(bucket) = self.buckets.get_mut(key) {
+            bucket.give_back();
+        }
+    }
+}
+
 /// Rates and bursts of a [`ReviewBudget`]; a rate of 0 turns that bucket off.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct BudgetLimits {
@@ -80,7 +131,7 @@ pub struct BudgetLimits {
 pub struct ReviewBudget {
     limits: BudgetLimits,
     global: TokenBucket,
-    clients: HashMap<IpAddr, TokenBucket>,
+    clients: KeyedBuckets<IpAddr>,
 }
 
 impl ReviewBudget {
@@ -89,43 +140,24 @@ impl ReviewBudget {
         Self {
             limits,
             global: TokenBucket::new(limits.rate, limits.burst, now),
-            clients: HashMap::new(),
+            clients: KeyedBuckets::new(limits.per_client_rate, limits.per_client_burst),
         }
     }
 
     /// Spends one review for `client` (unknown when the peer address is not known), or says how long
     /// until one may be spent. A review refused by either bucket spends nothing.
     pub fn try_spend(&mut self, client: Option<IpAddr>, now: Instant) -> Result<(), Duration> {
-        let per_client = match client.filter(|_| self.limits.per_client_rate > 0.0) {
-            Some(ip) => {
-                self.forget_quiet_clients(now);
-                let limits = self.limits;
-                let bucket = self.clients.entry(ip).or_insert_with(|| {
-                    TokenBucket::new(limits.per_client_rate, limits.per_client_burst, now)
-                });
-                bucket.try_take(now)?;
-                Some(ip)
-            }
-            None => None,
-        };
+        if let Some(ip) = &client {
+            self.clients.try_take(ip, now)?;
+        }
         if self.limits.rate <= 0.0 {
             return Ok(());
         }
         self.global.try_take(now).inspect_err(|_| {
-            if let Some(bucket) = per_client.and_then(|ip| self.clients.get_mut(&ip)) {
-                bucket.give_back();
+            if let Some(ip) = &client {
+                self.clients.give_back(ip);
             }
         })
-    }
-
-    fn forget_quiet_clients(&mut self, now: Instant) {
-        if self.clients.len() < MAX_CLIENTS {
-            return;
-        }
-        self.clients.retain(|_, bucket| !bucket.is_full(now));
-        if self.clients.len() >= MAX_CLIENTS {
-            self.clients.clear();
-        }
     }
 }
 

@@ -295,6 +295,42 @@ pub struct GatewayLimits {
     )]
     pub gateway_max_in_flight_requests: usize,
 
+    /// Most `.../wait` requests handled at once: waits have a pool of their own, so callers waiting for sandboxes and groups never take the slots of other calls; more are refused with 503 `Overloaded` and `Retry-After`.
+    #[arg(long, env = "ORCHARD_GATEWAY_MAX_WAITS", default_value_t = 1024)]
+    pub gateway_max_waits: usize,
+
+    /// Most requests one caller (an authenticated user or ServiceAccount) may have in flight in each pool (waits, and everything else); beyond it that caller gets 429 `TooManyRequests` with `Retry-After` while others are still served.
+    #[arg(
+        long,
+        env = "ORCHARD_GATEWAY_MAX_IN_FLIGHT_PER_CALLER",
+        default_value_t = 768
+    )]
+    pub gateway_max_in_flight_per_caller: usize,
+
+    /// Largest request body the gateway reads itself (create and result requests), in bytes; larger ones are refused with 413 before they are read. Bodies of calls proxied to agents are streamed, not read.
+    #[arg(
+        long,
+        env = "ORCHARD_GATEWAY_MAX_BODY_BYTES",
+        default_value_t = 1_048_576
+    )]
+    pub gateway_max_body_bytes: usize,
+
+    /// Seconds an authorised caller has to send a whole request body the gateway reads itself; a slower body is answered 408 and its connection closed. Bodies are read only after the caller is authenticated and authorised.
+    #[arg(
+        long,
+        env = "ORCHARD_GATEWAY_BODY_READ_TIMEOUT_SECONDS",
+        default_value_t = 30
+    )]
+    pub gateway_body_read_timeout_seconds: u64,
+
+    /// Bytes of request bodies one caller may have being read at once (counted by their announced length); beyond it that caller gets 429 `TooManyRequests`.
+    #[arg(
+        long,
+        env = "ORCHARD_GATEWAY_BODY_BYTES_PER_CALLER",
+        default_value_t = 8_388_608
+    )]
+    pub gateway_body_bytes_per_caller: usize,
+
     /// Seconds a TokenReview or SubjectAccessReview decision is reused; streams and waits re-check their caller at least this often.
     #[arg(
         long,
@@ -326,6 +362,22 @@ pub struct GatewayLimits {
         default_value_t = 10
     )]
     pub gateway_token_review_burst_per_client: u32,
+
+    /// SubjectAccessReviews per second one caller may cause by asking about objects whose decision is not cached (0 = unlimited); beyond it that caller gets 429 with `Retry-After`.
+    #[arg(
+        long,
+        env = "ORCHARD_GATEWAY_ACCESS_REVIEW_RATE_PER_CALLER",
+        default_value_t = 50
+    )]
+    pub gateway_access_review_rate_per_caller: u32,
+
+    /// Burst of one caller's SubjectAccessReviews.
+    #[arg(
+        long,
+        env = "ORCHARD_GATEWAY_ACCESS_REVIEW_BURST_PER_CALLER",
+        default_value_t = 200
+    )]
+    pub gateway_access_review_burst_per_caller: u32,
 
     /// Audiences (comma-separated) the gateway asks TokenReview for; a token is accepted only if the API server confirms one of them. Empty: no audience is sent, so tokens for the API server itself (default ServiceAccount tokens) are accepted.
     #[arg(long, env = "ORCHARD_GATEWAY_TOKEN_AUDIENCES", default_value = "")]

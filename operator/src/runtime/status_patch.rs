@@ -44,6 +44,17 @@ pub fn status_member_patch(uid: &str, member: &str, value: Value) -> Patch {
     ])
 }
 
+/// The patch that appends `condition` to `status.conditions` of the object with `uid`.
+pub fn append_condition_patch(uid: &str, condition: Value) -> Patch {
+    Patch(vec![
+        uid_test(uid),
+        add(
+            PointerBuf::from_tokens(["status", "conditions", "-"]),
+            condition,
+        ),
+    ])
+}
+
 /// The `test` that makes a patch apply only to the object with `uid`.
 pub fn uid_test(uid: &str) -> PatchOperation {
     PatchOperation::Test(TestOperation {

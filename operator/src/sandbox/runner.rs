@@ -38,6 +38,87 @@ fn result_patch(uid: &str, result: &TrajectoryResult) -> Option<json_patch::Patc
     Some(status_member_patch(uid, "result", value))
 }
 
+/// Condition of a sandbox whose run's own result lost to one recorded before it.
+pub const RESULT_PREEMPTED: &str = "ResultPreempted";
+
+/// A run given up before its result (see [`drive`]): if that is because a result was recorded
+/// meanwhile, the run was preempted, and says so.
+async fn abandoned(ctx: &Context, key: &ObjectRef<Sandbox>, uid: &str) {
+    let Some(sandbox) = ctx.caches.sandboxes.get(key) else {
+        return;
+    };
+    if sandbox.uid().as_deref() != Some(uid) || sandbox.meta().deletion_timestamp.is_some() {
+        return;
+    }
+    if let Some(recorded) = sandbox.status.as_ref().and_then(|s| s.result.as_ref()) {
+        preempted(ctx, &sandbox, recorded, None).await;
+    }
+}
+
+/// The run's own result (`None`: the run was given up when the other appeared) lost to `recorded`,
+/// written first by someone allowed to patch the sandbox's status (the gateway refuses results of
+/// run-driven sandboxes): never silently. It is logged, counted
+/// (`orchard_trajectory_runs_total{outcome="Preempted"}`), published as a Warning event and set as
+/// the condition [`RESULT_PREEMPTED`], which later status writes keep.
+async fn preempted(
+    ctx: &Context,
+    sandbox: &Sandbox,
+    recorded: &TrajectoryResult,
+    result: Option<&TrajectoryResult>,
+) {
+    let show = |r: &TrajectoryResult| serde_json::to_string(r).unwrap_or_default();
+    let message = match result {
+        Some(result) => format!(
+            "a result was recorded before the run's own, which was not recorded (status.result is write-once): recorded {}, the run's {}",
+            show(recorded),
+            show(result)
+        ),
+        None => format!(
+            "a result was recorded while the run was in progress, so the run was given up and its own result was never recorded (status.result is write-once): recorded {}",
+            show(recorded)
+        ),
+    };
+    warn!(sandbox = %sandbox.name_any(), recorded = %show(recorded), run = %result.map(show).unwrap_or_default(), "the run's result was preempted by a result recorded first");
+    ctx.metrics
+        .trajectory_runs
+        .with_label_values(&["Preempted"])
+        .inc();
+    crate::runtime::events::publish(
+        ctx,
+        sandbox,
+        kube::runtime::events::EventType::Warning,
+        RESULT_PREEMPTED,
+        message.clone(),
+    )
+    .await;
+    let uid = sandbox.uid().unwrap_or_default();
+    let condition = serde_json::json!({
+        "type": RESULT_PREEMPTED,
+        "status": "True",
+        "reason": RESULT_PREEMPTED,
+        "message": message,
+        "lastTransitionTime": super::expiry::floor_to_second(Timestamp::now()).to_string(),
+    });
+    let patch = crate::runtime::status_patch::append_condition_patch(&uid, condition);
+    let api: Api<Sandbox> = Api::namespaced(
+        ctx.client.clone(),
+        sandbox.namespace().as_deref().unwrap_or_default(),
+    );
+    match api
+        .patch_status(
+            &sandbox.name_any(),
+            &PatchParams::default(),
+            &Patch::Json::<()>(patch),
+        )
+        .await
+    {
+        Ok(_) => ctx.metrics.api_write("sandboxes/status", "patch"),
+        Err(err) => {
+            warn!(sandbox = %sandbox.name_any(), %err, "cannot set the ResultPreempted condition")
+        }
+    }
+}
+
 /// Id of the run's background process inside the agent.
 pub const RUN_PROCESS_ID: &str = "orchard-run";
 
@@ -150,8 +231,9 @@ pub fn ensure_runner(ctx: &Arc<Context>, sandbox: &Sandbox) {
         // Only during this replica's term: a step-down stops the waits and aborts the result write;
         // the new leader adopts the run (its start request gets 409 and waits on the same process).
         let term = ctx.leadership.while_leader(async {
-            if let Some(result) = drive(&ctx, &key, &uid, ready, &run).await {
-                record(&ctx, &key, &uid, &result).await;
+            match drive(&ctx, &key, &uid, ready, &run).await {
+                Some(result) => record(&ctx, &key, &uid, &result).await,
+                None => abandoned(&ctx, &key, &uid).await,
             }
         });
         if term.await.is_none() {
@@ -294,12 +376,24 @@ async fn record(ctx: &Context, key: &ObjectRef<Sandbox>, uid: &str, result: &Tra
                 info!(sandbox = %key, status = status_label(result), reason = result.reason.as_deref().unwrap_or(""), "trajectory result recorded");
                 return;
             }
-            Err(kube::Error::Api(status))
-                if status.is_not_found() || status.code == 422 || status.is_conflict() =>
-            {
-                // Gone, replaced by a new sandbox of the same name (the UID test failed), or a result
-                // was recorded first (the CRD makes status.result write-once).
-                return;
+            Err(kube::Error::Api(status)) if status.is_not_found() => return,
+            Err(kube::Error::Api(status)) if status.code == 422 || status.is_conflict() => {
+                // Replaced by a new sandbox of the same name (the UID test failed), or a result was
+                // recorded first (the CRD makes status.result write-once): see which.
+                match api.get_opt(&key.name).await {
+                    Ok(Some(current)) if current.uid().as_deref() == Some(uid) => {
+                        let recorded = current.status.as_ref().and_then(|s| s.result.as_ref());
+                        if let Some(recorded) = recorded.filter(|r| *r != result) {
+                            preempted(ctx, &current, recorded, Some(result)).await;
+                        }
+                        return;
+                    }
+                    Ok(_) => return,
+                    Err(err) => {
+                        warn!(sandbox = %key, %err, "cannot read the sandbox after its result was refused; retrying");
+                        retry.wait().await;
+                    }
+                }
             }
             Err(err) => {
                 warn!(sandbox = %key, %err, "cannot record the trajectory result; retrying");

@@ -27,6 +27,28 @@ pub mod condition {
     pub const EXPIRED: &str = "Expired";
 }
 
+/// Conditions the status computation does not derive but keeps once set: the trajectory runner sets
+/// `ResultPreempted` when its result lost to one recorded first, an event nothing observed later
+/// can undo.
+const KEPT_CONDITIONS: &[&str] = &[crate::sandbox::runner::RESULT_PREEMPTED];
+
+/// [`conditions::merge`], keeping the previous [`KEPT_CONDITIONS`] as they were.
+fn merge_conditions(
+    previous: &[k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition],
+    desired: Vec<Desired>,
+    generation: Option<i64>,
+    now: Timestamp,
+) -> Vec<k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition> {
+    let mut merged = conditions::merge(previous, desired, generation, now);
+    merged.extend(
+        previous
+            .iter()
+            .filter(|c| KEPT_CONDITIONS.contains(&c.type_.as_str()))
+            .cloned(),
+    );
+    merged
+}
+
 /// Container waiting reasons that mean the container will not start without outside help.
 const START_FAILURES: &[&str] = &[
     "ErrImagePull",
@@ -373,7 +395,7 @@ fn failed_status(
     let previous = sandbox.status.clone().unwrap_or_default();
     let scheduled = conditions::is_true(&previous.conditions, condition::SCHEDULED);
     status.phase = Some(SandboxPhase::Failed);
-    status.conditions = conditions::merge(
+    status.conditions = merge_conditions(
         &previous.conditions,
         vec![
             Desired::new(
@@ -608,7 +630,7 @@ pub fn desired_status(sandbox: &Sandbox, observed: &Observed) -> SandboxStatus {
     } else {
         (agent_reason, agent_message.clone())
     };
-    status.conditions = conditions::merge(
+    status.conditions = merge_conditions(
         &previous.conditions,
         vec![
             Desired::new(
@@ -683,7 +705,7 @@ pub fn expired_status(sandbox: &Sandbox, cause: &str, now: Timestamp) -> Sandbox
     let mut status = sandbox.status.clone().unwrap_or_default();
     status.phase = Some(SandboxPhase::Expired);
     let message = format!("the {cause} deadline passed; the sandbox is being deleted");
-    status.conditions = conditions::merge(
+    status.conditions = merge_conditions(
         &status.conditions,
         vec![
             Desired::new(condition::SCHEDULED, true, "Scheduled", ""),
@@ -709,6 +731,7 @@ mod tests {
         ContainerState, ContainerStateTerminated, ContainerStateWaiting, EnvVar, PodCondition,
         PodSpec, PodStatus,
     };
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
     use orchard_api::{HEARTBEAT_ANNOTATION, SandboxSpec, TrajectoryResult, TrajectoryStatus};
     use std::collections::BTreeMap;
 
@@ -841,6 +864,36 @@ mod tests {
         assert_eq!(status.expires_at, Some(Time(t("2026-01-01T01:00:02Z"))));
         assert!(conditions::is_true(&status.conditions, "Ready"));
         assert!(conditions::is_true(&status.conditions, "AgentReady"));
+    }
+
+    #[test]
+    fn a_preempted_result_stays_said_through_later_statuses() {
+        let p = pod(Some("node-1"), Some("10.0.0.7"), true);
+        let mut s = sandbox();
+        let mut ready = desired_status(&s, &observed(Some(&p), "2026-01-01T00:00:02Z"));
+        let preempted = Condition {
+            type_: crate::sandbox::runner::RESULT_PREEMPTED.into(),
+            status: "True".into(),
+            reason: "ResultPreempted".into(),
+            message: "recorded {...}".into(),
+            observed_generation: None,
+            last_transition_time: Time(t("2026-01-01T00:00:09Z")),
+        };
+        ready.conditions.push(preempted.clone());
+        s.status = Some(ready);
+        let again = desired_status(&s, &observed(Some(&p), "2026-01-01T00:05:00Z"));
+        assert_eq!(Some(&again), s.status.as_ref(), "kept, and no write");
+        let failed = desired_status(
+            &s,
+            &Observed {
+                pod_gone: true,
+                ..observed(None, "2026-01-01T00:06:00Z")
+            },
+        );
+        assert_eq!(failed.phase, Some(SandboxPhase::Failed));
+        assert!(failed.conditions.contains(&preempted));
+        let expired = expired_status(&s, "TTL", t("2026-01-01T00:07:00Z"));
+        assert!(expired.conditions.contains(&preempted));
     }
 
     #[test]

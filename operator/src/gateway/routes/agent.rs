@@ -32,6 +32,7 @@ use super::{ObjectPath, State};
 use crate::gateway::access::{Access, Operation};
 use crate::gateway::errors::{ApiError, ErrorBody};
 use crate::gateway::lookup::find_sandbox;
+use crate::gateway::names::{check_name, check_namespace};
 use crate::gateway::proxy::{Target, answer_timeout};
 use crate::gateway::revalidate::Guard;
 
@@ -675,6 +676,8 @@ async fn proxy(
             .ok_or_else(|| ApiError::internal(format!("route {} has no {{{key}}}", route.path)))
     };
     let (namespace, name) = (param("namespace")?, param("name")?);
+    check_namespace(namespace)?;
+    check_name(name)?;
     let (parts, body) = request.into_parts();
     let access = Access::of(route.operation, namespace, name);
     state.auth.authorize(&parts.headers, &access).await?;

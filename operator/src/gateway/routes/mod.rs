@@ -25,10 +25,12 @@ use utoipa::IntoParams;
 use super::GatewayDeps;
 use super::access::{Access, Operation};
 use super::auth::{Authorizer, Identity};
+use super::body::BodyReader;
 use super::errors::ApiError;
 use super::heartbeat::Heartbeats;
 use super::lookup::{agent_access, find, own_pod};
 use super::metrics::GatewayMetrics;
+use super::names::{check_name, check_namespace};
 use super::proxy::AgentProxy;
 use super::recent_deletes::RecentDeletes;
 use crate::runtime::writes::Child;
@@ -83,6 +85,8 @@ pub struct GatewayState {
     pub filled: CachesFilled,
     /// Objects this replica deleted that its caches may still show.
     pub recent_deletes: RecentDeletes,
+    /// Reads the bodies of authorised create and result requests.
+    pub bodies: BodyReader,
 }
 
 /// Shared state of the router.
@@ -158,18 +162,38 @@ impl GatewayState {
     }
 }
 
-/// What a lifecycle route starts from: the gateway's state, its path parameters (`P`) and the
-/// caller's headers (to authorise with).
+/// What a lifecycle route starts from: the gateway's state, its path parameters (`P`, their names
+/// checked: see [`names`](super::names)) and the caller's headers (to authorise with).
 pub struct Call<P>(pub State, pub P, pub HeaderMap);
 
-impl<P: DeserializeOwned + Send> FromRequestParts<State> for Call<P> {
+impl<P: DeserializeOwned + Send + PathNames> FromRequestParts<State> for Call<P> {
     type Rejection = Response;
 
     async fn from_request_parts(parts: &mut Parts, state: &State) -> Result<Self, Self::Rejection> {
         let Path(path) = Path::<P>::from_request_parts(parts, state)
             .await
             .map_err(IntoResponse::into_response)?;
+        path.check_names().map_err(IntoResponse::into_response)?;
         Ok(Self(state.clone(), path, parts.headers.clone()))
+    }
+}
+
+/// Path parameters that name a namespace and maybe an object.
+pub trait PathNames {
+    /// 400 unless every name is one Kubernetes could hold.
+    fn check_names(&self) -> Result<(), ApiError>;
+}
+
+impl PathNames for NamespacePath {
+    fn check_names(&self) -> Result<(), ApiError> {
+        check_namespace(&self.namespace)
+    }
+}
+
+impl PathNames for ObjectPath {
+    fn check_names(&self) -> Result<(), ApiError> {
+        check_namespace(&self.namespace)?;
+        check_name(&self.name)
     }
 }
 
@@ -218,16 +242,24 @@ pub fn query<T: Default>(
         .map_err(|err| ApiError::bad_request(format!("invalid query string: {}", err.body_text())))
 }
 
+impl GatewayState {
+    /// The JSON object body of an authorised `caller`'s request (see [`BodyReader::read`]).
+    pub async fn json_body(
+        &self,
+        caller: &Identity,
+        headers: &HeaderMap,
+        body: axum::body::Body,
+    ) -> Result<Value, ApiError> {
+        let bytes = self.bodies.read(&caller.username, headers, body).await?;
+        json_value(&bytes)
+    }
+}
+
 /// Parses a JSON request body (400 with serde's message otherwise).
-pub fn json_body<T: DeserializeOwned>(body: &Bytes) -> Result<T, ApiError> {
+pub fn json_value(body: &Bytes) -> Result<Value, ApiError> {
     if body.is_empty() {
         return Err(ApiError::bad_request("the request needs a JSON body"));
     }
     serde_json::from_slice(body)
         .map_err(|err| ApiError::bad_request(format!("invalid JSON body: {err}")))
-}
-
-/// A JSON object body as a value.
-pub fn json_value(body: &Bytes) -> Result<Value, ApiError> {
-    json_body(body)
 }

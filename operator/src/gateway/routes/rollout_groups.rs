@@ -1,7 +1,7 @@
 //! RolloutGroup routes: create (returns at once), list and get (watch cache), delete, and wait until
 //! the group is recorded (`Complete`) or `Failed`, driven by the watch.
 
-use axum::body::Bytes;
+use axum::body::Body;
 use axum::extract::Query;
 use axum::extract::rejection::QueryRejection;
 use axum::http::StatusCode;
@@ -9,7 +9,7 @@ use axum::response::Response;
 
 use super::objects;
 use super::sandboxes::wait_timeout;
-use super::{Call, ListQuery, NamespacePath, ObjectPath, WaitQuery, json_value, query};
+use super::{Call, ListQuery, NamespacePath, ObjectPath, WaitQuery, query};
 use crate::gateway::access::{Access, Operation};
 use crate::gateway::errors::{ApiError, ErrorBody, json_response};
 use crate::gateway::lookup::{condition_true, group_phase_name};
@@ -39,13 +39,13 @@ use orchard_api::{RolloutGroup, RolloutPhase};
 )]
 pub async fn create_group(
     Call(state, path, headers): Call<NamespacePath>,
-    body: Bytes,
+    body: Body,
 ) -> Result<Response, ApiError> {
     let identity = state
         .authorize(&headers, Operation::CreateRolloutGroup, &path.namespace, "")
         .await?;
-    let group =
-        rollout_group_from_request(&path.namespace, json_value(&body)?, &identity.username)?;
+    let request = state.json_body(&identity, &headers, body).await?;
+    let group = rollout_group_from_request(&path.namespace, request, &identity.username)?;
     objects::create(&state, &path.namespace, &group, &identity.username).await
 }
 

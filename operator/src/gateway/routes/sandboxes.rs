@@ -3,7 +3,7 @@
 //! the agent's address and token for direct calls.
 
 use axum::Json;
-use axum::body::Bytes;
+use axum::body::Body;
 use axum::extract::Query;
 use axum::extract::rejection::QueryRejection;
 use axum::http::StatusCode;
@@ -13,9 +13,7 @@ use kube::api::{Api, Patch, PatchParams};
 use serde_json::{Value, json};
 
 use super::objects;
-use super::{
-    Call, ListQuery, NamespacePath, ObjectPath, State, WaitQuery, json_body, json_value, query,
-};
+use super::{Call, ListQuery, NamespacePath, ObjectPath, State, WaitQuery, query};
 use crate::gateway::GATEWAY_FIELD_MANAGER;
 use crate::gateway::access::{Access, Operation};
 use crate::gateway::errors::{ApiError, ErrorBody, from_kube, json_response};
@@ -52,12 +50,13 @@ fn api(state: &State, namespace: &str) -> Api<Sandbox> {
 )]
 pub async fn create_sandbox(
     Call(state, path, headers): Call<NamespacePath>,
-    body: Bytes,
+    body: Body,
 ) -> Result<Response, ApiError> {
     let identity = state
         .authorize(&headers, Operation::CreateSandbox, &path.namespace, "")
         .await?;
-    let sandbox = sandbox_from_request(&path.namespace, json_value(&body)?, &identity.username)?;
+    let request = state.json_body(&identity, &headers, body).await?;
+    let sandbox = sandbox_from_request(&path.namespace, request, &identity.username)?;
     objects::create(&state, &path.namespace, &sandbox, &identity.username).await
 }
 
@@ -287,7 +286,8 @@ pub async fn agent_token(
 
 /// Checks a result the way the CRD's CEL rules will, so the caller gets a 400 naming the field.
 fn validate_result(body: &Value) -> Result<TrajectoryResult, ApiError> {
-    let result: TrajectoryResult = json_body(&Bytes::from(body.to_string()))?;
+    let result: TrajectoryResult = serde_json::from_value(body.clone())
+        .map_err(|err| ApiError::bad_request(format!("invalid JSON body: {err}")))?;
     let known = [
         "reward", "status", "length", "exitCode", "artifact", "reason", "message",
     ];
@@ -320,19 +320,22 @@ fn validate_result(body: &Value) -> Result<TrajectoryResult, ApiError> {
         (status = 401, body = ErrorBody),
         (status = 403, description = "RBAC denies `create sandboxes/result`", body = ErrorBody),
         (status = 404, body = ErrorBody),
-        (status = 409, description = "`ResultAlreadyRecorded`: a different result is recorded (write-once)", body = ErrorBody),
+        (status = 409, description = "`ResultAlreadyRecorded`: a different result is recorded (write-once); `RunDriven`: the sandbox has `spec.run`, whose result only the operator's runner records", body = ErrorBody),
     )
 )]
 pub async fn record_result(
     Call(state, path, headers): Call<ObjectPath>,
-    body: Bytes,
+    body: Body,
 ) -> Result<Response, ApiError> {
-    state
+    let identity = state
         .authorize_object(&headers, Operation::RecordResult, &path)
         .await?;
-    let value = json_value(&body)?;
+    let value = state.json_body(&identity, &headers, body).await?;
     let result = validate_result(&value)?;
     let sandbox = state.sandbox(&path).await?;
+    if sandbox.spec.run.is_some() {
+        return Err(run_driven(&path));
+    }
     let already = |recorded: &TrajectoryResult| {
         ApiError::new(
             StatusCode::CONFLICT,
@@ -394,6 +397,18 @@ pub async fn record_result(
             ),
         )),
     }
+}
+
+/// 409 `RunDriven`: the result of a sandbox with `spec.run` is the operator's runner's to record.
+fn run_driven(path: &ObjectPath) -> ApiError {
+    ApiError::new(
+        StatusCode::CONFLICT,
+        "RunDriven",
+        format!(
+            "sandbox {}/{} runs `spec.run`: its result is recorded by the operator's trajectory runner from the run's own output, and nobody else may record one; leave `run` out of the spec (or of the RolloutGroup's template) to record results yourself",
+            path.namespace, path.name
+        ),
+    )
 }
 
 #[cfg(test)]

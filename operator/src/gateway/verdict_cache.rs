@@ -1,13 +1,15 @@
-//! The cache of TokenReview results (pure: every call takes `now`). Accepted and refused tokens live
-//! in two separate bounded maps, so a flood of bogus tokens fills only the refused map and never
-//! evicts a valid caller's entry. An accepted token stays *known* after its entry expired (for
-//! [`KNOWN_FOR`]): it is reviewed again, but outside the budget for unknown tokens, so a flood cannot
-//! starve callers the gateway has already seen.
+//! The caches of the gateway's verdicts (pure: every call takes `now`): TokenReview results, and
+//! SubjectAccessReview decisions. Accepted and refused verdicts live in two separate bounded maps, so
+//! a flood of bogus tokens, or of requests for names a caller may not touch, fills only the refused
+//! map and never evicts a valid caller's entry. An accepted token stays *known* after its entry
+//! expired (for [`KNOWN_FOR`]): it is reviewed again, but outside the budget for unknown tokens, so a
+//! flood cannot starve callers the gateway has already seen.
 
 use std::collections::HashMap;
 use std::time::{Duration, Instant};
 
-/// Cache key: a SHA-256 of the token (never the token itself).
+/// Cache key: a SHA-256 of the token (never the token itself), with the decision's attributes for
+/// access decisions.
 pub type Key = [u8; 32];
 
 /// How long an accepted token stays known after its review.
@@ -28,7 +30,7 @@ pub enum Lookup<V> {
 
 /// Accepted (`V`) and refused tokens, each map bounded.
 #[derive(Debug)]
-pub struct TokenCache<V> {
+pub struct VerdictCache<V> {
     ttl: Duration,
     max_valid: usize,
     max_invalid: usize,
@@ -36,7 +38,7 @@ pub struct TokenCache<V> {
     invalid: HashMap<Key, (Instant, String)>,
 }
 
-impl<V: Clone> TokenCache<V> {
+impl<V: Clone> VerdictCache<V> {
     /// An empty cache whose entries are fresh for `ttl`, holding at most `max_valid` accepted and
     /// `max_invalid` refused tokens.
     pub fn new(ttl: Duration, max_valid: usize, max_invalid: usize) -> Self {
@@ -123,7 +125,7 @@ mod tests {
     #[test]
     fn entries_are_fresh_for_the_ttl_then_known_or_unknown() {
         let now = Instant::now();
-        let mut cache = TokenCache::new(TTL, 10, 10);
+        let mut cache = VerdictCache::new(TTL, 10, 10);
         cache.accept(key(1), "alice", now);
         cache.refuse(key(2), "bogus".into(), now);
         assert_eq!(cache.lookup(&key(1), now), Lookup::Valid("alice"));
@@ -138,7 +140,7 @@ mod tests {
     #[test]
     fn a_flood_of_refused_tokens_never_evicts_accepted_ones() {
         let now = Instant::now();
-        let mut cache = TokenCache::new(TTL, 4, 8);
+        let mut cache = VerdictCache::new(TTL, 4, 8);
         cache.accept(key(0), "alice", now);
         for n in 1..10_000 {
             cache.refuse(key(n), "bogus".into(), now);
@@ -152,7 +154,7 @@ mod tests {
     #[test]
     fn a_revoked_token_stops_being_known() {
         let now = Instant::now();
-        let mut cache = TokenCache::new(TTL, 4, 4);
+        let mut cache = VerdictCache::new(TTL, 4, 4);
         cache.accept(key(1), "alice", now);
         let later = now + TTL;
         assert_eq!(cache.lookup(&key(1), later), Lookup::Known);
@@ -167,7 +169,7 @@ mod tests {
     #[test]
     fn a_full_valid_map_drops_expired_entries_before_fresh_ones() {
         let now = Instant::now();
-        let mut cache = TokenCache::new(TTL, 3, 3);
+        let mut cache = VerdictCache::new(TTL, 3, 3);
         cache.accept(key(1), "old", now);
         let later = now + TTL + Duration::from_secs(1);
         cache.accept(key(2), "b", later);
