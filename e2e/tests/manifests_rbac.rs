@@ -106,13 +106,18 @@ fn table(rules: &[(&str, &str, &[&str])]) -> Table {
     table
 }
 
-/// Cluster-scoped rules (a ClusterRole in both modes): the gateway's reviews and the API server's
-/// addresses.
+/// Cluster-scoped rules (a ClusterRole in both modes): the gateway's reviews, the API server's
+/// addresses and the nodes' pod ranges.
 fn cluster_rules() -> Table {
     table(&[
         ("authentication.k8s.io", "tokenreviews", &["create"]),
         ("authorization.k8s.io", "subjectaccessreviews", &["create"]),
-        ("discovery.k8s.io", "endpointslices", &["get"]),
+        (
+            "discovery.k8s.io",
+            "endpointslices",
+            &["get", "list", "watch"],
+        ),
+        ("", "nodes", &["list", "watch"]),
     ])
 }
 

@@ -121,7 +121,7 @@ config/rbac/role.yaml holds the same rules (e2e/tests/manifests_rbac.rs compares
   verbs: ["get", "list", "watch", "create", "patch", "delete"]
 {{- end -}}
 
-{{/* Cluster-scoped rules: the gateway authenticates bearer tokens and authorizes each call. */}}
+{{/* Cluster-scoped rules: the gateway authenticates bearer tokens and authorizes each call; the API server's endpoints and the nodes' pod ranges are watched (cluster_ranges). */}}
 {{- define "orchard-env.clusterRules" -}}
 - apiGroups: ["authentication.k8s.io"]
   resources: ["tokenreviews"]
@@ -132,7 +132,12 @@ config/rbac/role.yaml holds the same rules (e2e/tests/manifests_rbac.rs compares
 - apiGroups: ["discovery.k8s.io"]
   resources: ["endpointslices"]
   resourceNames: ["kubernetes"]
-  verbs: ["get"]
+  verbs: ["get", "list", "watch"]
+{{- if .Values.sandboxEgress.discoverPodCidrs }}
+- apiGroups: [""]
+  resources: ["nodes"]
+  verbs: ["list", "watch"]
+{{- end }}
 {{- end -}}
 
 {{/* The release namespace: the leader-election Lease, read and renewed with PUT (never patched), and the agent-token key Secret, read at start and created by the first replica that finds none. `create` cannot be limited by resourceNames. */}}

@@ -218,7 +218,7 @@ async fn start_member(
     let name = member_name(&pool.name_any(), rand::random());
     let namespace = pool.namespace().unwrap_or_default();
     let credentials = ctx.token_key.credentials(&namespace, &name, &new_nonce());
-    let desired = member_pod(pool, &name, owner, &ctx.settings.pod, &credentials);
+    let desired = member_pod(pool, &name, owner, &ctx.pod_shape(), &credentials);
     // A random name that is taken is left alone: the next reconcile picks another.
     create_owned(
         ctx,

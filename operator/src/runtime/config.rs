@@ -136,15 +136,15 @@ pub struct SandboxDefaults {
     )]
     pub dns_pod_selector: String,
 
-    /// CIDRs (comma-separated) that `AllowAll` and `AllowList` sandboxes never reach, e.g. the cloud metadata address; empty allows them.
+    /// CIDRs (comma-separated) that `AllowAll` and `AllowList` sandboxes never reach: by default the cloud metadata addresses (AWS, GCP and Azure IMDS `169.254.169.254`, AWS IMDS over IPv6 `fd00:ec2::254`, Azure WireServer `168.63.129.16`, Alibaba Cloud `100.100.100.200`) and IPv6 link-local `fe80::/10`; empty allows them.
     #[arg(
         long,
         env = "ORCHARD_EGRESS_EXCEPT_CIDRS",
-        default_value = "169.254.169.254/32"
+        default_value = "169.254.169.254/32,fd00:ec2::254/128,168.63.129.16/32,100.100.100.200/32,fe80::/10"
     )]
     pub egress_except_cidrs: String,
 
-    /// Let `AllowAll` and `AllowList` sandboxes reach the API server's endpoints (by default they are excepted: the operator reads them from the `default/kubernetes` EndpointSlice at start).
+    /// Let `AllowAll` and `AllowList` sandboxes reach the API server's endpoints (by default they are excepted: the operator watches the `default/kubernetes` EndpointSlice and rewrites the policies when they change).
     #[arg(long, env = "ORCHARD_EGRESS_ALLOW_API_SERVER", default_value_t = false)]
     pub egress_allow_api_server: bool,
 
@@ -160,6 +160,15 @@ pub struct SandboxDefaults {
     /// Pod address ranges of the cluster (comma-separated). With them, `AllowAll` reaches pods only through a namespace selector that leaves out the operator's namespace, and `AllowList` CIDRs never cover pods; without them, enforcers that match IP blocks against pod addresses let `AllowAll` reach the operator's pods.
     #[arg(long, env = "ORCHARD_CLUSTER_POD_CIDRS", default_value = "")]
     pub cluster_pod_cidrs: String,
+
+    /// Read the cluster's pod ranges from the nodes (`spec.podCIDRs`, kept current with a watch; needs `list` and `watch` on nodes) and except them from `AllowAll`'s IP blocks like `--cluster-pod-cidrs`. Clusters whose IPAM does not set node pod ranges (Calico, Cilium cluster-pool) need `--cluster-pod-cidrs`.
+    #[arg(
+        long,
+        env = "ORCHARD_DISCOVER_POD_CIDRS",
+        default_value_t = true,
+        action = clap::ArgAction::Set
+    )]
+    pub discover_pod_cidrs: bool,
 
     /// Let `AllowAll` sandboxes reach pods in the operator's namespace.
     #[arg(

@@ -12,6 +12,7 @@ use kube::Client;
 use kube::runtime::controller::Action;
 use kube::runtime::events::{Recorder, Reporter};
 use kube::runtime::reflector::Store;
+use tokio::sync::watch;
 
 use crate::pool::book::PoolBook;
 use crate::queue::book::QueueBook;
@@ -25,6 +26,7 @@ use crate::runtime::reconcile_slots::ReconcileSlots;
 use crate::sandbox::agent_client::AgentClient;
 use crate::sandbox::build::{PodShape, PolicyShape};
 use crate::sandbox::cidr::Cidr;
+use crate::sandbox::cluster_ranges::{ClusterRanges, Watched};
 use crate::sandbox::placement::Placement;
 use crate::sandbox::policy_canary::PolicyCanaries;
 use crate::sandbox::runner::Runners;
@@ -57,6 +59,63 @@ pub struct Settings {
     pub rollout_concurrency: u16,
     /// Which placement fields sandboxes may set.
     pub placement: Placement,
+    /// How the cluster's own ranges ([`ClusterRanges`]) enter policies and pods.
+    pub ranges: RangeUse,
+}
+
+/// How the cluster's own ranges, observed while the operator runs, enter policies and pods.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RangeUse {
+    /// The API server's endpoints are excepted from `AllowAll` and `AllowList` (not
+    /// `--egress-allow-api-server`).
+    pub protect_api_server: bool,
+    /// New sandboxes' agents wait until their policies deny the canaries
+    /// (`--await-policy-enforcement`).
+    pub await_enforcement: bool,
+    /// The nodes' pod ranges are excepted from `AllowAll`'s IP blocks (`--discover-pod-cidrs`, and
+    /// not `--egress-allow-operator-namespace`).
+    pub protect_pod_cidrs: bool,
+}
+
+impl RangeUse {
+    /// What the operator must observe for this use.
+    pub fn watched(&self) -> Watched {
+        Watched {
+            api_server: self.protect_api_server || self.await_enforcement,
+            nodes: self.protect_pod_cidrs,
+        }
+    }
+}
+
+impl Settings {
+    /// The inputs of the NetworkPolicies with the cluster's current `ranges` (pure).
+    pub fn policy_shape(&self, ranges: &ClusterRanges) -> PolicyShape {
+        let mut shape = self.policy.clone();
+        if self.ranges.protect_api_server {
+            shape
+                .protected_cidrs
+                .extend(ranges.api_server.iter().cloned());
+        }
+        if self.ranges.protect_pod_cidrs {
+            shape
+                .protected_cidrs
+                .extend(ranges.pod_cidrs.iter().cloned());
+        }
+        shape
+    }
+
+    /// The shape of new sandbox pods with the cluster's current `ranges` (pure): the canaries are
+    /// the API server's endpoints that answered the operator.
+    pub fn pod_shape(&self, ranges: &ClusterRanges) -> PodShape {
+        let mut shape = self.pod.clone();
+        if self.ranges.await_enforcement {
+            shape.policy_canaries = PolicyCanaries {
+                addresses: ranges.live_canaries.clone(),
+                denied_to_open_egress: self.ranges.protect_api_server,
+            };
+        }
+        shape
+    }
 }
 
 /// A comma-separated CIDR list of flag `flag` (empty: none).
@@ -106,7 +165,7 @@ impl Settings {
                     .filter(|s| !s.is_empty()),
                 termination_grace_seconds: defaults.termination_grace_seconds,
                 default_security_profile: defaults.default_security_profile,
-                // Filled at start from the API server's endpoints (`--await-policy-enforcement`).
+                // From the API server's endpoints while the operator runs (`Settings::pod_shape`).
                 policy_canaries: PolicyCanaries::default(),
             },
             policy: PolicyShape {
@@ -139,6 +198,12 @@ impl Settings {
             sandbox_concurrency: args.controller.sandbox_concurrency,
             rollout_concurrency: args.controller.rollout_concurrency,
             placement: Placement::from_policy(&args.placement),
+            ranges: RangeUse {
+                protect_api_server: !defaults.egress_allow_api_server,
+                await_enforcement: defaults.await_policy_enforcement,
+                protect_pod_cidrs: defaults.discover_pod_cidrs
+                    && !defaults.egress_allow_operator_namespace,
+            },
         })
     }
 }
@@ -195,6 +260,8 @@ pub struct Context {
     pub pools: Arc<PoolBook>,
     /// The key every sandbox pod's agent token is derived from.
     pub token_key: Arc<TokenKey>,
+    /// The cluster's own ranges as last observed (`cluster_ranges`).
+    pub ranges: watch::Receiver<ClusterRanges>,
 }
 
 /// Async locks by key, created on first use and dropped when nobody holds or waits for them.
@@ -263,7 +330,18 @@ impl Context {
             queues: Arc::default(),
             pools: Arc::default(),
             token_key,
+            ranges: watch::channel(ClusterRanges::default()).1,
         }
+    }
+
+    /// The inputs of the NetworkPolicies now (see [`Settings::policy_shape`]).
+    pub fn policy_shape(&self) -> PolicyShape {
+        self.settings.policy_shape(&self.ranges.borrow())
+    }
+
+    /// The shape of a sandbox pod created now (see [`Settings::pod_shape`]).
+    pub fn pod_shape(&self) -> PodShape {
+        self.settings.pod_shape(&self.ranges.borrow())
     }
 
     /// Bookkeeping after `controller` reconciled the object with `uid`: forgets its failures and
@@ -322,6 +400,96 @@ mod tests {
             "orchard-operator"
         );
         assert_eq!(settings.pod.default_ephemeral_storage, None);
+    }
+
+    #[test]
+    fn by_default_open_egress_never_reaches_metadata_addresses_of_either_family() {
+        use crate::sandbox::build::desired_egress_policy;
+        use orchard_api::{EgressPolicy, NetworkSpec, SandboxSpec};
+        let args = OperatorArgs::parse_from(["orchard-operator"]);
+        let settings = Settings::from_args(&args).unwrap();
+        let mut sandbox = Sandbox::new(
+            "s",
+            SandboxSpec {
+                image: "x".into(),
+                network: Some(NetworkSpec {
+                    egress: EgressPolicy::AllowAll,
+                    ..NetworkSpec::default()
+                }),
+                ..SandboxSpec::default()
+            },
+        );
+        sandbox.metadata.namespace = Some("ns".into());
+        sandbox.metadata.uid = Some("u".into());
+        let owner = k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference {
+            api_version: "orchard.dev/v1alpha1".into(),
+            kind: "Sandbox".into(),
+            name: "s".into(),
+            uid: "u".into(),
+            controller: Some(true),
+            ..Default::default()
+        };
+        let shape = settings.policy_shape(&ClusterRanges::default());
+        let policy = desired_egress_policy(&sandbox, &owner, &shape).unwrap();
+        let text = serde_json::to_string(&policy.spec).unwrap();
+        for except in [
+            "169.254.169.254/32",
+            "fd00:ec2::254/128",
+            "168.63.129.16/32",
+            "100.100.100.200/32",
+            "fe80::/10",
+        ] {
+            assert!(
+                text.contains(&format!("\"{except}\"")),
+                "{except} in {text}"
+            );
+        }
+    }
+
+    #[test]
+    fn the_observed_ranges_join_the_configured_ones() {
+        let args = OperatorArgs::parse_from([
+            "orchard-operator",
+            "--egress-except-cidrs=10.9.9.9/32",
+            "--cluster-pod-cidrs=10.244.0.0/16",
+        ]);
+        let settings = Settings::from_args(&args).unwrap();
+        let ranges = ClusterRanges {
+            api_server: vec![Cidr::parse("10.0.0.1/32").unwrap()],
+            live_canaries: vec!["10.0.0.1:6443".parse().unwrap()],
+            dead_canaries: vec!["10.0.0.2:6443".parse().unwrap()],
+            pod_cidrs: vec![Cidr::parse("10.245.0.0/24").unwrap()],
+        };
+        let protected: Vec<String> = settings
+            .policy_shape(&ranges)
+            .protected_cidrs
+            .iter()
+            .map(ToString::to_string)
+            .collect();
+        assert_eq!(
+            protected,
+            vec![
+                "10.9.9.9/32",
+                "10.244.0.0/16",
+                "10.0.0.1/32",
+                "10.245.0.0/24"
+            ]
+        );
+        let canaries = settings.pod_shape(&ranges).policy_canaries;
+        assert_eq!(canaries.addresses, ranges.live_canaries);
+        assert!(canaries.denied_to_open_egress);
+        // Sandboxes allowed to reach the API server and the operator's namespace protect neither.
+        let open = Settings::from_args(&OperatorArgs::parse_from([
+            "orchard-operator",
+            "--egress-except-cidrs=",
+            "--egress-allow-api-server",
+            "--egress-allow-operator-namespace",
+            "--await-policy-enforcement=false",
+        ]))
+        .unwrap();
+        assert!(open.policy_shape(&ranges).protected_cidrs.is_empty());
+        assert!(open.pod_shape(&ranges).policy_canaries.addresses.is_empty());
+        assert!(!open.ranges.watched().api_server && !open.ranges.watched().nodes);
     }
 
     #[test]

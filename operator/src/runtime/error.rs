@@ -21,6 +21,10 @@ pub enum Error {
     #[error("invalid configuration: {0}")]
     Config(String),
 
+    /// Something the operator needs at start is missing or failed (a permission, the CRDs, a port).
+    #[error("cannot start: {0}")]
+    Startup(String),
+
     /// Talking to a sandbox's agent failed.
     #[error("agent of sandbox {sandbox}: {message}")]
     Agent {
@@ -51,6 +55,7 @@ impl Error {
             Self::Kube(_) => "transport",
             Self::MissingField { .. } => "missing_field",
             Self::Config(_) => "config",
+            Self::Startup(_) => "startup",
             Self::Agent { .. } => "agent",
             Self::Serialize { .. } => "serialize",
         }

@@ -32,6 +32,7 @@ use crate::runtime::metrics::Metrics;
 use crate::runtime::own_writes::{OwnWrites, child_key, namespace_scope};
 use crate::runtime::ownership::controller_uid;
 use crate::runtime::triggers::{Forward, forwarded, trigger};
+use crate::sandbox::cluster_ranges::{self, Observations};
 use crate::{rollout, sandbox};
 use orchard_api::{
     CLAIMED_FROM_LABEL, MANAGED_BY, MANAGED_BY_LABEL, POOL_LABEL, ROLLOUT_QUEUE_LABEL,
@@ -106,68 +107,40 @@ async fn termination_signal() {
     }
 }
 
-/// Reads the API server's endpoints, when needed, into `settings`: the addresses sandboxes never
-/// reach (unless --egress-allow-api-server), and the canaries their agents probe before serving
-/// (--await-policy-enforcement).
-async fn apply_api_server_endpoints(
-    client: &Client,
-    args: &OperatorArgs,
-    settings: &mut Settings,
-) -> Result<()> {
-    let protect = !args.sandbox.egress_allow_api_server;
-    let await_enforcement = args.sandbox.await_policy_enforcement;
-    if !protect && !await_enforcement {
-        return Ok(());
-    }
-    let slice = crate::sandbox::apply::api_server_endpoints(client)
+/// Reads the cluster's own ranges once, before anything is reconciled (see `cluster_ranges`), with
+/// a message naming the permission when they cannot be read.
+async fn observe_ranges(client: &Client, settings: &Settings) -> Result<Observations> {
+    let watched = settings.ranges.watched();
+    let observed = cluster_ranges::observe_once(client, watched)
         .await
         .map_err(|err| {
-            Error::Config(format!(
-                "cannot read the EndpointSlice default/kubernetes ({err}): the operator needs `get` on it to keep sandboxes away from the API server and to see their NetworkPolicies enforced (or --egress-allow-api-server and --await-policy-enforcement=false)"
+            Error::Startup(format!(
+                "cannot read the cluster's own ranges ({err}): the operator needs `get`, `list` and `watch` on the EndpointSlice default/kubernetes to keep sandboxes away from the API server and to see their NetworkPolicies enforced (or --egress-allow-api-server and --await-policy-enforcement=false), and `list` and `watch` on nodes to read their pod ranges (or --discover-pod-cidrs=false)"
             ))
         })?;
-    if protect {
-        let cidrs = slice
-            .as_ref()
-            .map(crate::sandbox::cidr::endpoint_cidrs)
-            .unwrap_or_default();
-        if cidrs.is_empty() {
-            warn!(
-                "no ready endpoint in the EndpointSlice default/kubernetes: the API server's addresses cannot be excepted from sandbox egress; add them to --egress-except-cidrs"
-            );
-        } else {
-            let shown: Vec<String> = cidrs.iter().map(ToString::to_string).collect();
-            info!(api_server = ?shown, "AllowAll and AllowList sandboxes will not reach the API server");
-            settings.policy.protected_cidrs.extend(cidrs);
-        }
+    let ranges = observed.ranges();
+    cluster_ranges::log_ranges(&ranges);
+    if watched.api_server && ranges.api_server.is_empty() {
+        warn!(
+            "no ready endpoint in the EndpointSlice default/kubernetes: the API server's addresses cannot be excepted from sandbox egress until one appears; add them to --egress-except-cidrs"
+        );
     }
-    if await_enforcement {
-        let addresses = slice
-            .as_ref()
-            .map(crate::sandbox::policy_canary::endpoint_addresses)
-            .unwrap_or_default();
-        if addresses.is_empty() {
-            warn!(
-                "no ready endpoint with a TCP port in the EndpointSlice default/kubernetes: sandboxes cannot check that their NetworkPolicies are enforced and become Ready without waiting for it"
-            );
-        } else {
-            info!(
-                canaries = ?addresses,
-                only_deny = !protect,
-                "sandboxes become Ready only once their NetworkPolicies deny them these addresses"
-            );
-            settings.pod.policy_canaries = crate::sandbox::policy_canary::PolicyCanaries {
-                addresses,
-                denied_to_open_egress: protect,
-            };
-        }
+    if settings.ranges.await_enforcement && ranges.live_canaries.is_empty() {
+        warn!(
+            "no endpoint of the EndpointSlice default/kubernetes answers the operator: sandboxes cannot check that their NetworkPolicies are enforced and become Ready without waiting for it until one does"
+        );
     }
-    Ok(())
+    if watched.nodes && ranges.pod_cidrs.is_empty() {
+        warn!(
+            "no node carries spec.podCIDRs (an IPAM that does not set them): set --cluster-pod-cidrs (Helm sandboxEgress.clusterPodCidrs) so that AllowAll sandboxes cannot reach the operator's pods through their IP blocks"
+        );
+    }
+    Ok(observed)
 }
 
 /// Runs the operator until a termination signal.
 pub async fn run(args: OperatorArgs) -> Result<()> {
-    let mut settings = Settings::from_args(&args)?;
+    let settings = Settings::from_args(&args)?;
     let identity = args
         .leader
         .identity
@@ -175,11 +148,11 @@ pub async fn run(args: OperatorArgs) -> Result<()> {
         .unwrap_or_else(default_identity);
     let config = client_config(&identity).await?;
     let client = api_client::client_builder(&config, api_client::POOL_IDLE_TIMEOUT)?.build();
-    apply_api_server_endpoints(&client, &args, &mut settings).await?;
+    let observed_ranges = observe_ranges(&client, &settings).await?;
     let token_key = super::token_key::load_or_create(&client, &args.sandbox.operator_namespace)
         .await
         .map_err(|err| {
-            Error::Config(format!(
+            Error::Startup(format!(
                 "the agent-token key (Secret {}/{}): {err}; the operator needs `get` and `create` on Secrets in its own namespace",
                 args.sandbox.operator_namespace,
                 super::token_key::TOKEN_KEY_SECRET
@@ -190,7 +163,7 @@ pub async fn run(args: OperatorArgs) -> Result<()> {
         "agent tokens are derived from this key"
     );
     let token_key = Arc::new(token_key);
-    let metrics = Metrics::new().map_err(|e| Error::Config(format!("metrics registry: {e}")))?;
+    let metrics = Metrics::new().map_err(|e| Error::Startup(format!("metrics registry: {e}")))?;
     let shutdown = CancellationToken::new();
     {
         let shutdown = shutdown.clone();
@@ -204,7 +177,7 @@ pub async fn run(args: OperatorArgs) -> Result<()> {
     let namespace = args.watch_namespace.clone();
     let sandboxes: Api<Sandbox> = scoped_api(&client, &namespace);
     if let Err(err) = sandboxes.list(&ListParams::default().limit(1)).await {
-        return Err(Error::Config(format!(
+        return Err(Error::Startup(format!(
             "cannot list sandboxes.orchard.dev ({err}); are the CRDs installed (`kubectl apply --server-side -f crds/`) and does the operator's RBAC allow it?"
         )));
     }
@@ -445,13 +418,26 @@ pub async fn run(args: OperatorArgs) -> Result<()> {
     );
     context.queues = queue_book.clone();
     context.pools = pool_book.clone();
+    // The cluster's own ranges: kept current by a watch; a change reconciles every sandbox, so each
+    // open egress policy is rewritten with the new protected addresses.
+    let (ranges_tx, ranges) = tokio::sync::watch::channel(observed_ranges.ranges());
+    let (ranges_changed_tx, ranges_changed) = tokio::sync::mpsc::channel(1);
+    context.ranges = ranges;
+    tokio::spawn(cluster_ranges::keep_current(
+        client.clone(),
+        context.settings.ranges.watched(),
+        observed_ranges,
+        ranges_tx,
+        ranges_changed_tx,
+        shutdown.clone(),
+    ));
     let ctx = Arc::new(context);
     let queue_signals = queue_book
         .take_receivers()
-        .ok_or_else(|| Error::Config("the queue signals were taken twice".into()))?;
+        .ok_or_else(|| Error::Startup("the queue signals were taken twice".into()))?;
     let pool_signals = pool_book
         .take_receivers()
-        .ok_or_else(|| Error::Config("the pool signals were taken twice".into()))?;
+        .ok_or_else(|| Error::Startup("the pool signals were taken twice".into()))?;
 
     let sandbox_controller = Controller::for_shared_stream(sandbox_trigger, sandbox_store)
         .owns_stream(pod_events)
@@ -459,6 +445,10 @@ pub async fn run(args: OperatorArgs) -> Result<()> {
         .reconcile_on(pool_signals.sandboxes)
         .with_config(controller::Config::default().concurrency(UNLIMITED))
         .reconcile_all_on(leadership.gained_stream())
+        .reconcile_all_on(futures::stream::unfold(
+            ranges_changed,
+            |mut changed| async move { changed.recv().await.map(|()| ((), changed)) },
+        ))
         .graceful_shutdown_on(shutdown.clone().cancelled_owned())
         .run(sandbox::reconcile, sandbox::error_policy, ctx.clone())
         .for_each(|_| future::ready(()));
@@ -521,13 +511,13 @@ pub async fn run(args: OperatorArgs) -> Result<()> {
     // The trajectory runs stop with the process; whoever leads next adopts them through the agent.
     ctx.runners.stop();
     if let Err(err) = admin_served {
-        return Err(Error::Config(format!(
+        return Err(Error::Startup(format!(
             "admin server on {}: {err}",
             args.metrics_listen
         )));
     }
     if let Err(err) = gateway_served {
-        return Err(Error::Config(format!(
+        return Err(Error::Startup(format!(
             "gateway on {}: {err}",
             args.gateway_listen
         )));

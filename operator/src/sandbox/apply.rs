@@ -49,7 +49,7 @@ pub async fn api_server_endpoints(
 /// Ensures the namespace baseline policy (default-deny egress, agent ingress only from the operator).
 /// One apply per namespace at a time: the others wait for it and then find it done.
 pub async fn ensure_baseline(ctx: &Context, namespace: &str) -> Result<()> {
-    let desired = baseline_policy(namespace, &ctx.settings.policy);
+    let desired = baseline_policy(namespace, &ctx.policy_shape());
     let scope = namespace_scope(namespace);
     let current = |p: &NetworkPolicy| p.spec == desired.spec;
     let cached = || {
@@ -91,7 +91,7 @@ pub async fn ensure_egress_policy(
         .caches
         .policies
         .get(&ObjectRef::new(&name).within(&namespace));
-    let desired = desired_egress_policy(sandbox, owner, &ctx.settings.policy);
+    let desired = desired_egress_policy(sandbox, owner, &ctx.policy_shape());
     if let Some(cached) = &cached {
         match existing_state((**cached).clone(), owner_of(sandbox)) {
             ChildState::Ours(_) => {}
@@ -110,7 +110,7 @@ pub async fn ensure_egress_policy(
             {
                 return Ok(ChildState::Ours(()));
             }
-            let refused = refused_allow_rules(sandbox, &ctx.settings.policy);
+            let refused = refused_allow_rules(sandbox, &ctx.policy_shape());
             if !refused.is_empty() {
                 let note = format!(
                     "egress to {} is not allowed: it lies within a range sandboxes never reach (the metadata address, the API server, the cluster's pods; operator flags --egress-except-cidrs, --egress-allow-api-server, --cluster-pod-cidrs)",

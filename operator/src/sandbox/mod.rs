@@ -2,12 +2,14 @@
 //! [`policy_canary`] of enforcement), [`status`]
 //! (pure: observed Pod -> status), [`expiry`] (pure deadline arithmetic), [`apply`] (thin I/O) and
 //! [`reconcile`] (the loop that ties them together), and the trajectory [`runner`] of `spec.run`
-//! (its pure half: [`run_result`]).
+//! (its pure half: [`run_result`]). [`cluster_ranges`] keeps the cluster's own addresses that the
+//! egress policies protect (the API server's, the nodes' pod ranges) current.
 
 pub mod agent_client;
 pub mod apply;
 pub mod build;
 pub mod cidr;
+pub mod cluster_ranges;
 pub mod expiry;
 pub mod placement;
 pub mod policy_canary;

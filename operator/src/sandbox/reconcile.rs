@@ -316,7 +316,7 @@ async fn create_own_pod(
     let credentials =
         ctx.token_key
             .credentials(&namespace, &pod_name(&sandbox.name_any()), &new_nonce());
-    let mut desired = desired_pod(sandbox, owner, &ctx.settings.pod, &credentials);
+    let mut desired = desired_pod(sandbox, owner, &ctx.pod_shape(), &credentials);
     if let Some(defaults) = defaults {
         crate::pool::template::record_defaults(&mut desired, defaults);
     }
