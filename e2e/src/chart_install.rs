@@ -67,12 +67,16 @@ pub fn split_reference(reference: &str) -> (&str, &str) {
     }
 }
 
-/// The `--set` values that point the chart at the node's images, size it for the node and tell it
-/// the node's pod range and the protected outside test host (pure).
+/// The `--set` values that point the chart at the node's images, size it for the node, tell it the
+/// protected outside test host, and let the test process (on the host, outside the cluster) and the
+/// operator reach each other through the chart's NetworkPolicy: the gateway from the host's address,
+/// the API server on its port (pure). The node's pod range is not given: the operator reads it from
+/// the Node (`sandboxEgress.discoverPodCidrs`).
 pub fn node_values(
     operator_image: &str,
     agent_image: &str,
     layout: &Layout,
+    api_port: u16,
     options: &ReleaseOptions,
 ) -> Vec<String> {
     let (repository, tag) = split_reference(operator_image);
@@ -89,14 +93,26 @@ pub fn node_values(
         ),
         format!("sandboxDefaults.cpu={REAL_NODE_DEFAULT_CPU}"),
         format!("sandboxDefaults.memory={REAL_NODE_DEFAULT_MEMORY}"),
-        format!("sandboxEgress.clusterPodCidrs={{{}}}", layout.pod_cidr()),
         format!(
-            "sandboxEgress.exceptCidrs={{169.254.169.254/32,{}/32}}",
+            "sandboxEgress.exceptCidrs={{169.254.169.254/32,fd00:ec2::254/128,168.63.129.16/32,100.100.100.200/32,fe80::/10,{}/32}}",
             layout.protected_ip
         ),
+        format!("networkPolicy.apiServer.ports={{{api_port}}}"),
     ];
     values.extend(options.values.iter().map(|(k, v)| format!("{k}={v}")));
     values
+}
+
+/// The `--set-json` values of [`node_values`]: the chart's default gateway peers (every pod but
+/// sandbox pods) and the host's address, where the test process calls the gateway from (pure).
+pub fn node_json_values(layout: &Layout) -> Vec<String> {
+    let peers = serde_json::json!([
+        {"namespaceSelector": {},
+         "podSelector": {"matchExpressions": [
+             {"key": "orchard.dev/sandbox-pod", "operator": "DoesNotExist"}]}},
+        {"ipBlock": {"cidr": format!("{}/32", layout.host_ip)}},
+    ]);
+    vec![format!("networkPolicy.gatewayFrom={peers}")]
 }
 
 impl ChartRelease {
@@ -132,13 +148,19 @@ impl ChartRelease {
         .iter()
         .map(|s| s.to_string())
         .collect();
+        let layout = &node.namespaces.layout;
         for value in node_values(
             &node.image("orchard-operator"),
             &node.image("orchard-agent"),
-            &node.namespaces.layout,
+            layout,
+            env.control_plane.api_port(),
             options,
         ) {
             args.push("--set".into());
+            args.push(value);
+        }
+        for value in node_json_values(layout) {
+            args.push("--set-json".into());
             args.push(value);
         }
         release.helm(&args).await?;
@@ -320,11 +342,27 @@ mod tests {
             "localhost:5000/orchard-operator:dev",
             "localhost:5000/orchard-agent:dev",
             &layout,
+            6443,
             &ReleaseOptions::default(),
         );
-        assert!(values.contains(&"sandboxEgress.clusterPodCidrs={10.244.3.0/24}".into()));
         assert!(
-            values.contains(&"sandboxEgress.exceptCidrs={169.254.169.254/32,10.251.3.2/32}".into())
+            !values
+                .iter()
+                .any(|v| v.starts_with("sandboxEgress.clusterPodCidrs")),
+            "the pod range is discovered from the Node"
+        );
+        assert!(values.contains(
+            &"sandboxEgress.exceptCidrs={169.254.169.254/32,fd00:ec2::254/128,168.63.129.16/32,100.100.100.200/32,fe80::/10,10.251.3.2/32}".into()
+        ));
+        assert!(values.contains(&"networkPolicy.apiServer.ports={6443}".into()));
+        let json = node_json_values(&layout);
+        assert!(
+            json[0].starts_with("networkPolicy.gatewayFrom=["),
+            "{json:?}"
+        );
+        assert!(
+            json[0].contains(&format!("{}/32", layout.host_ip)),
+            "{json:?}"
         );
         assert!(values.contains(&"image.repository=localhost:5000/orchard-operator".into()));
         assert!(values.contains(&"agentImage.tag=dev".into()));

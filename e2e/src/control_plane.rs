@@ -123,6 +123,13 @@ pub struct ControlPlane {
     controller_manager: Mutex<Option<Child>>,
 }
 
+impl ControlPlane {
+    /// The port kube-apiserver serves on.
+    pub fn api_port(&self) -> u16 {
+        self.api_port
+    }
+}
+
 fn random_hex(bytes: usize) -> String {
     (0..bytes).map(|_| format!("{:02x}", rand_byte())).collect()
 }

@@ -16,7 +16,7 @@ use kube::api::{Api, DeleteParams, PostParams};
 use kube::runtime::watcher;
 use orchard_e2e::chart_install::{ChartRelease, ReleaseOptions};
 use orchard_e2e::env::TestEnv;
-use orchard_e2e::test_support::gateway::Caller;
+use orchard_e2e::test_support::gateway::{Caller, grant};
 use orchard_e2e::test_support::rollouts::{
     GROUP_TIMEOUT, expected, group, is_complete, reward_script,
 };
@@ -1042,4 +1042,110 @@ async fn python_sdk_tests_pass_against_the_in_cluster_gateway() {
             && skipped[0].contains("only from the operator's pods"),
         "only direct mode is skipped: {skipped:?}"
     );
+}
+
+/// Whether `result` is the chart's admission policy refusing `orchard.dev/` labels.
+fn refused_by_label_policy<T: std::fmt::Debug>(result: &Result<T, kube::Error>) -> bool {
+    match result {
+        Err(kube::Error::Api(status)) => status
+            .message
+            .contains("labels under orchard.dev/ are set by the Orchard Env operator only"),
+        _ => false,
+    }
+}
+
+#[tokio::test]
+async fn only_the_operator_sets_orchard_labels_on_pods() {
+    let _operator_pods = OPERATOR_PODS.read().await;
+    let env = env();
+    release().await;
+    let ns = env.namespace("labels").await;
+    let admin = admin_at(
+        env,
+        release()
+            .await
+            .gateway_url(&env.client().await)
+            .await
+            .expect("url"),
+    );
+    // bob may create and change pods in the namespace (but not NetworkPolicies).
+    grant(
+        env,
+        &ns,
+        "bob",
+        "pod-author",
+        json!([{"apiGroups": [""], "resources": ["pods"], "verbs": ["get", "create", "patch"]}]),
+    )
+    .await;
+    let bob = env
+        .control_plane
+        .client_with_token(&env.control_plane.tokens["bob"])
+        .await
+        .expect("bob's client");
+    let pods: Api<Pod> = Api::namespaced(bob, &ns);
+    let pod = |name: &str, labels: Value| -> Pod {
+        serde_json::from_value(json!({
+            "metadata": {"name": name, "labels": labels},
+            "spec": {"containers": [{"name": "main", "image": env.node.real().image("busybox"),
+                                     "command": ["sleep", "3600"]}]},
+        }))
+        .expect("pod JSON")
+    };
+    // A sandbox whose egress bob would like to borrow, and whose pod he would take out of the
+    // default-deny baseline.
+    let created = admin
+        .create_sandbox(
+            &ns,
+            json!({"name": "victim", "image": env.node.real().image("busybox"),
+                                    "network": {"egress": "AllowAll"}}),
+        )
+        .await;
+    admin.wait_ready(&ns, &created).await;
+
+    let borrow = pods
+        .create(
+            &PostParams::default(),
+            &pod("borrower", json!({"orchard.dev/sandbox": "victim"})),
+        )
+        .await;
+    assert!(refused_by_label_policy(&borrow), "{borrow:?}");
+    let plain = pods
+        .create(
+            &PostParams::default(),
+            &pod("plain", json!({"app": "plain"})),
+        )
+        .await;
+    assert!(
+        plain.is_ok(),
+        "a pod without orchard.dev/ labels is admitted: {plain:?}"
+    );
+    let relabel = pods
+        .patch(
+            "plain",
+            &kube::api::PatchParams::default(),
+            &kube::api::Patch::Merge(
+                json!({"metadata": {"labels": {"orchard.dev/sandbox": "victim"}}}),
+            ),
+        )
+        .await;
+    assert!(refused_by_label_policy(&relabel), "{relabel:?}");
+    let escape = pods
+        .patch(
+            "victim",
+            &kube::api::PatchParams::default(),
+            &kube::api::Patch::Merge(
+                json!({"metadata": {"labels": {"orchard.dev/sandbox-pod": null}}}),
+            ),
+        )
+        .await;
+    assert!(refused_by_label_policy(&escape), "{escape:?}");
+    let unrelated = pods
+        .patch(
+            "victim",
+            &kube::api::PatchParams::default(),
+            &kube::api::Patch::Merge(json!({"metadata": {"labels": {"team": "rl"}}})),
+        )
+        .await;
+    assert!(unrelated.is_ok(), "other labels stay free: {unrelated:?}");
+    env.delete_namespace(&ns).await;
 }

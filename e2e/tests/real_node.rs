@@ -696,3 +696,81 @@ async fn mini_swe_agent_drives_a_balanced_group_on_real_containers() {
     );
     env.delete_namespace(&ns).await;
 }
+
+/// A root task in a Default sandbox tries to sniff its pod's traffic with a raw packet socket while
+/// the gateway calls its agent: it prints how opening the socket went, then how many captured packets
+/// held the agent's token (the token goes in as two halves, so its own request never holds it whole).
+fn sniffer(token: &str) -> String {
+    format!(
+        r#"import socket, sys, time
+needle = ('{first}' + '{rest}').encode()
+try:
+    s = socket.socket(socket.AF_PACKET, socket.SOCK_RAW, socket.htons(3))
+except OSError as e:
+    print('socket: refused', e.errno)
+    print('matches=0')
+    sys.exit(0)
+print('socket: open')
+s.settimeout(0.2)
+end, matches, packets = time.time() + 4, 0, 0
+while time.time() < end:
+    try:
+        data = s.recv(65535)
+    except socket.timeout:
+        continue
+    packets += 1
+    matches += needle in data
+print('packets=%d' % packets)
+print('matches=%d' % matches)
+"#,
+        first = &token[..token.len() / 2],
+        rest = &token[token.len() / 2..],
+    )
+}
+
+#[tokio::test]
+async fn root_task_code_cannot_open_raw_sockets_to_sniff_the_agent_token() {
+    let env = env();
+    let ns = env.namespace("sniff").await;
+    let admin = Caller::user(env, "admin");
+    let image = env.node.real().image("debian-python");
+    ready_sandbox(&ns, "as-root", &image, json!({})).await;
+    let token =
+        orchard_e2e::test_support::sandboxes::token_of(&env.client().await, &ns, "as-root").await;
+    // The Default profile's bounding set leaves out CAP_NET_RAW (bit 13).
+    let status = sh(&admin, &ns, "as-root", "grep CapBnd /proc/self/status").await;
+    let bounding = stdout(&status)
+        .split_whitespace()
+        .nth(1)
+        .and_then(|hex| u64::from_str_radix(hex, 16).ok())
+        .expect("CapBnd");
+    assert_eq!(bounding & (1 << 13), 0, "CAP_NET_RAW in {status}");
+    // The sniffer runs for 4 s while the gateway keeps calling the agent with the token.
+    let capture = {
+        let (admin, ns, script) = (admin.clone(), ns.clone(), sniffer(&token));
+        tokio::spawn(async move {
+            exec(
+                &admin,
+                &ns,
+                "as-root",
+                json!({"argv": ["python3", "-c", script]}),
+            )
+            .await
+        })
+    };
+    let mut calls = 0;
+    while !capture.is_finished() {
+        exec(&admin, &ns, "as-root", json!({"argv": ["true"]})).await;
+        calls += 1;
+    }
+    let capture = capture.await.expect("sniffer");
+    let out = stdout(&capture);
+    eprintln!("{calls} gateway calls during the capture; sniffer: {out}");
+    assert!(calls > 0);
+    assert!(
+        out.starts_with("socket: refused 1\n"),
+        "root task code opened a raw packet socket (EPERM expected): {capture}"
+    );
+    assert!(out.contains("matches=0"), "{capture}");
+    env.delete_namespace(&ns).await;
+}

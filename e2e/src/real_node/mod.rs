@@ -176,6 +176,7 @@ impl RealNode {
         };
         node.wait_ready(&plane.client().await?, Duration::from_secs(90))
             .await?;
+        node.set_pod_cidr(&plane.client().await?).await?;
         // kube-router needs the registered Node (its addresses): it starts once the node is Ready.
         if enforce_network_policies {
             let client = plane.client().await?;
@@ -214,6 +215,24 @@ impl RealNode {
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .push(child);
+        Ok(())
+    }
+
+    /// Records the node's pod range in `spec.podCIDRs`, as kube-controller-manager's node IPAM
+    /// (`--allocate-node-cidrs`) does in most clusters, so that the operator can discover it
+    /// (`--discover-pod-cidrs`).
+    async fn set_pod_cidr(&self, client: &Client) -> Result<()> {
+        let cidr = self.namespaces.layout.pod_cidr();
+        let nodes: Api<Node> = Api::all(client.clone());
+        nodes
+            .patch(
+                NODE_NAME,
+                &kube::api::PatchParams::default(),
+                &kube::api::Patch::Merge(serde_json::json!({
+                    "spec": {"podCIDR": cidr, "podCIDRs": [cidr]}
+                })),
+            )
+            .await?;
         Ok(())
     }
 
