@@ -4,9 +4,10 @@
 //! shed with a retryable 503; a flood of bogus tokens costs the API server at most the TokenReview
 //! budget (counted in its audit log) while a valid caller keeps being served from the cache, and
 //! concurrent first calls with one token share one review; with
-//! audiences configured only tokens issued for them are accepted; and an exec stream ends with an
-//! `AccessRevoked` event, a wait with 403 `AccessRevoked`, soon after the caller's RoleBinding is
-//! deleted.
+//! audiences configured only tokens issued for them are accepted; an exec stream ends with an
+//! `AccessRevoked` event, a wait with 403 `AccessRevoked` and a long download is cut, soon after the
+//! caller's RoleBinding is deleted; bodies of callers without access are never read, an authorised
+//! caller's slow or many bodies are bounded, and one caller's waits leave room for other callers.
 
 use std::sync::OnceLock;
 use std::time::{Duration, Instant};
@@ -505,6 +506,32 @@ async fn an_exec_stream_and_a_wait_end_soon_after_access_is_revoked() {
         })
     };
 
+    // A 64 MiB download the caller reads slowly: it outlives the caller's access.
+    let made = alice
+        .exec(
+            &ns,
+            &name,
+            json!({"argv": ["/bin/sh", "-c", "head -c 67108864 /dev/zero > big.bin"]}),
+        )
+        .await;
+    assert_eq!(made.status, 200, "{made:?}");
+    let download = alice
+        .request(
+            reqwest::Method::GET,
+            &sandbox_path(&ns, &name, "/files?path=big.bin"),
+        )
+        .send()
+        .await
+        .expect("download");
+    assert_eq!(download.status(), 200);
+    let mut download = download.bytes_stream();
+    let first = download
+        .next()
+        .await
+        .expect("the download starts")
+        .expect("chunk");
+    let mut downloaded = first.len();
+
     let response = alice
         .request(
             reqwest::Method::POST,
@@ -560,6 +587,25 @@ async fn an_exec_stream_and_a_wait_end_soon_after_access_is_revoked() {
     assert_eq!(waited.status, 403, "{waited:?}");
     assert_eq!(waited.code(), "AccessRevoked", "{waited:?}");
     eprintln!("wait ended {wait_took:?} after the RoleBinding was deleted");
+    // The download, read on now, ends before its end (the gateway sent what it had buffered).
+    let mut cut = false;
+    while let Some(chunk) = tokio::time::timeout(limit, download.next())
+        .await
+        .expect("the download ends soon after revocation")
+    {
+        match chunk {
+            Ok(chunk) => downloaded += chunk.len(),
+            Err(_) => {
+                cut = true;
+                break;
+            }
+        }
+    }
+    eprintln!("download cut after {downloaded} of 67108864 bytes");
+    assert!(
+        cut && downloaded < 67_108_864,
+        "the download went on after revocation ({downloaded} bytes, cut: {cut})"
+    );
     assert!(
         metric(&operator, "orchard_gateway_revoked_total", &[]).await >= 1.0,
         "revocation counted"

@@ -277,6 +277,10 @@ pub struct PlacementPolicy {
     /// Node label keys a sandbox may use in `spec.nodeSelector`; empty: any key except the control-plane ones.
     #[arg(long, env = "ORCHARD_ALLOWED_NODE_SELECTOR_KEYS", default_value = "")]
     pub allowed_node_selector_keys: String,
+
+    /// Secrets (comma-separated names) a sandbox may name in `spec.imagePullSecrets`; empty: none. Sandboxes are created for their authors by the operator, so without this list anyone allowed to create a Sandbox (through the gateway too) could pull with any registry Secret of the namespace.
+    #[arg(long, env = "ORCHARD_ALLOWED_IMAGE_PULL_SECRETS", default_value = "")]
+    pub allowed_image_pull_secrets: String,
 }
 
 /// Limits of the gateway: how long a client may take to send request headers, how many connections and

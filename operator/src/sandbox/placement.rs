@@ -1,12 +1,10 @@
-//! Placement allow-lists (pure): which priority class, tolerations, runtime class and node selector a
-//! Sandbox may ask for. The Pod inherits these fields as given, and the operator (not the user)
-//! creates it, so without a check anyone allowed to create a Sandbox could schedule onto control-plane
-//! nodes, tolerate every taint or preempt other workloads with a high PriorityClass. A refused spec
-//! fails the Sandbox with reason `PlacementRefused` before any of its children is created.
-//!
-//! `spec.imagePullSecrets` needs no check: Kubernetes resolves them in the Pod's namespace only,
-//! which is the Sandbox's namespace, so a Sandbox can name no Secret its creator could not name in a
-//! Pod of their own.
+//! Placement allow-lists (pure): which priority class, tolerations, runtime class, node selector and
+//! image pull Secrets a Sandbox may ask for. The Pod inherits these fields as given, and the operator
+//! (not the user) creates it, so without a check anyone allowed to create a Sandbox could schedule
+//! onto control-plane nodes, tolerate every taint, preempt other workloads with a high
+//! PriorityClass, or pull with a registry Secret of the namespace they could not name in a Pod of
+//! their own (a trainer with only `create sandboxes` through the gateway). A refused spec fails the
+//! Sandbox with reason `PlacementRefused` before any of its children is created.
 
 use std::collections::BTreeSet;
 
@@ -39,6 +37,8 @@ pub struct Placement {
     pub runtime_classes: BTreeSet<String>,
     /// Node label keys a sandbox may select on (empty: any but the control-plane ones).
     pub node_selector_keys: BTreeSet<String>,
+    /// Secrets a sandbox may name in `spec.imagePullSecrets` (empty: none).
+    pub image_pull_secrets: BTreeSet<String>,
 }
 
 /// The non-empty trimmed items of a comma-separated list.
@@ -60,6 +60,7 @@ impl Placement {
             allow_control_plane: policy.allow_control_plane_placement,
             runtime_classes: list(&policy.allowed_runtime_classes),
             node_selector_keys: list(&policy.allowed_node_selector_keys),
+            image_pull_secrets: list(&policy.allowed_image_pull_secrets),
         }
     }
 }
@@ -110,6 +111,12 @@ const NODE_SELECTOR_KEYS: Setting = Setting {
     flag: "allowed-node-selector-keys",
     env: "ORCHARD_ALLOWED_NODE_SELECTOR_KEYS",
     helm: "placement.allowedNodeSelectorKeys",
+};
+
+const IMAGE_PULL_SECRETS: Setting = Setting {
+    flag: "allowed-image-pull-secrets",
+    env: "ORCHARD_ALLOWED_IMAGE_PULL_SECRETS",
+    helm: "placement.allowedImagePullSecrets",
 };
 
 /// `a, b` of a list, or `none` when it is empty.
@@ -195,6 +202,16 @@ fn node_selector(key: &str, value: &str, placement: &Placement) -> Option<String
     })
 }
 
+/// Why image pull Secret number `index`, `name`, is refused, if it is.
+fn image_pull_secret(index: usize, name: &str, placement: &Placement) -> Option<String> {
+    (!placement.image_pull_secrets.contains(name)).then(|| {
+        format!(
+            "spec.imagePullSecrets[{index}] {name:?} is not allowed (allowed: {}); add it to {IMAGE_PULL_SECRETS}",
+            shown(&placement.image_pull_secrets)
+        )
+    })
+}
+
 /// Every reason the operator refuses the spec's placement, in field order (empty: accepted).
 pub fn refusals(spec: &SandboxSpec, placement: &Placement) -> Vec<String> {
     let priority = priority_class(spec.priority_class_name.as_deref(), placement);
@@ -208,11 +225,17 @@ pub fn refusals(spec: &SandboxSpec, placement: &Placement) -> Vec<String> {
         .node_selector
         .iter()
         .filter_map(|(k, v)| node_selector(k, v, placement));
+    let pull_secrets = spec
+        .image_pull_secrets
+        .iter()
+        .enumerate()
+        .filter_map(|(i, secret)| image_pull_secret(i, &secret.name, placement));
     priority
         .into_iter()
         .chain(tolerations)
         .chain(runtime)
         .chain(selectors)
+        .chain(pull_secrets)
         .collect()
 }
 
@@ -260,6 +283,29 @@ mod tests {
         spec.node_selector = [("pool".to_string(), "sandboxes".to_string())].into();
         spec.runtime_class_name = Some("gvisor".into());
         assert_eq!(check(&spec, &Placement::default()), Ok(()));
+    }
+
+    #[test]
+    fn image_pull_secrets_need_the_allow_list() {
+        let mut spec = spec();
+        spec.image_pull_secrets = serde_json::from_value(serde_json::json!([
+            {"name": "regcred"}, {"name": "team-registry"}
+        ]))
+        .unwrap();
+        let refused = check(&spec, &Placement::default()).unwrap_err();
+        assert!(
+            refused.contains("spec.imagePullSecrets[0] \"regcred\""),
+            "{refused}"
+        );
+        assert!(refused.contains("spec.imagePullSecrets[1] \"team-registry\""));
+        assert!(refused.contains("--allowed-image-pull-secrets"));
+        assert!(refused.contains("placement.allowedImagePullSecrets"));
+        let one = policy(|p| p.allowed_image_pull_secrets = "regcred".into());
+        let refused = check(&spec, &one).unwrap_err();
+        assert!(!refused.contains("regcred\" is"), "{refused}");
+        assert!(refused.contains("team-registry"));
+        let both = policy(|p| p.allowed_image_pull_secrets = "regcred, team-registry".into());
+        assert_eq!(check(&spec, &both), Ok(()));
     }
 
     #[test]

@@ -709,11 +709,28 @@ async fn proxy(
                 .forward(&target, parts.method, &path, &parts.headers, body, timeout),
         )
         .await?;
-    if !is_ndjson(&response) {
+    let ndjson = is_ndjson(&response);
+    if !ndjson && !is_long_download(&response) {
         return Ok(response);
     }
     let (parts, body) = response.into_parts();
-    Ok(Response::from_parts(parts, guard.stream(body, true)))
+    Ok(Response::from_parts(parts, guard.stream(body, ndjson)))
+}
+
+/// Answers shorter than this are sent whole without re-checking their caller: they are done within
+/// moments, and a check costs a task per answer.
+const REVALIDATED_BODY_BYTES: u64 = 1 << 20;
+
+/// Whether an answer may stream long enough to outlive its caller's access: a download of unknown
+/// length or of at least [`REVALIDATED_BODY_BYTES`] (cut off, like an exec stream, once access is
+/// revoked).
+fn is_long_download(response: &Response) -> bool {
+    response
+        .headers()
+        .get(axum::http::header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse::<u64>().ok())
+        .is_none_or(|length| length >= REVALIDATED_BODY_BYTES)
 }
 
 /// Whether an answer is an NDJSON event stream (`exec/stream`).
@@ -736,6 +753,23 @@ mod tests {
             .iter()
             .find(|route| route.method == method && route.path == path)
             .unwrap_or_else(|| panic!("{method:?} {path} not in the table"))
+    }
+
+    #[test]
+    fn downloads_of_unknown_or_large_length_are_re_checked() {
+        let answer = |length: Option<&str>| {
+            let mut response = Response::new(axum::body::Body::empty());
+            if let Some(length) = length {
+                response
+                    .headers_mut()
+                    .insert(axum::http::header::CONTENT_LENGTH, length.parse().unwrap());
+            }
+            response
+        };
+        assert!(is_long_download(&answer(None)), "chunked: any length");
+        assert!(is_long_download(&answer(Some("1048576"))));
+        assert!(!is_long_download(&answer(Some("1048575"))));
+        assert!(!is_long_download(&answer(Some("12"))));
     }
 
     #[test]
