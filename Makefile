@@ -75,7 +75,8 @@ fuzz-tools: ## install cargo-fuzz 0.13.2 (pinned) into ~/.cache/orchard/cargo-fu
 .PHONY: fuzz
 fuzz: fuzz-tools ## fuzz the agent (FUZZ_SECONDS per target, default 50) and run the BAR property tests with 20,000 cases
 	PATH=$(CARGO_FUZZ_ROOT)/bin:$$PATH bash agent/fuzz/run.sh $(FUZZ_SECONDS) $(FUZZ_TARGETS)
-	PROPTEST_CASES=$(BAR_PROPTEST_CASES) timeout 900 $(CARGO) test -p orchard-operator --lib -j 2 -- bar::property_tests
+	@echo "BAR properties: $(BAR_PROPTEST_CASES) cases each"
+	PROPTEST_CASES=$(BAR_PROPTEST_CASES) timeout 900 hack/selected-tests.sh 7 $(CARGO) test -p orchard-bar --lib -j 2 -- property_tests
 
 .PHONY: crds
 crds: ## regenerate crds/*.yaml from the Rust types
@@ -179,7 +180,7 @@ sdk-venv: ## create the Python SDK venv (~/.cache/orchard/sdk-venv: pinned httpx
 .PHONY: test-sdk
 test-sdk: k8s agent sdk-venv ## Python SDK tests (pytest) against the local cluster with the real operator
 	$(CARGO) build -p orchard-operator -j 2
-	ORCHARD_AGENT_BIN=$(abspath $(AGENT_BIN)) $(CARGO) test -p orchard-e2e --test python_sdk -j 2 -- --nocapture
+	ORCHARD_AGENT_BIN=$(abspath $(AGENT_BIN)) hack/selected-tests.sh 1 $(CARGO) test -p orchard-e2e --test python_sdk -j 2 -- --nocapture
 
 .PHONY: bench-gateway
 bench-gateway: k8s agent sdk-venv ## gateway vs direct exec latency (p50/p99 at concurrency 1 and 64), SDK create->Ready; writes docs/BENCHMARKS.md
@@ -318,7 +319,7 @@ obs-tools: ## build kstatus, luahealth, promtool, dashlint and promrule from pin
 
 .PHONY: obs-check
 obs-check: obs-tools ## Argo CD health checks and kstatus over the recorded objects (no cluster), then the manifests check (dashlint, promtool check/test rules)
-	$(CARGO) test -p orchard-e2e --test gitops_status -j 2 -- recorded_objects objects_without_status the_argocd_cm_patch the_health_scripts
+	hack/selected-tests.sh 4 $(CARGO) test -p orchard-e2e --test gitops_status -j 2 -- recorded_objects objects_without_status the_argocd_cm_patch the_health_scripts
 	@hack/manifests-check.sh
 
 .PHONY: argocd-cm
@@ -328,6 +329,6 @@ argocd-cm: ## regenerate config/argocd/argocd-cm-patch.yaml from config/argocd/h
 .PHONY: gitops-fixtures
 gitops-fixtures: k8s agent obs-tools ## re-record e2e/tests/fixtures/gitops/*.json from live objects on the local cluster (ORCHARD_RECORD_FIXTURES=1)
 	$(CARGO) build -p orchard-operator -j 2
-	ORCHARD_RECORD_FIXTURES=1 $(CARGO) test -p orchard-e2e --test gitops_status -j 2 -- --skip recorded_objects --skip objects_without_status
-	$(CARGO) test -p orchard-e2e --test gitops_status -j 2 -- recorded_objects objects_without_status
+	ORCHARD_RECORD_FIXTURES=1 hack/selected-tests.sh 1 $(CARGO) test -p orchard-e2e --test gitops_status -j 2 -- --skip recorded_objects --skip objects_without_status
+	hack/selected-tests.sh 2 $(CARGO) test -p orchard-e2e --test gitops_status -j 2 -- recorded_objects objects_without_status
 # --- end of GitOps and observability

@@ -276,6 +276,7 @@ proptest! {
     #[test]
     fn floats_round_trip_through_fractions(value in 0.0_f64..=1.0) {
         let fraction = Fraction::from_f64(value);
+        prop_assert!(fraction.is_ok(), "{} has no fraction: {:?}", value, fraction);
         if let Ok(fraction) = fraction {
             prop_assert_eq!(fraction.to_f64(), value);
         }

@@ -36,26 +36,44 @@ where
     }
 }
 
-/// Waits until `name` no longer exists.
+/// Waits until `name` no longer exists: gone, not replaced. An API error fails the test (it tells
+/// nothing about the object), and so does a new object under the name (a pod made again for a
+/// sandbox that should have none is a bug, not a deletion). A name that holds nothing when the wait
+/// starts counts as gone.
 pub async fn deleted<K>(api: &Api<K>, name: &str, timeout: Duration)
 where
     K: Resource + Clone + DeserializeOwned + Debug + Send + 'static,
 {
-    let Some(uid) = api
-        .get_opt(name)
-        .await
-        .ok()
-        .flatten()
-        .map(|o| o.uid().unwrap_or_default())
-    else {
+    let current = |what: &'static str| {
+        let api = api.clone();
+        async move {
+            api.get_opt(name)
+                .await
+                .unwrap_or_else(|err| panic!("cannot tell whether {name} is {what}: {err}"))
+        }
+    };
+    let Some(uid) = current("deleted").await.and_then(|o| o.uid()) else {
         return;
     };
-    let gone = kube::runtime::wait::conditions::is_deleted(&uid);
-    if tokio::time::timeout(timeout, await_condition(api.clone(), name, gone))
-        .await
-        .is_err()
+    let gone_or_replaced = {
+        let uid = uid.clone();
+        move |object: Option<&K>| object.is_none_or(|o| o.uid().as_deref() != Some(uid.as_str()))
+    };
+    match tokio::time::timeout(
+        timeout,
+        await_condition(api.clone(), name, gone_or_replaced),
+    )
+    .await
     {
-        panic!("timed out after {timeout:?} waiting for {name} to be deleted");
+        Ok(Ok(_)) => {}
+        Ok(Err(err)) => panic!("watch failed while waiting for {name} to be deleted: {err}"),
+        Err(_) => panic!("timed out after {timeout:?} waiting for {name} to be deleted"),
+    }
+    if let Some(replacement) = current("gone").await {
+        panic!(
+            "{name} (uid {uid}) was deleted but replaced by a new object under its name (uid {})",
+            replacement.uid().unwrap_or_default()
+        );
     }
 }
 

@@ -104,16 +104,28 @@ async fn every_object_reaches_its_end_state_across_operator_crashes() {
         },
     )
     .await;
-    let pod_names: Vec<String> = pods
+    let standalone = pods
         .list(&ListParams::default().labels("!orchard.dev/rollout-group"))
         .await
         .expect("pods")
-        .items
-        .iter()
-        .map(|p| p.name_any())
-        .collect();
-    let unique: BTreeSet<&String> = pod_names.iter().collect();
-    assert_eq!(unique.len(), pod_names.len(), "no duplicate pods");
+        .items;
+    let pod_names: Vec<String> = standalone.iter().map(|p| p.name_any()).collect();
+    // Each pod belongs to the sandbox of its name as it is now (no pod left over from a deleted or
+    // earlier incarnation, and none made twice for one sandbox).
+    for pod in &standalone {
+        let sandbox = api.get(&pod.name_any()).await.expect("the pod's sandbox");
+        let owner = pod
+            .owner_references()
+            .iter()
+            .find(|r| r.controller == Some(true))
+            .map(|r| r.uid.clone());
+        assert_eq!(
+            owner,
+            sandbox.uid(),
+            "pod {} is not its sandbox's",
+            pod.name_any()
+        );
+    }
     assert_eq!(
         pod_names.len(),
         survivors.len(),

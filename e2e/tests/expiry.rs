@@ -128,9 +128,14 @@ async fn a_heartbeat_annotation_postpones_expiry() {
     .await;
     let new_deadline = expires_at(&moved);
     assert!(new_deadline > first_deadline);
-    assert!(
-        Timestamp::now() > first_deadline,
-        "the first deadline has passed and the sandbox still exists"
+    // The first deadline has passed (three beats of 2 s against a 5 s timeout): the sandbox is still
+    // there, because it kept beating.
+    assert!(Timestamp::now() > first_deadline);
+    let still = api.get_opt("kept").await.expect("get");
+    assert_eq!(
+        still.and_then(|s| s.metadata.uid),
+        moved.metadata.uid,
+        "the sandbox was deleted at its first deadline though it kept beating"
     );
     let deleted = deletion_time(&api, "kept", Duration::from_secs(30)).await;
     let lateness = deleted.duration_since(new_deadline).as_secs_f64();

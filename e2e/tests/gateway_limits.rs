@@ -68,6 +68,22 @@ async fn metric(operator: &OperatorProcess, name: &str, labels: &[(&str, &str)])
     metric_sum(&operator.metrics().await.expect("metrics"), name, labels)
 }
 
+/// Waits until the gateway serves `count` connections (its gauge), or fails after 20 s.
+async fn open_connections_reach(operator: &OperatorProcess, count: f64) {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let open = metric(operator, "orchard_gateway_open_connections", &[]).await;
+        if open == count {
+            return;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the gateway serves {open} connections, not {count}"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
 /// A Ready sandbox of `caller` in `namespace`.
 async fn ready_sandbox(caller: &Caller, namespace: &str) -> String {
     let name = caller
@@ -159,7 +175,7 @@ async fn connections_wait_and_requests_beyond_the_limit_are_shed() {
     for _ in 0..6 {
         idle.push(TcpStream::connect(&addr).await.expect("connect"));
     }
-    tokio::time::sleep(Duration::from_millis(300)).await;
+    open_connections_reach(&operator, 6.0).await;
     let mut seventh = TcpStream::connect(&addr)
         .await
         .expect("the kernel queues the seventh connection");
@@ -192,7 +208,7 @@ async fn connections_wait_and_requests_beyond_the_limit_are_shed() {
         freed.elapsed()
     );
     drop(idle);
-    tokio::time::sleep(Duration::from_millis(300)).await;
+    open_connections_reach(&operator, 0.0).await;
 
     // Requests: two execs in flight take every slot; a third request is shed, retryably.
     grant(env, &ns, "alice", "trainer", trainer_rules()).await;
@@ -210,7 +226,21 @@ async fn connections_wait_and_requests_beyond_the_limit_are_shed() {
     };
     let first = slow(alice.clone());
     let second = slow(alice.clone());
-    tokio::time::sleep(Duration::from_millis(1000)).await;
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while metric(
+        &operator,
+        "orchard_gateway_requests_in_flight",
+        &[("pool", "calls")],
+    )
+    .await
+        < 2.0
+    {
+        assert!(
+            Instant::now() < deadline,
+            "the two execs never held their slots"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
     let third = Caller::at(&alice.base, alice.token.as_deref());
     let response = third
         .request(reqwest::Method::GET, &sandbox_path(&ns, &name, ""))

@@ -11,12 +11,25 @@ use orchard_e2e::binaries::target_dir;
 use orchard_e2e::real_node::namespaces::{remove_cgroups, stale_cgroup_roots};
 use serde_json::Value;
 
+/// What `program args` prints; fails the test if it does not run or exits non-zero (an empty
+/// snapshot before and after would hide any leak).
 fn text(program: &str, args: &[&str]) -> String {
     let output = Command::new(program)
         .args(args)
         .output()
         .unwrap_or_else(|e| panic!("{program}: {e}"));
-    String::from_utf8_lossy(&output.stdout).to_string()
+    assert!(
+        output.status.success(),
+        "{program} {args:?}: {}: {}",
+        output.status,
+        String::from_utf8_lossy(&output.stderr)
+    );
+    let stdout = String::from_utf8_lossy(&output.stdout).to_string();
+    assert!(
+        !stdout.trim().is_empty(),
+        "{program} {args:?} printed nothing"
+    );
+    stdout
 }
 
 /// What this machine's networking looks like outside any test's namespaces.

@@ -246,7 +246,9 @@ pub async fn run(args: OperatorArgs) -> Result<()> {
     .inspect(flag_on_init_done(filled.rollout_groups.clone()))
     .reflect(rollout_writer)
     .inspect(tell_memory(own_writes.clone(), backoff.clone()))
-    .inspect(move |event| rollout_trigger_tx.forward(event))
+    .inspect(move |event| {
+        rollout_trigger_tx.forward(event);
+    })
     .inspect(publish_changes(changes.clone(), "RolloutGroup"))
     .inspect({
         let book = queue_book.clone();
@@ -306,7 +308,9 @@ pub async fn run(args: OperatorArgs) -> Result<()> {
     .inspect(flag_on_init_done(filled.sandbox_pools.clone()))
     .reflect(pool_writer)
     .inspect(tell_memory(own_writes.clone(), backoff.clone()))
-    .inspect(move |event| pool_trigger_tx.forward(event))
+    .inspect(move |event| {
+        pool_trigger_tx.forward(event);
+    })
     .inspect({
         let book = pool_book.clone();
         move |event| {

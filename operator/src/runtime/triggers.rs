@@ -53,12 +53,11 @@ where
 }
 
 impl<K: Clone> Trigger<K> {
-    /// Passes the event's object on. A receiver that is gone (the controller stopped at shutdown) is
-    /// not an error.
-    pub fn forward(&self, event: &Result<watcher::Event<K>, watcher::Error>) {
-        if let Some(obj) = forwarded(event, self.forward) {
-            let _ = self.sender.unbounded_send(Arc::new(obj.clone()));
-        }
+    /// Passes the event's object on; whether a controller received it. A receiver that is gone (the
+    /// controller stopped at shutdown) is not an error.
+    pub fn forward(&self, event: &Result<watcher::Event<K>, watcher::Error>) -> bool {
+        forwarded(event, self.forward)
+            .is_some_and(|obj| self.sender.unbounded_send(Arc::new(obj.clone())).is_ok())
     }
 }
 
@@ -173,7 +172,11 @@ mod tests {
     #[test]
     fn a_stopped_controller_is_not_an_error() {
         let (trigger, stream) = trigger::<ConfigMap>(Forward::Applied);
+        assert!(trigger.forward(&Ok(watcher::Event::Apply(named("x")))));
         drop(stream);
-        trigger.forward(&Ok(watcher::Event::Apply(named("x"))));
+        assert!(
+            !trigger.forward(&Ok(watcher::Event::Apply(named("y")))),
+            "nobody receives it, and nothing panics"
+        );
     }
 }
