@@ -223,6 +223,25 @@ fn task_env(sandbox: &Sandbox, name: &str, shape: &PodShape, verifier: &str) -> 
 /// "nonroot" user of distroless images; the agent's init container runs as it in every profile).
 pub const RESTRICTED_DEFAULT_UID: i64 = 65532;
 
+/// Capabilities the `Default` profile drops from the container runtime's default set. containerd
+/// gives root in a container CHOWN, DAC_OVERRIDE, FOWNER, FSETID, KILL, SETGID, SETUID, SETPCAP,
+/// NET_BIND_SERVICE and SYS_CHROOT, which ordinary root tasks need (installing packages, switching
+/// users, binding a low port, chroot-based tools), plus these four, which they do not:
+/// - `NET_RAW`: raw and packet sockets. Task code could read the pod's traffic, the agent's bearer token
+///   included, and forge TCP segments into the gateway's connection to the agent. `ping` keeps working
+///   where the runtime allows unprivileged ICMP sockets (`net.ipv4.ping_group_range`; containerd 2 does
+///   by default).
+/// - `MKNOD`: creating device nodes. Package installs do not need it (named pipes do not); it is only
+///   ever a way towards a device the device cgroup should keep out of reach.
+/// - `AUDIT_WRITE`: writing records into the node's kernel audit log, which is the node's, not the
+///   sandbox's (`sudo` only warns without it).
+/// - `SETFCAP`: giving files capabilities, and mapping root into a new user namespace (Linux 5.12+):
+///   nothing a task needs, and `allowPrivilegeEscalation: false` ignores file capabilities anyway.
+///
+/// Pod Security `baseline` limits which capabilities may be added; dropping is always admitted.
+pub const DEFAULT_PROFILE_DROPPED_CAPABILITIES: [&str; 4] =
+    ["NET_RAW", "MKNOD", "AUDIT_WRITE", "SETFCAP"];
+
 /// The pod's and the task container's security contexts.
 pub struct SandboxSecurity {
     /// Pod level: RuntimeDefault seccomp always; the user under `Restricted`.
@@ -232,7 +251,8 @@ pub struct SandboxSecurity {
 }
 
 /// The security contexts of a sandbox's profile (pure). Both profiles forbid privilege escalation and
-/// apply the runtime's default seccomp profile; `Restricted` adds a non-root user and drops every
+/// apply the runtime's default seccomp profile; `Default` drops the capabilities no task needs
+/// ([`DEFAULT_PROFILE_DROPPED_CAPABILITIES`]), `Restricted` adds a non-root user and drops every
 /// capability, which is what Pod Security `restricted` admits.
 pub fn sandbox_security(spec: &SandboxSpec, shape: &PodShape) -> SandboxSecurity {
     let security = spec.security.clone().unwrap_or_default();
@@ -251,6 +271,15 @@ pub fn sandbox_security(spec: &SandboxSpec, shape: &PodShape) -> SandboxSecurity
             },
             task: SecurityContext {
                 allow_privilege_escalation: Some(false),
+                capabilities: Some(Capabilities {
+                    drop: Some(
+                        DEFAULT_PROFILE_DROPPED_CAPABILITIES
+                            .iter()
+                            .map(|c| c.to_string())
+                            .collect(),
+                    ),
+                    ..Capabilities::default()
+                }),
                 ..SecurityContext::default()
             },
         },
@@ -1232,7 +1261,46 @@ mod tests {
         );
         let task = spec.containers[0].security_context.clone().expect("task");
         assert_eq!(task.allow_privilege_escalation, Some(false));
-        assert_eq!(task.capabilities, None);
+        assert_eq!(task.privileged, None);
+        assert_eq!(task.run_as_non_root, None);
+    }
+
+    #[test]
+    fn the_default_profile_drops_raw_sockets_and_other_capabilities_no_task_needs() {
+        let spec = desired_pod(&minimal(), &owner(), &shape(), &credentials())
+            .spec
+            .expect("spec");
+        let task = spec.containers[0].security_context.clone().expect("task");
+        let capabilities = task.capabilities.expect("capabilities");
+        assert_eq!(
+            capabilities.drop,
+            Some(vec![
+                "NET_RAW".to_string(),
+                "MKNOD".to_string(),
+                "AUDIT_WRITE".to_string(),
+                "SETFCAP".to_string()
+            ])
+        );
+        // Pod Security `baseline` refuses any capability added beyond its list; none is added.
+        assert_eq!(capabilities.add, None);
+        // What root tasks need to install packages and switch users stays.
+        for kept in [
+            "CHOWN",
+            "DAC_OVERRIDE",
+            "FOWNER",
+            "FSETID",
+            "SETUID",
+            "SETGID",
+            "KILL",
+            "NET_BIND_SERVICE",
+            "SYS_CHROOT",
+            "SETPCAP",
+        ] {
+            assert!(
+                !capabilities.drop.iter().flatten().any(|c| c == kept),
+                "{kept}"
+            );
+        }
     }
 
     #[test]
