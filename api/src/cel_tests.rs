@@ -421,3 +421,28 @@ fn resource_rules_apply_inside_a_group_and_a_pool_template() {
         "resources.cpu must be a quantity greater than 0",
     );
 }
+
+#[test]
+fn a_group_template_may_not_use_the_operators_keys() {
+    let ok = group(
+        json!({"template": {"metadata": {"labels": {"team": "rl", "example.com/x": "1"},
+        "annotations": {"note": "x"}}, "spec": {"image": "i"}}}),
+    );
+    assert!(violations::<RolloutGroup>(ok, None).is_empty());
+    let label = group(
+        json!({"template": {"metadata": {"labels": {"orchard.dev/rollout-queue": "shared"}},
+        "spec": {"image": "i"}}}),
+    );
+    assert_rejects(
+        violations::<RolloutGroup>(label, None),
+        "template.metadata.labels may not use keys under orchard.dev/",
+    );
+    let annotation = group(
+        json!({"template": {"metadata": {"annotations": {"orchard.dev/seal": "00"}},
+        "spec": {"image": "i"}}}),
+    );
+    assert_rejects(
+        violations::<RolloutGroup>(annotation, None),
+        "template.metadata.annotations may not use keys under orchard.dev/",
+    );
+}

@@ -68,6 +68,10 @@ pub const POOL_DEFAULTS_ANNOTATION: &str = "orchard.dev/pool-defaults";
 /// seal verifies for its controller reference counts as the operator's.
 pub const SEAL_ANNOTATION: &str = "orchard.dev/seal";
 
+/// Prefix of the label and annotation keys the operator owns: users may not set them on the objects
+/// they create through the gateway, nor in a RolloutGroup's template.
+pub const RESERVED_KEY_PREFIX: &str = "orchard.dev/";
+
 /// Label on every object the operator manages (value `orchard-operator`).
 pub const MANAGED_BY_LABEL: &str = "app.kubernetes.io/managed-by";
 
