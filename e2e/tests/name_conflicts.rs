@@ -10,12 +10,15 @@ use std::time::Duration;
 use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::api::networking::v1::NetworkPolicy;
 use kube::ResourceExt;
-use kube::api::{Api, PostParams};
+use kube::api::{Api, Patch, PatchParams, PostParams};
 use orchard_e2e::env::TestEnv;
 use orchard_e2e::test_support::rollouts::{group, template};
 use orchard_e2e::test_support::sandboxes::{is_failed, sandbox, token_key};
 use orchard_e2e::wait;
-use orchard_operator::api::{RolloutGroup, RolloutPhase, RolloutQueue, Sandbox};
+use orchard_operator::api::{
+    RolloutGroup, RolloutPhase, RolloutQueue, SEAL_ANNOTATION, Sandbox, SandboxPool,
+};
+use orchard_operator::pool::template::template_hash;
 use serde::de::DeserializeOwned;
 use serde_json::{Value, json};
 
@@ -369,5 +372,123 @@ async fn a_pod_planted_under_a_pending_sandboxs_pod_name_is_never_its_pod() {
         "the planted pod was modified"
     );
     assert_eq!(after.owner_references(), before.owner_references());
+    env.delete_namespace(&ns).await;
+}
+
+#[tokio::test]
+async fn a_pod_planted_as_a_pool_member_is_never_claimed_and_a_real_member_is_resealed() {
+    let env = TestEnv::shared();
+    let client = env.client().await;
+    let ns = env.namespace("planted-member").await;
+    let pools: Api<SandboxPool> = Api::namespaced(client.clone(), &ns);
+    // An empty pool: no member of its own yet.
+    let pool: SandboxPool = object(json!({
+        "apiVersion": "orchard.dev/v1alpha1", "kind": "SandboxPool", "metadata": {"name": "py"},
+        "spec": {"replicas": 0, "template": {"image": "busybox:1.36"}},
+    }));
+    let pool = pools
+        .create(&PostParams::default(), &pool)
+        .await
+        .expect("create the pool");
+    let key = token_key(&client).await.expect("the operator's key");
+    // A Ready-looking Pod with everything a member carries (pool label, template hash, token
+    // annotations, a controller reference to the pool) but the operator's seal.
+    let planted: Pod = object(json!({
+        "metadata": {"name": "py-fake1",
+            "labels": {"orchard.dev/pool": "py", "orchard.dev/sandbox": "py-fake1",
+                "orchard.dev/sandbox-pod": "true", "app.kubernetes.io/managed-by": "orchard-operator"},
+            "annotations": {"orchard.dev/pool-template-hash": template_hash(&pool.spec.template),
+                "orchard.dev/agent-token-key": key.id(),
+                "orchard.dev/agent-token-nonce": "00112233445566778899aabbccddeeff"},
+            "ownerReferences": forged_controller("SandboxPool", "py",
+                &pool.uid().expect("the pool's UID"))},
+        "spec": {"containers": [{"name": "sandbox", "image": "busybox"}], "nodeName": "not-a-node"},
+    }));
+    let pods: Api<Pod> = Api::namespaced(client.clone(), &ns);
+    pods.create(&PostParams::default(), &planted)
+        .await
+        .expect("plant the member");
+    let ready = json!({"status": {"phase": "Running", "podIP": "10.255.0.9",
+        "conditions": [{"type": "Ready", "status": "True"}]}});
+    let before = pods
+        .patch_status("py-fake1", &PatchParams::default(), &Patch::Merge(&ready))
+        .await
+        .expect("make the planted member look Ready");
+    // A sandbox that waits for a member of the pool: it finds none to claim.
+    let sandboxes: Api<Sandbox> = Api::namespaced(client.clone(), &ns);
+    sandboxes
+        .create(
+            &PostParams::default(),
+            &sandbox("task", json!({"pool": "py", "whenPoolEmpty": "Wait"})),
+        )
+        .await
+        .expect("create the sandbox");
+    let waiting_for_member = |s: Option<&Sandbox>| {
+        s.and_then(|s| s.status.as_ref()).is_some_and(|st| {
+            st.conditions
+                .iter()
+                .any(|c| c.reason == "WaitingForPoolMember")
+        })
+    };
+    wait::until(
+        &sandboxes,
+        "task",
+        "waiting for a pool member",
+        Duration::from_secs(60),
+        waiting_for_member,
+    )
+    .await;
+    let untouched = |after: &Pod| {
+        assert_eq!(after.uid(), before.uid(), "the planted pod was replaced");
+        assert_eq!(
+            after.resource_version(),
+            before.resource_version(),
+            "the planted pod was claimed, relabelled or otherwise modified"
+        );
+        assert_eq!(after.owner_references(), before.owner_references());
+    };
+    untouched(&pods.get("py-fake1").await.expect("the planted pod exists"));
+    // A real member: the sandbox claims it, and the claim seals it for the sandbox.
+    pools
+        .patch(
+            "py",
+            &PatchParams::default(),
+            &Patch::Merge(&json!({"spec": {"replicas": 1}})),
+        )
+        .await
+        .expect("scale the pool");
+    let claimed = wait::until(
+        &sandboxes,
+        "task",
+        "Ready",
+        Duration::from_secs(120),
+        orchard_e2e::test_support::sandboxes::is_ready,
+    )
+    .await;
+    let member = claimed
+        .status
+        .as_ref()
+        .and_then(|s| s.pod_name.clone())
+        .expect("the status names the claimed member");
+    assert!(
+        member.starts_with("py-") && member != "py-fake1",
+        "{member}"
+    );
+    let pod = pods.get(&member).await.expect("the claimed member");
+    let sandbox_uid = claimed.uid().expect("the sandbox's UID");
+    assert_eq!(
+        pod.owner_references()
+            .iter()
+            .filter(|r| r.controller == Some(true))
+            .map(|r| r.uid.as_str())
+            .collect::<Vec<_>>(),
+        [sandbox_uid.as_str()]
+    );
+    assert_eq!(
+        pod.annotations().get(SEAL_ANNOTATION),
+        Some(&key.seal("Pod", &ns, &member, &sandbox_uid)),
+        "the claim re-sealed the member for the sandbox"
+    );
+    untouched(&pods.get("py-fake1").await.expect("the planted pod exists"));
     env.delete_namespace(&ns).await;
 }
