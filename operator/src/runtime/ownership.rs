@@ -79,13 +79,16 @@ pub fn sealed<'a, K: Resource<DynamicType = ()>>(object: &'a K, key: &TokenKey) 
     .then_some(controller.uid.as_str())
 }
 
-/// Whether `object` is the operator's child of the owner with UID `owner_uid` (see [`sealed`]).
+/// Whether `object` is the operator's child of the owner with UID `owner_uid` (see [`sealed`]). The
+/// UID is compared first: callers test every object of a namespace, and most name another owner.
 pub fn sealed_for<K: Resource<DynamicType = ()>>(
     object: &K,
     owner_uid: &str,
     key: &TokenKey,
 ) -> bool {
-    !owner_uid.is_empty() && sealed(object, key) == Some(owner_uid)
+    !owner_uid.is_empty()
+        && controller_reference(object.meta()).is_some_and(|r| r.uid == owner_uid)
+        && sealed(object, key) == Some(owner_uid)
 }
 
 /// Classifies `existing` for `owner` (pure). Only one object of a kind can hold a name at a time, so
