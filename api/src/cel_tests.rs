@@ -1,11 +1,11 @@
-//! Every CEL rule of both CRDs, evaluated client-side with kube's CEL validator against the schema the
+//! Every CEL rule of the CRDs, evaluated client-side with kube's CEL validator against the schema the
 //! API server receives: one accepted and one rejected example each, asserting the rejection message.
 
 use kube::CustomResourceExt;
 use kube::core::cel::Validator;
 use serde_json::{Value, json};
 
-use crate::{RolloutGroup, Sandbox};
+use crate::{RolloutGroup, Sandbox, SandboxPool};
 
 fn schema_of<K: CustomResourceExt>() -> Value {
     let crd = K::crd();
@@ -356,5 +356,93 @@ fn tolerations_must_be_well_formed() {
     assert_rejects(
         violations::<RolloutGroup>(in_a_group, None),
         "a toleration with an empty key must use operator Exists",
+    );
+}
+
+#[test]
+fn resources_must_be_greater_than_zero() {
+    for (field, good) in [
+        ("cpu", json!("1m")),
+        ("cpu", json!("500m")),
+        ("cpu", json!(2)),
+        ("memory", json!("64Mi")),
+        ("memory", json!("1")),
+        ("ephemeralStorage", json!("10Gi")),
+    ] {
+        let ok = sandbox(json!({"image": "a", "resources": {field: good}}));
+        assert_eq!(
+            violations::<Sandbox>(ok, None),
+            Vec::<String>::new(),
+            "{field}: {good}"
+        );
+    }
+    for field in ["cpu", "memory", "ephemeralStorage"] {
+        for bad in [
+            json!("0"),
+            json!("0m"),
+            json!("-1"),
+            json!("-500m"),
+            json!(0),
+            json!(-1),
+            json!("lots"),
+        ] {
+            let refused = sandbox(json!({"image": "a", "resources": {field: bad}}));
+            assert_rejects(
+                violations::<Sandbox>(refused, None),
+                &format!("resources.{field} must be a quantity greater than 0 (e.g. "),
+            );
+        }
+    }
+    let zero_memory = sandbox(json!({"image": "a", "resources": {"memory": "0"}}));
+    assert_rejects(
+        violations::<Sandbox>(zero_memory, None),
+        "leave it out to get the operator's default",
+    );
+}
+
+#[test]
+fn resource_rules_apply_inside_a_group_and_a_pool_template() {
+    let ok = group(
+        json!({"template": {"spec": {"image": "i", "resources": {"cpu": "1m", "memory": "64Mi"}}}}),
+    );
+    assert!(violations::<RolloutGroup>(ok, None).is_empty());
+    let bad = group(json!({"template": {"spec": {"image": "i", "resources": {"memory": "0"}}}}));
+    assert_rejects(
+        violations::<RolloutGroup>(bad, None),
+        "resources.memory must be a quantity greater than 0",
+    );
+    let pool = |resources: Value| {
+        json!({"apiVersion": "orchard.dev/v1alpha1", "kind": "SandboxPool", "metadata": {"name": "p"},
+               "spec": {"replicas": 1, "template": {"image": "i", "resources": resources}}})
+    };
+    assert!(violations::<SandboxPool>(pool(json!({"cpu": "250m"})), None).is_empty());
+    assert_rejects(
+        violations::<SandboxPool>(pool(json!({"cpu": "0"})), None),
+        "resources.cpu must be a quantity greater than 0",
+    );
+}
+
+#[test]
+fn a_group_template_may_not_use_the_operators_keys() {
+    let ok = group(
+        json!({"template": {"metadata": {"labels": {"team": "rl", "example.com/x": "1"},
+        "annotations": {"note": "x"}}, "spec": {"image": "i"}}}),
+    );
+    assert!(violations::<RolloutGroup>(ok, None).is_empty());
+    let label = group(
+        json!({"template": {"metadata": {"labels": {"orchard.dev/rollout-queue": "shared"}},
+        "spec": {"image": "i"}}}),
+    );
+    assert_rejects(
+        violations::<RolloutGroup>(label, None),
+        "template.metadata.labels may not use keys under orchard.dev/",
+    );
+    let annotation = group(
+        json!({"template": {"metadata": {"annotations": {"orchard.dev/seal": "00"}},
+        "spec": {"image": "i"}}}),
+    );
+    assert_rejects(
+        violations::<RolloutGroup>(annotation, None),
+        "template.metadata.annotations may not use keys under orchard.dev/",
     );
 }

@@ -61,6 +61,17 @@ pub const POOL_TEMPLATE_HASH_ANNOTATION: &str = "orchard.dev/pool-template-hash"
 /// Pod.
 pub const POOL_DEFAULTS_ANNOTATION: &str = "orchard.dev/pool-defaults";
 
+/// Annotation on every object the operator creates under an owner (a sandbox's Pod and egress
+/// NetworkPolicy, a pool member Pod, a RolloutGroup's trajectory Sandboxes): lower-case hex of an
+/// HMAC-SHA256, under the operator's key, of the object's kind, namespace and name and its owner's
+/// UID. Anyone who may create an object may write any owner reference into it; only an object whose
+/// seal verifies for its controller reference counts as the operator's.
+pub const SEAL_ANNOTATION: &str = "orchard.dev/seal";
+
+/// Prefix of the label and annotation keys the operator owns: users may not set them on the objects
+/// they create through the gateway, nor in a RolloutGroup's template.
+pub const RESERVED_KEY_PREFIX: &str = "orchard.dev/";
+
 /// Label on every object the operator manages (value `orchard-operator`).
 pub const MANAGED_BY_LABEL: &str = "app.kubernetes.io/managed-by";
 

@@ -195,8 +195,11 @@ pub struct SandboxTemplate {
     pub spec: SandboxSpec,
 }
 
-/// Labels and annotations of a template.
-#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq, Default, JsonSchema)]
+/// Labels and annotations of a template. Keys under `orchard.dev/` are the operator's (they decide a
+/// queue's slots and which group a Sandbox belongs to) and are refused.
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq, Eq, Default)]
+#[x_kube(validation = Rule::new("!has(self.labels) || self.labels.all(k, !k.startsWith('orchard.dev/'))").message("template.metadata.labels may not use keys under orchard.dev/: the operator sets those on each trajectory"))]
+#[x_kube(validation = Rule::new("!has(self.annotations) || self.annotations.all(k, !k.startsWith('orchard.dev/'))").message("template.metadata.annotations may not use keys under orchard.dev/: the operator sets those on each trajectory"))]
 pub struct TemplateMetadata {
     /// Labels added to each trajectory Sandbox.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]

@@ -12,6 +12,22 @@ use kube::{CustomResource, KubeSchema};
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
+/// The CEL rule "field `$field` of `self`, when set, is a quantity above zero". A Quantity field is
+/// `x-kubernetes-int-or-string`: `string()` turns a number (`cpu: 2`) into its quantity text.
+macro_rules! positive_quantity {
+    ($field:literal) => {
+        concat!(
+            "!has(self.",
+            $field,
+            ") || (isQuantity(string(self.",
+            $field,
+            ")) && quantity(string(self.",
+            $field,
+            ")).isGreaterThan(quantity('0')))"
+        )
+    };
+}
+
 /// Desired state of a Sandbox: which image to run and how it is isolated, sized and expired.
 // Each printer column repeats `type_ = ...`; clippy mistakes the repeats for duplicated attributes.
 #[allow(clippy::duplicated_attributes)]
@@ -221,7 +237,12 @@ pub struct SecretName {
 }
 
 /// Compute resources of the task container; requests equal limits so sandboxes get a predictable share.
-#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Default, JsonSchema)]
+/// Every amount given must be above zero: Kubernetes reads a zero limit as none, which would make the
+/// pod BestEffort, unlimited and invisible to a ResourceQuota.
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq, Default)]
+#[x_kube(validation = Rule::new(positive_quantity!("cpu")).message("resources.cpu must be a quantity greater than 0 (e.g. 500m or 2); leave it out to get the operator's default"))]
+#[x_kube(validation = Rule::new(positive_quantity!("memory")).message("resources.memory must be a quantity greater than 0 (e.g. 512Mi); leave it out to get the operator's default"))]
+#[x_kube(validation = Rule::new(positive_quantity!("ephemeralStorage")).message("resources.ephemeralStorage must be a quantity greater than 0 (e.g. 10Gi); leave it out to get the operator's default"))]
 #[serde(rename_all = "camelCase")]
 pub struct SandboxResources {
     /// CPU, e.g. `500m` or `2`.

@@ -11,6 +11,7 @@ use kube::{Client, Resource, ResourceExt};
 
 use super::errors::{ApiError, from_kube};
 use super::recent_deletes::RecentDeletes;
+use crate::runtime::ownership::sealed_for;
 use crate::sandbox::apply::{cached_pod, own_pod_name};
 use crate::sandbox::status::endpoint_of_own_pod;
 use crate::sandbox::token::TokenKey;
@@ -37,13 +38,15 @@ pub fn condition_true(
         .any(|c| c.type_ == type_ && c.status == "True")
 }
 
-/// The agent endpoint of a sandbox that can take calls, from its own Ready pod in the cache (`pod`),
-/// or the 409 saying why it cannot (pure). `status.agentEndpoint` and a Ready condition in the status
-/// are not trusted: whoever may patch the status could forge them.
+/// The agent endpoint of a sandbox that can take calls, from its own Ready pod in the cache (`pod`,
+/// sealed for the sandbox under `key`), or the 409 saying why it cannot (pure). `status.agentEndpoint`
+/// and a Ready condition in the status are not trusted: whoever may patch the status could forge them,
+/// as whoever may create a Pod could forge its controller reference.
 pub fn agent_endpoint(
     sandbox: &Sandbox,
     pod: Option<&Pod>,
     agent_port: u16,
+    key: &TokenKey,
 ) -> Result<String, ApiError> {
     let namespace = sandbox.namespace().unwrap_or_default();
     let name = sandbox.name_any();
@@ -53,7 +56,7 @@ pub fn agent_endpoint(
     let status = sandbox.status.as_ref();
     let phase = status.and_then(|s| s.phase).map(SandboxPhase::as_str);
     let ready = status.is_some_and(|s| condition_true(&s.conditions, "Ready"));
-    match pod.and_then(|pod| endpoint_of_own_pod(sandbox, pod, agent_port)) {
+    match pod.and_then(|pod| endpoint_of_own_pod(sandbox, pod, agent_port, key)) {
         Some(endpoint) if ready => Ok(endpoint),
         _ => Err(ApiError::not_ready(&namespace, &name, phase)),
     }
@@ -96,13 +99,19 @@ pub async fn find_sandbox(
 
 /// The sandbox's pod from the cache; for a sandbox that claimed a pool member moments ago, whose
 /// claim the pod cache may not show yet (the member still looks like its pool's), one API read.
-pub async fn own_pod(client: &Client, pods: &Store<Pod>, sandbox: &Sandbox) -> Option<Arc<Pod>> {
-    let cached = cached_pod(pods, sandbox);
+/// Whichever it returns, [`agent_endpoint`] checks that it is the sandbox's own.
+pub async fn own_pod(
+    client: &Client,
+    pods: &Store<Pod>,
+    sandbox: &Sandbox,
+    key: &TokenKey,
+) -> Option<Arc<Pod>> {
+    let cached = cached_pod(pods, sandbox, key);
     let uid = sandbox.uid().unwrap_or_default();
     let lagging = sandbox.spec.pool.is_some()
         && cached
             .as_ref()
-            .is_some_and(|pod| !crate::runtime::ownership::controlled_by(pod.meta(), &uid));
+            .is_some_and(|pod| !sealed_for(pod.as_ref(), &uid, key));
     if !lagging {
         return cached;
     }
@@ -122,7 +131,7 @@ pub fn agent_access(
     agent_port: u16,
     key: &TokenKey,
 ) -> Result<(String, String), ApiError> {
-    let endpoint = agent_endpoint(sandbox, pod, agent_port)?;
+    let endpoint = agent_endpoint(sandbox, pod, agent_port, key)?;
     // `agent_endpoint` answers only with a pod; without one it was NotReady above.
     let pod = pod.ok_or_else(|| {
         ApiError::not_ready(
@@ -140,6 +149,7 @@ pub fn agent_access(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::runtime::mock_api::test_token_key;
     use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
     use orchard_api::{SandboxSpec, SandboxStatus};
 
@@ -151,8 +161,9 @@ mod tests {
         s
     }
 
-    /// The sandbox's own Ready pod at 10.0.0.5.
-    fn own_pod(s: &Sandbox) -> Pod {
+    /// A Ready pod at 10.0.0.5 with a controller reference to the sandbox, as anyone who may create
+    /// Pods can make one.
+    fn planted_pod(s: &Sandbox) -> Pod {
         serde_json::from_value(serde_json::json!({
             "metadata": {"name": "s", "namespace": "ns", "ownerReferences": [{
                 "apiVersion": "orchard.dev/v1alpha1", "kind": "Sandbox", "name": "s",
@@ -162,8 +173,15 @@ mod tests {
         .expect("a pod")
     }
 
+    /// The sandbox's own Ready pod at 10.0.0.5: the planted pod sealed by the operator.
+    fn own_pod(s: &Sandbox) -> Pod {
+        let mut pod = planted_pod(s);
+        crate::runtime::ownership::seal(&mut pod, &test_token_key());
+        pod
+    }
+
     fn endpoint(s: &Sandbox, pod: Option<&Pod>) -> Result<String, ApiError> {
-        agent_endpoint(s, pod, 9090)
+        agent_endpoint(s, pod, 9090, &test_token_key())
     }
 
     fn ready_condition(status: &str) -> Condition {
@@ -202,6 +220,21 @@ mod tests {
             endpoint(&s, Some(&foreign)).unwrap_err().status,
             409,
             "a pod that is not the sandbox's own is never called"
+        );
+        assert_eq!(
+            endpoint(&s, Some(&planted_pod(&s))).unwrap_err().status,
+            409,
+            "a pod planted with the sandbox's controller reference but no seal is never called"
+        );
+        let mut forged = planted_pod(&s);
+        forged.metadata.annotations = Some(std::collections::BTreeMap::from([(
+            orchard_api::SEAL_ANNOTATION.to_string(),
+            test_token_key().seal("Pod", "ns", "other", "uid-s"),
+        )]));
+        assert_eq!(
+            endpoint(&s, Some(&forged)).unwrap_err().status,
+            409,
+            "nor one carrying another pod's seal"
         );
         let mut not_ready = own_pod(&s);
         not_ready

@@ -2,7 +2,9 @@
 //! the top level (`{"image": "python:3.11", "env": {"A": "1"}, "ttlSeconds": 600}`), plus `name` or
 //! `generateName`, `labels` and `annotations`. `POST .../rolloutgroups` does the same for RolloutGroups,
 //! and its `template` may be a bare sandbox shorthand. Unknown fields are rejected so typos never pass
-//! silently.
+//! silently, and so are label and annotation keys under `orchard.dev/` (on the object and in a group's
+//! template): the operator's own keys decide things (a queue's slots, a sandbox's group), and the
+//! gateway writes with the operator's identity.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::LazyLock;
@@ -11,7 +13,7 @@ use kube::api::ObjectMeta;
 use serde_json::{Map, Value, json};
 
 use super::errors::ApiError;
-use orchard_api::{RolloutGroup, RolloutGroupSpec, Sandbox, SandboxSpec};
+use orchard_api::{RESERVED_KEY_PREFIX, RolloutGroup, RolloutGroupSpec, Sandbox, SandboxSpec};
 
 pub use orchard_api::CREATED_BY_ANNOTATION;
 
@@ -170,14 +172,27 @@ fn optional_string(value: Option<Value>, field: &str) -> Result<Option<String>, 
     }
 }
 
+/// Refuses keys of `map` (the request's `field`) under `orchard.dev/`: the operator sets those.
+fn refuse_reserved_keys(map: &BTreeMap<String, String>, field: &str) -> Result<(), ApiError> {
+    match map.keys().find(|k| k.starts_with(RESERVED_KEY_PREFIX)) {
+        Some(key) => Err(ApiError::bad_request(format!(
+            "{field} key `{key}` is reserved: keys under `{RESERVED_KEY_PREFIX}` are set by the operator only; use another prefix"
+        ))),
+        None => Ok(()),
+    }
+}
+
 /// Splits a request object into its metadata and the rest (spec fields, or `spec` itself).
 fn take_meta(object: &mut Map<String, Value>) -> Result<RequestMeta, ApiError> {
-    Ok(RequestMeta {
+    let meta = RequestMeta {
         name: optional_string(object.remove("name"), "name")?,
         generate_name: optional_string(object.remove("generateName"), "generateName")?,
         labels: string_map(object.remove("labels"), "labels")?,
         annotations: string_map(object.remove("annotations"), "annotations")?,
-    })
+    };
+    refuse_reserved_keys(&meta.labels, "labels")?;
+    refuse_reserved_keys(&meta.annotations, "annotations")?;
+    Ok(meta)
 }
 
 fn object_meta(
@@ -298,6 +313,9 @@ pub fn rollout_group_from_request(
     normalise_template(&mut spec)?;
     let spec: RolloutGroupSpec = serde_json::from_value(Value::Object(spec))
         .map_err(|err| ApiError::bad_request(format!("invalid rollout group spec: {err}")))?;
+    let template = &spec.template.metadata;
+    refuse_reserved_keys(&template.labels, "template.metadata.labels")?;
+    refuse_reserved_keys(&template.annotations, "template.metadata.annotations")?;
     let mut group = RolloutGroup::new("", spec);
     group.metadata = object_meta(namespace, meta, DEFAULT_GROUP_PREFIX, creator);
     Ok(group)
@@ -482,5 +500,62 @@ mod tests {
         )
         .unwrap_err();
         assert!(err.body.message.contains("groupsize"), "{err}");
+    }
+
+    #[test]
+    fn the_operators_label_and_annotation_keys_are_refused() {
+        let cases = [
+            (
+                json!({"image": "x", "labels": {"orchard.dev/rollout-queue": "shared"}}),
+                "labels key `orchard.dev/rollout-queue` is reserved",
+            ),
+            (
+                json!({"image": "x", "annotations": {"orchard.dev/seal": "00"}}),
+                "annotations key `orchard.dev/seal` is reserved",
+            ),
+        ];
+        for (body, expected) in cases {
+            let err = sandbox_from_request("ns", body.clone(), "u").unwrap_err();
+            assert_eq!(err.status, 400, "{body}");
+            assert!(
+                err.body.message.contains(expected),
+                "{body}: {}",
+                err.body.message
+            );
+        }
+        let groups = [
+            (
+                json!({"labels": {"orchard.dev/rollout-group": "g"}, "template": {"image": "x"}}),
+                "labels key `orchard.dev/rollout-group` is reserved",
+            ),
+            (
+                json!({"template": {"metadata": {"labels": {"orchard.dev/rollout-queue": "q"}},
+                                    "spec": {"image": "x"}}}),
+                "template.metadata.labels key `orchard.dev/rollout-queue` is reserved",
+            ),
+            (
+                json!({"template": {"image": "x",
+                                    "metadata": {"annotations": {"orchard.dev/seal": "00"}}}}),
+                "template.metadata.annotations key `orchard.dev/seal` is reserved",
+            ),
+        ];
+        for (body, expected) in groups {
+            let err = rollout_group_from_request("ns", body.clone(), "u").unwrap_err();
+            assert_eq!(err.status, 400, "{body}");
+            assert!(
+                err.body.message.contains(expected),
+                "{body}: {}",
+                err.body.message
+            );
+        }
+        // Other prefixes, and keys that merely contain the domain, are the user's.
+        let sandbox = sandbox_from_request(
+            "ns",
+            json!({"image": "x", "labels": {"team.orchard.dev/x": "1", "orchard.dev": "1"},
+                   "annotations": {"example.com/note": "1"}}),
+            "u",
+        )
+        .unwrap();
+        assert_eq!(sandbox.metadata.labels.unwrap().len(), 2);
     }
 }

@@ -2,7 +2,8 @@
 //! first operations `test` the Pod's UID and resourceVersion as the cache showed them Ready and
 //! unclaimed; it then hands the Pod to the Sandbox (controller owner reference) and relabels it as the
 //! Sandbox's (its own egress policy selects it from then on, the pool's scale selector no longer
-//! does). The API server evaluates the tests against the stored object and applies all or nothing, so
+//! does) and seals it for the Sandbox (`runtime::ownership`): from then on it verifies as the
+//! Sandbox's Pod and no longer as the pool's. The API server evaluates the tests against the stored object and applies all or nothing, so
 //! of any number of concurrent claims, by any number of reconciles or replicas, before or after a
 //! failover, exactly one gets the member; the others get 422 or 409 and try the next one. The Pod's
 //! agent token is derived from the Pod's own annotations, so it follows without a second write.
@@ -12,10 +13,10 @@ use std::sync::Arc;
 use json_patch::jsonptr::PointerBuf;
 use json_patch::{AddOperation, Patch, PatchOperation, ReplaceOperation, TestOperation};
 use k8s_openapi::api::core::v1::Pod;
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference};
+use kube::ResourceExt;
 use kube::api::{Api, PatchParams};
 use kube::runtime::reflector::Store;
-use kube::{Resource, ResourceExt};
 use serde_json::Value;
 use tracing::{debug, info};
 
@@ -26,8 +27,10 @@ use super::template::{PoolDefaults, defaults_annotation, defaults_of, template_h
 use crate::runtime::context::Context;
 use crate::runtime::error::{Error, Result};
 use crate::runtime::own_writes::child_key;
+use crate::runtime::ownership::{seal, sealed_for};
 use crate::sandbox::build::{pod_labels, pod_name};
 use crate::sandbox::status::Blocked;
+use crate::sandbox::token::TokenKey;
 use orchard_api::{
     CLAIMED_FROM_LABEL, POOL_DEFAULTS_ANNOTATION, POOL_LABEL, PoolFallback, Sandbox, SandboxPool,
 };
@@ -37,13 +40,13 @@ use orchard_api::{
 const MAX_ATTEMPTS: usize = 8;
 
 /// The claimable members of `pool` for a sandbox whose pod-shaping spec hashes to `hash`, oldest
-/// first (pure): Ready, not being deleted, controlled by the pool, built from that template with a
-/// token the key `key_id` derives.
+/// first (pure): Ready, not being deleted, sealed for the pool under `key`, built from that template
+/// with a token `key` derives.
 pub fn candidates(
     pods: &[Arc<Pod>],
     pool: &SandboxPool,
     hash: &str,
-    key_id: &str,
+    key: &TokenKey,
     reserved: impl Fn(&str) -> bool,
 ) -> Vec<Arc<Pod>> {
     let namespace = pool.metadata.namespace.as_deref();
@@ -60,7 +63,7 @@ pub fn candidates(
                 .is_some_and(|v| v == name)
         })
         .filter_map(|p| {
-            let member = view(p, uid, hash, key_id)?;
+            let member = view(p, uid, hash, key)?;
             let usable = member.ready
                 && member.current
                 && member.failed.is_none()
@@ -75,14 +78,28 @@ pub fn candidates(
 
 /// The claim patch (pure): `test` that `member` is still exactly the object the cache showed (UID and
 /// resourceVersion: unclaimed, not being deleted), then make `owner` its controller, give it
-/// `labels`, and record the pool template's `defaults` (network, lifecycle) the sandbox runs with.
+/// `labels`, seal it for `owner` under `key` (replacing the pool's seal), and record the pool
+/// template's `defaults` (network, lifecycle) the sandbox runs with.
 pub fn claim_patch(
     member: &Pod,
     owner: &OwnerReference,
     labels: &std::collections::BTreeMap<String, String>,
     defaults: &PoolDefaults,
+    key: &TokenKey,
 ) -> Patch {
-    let mut annotations = member.metadata.annotations.clone().unwrap_or_default();
+    // The member as it is once claimed, sealed like any Pod made for `owner`.
+    let mut claimed = Pod {
+        metadata: ObjectMeta {
+            annotations: member.metadata.annotations.clone(),
+            namespace: member.metadata.namespace.clone(),
+            name: member.metadata.name.clone(),
+            owner_references: Some(vec![owner.clone()]),
+            ..ObjectMeta::default()
+        },
+        ..Pod::default()
+    };
+    seal(&mut claimed, key);
+    let mut annotations = claimed.metadata.annotations.unwrap_or_default();
     annotations.insert(
         POOL_DEFAULTS_ANNOTATION.to_string(),
         defaults_annotation(defaults),
@@ -106,7 +123,7 @@ pub fn claim_patch(
             path: path(&["metadata", "labels"]),
             value: serde_json::to_value(labels).unwrap_or(Value::Null),
         }),
-        // `add` sets the member whether or not the Pod has annotations yet.
+        // `add` sets the member whether or not the Pod has annotations yet (the seal among them).
         PatchOperation::Add(AddOperation {
             path: path(&["metadata", "annotations"]),
             value: serde_json::to_value(annotations).unwrap_or(Value::Null),
@@ -114,10 +131,14 @@ pub fn claim_patch(
     ])
 }
 
-/// The labels of a member once `sandbox` claimed it from `pool` (pure): the sandbox's pod labels,
-/// plus where it came from.
-pub fn claimed_labels(sandbox: &Sandbox, pool: &str) -> std::collections::BTreeMap<String, String> {
-    let mut labels = pod_labels(sandbox);
+/// The labels of a member once `sandbox` claimed it from `pool` (pure): the sandbox's pod labels
+/// (see [`pod_labels`]; `key` verifies a trajectory's seal), plus where it came from.
+pub fn claimed_labels(
+    sandbox: &Sandbox,
+    pool: &str,
+    key: &TokenKey,
+) -> std::collections::BTreeMap<String, String> {
+    let mut labels = pod_labels(sandbox, key);
     labels.insert(CLAIMED_FROM_LABEL.to_string(), pool.to_string());
     labels
 }
@@ -134,11 +155,11 @@ pub async fn claim_member(
     let namespace = sandbox.namespace().unwrap_or_default();
     let hash = template_hash(&sandbox.spec);
     let pods: Vec<Arc<Pod>> = ctx.caches.pods.state();
-    let found = candidates(&pods, pool, &hash, ctx.token_key.id(), |uid| {
+    let found = candidates(&pods, pool, &hash, &ctx.token_key, |uid| {
         ctx.pools.is_reserved(uid)
     });
     let api: Api<Pod> = Api::namespaced(ctx.client.clone(), &namespace);
-    let labels = claimed_labels(sandbox, &pool_name);
+    let labels = claimed_labels(sandbox, &pool_name, &ctx.token_key);
     let defaults = defaults_of(&pool.spec.template);
     let key = PoolKey {
         namespace: namespace.clone(),
@@ -149,7 +170,7 @@ pub async fn claim_member(
         if !ctx.pools.reserve(&member_uid) {
             continue;
         }
-        let patch = claim_patch(member, owner, &labels, &defaults);
+        let patch = claim_patch(member, owner, &labels, &defaults, &ctx.token_key);
         let answer = api
             .patch(
                 &member.name_any(),
@@ -310,10 +331,10 @@ pub async fn announce_identity(ctx: &Context, sandbox: &Sandbox, pod: &Pod) -> R
         })
 }
 
-/// The Pod `sandbox` claimed, as the cache shows it (found by its label and controller UID: the
-/// status may not name it yet, after a crash between the claim and the status write). Pure over the
-/// store's contents.
-pub fn claimed_in_cache(pods: &Store<Pod>, sandbox: &Sandbox) -> Option<Arc<Pod>> {
+/// The Pod `sandbox` claimed, as the cache shows it (found by its label and its seal for the sandbox,
+/// verified with `key`: the status may not name it yet, after a crash between the claim and the status
+/// write). Pure over the store's contents.
+pub fn claimed_in_cache(pods: &Store<Pod>, sandbox: &Sandbox, key: &TokenKey) -> Option<Arc<Pod>> {
     let namespace = sandbox.namespace()?;
     let name = sandbox.name_any();
     let uid = sandbox.uid()?;
@@ -324,7 +345,7 @@ pub fn claimed_in_cache(pods: &Store<Pod>, sandbox: &Sandbox) -> Option<Arc<Pod>
                 .as_ref()
                 .and_then(|l| l.get(orchard_api::SANDBOX_LABEL))
                 .is_some_and(|v| *v == name)
-            && crate::runtime::ownership::controlled_by(p.meta(), &uid)
+            && sealed_for(p.as_ref(), &uid, key)
     })
 }
 
@@ -333,6 +354,7 @@ mod tests {
     use super::*;
     use crate::pool::members::{fixtures, member_pod};
     use crate::runtime::mock_api::test_token_key;
+    use kube::Resource;
     use orchard_api::SandboxSpec;
 
     fn pool() -> SandboxPool {
@@ -344,7 +366,7 @@ mod tests {
         let owner = pool.controller_owner_ref(&()).expect("owner");
         let shape = fixtures::shape();
         let credentials = test_token_key().credentials("team", name, "00");
-        let mut pod = member_pod(&pool, name, &owner, &shape, &credentials);
+        let mut pod = member_pod(&pool, name, &owner, &shape, &credentials, &test_token_key());
         pod.metadata.uid = Some(format!("uid-{name}"));
         pod.metadata.resource_version = Some("7".into());
         pod.metadata.creation_timestamp =
@@ -371,7 +393,7 @@ mod tests {
             member("py-starting", false, 50),
             member("py-held", true, 10),
         ];
-        let names: Vec<String> = candidates(&pods, &pool, &hash, test_token_key().id(), |uid| {
+        let names: Vec<String> = candidates(&pods, &pool, &hash, &test_token_key(), |uid| {
             uid == "uid-py-held"
         })
         .iter()
@@ -379,13 +401,9 @@ mod tests {
         .collect();
         assert_eq!(names, vec!["py-old", "py-new"]);
         assert!(
-            candidates(
-                &pods,
-                &pool,
-                "other-template",
-                test_token_key().id(),
-                |_| false
-            )
+            candidates(&pods, &pool, "other-template", &test_token_key(), |_| {
+                false
+            })
             .is_empty()
         );
     }
@@ -397,7 +415,8 @@ mod tests {
         sandbox.metadata.namespace = Some("ns".into());
         sandbox.metadata.uid = Some("sbx-uid".into());
         let owner = sandbox.controller_owner_ref(&()).expect("owner");
-        let labels = claimed_labels(&sandbox, "py");
+        let key = test_token_key();
+        let labels = claimed_labels(&sandbox, "py", &key);
         assert_eq!(labels[orchard_api::SANDBOX_LABEL], "task");
         assert_eq!(labels[CLAIMED_FROM_LABEL], "py");
         assert!(
@@ -405,8 +424,8 @@ mod tests {
             "out of the pool's selector"
         );
         let defaults = PoolDefaults::default();
-        let patch =
-            serde_json::to_value(claim_patch(&pod, &owner, &labels, &defaults)).expect("json");
+        let claim = claim_patch(&pod, &owner, &labels, &defaults, &key);
+        let patch = serde_json::to_value(&claim).expect("json");
         assert_eq!(
             patch[0],
             serde_json::json!({"op": "test", "path": "/metadata/uid", "value": "uid-py-aaaaa"})
@@ -425,5 +444,72 @@ mod tests {
             patch[4]["value"][orchard_api::POOL_TEMPLATE_HASH_ANNOTATION].is_string(),
             "the member's other annotations stay"
         );
+        assert_eq!(
+            patch[4]["value"][orchard_api::SEAL_ANNOTATION],
+            key.seal("Pod", "ns", "py-aaaaa", "sbx-uid"),
+            "the member is sealed for the sandbox"
+        );
+        // Applied as the API server applies it: the Pod is the sandbox's now, and no longer the
+        // pool's.
+        let mut stored = serde_json::to_value(pod.as_ref()).expect("json");
+        json_patch::patch(&mut stored, &claim).expect("the patch applies");
+        let claimed: Pod = serde_json::from_value(stored).expect("a pod");
+        assert!(sealed_for(&claimed, "sbx-uid", &key));
+        assert!(!sealed_for(&claimed, "pool-uid", &key));
+        let hash = template_hash(&pool().spec.template);
+        assert!(view(&claimed, "pool-uid", &hash, &key).is_none());
+    }
+
+    #[test]
+    fn a_pod_planted_as_a_member_is_never_claimed() {
+        let pool = pool();
+        let hash = template_hash(&pool.spec.template);
+        // A Ready Pod with everything a member carries, but no seal (or a real member's seal copied
+        // onto it): somebody's own Pod, e.g. running a fake agent.
+        let genuine = member("py-real1", true, 5);
+        let mut unsealed = (*member("py-fake1", true, 1)).clone();
+        unsealed
+            .metadata
+            .annotations
+            .as_mut()
+            .expect("annotations")
+            .remove(orchard_api::SEAL_ANNOTATION);
+        let mut copied = (*member("py-fake2", true, 2)).clone();
+        copied
+            .metadata
+            .annotations
+            .as_mut()
+            .expect("annotations")
+            .insert(
+                orchard_api::SEAL_ANNOTATION.into(),
+                genuine.metadata.annotations.as_ref().expect("annotations")
+                    [orchard_api::SEAL_ANNOTATION]
+                    .clone(),
+            );
+        let pods = vec![Arc::new(unsealed), Arc::new(copied), genuine];
+        let names: Vec<String> = candidates(&pods, &pool, &hash, &test_token_key(), |_| false)
+            .iter()
+            .map(|p| p.name_any())
+            .collect();
+        assert_eq!(names, vec!["py-real1"]);
+    }
+
+    #[test]
+    fn the_claimed_member_is_found_by_its_seal_not_its_controller_reference() {
+        let key = test_token_key();
+        let mut sandbox = Sandbox::new("task", SandboxSpec::default());
+        sandbox.metadata.namespace = Some("ns".into());
+        sandbox.metadata.uid = Some("sbx-uid".into());
+        sandbox.spec.pool = Some("py".into());
+        let owner = sandbox.controller_owner_ref(&()).expect("owner");
+        let mut planted = (*member("py-fake1", true, 1)).clone();
+        planted.metadata.owner_references = Some(vec![owner.clone()]);
+        planted.metadata.labels = Some(claimed_labels(&sandbox, "py", &key));
+        let (store, mut writer) = kube::runtime::reflector::store::<Pod>();
+        writer.apply_watcher_event(&kube::runtime::watcher::Event::Apply(planted.clone()));
+        assert!(claimed_in_cache(&store, &sandbox, &key).is_none());
+        seal(&mut planted, &key);
+        writer.apply_watcher_event(&kube::runtime::watcher::Event::Apply(planted));
+        assert!(claimed_in_cache(&store, &sandbox, &key).is_some());
     }
 }

@@ -100,10 +100,10 @@ fn members(ctx: &Context, pool: &SandboxPool, hash: &str) -> Vec<MemberView> {
                 .and_then(|l| l.get(POOL_LABEL))
                 .is_some_and(|v| *v == name)
         })
-        .filter_map(|p| view(p, &uid, hash, ctx.token_key.id()))
+        .filter_map(|p| view(p, &uid, hash, &ctx.token_key))
         .collect();
     for created in ctx.own_writes.objects::<Pod>(&uid) {
-        if let Some(member) = view(&created, &uid, hash, ctx.token_key.id())
+        if let Some(member) = view(&created, &uid, hash, &ctx.token_key)
             && !seen.iter().any(|m| m.uid == member.uid)
         {
             seen.push(member);
@@ -218,7 +218,14 @@ async fn start_member(
     let name = member_name(&pool.name_any(), rand::random());
     let namespace = pool.namespace().unwrap_or_default();
     let credentials = ctx.token_key.credentials(&namespace, &name, &new_nonce());
-    let desired = member_pod(pool, &name, owner, &ctx.pod_shape(), &credentials);
+    let desired = member_pod(
+        pool,
+        &name,
+        owner,
+        &ctx.pod_shape(),
+        &credentials,
+        &ctx.token_key,
+    );
     // A random name that is taken is left alone: the next reconcile picks another.
     create_owned(
         ctx,

@@ -10,10 +10,10 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference}
 use k8s_openapi::jiff::Timestamp;
 
 use super::template::template_hash;
-use crate::runtime::ownership::controlled_by;
+use crate::runtime::ownership::sealed_for;
 use crate::sandbox::build::{PodShape, desired_pod};
 use crate::sandbox::status::{pod_failure, pod_ready};
-use crate::sandbox::token::{KEY_ID_ANNOTATION, NONCE_ANNOTATION, PodCredentials};
+use crate::sandbox::token::{KEY_ID_ANNOTATION, NONCE_ANNOTATION, PodCredentials, TokenKey};
 use orchard_api::{POOL_LABEL, POOL_TEMPLATE_HASH_ANNOTATION, Sandbox, SandboxPool};
 
 /// Length of the random suffix of a member's name (`<pool>-<suffix>`).
@@ -45,17 +45,19 @@ fn stand_in(pool: &SandboxPool, member: &str) -> Sandbox {
     }
 }
 
-/// The Pod of member `member` of `pool` (controlled by `owner`, the pool): a sandbox Pod of the
-/// template, labelled with the pool and annotated with the template's hash. Its agent token
-/// (`credentials`, derived for the member's name) follows the Pod when a Sandbox claims it.
+/// The Pod of member `member` of `pool` (controlled by `owner`, the pool, and sealed for it under
+/// `key`): a sandbox Pod of the template, labelled with the pool and annotated with the template's
+/// hash. Its agent token (`credentials`, derived for the member's name) follows the Pod when a Sandbox
+/// claims it; the claim seals it for the Sandbox.
 pub fn member_pod(
     pool: &SandboxPool,
     member: &str,
     owner: &OwnerReference,
     shape: &PodShape,
     credentials: &PodCredentials,
+    key: &TokenKey,
 ) -> Pod {
-    let mut pod = desired_pod(&stand_in(pool, member), owner, shape, credentials);
+    let mut pod = desired_pod(&stand_in(pool, member), owner, shape, credentials, key);
     let pool_name = pool.metadata.name.clone().unwrap_or_default();
     pod.metadata
         .labels
@@ -92,12 +94,14 @@ pub struct MemberView {
     pub current: bool,
 }
 
-/// Reads `pod` as a member of the pool with UID `pool_uid` and template hash `hash`; `None` if the
-/// pool does not control it (a claimed member is the Sandbox's).
-pub fn view(pod: &Pod, pool_uid: &str, hash: &str, key_id: &str) -> Option<MemberView> {
-    if !controlled_by(&pod.metadata, pool_uid) {
+/// Reads `pod` as a member of the pool with UID `pool_uid` and template hash `hash`; `None` if it is
+/// not the pool's (not sealed for the pool under `key`: a claimed member is the Sandbox's, and a Pod
+/// somebody made with a controller reference to the pool is nobody's member).
+pub fn view(pod: &Pod, pool_uid: &str, hash: &str, key: &TokenKey) -> Option<MemberView> {
+    if !sealed_for(pod, pool_uid, key) {
         return None;
     }
+    let key_id = key.id();
     let annotations = pod.metadata.annotations.as_ref();
     let annotation = annotations.and_then(|a| a.get(POOL_TEMPLATE_HASH_ANNOTATION));
     let ready = pod_ready(pod)
@@ -227,6 +231,7 @@ pub mod fixtures {
 mod tests {
     use super::fixtures::{pool as test_pool, shape as test_shape};
     use super::*;
+    use kube::Resource;
 
     fn member(name: &str, ready: bool, age: i64) -> MemberView {
         MemberView {
@@ -321,7 +326,7 @@ mod tests {
         let shape = test_shape();
         let key = crate::runtime::mock_api::test_token_key();
         let credentials = key.credentials("ns", "py-abcde", "00aa");
-        let pod = member_pod(&pool, "py-abcde", &owner, &shape, &credentials);
+        let pod = member_pod(&pool, "py-abcde", &owner, &shape, &credentials, &key);
         assert_eq!(pod.metadata.name.as_deref(), Some("py-abcde"));
         let labels = pod.metadata.labels.clone().unwrap_or_default();
         assert_eq!(labels[POOL_LABEL], "py");
@@ -330,7 +335,7 @@ mod tests {
             pod.metadata.annotations.as_ref().unwrap()[POOL_TEMPLATE_HASH_ANNOTATION],
             template_hash(&pool.spec.template)
         );
-        assert!(controlled_by(&pod.metadata, "pool-uid"));
+        assert!(sealed_for(&pod, "pool-uid", &key));
         let token = key
             .token_of(&pod)
             .expect("the member's token can be derived");
@@ -339,11 +344,52 @@ mod tests {
             credentials.verifier
         );
         let hash = template_hash(&pool.spec.template);
-        let seen = view(&pod, "pool-uid", &hash, key.id()).expect("a member");
+        let seen = view(&pod, "pool-uid", &hash, &key).expect("a member");
         assert!(seen.current && !seen.ready && seen.failed.is_none());
-        assert!(view(&pod, "other", "h", key.id()).is_none());
-        // A member whose token another key derives is outdated: the pool replaces it.
-        let other_key = view(&pod, "pool-uid", &hash, "another-key").expect("a member");
-        assert!(!other_key.current);
+        assert!(view(&pod, "other", "h", &key).is_none());
+        // A sealed member whose token another key derives is outdated: the pool replaces it.
+        let mut old_token = pod.clone();
+        old_token
+            .metadata
+            .annotations
+            .get_or_insert_with(BTreeMap::new)
+            .insert(KEY_ID_ANNOTATION.into(), "another-key".into());
+        let outdated = view(&old_token, "pool-uid", &hash, &key).expect("a member");
+        assert!(!outdated.current);
+    }
+
+    #[test]
+    fn a_pod_planted_with_the_pools_controller_reference_is_no_member() {
+        let pool = test_pool(2);
+        let owner = pool.controller_owner_ref(&()).expect("owner");
+        let key = crate::runtime::mock_api::test_token_key();
+        let credentials = key.credentials("ns", "py-fake1", "00aa");
+        let hash = template_hash(&pool.spec.template);
+        let genuine = member_pod(&pool, "py-fake1", &owner, &test_shape(), &credentials, &key);
+        // Everything a member carries (labels, template hash, token annotations, controller
+        // reference) is writable by whoever creates a Pod; the seal is not.
+        let mut unsealed = genuine.clone();
+        unsealed
+            .metadata
+            .annotations
+            .as_mut()
+            .expect("annotations")
+            .remove(orchard_api::SEAL_ANNOTATION);
+        assert!(view(&unsealed, "pool-uid", &hash, &key).is_none());
+        // A real member's seal copied onto another name does not verify either.
+        let mut copied = genuine.clone();
+        copied.metadata.name = Some("py-fake2".into());
+        assert!(view(&copied, "pool-uid", &hash, &key).is_none());
+        // Sealed under another operator's key.
+        let theirs = crate::sandbox::token::TokenKey::new(&[3; 32]).expect("key");
+        let foreign = member_pod(
+            &pool,
+            "py-fake1",
+            &owner,
+            &test_shape(),
+            &credentials,
+            &theirs,
+        );
+        assert!(view(&foreign, "pool-uid", &hash, &key).is_none());
     }
 }

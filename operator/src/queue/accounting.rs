@@ -8,12 +8,19 @@
 //! - a labelled Pod, Terminating ones included (their containers may still run), whether or not its
 //!   Sandbox is still there.
 //!
+//! Only what the operator made counts: a Sandbox or Pod carries the operator's seal for its owner
+//! (`runtime::ownership`). Anyone may label a Sandbox or Pod of their own with a queue's name; it holds
+//! none of that queue's slots (the operator passes the label on to a Sandbox's Pod only from a sealed
+//! trajectory, `sandbox::build`).
+//!
 //! Slots admitted but not yet visible in the caches are the book's reservations (`book`).
 
 use std::collections::BTreeSet;
 
 use k8s_openapi::api::core::v1::Pod;
 
+use crate::runtime::ownership::sealed;
+use crate::sandbox::token::TokenKey;
 use orchard_api::{ROLLOUT_QUEUE_LABEL, SANDBOX_LABEL, Sandbox, SandboxPhase};
 
 /// Whether a Sandbox's trajectory is over (its pod may still be there).
@@ -27,48 +34,42 @@ fn finished(sandbox: &Sandbox) -> bool {
     })
 }
 
-fn in_queue(
-    labels: Option<&std::collections::BTreeMap<String, String>>,
-    namespace: Option<&str>,
+/// Whether `object` is one the operator made (sealed under `key`) and is labelled with queue `queue`
+/// of `queue_namespace`.
+pub fn in_queue<K: kube::Resource<DynamicType = ()>>(
+    object: &K,
     queue_namespace: &str,
     queue: &str,
+    key: &TokenKey,
 ) -> bool {
-    namespace == Some(queue_namespace)
-        && labels
+    let meta = object.meta();
+    meta.namespace.as_deref() == Some(queue_namespace)
+        && meta
+            .labels
+            .as_ref()
             .and_then(|l| l.get(ROLLOUT_QUEUE_LABEL))
             .is_some_and(|v| v == queue)
+        && sealed(object, key).is_some()
 }
 
-/// Names of the trajectories holding a slot of queue `queue` in `namespace`.
+/// Names of the trajectories holding a slot of queue `queue` in `namespace` (seals verified with
+/// `key`).
 pub fn holders<'a>(
     namespace: &str,
     queue: &str,
     sandboxes: impl IntoIterator<Item = &'a Sandbox>,
     pods: impl IntoIterator<Item = &'a Pod>,
+    key: &TokenKey,
 ) -> BTreeSet<String> {
     let mut names: BTreeSet<String> = sandboxes
         .into_iter()
-        .filter(|s| {
-            in_queue(
-                s.metadata.labels.as_ref(),
-                s.metadata.namespace.as_deref(),
-                namespace,
-                queue,
-            )
-        })
+        .filter(|s| in_queue(*s, namespace, queue, key))
         .filter(|s| !finished(s))
         .filter_map(|s| s.metadata.name.clone())
         .collect();
     names.extend(
         pods.into_iter()
-            .filter(|p| {
-                in_queue(
-                    p.metadata.labels.as_ref(),
-                    p.metadata.namespace.as_deref(),
-                    namespace,
-                    queue,
-                )
-            })
+            .filter(|p| in_queue(*p, namespace, queue, key))
             .filter_map(|p| p.metadata.labels.as_ref()?.get(SANDBOX_LABEL).cloned()),
     );
     names
@@ -81,7 +82,21 @@ mod tests {
     use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 
     use super::*;
+    use crate::runtime::mock_api::test_token_key;
+    use crate::runtime::ownership::seal;
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
     use orchard_api::{SandboxSpec, SandboxStatus, TrajectoryResult, TrajectoryStatus};
+
+    fn owned_by(kind: &str, name: &str) -> Option<Vec<OwnerReference>> {
+        Some(vec![OwnerReference {
+            api_version: "v1".into(),
+            kind: kind.into(),
+            name: name.into(),
+            uid: format!("uid-{name}"),
+            controller: Some(true),
+            ..OwnerReference::default()
+        }])
+    }
 
     fn labels(queue: &str, sandbox: &str) -> Option<BTreeMap<String, String>> {
         Some(BTreeMap::from([
@@ -90,29 +105,37 @@ mod tests {
         ]))
     }
 
+    /// A trajectory Sandbox the operator made for group `g`.
     fn sandbox(name: &str, queue: &str, status: Option<SandboxStatus>) -> Sandbox {
-        Sandbox {
+        let mut sandbox = Sandbox {
             metadata: ObjectMeta {
                 name: Some(name.into()),
                 namespace: Some("rl".into()),
                 labels: labels(queue, name),
+                owner_references: owned_by("RolloutGroup", "g"),
                 ..ObjectMeta::default()
             },
             spec: SandboxSpec::default(),
             status,
-        }
+        };
+        seal(&mut sandbox, &test_token_key());
+        sandbox
     }
 
+    /// The Pod the operator made for Sandbox `name`.
     fn pod(name: &str, queue: &str, namespace: &str) -> Pod {
-        Pod {
+        let mut pod = Pod {
             metadata: ObjectMeta {
                 name: Some(name.into()),
                 namespace: Some(namespace.into()),
                 labels: labels(queue, name),
+                owner_references: owned_by("Sandbox", name),
                 ..ObjectMeta::default()
             },
             ..Pod::default()
-        }
+        };
+        seal(&mut pod, &test_token_key());
+        pod
     }
 
     fn with_result() -> Option<SandboxStatus> {
@@ -152,11 +175,35 @@ mod tests {
             pod("g-9", "q", "rl"),
             pod("x-0", "q", "elsewhere"),
         ];
-        let held = holders("rl", "q", sandboxes.iter(), pods.iter());
+        let held = holders("rl", "q", sandboxes.iter(), pods.iter(), &test_token_key());
         assert_eq!(
             held.into_iter().collect::<Vec<_>>(),
             ["g-0", "g-1", "g-9"],
             "g-2 and g-3 are finished with their pods gone; other queues and namespaces do not count"
+        );
+    }
+
+    #[test]
+    fn labelled_objects_the_operator_did_not_make_hold_no_slot() {
+        let key = test_token_key();
+        // A user's own Sandbox and Pod labelled with the queue's name: no controller, or a forged
+        // controller reference to a group or Sandbox, but no seal.
+        let mut bare = sandbox("mine-0", "q", None);
+        bare.metadata.owner_references = None;
+        bare.metadata.annotations = None;
+        let mut forged = sandbox("g-5", "q", None);
+        forged.metadata.annotations = None;
+        let mut copied = sandbox("g-6", "q", None);
+        copied.metadata.annotations = sandbox("g-0", "q", None).metadata.annotations;
+        let mut planted = pod("mine-1", "q", "rl");
+        planted.metadata.annotations = None;
+        let held = holders("rl", "q", [&bare, &forged, &copied], [&planted], &key);
+        assert!(held.is_empty(), "{held:?}");
+        assert_eq!(
+            holders("rl", "q", [&sandbox("g-0", "q", None)], [], &key)
+                .into_iter()
+                .collect::<Vec<_>>(),
+            ["g-0"]
         );
     }
 }

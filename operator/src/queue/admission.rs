@@ -7,11 +7,11 @@ use k8s_openapi::jiff::Timestamp;
 use kube::ResourceExt;
 use kube::runtime::reflector::ObjectRef;
 
-use super::accounting::holders;
+use super::accounting::{holders, in_queue};
 use super::book::{InUse, Limits, QueueKey, Verdict, WaitReason};
 use super::order::Request;
 use crate::runtime::context::Context;
-use orchard_api::{ROLLOUT_QUEUE_LABEL, RolloutGroup};
+use orchard_api::RolloutGroup;
 
 /// The queue `group` names, if any.
 pub fn queue_of(group: &RolloutGroup) -> Option<QueueKey> {
@@ -46,11 +46,11 @@ pub fn in_use(ctx: &Context, key: &QueueKey) -> (BTreeSet<String>, BTreeSet<Stri
         &key.name,
         sandboxes.iter().map(AsRef::as_ref),
         pods.iter().map(AsRef::as_ref),
+        &ctx.token_key,
     );
     let seen = sandboxes
         .iter()
-        .filter(|s| s.metadata.namespace.as_deref() == Some(key.namespace.as_str()))
-        .filter(|s| s.labels().get(ROLLOUT_QUEUE_LABEL) == Some(&key.name))
+        .filter(|s| in_queue(s.as_ref(), &key.namespace, &key.name, &ctx.token_key))
         .map(|s| s.name_any())
         .collect();
     (held, seen)

@@ -16,15 +16,16 @@ use super::observe::{ChildView, DEADLINE_EXCEEDED, Observation};
 use crate::runtime::context::{Context, object_key};
 use crate::runtime::error::Result;
 use crate::runtime::own_writes::child_key;
-use crate::runtime::ownership::{Owner, controlled_by};
+use crate::runtime::ownership::{Owner, sealed_for};
 use crate::runtime::writes::{ChildState, create_owned, ensure_deleted, existing_state};
 use orchard_api::{
     CleanupPolicy, EarlyStop, RolloutGroup, RolloutGroupStatus, STRIDE_LABEL, Sandbox,
     TrajectoryRecord,
 };
 
-/// The group's children as the Sandbox cache shows them: same namespace, controlled by this group's
-/// UID, in name order (the cache's order is arbitrary; clean-up deletes in a stable order).
+/// The group's children as the Sandbox cache shows them: same namespace, sealed for this group's UID
+/// (a Sandbox somebody made with a controller reference to the group is not one), in name order (the
+/// cache's order is arbitrary; clean-up deletes in a stable order).
 pub fn owned_children(ctx: &Context, group: &RolloutGroup) -> Vec<Arc<Sandbox>> {
     let namespace = group.namespace().unwrap_or_default();
     let uid = group.uid().unwrap_or_default();
@@ -34,7 +35,7 @@ pub fn owned_children(ctx: &Context, group: &RolloutGroup) -> Vec<Arc<Sandbox>> 
         .state()
         .into_iter()
         .filter(|s| s.namespace().as_deref() == Some(namespace.as_str()))
-        .filter(|s| controlled_by(s.meta(), &uid))
+        .filter(|s| sealed_for(s.as_ref(), &uid, &ctx.token_key))
         .collect();
     children.sort_by_key(|s| s.name_any());
     children
@@ -58,7 +59,7 @@ pub fn children_of(ctx: &Context, group: &RolloutGroup) -> Vec<ChildView> {
 }
 
 /// Which of `names` are really gone (the cache may lag behind our own creates). A Sandbox under the
-/// name that is not this group's counts as gone.
+/// name that is not this group's (not sealed for it) counts as gone.
 pub async fn confirm_gone(
     ctx: &Context,
     group: &RolloutGroup,
@@ -78,7 +79,7 @@ pub async fn confirm_gone(
         let ours = api
             .get_opt(name)
             .await?
-            .is_some_and(|s| controlled_by(s.meta(), &uid));
+            .is_some_and(|s| sealed_for(&s, &uid, &ctx.token_key));
         if !ours {
             gone.insert(name.clone());
         }
@@ -97,7 +98,7 @@ pub async fn create_trajectory(
     stride: u32,
     observation: &mut Observation,
 ) -> Result<Option<ChildState<()>>> {
-    let sandbox = desired_trajectory(group, owner, index, stride);
+    let sandbox = desired_trajectory(group, owner, index, stride, &ctx.token_key);
     let namespace = group.namespace().unwrap_or_default();
     let name = sandbox.name_any();
     let uid = group.uid().unwrap_or_default();
@@ -112,7 +113,7 @@ pub async fn create_trajectory(
         .sandboxes
         .get(&ObjectRef::new(&name).within(&namespace));
     let state = match cached {
-        Some(existing) => existing_state((*existing).clone(), as_owner).unit(),
+        Some(existing) => existing_state((*existing).clone(), as_owner, &ctx.token_key).unit(),
         None if ctx.own_writes.recorded(&uid, &key, "create") => ChildState::Ours(()),
         None => create_owned(
             ctx,

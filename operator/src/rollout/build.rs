@@ -1,13 +1,15 @@
 //! Trajectory Sandboxes of a RolloutGroup (pure): deterministic names `<group>-<index>` (index in
 //! launch order), the template's labels and annotations plus the group and stride labels, a
-//! controller owner reference to the group, the queue label when the group names a RolloutQueue, and
-//! the template's spec with the group's trajectory
-//! timeout applied to `run`.
+//! controller owner reference to the group and the operator's seal for it, the queue label when the
+//! group names a RolloutQueue, and the template's spec with the group's trajectory timeout applied to
+//! `run`.
 
 use std::collections::BTreeMap;
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference};
 
+use crate::runtime::ownership::seal;
+use crate::sandbox::token::TokenKey;
 use orchard_api::{
     MANAGED_BY, MANAGED_BY_LABEL, ROLLOUT_GROUP_LABEL, ROLLOUT_QUEUE_LABEL, RolloutGroup,
     STRIDE_LABEL, Sandbox,
@@ -23,12 +25,13 @@ pub fn trajectory_index(group: &str, name: &str) -> Option<u32> {
     name.strip_prefix(group)?.strip_prefix('-')?.parse().ok()
 }
 
-/// The Sandbox of trajectory `index` in stride `stride`.
+/// The Sandbox of trajectory `index` in stride `stride`, sealed for `owner` under `key`.
 pub fn desired_trajectory(
     group: &RolloutGroup,
     owner: &OwnerReference,
     index: u32,
     stride: u32,
+    key: &TokenKey,
 ) -> Sandbox {
     let group_name = group.metadata.name.clone().unwrap_or_default();
     let template = &group.spec.template;
@@ -43,7 +46,7 @@ pub fn desired_trajectory(
     if let (Some(run), Some(timeout)) = (spec.run.as_mut(), group.spec.trajectory_timeout_seconds) {
         run.timeout_seconds = timeout;
     }
-    Sandbox {
+    let mut sandbox = Sandbox {
         metadata: ObjectMeta {
             name: Some(trajectory_name(&group_name, index)),
             namespace: group.metadata.namespace.clone(),
@@ -55,7 +58,10 @@ pub fn desired_trajectory(
         },
         spec,
         status: None,
-    }
+    };
+    // Last: the seal replaces any the template's annotations carry.
+    seal(&mut sandbox, key);
+    sandbox
 }
 
 #[cfg(test)]
@@ -122,7 +128,13 @@ mod tests {
 
     #[test]
     fn trajectories_carry_group_labels_owner_and_timeout() {
-        let sandbox = desired_trajectory(&group(), &owner(), 5, 1);
+        let key = crate::runtime::mock_api::test_token_key();
+        let sandbox = desired_trajectory(&group(), &owner(), 5, 1, &key);
+        assert_eq!(
+            crate::runtime::ownership::sealed(&sandbox, &key),
+            Some("uid-g"),
+            "sealed for the group"
+        );
         assert_eq!(sandbox.metadata.name.as_deref(), Some("prompt-7-5"));
         assert_eq!(sandbox.metadata.namespace.as_deref(), Some("rl"));
         let labels = sandbox.metadata.labels.unwrap();

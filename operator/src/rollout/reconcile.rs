@@ -1,8 +1,10 @@
 //! One RolloutGroup reconcile: observe progress from the group's status and its child Sandboxes,
 //! finish an interrupted stride launch, ask the BAR engine for the next step, launch a stride or record
 //! the group, and clean up. Children are created before the status lists them, so a crash at any point
-//! neither launches a stride twice nor forgets one. Only children whose controller reference carries
-//! the group's UID count: a group recreated under an old name never sees its predecessor's trajectories.
+//! neither launches a stride twice nor forgets one. Only children sealed for the group's UID count: a
+//! group recreated under an old name never sees its predecessor's trajectories, and a Sandbox somebody
+//! else made with a controller reference to the group is never counted, adopted or deleted (under a
+//! trajectory name it fails the group with `NameConflict`).
 
 use std::collections::BTreeSet;
 use std::sync::Arc;

@@ -11,7 +11,7 @@ use serde_json::{Value, json};
 
 use super::build::desired_trajectory;
 use super::reconcile;
-use crate::runtime::mock_api::{Expect, TestCaches, cache, scripted};
+use crate::runtime::mock_api::{Expect, TestCaches, cache, scripted, test_token_key};
 use orchard_api::{
     CleanupPolicy, EarlyStop, PositiveFraction, RolloutGroup, RolloutGroupSpec, RolloutGroupStatus,
     RolloutPhase, SandboxSpec, SandboxStatus, SandboxTemplate, TrajectoryRecord, TrajectoryResult,
@@ -77,7 +77,7 @@ fn launched(mut g: RolloutGroup) -> RolloutGroup {
 /// Trajectory `index` of stride 0, finished with `reward`.
 fn finished(g: &RolloutGroup, index: u32, reward: f64) -> orchard_api::Sandbox {
     let owner = g.controller_owner_ref(&()).expect("owner");
-    let mut s = desired_trajectory(g, &owner, index, 0);
+    let mut s = desired_trajectory(g, &owner, index, 0, &test_token_key());
     s.metadata.uid = Some(format!("uid-t{index}"));
     s.status = Some(SandboxStatus {
         result: Some(TrajectoryResult {
@@ -135,7 +135,31 @@ fn trajectory_create(index: u32) -> Expect {
             sandbox["metadata"]["labels"]["orchard.dev/stride"],
             if index < 2 { "0" } else { "1" }
         );
+        assert_eq!(
+            sandbox["metadata"]["annotations"]["orchard.dev/seal"],
+            test_token_key().seal("Sandbox", "team", &format!("g1-{index}"), "uid-g1"),
+            "sealed for the group"
+        );
     })
+}
+
+/// A co-tenant's own Sandbox `g1-3` (not made by the operator) with a controller reference to the
+/// group, which anyone who may create Sandboxes can write, and a reward of 1 in its status.
+fn forged_trajectory() -> orchard_api::Sandbox {
+    serde_json::from_value(json!({
+        "apiVersion": "orchard.dev/v1alpha1",
+        "kind": "Sandbox",
+        "metadata": {
+            "name": "g1-3",
+            "namespace": "team",
+            "uid": "uid-forged",
+            "ownerReferences": [{"apiVersion": "orchard.dev/v1alpha1", "kind": "RolloutGroup",
+                "name": "g1", "uid": "uid-g1", "controller": true}],
+        },
+        "spec": {"image": "attacker"},
+        "status": {"result": {"status": "completed", "reward": 1.0}},
+    }))
+    .expect("a sandbox")
 }
 
 #[tokio::test]
@@ -217,6 +241,82 @@ async fn a_stride_that_cannot_balance_launches_the_next_one() {
             status_write(&g, |patch| {
                 assert_ne!(patched(patch, "phase"), Some(&json!("Complete")), "{patch}");
             }),
+        ],
+    );
+    reconcile(Arc::new(g), script.ctx.clone())
+        .await
+        .expect("reconcile");
+    script.finish().await;
+}
+
+#[tokio::test]
+async fn a_forged_trajectory_is_never_counted_and_fails_the_group_when_its_name_comes_up() {
+    let g = launched(group());
+    let mut caches = TestCaches::default();
+    cache(&mut caches.rollout_groups, g.clone());
+    cache(&mut caches.sandboxes, finished(&g, 0, 0.0));
+    cache(&mut caches.sandboxes, finished(&g, 1, 0.0));
+    cache(&mut caches.sandboxes, forged_trajectory());
+    // Stride 0 cannot balance; stride 1 is launched in order: g1-2 is created, g1-3's name is held by
+    // somebody else's Sandbox, which is neither adopted nor counted.
+    let script = scripted(
+        &caches,
+        vec![
+            trajectory_create(2),
+            Expect::create(EVENTS, "uid-event")
+                .body(|event| assert_eq!(event["reason"], "StrideLaunched")),
+            status_write(&g, |patch| {
+                assert_eq!(patched(patch, "phase"), Some(&json!("Failed")), "{patch}");
+                let message = patched(patch, "message")
+                    .and_then(Value::as_str)
+                    .unwrap_or("");
+                assert!(
+                    message.contains("Sandbox g1-3") && message.contains("no valid seal"),
+                    "{patch}"
+                );
+                assert!(!patch.to_string().contains("\"reward\":1.0"), "{patch}");
+            }),
+            Expect::create(EVENTS, "uid-event")
+                .body(|event| assert_eq!(event["reason"], "NameConflict")),
+        ],
+    );
+    reconcile(Arc::new(g), script.ctx.clone())
+        .await
+        .expect("reconcile");
+    script.finish().await;
+}
+
+#[tokio::test]
+async fn a_forged_trajectory_gives_no_reward_and_is_not_cleaned_up_with_the_group() {
+    let g = launched(group());
+    let mut caches = TestCaches::default();
+    cache(&mut caches.rollout_groups, g.clone());
+    cache(&mut caches.sandboxes, finished(&g, 0, 1.0));
+    cache(&mut caches.sandboxes, finished(&g, 1, 0.0));
+    cache(&mut caches.sandboxes, forged_trajectory());
+    // The first stride balances on its own two trajectories: g1-3 is not launched, not listed, and
+    // not deleted (the group's clean-up deletes only its own).
+    let deleted = |index: u32| {
+        Expect::delete(format!("{SANDBOXES}/g1-{index}")).body(move |delete| {
+            assert_eq!(delete["preconditions"]["uid"], format!("uid-t{index}"));
+        })
+    };
+    let script = scripted(
+        &caches,
+        vec![
+            status_write(&g, |patch| {
+                assert_eq!(patched(patch, "phase"), Some(&json!("Complete")), "{patch}");
+                let names: Vec<&Value> = patched(patch, "trajectories")
+                    .and_then(Value::as_array)
+                    .map(|t| t.iter().map(|r| &r["name"]).collect())
+                    .unwrap_or_default();
+                assert!(!names.contains(&&json!("g1-3")), "{patch}");
+                assert!(!patch.to_string().contains("g1-3"), "{patch}");
+            }),
+            Expect::create(EVENTS, "uid-event")
+                .body(|event| assert_eq!(event["reason"], "Complete")),
+            deleted(0),
+            deleted(1),
         ],
     );
     reconcile(Arc::new(g), script.ctx.clone())

@@ -127,6 +127,43 @@ fn cidr_list(text: &str, flag: &str) -> Result<Vec<Cidr>> {
         .collect()
 }
 
+/// Whether `text` is a Kubernetes quantity above zero (pure): a number (`2`, `0.5`, `.5`, an optional
+/// `+`) with an optional suffix (`m`, `k`, `M`, `G`, `T`, `P`, `E`, `Ki` to `Ei`, or an exponent such
+/// as `e3`), not all of whose digits are zero. Kubernetes reads a zero limit as none.
+fn is_positive_quantity(text: &str) -> bool {
+    let unsigned = text.strip_prefix('+').unwrap_or(text);
+    let number_end = unsigned
+        .find(|c: char| !(c.is_ascii_digit() || c == '.'))
+        .unwrap_or(unsigned.len());
+    let (number, suffix) = unsigned.split_at(number_end);
+    let mut digits = number.bytes().filter(u8::is_ascii_digit).peekable();
+    let has_digits = digits.peek().is_some();
+    let nonzero = digits.any(|d| d != b'0');
+    let exponent = |suffix: &str| {
+        let Some(power) = suffix.strip_prefix(['e', 'E']) else {
+            return false;
+        };
+        let power = power.strip_prefix(['+', '-']).unwrap_or(power);
+        !power.is_empty() && power.bytes().all(|d| d.is_ascii_digit())
+    };
+    let suffix_ok = matches!(
+        suffix,
+        "" | "m" | "k" | "M" | "G" | "T" | "P" | "E" | "Ki" | "Mi" | "Gi" | "Ti" | "Pi" | "Ei"
+    ) || exponent(suffix);
+    has_digits && nonzero && number.matches('.').count() <= 1 && suffix_ok
+}
+
+/// Refuses a default amount `value` of flag `flag` (Helm value `helm`) that is not above zero: a
+/// sandbox given it would run without that limit.
+fn positive_default(value: &str, flag: &str, helm: &str, example: &str) -> Result<()> {
+    if is_positive_quantity(value) {
+        return Ok(());
+    }
+    Err(Error::Config(format!(
+        "{flag} (Helm value {helm}) must be a quantity greater than 0, e.g. {example}; got `{value}` (Kubernetes reads a zero limit as no limit)"
+    )))
+}
+
 impl Settings {
     /// Validates and converts the command line.
     pub fn from_args(args: &OperatorArgs) -> Result<Self> {
@@ -153,6 +190,27 @@ impl Settings {
             return Err(Error::Config(
                 "--startup-timeout-seconds must be positive".into(),
             ));
+        }
+        positive_default(
+            &defaults.default_cpu,
+            "--default-cpu",
+            "sandboxDefaults.cpu",
+            "1 or 500m",
+        )?;
+        positive_default(
+            &defaults.default_memory,
+            "--default-memory",
+            "sandboxDefaults.memory",
+            "2Gi",
+        )?;
+        if !defaults.default_ephemeral_storage.is_empty() {
+            // Empty means no limit (the documented default); anything else must be a real one.
+            positive_default(
+                &defaults.default_ephemeral_storage,
+                "--default-ephemeral-storage",
+                "sandboxDefaults.ephemeralStorage",
+                "10Gi, or empty for no limit",
+            )?;
         }
         Ok(Self {
             pod: PodShape {
@@ -430,7 +488,8 @@ mod tests {
             ..Default::default()
         };
         let shape = settings.policy_shape(&ClusterRanges::default());
-        let policy = desired_egress_policy(&sandbox, &owner, &shape).unwrap();
+        let key = TokenKey::new(&[7; 32]).unwrap();
+        let policy = desired_egress_policy(&sandbox, &owner, &shape, &key).unwrap();
         let text = serde_json::to_string(&policy.spec).unwrap();
         for except in [
             "169.254.169.254/32",
@@ -499,5 +558,53 @@ mod tests {
         assert!(err.contains("--dns-pod-selector"), "{err}");
         let args = OperatorArgs::parse_from(["orchard-operator", "--default-ttl-seconds", "0"]);
         assert!(Settings::from_args(&args).is_err());
+    }
+
+    #[test]
+    fn quantities_above_zero_are_told_from_the_rest() {
+        for good in [
+            "1", "1m", "500m", "0.5", ".5", "2.", "+2", "64Mi", "2Gi", "1k", "1e3", "1E-3",
+            "0.001", "10Gi", "1E",
+        ] {
+            assert!(is_positive_quantity(good), "{good}");
+        }
+        for bad in [
+            "", "0", "0m", "0.0", "-1", "-500m", "0Gi", "0e3", "lots", "1x", "1..5", "m", "1e",
+            "1 Gi", "1mi",
+        ] {
+            assert!(!is_positive_quantity(bad), "{bad}");
+        }
+    }
+
+    #[test]
+    fn defaults_that_are_not_above_zero_are_refused_naming_flag_and_helm_value() {
+        for (flag, value, helm) in [
+            ("--default-cpu", "0", "sandboxDefaults.cpu"),
+            ("--default-cpu", "-1", "sandboxDefaults.cpu"),
+            ("--default-memory", "0Mi", "sandboxDefaults.memory"),
+            (
+                "--default-ephemeral-storage",
+                "0",
+                "sandboxDefaults.ephemeralStorage",
+            ),
+        ] {
+            let given = format!("{flag}={value}");
+            let args = OperatorArgs::parse_from(["orchard-operator", given.as_str()]);
+            let err = Settings::from_args(&args).unwrap_err().to_string();
+            assert!(
+                err.contains(flag) && err.contains(helm) && err.contains("greater than 0"),
+                "{err}"
+            );
+        }
+        let args = OperatorArgs::parse_from([
+            "orchard-operator",
+            "--default-cpu",
+            "250m",
+            "--default-memory",
+            "64Mi",
+            "--default-ephemeral-storage",
+            "",
+        ]);
+        assert!(Settings::from_args(&args).is_ok());
     }
 }

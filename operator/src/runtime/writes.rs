@@ -1,5 +1,5 @@
 //! The writes both controllers send, each in one place: create a child unless its name is taken
-//! (an existing object is classified by owner UID, never modified), delete an object only if it is
+//! (an existing object is classified by its seal and owner UID, never modified), delete an object only if it is
 //! still the one we mean (UID precondition; gone is done), and write a status as the smallest merge
 //! JSON Patch guarded by the object's UID, remembered until the watch delivers it. Every write is counted in
 //! `orchard_api_writes_total`.
@@ -21,11 +21,12 @@ use crate::runtime::error::{Error, Result};
 use crate::runtime::own_writes::child_key;
 use crate::runtime::ownership::{Claim, Owner, claim};
 use crate::runtime::status_patch::status_patch;
+use crate::sandbox::token::TokenKey;
 
 /// What became of a child we want under a given name.
 #[derive(Debug, Clone, PartialEq)]
 pub enum ChildState<T> {
-    /// Ours (created now, or found with our UID).
+    /// Ours (created now, or found sealed for our UID).
     Ours(T),
     /// A previous incarnation's object holds the name until the garbage collector removes it; its
     /// deletion wakes the owner's reconcile.
@@ -45,13 +46,15 @@ impl<T> ChildState<T> {
     }
 }
 
-/// The state of an existing object `K` named `name`, as seen from `owner` (pure).
+/// The state of an existing object `K` named `name`, as seen from `owner` (pure; `key` verifies
+/// seals).
 pub fn existing_state<K: Resource<DynamicType = ()>>(
     existing: K,
     owner: Owner<'_>,
+    key: &TokenKey,
 ) -> ChildState<K> {
     let what = format!("{} {}", K::kind(&()), existing.name_any());
-    match claim(existing.meta(), owner) {
+    match claim(&existing, owner, key) {
         Claim::Ours => ChildState::Ours(existing),
         Claim::PreviousIncarnation => ChildState::Waiting(format!(
             "{what} of a deleted {} with this name is still being removed",
@@ -80,7 +83,7 @@ async fn create_child<K: Child>(
         }
         Err(kube::Error::Api(status)) if status.is_already_exists() => {
             match api.get_opt(&desired.name_any()).await? {
-                Some(existing) => Ok(existing_state(existing, owner)),
+                Some(existing) => Ok(existing_state(existing, owner, &ctx.token_key)),
                 // Deleted between the two calls: the deletion event brings us back.
                 None => Ok(ChildState::Waiting(format!(
                     "{} {} was being deleted",
@@ -332,13 +335,16 @@ where
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::runtime::mock_api::test_token_key;
+    use crate::runtime::ownership::seal;
     use k8s_openapi::api::core::v1::Secret;
     use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference};
 
     fn secret(owner_kind: &str, owner_name: &str, owner_uid: &str) -> Secret {
-        Secret {
+        let mut secret = Secret {
             metadata: ObjectMeta {
                 name: Some("again-agent-token".into()),
+                namespace: Some("ns".into()),
                 owner_references: Some(vec![OwnerReference {
                     api_version: "orchard.dev/v1alpha1".into(),
                     kind: owner_kind.into(),
@@ -350,7 +356,9 @@ mod tests {
                 ..ObjectMeta::default()
             },
             ..Secret::default()
-        }
+        };
+        seal(&mut secret, &test_token_key());
+        secret
     }
 
     const OWNER: Owner<'static> = Owner {
@@ -361,19 +369,32 @@ mod tests {
 
     #[test]
     fn existing_objects_are_ours_waited_for_or_conflicts() {
+        let key = test_token_key();
         assert!(matches!(
-            existing_state(secret("Sandbox", "again", "uid-2"), OWNER),
+            existing_state(secret("Sandbox", "again", "uid-2"), OWNER, &key),
             ChildState::Ours(_)
         ));
-        let ChildState::Waiting(why) = existing_state(secret("Sandbox", "again", "uid-1"), OWNER)
+        let ChildState::Waiting(why) =
+            existing_state(secret("Sandbox", "again", "uid-1"), OWNER, &key)
         else {
             panic!("a previous incarnation's Secret is waited for");
         };
         assert!(why.contains("Secret again-agent-token"), "{why}");
-        let ChildState::Conflict(why) = existing_state(secret("Sandbox", "other", "uid-9"), OWNER)
+        let ChildState::Conflict(why) =
+            existing_state(secret("Sandbox", "other", "uid-9"), OWNER, &key)
         else {
             panic!("somebody else's Secret is a conflict");
         };
         assert!(why.contains("controlled by Sandbox other"), "{why}");
+        let mut unsealed = secret("Sandbox", "again", "uid-2");
+        unsealed.metadata.annotations = None;
+        let ChildState::Conflict(why) = existing_state(unsealed, OWNER, &key) else {
+            panic!("a Secret with our UID but no seal is a conflict");
+        };
+        assert!(
+            why.contains("already exists and is not the operator's")
+                && why.contains("no valid seal"),
+            "{why}"
+        );
     }
 }

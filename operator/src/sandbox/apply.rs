@@ -1,6 +1,6 @@
 //! The thin I/O layer of the Sandbox controller: the baseline and egress policies and the Pod. Each function writes only when neither the watch caches nor the operator's memory of its
 //! own writes (scoped by the Sandbox's UID) show what the pure builders want, and uses an existing
-//! object only when its controller owner reference carries the Sandbox's UID.
+//! object only when it is sealed for the Sandbox's UID (`runtime::ownership`).
 
 use std::sync::Arc;
 
@@ -20,10 +20,11 @@ use crate::runtime::context::Context;
 use crate::runtime::error::{Error, Result};
 use crate::runtime::events::publish;
 use crate::runtime::own_writes::{child_key, namespace_scope};
-use crate::runtime::ownership::{Owner, controlled_by};
+use crate::runtime::ownership::{Owner, sealed_for};
 use crate::runtime::writes::{
     ChildState, apply_owned, create_owned, delete_if_same, ensure_deleted, existing_state,
 };
+use crate::sandbox::token::TokenKey;
 use orchard_api::Sandbox;
 
 /// The Sandbox as the owner of its children.
@@ -91,9 +92,9 @@ pub async fn ensure_egress_policy(
         .caches
         .policies
         .get(&ObjectRef::new(&name).within(&namespace));
-    let desired = desired_egress_policy(sandbox, owner, &ctx.policy_shape());
+    let desired = desired_egress_policy(sandbox, owner, &ctx.policy_shape(), &ctx.token_key);
     if let Some(cached) = &cached {
-        match existing_state((**cached).clone(), owner_of(sandbox)) {
+        match existing_state((**cached).clone(), owner_of(sandbox), &ctx.token_key) {
             ChildState::Ours(_) => {}
             // Somebody else's policy under a name we do not need is none of our business.
             ChildState::Conflict(_) if desired.is_none() => return Ok(ChildState::Ours(())),
@@ -145,22 +146,23 @@ pub async fn ensure_egress_policy(
     Ok(ChildState::Ours(()))
 }
 
-/// The sandbox's Pod as far as the operator knows without asking: the cache (classified by owner),
-/// else the Pod this incarnation created or claimed moments ago.
+/// The sandbox's Pod as far as the operator knows without asking: the cache (classified by owner and
+/// seal), else the Pod this incarnation created or claimed moments ago.
 pub fn known_pod(ctx: &Context, sandbox: &Sandbox) -> Option<ChildState<Pod>> {
     let uid = sandbox.uid().unwrap_or_default();
     let name = pod_name(&sandbox.name_any());
+    let key = &ctx.token_key;
     let written = ctx.own_writes.object::<Pod>(&uid, &child_key("Pod", &name));
-    if let Some(cached) = cached_pod(&ctx.caches.pods, sandbox) {
+    if let Some(cached) = cached_pod(&ctx.caches.pods, sandbox, key) {
         // A pool member this sandbox claimed moments ago: the cache may still show it as the
         // pool's, the claim's answer is newer.
         if let Some(claimed) = written
             .as_ref()
-            .filter(|w| w.uid() == cached.uid() && !controlled_by(cached.meta(), &uid))
+            .filter(|w| w.uid() == cached.uid() && !sealed_for(cached.as_ref(), &uid, key))
         {
             return Some(ChildState::Ours(claimed.clone()));
         }
-        return Some(existing_state((*cached).clone(), owner_of(sandbox)));
+        return Some(existing_state((*cached).clone(), owner_of(sandbox), key));
     }
     written.map(ChildState::Ours)
 }
@@ -178,14 +180,14 @@ pub fn own_pod_name(sandbox: &Sandbox) -> String {
 
 /// The sandbox's pod as the watch cache shows it, whoever owns it (callers check it is the sandbox's
 /// own): under [`own_pod_name`], or, for a sandbox of a pool whose status does not name its pod yet,
-/// the member it claimed (by its label and controller UID).
-pub fn cached_pod(pods: &Store<Pod>, sandbox: &Sandbox) -> Option<Arc<Pod>> {
+/// the member it claimed (by its label and seal, verified with `key`).
+pub fn cached_pod(pods: &Store<Pod>, sandbox: &Sandbox, key: &TokenKey) -> Option<Arc<Pod>> {
     let namespace = sandbox.namespace()?;
     pods.get(&ObjectRef::new(&own_pod_name(sandbox)).within(&namespace))
         .or_else(|| {
             let unnamed = sandbox.status.as_ref().is_none_or(|s| s.pod_name.is_none());
             (sandbox.spec.pool.is_some() && unnamed)
-                .then(|| crate::pool::claim::claimed_in_cache(pods, sandbox))
+                .then(|| crate::pool::claim::claimed_in_cache(pods, sandbox, key))
                 .flatten()
         })
 }
@@ -212,7 +214,7 @@ pub async fn create_pod(ctx: &Context, sandbox: &Sandbox, pod: &Pod) -> Result<C
 }
 
 /// Reads the sandbox's Pod from the API server (used only when the cache lacks a pod the status
-/// names); a Pod under the name that is not this sandbox's counts as none.
+/// names); a Pod under the name that is not this sandbox's (not sealed for it) counts as none.
 pub async fn fetch_own_pod(ctx: &Context, sandbox: &Sandbox) -> Result<Option<Pod>> {
     let namespace = sandbox.namespace().unwrap_or_default();
     let api: Api<Pod> = Api::namespaced(ctx.client.clone(), &namespace);
@@ -220,16 +222,16 @@ pub async fn fetch_own_pod(ctx: &Context, sandbox: &Sandbox) -> Result<Option<Po
     Ok(api
         .get_opt(&own_pod_name(sandbox))
         .await?
-        .filter(|pod| controlled_by(pod.meta(), &uid)))
+        .filter(|pod| sealed_for(pod, &uid, &ctx.token_key)))
 }
 
-/// Deletes the sandbox's Pod if the cache shows one of its own (by UID; never another object under
-/// the name).
+/// Deletes the sandbox's Pod if the cache shows one of its own (sealed for its UID; never another
+/// object under the name).
 pub async fn delete_own_pod(ctx: &Context, sandbox: &Sandbox) -> Result<()> {
     let namespace = sandbox.namespace().unwrap_or_default();
     let uid = sandbox.uid().unwrap_or_default();
-    let cached =
-        cached_pod(&ctx.caches.pods, sandbox).filter(|pod| controlled_by(pod.meta(), &uid));
+    let cached = cached_pod(&ctx.caches.pods, sandbox, &ctx.token_key)
+        .filter(|pod| sealed_for(pod.as_ref(), &uid, &ctx.token_key));
     let pod = match cached {
         Some(pod) if pod.meta().deletion_timestamp.is_none() => Some((*pod).clone()),
         Some(_) => return Ok(()),

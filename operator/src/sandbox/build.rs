@@ -1,5 +1,6 @@
 //! Pure builders: a Sandbox spec plus the operator's defaults in, the desired Pod and NetworkPolicies
-//! out. No I/O; every variant of the spec is unit-tested here.
+//! out, each sealed under the operator's key for the owner it names (`runtime::ownership`). No I/O;
+//! every variant of the spec is unit-tested here.
 
 use std::collections::BTreeMap;
 
@@ -20,7 +21,8 @@ use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 
 use super::cidr::{Cidr, excepts_within};
 use super::policy_canary::{CANARY_VARIABLE, PolicyCanaries, canaries_for, canary_value};
-use super::token::{PodCredentials, VERIFIER_VARIABLE};
+use super::token::{PodCredentials, TokenKey, VERIFIER_VARIABLE};
+use crate::runtime::ownership::{seal, sealed};
 use orchard_api::{
     EgressPolicy, MANAGED_BY, MANAGED_BY_LABEL, PortProtocol, ROLLOUT_GROUP_LABEL,
     ROLLOUT_QUEUE_LABEL, SANDBOX_LABEL, SANDBOX_POD_LABEL, STRIDE_LABEL, Sandbox, SandboxSpec,
@@ -112,15 +114,19 @@ pub fn sandbox_selector(sandbox_name: &str) -> BTreeMap<String, String> {
     BTreeMap::from([(SANDBOX_LABEL.to_string(), sandbox_name.to_string())])
 }
 
-/// Labels of every object built for a sandbox (the selector plus managed-by, plus group labels of
-/// trajectory sandboxes so `kubectl get pods -l orchard.dev/rollout-group=g` works, and the queue
-/// label, which a queue's accounting counts on Pods too).
-fn child_labels(sandbox: &Sandbox, name: &str) -> BTreeMap<String, String> {
+/// Labels of every object built for a sandbox (the selector plus managed-by), plus, for a trajectory
+/// the operator created for a RolloutGroup (sealed: `key` verifies it), its group labels, so
+/// `kubectl get pods -l orchard.dev/rollout-group=g` works, and the queue label, which a queue's
+/// accounting counts on Pods too. Anyone may put those labels on a Sandbox of their own; passed on to
+/// its Pod, which the operator seals, they would let it hold a queue's slot without admission.
+fn child_labels(sandbox: &Sandbox, name: &str, key: &TokenKey) -> BTreeMap<String, String> {
     let mut labels = sandbox_selector(name);
     labels.insert(MANAGED_BY_LABEL.to_string(), MANAGED_BY.to_string());
-    for key in [ROLLOUT_GROUP_LABEL, STRIDE_LABEL, ROLLOUT_QUEUE_LABEL] {
-        if let Some(value) = sandbox.metadata.labels.as_ref().and_then(|l| l.get(key)) {
-            labels.insert(key.to_string(), value.clone());
+    if sealed(sandbox, key).is_some() {
+        for label in [ROLLOUT_GROUP_LABEL, STRIDE_LABEL, ROLLOUT_QUEUE_LABEL] {
+            if let Some(value) = sandbox.metadata.labels.as_ref().and_then(|l| l.get(label)) {
+                labels.insert(label.to_string(), value.clone());
+            }
         }
     }
     labels
@@ -128,9 +134,9 @@ fn child_labels(sandbox: &Sandbox, name: &str) -> BTreeMap<String, String> {
 
 /// Labels of a sandbox's Pod: those of every child plus the baseline policy's selector. A claimed
 /// pool member is relabelled to exactly these (plus the pool it came from).
-pub fn pod_labels(sandbox: &Sandbox) -> BTreeMap<String, String> {
+pub fn pod_labels(sandbox: &Sandbox, key: &TokenKey) -> BTreeMap<String, String> {
     let name = sandbox.metadata.name.clone().unwrap_or_default();
-    let mut labels = child_labels(sandbox, &name);
+    let mut labels = child_labels(sandbox, &name, key);
     labels.insert(SANDBOX_POD_LABEL.to_string(), "true".to_string());
     labels
 }
@@ -140,11 +146,12 @@ fn child_meta(
     name: &str,
     object_name: String,
     owner: &OwnerReference,
+    key: &TokenKey,
 ) -> ObjectMeta {
     ObjectMeta {
         name: Some(object_name),
         namespace: sandbox.metadata.namespace.clone(),
-        labels: Some(child_labels(sandbox, name)),
+        labels: Some(child_labels(sandbox, name, key)),
         owner_references: Some(vec![owner.clone()]),
         ..ObjectMeta::default()
     }
@@ -223,6 +230,25 @@ fn task_env(sandbox: &Sandbox, name: &str, shape: &PodShape, verifier: &str) -> 
 /// "nonroot" user of distroless images; the agent's init container runs as it in every profile).
 pub const RESTRICTED_DEFAULT_UID: i64 = 65532;
 
+/// Capabilities the `Default` profile drops from the container runtime's default set. containerd
+/// gives root in a container CHOWN, DAC_OVERRIDE, FOWNER, FSETID, KILL, SETGID, SETUID, SETPCAP,
+/// NET_BIND_SERVICE and SYS_CHROOT, which ordinary root tasks need (installing packages, switching
+/// users, binding a low port, chroot-based tools), plus these four, which they do not:
+/// - `NET_RAW`: raw and packet sockets. Task code could read the pod's traffic, the agent's bearer token
+///   included, and forge TCP segments into the gateway's connection to the agent. `ping` keeps working
+///   where the runtime allows unprivileged ICMP sockets (`net.ipv4.ping_group_range`; containerd 2 does
+///   by default).
+/// - `MKNOD`: creating device nodes. Package installs do not need it (named pipes do not); it is only
+///   ever a way towards a device the device cgroup should keep out of reach.
+/// - `AUDIT_WRITE`: writing records into the node's kernel audit log, which is the node's, not the
+///   sandbox's (`sudo` only warns without it).
+/// - `SETFCAP`: giving files capabilities, and mapping root into a new user namespace (Linux 5.12+):
+///   nothing a task needs, and `allowPrivilegeEscalation: false` ignores file capabilities anyway.
+///
+/// Pod Security `baseline` limits which capabilities may be added; dropping is always admitted.
+pub const DEFAULT_PROFILE_DROPPED_CAPABILITIES: [&str; 4] =
+    ["NET_RAW", "MKNOD", "AUDIT_WRITE", "SETFCAP"];
+
 /// The pod's and the task container's security contexts.
 pub struct SandboxSecurity {
     /// Pod level: RuntimeDefault seccomp always; the user under `Restricted`.
@@ -232,7 +258,8 @@ pub struct SandboxSecurity {
 }
 
 /// The security contexts of a sandbox's profile (pure). Both profiles forbid privilege escalation and
-/// apply the runtime's default seccomp profile; `Restricted` adds a non-root user and drops every
+/// apply the runtime's default seccomp profile; `Default` drops the capabilities no task needs
+/// ([`DEFAULT_PROFILE_DROPPED_CAPABILITIES`]), `Restricted` adds a non-root user and drops every
 /// capability, which is what Pod Security `restricted` admits.
 pub fn sandbox_security(spec: &SandboxSpec, shape: &PodShape) -> SandboxSecurity {
     let security = spec.security.clone().unwrap_or_default();
@@ -251,6 +278,15 @@ pub fn sandbox_security(spec: &SandboxSpec, shape: &PodShape) -> SandboxSecurity
             },
             task: SecurityContext {
                 allow_privilege_escalation: Some(false),
+                capabilities: Some(Capabilities {
+                    drop: Some(
+                        DEFAULT_PROFILE_DROPPED_CAPABILITIES
+                            .iter()
+                            .map(|c| c.to_string())
+                            .collect(),
+                    ),
+                    ..Capabilities::default()
+                }),
                 ..SecurityContext::default()
             },
         },
@@ -278,20 +314,22 @@ pub fn sandbox_security(spec: &SandboxSpec, shape: &PodShape) -> SandboxSecurity
     }
 }
 
-/// The sandbox's Pod: the task container (the user's image) runs `orchard-agent serve` from
-/// [`AGENT_DIR`], accepting the token whose hash `credentials` carry (the token itself never enters the
-/// pod: see [`super::token`]). The agent gets there as `shape.agent_injection` says: copied by an init
-/// container into an `emptyDir`, or the agent image mounted read-only as an image volume.
+/// The sandbox's Pod, controlled by `owner` and sealed for it under `key`: the task container (the
+/// user's image) runs `orchard-agent serve` from [`AGENT_DIR`], accepting the token whose hash
+/// `credentials` carry (the token itself never enters the pod: see [`super::token`]). The agent gets
+/// there as `shape.agent_injection` says: copied by an init container into an `emptyDir`, or the agent
+/// image mounted read-only as an image volume.
 pub fn desired_pod(
     sandbox: &Sandbox,
     owner: &OwnerReference,
     shape: &PodShape,
     credentials: &PodCredentials,
+    key: &TokenKey,
 ) -> Pod {
     let name = sandbox.metadata.name.clone().unwrap_or_default();
     let spec = &sandbox.spec;
-    let mut meta = child_meta(sandbox, &name, pod_name(&name), owner);
-    meta.labels = Some(pod_labels(sandbox));
+    let mut meta = child_meta(sandbox, &name, pod_name(&name), owner, key);
+    meta.labels = Some(pod_labels(sandbox, key));
     meta.annotations = Some(credentials.annotations());
     let security = sandbox_security(spec, shape);
     let resources = resource_requirements(spec, shape);
@@ -333,7 +371,7 @@ pub fn desired_pod(
         }]),
         ..Container::default()
     };
-    Pod {
+    let mut pod = Pod {
         metadata: meta,
         spec: Some(PodSpec {
             init_containers: install.map(|install| vec![install]),
@@ -360,7 +398,9 @@ pub fn desired_pod(
             ..PodSpec::default()
         }),
         status: None,
-    }
+    };
+    seal(&mut pod, key);
+    pod
 }
 
 /// The init container that installs the agent (none with an image volume), given the task container's
@@ -568,11 +608,14 @@ fn allow_all_rules(shape: &PolicyShape) -> Vec<NetworkPolicyEgressRule> {
 /// The sandbox's own egress policy: `None` for `Deny` (the baseline already denies everything); for
 /// `AllowAll` any destination but the protected ranges and the operator's namespace, for `AllowList`
 /// exactly the listed destinations (minus protected ranges inside them) plus cluster DNS. It selects
-/// only this sandbox's pod, so it never widens anything else.
+/// the pods labelled with this sandbox's name (`orchard.dev/sandbox`): the sandbox's own, and also
+/// any Pod that someone allowed to create or label Pods in the namespace labels so (a label selector
+/// cannot tell who set a label). Controlled by `owner` and sealed for it under `key`.
 pub fn desired_egress_policy(
     sandbox: &Sandbox,
     owner: &OwnerReference,
     shape: &PolicyShape,
+    key: &TokenKey,
 ) -> Option<NetworkPolicy> {
     let name = sandbox.metadata.name.clone().unwrap_or_default();
     let network = sandbox.spec.network.clone().unwrap_or_default();
@@ -604,15 +647,17 @@ pub fn desired_egress_policy(
             rules
         }
     };
-    Some(NetworkPolicy {
-        metadata: child_meta(sandbox, &name, egress_policy_name(&name), owner),
+    let mut policy = NetworkPolicy {
+        metadata: child_meta(sandbox, &name, egress_policy_name(&name), owner, key),
         spec: Some(NetworkPolicySpec {
             pod_selector: Some(labels_selector(&sandbox_selector(&name))),
             policy_types: Some(vec!["Egress".to_string()]),
             egress: Some(egress),
             ingress: None,
         }),
-    })
+    };
+    seal(&mut policy, key);
+    Some(policy)
 }
 
 fn protocol_name(protocol: PortProtocol) -> &'static str {
@@ -690,6 +735,10 @@ mod tests {
         })
     }
 
+    fn key() -> TokenKey {
+        crate::runtime::mock_api::test_token_key()
+    }
+
     fn credentials() -> PodCredentials {
         PodCredentials {
             nonce: "00".into(),
@@ -709,7 +758,7 @@ mod tests {
 
     #[test]
     fn pod_injects_the_agent_through_an_init_container() {
-        let pod = desired_pod(&minimal(), &owner(), &shape(), &credentials());
+        let pod = desired_pod(&minimal(), &owner(), &shape(), &credentials(), &key());
         let spec = pod.spec.as_ref().unwrap();
         let init = &spec.init_containers.as_ref().unwrap()[0];
         assert_eq!(
@@ -750,7 +799,7 @@ mod tests {
             agent_injection: AgentInjection::ImageVolume,
             ..shape()
         };
-        let pod = desired_pod(&minimal(), &owner(), &by_volume, &credentials());
+        let pod = desired_pod(&minimal(), &owner(), &by_volume, &credentials(), &key());
         let spec = pod.spec.as_ref().unwrap();
         assert_eq!(spec.init_containers, None);
         let volumes = spec.volumes.as_ref().unwrap();
@@ -777,7 +826,7 @@ mod tests {
             (volumes[0].name.as_str(), "/opt/orchard", Some(true))
         );
         // Everything else is the init-container pod's.
-        let classic = desired_pod(&minimal(), &owner(), &shape(), &credentials());
+        let classic = desired_pod(&minimal(), &owner(), &shape(), &credentials(), &key());
         assert_eq!(classic.spec.as_ref().unwrap().containers, spec.containers);
     }
 
@@ -785,12 +834,14 @@ mod tests {
     fn the_pod_carries_the_tokens_hash_and_nonce_and_never_the_token() {
         let key = crate::sandbox::token::TokenKey::new(&[5; 32]).unwrap();
         let credentials = key.credentials("ns", "s1", "abcd");
-        let pod = desired_pod(&minimal(), &owner(), &shape(), &credentials);
+        let pod = desired_pod(&minimal(), &owner(), &shape(), &credentials, &key);
         assert_eq!(
             env_value(&pod, "ORCHARD_AGENT_TOKEN_SHA256"),
             Some(credentials.verifier.clone())
         );
-        assert_eq!(pod.metadata.annotations, Some(credentials.annotations()));
+        let mut annotations = pod.metadata.annotations.clone().unwrap_or_default();
+        assert!(annotations.remove(orchard_api::SEAL_ANNOTATION).is_some());
+        assert_eq!(annotations, credentials.annotations());
         let token = key.token_of(&pod).unwrap();
         let text = serde_json::to_string(&pod).unwrap();
         assert!(
@@ -810,7 +861,7 @@ mod tests {
 
     #[test]
     fn pod_is_hardened_and_owned() {
-        let pod = desired_pod(&minimal(), &owner(), &shape(), &credentials());
+        let pod = desired_pod(&minimal(), &owner(), &shape(), &credentials(), &key());
         assert_eq!(
             pod.metadata.owner_references.as_ref().unwrap(),
             &vec![owner()]
@@ -854,7 +905,7 @@ mod tests {
 
     #[test]
     fn resources_default_and_requests_equal_limits() {
-        let pod = desired_pod(&minimal(), &owner(), &shape(), &credentials());
+        let pod = desired_pod(&minimal(), &owner(), &shape(), &credentials(), &key());
         let spec = pod.spec.unwrap();
         let resources = spec.containers[0].resources.clone().unwrap();
         assert_eq!(resources.requests, resources.limits);
@@ -905,7 +956,7 @@ mod tests {
             working_dir: Some("/workspace".into()),
             ..SandboxSpec::default()
         };
-        let pod = desired_pod(&sandbox(spec), &owner(), &shape(), &credentials());
+        let pod = desired_pod(&sandbox(spec), &owner(), &shape(), &credentials(), &key());
         let pod_spec = pod.spec.unwrap();
         assert_eq!(pod_spec.runtime_class_name.as_deref(), Some("gvisor"));
         assert_eq!(pod_spec.node_selector.unwrap()["pool"], "sandbox");
@@ -944,7 +995,7 @@ mod tests {
             }),
             ..SandboxSpec::default()
         };
-        let pod = desired_pod(&sandbox(spec), &owner(), &shape(), &credentials());
+        let pod = desired_pod(&sandbox(spec), &owner(), &shape(), &credentials(), &key());
         assert_eq!(env_value(&pod, "TASK").as_deref(), Some("fix-bug"));
         assert_eq!(env_value(&pod, "ORCHARD_AGENT_TOKEN"), None);
         assert_eq!(env_value(&pod, "ORCHARD_SANDBOX").as_deref(), Some("s1"));
@@ -972,7 +1023,7 @@ mod tests {
             });
             s
         };
-        let deny = desired_pod(&minimal(), &owner(), &gated, &credentials());
+        let deny = desired_pod(&minimal(), &owner(), &gated, &credentials(), &key());
         assert_eq!(
             env_value(&deny, CANARY_VARIABLE).as_deref(),
             Some("10.250.0.1:6443")
@@ -983,10 +1034,11 @@ mod tests {
             &owner(),
             &gated,
             &credentials(),
+            &key(),
         );
         assert_eq!(env_value(&open, CANARY_VARIABLE), None);
         // Enforcement not awaited: no variable at all.
-        let off = desired_pod(&minimal(), &owner(), &shape(), &credentials());
+        let off = desired_pod(&minimal(), &owner(), &shape(), &credentials(), &key());
         assert_eq!(env_value(&off, CANARY_VARIABLE), None);
         // A user's variable of the same name never reaches the agent.
         let mut spoofed = minimal();
@@ -994,23 +1046,74 @@ mod tests {
             name: CANARY_VARIABLE.into(),
             value: "127.0.0.1:1".into(),
         });
-        let pod = desired_pod(&spoofed, &owner(), &shape(), &credentials());
+        let pod = desired_pod(&spoofed, &owner(), &shape(), &credentials(), &key());
         assert_eq!(env_value(&pod, CANARY_VARIABLE), None);
     }
 
+    /// `s`'s labels on an otherwise minimal Sandbox (no owner).
+    fn minimal_with_labels(s: &Sandbox) -> Sandbox {
+        let mut plain = minimal();
+        plain.metadata.labels = s.metadata.labels.clone();
+        plain
+    }
+
     #[test]
-    fn group_labels_are_copied_onto_children() {
+    fn group_labels_are_copied_onto_the_children_of_sealed_trajectories_only() {
         let mut s = minimal();
         s.metadata.labels = Some(BTreeMap::from([
             (ROLLOUT_GROUP_LABEL.into(), "g".into()),
             (STRIDE_LABEL.into(), "1".into()),
+            (ROLLOUT_QUEUE_LABEL.into(), "q".into()),
             ("unrelated".into(), "x".into()),
         ]));
-        let pod = desired_pod(&s, &owner(), &shape(), &credentials());
+        // A Sandbox somebody labelled so themselves, even with a controller reference to a group:
+        // its Pod holds no queue slot.
+        s.metadata.owner_references = Some(vec![OwnerReference {
+            api_version: "orchard.dev/v1alpha1".into(),
+            kind: "RolloutGroup".into(),
+            name: "g".into(),
+            uid: "uid-g".into(),
+            controller: Some(true),
+            ..OwnerReference::default()
+        }]);
+        for sandbox in [minimal_with_labels(&s), s.clone()] {
+            let pod = desired_pod(&sandbox, &owner(), &shape(), &credentials(), &key());
+            let labels = pod.metadata.labels.unwrap();
+            for label in [ROLLOUT_GROUP_LABEL, STRIDE_LABEL, ROLLOUT_QUEUE_LABEL] {
+                assert!(!labels.contains_key(label), "{label}: {labels:?}");
+            }
+        }
+        // A trajectory the operator created for its group (sealed for the group).
+        seal(&mut s, &key());
+        let pod = desired_pod(&s, &owner(), &shape(), &credentials(), &key());
         let labels = pod.metadata.labels.unwrap();
         assert_eq!(labels[ROLLOUT_GROUP_LABEL], "g");
         assert_eq!(labels[STRIDE_LABEL], "1");
+        assert_eq!(labels[ROLLOUT_QUEUE_LABEL], "q");
         assert!(!labels.contains_key("unrelated"));
+    }
+
+    #[test]
+    fn pods_and_egress_policies_are_sealed_for_their_owner() {
+        let k = key();
+        let pod = desired_pod(&minimal(), &owner(), &shape(), &credentials(), &k);
+        assert_eq!(sealed(&pod, &k), Some("uid-1"));
+        assert_eq!(
+            pod.metadata.annotations.as_ref().unwrap()[orchard_api::SEAL_ANNOTATION],
+            k.seal("Pod", "ns", "s1", "uid-1")
+        );
+        let mut allow_all = minimal();
+        allow_all.spec.network = Some(NetworkSpec {
+            egress: EgressPolicy::AllowAll,
+            allow: vec![],
+        });
+        let policy = desired_egress_policy(&allow_all, &owner(), &policy_shape(), &k)
+            .expect("AllowAll has a policy");
+        assert_eq!(sealed(&policy, &k), Some("uid-1"));
+        assert_eq!(
+            policy.metadata.annotations.as_ref().unwrap()[orchard_api::SEAL_ANNOTATION],
+            k.seal("NetworkPolicy", "ns", "s1-egress", "uid-1")
+        );
     }
 
     #[test]
@@ -1052,7 +1155,7 @@ mod tests {
 
     #[test]
     fn deny_egress_builds_no_policy() {
-        assert!(desired_egress_policy(&minimal(), &owner(), &policy_shape()).is_none());
+        assert!(desired_egress_policy(&minimal(), &owner(), &policy_shape(), &key()).is_none());
     }
 
     #[test]
@@ -1065,7 +1168,7 @@ mod tests {
             }),
             ..SandboxSpec::default()
         });
-        let policy = desired_egress_policy(&s, &owner(), &policy_shape()).unwrap();
+        let policy = desired_egress_policy(&s, &owner(), &policy_shape(), &key()).unwrap();
         assert_eq!(policy.metadata.name.as_deref(), Some("s1-egress"));
         let spec = policy.spec.unwrap();
         assert_eq!(
@@ -1102,7 +1205,7 @@ mod tests {
         // With the operator's namespace allowed: pods of every namespace.
         let mut open = policy_shape();
         open.protect_operator_namespace = false;
-        let egress = desired_egress_policy(&s, &owner(), &open)
+        let egress = desired_egress_policy(&s, &owner(), &open, &key())
             .unwrap()
             .spec
             .unwrap()
@@ -1132,7 +1235,7 @@ mod tests {
             }),
             ..SandboxSpec::default()
         });
-        let egress = desired_egress_policy(&s, &owner(), &policy_shape())
+        let egress = desired_egress_policy(&s, &owner(), &policy_shape(), &key())
             .unwrap()
             .spec
             .unwrap()
@@ -1180,7 +1283,7 @@ mod tests {
             }),
             ..SandboxSpec::default()
         });
-        let egress = desired_egress_policy(&s, &owner(), &policy_shape())
+        let egress = desired_egress_policy(&s, &owner(), &policy_shape(), &key())
             .unwrap()
             .spec
             .unwrap()
@@ -1221,7 +1324,7 @@ mod tests {
 
     #[test]
     fn the_default_profile_keeps_the_image_user_and_forbids_escalation() {
-        let pod = desired_pod(&minimal(), &owner(), &shape(), &credentials());
+        let pod = desired_pod(&minimal(), &owner(), &shape(), &credentials(), &key());
         let spec = pod.spec.expect("spec");
         let pod_security = spec.security_context.expect("pod securityContext");
         assert_eq!(pod_security.run_as_non_root, None);
@@ -1232,7 +1335,46 @@ mod tests {
         );
         let task = spec.containers[0].security_context.clone().expect("task");
         assert_eq!(task.allow_privilege_escalation, Some(false));
-        assert_eq!(task.capabilities, None);
+        assert_eq!(task.privileged, None);
+        assert_eq!(task.run_as_non_root, None);
+    }
+
+    #[test]
+    fn the_default_profile_drops_raw_sockets_and_other_capabilities_no_task_needs() {
+        let spec = desired_pod(&minimal(), &owner(), &shape(), &credentials(), &key())
+            .spec
+            .expect("spec");
+        let task = spec.containers[0].security_context.clone().expect("task");
+        let capabilities = task.capabilities.expect("capabilities");
+        assert_eq!(
+            capabilities.drop,
+            Some(vec![
+                "NET_RAW".to_string(),
+                "MKNOD".to_string(),
+                "AUDIT_WRITE".to_string(),
+                "SETFCAP".to_string()
+            ])
+        );
+        // Pod Security `baseline` refuses any capability added beyond its list; none is added.
+        assert_eq!(capabilities.add, None);
+        // What root tasks need to install packages and switch users stays.
+        for kept in [
+            "CHOWN",
+            "DAC_OVERRIDE",
+            "FOWNER",
+            "FSETID",
+            "SETUID",
+            "SETGID",
+            "KILL",
+            "NET_BIND_SERVICE",
+            "SYS_CHROOT",
+            "SETPCAP",
+        ] {
+            assert!(
+                !capabilities.drop.iter().flatten().any(|c| c == kept),
+                "{kept}"
+            );
+        }
     }
 
     #[test]
@@ -1258,7 +1400,7 @@ mod tests {
         ] {
             let mut s = minimal();
             s.spec.security = Some(security);
-            let spec = desired_pod(&s, &owner(), &shape(), &credentials())
+            let spec = desired_pod(&s, &owner(), &shape(), &credentials(), &key())
                 .spec
                 .expect("spec");
             let pod_security = spec.security_context.expect("pod securityContext");
@@ -1299,7 +1441,7 @@ mod tests {
     fn the_operator_default_profile_applies_when_the_spec_sets_none() {
         let mut restricted = shape();
         restricted.default_security_profile = SecurityProfile::Restricted;
-        let spec = desired_pod(&minimal(), &owner(), &restricted, &credentials())
+        let spec = desired_pod(&minimal(), &owner(), &restricted, &credentials(), &key())
             .spec
             .expect("spec");
         assert_eq!(
@@ -1311,7 +1453,7 @@ mod tests {
             profile: Some(SecurityProfile::Default),
             ..Default::default()
         });
-        let spec = desired_pod(&s, &owner(), &restricted, &credentials())
+        let spec = desired_pod(&s, &owner(), &restricted, &credentials(), &key())
             .spec
             .expect("spec");
         assert_eq!(spec.security_context.and_then(|c| c.run_as_non_root), None);

@@ -208,6 +208,7 @@ async fn reconcile_inner(cached: &Sandbox, ctx: &Arc<Context>) -> Result<Option<
         startup_timeout_seconds: ctx.settings.startup_timeout_seconds,
         agent_port: ctx.settings.pod.agent_port,
         blocked,
+        key: &ctx.token_key,
     };
     let status = desired_status(sandbox, &observed);
     if status.ready_time.is_some()
@@ -225,7 +226,7 @@ async fn reconcile_inner(cached: &Sandbox, ctx: &Arc<Context>) -> Result<Option<
             created,
             now,
             ctx.settings.status_coalesce,
-            first_status_can_wait(sandbox),
+            first_status_can_wait(sandbox, &ctx.token_key),
         )
     {
         // A young sandbox usually becomes Ready within the window: write once, then.
@@ -292,7 +293,7 @@ async fn reconcile_inner(cached: &Sandbox, ctx: &Arc<Context>) -> Result<Option<
     }
     // Not Ready yet: come back when the startup timeout would fail it (watch events usually come first;
     // a trajectory not scheduled yet has no startup deadline, its pod's scheduling wakes it).
-    let Some(started) = startup_clock(sandbox, pod.as_ref()) else {
+    let Some(started) = startup_clock(sandbox, pod.as_ref(), &ctx.token_key) else {
         return Ok(Some(ctx.settings.resync));
     };
     let startup_deadline = started
@@ -316,7 +317,13 @@ async fn create_own_pod(
     let credentials =
         ctx.token_key
             .credentials(&namespace, &pod_name(&sandbox.name_any()), &new_nonce());
-    let mut desired = desired_pod(sandbox, owner, &ctx.pod_shape(), &credentials);
+    let mut desired = desired_pod(
+        sandbox,
+        owner,
+        &ctx.pod_shape(),
+        &credentials,
+        &ctx.token_key,
+    );
     if let Some(defaults) = defaults {
         crate::pool::template::record_defaults(&mut desired, defaults);
     }
@@ -344,7 +351,9 @@ async fn remove_failed_at_ttl(
     sandbox: &Sandbox,
     status: &SandboxStatus,
 ) -> Result<Option<Duration>> {
-    if status.phase != Some(SandboxPhase::Failed) || rollout_group_of(sandbox).is_some() {
+    if status.phase != Some(SandboxPhase::Failed)
+        || rollout_group_of(sandbox, &ctx.token_key).is_some()
+    {
         return Ok(None);
     }
     let now = Timestamp::now();
@@ -388,8 +397,8 @@ async fn expire(
     cause: &str,
     now: Timestamp,
 ) -> Result<()> {
-    let in_group = rollout_group_of(sandbox).is_some();
-    if in_group || (is_trajectory(sandbox) && status.result.is_none()) {
+    let in_group = rollout_group_of(sandbox, &ctx.token_key).is_some();
+    if in_group || (is_trajectory(sandbox, &ctx.token_key) && status.result.is_none()) {
         let mut expired = expired_status(sandbox, cause, now);
         if expired.result.is_none() {
             expired.result = Some(aborted(

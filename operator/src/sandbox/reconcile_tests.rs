@@ -46,7 +46,7 @@ fn ready_pod(s: &Sandbox) -> Pod {
     let settings = default_settings();
     let owner = s.controller_owner_ref(&()).expect("owner");
     let credentials = test_token_key().credentials(NS, "s1", "00");
-    let mut pod = desired_pod(s, &owner, &settings.pod, &credentials);
+    let mut pod = desired_pod(s, &owner, &settings.pod, &credentials, &test_token_key());
     pod.metadata.uid = Some("uid-pod".into());
     pod.spec.get_or_insert_default().node_name = Some("node-1".into());
     pod.status = Some(PodStatus {
@@ -59,6 +59,19 @@ fn ready_pod(s: &Sandbox) -> Pod {
         }]),
         ..PodStatus::default()
     });
+    pod
+}
+
+/// A Ready pod somebody planted under the sandbox's pod name: everything its own pod carries (labels,
+/// token annotations, a controller reference to the sandbox's UID) but the operator's seal.
+fn planted_pod(s: &Sandbox) -> Pod {
+    let mut pod = ready_pod(s);
+    pod.metadata.uid = Some("uid-planted".into());
+    pod.metadata
+        .annotations
+        .as_mut()
+        .expect("annotations")
+        .remove(orchard_api::SEAL_ANNOTATION);
     pod
 }
 
@@ -95,6 +108,7 @@ fn status_patch_sets(field: &'static str, value: Value) -> impl Fn(&Value) + Sen
 /// The sandbox with the status a reconcile would have written for `pod` (nothing left to write).
 fn settled(mut s: Sandbox, pod: &Pod, ready_seconds_ago: i64) -> Sandbox {
     let settings = default_settings();
+    let key = test_token_key();
     let ready = Timestamp::now() - SignedDuration::from_secs(ready_seconds_ago);
     let observed = Observed {
         pod: Some(pod),
@@ -108,6 +122,7 @@ fn settled(mut s: Sandbox, pod: &Pod, ready_seconds_ago: i64) -> Sandbox {
         startup_timeout_seconds: settings.startup_timeout_seconds,
         agent_port: settings.pod.agent_port,
         blocked: None,
+        key: &key,
     };
     s.status = Some(desired_status(&s, &observed));
     s
@@ -164,6 +179,11 @@ async fn a_new_sandbox_gets_its_baseline_pod_and_first_status_at_once() {
                 assert_eq!(
                     pod["metadata"]["annotations"]["orchard.dev/agent-token-key"],
                     test_token_key().id()
+                );
+                // Sealed for the sandbox: only such a pod is ever its own.
+                assert_eq!(
+                    pod["metadata"]["annotations"]["orchard.dev/seal"],
+                    test_token_key().seal("Pod", NS, "s1", "uid-s1")
                 );
             }),
             Expect::new(
@@ -270,7 +290,8 @@ async fn switching_egress_to_deny_deletes_the_sandbox_policy_only() {
     });
     let settings = default_settings();
     let owner = s.controller_owner_ref(&()).expect("owner");
-    let mut policy = desired_egress_policy(&s, &owner, &settings.policy).expect("AllowAll has one");
+    let mut policy = desired_egress_policy(&s, &owner, &settings.policy, &test_token_key())
+        .expect("AllowAll has one");
     policy.metadata.uid = Some("uid-egress".into());
     s.spec.network = None;
     s.metadata.generation = Some(2);
@@ -315,6 +336,49 @@ async fn a_failed_sandbox_is_deleted_by_uid_when_its_ttl_ends() {
 async fn a_failed_sandbox_within_its_ttl_is_kept_and_nothing_is_written() {
     let s = with_status(sandbox(10), SandboxPhase::Failed);
     let caches = caches_with_children(&s, None);
+    let script = scripted(&caches, vec![]);
+    reconcile(Arc::new(s), script.ctx.clone())
+        .await
+        .expect("reconcile");
+    assert!(script.finish().await.is_empty());
+}
+
+#[tokio::test]
+async fn a_planted_pod_under_the_sandbox_name_is_never_its_pod() {
+    let s = sandbox(0);
+    let caches = caches_with_children(&s, Some(planted_pod(&s)));
+    let mut written = s.clone();
+    written.metadata.resource_version = Some("11".into());
+    // Not Ready through somebody else's agent: failed at once, and the pod is neither used nor
+    // deleted (no request touches it).
+    let script = scripted(
+        &caches,
+        vec![
+            Expect::new(
+                "PATCH",
+                format!("{SANDBOXES}/s1/status"),
+                200,
+                serde_json::to_value(&written).expect("json"),
+            )
+            .body(|patch| {
+                status_patch_sets("phase", json!("Failed"))(patch);
+                status_patch_sets("reason", json!("NameConflict"))(patch);
+                assert!(patch.to_string().contains("no valid seal"), "{patch}");
+            }),
+            Expect::create(EVENTS, "uid-event")
+                .body(|event| assert_eq!(event["reason"], "NameConflict")),
+        ],
+    );
+    reconcile(Arc::new(s), script.ctx.clone())
+        .await
+        .expect("reconcile");
+    script.finish().await;
+}
+
+#[tokio::test]
+async fn a_failed_sandbox_never_deletes_a_pod_planted_under_its_name() {
+    let s = with_status(sandbox(10), SandboxPhase::Failed);
+    let caches = caches_with_children(&s, Some(planted_pod(&s)));
     let script = scripted(&caches, vec![]);
     reconcile(Arc::new(s), script.ctx.clone())
         .await

@@ -124,7 +124,7 @@ pub const RUN_PROCESS_ID: &str = "orchard-run";
 
 /// The agent endpoint and token of a sandbox, from its own pod in the cache.
 pub fn agent_target(ctx: &Context, sandbox: &Sandbox) -> Option<AgentTarget> {
-    let pod = cached_pod(&ctx.caches.pods, sandbox)?;
+    let pod = cached_pod(&ctx.caches.pods, sandbox, &ctx.token_key)?;
     agent_target_of(ctx, sandbox, &pod)
 }
 
@@ -132,7 +132,7 @@ pub fn agent_target(ctx: &Context, sandbox: &Sandbox) -> Option<AgentTarget> {
 /// token derived from the pod's annotations under the operator's key.
 pub fn agent_target_of(ctx: &Context, sandbox: &Sandbox, pod: &Pod) -> Option<AgentTarget> {
     // From the sandbox's own Ready pod, never from `status.agentEndpoint` (see endpoint_of_own_pod).
-    let endpoint = endpoint_of_own_pod(sandbox, pod, ctx.settings.pod.agent_port)?;
+    let endpoint = endpoint_of_own_pod(sandbox, pod, ctx.settings.pod.agent_port, &ctx.token_key)?;
     let token = match ctx.token_key.token_of(pod) {
         Ok(token) => token,
         Err(err) => {

@@ -12,7 +12,8 @@ use super::expiry::{
 };
 use super::policy_canary::awaits_enforcement;
 use crate::runtime::conditions::{self, Desired, Progress};
-use crate::runtime::ownership::controlled_by;
+use crate::runtime::ownership::sealed_for;
+use crate::sandbox::token::TokenKey;
 use orchard_api::{Sandbox, SandboxPhase, SandboxStatus};
 
 /// Condition types of a Sandbox.
@@ -77,6 +78,8 @@ pub struct Observed<'a> {
     pub agent_port: u16,
     /// A child the sandbox needs whose name is held by an object that is not its own.
     pub blocked: Option<Blocked>,
+    /// The operator's key (a trajectory of a RolloutGroup is a Sandbox sealed for its group).
+    pub key: &'a TokenKey,
 }
 
 /// The `StartupTimeout` message; `gated`: the pod's agent waits for its NetworkPolicies to be enforced
@@ -135,8 +138,8 @@ pub fn quota_refusal(code: u16, message: &str) -> Option<String> {
 /// the moment its Pod was scheduled. While a quota refuses its Pod or no node has room for it, it
 /// waits instead of failing (a trajectory that failed for lack of capacity would become an aborted
 /// trajectory and change the group's selection); its group's `activeDeadlineSeconds` bounds the wait.
-pub fn startup_clock(sandbox: &Sandbox, pod: Option<&Pod>) -> Option<Timestamp> {
-    if rollout_group_of(sandbox).is_none() {
+pub fn startup_clock(sandbox: &Sandbox, pod: Option<&Pod>, key: &TokenKey) -> Option<Timestamp> {
+    if rollout_group_of(sandbox, key).is_none() {
         return sandbox.metadata.creation_timestamp.as_ref().map(|t| t.0);
     }
     let pod = pod?;
@@ -360,13 +363,19 @@ pub fn pod_ready(pod: &Pod) -> bool {
     pod_condition(pod, "Ready").is_some_and(|c| c.status == "True")
 }
 
-/// Where the agent of `sandbox` answers, derived from `pod` (pure): only a pod the sandbox controls
-/// (its UID in the controller owner reference), not being deleted, Ready, with an IP. Never read from
-/// `status.agentEndpoint`: anyone allowed to patch a Sandbox's status could point it anywhere, and
-/// the caller would send the sandbox's token there.
-pub fn endpoint_of_own_pod(sandbox: &Sandbox, pod: &Pod, agent_port: u16) -> Option<String> {
+/// Where the agent of `sandbox` answers, derived from `pod` (pure): only the sandbox's own pod (sealed
+/// for its UID under `key`: a pod anyone planted with a controller reference to the sandbox is not),
+/// not being deleted, Ready, with an IP. Never read from `status.agentEndpoint`: anyone allowed to
+/// patch a Sandbox's status could point it anywhere, and the caller would send the sandbox's token
+/// there.
+pub fn endpoint_of_own_pod(
+    sandbox: &Sandbox,
+    pod: &Pod,
+    agent_port: u16,
+    key: &TokenKey,
+) -> Option<String> {
     let uid = sandbox.metadata.uid.as_deref()?;
-    if !controlled_by(&pod.metadata, uid) || pod.metadata.deletion_timestamp.is_some() {
+    if !sealed_for(pod, uid, key) || pod.metadata.deletion_timestamp.is_some() {
         return None;
     }
     if !pod_ready(pod) {
@@ -391,6 +400,7 @@ fn failed_status(
     mut status: SandboxStatus,
     failure: Failure,
     now: Timestamp,
+    key: &TokenKey,
 ) -> SandboxStatus {
     let previous = sandbox.status.clone().unwrap_or_default();
     let scheduled = conditions::is_true(&previous.conditions, condition::SCHEDULED);
@@ -432,7 +442,7 @@ fn failed_status(
         now,
     );
     status.expires_at = None;
-    if is_trajectory(sandbox) && status.result.is_none() {
+    if is_trajectory(sandbox, key) && status.result.is_none() {
         // A trajectory that cannot finish is aborted, so its RolloutGroup (or trainer) can move on.
         status.result = Some(crate::sandbox::run_result::aborted(
             "SandboxFailed",
@@ -445,20 +455,23 @@ fn failed_status(
     status
 }
 
-/// Whether a sandbox is a trajectory: it runs `spec.run`, or belongs to a RolloutGroup.
-pub fn is_trajectory(sandbox: &Sandbox) -> bool {
-    sandbox.spec.run.is_some() || rollout_group_of(sandbox).is_some()
+/// Whether a sandbox is a trajectory: it runs `spec.run`, or belongs to a RolloutGroup (see
+/// [`rollout_group_of`]).
+pub fn is_trajectory(sandbox: &Sandbox, key: &TokenKey) -> bool {
+    sandbox.spec.run.is_some() || rollout_group_of(sandbox, key).is_some()
 }
 
-/// Name of the RolloutGroup that controls this sandbox, if any.
-pub fn rollout_group_of(sandbox: &Sandbox) -> Option<String> {
-    sandbox
+/// Name of the RolloutGroup this sandbox is a trajectory of: the group its controller reference
+/// names, when the operator sealed it for that group (`key` verifies it). A Sandbox somebody made with
+/// a controller reference to a group is no trajectory: it keeps the lifecycle of any Sandbox.
+pub fn rollout_group_of(sandbox: &Sandbox, key: &TokenKey) -> Option<String> {
+    let group = sandbox
         .metadata
         .owner_references
         .as_ref()?
         .iter()
-        .find(|o| o.controller == Some(true) && o.kind == "RolloutGroup")
-        .map(|o| o.name.clone())
+        .find(|o| o.controller == Some(true) && o.kind == "RolloutGroup")?;
+    sealed_for(sandbox, &group.uid, key).then(|| group.name.clone())
 }
 
 /// The status the sandbox should have given what is observed now.
@@ -489,6 +502,7 @@ pub fn desired_status(sandbox: &Sandbox, observed: &Observed) -> SandboxStatus {
                 "the sandbox's pod was deleted from outside the operator; its state is lost",
             ),
             now,
+            observed.key,
         );
     }
     let refused = match &observed.blocked {
@@ -498,7 +512,8 @@ pub fn desired_status(sandbox: &Sandbox, observed: &Observed) -> SandboxStatus {
         _ => None,
     };
     if let Some((reason, message)) = refused {
-        return failed_status(sandbox, status, Failure::new(reason, message.clone()), now);
+        let failure = Failure::new(reason, message.clone());
+        return failed_status(sandbox, status, failure, now, observed.key);
     }
     if let Some(pod) = observed.pod {
         status.pod_name = pod.metadata.name.clone();
@@ -509,7 +524,7 @@ pub fn desired_status(sandbox: &Sandbox, observed: &Observed) -> SandboxStatus {
             .and_then(|s| s.pod_ip.clone())
             .filter(|ip| !ip.is_empty());
         if let Some(failure) = pod_failure(pod) {
-            return failed_status(sandbox, status, failure, now);
+            return failed_status(sandbox, status, failure, now, observed.key);
         }
     }
 
@@ -520,7 +535,7 @@ pub fn desired_status(sandbox: &Sandbox, observed: &Observed) -> SandboxStatus {
     let ready_time = status.ready_time.as_ref().map(|t| t.0);
     if ready_time.is_none() {
         let limit = SignedDuration::from_secs(observed.startup_timeout_seconds);
-        if let Some(started) = startup_clock(sandbox, observed.pod)
+        if let Some(started) = startup_clock(sandbox, observed.pod, observed.key)
             && now.duration_since(started) >= limit
         {
             let pod = status.pod_name.clone().unwrap_or_default();
@@ -533,6 +548,7 @@ pub fn desired_status(sandbox: &Sandbox, observed: &Observed) -> SandboxStatus {
                     startup_timeout_message(observed.startup_timeout_seconds, &pod, gated),
                 ),
                 now,
+                observed.key,
             );
         }
     }
@@ -690,8 +706,8 @@ pub fn hold_back_transient(
 /// nobody reads with kstatus, those created through the gateway (whose callers wait with its `/wait`
 /// or read its answers) and a RolloutGroup's trajectories (the group's status is what GitOps tools
 /// read). A sandbox applied by `kubectl`, Flux or Argo CD gets its first status at once.
-pub fn first_status_can_wait(sandbox: &Sandbox) -> bool {
-    rollout_group_of(sandbox).is_some()
+pub fn first_status_can_wait(sandbox: &Sandbox, key: &TokenKey) -> bool {
+    rollout_group_of(sandbox, key).is_some()
         || sandbox
             .metadata
             .annotations
@@ -766,7 +782,15 @@ mod tests {
             startup_timeout_seconds: 600,
             agent_port: 9090,
             blocked: None,
+            key: key(),
         }
+    }
+
+    /// The test key, for the `Observed` of the whole test.
+    fn key() -> &'static TokenKey {
+        static KEY: std::sync::LazyLock<TokenKey> =
+            std::sync::LazyLock::new(crate::runtime::mock_api::test_token_key);
+        &KEY
     }
 
     fn pod(node: Option<&str>, ip: Option<&str>, ready: bool) -> Pod {
@@ -1162,12 +1186,22 @@ mod tests {
         pod
     }
 
+    /// A trajectory the operator created for group `g`.
     fn trajectory() -> Sandbox {
+        let mut s = forged_trajectory();
+        crate::runtime::ownership::seal(&mut s, key());
+        s
+    }
+
+    /// A Sandbox somebody made with a controller reference to group `g`.
+    fn forged_trajectory() -> Sandbox {
         let mut s = sandbox();
+        s.metadata.namespace = Some("ns".into());
         s.metadata.owner_references = Some(vec![
             k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference {
                 kind: "RolloutGroup".into(),
                 name: "g".into(),
+                uid: "uid-g".into(),
                 controller: Some(true),
                 ..Default::default()
             },
@@ -1193,6 +1227,13 @@ mod tests {
         assert_eq!(standalone.reason.as_deref(), Some("StartupTimeout"));
         let waiting = desired_status(&trajectory(), &observed(Some(&unschedulable), late));
         assert_eq!(waiting.phase, Some(SandboxPhase::Pending));
+        // A forged controller reference makes no trajectory: the timeout applies.
+        let forged = desired_status(&forged_trajectory(), &observed(Some(&unschedulable), late));
+        assert_eq!(forged.reason.as_deref(), Some("StartupTimeout"));
+        assert_eq!(
+            forged.result, None,
+            "no trajectory result on somebody's own Sandbox"
+        );
         assert_eq!(cond(&waiting, condition::SCHEDULED).reason, "Unschedulable");
 
         // Over quota: no pod at all; the trajectory waits with the reason.
@@ -1354,22 +1395,21 @@ mod tests {
     #[test]
     fn only_gateway_and_group_sandboxes_wait_for_their_first_status() {
         let mut s = Sandbox::new("s", SandboxSpec::default());
-        assert!(!first_status_can_wait(&s), "kubectl, Flux, Argo CD");
+        assert!(!first_status_can_wait(&s, key()), "kubectl, Flux, Argo CD");
         s.metadata.annotations = Some(BTreeMap::from([(
             orchard_api::CREATED_BY_ANNOTATION.to_string(),
             "alice".to_string(),
         )]));
-        assert!(first_status_can_wait(&s), "created through the gateway");
+        assert!(
+            first_status_can_wait(&s, key()),
+            "created through the gateway"
+        );
         s.metadata.annotations = None;
-        s.metadata.owner_references = Some(vec![
-            k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference {
-                kind: "RolloutGroup".into(),
-                name: "g".into(),
-                controller: Some(true),
-                ..Default::default()
-            },
-        ]);
-        assert!(first_status_can_wait(&s), "a trajectory");
+        assert!(
+            !first_status_can_wait(&forged_trajectory(), key()),
+            "a Sandbox with a forged controller reference"
+        );
+        assert!(first_status_can_wait(&trajectory(), key()), "a trajectory");
     }
 
     #[test]

@@ -7,6 +7,10 @@
 //!
 //! A token is bound to its pod's namespace, name and nonce: handed to any other pod, it opens
 //! nothing. A pool member's token follows the member when a Sandbox claims it.
+//!
+//! The same key seals what the operator creates under an owner ([`TokenKey::seal`], the annotation
+//! `orchard.dev/seal`): an HMAC of the object's kind, namespace, name and owner UID under another
+//! context string, so no seal is ever a token and no token a seal. `runtime::ownership` uses it.
 
 use std::collections::BTreeMap;
 use std::fmt;
@@ -96,6 +100,39 @@ fn hex(bytes: &[u8]) -> String {
     out
 }
 
+/// The bytes of lower-case hex `text` (`None` for anything else: odd length, other characters).
+fn from_hex(text: &str) -> Option<Vec<u8>> {
+    let digit = |c: u8| match c {
+        b'0'..=b'9' => Some(c - b'0'),
+        b'a'..=b'f' => Some(c - b'a' + 10),
+        _ => None,
+    };
+    let bytes = text.as_bytes();
+    if !bytes.len().is_multiple_of(2) {
+        return None;
+    }
+    bytes
+        .chunks_exact(2)
+        .map(|pair| Some(digit(pair[0])? << 4 | digit(pair[1])?))
+        .collect()
+}
+
+/// Context string of agent tokens.
+const TOKEN_CONTEXT: &str = "orchard-agent-token/v1";
+/// Context string of seals: a seal and a token are HMACs of inputs that differ from the first field.
+const SEAL_CONTEXT: &str = "orchard-seal/v1";
+
+/// The HMAC input of `parts`: each one length-prefixed (8 bytes, big-endian), so no two different
+/// lists of parts give the same input.
+fn mac_input(parts: &[&str]) -> Vec<u8> {
+    let mut input = Vec::with_capacity(parts.iter().map(|part| 8 + part.len()).sum());
+    for part in parts {
+        input.extend_from_slice(&(part.len() as u64).to_be_bytes());
+        input.extend_from_slice(part.as_bytes());
+    }
+    input
+}
+
 impl TokenKey {
     /// A key from its material (at least [`MIN_KEY_BYTES`]).
     pub fn new(material: &[u8]) -> Result<Self, TokenError> {
@@ -118,14 +155,33 @@ impl TokenKey {
 
     /// The token of the pod `namespace/pod` with `nonce`.
     pub fn token(&self, namespace: &str, pod: &str, nonce: &str) -> String {
-        let parts = ["orchard-agent-token/v1", namespace, pod, nonce];
-        let mut input = Vec::with_capacity(parts.iter().map(|part| 8 + part.len()).sum());
-        for part in parts {
-            // Length-prefixed, so no two different triples hash the same input.
-            input.extend_from_slice(&(part.len() as u64).to_be_bytes());
-            input.extend_from_slice(part.as_bytes());
-        }
+        let input = mac_input(&[TOKEN_CONTEXT, namespace, pod, nonce]);
         hex(hmac::sign(&self.key, &input).as_ref())
+    }
+
+    /// The seal of the object `kind` `namespace/name` created under the owner with UID `owner_uid`
+    /// (lower-case hex): what only a holder of the key can compute, so only the operator can make an
+    /// object that verifies as its own.
+    pub fn seal(&self, kind: &str, namespace: &str, name: &str, owner_uid: &str) -> String {
+        let input = mac_input(&[SEAL_CONTEXT, kind, namespace, name, owner_uid]);
+        hex(hmac::sign(&self.key, &input).as_ref())
+    }
+
+    /// Whether `seal` is the seal of `kind` `namespace/name` under the owner with UID `owner_uid`
+    /// (compared in constant time; anything but lower-case hex of the right tag is refused).
+    pub fn verify_seal(
+        &self,
+        kind: &str,
+        namespace: &str,
+        name: &str,
+        owner_uid: &str,
+        seal: &str,
+    ) -> bool {
+        let Some(tag) = from_hex(seal) else {
+            return false;
+        };
+        let input = mac_input(&[SEAL_CONTEXT, kind, namespace, name, owner_uid]);
+        hmac::verify(&self.key, &input, &tag).is_ok()
     }
 
     /// The credentials of a new pod `namespace/pod` with `nonce` (the caller draws the nonce: this
@@ -217,6 +273,51 @@ mod tests {
             key(1).token("team", "s1", "00ff"),
             "0413c3db87d1b517dd0f68de9f22a9b1039eb24088ae4804451cde21d2f22024"
         );
+    }
+
+    /// Seals are a contract with every object the operator made: a change would make them all
+    /// foreign. Known answer computed independently with Python's `hmac` (HMAC-SHA256, key 32 bytes of
+    /// 0x01, over the length-prefixed `orchard-seal/v1`, `Pod`, `team`, `s1`, `uid-1`).
+    #[test]
+    fn the_seal_keeps_its_known_answer() {
+        assert_eq!(
+            key(1).seal("Pod", "team", "s1", "uid-1"),
+            "6046f4ec10a599346117d6301120432d0525c08a24bad26ed0a13564ec643c8f"
+        );
+    }
+
+    #[test]
+    fn a_seal_verifies_only_for_its_kind_namespace_name_owner_and_key() {
+        let k = key(1);
+        let seal = k.seal("Pod", "team", "s1", "uid-1");
+        assert!(k.verify_seal("Pod", "team", "s1", "uid-1", &seal));
+        for (kind, namespace, name, uid) in [
+            ("NetworkPolicy", "team", "s1", "uid-1"),
+            ("Pod", "team2", "s1", "uid-1"),
+            ("Pod", "team", "s2", "uid-1"),
+            ("Pod", "team", "s1", "uid-2"),
+            // Moving a separator between fields changes the seal.
+            ("Pod", "tea", "ms1", "uid-1"),
+        ] {
+            assert!(
+                !k.verify_seal(kind, namespace, name, uid, &seal),
+                "{kind} {namespace}/{name} {uid}"
+            );
+        }
+        assert!(!key(2).verify_seal("Pod", "team", "s1", "uid-1", &seal));
+        for forged in [
+            String::new(),
+            "00".repeat(32),
+            seal.to_uppercase(),
+            seal[..62].to_string(),
+            format!("{seal}00"),
+            "zz".repeat(32),
+        ] {
+            assert!(
+                !k.verify_seal("Pod", "team", "s1", "uid-1", &forged),
+                "{forged:?}"
+            );
+        }
     }
 
     #[test]

@@ -146,7 +146,13 @@ impl GatewayState {
     /// The agent endpoint and token of `sandbox`, which must be Ready in a pod of its own (see
     /// [`agent_access`]).
     pub async fn agent_access(&self, sandbox: &Sandbox) -> Result<(String, String), ApiError> {
-        let pod = own_pod(&self.deps.client, &self.deps.caches.pods, sandbox).await;
+        let pod = own_pod(
+            &self.deps.client,
+            &self.deps.caches.pods,
+            sandbox,
+            &self.deps.token_key,
+        )
+        .await;
         agent_access(
             sandbox,
             pod.as_deref(),
