@@ -1,7 +1,8 @@
 //! `orchard-agent`: the in-pod execution agent of Orchard Env sandboxes. One static binary that serves
 //! exec (unary, streamed, background), files, patches and health over HTTP on the Pod IP.
 //!
-//! Data flow: `cli` (flags, env) -> `server` (router, `/v1` guard, shutdown) -> handlers in `exec`,
+//! Data flow: `cli` (flags, env) -> `connections` (HTTP/1.1 connections: header-read timeout, cap) ->
+//! `server` (router, `/v1` guard, shutdown) -> handlers in `exec`,
 //! `processes`, `files`, `patch`; `process_group` owns the kill-the-whole-group rule; `init` the PID 1
 //! duty; `policy_gate` holds everything back until the sandbox's NetworkPolicies are enforced;
 //! `error` the JSON error mapping.
@@ -9,6 +10,7 @@
 pub mod auth;
 pub mod cli;
 pub mod clock;
+pub mod connections;
 pub mod entropy;
 pub mod error;
 pub mod exec;
