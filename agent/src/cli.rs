@@ -5,8 +5,9 @@ use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::time::Duration;
 
-/// Default address the server binds to (all interfaces: the gateway reaches the agent at the Pod IP).
-pub const DEFAULT_LISTEN: &str = "0.0.0.0:9090";
+/// Default address the server binds to: all interfaces of both families (the gateway reaches the
+/// agent at the Pod IP, IPv4 or IPv6); see `listen` for the dual-stack socket and its IPv4 fallback.
+pub const DEFAULT_LISTEN: &str = "[::]:9090";
 /// Default cap on in-flight `/v1` requests before the agent answers 429.
 pub const DEFAULT_MAX_CONCURRENT: usize = 256;
 /// Default cap on JSON request bodies.
@@ -43,7 +44,8 @@ usage:
   orchard-agent --help
 
 serve options (flag, then environment variable, then default):
-  --listen ADDR            ORCHARD_AGENT_LISTEN          literal socket address, default 0.0.0.0:9090
+  --listen ADDR            ORCHARD_AGENT_LISTEN          literal socket address, default [::]:9090: IPv6 and IPv4
+                           (0.0.0.0:9090 where there is no IPv6); :PORT means [::]:PORT
   --token-file PATH        ORCHARD_AGENT_TOKEN_FILE      file holding the bearer token (or ORCHARD_AGENT_TOKEN=value)
   --token-sha256 HEX       ORCHARD_AGENT_TOKEN_SHA256    accept the bearer token whose SHA-256 is HEX (64 hex digits);
                            give exactly one of token file, token value and token verifier
@@ -367,12 +369,13 @@ pub fn check_auth_choice(
     }
 }
 
-/// Parses a literal socket address; `:PORT` means all IPv4 interfaces. Host names are refused on purpose:
-/// the static binary must never resolve names (static glibc cannot load NSS modules).
+/// Parses a literal socket address; `:PORT` means all interfaces, like the default (`[::]:PORT`,
+/// dual-stack). Host names are refused on purpose: the static binary must never resolve names (static
+/// glibc cannot load NSS modules).
 pub fn parse_listen(text: &str) -> Result<SocketAddr, CliError> {
     let text = text.trim();
     let candidate = if text.starts_with(':') {
-        format!("0.0.0.0{text}")
+        format!("[::]{text}")
     } else {
         text.to_string()
     };
@@ -499,7 +502,7 @@ mod tests {
     #[test]
     fn serve_defaults() {
         let options = serve(&["serve"], &[TOKEN]);
-        assert_eq!(options.listen, "0.0.0.0:9090".parse().unwrap());
+        assert_eq!(options.listen, "[::]:9090".parse().unwrap());
         assert_eq!(options.token, Some(TokenSource::Value("t".into())));
         assert_eq!(options.root, None);
         assert_eq!(options.max_concurrent, 256);
@@ -798,10 +801,13 @@ mod tests {
 
     #[test]
     fn listen_is_literal_only() {
+        assert_eq!(parse_listen(":8080").unwrap(), "[::]:8080".parse().unwrap());
         assert_eq!(
-            parse_listen(":8080").unwrap(),
-            "0.0.0.0:8080".parse().unwrap()
+            parse_listen("0.0.0.0:8080").unwrap(),
+            "0.0.0.0:8080".parse().unwrap(),
+            "an explicit IPv4 address stays IPv4 only"
         );
+        assert_eq!(parse_listen("[::]:0").unwrap(), "[::]:0".parse().unwrap());
         assert_eq!(parse_listen("[::1]:9").unwrap(), "[::1]:9".parse().unwrap());
         assert!(parse_listen("localhost:9090").is_err());
     }

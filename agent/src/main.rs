@@ -7,7 +7,7 @@ use orchard_agent::cli::{self, ENV_PREFIX, Invocation, ServeOptions, USAGE, WIPE
 use orchard_agent::connections::{self, ConnectionLimits};
 use orchard_agent::policy_gate::{PolicyGate, ProbeTiming};
 use orchard_agent::server::{self, AgentConfig, AppState};
-use orchard_agent::{VERSION, hardening, init, install, logging};
+use orchard_agent::{VERSION, hardening, init, install, listen, logging};
 
 fn main() -> ExitCode {
     let mut raw_args = std::env::args_os();
@@ -130,8 +130,17 @@ fn serve(options: ServeOptions) -> ExitCode {
         }
     };
     runtime.block_on(async move {
-        let listener = match tokio::net::TcpListener::bind(options.listen).await {
-            Ok(listener) => listener,
+        let listener = match listen::bind(options.listen) {
+            Ok(listening) => {
+                if let Some(error) = &listening.ipv6_unavailable {
+                    tracing::warn!(
+                        requested = %options.listen,
+                        %error,
+                        "no IPv6 here: listening on IPv4 only"
+                    );
+                }
+                listening.listener
+            }
             Err(error) => {
                 eprintln!(
                     "orchard-agent: cannot listen on {}: {error}",

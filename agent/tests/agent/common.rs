@@ -428,3 +428,32 @@ pub async fn send_many(
     .collect()
     .await
 }
+
+/// A connection of its own to `addr`, for requests that must travel on it.
+pub async fn http_connection(
+    addr: SocketAddr,
+) -> hyper::client::conn::http1::SendRequest<RequestBody> {
+    let stream = tokio::net::TcpStream::connect(addr)
+        .await
+        .unwrap_or_else(|error| panic!("connect to the agent at {addr}: {error}"));
+    let (sender, connection) =
+        hyper::client::conn::http1::handshake(hyper_util::rt::TokioIo::new(stream))
+            .await
+            .expect("HTTP/1.1 handshake");
+    tokio::spawn(connection);
+    sender
+}
+
+/// `GET /healthz` on `sender`'s connection; the status.
+pub async fn healthz_on(
+    sender: &mut hyper::client::conn::http1::SendRequest<RequestBody>,
+) -> StatusCode {
+    let request = Request::get("/healthz")
+        .header("Host", "agent")
+        .body(full(""))
+        .unwrap();
+    let response = sender.send_request(request).await.expect("an answer");
+    let status = response.status();
+    response.into_body().collect().await.expect("the body");
+    status
+}

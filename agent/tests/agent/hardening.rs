@@ -13,7 +13,9 @@ use hyper::{Method, StatusCode};
 use serde_json::{Value, json};
 use sha2::{Digest, Sha256};
 
-use crate::common::{Agent, AgentOptions, TOKEN, TempDir, agent_binary, full};
+use crate::common::{
+    Agent, AgentOptions, TOKEN, TempDir, agent_binary, full, healthz_on, http_connection,
+};
 
 /// A uid without any privilege (`nobody`).
 const NOBODY: u32 = 65534;
@@ -397,34 +399,6 @@ async fn thousands_of_idle_connections_neither_lock_out_callers_nor_stay_open() 
     );
 }
 
-/// A connection of its own to the agent, for requests that must travel on it.
-async fn connection(
-    agent: &Agent,
-) -> hyper::client::conn::http1::SendRequest<crate::common::RequestBody> {
-    let stream = tokio::net::TcpStream::connect(agent.addr)
-        .await
-        .expect("connect to the agent");
-    let (sender, connection) =
-        hyper::client::conn::http1::handshake(hyper_util::rt::TokioIo::new(stream))
-            .await
-            .expect("HTTP/1.1 handshake");
-    tokio::spawn(connection);
-    sender
-}
-
-async fn healthz_on(
-    sender: &mut hyper::client::conn::http1::SendRequest<crate::common::RequestBody>,
-) -> StatusCode {
-    let request = hyper::Request::get("/healthz")
-        .header("Host", "agent")
-        .body(full(""))
-        .unwrap();
-    let response = sender.send_request(request).await.expect("an answer");
-    let status = response.status();
-    response.into_body().collect().await.expect("the body");
-    status
-}
-
 /// At the cap, a new connection is accepted and the connection that has waited longest for a request
 /// head (a silent one, or a kept-alive one between requests) is closed; a request in progress is
 /// never cut.
@@ -435,7 +409,7 @@ async fn at_the_connection_cap_the_longest_waiting_connection_makes_room() {
         ..AgentOptions::default()
     });
     // A: a streamed command in progress (its `started` event has arrived).
-    let mut busy = connection(&agent).await;
+    let mut busy = http_connection(agent.addr).await;
     let request = hyper::Request::post("/v1/exec/stream")
         .header("Host", "agent")
         .header("Authorization", format!("Bearer {TOKEN}"))
@@ -459,14 +433,14 @@ async fn at_the_connection_cap_the_longest_waiting_connection_makes_room() {
     let mut silent_c = tokio::net::TcpStream::connect(agent.addr).await.unwrap();
 
     // D is the fourth: B (the oldest waiting) makes room, D is answered.
-    let mut kept_alive_d = connection(&agent).await;
+    let mut kept_alive_d = http_connection(agent.addr).await;
     assert_eq!(healthz_on(&mut kept_alive_d).await, StatusCode::OK);
     assert!(
         closed_within(&mut silent_b, Duration::from_secs(5)).await,
         "the oldest silent connection was not closed"
     );
     // E: C has waited for a request head longer than D, kept alive since its answer.
-    let mut e = connection(&agent).await;
+    let mut e = http_connection(agent.addr).await;
     assert_eq!(healthz_on(&mut e).await, StatusCode::OK);
     assert!(
         closed_within(&mut silent_c, Duration::from_secs(5)).await,
