@@ -13,7 +13,10 @@ pub mod table;
 
 use std::convert::Infallible;
 use std::io;
+use std::pin::Pin;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
+use std::task::{Context, Poll};
 use std::time::Duration;
 
 use axum::Router;
@@ -25,6 +28,7 @@ use hyper::server::conn::http1;
 use hyper::service::Service;
 use hyper_util::rt::{TokioIo, TokioTimer};
 use hyper_util::service::TowerToHyperService;
+use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{Notify, watch};
 
@@ -148,6 +152,60 @@ impl Drop for RequestInProgress {
     }
 }
 
+/// A connection's socket, noting whether everything written to it has been flushed: hyper flushes
+/// the socket only once its own buffer is empty, so a connection whose last write was followed by a
+/// flush holds no unsent response bytes and can be dropped without cutting one.
+struct FlushTracked {
+    stream: TcpStream,
+    unflushed: Arc<AtomicBool>,
+}
+
+impl AsyncRead for FlushTracked {
+    fn poll_read(
+        mut self: Pin<&mut Self>,
+        context: &mut Context<'_>,
+        buffer: &mut ReadBuf<'_>,
+    ) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.stream).poll_read(context, buffer)
+    }
+}
+
+impl AsyncWrite for FlushTracked {
+    fn poll_write(
+        mut self: Pin<&mut Self>,
+        context: &mut Context<'_>,
+        bytes: &[u8],
+    ) -> Poll<io::Result<usize>> {
+        self.unflushed.store(true, Ordering::Relaxed);
+        Pin::new(&mut self.stream).poll_write(context, bytes)
+    }
+
+    fn poll_write_vectored(
+        mut self: Pin<&mut Self>,
+        context: &mut Context<'_>,
+        buffers: &[io::IoSlice<'_>],
+    ) -> Poll<io::Result<usize>> {
+        self.unflushed.store(true, Ordering::Relaxed);
+        Pin::new(&mut self.stream).poll_write_vectored(context, buffers)
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        self.stream.is_write_vectored()
+    }
+
+    fn poll_flush(mut self: Pin<&mut Self>, context: &mut Context<'_>) -> Poll<io::Result<()>> {
+        let flushed = Pin::new(&mut self.stream).poll_flush(context);
+        if matches!(flushed, Poll::Ready(Ok(()))) {
+            self.unflushed.store(false, Ordering::Relaxed);
+        }
+        flushed
+    }
+
+    fn poll_shutdown(mut self: Pin<&mut Self>, context: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.stream).poll_shutdown(context)
+    }
+}
+
 /// Errors of `accept` that concern one connection only (it was gone before it was accepted).
 fn is_connection_error(error: &io::Error) -> bool {
     matches!(
@@ -242,8 +300,10 @@ pub async fn serve_connections(
 }
 
 /// Serves connection `id` until it ends, is evicted or the server stops. Evicted or stopping, it is
-/// dropped at once when it waits for a request head (no response can be cut: only polling the
-/// connection, which this task does, starts a request), or else finishes its request and closes.
+/// dropped at once when it waits for a request head with its last response flushed (nothing can be
+/// cut: only polling the connection, which this task does, starts a request or writes), or else
+/// finishes its request (or its flush) and closes: a connection that has sent half a request head
+/// does not get to keep its descriptor until the header-read timeout.
 fn serve_one(
     http: &http1::Builder,
     stream: TcpStream,
@@ -272,6 +332,11 @@ fn serve_one(
             }
         })
     };
+    let unflushed = Arc::new(AtomicBool::new(false));
+    let stream = FlushTracked {
+        stream,
+        unflushed: Arc::clone(&unflushed),
+    };
     let connection = http.serve_connection(TokioIo::new(stream), service);
     async move {
         // Boxed, not pinned on the stack, so it can be dropped (the socket closed) before the table
@@ -292,7 +357,7 @@ fn serve_one(
                         _ = stop.wait_for(|stop| *stop) => {}
                     }
                 }, if !closing => {
-                    if connections.table().is_waiting(id) {
+                    if connections.table().is_waiting(id) && !unflushed.load(Ordering::Relaxed) {
                         break;
                     }
                     connection.as_mut().graceful_shutdown();
@@ -315,5 +380,24 @@ mod tests {
         assert_eq!(cap_for_open_files(1024, 1024), 512);
         assert_eq!(cap_for_open_files(100, 1024), 100);
         assert_eq!(cap_for_open_files(1024, 1), 1);
+    }
+
+    #[tokio::test]
+    async fn writes_count_as_unflushed_until_a_flush_completes() {
+        use tokio::io::AsyncWriteExt;
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let client = TcpStream::connect(listener.local_addr().unwrap());
+        let (client, accepted) = tokio::join!(client, listener.accept());
+        let _client = client.unwrap();
+        let unflushed = Arc::new(AtomicBool::new(false));
+        let mut tracked = FlushTracked {
+            stream: accepted.unwrap().0,
+            unflushed: Arc::clone(&unflushed),
+        };
+        assert!(!unflushed.load(Ordering::Relaxed), "nothing written yet");
+        tracked.write_all(b"HTTP/1.1 200 OK\r\n").await.unwrap();
+        assert!(unflushed.load(Ordering::Relaxed));
+        tracked.flush().await.unwrap();
+        assert!(!unflushed.load(Ordering::Relaxed));
     }
 }

@@ -405,7 +405,11 @@ async fn thousands_of_idle_connections_neither_lock_out_callers_nor_stay_open() 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn at_the_connection_cap_the_longest_waiting_connection_makes_room() {
     let agent = Agent::start_with(AgentOptions {
-        env: vec![("ORCHARD_AGENT_MAX_CONNECTIONS".into(), "3".into())],
+        env: vec![
+            ("ORCHARD_AGENT_MAX_CONNECTIONS".into(), "3".into()),
+            // Far beyond the waits below: every close seen here is an eviction.
+            ("ORCHARD_AGENT_HEADER_READ_TIMEOUT".into(), "60s".into()),
+        ],
         ..AgentOptions::default()
     });
     // A: a streamed command in progress (its `started` event has arrived).
@@ -428,8 +432,12 @@ async fn at_the_connection_cap_the_longest_waiting_connection_makes_room() {
         String::from_utf8_lossy(&first).contains("\"started\""),
         "{first:?}"
     );
-    // B, then C: silent.
+    // B, then C: silent, B after half a request head (evicted, it must not keep its descriptor
+    // until the header-read timeout).
     let mut silent_b = tokio::net::TcpStream::connect(agent.addr).await.unwrap();
+    tokio::io::AsyncWriteExt::write_all(&mut silent_b, b"GET /healthz HTTP/1.1\r\n")
+        .await
+        .unwrap();
     let mut silent_c = tokio::net::TcpStream::connect(agent.addr).await.unwrap();
 
     // D is the fourth: B (the oldest waiting) makes room, D is answered.
@@ -437,7 +445,7 @@ async fn at_the_connection_cap_the_longest_waiting_connection_makes_room() {
     assert_eq!(healthz_on(&mut kept_alive_d).await, StatusCode::OK);
     assert!(
         closed_within(&mut silent_b, Duration::from_secs(5)).await,
-        "the oldest silent connection was not closed"
+        "the oldest silent connection (half a request head) was not closed"
     );
     // E: C has waited for a request head longer than D, kept alive since its answer.
     let mut e = http_connection(agent.addr).await;
