@@ -619,3 +619,52 @@ async fn deletes_racing_a_directory_swap_never_remove_the_token() {
         );
     }
 }
+
+/// Only the protected files are checked by identity: a user's symlinks, to directories and to files,
+/// work as they always did (a symlinked directory is written into and read from; DELETE removes a
+/// symlink, never what it names, even recursively).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn users_symlinks_keep_working() {
+    let agent = Agent::start();
+    let root = agent.root.path();
+    std::fs::create_dir(root.join("real")).unwrap();
+    symlink("real", root.join("linked")).unwrap();
+    let (status, body) = agent
+        .call(Method::PUT, "/v1/files?path=linked/a.txt", "through a link")
+        .await;
+    assert_eq!(status, StatusCode::CREATED, "{body:?}");
+    assert_eq!(
+        std::fs::read_to_string(root.join("real/a.txt")).unwrap(),
+        "through a link"
+    );
+    symlink("real/a.txt", root.join("alias")).unwrap();
+    for path in ["linked/a.txt", "alias"] {
+        let (status, body) = agent
+            .call(Method::GET, &format!("/v1/files?path={path}"), "")
+            .await;
+        assert_eq!(
+            (status, &body[..]),
+            (StatusCode::OK, &b"through a link"[..]),
+            "{path}"
+        );
+    }
+    let (status, _) = agent
+        .json(Method::DELETE, "/v1/files?path=linked/a.txt", Value::Null)
+        .await;
+    assert_eq!(status, StatusCode::OK);
+    assert!(!root.join("real/a.txt").exists());
+    std::fs::write(root.join("real/kept.txt"), "kept").unwrap();
+    let (status, _) = agent
+        .json(
+            Method::DELETE,
+            "/v1/files?path=linked&recursive=true",
+            Value::Null,
+        )
+        .await;
+    assert_eq!(status, StatusCode::OK);
+    assert!(std::fs::symlink_metadata(root.join("linked")).is_err());
+    assert_eq!(
+        std::fs::read_to_string(root.join("real/kept.txt")).unwrap(),
+        "kept"
+    );
+}
