@@ -82,7 +82,12 @@ pub async fn put(
         };
         let split = match split_path(&target) {
             Ok(split) if !split.directory_only => split,
-            _ => return Err(is_directory()),
+            _ => {
+                return Err(AgentError::InvalidPath(format!(
+                    "`{}` ends in `/`, `.` or `..`; PUT needs a file path",
+                    target.display()
+                )));
+            }
         };
         if fs::metadata(&target).is_ok_and(|metadata| metadata.is_dir()) {
             return Err(is_directory());

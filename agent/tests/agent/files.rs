@@ -316,6 +316,18 @@ async fn put_get_list_delete_and_modes() {
             StatusCode::BAD_REQUEST,
             "InvalidPath",
         ),
+        (
+            Method::PUT,
+            "/v1/files?path=new-dir/",
+            StatusCode::BAD_REQUEST,
+            "InvalidPath",
+        ),
+        (
+            Method::DELETE,
+            "/v1/files?path=a/..",
+            StatusCode::BAD_REQUEST,
+            "InvalidPath",
+        ),
     ];
     for (method, path, status, code) in cases {
         let (got, bytes) = agent.call(method.clone(), path, "data").await;
