@@ -3,9 +3,11 @@
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
+use std::time::Duration;
 
-/// Default address the server binds to (all interfaces: the gateway reaches the agent at the Pod IP).
-pub const DEFAULT_LISTEN: &str = "0.0.0.0:9090";
+/// Default address the server binds to: all interfaces of both families (the gateway reaches the
+/// agent at the Pod IP, IPv4 or IPv6); see `listen` for the dual-stack socket and its IPv4 fallback.
+pub const DEFAULT_LISTEN: &str = "[::]:9090";
 /// Default cap on in-flight `/v1` requests before the agent answers 429.
 pub const DEFAULT_MAX_CONCURRENT: usize = 256;
 /// Default cap on JSON request bodies.
@@ -14,6 +16,10 @@ pub const DEFAULT_MAX_BODY_BYTES: u64 = 16 * 1024 * 1024;
 pub const DEFAULT_MAX_UPLOAD_BYTES: u64 = 8 * 1024 * 1024 * 1024;
 /// Default cap on the output buffered by all execs and background processes together.
 pub const DEFAULT_MAX_OUTPUT_BYTES_TOTAL: u64 = 256 * 1024 * 1024;
+/// Default time a connection has to send a complete request head (also closes idle kept-alive ones).
+pub const DEFAULT_HEADER_READ_TIMEOUT: Duration = Duration::from_secs(10);
+/// Default cap on open connections (at the cap the longest-waiting idle connection is closed).
+pub const DEFAULT_MAX_CONNECTIONS: usize = 1024;
 
 /// Prefix of every environment variable the agent reads; all of them are scrubbed from children's env.
 pub const ENV_PREFIX: &str = "ORCHARD_AGENT_";
@@ -30,14 +36,16 @@ pub const USAGE: &str = "\
 usage:
   orchard-agent serve [--listen ADDR] [--token-file PATH | --token-sha256 HEX] [--root DIR]
                       [--max-concurrent N] [--max-body-bytes SIZE] [--max-upload-bytes SIZE]
-                      [--max-output-bytes-total SIZE] [--egress-canary ADDR[,ADDR]] [--insecure-no-auth]
+                      [--max-output-bytes-total SIZE] [--header-read-timeout DURATION]
+                      [--max-connections N] [--egress-canary ADDR[,ADDR]] [--insecure-no-auth]
   orchard-agent install DIR
                        copy this executable to DIR/orchard-agent (mode 0755) and print the path
   orchard-agent --version
   orchard-agent --help
 
 serve options (flag, then environment variable, then default):
-  --listen ADDR            ORCHARD_AGENT_LISTEN          literal socket address, default 0.0.0.0:9090
+  --listen ADDR            ORCHARD_AGENT_LISTEN          literal socket address, default [::]:9090: IPv6 and IPv4
+                           (0.0.0.0:9090 where there is no IPv6); :PORT means [::]:PORT
   --token-file PATH        ORCHARD_AGENT_TOKEN_FILE      file holding the bearer token (or ORCHARD_AGENT_TOKEN=value)
   --token-sha256 HEX       ORCHARD_AGENT_TOKEN_SHA256    accept the bearer token whose SHA-256 is HEX (64 hex digits);
                            give exactly one of token file, token value and token verifier
@@ -46,6 +54,10 @@ serve options (flag, then environment variable, then default):
   --max-body-bytes SIZE    ORCHARD_AGENT_MAX_BODY_BYTES  JSON body limit, default 16MiB
   --max-upload-bytes SIZE  ORCHARD_AGENT_MAX_UPLOAD_BYTES  uploaded file limit, default 8GiB
   --max-output-bytes-total SIZE  ORCHARD_AGENT_MAX_OUTPUT_BYTES_TOTAL  output buffered by all commands, default 256MiB
+  --header-read-timeout DURATION  ORCHARD_AGENT_HEADER_READ_TIMEOUT  time a connection has to send a request head,
+                           also the idle time after which a kept-alive connection closes, default 10s
+  --max-connections N      ORCHARD_AGENT_MAX_CONNECTIONS  open connections; at the cap the one waiting longest for a
+                           request head is closed to make room, default 1024
   --egress-canary ADDRS    ORCHARD_AGENT_EGRESS_CANARY   socket addresses (comma-separated) this sandbox's NetworkPolicies deny:
                            serve nothing (503, the startup command waits) until a TCP connection to each fails
   --insecure-no-auth       ORCHARD_AGENT_INSECURE_NO_AUTH=true    serve without a token: LOCAL DEBUGGING ONLY, anyone who
@@ -53,13 +65,17 @@ serve options (flag, then environment variable, then default):
   ORCHARD_AGENT_STARTUP    JSON {\"argv\":[..]} or {\"command\":\"..\"}: background process `startup` at boot
   ORCHARD_AGENT_LOG        log filter (error|warn|info|debug|trace, or target=level,...), default info
   ORCHARD_AGENT_DIE_WITH_PARENT  pid of the expected parent: exit when it exits (supervisors other than a container runtime)
-SIZE accepts a byte count or a suffix: K, M, G (also KiB, MiB, GiB; all powers of 1024).";
+SIZE accepts a byte count or a suffix: K, M, G (also KiB, MiB, GiB; all powers of 1024).
+DURATION accepts seconds or a suffix: ms, s, m (10s, 500ms, 2m).";
 
 /// What the command line asked for.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Invocation {
-    Serve(ServeOptions),
-    Install { dir: PathBuf },
+    /// Boxed: the options are much larger than the other variants.
+    Serve(Box<ServeOptions>),
+    Install {
+        dir: PathBuf,
+    },
     Version,
     Help,
 }
@@ -87,6 +103,10 @@ pub struct ServeOptions {
     pub max_upload_bytes: u64,
     /// Cap on the output buffered by all execs and background processes together.
     pub max_output_bytes_total: u64,
+    /// Time a connection has to send a complete request head.
+    pub header_read_timeout: Duration,
+    /// Cap on open connections.
+    pub max_connections: usize,
     /// `--insecure-no-auth`: serve without a token (local debugging only). `token` is then `None`.
     pub insecure_no_auth: bool,
     /// Addresses the sandbox's NetworkPolicies deny: nothing is served until none accepts a
@@ -117,7 +137,7 @@ pub fn parse(
         "--version" | "-V" | "version" => Ok(Invocation::Version),
         "--help" | "-h" | "help" => Ok(Invocation::Help),
         "install" => parse_install(&args[1..]),
-        "serve" => parse_serve(&args[1..], env).map(Invocation::Serve),
+        "serve" => parse_serve(&args[1..], env).map(|options| Invocation::Serve(Box::new(options))),
         other => Err(CliError(format!(
             "unknown subcommand `{other}` (expected serve, install or --version)"
         ))),
@@ -187,6 +207,8 @@ fn parse_serve(
     let mut max_body = None;
     let mut max_upload = None;
     let mut max_output_total = None;
+    let mut header_read_timeout = None;
+    let mut max_connections = None;
     let mut egress_canary = None;
     let mut insecure_no_auth = false;
 
@@ -209,6 +231,8 @@ fn parse_serve(
             "--max-body-bytes" => &mut max_body,
             "--max-upload-bytes" => &mut max_upload,
             "--max-output-bytes-total" => &mut max_output_total,
+            "--header-read-timeout" => &mut header_read_timeout,
+            "--max-connections" => &mut max_connections,
             "--egress-canary" => &mut egress_canary,
             _ => return Err(CliError(format!("unknown option `{arg}` for serve"))),
         };
@@ -229,16 +253,20 @@ fn parse_serve(
     }
     check_auth_choice(token.as_ref(), insecure_no_auth)?;
     let max_concurrent = match max_concurrent.or_else(|| from_env("ORCHARD_AGENT_MAX_CONCURRENT")) {
-        Some(text) => match text.trim().parse::<usize>() {
-            Ok(n) if n > 0 => n,
-            _ => {
-                return Err(CliError(format!(
-                    "--max-concurrent must be a positive integer, got `{text}`"
-                )));
-            }
-        },
+        Some(text) => parse_count("--max-concurrent", &text)?,
         None => DEFAULT_MAX_CONCURRENT,
     };
+    let max_connections =
+        match max_connections.or_else(|| from_env("ORCHARD_AGENT_MAX_CONNECTIONS")) {
+            Some(text) => parse_count("--max-connections", &text)?,
+            None => DEFAULT_MAX_CONNECTIONS,
+        };
+    let header_read_timeout =
+        match header_read_timeout.or_else(|| from_env("ORCHARD_AGENT_HEADER_READ_TIMEOUT")) {
+            Some(text) => parse_duration(&text)
+                .map_err(|error| CliError(format!("--header-read-timeout: {error}")))?,
+            None => DEFAULT_HEADER_READ_TIMEOUT,
+        };
     let max_body_bytes = match max_body.or_else(|| from_env("ORCHARD_AGENT_MAX_BODY_BYTES")) {
         Some(text) => parse_size(&text).map_err(|e| CliError(format!("--max-body-bytes: {e}")))?,
         None => DEFAULT_MAX_BODY_BYTES,
@@ -266,6 +294,8 @@ fn parse_serve(
         max_body_bytes,
         max_upload_bytes,
         max_output_bytes_total,
+        header_read_timeout,
+        max_connections,
         insecure_no_auth,
         egress_canaries: match egress_canary.or_else(|| from_env("ORCHARD_AGENT_EGRESS_CANARY")) {
             Some(text) => parse_canaries(&text)?,
@@ -339,12 +369,13 @@ pub fn check_auth_choice(
     }
 }
 
-/// Parses a literal socket address; `:PORT` means all IPv4 interfaces. Host names are refused on purpose:
-/// the static binary must never resolve names (static glibc cannot load NSS modules).
+/// Parses a literal socket address; `:PORT` means all interfaces, like the default (`[::]:PORT`,
+/// dual-stack). Host names are refused on purpose: the static binary must never resolve names (static
+/// glibc cannot load NSS modules).
 pub fn parse_listen(text: &str) -> Result<SocketAddr, CliError> {
     let text = text.trim();
     let candidate = if text.starts_with(':') {
-        format!("0.0.0.0{text}")
+        format!("[::]{text}")
     } else {
         text.to_string()
     };
@@ -369,6 +400,45 @@ pub fn parse_canaries(text: &str) -> Result<Vec<SocketAddr>, CliError> {
             })
         })
         .collect()
+}
+
+/// A positive integer option (`name` for the message).
+fn parse_count(name: &str, text: &str) -> Result<usize, CliError> {
+    match text.trim().parse::<usize>() {
+        Ok(n) if n > 0 => Ok(n),
+        _ => Err(CliError(format!(
+            "{name} must be a positive integer, got `{text}`"
+        ))),
+    }
+}
+
+/// Parses a duration: `10` (seconds), `10s`, `500ms`, `2m`; at least one millisecond.
+pub fn parse_duration(text: &str) -> Result<Duration, String> {
+    let trimmed = text.trim();
+    let split = trimmed
+        .find(|c: char| !c.is_ascii_digit())
+        .unwrap_or(trimmed.len());
+    let (digits, suffix) = trimmed.split_at(split);
+    let number: u64 = digits
+        .parse()
+        .map_err(|_| format!("`{text}` is not a duration (examples: 10s, 500ms, 2m)"))?;
+    let milliseconds_per_unit: u64 = match suffix.trim() {
+        "ms" => 1,
+        "" | "s" => 1_000,
+        "m" => 60_000,
+        other => {
+            return Err(format!(
+                "unknown duration unit `{other}` in `{text}` (use ms, s or m)"
+            ));
+        }
+    };
+    let milliseconds = number
+        .checked_mul(milliseconds_per_unit)
+        .ok_or_else(|| format!("duration `{text}` is too long"))?;
+    if milliseconds == 0 {
+        return Err(format!("duration `{text}` must be greater than zero"));
+    }
+    Ok(Duration::from_millis(milliseconds))
 }
 
 /// Parses a byte size: `1048576`, `512K`, `16MiB`, `8G` (binary multiples).
@@ -421,7 +491,7 @@ mod tests {
 
     fn serve(list: &[&str], env: &[(&str, &str)]) -> ServeOptions {
         match parse_with(list, env) {
-            Ok(Invocation::Serve(options)) => options,
+            Ok(Invocation::Serve(options)) => *options,
             other => panic!("expected serve, got {other:?}"),
         }
     }
@@ -432,13 +502,15 @@ mod tests {
     #[test]
     fn serve_defaults() {
         let options = serve(&["serve"], &[TOKEN]);
-        assert_eq!(options.listen, "0.0.0.0:9090".parse().unwrap());
+        assert_eq!(options.listen, "[::]:9090".parse().unwrap());
         assert_eq!(options.token, Some(TokenSource::Value("t".into())));
         assert_eq!(options.root, None);
         assert_eq!(options.max_concurrent, 256);
         assert_eq!(options.max_body_bytes, 16 << 20);
         assert_eq!(options.max_upload_bytes, 8 << 30);
         assert_eq!(options.max_output_bytes_total, 256 << 20);
+        assert_eq!(options.header_read_timeout, Duration::from_secs(10));
+        assert_eq!(options.max_connections, 1024);
         assert!(!options.insecure_no_auth);
         assert!(options.egress_canaries.is_empty());
     }
@@ -683,11 +755,59 @@ mod tests {
     }
 
     #[test]
-    fn listen_is_literal_only() {
-        assert_eq!(
-            parse_listen(":8080").unwrap(),
-            "0.0.0.0:8080".parse().unwrap()
+    fn connection_limits_come_from_flags_or_the_environment() {
+        let env = [
+            TOKEN,
+            ("ORCHARD_AGENT_HEADER_READ_TIMEOUT", "500ms"),
+            ("ORCHARD_AGENT_MAX_CONNECTIONS", "64"),
+        ];
+        let options = serve(&["serve"], &env);
+        assert_eq!(options.header_read_timeout, Duration::from_millis(500));
+        assert_eq!(options.max_connections, 64);
+        let options = serve(
+            &[
+                "serve",
+                "--header-read-timeout=2m",
+                "--max-connections",
+                "8",
+            ],
+            &env,
         );
+        assert_eq!(options.header_read_timeout, Duration::from_secs(120));
+        assert_eq!(options.max_connections, 8);
+        for (flag, bad) in [
+            ("--header-read-timeout", "0"),
+            ("--header-read-timeout", "soon"),
+            ("--header-read-timeout", "5h"),
+            ("--max-connections", "0"),
+            ("--max-connections", "-1"),
+        ] {
+            let error = parse_with(&["serve", flag, bad], &[TOKEN]).unwrap_err();
+            assert!(error.0.contains(flag), "{flag} {bad}: {error}");
+        }
+    }
+
+    #[test]
+    fn durations() {
+        assert_eq!(parse_duration("10"), Ok(Duration::from_secs(10)));
+        assert_eq!(parse_duration(" 10s "), Ok(Duration::from_secs(10)));
+        assert_eq!(parse_duration("250ms"), Ok(Duration::from_millis(250)));
+        assert_eq!(parse_duration("3m"), Ok(Duration::from_secs(180)));
+        assert!(parse_duration("0s").is_err());
+        assert!(parse_duration("1.5s").is_err());
+        assert!(parse_duration("ms").is_err());
+        assert!(parse_duration("99999999999999999m").is_err());
+    }
+
+    #[test]
+    fn listen_is_literal_only() {
+        assert_eq!(parse_listen(":8080").unwrap(), "[::]:8080".parse().unwrap());
+        assert_eq!(
+            parse_listen("0.0.0.0:8080").unwrap(),
+            "0.0.0.0:8080".parse().unwrap(),
+            "an explicit IPv4 address stays IPv4 only"
+        );
+        assert_eq!(parse_listen("[::]:0").unwrap(), "[::]:0".parse().unwrap());
         assert_eq!(parse_listen("[::1]:9").unwrap(), "[::1]:9".parse().unwrap());
         assert!(parse_listen("localhost:9090").is_err());
     }

@@ -1,14 +1,16 @@
 //! `orchard-agent`: the in-pod execution agent of Orchard Env sandboxes. One static binary that serves
 //! exec (unary, streamed, background), files, patches and health over HTTP on the Pod IP.
 //!
-//! Data flow: `cli` (flags, env) -> `server` (router, `/v1` guard, shutdown) -> handlers in `exec`,
-//! `processes`, `files`, `patch`; `process_group` owns the kill-the-whole-group rule; `init` the PID 1
-//! duty; `policy_gate` holds everything back until the sandbox's NetworkPolicies are enforced;
-//! `error` the JSON error mapping.
+//! Data flow: `cli` (flags, env) -> `listen` (the socket, dual-stack by default) -> `connections`
+//! (HTTP/1.1 connections: header-read timeout, cap) -> `server` (router, `/v1` guard, shutdown) ->
+//! handlers in `exec`, `processes`, `files`, `patch`; `process_group` owns the kill-the-whole-group
+//! rule; `init` the PID 1 duty; `policy_gate` holds everything back until the sandbox's
+//! NetworkPolicies are enforced; `error` the JSON error mapping.
 
 pub mod auth;
 pub mod cli;
 pub mod clock;
+pub mod connections;
 pub mod entropy;
 pub mod error;
 pub mod exec;
@@ -17,6 +19,7 @@ pub mod hardening;
 pub mod init;
 pub mod install;
 pub mod json_body;
+pub mod listen;
 pub mod logging;
 pub mod patch;
 pub mod policy_gate;

@@ -4,9 +4,10 @@
 use std::process::ExitCode;
 
 use orchard_agent::cli::{self, ENV_PREFIX, Invocation, ServeOptions, USAGE, WIPED_VARIABLES};
+use orchard_agent::connections::{self, ConnectionLimits};
 use orchard_agent::policy_gate::{PolicyGate, ProbeTiming};
 use orchard_agent::server::{self, AgentConfig, AppState};
-use orchard_agent::{VERSION, hardening, init, install, logging};
+use orchard_agent::{VERSION, hardening, init, install, listen, logging};
 
 fn main() -> ExitCode {
     let mut raw_args = std::env::args_os();
@@ -59,9 +60,9 @@ fn main() -> ExitCode {
                 return ExitCode::FAILURE;
             }
             if std::process::id() == 1 {
-                init::run_as_init(|| serve(options))
+                init::run_as_init(|| serve(*options))
             } else {
-                serve(options)
+                serve(*options)
             }
         }
     }
@@ -129,8 +130,17 @@ fn serve(options: ServeOptions) -> ExitCode {
         }
     };
     runtime.block_on(async move {
-        let listener = match tokio::net::TcpListener::bind(options.listen).await {
-            Ok(listener) => listener,
+        let listener = match listen::bind(options.listen) {
+            Ok(listening) => {
+                if let Some(error) = &listening.ipv6_unavailable {
+                    tracing::warn!(
+                        requested = %options.listen,
+                        %error,
+                        "no IPv6 here: listening on IPv4 only"
+                    );
+                }
+                listening.listener
+            }
             Err(error) => {
                 eprintln!(
                     "orchard-agent: cannot listen on {}: {error}",
@@ -178,7 +188,22 @@ fn serve(options: ServeOptions) -> ExitCode {
                 }
             });
         }
-        match server::serve(state, listener, server::termination_signal()).await {
+        let max_connections = match connections::open_files_limit() {
+            Some(open_files) => connections::cap_for_open_files(options.max_connections, open_files),
+            None => options.max_connections,
+        };
+        if max_connections < options.max_connections {
+            tracing::info!(
+                max_connections,
+                configured = options.max_connections,
+                "connection cap lowered to half of the open files RLIMIT_NOFILE allows"
+            );
+        }
+        let limits = ConnectionLimits {
+            header_read_timeout: options.header_read_timeout,
+            max_connections,
+        };
+        match server::serve(state, listener, limits, server::termination_signal()).await {
             Ok(()) => {
                 tracing::info!("orchard-agent stopped");
                 ExitCode::SUCCESS

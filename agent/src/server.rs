@@ -2,7 +2,7 @@
 //! in-flight cap answered with 429), and graceful shutdown (SIGTERM every command's group, wait up to
 //! 5 s, SIGKILL the rest).
 
-use std::future::{Future, IntoFuture};
+use std::future::Future;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
@@ -14,7 +14,6 @@ use axum::http::StatusCode;
 use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
-use axum::serve::ListenerExt;
 use http_body_util::BodyExt;
 use orchard_api::agent::{AgentHealth, AgentIdentity};
 use tokio::net::TcpListener;
@@ -22,6 +21,7 @@ use tokio::sync::{Semaphore, watch};
 
 use crate::auth::Token;
 use crate::cli::{ENV_PREFIX, ServeOptions};
+use crate::connections::{ConnectionLimits, serve_connections};
 use crate::error::{AgentError, json_response};
 use crate::exec::budget::OutputBudget;
 use crate::exec::request::{CommandRequest, CommandSpec, IntoSpec, RequestKind};
@@ -289,23 +289,18 @@ pub fn start_startup_command(state: &AppState, spec: CommandSpec) -> Result<(), 
     }
 }
 
-/// Serves on `listener` until `shutdown` resolves, then stops accepting, SIGTERMs every command's
-/// process group, SIGKILLs what is left after `SHUTDOWN_GRACE`, and returns.
+/// Serves on `listener` (connections within `limits`) until `shutdown` resolves, then stops
+/// accepting, SIGTERMs every command's process group, SIGKILLs what is left after `SHUTDOWN_GRACE`,
+/// and returns.
 pub async fn serve(
     state: AppState,
     listener: TcpListener,
+    limits: ConnectionLimits,
     shutdown: impl Future<Output = ()> + Send,
 ) -> std::io::Result<()> {
     let app = router(state.clone());
     let (stop, stopped) = watch::channel(false);
-    let listener = listener.tap_io(|stream| {
-        let _ = stream.set_nodelay(true);
-    });
-    let server = axum::serve(listener, app).with_graceful_shutdown(async move {
-        let mut stopped = stopped;
-        let _ = stopped.wait_for(|stop| *stop).await;
-    });
-    let server = server.into_future();
+    let server = serve_connections(listener, app, limits, stopped);
     tokio::pin!(server);
     tokio::select! {
         result = &mut server => return result,

@@ -1,12 +1,21 @@
 //! Path rules of the files and patch APIs: request paths are absolute or relative to `--root`, never
 //! empty or NUL-bearing; the agent's executable and token file are off limits, whichever spelling
 //! (symlinks, `..`, hard links) a request uses.
+//!
+//! Two kinds of checks. The `check_*` methods on a path refuse early, before anything is created, and
+//! give the message a caller understands; but a path is resolved anew by each system call, so a
+//! concurrent symlink swap can make them look at another file than the one acted on. The checks on
+//! descriptors decide: `check_opened` on the file a read opened, `check_entry` on the entry in the
+//! directory descriptor a write or delete then acts through, and `check_tree`/`check_walked` for
+//! recursive deletes. They compare device and inode, so no spelling and no swap gets past them.
 
 use std::collections::VecDeque;
-use std::fs;
+use std::fs::{self, Metadata};
 use std::os::unix::fs::MetadataExt;
 use std::path::{Component, Path, PathBuf};
+use std::sync::Arc;
 
+use super::directory::{Directory, EntryName, EntryStatus, FileIdentity, Follow};
 use crate::error::AgentError;
 
 /// Resolves a request path against `root` (absolute paths are used as they are).
@@ -62,13 +71,14 @@ pub fn canonicalize_lenient(path: &Path) -> PathBuf {
     resolved
 }
 
-/// The same file under any name: device and inode.
-type FileIdentity = (u64, u64);
-
 fn identity(path: &Path) -> Option<FileIdentity> {
     fs::metadata(path)
         .ok()
-        .map(|metadata| (metadata.dev(), metadata.ino()))
+        .map(|metadata| metadata_identity(&metadata))
+}
+
+fn metadata_identity(metadata: &Metadata) -> FileIdentity {
+    (metadata.dev(), metadata.ino())
 }
 
 #[derive(Debug, Clone)]
@@ -76,6 +86,62 @@ struct ProtectedFile {
     what: &'static str,
     canonical: Option<PathBuf>,
     identity: Option<FileIdentity>,
+    /// The directory holding the file, held open from the start: its identity and name are what a
+    /// write or delete through a directory descriptor is compared with, and its current ancestors
+    /// (wherever it has been moved since) are what a recursive delete must not start from.
+    directory: Option<Arc<Directory>>,
+    name: Option<EntryName>,
+}
+
+/// Most `..` steps taken from a protected file's directory towards `/` (a cycle guard).
+const MAX_DEPTH: usize = 4096;
+
+impl ProtectedFile {
+    /// The identities of the directory holding the file and of every directory above it, up to `/`.
+    fn ancestors(&self) -> Vec<FileIdentity> {
+        let mut identities = Vec::new();
+        let Some(directory) = &self.directory else {
+            return identities;
+        };
+        identities.push(directory.identity());
+        let mut current = directory.parent();
+        while let Ok(directory) = current {
+            if identities.contains(&directory.identity()) || identities.len() > MAX_DEPTH {
+                break; // `/` is its own parent
+            }
+            identities.push(directory.identity());
+            current = directory.parent();
+        }
+        identities
+    }
+
+    /// Whether the entry `name` of `directory` is this file's name in the directory holding it.
+    fn is_named_by(&self, directory: &Directory, name: &EntryName) -> bool {
+        self.directory
+            .as_ref()
+            .is_some_and(|own| own.identity() == directory.identity())
+            && self.name.as_ref() == Some(name)
+    }
+
+    fn is(&self, identity: FileIdentity) -> bool {
+        self.identity == Some(identity)
+    }
+
+    fn contained_in(&self, path: &Path) -> AgentError {
+        AgentError::Forbidden(match &self.canonical {
+            Some(canonical) => format!(
+                "refusing to delete `{}`: it contains {} (`{}`)",
+                path.display(),
+                self.what,
+                canonical.display()
+            ),
+            None => format!(
+                "refusing to delete `{}`: it contains {}",
+                path.display(),
+                self.what
+            ),
+        })
+    }
 }
 
 /// Files the API must not touch: the agent's own executable (writes, deletes) and its token file
@@ -138,24 +204,117 @@ impl ProtectedFiles {
                     .flatten()
                     .any(|directory| canonical.starts_with(directory))
                 {
-                    return Err(AgentError::Forbidden(format!(
-                        "refusing to delete `{}`: it contains {} (`{}`)",
-                        path.display(),
-                        protected.what,
-                        canonical.display()
-                    )));
+                    return Err(protected.contained_in(path));
                 }
             }
         }
         Ok(())
     }
+
+    /// Decides a read (`access` [`Access::Read`]) or a patch (`Access::Write`) on the file actually
+    /// opened for it, by the identity of its descriptor (`metadata` from `fstat`).
+    pub fn check_opened(
+        &self,
+        path: &Path,
+        metadata: &Metadata,
+        access: Access,
+    ) -> Result<(), AgentError> {
+        let opened = metadata_identity(metadata);
+        let refused = match access {
+            Access::Read => self.token_file.iter().find(|token| token.is(opened)),
+            Access::Write => self.all().find(|protected| protected.is(opened)),
+        };
+        match refused {
+            Some(protected) => Err(forbidden(path, protected)),
+            None => Ok(()),
+        }
+    }
+
+    /// Decides a write or delete of entry `name` of `directory` (which `path` names), acted on through
+    /// that descriptor next: refused when it is a protected file's own name in the directory holding
+    /// it, or the entry is a protected file (a hard link), or a symlink to one.
+    pub fn check_entry(
+        &self,
+        path: &Path,
+        directory: &Directory,
+        name: &EntryName,
+    ) -> Result<(), AgentError> {
+        let entry = directory.status(name, Follow::NoSymlinks).ok();
+        let target = directory.status(name, Follow::Symlinks).ok();
+        let identities: Vec<FileIdentity> = [entry, target]
+            .into_iter()
+            .flatten()
+            .map(|status| status.identity)
+            .collect();
+        match self.all().find(|protected| {
+            protected.is_named_by(directory, name)
+                || identities.iter().any(|identity| protected.is(*identity))
+        }) {
+            Some(protected) => Err(forbidden(path, protected)),
+            None => Ok(()),
+        }
+    }
+
+    /// Decides whether the directory `top` (which `path` names) may be deleted recursively: refused when
+    /// it holds a protected file at any depth, as the protected file's directories are now. The walk
+    /// itself checks every directory again ([`ProtectedFiles::check_walked`]), since the tree can
+    /// change while it is deleted.
+    pub fn check_tree(&self, path: &Path, top: &Directory) -> Result<(), AgentError> {
+        match self
+            .all()
+            .find(|protected| protected.ancestors().contains(&top.identity()))
+        {
+            Some(protected) => Err(protected.contained_in(path)),
+            None => Ok(()),
+        }
+    }
+
+    /// During a recursive delete of `path`: refuses to go on when the `directory` about to be emptied
+    /// holds a protected file, or the `entry` about to be removed is one.
+    pub fn check_walked(
+        &self,
+        path: &Path,
+        directory: &Directory,
+        entry: &EntryStatus,
+    ) -> Result<(), AgentError> {
+        match self.all().find(|protected| {
+            protected
+                .directory
+                .as_ref()
+                .is_some_and(|own| own.identity() == directory.identity())
+                || protected.is(entry.identity)
+        }) {
+            Some(protected) => Err(protected.contained_in(path)),
+            None => Ok(()),
+        }
+    }
+}
+
+/// What a request does with a file it opened.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Access {
+    /// `GET /v1/files`: only the token file is refused.
+    Read,
+    /// A patch reads a file in order to replace it: both protected files are refused.
+    Write,
 }
 
 fn protect(what: &'static str, path: &Path) -> ProtectedFile {
+    let canonical = fs::canonicalize(path).ok();
+    let directory = canonical
+        .as_deref()
+        .and_then(Path::parent)
+        .and_then(|parent| Directory::open(parent).ok())
+        .map(Arc::new);
     ProtectedFile {
         what,
-        canonical: fs::canonicalize(path).ok(),
+        name: canonical
+            .as_deref()
+            .and_then(Path::file_name)
+            .and_then(EntryName::new),
+        canonical,
         identity: identity(path),
+        directory,
     }
 }
 
@@ -331,6 +490,79 @@ mod tests {
         assert!(protected.check_write(&exe).is_err());
         assert!(protected.check_delete(exe.parent().unwrap(), true).is_err());
         assert!(protected.check_read(&exe).is_ok());
+    }
+
+    /// The checks on descriptors, which decide: they compare the directory a write or delete acts
+    /// through, and the file a read opened, with the protected files by identity.
+    #[test]
+    fn descriptor_checks_compare_identities_not_spellings() {
+        let dir = TempDir::new("descriptors");
+        fs::create_dir_all(dir.0.join("secret")).unwrap();
+        fs::create_dir_all(dir.0.join("work")).unwrap();
+        fs::write(dir.0.join("secret/token"), "t").unwrap();
+        fs::write(dir.0.join("bin"), "exe").unwrap();
+        fs::write(dir.0.join("work/token"), "decoy").unwrap();
+        fs::hard_link(dir.0.join("secret/token"), dir.0.join("work/hard")).unwrap();
+        symlink("../secret/token", dir.0.join("work/alias")).unwrap();
+        symlink("secret", dir.0.join("link")).unwrap();
+        let protected =
+            ProtectedFiles::new(Some(&dir.0.join("bin")), Some(&dir.0.join("secret/token")));
+        let name = |text: &str| EntryName::new(text.as_ref()).unwrap();
+        let refused = |directory: &str, entry: &str| {
+            let held = Directory::open(&dir.0.join(directory)).unwrap();
+            matches!(
+                protected.check_entry(&dir.0.join("x"), &held, &name(entry)),
+                Err(AgentError::Forbidden(_))
+            )
+        };
+        assert!(
+            refused("link", "token"),
+            "the token's directory through a symlink"
+        );
+        assert!(refused("secret", "token"));
+        assert!(refused("work", "hard"), "a hard link");
+        assert!(refused("work", "alias"), "a symlink to the token");
+        assert!(refused(".", "bin"), "the executable");
+        assert!(
+            !refused("work", "token"),
+            "a file of the same name elsewhere"
+        );
+        assert!(!refused("secret", "other"), "another name beside the token");
+
+        let opened = |path: &str| {
+            fs::File::open(dir.0.join(path))
+                .unwrap()
+                .metadata()
+                .unwrap()
+        };
+        let read =
+            |path: &str, access| protected.check_opened(Path::new(path), &opened(path), access);
+        assert!(read("work/hard", Access::Read).is_err());
+        assert!(read("link/token", Access::Write).is_err());
+        assert!(
+            read("bin", Access::Read).is_ok(),
+            "the executable may be read"
+        );
+        assert!(read("bin", Access::Write).is_err(), "but not patched");
+        assert!(read("work/token", Access::Write).is_ok());
+    }
+
+    #[test]
+    fn recursive_deletes_are_refused_from_every_directory_above_a_protected_file() {
+        let dir = TempDir::new("ancestors");
+        fs::create_dir_all(dir.0.join("a/b/secret")).unwrap();
+        fs::create_dir_all(dir.0.join("a/c")).unwrap();
+        fs::write(dir.0.join("a/b/secret/token"), "t").unwrap();
+        let protected = ProtectedFiles::new(None, Some(&dir.0.join("a/b/secret/token")));
+        for above in ["a/b/secret", "a/b", "a", ".", "/"] {
+            let held = Directory::open(&dir.0.join(above)).unwrap();
+            assert!(
+                protected.check_tree(Path::new(above), &held).is_err(),
+                "{above}"
+            );
+        }
+        let beside = Directory::open(&dir.0.join("a/c")).unwrap();
+        assert!(protected.check_tree(Path::new("a/c"), &beside).is_ok());
     }
 
     #[test]

@@ -2,8 +2,9 @@
 
 use std::fs;
 use std::io;
-use std::os::unix::fs::{MetadataExt, PermissionsExt};
+use std::os::unix::fs::MetadataExt;
 use std::path::PathBuf;
+use std::sync::Arc;
 use std::time::UNIX_EPOCH;
 
 use axum::body::Body;
@@ -17,11 +18,11 @@ use orchard_api::agent::{FileDeleted, FileEntry, FileKind, FileList, FileWritten
 use serde::Deserialize;
 use tokio::sync::mpsc;
 
-use super::paths::{parse_mode, resolve_request_path};
+use super::directory::{Directory, Follow, split_path};
+use super::paths::{Access, parse_mode, resolve_request_path};
 use super::regular::{Opened, not_regular_message, open_regular};
-use super::transfer::{
-    DEFAULT_FILE_MODE, QUEUE_DEPTH, create_temp_beside, read_chunks, write_chunks,
-};
+use super::remove::delete_entry;
+use super::transfer::{DEFAULT_FILE_MODE, QUEUE_DEPTH, TempFile, read_chunks, write_chunks};
 use crate::clock::rfc3339;
 use crate::error::{AgentError, json_response};
 use crate::json_body::{DRAIN_LIMIT, drain_body};
@@ -71,29 +72,50 @@ pub async fn put(
     let prepare_target = target.clone();
     let (file, temp, mode) = blocking(move || {
         let target = prepare_target;
+        // Refused early (nothing created yet) by spelling; decided below on the directory descriptor.
         protected.check_write(&target)?;
-        let existing = fs::metadata(&target).ok();
-        if existing.as_ref().is_some_and(|metadata| metadata.is_dir()) {
-            return Err(AgentError::InvalidPath(format!(
+        let is_directory = || {
+            AgentError::InvalidPath(format!(
                 "`{}` is a directory; PUT needs a file path",
                 target.display()
-            )));
+            ))
+        };
+        let split = match split_path(&target) {
+            Ok(split) if !split.directory_only => split,
+            _ => {
+                return Err(AgentError::InvalidPath(format!(
+                    "`{}` ends in `/`, `.` or `..`; PUT needs a file path",
+                    target.display()
+                )));
+            }
+        };
+        if fs::metadata(&target).is_ok_and(|metadata| metadata.is_dir()) {
+            return Err(is_directory());
         }
-        if let Some(parent) = target.parent() {
-            fs::create_dir_all(parent).map_err(|error| match error.kind() {
-                io::ErrorKind::AlreadyExists | io::ErrorKind::NotADirectory => {
-                    AgentError::InvalidPath(format!(
-                        "cannot create the parent directories of `{}`: a component is a file",
-                        target.display()
-                    ))
-                }
-                _ => AgentError::io("cannot create parent directories of", &target, error),
-            })?;
+        let component_is_a_file = || {
+            AgentError::InvalidPath(format!(
+                "cannot create the parent directories of `{}`: a component is a file",
+                target.display()
+            ))
+        };
+        fs::create_dir_all(&split.parent).map_err(|error| match error.kind() {
+            io::ErrorKind::AlreadyExists | io::ErrorKind::NotADirectory => component_is_a_file(),
+            _ => AgentError::io("cannot create parent directories of", &target, error),
+        })?;
+        // From here on, one directory: the one checked is the one written to.
+        let directory = Directory::open(&split.parent).map_err(|error| match error.kind() {
+            io::ErrorKind::NotADirectory => component_is_a_file(),
+            _ => AgentError::io("cannot open the directory of", &target, error),
+        })?;
+        let existing = directory.status(&split.name, Follow::Symlinks).ok();
+        if existing.is_some_and(|status| status.is_directory()) {
+            return Err(is_directory());
         }
-        let (file, temp) = create_temp_beside(&target)
+        protected.check_entry(&target, &directory, &split.name)?;
+        let (file, temp) = TempFile::create(Arc::new(directory), &split.name)
             .map_err(|error| AgentError::io("cannot create a temp file beside", &target, error))?;
         let mode = explicit_mode
-            .or_else(|| existing.map(|metadata| metadata.permissions().mode() & 0o7777))
+            .or_else(|| existing.map(|status| status.mode))
             .unwrap_or(DEFAULT_FILE_MODE);
         Ok((file, temp, mode))
     })
@@ -141,7 +163,7 @@ pub async fn put(
     written.map_err(|error| AgentError::io("cannot write", &target, error))?;
     let final_target = target.clone();
     blocking(move || {
-        temp.persist(&final_target, mode).map_err(|error| {
+        temp.persist(mode).map_err(|error| {
             AgentError::io("cannot move upload into place at", &final_target, error)
         })
     })
@@ -172,7 +194,11 @@ pub async fn get(
     let (file, length) = blocking(move || {
         protected.check_read(&path)?;
         match open_regular(&path).map_err(|error| AgentError::io("cannot open", &path, error))? {
-            Opened::File(file, metadata) => Ok((file, metadata.len())),
+            Opened::File(file, metadata) => {
+                // The file opened, whatever the path resolved to by then, is what is checked.
+                protected.check_opened(&path, &metadata, Access::Read)?;
+                Ok((file, metadata.len()))
+            }
             Opened::Directory => Err(AgentError::InvalidPath(format!(
                 "`{}` is a directory; list it with GET /v1/files/list",
                 path.display()
@@ -266,28 +292,7 @@ pub async fn delete(
     let protected = state.config.protected.clone();
     let deleted = blocking(move || {
         protected.check_delete(&path, recursive)?;
-        let metadata = path
-            .symlink_metadata()
-            .map_err(|error| AgentError::io("cannot delete", &path, error))?;
-        let result = if metadata.is_dir() {
-            if recursive {
-                fs::remove_dir_all(&path)
-            } else {
-                fs::remove_dir(&path)
-            }
-        } else {
-            fs::remove_file(&path)
-        };
-        result.map_err(|error| {
-            if error.kind() == io::ErrorKind::DirectoryNotEmpty {
-                AgentError::conflict(format!(
-                    "directory `{}` is not empty; pass recursive=true to delete it",
-                    path.display()
-                ))
-            } else {
-                AgentError::io("cannot delete", &path, error)
-            }
-        })?;
+        delete_entry(&path, recursive, &protected)?;
         Ok(FileDeleted {
             path: path.display().to_string(),
             deleted: true,

@@ -2,14 +2,15 @@
 //! complete, removed if anything fails or the client goes away); downloads are read in fixed chunks on
 //! a blocking thread. Memory per transfer is a few chunks, whatever the file size.
 
-use std::fs::{self, File, OpenOptions};
+use std::fs::File;
 use std::io::{self, BufWriter, Read, Write};
-use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
-use std::path::{Path, PathBuf};
+use std::os::unix::fs::PermissionsExt;
+use std::sync::Arc;
 
 use bytes::Bytes;
 use tokio::sync::mpsc;
 
+use super::directory::{Directory, EntryName};
 use crate::entropy::random_hex;
 
 /// Bytes per download chunk.
@@ -19,22 +20,58 @@ pub const QUEUE_DEPTH: usize = 8;
 /// Mode of a new file when the request names none.
 pub const DEFAULT_FILE_MODE: u32 = 0o644;
 
-/// A temp file that is deleted unless it was renamed into place.
+/// A temp file beside its target, in the directory held by descriptor that the target was checked in:
+/// renamed over the target there ([`TempFile::persist`]), or deleted there when dropped.
 #[derive(Debug)]
 pub struct TempFile {
-    path: PathBuf,
+    directory: Arc<Directory>,
+    name: EntryName,
+    target: EntryName,
+    /// A second descriptor of the temp file, for its mode: changed on the file written, never
+    /// through a name someone could have swapped meanwhile.
+    handle: File,
     kept: bool,
 }
 
 impl TempFile {
-    pub fn path(&self) -> &Path {
-        &self.path
+    /// Creates a fresh temp file for `target` in `directory` (the same file system, so the rename is
+    /// atomic); returns the file to write and the guard that puts it in place.
+    pub fn create(directory: Arc<Directory>, target: &EntryName) -> io::Result<(File, TempFile)> {
+        let prefix: String = target
+            .as_os_str()
+            .to_string_lossy()
+            .chars()
+            .take(64)
+            .collect();
+        loop {
+            let Some(name) =
+                EntryName::new(format!(".{prefix}.orchard-{}.tmp", random_hex()).as_ref())
+            else {
+                return Err(io::Error::other("no temp file name"));
+            };
+            match directory.create_new_file(&name, 0o600) {
+                Ok(file) => {
+                    let handle = file.try_clone()?;
+                    let temp = TempFile {
+                        directory,
+                        name,
+                        target: target.clone(),
+                        handle,
+                        kept: false,
+                    };
+                    return Ok((file, temp));
+                }
+                Err(error) if error.kind() == io::ErrorKind::AlreadyExists => continue,
+                Err(error) => return Err(error),
+            }
+        }
     }
 
-    /// Sets `mode` and renames the temp file over `target`.
-    pub fn persist(mut self, target: &Path, mode: u32) -> io::Result<()> {
-        fs::set_permissions(&self.path, fs::Permissions::from_mode(mode))?;
-        fs::rename(&self.path, target)?;
+    /// Sets `mode` and renames the temp file over its target.
+    pub fn persist(mut self, mode: u32) -> io::Result<()> {
+        self.handle
+            .set_permissions(std::fs::Permissions::from_mode(mode))?;
+        self.directory.rename(&self.name, &self.target)?;
         self.kept = true;
         Ok(())
     }
@@ -43,33 +80,7 @@ impl TempFile {
 impl Drop for TempFile {
     fn drop(&mut self) {
         if !self.kept {
-            let _ = fs::remove_file(&self.path);
-        }
-    }
-}
-
-/// Creates a fresh temp file in `directory` (same file system as the target, so the rename is atomic).
-pub fn create_temp_beside(target: &Path) -> io::Result<(File, TempFile)> {
-    let directory = target.parent().unwrap_or(Path::new("/"));
-    let name = target
-        .file_name()
-        .map(|name| name.to_string_lossy().into_owned())
-        .unwrap_or_default();
-    let mut prefix: String = name.chars().take(64).collect();
-    if prefix.is_empty() {
-        prefix.push_str("file");
-    }
-    loop {
-        let path = directory.join(format!(".{prefix}.orchard-{}.tmp", random_hex()));
-        match OpenOptions::new()
-            .write(true)
-            .create_new(true)
-            .mode(0o600)
-            .open(&path)
-        {
-            Ok(file) => return Ok((file, TempFile { path, kept: false })),
-            Err(error) if error.kind() == io::ErrorKind::AlreadyExists => continue,
-            Err(error) => return Err(error),
+            let _ = self.directory.unlink(&self.name);
         }
     }
 }
@@ -109,25 +120,44 @@ pub fn read_chunks(file: File, length: u64, chunks: mpsc::Sender<io::Result<Byte
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::fs;
+    use std::path::Path;
+
+    fn directory_with_target() -> (std::path::PathBuf, Arc<Directory>, EntryName) {
+        let dir = std::env::temp_dir().join(format!("orchard-transfer-{}", random_hex()));
+        fs::create_dir_all(&dir).unwrap();
+        let held = Arc::new(Directory::open(&dir).unwrap());
+        let target = EntryName::new("target.txt".as_ref()).unwrap();
+        (dir, held, target)
+    }
+
+    fn names(dir: &Path) -> Vec<String> {
+        let mut names: Vec<String> = fs::read_dir(dir)
+            .unwrap()
+            .map(|entry| entry.unwrap().file_name().to_string_lossy().into_owned())
+            .collect();
+        names.sort();
+        names
+    }
 
     #[test]
     fn temp_file_is_removed_unless_persisted() {
-        let dir = std::env::temp_dir().join(format!("orchard-transfer-{}", random_hex()));
-        fs::create_dir_all(&dir).unwrap();
-        let target = dir.join("target.txt");
-        let (_, temp) = create_temp_beside(&target).unwrap();
-        let temp_path = temp.path().to_path_buf();
-        assert!(temp_path.exists());
+        let (dir, held, target) = directory_with_target();
+        let (_, temp) = TempFile::create(Arc::clone(&held), &target).unwrap();
+        assert_eq!(names(&dir).len(), 1);
+        assert!(names(&dir)[0].starts_with(".target.txt.orchard-"));
         drop(temp);
-        assert!(!temp_path.exists());
-        let (mut file, temp) = create_temp_beside(&target).unwrap();
+        assert!(names(&dir).is_empty());
+        let (mut file, temp) = TempFile::create(held, &target).unwrap();
         file.write_all(b"hi").unwrap();
-        temp.persist(&target, 0o640).unwrap();
+        temp.persist(0o640).unwrap();
+        let target = dir.join("target.txt");
         assert_eq!(fs::read(&target).unwrap(), b"hi");
         assert_eq!(
             fs::metadata(&target).unwrap().permissions().mode() & 0o7777,
             0o640
         );
+        assert_eq!(names(&dir), vec!["target.txt".to_string()]);
         fs::remove_dir_all(dir).unwrap();
     }
 }

@@ -8,8 +8,8 @@ pub mod parse;
 use std::collections::HashMap;
 use std::fs;
 use std::io::{Read, Write};
-use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
 use axum::extract::State;
 use axum::http::StatusCode;
@@ -20,9 +20,10 @@ use self::apply::apply_hunks;
 use self::parse::{FilePatch, parse_patch};
 use crate::error::{AgentError, FailedHunk, json_response};
 use crate::exec::request::resolve_cwd;
-use crate::files::paths::ProtectedFiles;
+use crate::files::directory::{Directory, EntryName, Follow, split_path};
+use crate::files::paths::{Access, ProtectedFiles};
 use crate::files::regular::{Opened, open_regular};
-use crate::files::transfer::{DEFAULT_FILE_MODE, TempFile, create_temp_beside};
+use crate::files::transfer::{DEFAULT_FILE_MODE, TempFile};
 use crate::json_body::JsonBody;
 use crate::server::AppState;
 
@@ -101,11 +102,11 @@ pub fn apply_patch(
             (Some(old), Some(new)) if file.renamed => (Some(old.clone()), new.clone()),
             (Some(old), Some(new)) => {
                 // Plain `diff -u old new`: patch whichever of the two names exists, preferring the new one.
-                let new_exists = lookup(&mut pending, &mut order, cwd, new)?
+                let new_exists = lookup(&mut pending, &mut order, protected, cwd, new)?
                     .content
                     .is_some();
                 let name = if new_exists
-                    || lookup(&mut pending, &mut order, cwd, old)?
+                    || lookup(&mut pending, &mut order, protected, cwd, old)?
                         .content
                         .is_none()
                 {
@@ -122,7 +123,7 @@ pub fn apply_patch(
         let original = match &source_name {
             Some(source) => {
                 protected.check_write(&cwd.join(source))?;
-                match lookup(&mut pending, &mut order, cwd, source)?
+                match lookup(&mut pending, &mut order, protected, cwd, source)?
                     .content
                     .clone()
                 {
@@ -134,7 +135,7 @@ pub fn apply_patch(
                 }
             }
             None => {
-                if lookup(&mut pending, &mut order, cwd, &target_name)?
+                if lookup(&mut pending, &mut order, protected, cwd, &target_name)?
                     .content
                     .is_some()
                 {
@@ -149,7 +150,7 @@ pub fn apply_patch(
         };
         if file.renamed
             && source_name.as_deref() != Some(target_name.as_str())
-            && lookup(&mut pending, &mut order, cwd, &target_name)?
+            && lookup(&mut pending, &mut order, protected, cwd, &target_name)?
                 .content
                 .is_some()
         {
@@ -181,17 +182,17 @@ pub fn apply_patch(
                 );
                 continue;
             }
-            let entry = lookup(&mut pending, &mut order, cwd, &target_name)?;
+            let entry = lookup(&mut pending, &mut order, protected, cwd, &target_name)?;
             entry.content = None;
             entry.touched = true;
             continue;
         }
         if let Some(source) = source_name.filter(|source| *source != target_name) {
-            let entry = lookup(&mut pending, &mut order, cwd, &source)?;
+            let entry = lookup(&mut pending, &mut order, protected, cwd, &source)?;
             entry.content = None;
             entry.touched = true;
         }
-        let entry = lookup(&mut pending, &mut order, cwd, &target_name)?;
+        let entry = lookup(&mut pending, &mut order, protected, cwd, &target_name)?;
         entry.content = Some(content);
         entry.touched = true;
         if file.new_mode.is_some() {
@@ -208,7 +209,7 @@ pub fn apply_patch(
             failed_hunks: failures,
         });
     }
-    write_changes(&pending, &order)
+    write_changes(&pending, &order, protected)
 }
 
 /// Whether `name` can name a file: a rename onto `dir/`, `dir/.` or `..` fails only after the
@@ -225,6 +226,7 @@ fn is_file_name(name: &str) -> bool {
 fn lookup<'a>(
     pending: &'a mut HashMap<PathBuf, PendingFile>,
     order: &mut Vec<PathBuf>,
+    protected: &ProtectedFiles,
     cwd: &Path,
     name: &str,
 ) -> Result<&'a mut PendingFile, AgentError> {
@@ -234,6 +236,9 @@ fn lookup<'a>(
         // The type is checked before and after opening (non-blocking), so a swap in between is caught.
         let content = match open_regular(&path) {
             Ok(Opened::File(mut file, metadata)) => {
+                // Checked on the file opened, before its content is used (a conflict message
+                // quotes it), whatever the path resolved to by then.
+                protected.check_opened(&path, &metadata, Access::Write)?;
                 let mut content = Vec::with_capacity(usize::try_from(metadata.len()).unwrap_or(0));
                 file.read_to_end(&mut content)
                     .map_err(|error| AgentError::io("cannot read", &path, error))?;
@@ -267,13 +272,15 @@ fn lookup<'a>(
 
 /// Writes every new content to a temp file first, then renames them all into place, then deletes. If
 /// staging fails, the directories it created for new files are removed again (the temp files remove
-/// themselves), so a failed patch leaves the tree as it was.
+/// themselves), so a failed patch leaves the tree as it was. Each file is written and deleted through
+/// a descriptor of its directory, after checking the entry there.
 fn write_changes(
     pending: &HashMap<PathBuf, PendingFile>,
     order: &[PathBuf],
+    protected: &ProtectedFiles,
 ) -> Result<Vec<PatchedFile>, AgentError> {
     let mut created = Vec::new();
-    let result = stage_and_persist(pending, order, &mut created);
+    let result = stage_and_persist(pending, order, protected, &mut created);
     if result.is_err() {
         for directory in created.iter().rev() {
             let _ = fs::remove_dir(directory);
@@ -282,9 +289,40 @@ fn write_changes(
     result
 }
 
+/// The directory (held by descriptor, checked) holding `path`'s entry, and the entry's name.
+fn checked_entry(
+    path: &Path,
+    protected: &ProtectedFiles,
+    created: &mut Vec<PathBuf>,
+) -> Result<(Directory, EntryName), AgentError> {
+    let split = match split_path(path) {
+        Ok(split) if !split.directory_only => split,
+        _ => {
+            return Err(AgentError::InvalidPath(format!(
+                "`{}` is not a file name",
+                path.display()
+            )));
+        }
+    };
+    let missing: Vec<PathBuf> = split
+        .parent
+        .ancestors()
+        .take_while(|ancestor| fs::symlink_metadata(ancestor).is_err())
+        .map(Path::to_path_buf)
+        .collect();
+    let made = fs::create_dir_all(&split.parent);
+    created.extend(missing.into_iter().rev());
+    made.map_err(|error| AgentError::io("cannot create parent directories of", path, error))?;
+    let directory = Directory::open(&split.parent)
+        .map_err(|error| AgentError::io("cannot open the directory of", path, error))?;
+    protected.check_entry(path, &directory, &split.name)?;
+    Ok((directory, split.name))
+}
+
 fn stage_and_persist(
     pending: &HashMap<PathBuf, PendingFile>,
     order: &[PathBuf],
+    protected: &ProtectedFiles,
     created: &mut Vec<PathBuf>,
 ) -> Result<Vec<PatchedFile>, AgentError> {
     let mut staged: Vec<(TempFile, &Path, u32)> = Vec::new();
@@ -296,31 +334,17 @@ fn stage_and_persist(
         let Some(content) = &file.content else {
             continue;
         };
-        if let Some(parent) = path.parent() {
-            let missing: Vec<PathBuf> = parent
-                .ancestors()
-                .take_while(|ancestor| fs::symlink_metadata(ancestor).is_err())
-                .map(Path::to_path_buf)
-                .collect();
-            let made = fs::create_dir_all(parent);
-            created.extend(missing.into_iter().rev());
-            made.map_err(|error| {
-                AgentError::io("cannot create parent directories of", path, error)
-            })?;
-        }
-        let (mut handle, temp) = create_temp_beside(path)
+        let (directory, name) = checked_entry(path, protected, created)?;
+        let existing_mode = directory
+            .status(&name, Follow::Symlinks)
+            .ok()
+            .map(|status| status.mode);
+        let (mut handle, temp) = TempFile::create(Arc::new(directory), &name)
             .map_err(|error| AgentError::io("cannot create a temp file beside", path, error))?;
         handle
             .write_all(content)
             .map_err(|error| AgentError::io("cannot write", path, error))?;
-        let mode = file
-            .mode
-            .or_else(|| {
-                fs::metadata(path)
-                    .ok()
-                    .map(|metadata| metadata.permissions().mode() & 0o7777)
-            })
-            .unwrap_or(DEFAULT_FILE_MODE);
+        let mode = file.mode.or(existing_mode).unwrap_or(DEFAULT_FILE_MODE);
         staged.push((temp, path, mode));
         report.push(PatchedFile {
             path: file.name.clone(),
@@ -331,22 +355,30 @@ fn stage_and_persist(
             },
         });
     }
-    for (temp, path, mode) in staged {
-        temp.persist(path, mode).map_err(|error| {
-            AgentError::io("cannot move patched file into place at", path, error)
-        })?;
-    }
+    // Deletions are checked before anything is renamed into place, like the writes.
+    let mut deletions = Vec::new();
     for path in order {
         let Some(file) = pending.get(path).filter(|file| file.touched) else {
             continue;
         };
         if file.content.is_none() && file.existed {
-            fs::remove_file(path).map_err(|error| AgentError::io("cannot delete", path, error))?;
-            report.push(PatchedFile {
-                path: file.name.clone(),
-                action: PatchAction::Deleted,
-            });
+            let (directory, name) = checked_entry(path, protected, created)?;
+            deletions.push((directory, name, path, file));
         }
+    }
+    for (temp, path, mode) in staged {
+        temp.persist(mode).map_err(|error| {
+            AgentError::io("cannot move patched file into place at", path, error)
+        })?;
+    }
+    for (directory, name, path, file) in deletions {
+        directory
+            .unlink(&name)
+            .map_err(|error| AgentError::io("cannot delete", path, error))?;
+        report.push(PatchedFile {
+            path: file.name.clone(),
+            action: PatchAction::Deleted,
+        });
     }
     Ok(report)
 }
@@ -354,6 +386,7 @@ fn stage_and_persist(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::os::unix::fs::PermissionsExt;
 
     struct Tree(PathBuf);
 
@@ -539,7 +572,7 @@ rename to new.sh
                 touched: true,
             },
         )]);
-        assert!(write_changes(&pending, &[path]).is_err());
+        assert!(write_changes(&pending, &[path], &ProtectedFiles::default()).is_err());
         assert!(!tree.0.join("sub").exists());
     }
 

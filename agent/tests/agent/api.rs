@@ -290,3 +290,39 @@ async fn the_identity_names_the_sandbox_to_later_commands() {
         .await;
     assert_eq!(response.status(), StatusCode::UNAUTHORIZED);
 }
+
+/// Security review L5: the agent listened on IPv4 only, so in IPv6 clusters nothing answered at the
+/// Pod IP. `[::]:PORT` (the default) and `:PORT` are now one dual-stack socket.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn dual_stack_listen_answers_on_ipv4_and_ipv6_loopback() {
+    let ipv6_loopback = match std::net::TcpListener::bind("[::1]:0") {
+        Ok(_) => true,
+        Err(error) => {
+            eprintln!("skipping the IPv6 half: this machine has no ::1 ({error})");
+            false
+        }
+    };
+    for listen in ["[::]:0", ":0"] {
+        let agent = Agent::start_with(AgentOptions {
+            args: vec!["--listen".into(), listen.into()],
+            ..AgentOptions::default()
+        });
+        let port = agent.addr.port();
+        let mut clients = vec![std::net::SocketAddr::from(([127, 0, 0, 1], port))];
+        if ipv6_loopback {
+            assert!(agent.addr.is_ipv6(), "--listen {listen}: {}", agent.addr);
+            clients.push(std::net::SocketAddr::from((
+                std::net::Ipv6Addr::LOCALHOST,
+                port,
+            )));
+        }
+        for client in clients {
+            let mut connection = crate::common::http_connection(client).await;
+            assert_eq!(
+                crate::common::healthz_on(&mut connection).await,
+                StatusCode::OK,
+                "--listen {listen}, GET /healthz at {client}"
+            );
+        }
+    }
+}

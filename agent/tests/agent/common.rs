@@ -327,3 +327,133 @@ pub fn kill_pids(pids: &[u32]) {
         unsafe { libc::kill(*pid as i32, libc::SIGKILL) };
     }
 }
+
+/// The race of the files API's protections: keeps exchanging `<dir>/d` between a real directory
+/// holding a decoy `token` file and a symlink `d -> <link_target>` (the token's directory), in a tight
+/// loop on a thread of its own, until [`DirectorySwapper::stop`]. The exchange is atomic
+/// (`renameat2(RENAME_EXCHANGE)`), so `d` always exists; the decoy is put back whenever a request
+/// deleted it.
+pub struct DirectorySwapper {
+    stop: Arc<std::sync::atomic::AtomicBool>,
+    thread: Option<std::thread::JoinHandle<u64>>,
+}
+
+impl DirectorySwapper {
+    /// Starts swapping `dir/d` with `dir/d-swap`; returns once the loop runs.
+    pub fn start(dir: &Path, link_target: &str, decoy: &'static [u8]) -> DirectorySwapper {
+        use std::sync::atomic::{AtomicBool, Ordering};
+        let real = dir.join("d");
+        let other = dir.join("d-swap");
+        std::fs::create_dir(&real).unwrap();
+        std::fs::write(real.join("token"), decoy).unwrap();
+        std::os::unix::fs::symlink(link_target, &other).unwrap();
+        let c_path =
+            |path: &Path| std::ffi::CString::new(path.as_os_str().as_encoded_bytes()).unwrap();
+        let (real_c, other_c) = (c_path(&real), c_path(&other));
+        let stop = Arc::new(AtomicBool::new(false));
+        let running = Arc::new(std::sync::Barrier::new(2));
+        let thread = {
+            let (stop, running) = (Arc::clone(&stop), Arc::clone(&running));
+            std::thread::spawn(move || {
+                running.wait();
+                let mut swaps = 0u64;
+                while !stop.load(Ordering::Relaxed) {
+                    // SAFETY: two valid NUL-terminated paths.
+                    let exchanged = unsafe {
+                        libc::renameat2(
+                            libc::AT_FDCWD,
+                            real_c.as_ptr(),
+                            libc::AT_FDCWD,
+                            other_c.as_ptr(),
+                            libc::RENAME_EXCHANGE,
+                        )
+                    };
+                    assert_eq!(exchanged, 0, "{}", std::io::Error::last_os_error());
+                    swaps += 1;
+                    // The real directory is at `d` after an even number of exchanges.
+                    let directory = if swaps.is_multiple_of(2) {
+                        &real
+                    } else {
+                        &other
+                    };
+                    let _ = std::fs::OpenOptions::new()
+                        .write(true)
+                        .create_new(true)
+                        .open(directory.join("token"))
+                        .and_then(|mut file| std::io::Write::write_all(&mut file, decoy));
+                }
+                swaps
+            })
+        };
+        running.wait();
+        DirectorySwapper {
+            stop,
+            thread: Some(thread),
+        }
+    }
+
+    /// Stops the loop; returns how many exchanges it made.
+    pub fn stop(mut self) -> u64 {
+        self.stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        self.thread
+            .take()
+            .map(|thread| thread.join().expect("the swapper thread panicked"))
+            .unwrap_or(0)
+    }
+}
+
+impl Drop for DirectorySwapper {
+    fn drop(&mut self) {
+        self.stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        if let Some(thread) = self.thread.take() {
+            let _ = thread.join();
+        }
+    }
+}
+
+/// Sends `count` requests made by `request` (given the request's index), `parallel` at a time, and
+/// returns every status and body in index order.
+pub async fn send_many(
+    agent: &Agent,
+    count: usize,
+    parallel: usize,
+    request: impl Fn(usize) -> (Method, String, Bytes),
+) -> Vec<(StatusCode, Bytes)> {
+    use futures::StreamExt;
+    futures::stream::iter((0..count).map(|index| {
+        let (method, path, body) = request(index);
+        async move { agent.call(method, &path, body).await }
+    }))
+    .buffered(parallel)
+    .collect()
+    .await
+}
+
+/// A connection of its own to `addr`, for requests that must travel on it.
+pub async fn http_connection(
+    addr: SocketAddr,
+) -> hyper::client::conn::http1::SendRequest<RequestBody> {
+    let stream = tokio::net::TcpStream::connect(addr)
+        .await
+        .unwrap_or_else(|error| panic!("connect to the agent at {addr}: {error}"));
+    let (sender, connection) =
+        hyper::client::conn::http1::handshake(hyper_util::rt::TokioIo::new(stream))
+            .await
+            .expect("HTTP/1.1 handshake");
+    tokio::spawn(connection);
+    sender
+}
+
+/// `GET /healthz` on `sender`'s connection; the status.
+pub async fn healthz_on(
+    sender: &mut hyper::client::conn::http1::SendRequest<RequestBody>,
+) -> StatusCode {
+    let request = Request::get("/healthz")
+        .header("Host", "agent")
+        .body(full(""))
+        .unwrap();
+    let response = sender.send_request(request).await.expect("an answer");
+    let status = response.status();
+    response.into_body().collect().await.expect("the body");
+    status
+}

@@ -316,6 +316,18 @@ async fn put_get_list_delete_and_modes() {
             StatusCode::BAD_REQUEST,
             "InvalidPath",
         ),
+        (
+            Method::PUT,
+            "/v1/files?path=new-dir/",
+            StatusCode::BAD_REQUEST,
+            "InvalidPath",
+        ),
+        (
+            Method::DELETE,
+            "/v1/files?path=a/..",
+            StatusCode::BAD_REQUEST,
+            "InvalidPath",
+        ),
     ];
     for (method, path, status, code) in cases {
         let (got, bytes) = agent.call(method.clone(), path, "data").await;
@@ -513,4 +525,158 @@ async fn special_files_are_400_not_a_hung_read() {
     std::fs::write(agent.root.path().join("plain"), "ok").unwrap();
     let (status, bytes) = agent.call(Method::GET, "/v1/files?path=plain", "").await;
     assert_eq!((status, &bytes[..]), (StatusCode::OK, &b"ok"[..]));
+}
+
+/// Requests racing the swap of `d` (a directory with a decoy `token`, then a symlink to the token's
+/// directory, and back): 2,000 per test, four in flight.
+const RACING_REQUESTS: usize = 2_000;
+const IN_FLIGHT: usize = 4;
+const DECOY: &[u8] = b"decoy\n";
+
+/// The token file, and the inode it had before the race: the race must neither replace nor delete it.
+fn token_identity(agent: &Agent) -> (u64, u64) {
+    use std::os::unix::fs::MetadataExt;
+    let metadata = std::fs::metadata(&agent.token_file).expect("the token file exists");
+    (metadata.dev(), metadata.ino())
+}
+
+fn assert_token_untouched(agent: &Agent, before: (u64, u64)) {
+    assert_eq!(
+        std::fs::read_to_string(&agent.token_file).expect("the token file exists"),
+        format!("{TOKEN}\n"),
+        "the token file's content changed"
+    );
+    assert_eq!(token_identity(agent), before, "the token file was replaced");
+}
+
+/// Whether `body` shows the token (as the whole body, or inside an error message).
+fn shows_token(body: &[u8]) -> bool {
+    body.windows(TOKEN.len())
+        .any(|window| window == TOKEN.as_bytes())
+}
+
+fn error_code(body: &[u8]) -> Option<String> {
+    serde_json::from_slice::<Value>(body)
+        .ok()
+        .and_then(|error| error["code"].as_str().map(str::to_string))
+}
+
+/// Security review L4: a check on the path string, then an open through the same path, read the real
+/// token when `d` became the symlink in between. Every answer is now the decoy or 403.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn reads_racing_a_directory_swap_never_return_the_token() {
+    let agent = Agent::start();
+    let swapper = crate::common::DirectorySwapper::start(agent.root.path(), "secrets", DECOY);
+    let answers = crate::common::send_many(&agent, RACING_REQUESTS, IN_FLIGHT, |_| {
+        (Method::GET, "/v1/files?path=d/token".into(), Bytes::new())
+    })
+    .await;
+    let swaps = swapper.stop();
+    for (index, (status, body)) in answers.iter().enumerate() {
+        assert!(
+            !shows_token(body),
+            "GET #{index} of d/token returned the token ({status}) after {swaps} swaps"
+        );
+        match *status {
+            StatusCode::OK => assert_eq!(&body[..], DECOY, "GET #{index}"),
+            StatusCode::FORBIDDEN => assert_eq!(error_code(body).as_deref(), Some("Forbidden")),
+            other => panic!("GET #{index}: unexpected {other}: {body:?}"),
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn writes_racing_a_directory_swap_never_replace_the_token() {
+    let agent = Agent::start();
+    let before = token_identity(&agent);
+    let swapper = crate::common::DirectorySwapper::start(agent.root.path(), "secrets", DECOY);
+    let answers = crate::common::send_many(&agent, RACING_REQUESTS, IN_FLIGHT, |index| {
+        let body = Bytes::from(format!("written by PUT #{index}\n"));
+        (Method::PUT, "/v1/files?path=d/token".into(), body)
+    })
+    .await;
+    let swaps = swapper.stop();
+    assert_token_untouched(&agent, before);
+    for (index, (status, body)) in answers.iter().enumerate() {
+        assert!(
+            matches!(*status, StatusCode::CREATED | StatusCode::FORBIDDEN),
+            "PUT #{index} (after {swaps} swaps): {status} {body:?}"
+        );
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn deletes_racing_a_directory_swap_never_remove_the_token() {
+    let agent = Agent::start();
+    let before = token_identity(&agent);
+    let swapper = crate::common::DirectorySwapper::start(agent.root.path(), "secrets", DECOY);
+    let answers = crate::common::send_many(&agent, RACING_REQUESTS, IN_FLIGHT, |_| {
+        (
+            Method::DELETE,
+            "/v1/files?path=d/token".into(),
+            Bytes::new(),
+        )
+    })
+    .await;
+    let swaps = swapper.stop();
+    assert_token_untouched(&agent, before);
+    for (index, (status, body)) in answers.iter().enumerate() {
+        // 404: a previous DELETE removed the decoy and the swapper has not put it back yet.
+        assert!(
+            matches!(
+                *status,
+                StatusCode::OK | StatusCode::FORBIDDEN | StatusCode::NOT_FOUND
+            ),
+            "DELETE #{index} (after {swaps} swaps): {status} {body:?}"
+        );
+    }
+}
+
+/// Only the protected files are checked by identity: a user's symlinks, to directories and to files,
+/// work as they always did (a symlinked directory is written into and read from; DELETE removes a
+/// symlink, never what it names, even recursively).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn users_symlinks_keep_working() {
+    let agent = Agent::start();
+    let root = agent.root.path();
+    std::fs::create_dir(root.join("real")).unwrap();
+    symlink("real", root.join("linked")).unwrap();
+    let (status, body) = agent
+        .call(Method::PUT, "/v1/files?path=linked/a.txt", "through a link")
+        .await;
+    assert_eq!(status, StatusCode::CREATED, "{body:?}");
+    assert_eq!(
+        std::fs::read_to_string(root.join("real/a.txt")).unwrap(),
+        "through a link"
+    );
+    symlink("real/a.txt", root.join("alias")).unwrap();
+    for path in ["linked/a.txt", "alias"] {
+        let (status, body) = agent
+            .call(Method::GET, &format!("/v1/files?path={path}"), "")
+            .await;
+        assert_eq!(
+            (status, &body[..]),
+            (StatusCode::OK, &b"through a link"[..]),
+            "{path}"
+        );
+    }
+    let (status, _) = agent
+        .json(Method::DELETE, "/v1/files?path=linked/a.txt", Value::Null)
+        .await;
+    assert_eq!(status, StatusCode::OK);
+    assert!(!root.join("real/a.txt").exists());
+    std::fs::write(root.join("real/kept.txt"), "kept").unwrap();
+    let (status, _) = agent
+        .json(
+            Method::DELETE,
+            "/v1/files?path=linked&recursive=true",
+            Value::Null,
+        )
+        .await;
+    assert_eq!(status, StatusCode::OK);
+    assert!(std::fs::symlink_metadata(root.join("linked")).is_err());
+    assert_eq!(
+        std::fs::read_to_string(root.join("real/kept.txt")).unwrap(),
+        "kept"
+    );
 }

@@ -1,7 +1,8 @@
 //! Keeping the token away from the commands the agent runs: no serving without a token unless asked
 //! for explicitly, the token wiped from /proc/<pid>/environ, the agent's /proc files closed to its
 //! children (non-dumpable), and the token verifier (`ORCHARD_AGENT_TOKEN_SHA256`: the agent is given
-//! only the token's SHA-256).
+//! only the token's SHA-256); and keeping connections from being held against the agent (header-read
+//! timeout, connection cap).
 
 use std::io::Read;
 use std::process::{Command, Stdio};
@@ -12,7 +13,9 @@ use hyper::{Method, StatusCode};
 use serde_json::{Value, json};
 use sha2::{Digest, Sha256};
 
-use crate::common::{Agent, AgentOptions, TOKEN, TempDir, agent_binary, full};
+use crate::common::{
+    Agent, AgentOptions, TOKEN, TempDir, agent_binary, full, healthz_on, http_connection,
+};
 
 /// A uid without any privilege (`nobody`).
 const NOBODY: u32 = 65534;
@@ -301,4 +304,167 @@ fn serve_refuses_a_bad_verifier_two_token_sources_and_the_removed_hand_over() {
     );
     assert_eq!(code, Some(2), "{stderr}");
     assert!(stderr.contains("unknown option `--token-from`"), "{stderr}");
+}
+
+/// Raises this process' soft `RLIMIT_NOFILE` to at least `wanted` (agents started afterwards inherit
+/// it), within the hard limit.
+fn raise_open_file_limit(wanted: u64) {
+    let mut limit = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: `limit` is a valid rlimit to fill in.
+    assert_eq!(
+        unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut limit) },
+        0
+    );
+    if limit.rlim_cur < wanted {
+        limit.rlim_cur = wanted.min(limit.rlim_max);
+        // SAFETY: a valid rlimit, within the hard limit.
+        assert_eq!(unsafe { libc::setrlimit(libc::RLIMIT_NOFILE, &limit) }, 0);
+    }
+    assert!(
+        limit.rlim_cur >= wanted,
+        "this test needs {wanted} open files; the hard RLIMIT_NOFILE is {}",
+        limit.rlim_max
+    );
+}
+
+/// Whether the agent closes `stream` within `wait`: reads (discarding anything) until end of file.
+async fn closed_within(stream: &mut tokio::net::TcpStream, wait: Duration) -> bool {
+    use tokio::io::AsyncReadExt;
+    tokio::time::timeout(wait, async {
+        let mut buffer = [0u8; 256];
+        loop {
+            match stream.read(&mut buffer).await {
+                Ok(0) | Err(_) => return,
+                Ok(_) => {}
+            }
+        }
+    })
+    .await
+    .is_ok()
+}
+
+/// Idle connections opened by the test below: more than the default connection cap (1024), and more
+/// than the default soft RLIMIT_NOFILE (1024).
+const IDLE_CONNECTIONS: usize = 5_000;
+
+/// Security review L8: any pod that reaches the agent's port (no token needed) could hold thousands
+/// of connections open without sending anything; they were never closed, used up the agent's file
+/// descriptors, and locked the operator out. Now the cap makes room by closing the oldest connection
+/// waiting for a request, and the header-read timeout closes the rest.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn thousands_of_idle_connections_neither_lock_out_callers_nor_stay_open() {
+    raise_open_file_limit(IDLE_CONNECTIONS as u64 + 1024);
+    let agent = Agent::start_with(AgentOptions {
+        env: vec![("ORCHARD_AGENT_HEADER_READ_TIMEOUT".into(), "2s".into())],
+        ..AgentOptions::default()
+    });
+    let mut idle = Vec::with_capacity(IDLE_CONNECTIONS);
+    for _ in 0..IDLE_CONNECTIONS {
+        idle.push(
+            tokio::net::TcpStream::connect(agent.addr)
+                .await
+                .expect("connect to the agent"),
+        );
+    }
+    // One of them sends half a request head, slowly, and then nothing.
+    tokio::io::AsyncWriteExt::write_all(
+        &mut idle[IDLE_CONNECTIONS - 1],
+        b"GET /healthz HTTP/1.1\r\n",
+    )
+    .await
+    .unwrap();
+
+    // The operator's call still gets through (a generous bound: this is not a latency test).
+    let health = tokio::time::timeout(
+        Duration::from_secs(5),
+        agent.send(Method::GET, "/healthz", full(""), Some(TOKEN)),
+    )
+    .await
+    .expect("GET /healthz answered within 5 s with 5,000 idle connections open");
+    assert_eq!(health.status(), StatusCode::OK);
+
+    // Every silent connection is closed by the agent: evicted, or after the 2 s header-read timeout.
+    let closed = futures::future::join_all(
+        idle.iter_mut()
+            .map(|stream| closed_within(stream, Duration::from_secs(30))),
+    )
+    .await;
+    let open = closed.iter().filter(|closed| !**closed).count();
+    assert_eq!(
+        open, 0,
+        "{open} of {IDLE_CONNECTIONS} idle connections still open after 30 s"
+    );
+}
+
+/// At the cap, a new connection is accepted and the connection that has waited longest for a request
+/// head (a silent one, or a kept-alive one between requests) is closed; a request in progress is
+/// never cut.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn at_the_connection_cap_the_longest_waiting_connection_makes_room() {
+    let agent = Agent::start_with(AgentOptions {
+        env: vec![
+            ("ORCHARD_AGENT_MAX_CONNECTIONS".into(), "3".into()),
+            // Far beyond the waits below: every close seen here is an eviction.
+            ("ORCHARD_AGENT_HEADER_READ_TIMEOUT".into(), "60s".into()),
+        ],
+        ..AgentOptions::default()
+    });
+    // A: a streamed command in progress (its `started` event has arrived).
+    let mut busy = http_connection(agent.addr).await;
+    let request = hyper::Request::post("/v1/exec/stream")
+        .header("Host", "agent")
+        .header("Authorization", format!("Bearer {TOKEN}"))
+        .body(full(json!({"argv": ["sleep", "2"]}).to_string()))
+        .unwrap();
+    let response = busy.send_request(request).await.expect("the stream starts");
+    assert_eq!(response.status(), StatusCode::OK);
+    let mut stream = response.into_body();
+    let first = stream
+        .frame()
+        .await
+        .expect("a first event")
+        .expect("a frame");
+    let first = first.into_data().expect("data");
+    assert!(
+        String::from_utf8_lossy(&first).contains("\"started\""),
+        "{first:?}"
+    );
+    // B, then C: silent, B after half a request head (evicted, it must not keep its descriptor
+    // until the header-read timeout).
+    let mut silent_b = tokio::net::TcpStream::connect(agent.addr).await.unwrap();
+    tokio::io::AsyncWriteExt::write_all(&mut silent_b, b"GET /healthz HTTP/1.1\r\n")
+        .await
+        .unwrap();
+    let mut silent_c = tokio::net::TcpStream::connect(agent.addr).await.unwrap();
+
+    // D is the fourth: B (the oldest waiting) makes room, D is answered.
+    let mut kept_alive_d = http_connection(agent.addr).await;
+    assert_eq!(healthz_on(&mut kept_alive_d).await, StatusCode::OK);
+    assert!(
+        closed_within(&mut silent_b, Duration::from_secs(5)).await,
+        "the oldest silent connection (half a request head) was not closed"
+    );
+    // E: C has waited for a request head longer than D, kept alive since its answer.
+    let mut e = http_connection(agent.addr).await;
+    assert_eq!(healthz_on(&mut e).await, StatusCode::OK);
+    assert!(
+        closed_within(&mut silent_c, Duration::from_secs(5)).await,
+        "the silent connection was not closed before the kept-alive one"
+    );
+    assert_eq!(healthz_on(&mut kept_alive_d).await, StatusCode::OK);
+
+    // A's command ran to its end on its connection.
+    let rest = stream
+        .collect()
+        .await
+        .expect("the rest of the stream")
+        .to_bytes();
+    let text = String::from_utf8_lossy(&rest);
+    assert!(
+        text.contains("\"exit\"") && text.contains("\"exitCode\":0"),
+        "{text}"
+    );
 }

@@ -204,3 +204,38 @@ async fn malformed_patches_are_400() {
         (StatusCode::UNPROCESSABLE_ENTITY, Some("InvalidRequest"))
     );
 }
+
+/// Security review L4 for patches: the file was read, checked and written through the path, each time
+/// resolving `d` anew, so a swap of `d` to a symlink to the token's directory in between replaced the
+/// token, or showed its first line in a conflict message. A patch that rewrites the decoy unchanged
+/// either applies to the decoy or is refused.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn patches_racing_a_directory_swap_never_touch_or_show_the_token() {
+    use std::os::unix::fs::MetadataExt;
+    let agent = Agent::start();
+    let token = || {
+        let metadata = std::fs::metadata(&agent.token_file).expect("the token file exists");
+        let content = std::fs::read_to_string(&agent.token_file).expect("the token file reads");
+        (metadata.ino(), content)
+    };
+    let before = token();
+    let swapper = crate::common::DirectorySwapper::start(agent.root.path(), "secrets", b"decoy\n");
+    let patch = json!({"patch": "--- a/d/token\n+++ b/d/token\n@@ -1 +1 @@\n-decoy\n+decoy\n"});
+    let answers = crate::common::send_many(&agent, 2_000, 4, |_| {
+        (Method::POST, "/v1/patch".into(), patch.to_string().into())
+    })
+    .await;
+    let swaps = swapper.stop();
+    assert_eq!(token(), before, "the token file was replaced or changed");
+    for (index, (status, body)) in answers.iter().enumerate() {
+        let text = String::from_utf8_lossy(body);
+        assert!(
+            !text.contains(crate::common::TOKEN),
+            "patch #{index} (after {swaps} swaps) showed the token: {text}"
+        );
+        assert!(
+            matches!(*status, StatusCode::OK | StatusCode::FORBIDDEN),
+            "patch #{index} (after {swaps} swaps): {status} {text}"
+        );
+    }
+}
