@@ -67,9 +67,13 @@ pub fn resolve_program(argv0: &str, mounts: &MountTable, image_root: Option<&Pat
     }
 }
 
-/// The pod's own address for a listen address: `0.0.0.0:<port>` binds the pod IP.
+/// The pod's own address for a listen address: a wildcard (`0.0.0.0:<port>`, `[::]:<port>`,
+/// `:<port>`) binds the pod IP, since every hollow pod's agent shares the host's network.
 pub fn pod_listen_address(value: &str, pod_ip: &str) -> String {
-    match value.strip_prefix("0.0.0.0:") {
+    let port = ["0.0.0.0:", "[::]:", ":"]
+        .iter()
+        .find_map(|wildcard| value.strip_prefix(wildcard));
+    match port {
         Some(port) => format!("{pod_ip}:{port}"),
         None => value.to_string(),
     }
@@ -165,10 +169,14 @@ mod tests {
             pod_listen_address("0.0.0.0:9090", "127.3.0.7"),
             "127.3.0.7:9090"
         );
+        for wildcard in ["[::]:9090", ":9090"] {
+            assert_eq!(pod_listen_address(wildcard, "127.3.0.7"), "127.3.0.7:9090");
+        }
         assert_eq!(
             pod_listen_address("127.0.0.1:9090", "127.3.0.7"),
             "127.0.0.1:9090"
         );
+        assert_eq!(pod_listen_address("[::1]:9090", "127.3.0.7"), "[::1]:9090");
     }
 
     #[test]

@@ -57,6 +57,11 @@ impl Default for AgentClient {
     }
 }
 
+/// How long a pooled connection to an agent may idle: below the agent's header-read timeout (10 s by
+/// default), after which the agent closes it; a request sent on a connection the agent is closing
+/// at that moment would fail without an answer.
+pub const AGENT_POOL_IDLE: Duration = Duration::from_secs(5);
+
 impl AgentClient {
     /// A client with connect timeouts suited to pod networks.
     pub fn new() -> Self {
@@ -64,7 +69,7 @@ impl AgentClient {
         connector.set_connect_timeout(Some(Duration::from_secs(3)));
         connector.set_nodelay(true);
         let http = Client::builder(TokioExecutor::new())
-            .pool_idle_timeout(Duration::from_secs(30))
+            .pool_idle_timeout(AGENT_POOL_IDLE)
             .pool_max_idle_per_host(4)
             .build(connector);
         Self { http }

@@ -210,7 +210,9 @@ fn task_env(sandbox: &Sandbox, name: &str, shape: &PodShape, verifier: &str) -> 
     push("ORCHARD_SANDBOX", name.to_string());
     push(
         "ORCHARD_AGENT_LISTEN",
-        format!("0.0.0.0:{}", shape.agent_port),
+        // Both families: the pod IP is IPv6 in IPv6 clusters (the agent falls back to IPv4 where the
+        // kernel has no IPv6).
+        format!("[::]:{}", shape.agent_port),
     );
     push(VERIFIER_VARIABLE, verifier.to_string());
     let egress = spec.network.as_ref().map(|n| n.egress).unwrap_or_default();
@@ -777,7 +779,7 @@ mod tests {
         );
         assert_eq!(
             env_value(&pod, "ORCHARD_AGENT_LISTEN").as_deref(),
-            Some("0.0.0.0:9090")
+            Some("[::]:9090")
         );
         let probe = task
             .readiness_probe
