@@ -55,6 +55,12 @@ macro_rules! positive_quantity {
         description = "Whether the agent answers"
     ),
     printcolumn(
+        name = "Reason",
+        type_ = "string",
+        json_path = ".status.conditions[?(@.type==\"Ready\")].reason",
+        description = "Why it is (not) Ready: e.g. PodPending, ImagePullBackOff, PolicyEnforcementMissing, StartupTimeout, SandboxReady"
+    ),
+    printcolumn(
         name = "IP",
         type_ = "string",
         json_path = ".status.podIP",
@@ -71,6 +77,27 @@ macro_rules! positive_quantity {
         name = "Age",
         type_ = "date",
         json_path = ".metadata.creationTimestamp"
+    ),
+    printcolumn(
+        name = "Node",
+        type_ = "string",
+        json_path = ".status.nodeName",
+        priority = 1,
+        description = "Node the pod runs on"
+    ),
+    printcolumn(
+        name = "Pod",
+        type_ = "string",
+        json_path = ".status.podName",
+        priority = 1,
+        description = "The sandbox's pod (a pool member's own name when claimed from a pool)"
+    ),
+    printcolumn(
+        name = "Pool",
+        type_ = "string",
+        json_path = ".spec.pool",
+        priority = 1,
+        description = "The SandboxPool it was claimed from"
     ),
     validation = Rule::new("size(self.metadata.name) <= 63").message("a Sandbox name must be at most 63 characters (it labels the sandbox's pod and policies)")
 )]

@@ -683,6 +683,72 @@ async fn the_result_of_a_run_driven_sandbox_is_the_runners_alone() {
 }
 
 #[tokio::test]
+async fn waits_end_early_on_a_stalled_sandbox_and_say_why_when_they_time_out() {
+    let env = TestEnv::shared();
+    let ns = env.namespace("gw-why").await;
+    grant(env, &ns, "alice", "trainer", trainer_rules()).await;
+    let alice = Caller::user(env, "alice");
+    // A pool that does not exist: the sandbox cannot go on without help (Stalled), and the wait says
+    // so at once instead of running out its timeout.
+    let stuck = alice
+        .create_sandbox(&ns, json!({"name": "stuck", "pool": "missing"}))
+        .await;
+    let started = Instant::now();
+    let settled = alice
+        .get(&sandbox_path(&ns, &stuck, "/wait?timeoutSeconds=120"))
+        .await;
+    assert_eq!(settled.status, 200, "{settled:?}");
+    let conditions = settled.body["status"]["conditions"]
+        .as_array()
+        .cloned()
+        .unwrap_or_default();
+    let stalled = conditions
+        .iter()
+        .find(|c| c["type"] == "Stalled")
+        .expect("a Stalled condition");
+    assert_eq!(stalled["status"], "True", "{stalled}");
+    assert_eq!(stalled["reason"], "PoolNotFound", "{stalled}");
+    assert!(
+        started.elapsed() < Duration::from_secs(100),
+        "the wait ran out its timeout instead of settling"
+    );
+    // A wait that runs out says why the sandbox is not Ready yet: a pool that exists but has no
+    // member, waited for.
+    let pool: orchard_operator::api::SandboxPool = serde_json::from_value(json!({
+        "apiVersion": "orchard.dev/v1alpha1", "kind": "SandboxPool",
+        "metadata": {"name": "empty"},
+        "spec": {"replicas": 0, "template": {"image": "busybox"}},
+    }))
+    .expect("pool JSON");
+    Api::<orchard_operator::api::SandboxPool>::namespaced(env.client().await, &ns)
+        .create(&kube::api::PostParams::default(), &pool)
+        .await
+        .expect("create pool");
+    let waiting = alice
+        .create_sandbox(
+            &ns,
+            json!({"name": "waiting", "pool": "empty", "whenPoolEmpty": "Wait"}),
+        )
+        .await;
+    let timed_out = alice
+        .get(&sandbox_path(&ns, &waiting, "/wait?timeoutSeconds=2"))
+        .await;
+    assert_eq!(timed_out.status, 504, "{timed_out:?}");
+    assert_eq!(timed_out.code(), "WaitTimeout");
+    assert_eq!(
+        timed_out.body["reason"], "WaitingForPoolMember",
+        "{timed_out:?}"
+    );
+    assert!(
+        timed_out.body["conditionMessage"]
+            .as_str()
+            .is_some_and(|m| m.contains("empty")),
+        "{timed_out:?}"
+    );
+    env.delete_namespace(&ns).await;
+}
+
+#[tokio::test]
 async fn roles_limited_to_resource_names_are_honoured() {
     // The gateway first asks namespace-wide (one review covers every sandbox of a namespace); a Role
     // limited to resourceNames is denied that and must still be allowed by name, for that name only.

@@ -68,20 +68,37 @@ async fn metric(operator: &OperatorProcess, name: &str, labels: &[(&str, &str)])
     metric_sum(&operator.metrics().await.expect("metrics"), name, labels)
 }
 
-/// Waits until the gateway serves `count` connections (its gauge), or fails after 20 s.
-async fn open_connections_reach(operator: &OperatorProcess, count: f64) {
+/// Waits until the operator's gauge `name{labels}` satisfies `done`, or fails after 20 s naming
+/// `what` and the last value.
+async fn gauge_until(
+    operator: &OperatorProcess,
+    name: &str,
+    labels: &[(&str, &str)],
+    what: &str,
+    done: impl Fn(f64) -> bool,
+) {
     let deadline = Instant::now() + Duration::from_secs(20);
     loop {
-        let open = metric(operator, "orchard_gateway_open_connections", &[]).await;
-        if open == count {
+        let value = metric(operator, name, labels).await;
+        if done(value) {
             return;
         }
-        assert!(
-            Instant::now() < deadline,
-            "the gateway serves {open} connections, not {count}"
-        );
+        assert!(Instant::now() < deadline, "{what}: {name} is {value}");
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
+}
+
+/// Waits until the gateway serves `count` connections.
+async fn open_connections_reach(operator: &OperatorProcess, count: f64) {
+    let what = format!("the gateway never served {count} connections");
+    gauge_until(
+        operator,
+        "orchard_gateway_open_connections",
+        &[],
+        &what,
+        |open| open == count,
+    )
+    .await;
 }
 
 /// A Ready sandbox of `caller` in `namespace`.
@@ -226,21 +243,14 @@ async fn connections_wait_and_requests_beyond_the_limit_are_shed() {
     };
     let first = slow(alice.clone());
     let second = slow(alice.clone());
-    let deadline = Instant::now() + Duration::from_secs(20);
-    while metric(
+    gauge_until(
         &operator,
         "orchard_gateway_requests_in_flight",
         &[("pool", "calls")],
+        "the two execs never held their slots",
+        |held| held >= 2.0,
     )
-    .await
-        < 2.0
-    {
-        assert!(
-            Instant::now() < deadline,
-            "the two execs never held their slots"
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    .await;
     let third = Caller::at(&alice.base, alice.token.as_deref());
     let response = third
         .request(reqwest::Method::GET, &sandbox_path(&ns, &name, ""))
@@ -928,18 +938,14 @@ async fn one_callers_waits_neither_take_the_slots_of_calls_nor_lock_out_other_ca
             .contains("--gateway-max-in-flight-per-caller"),
         "{refused:?}"
     );
-    let deadline = Instant::now() + Duration::from_secs(20);
-    while metric(
+    gauge_until(
         &operator,
         "orchard_gateway_requests_in_flight",
         &[("pool", "waits")],
+        "alice's waits never started",
+        |held| held >= 3.0,
     )
-    .await
-        < 3.0
-    {
-        assert!(Instant::now() < deadline, "alice's waits never started");
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    .await;
     // Bob's calls and his own wait are served while Alice's waits are held.
     let get = bob.get(&sandbox_path(&ns, &bobs, "")).await;
     assert_eq!(get.status, 200, "{get:?}");

@@ -5,7 +5,9 @@
 //! - an `AllowAll` sandbox's policy gets the new addresses as soon as the slice changes, without an
 //!   operator restart;
 //! - a new sandbox's agent is given as canaries only the endpoints that answer a connection (a gone
-//!   address would look like an enforced policy), while every ready address stays protected.
+//!   address would look like an enforced policy), while every ready address stays protected;
+//! - a sandbox whose policies nothing enforces (the hollow node enforces none) says so after 30 s:
+//!   reason `PolicyEnforcementMissing`, `Stalled`, a Warning event, and what to do.
 
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::sync::OnceLock;
@@ -195,6 +197,55 @@ async fn the_api_servers_addresses_are_followed_and_only_answering_ones_are_cana
         vec![answering(first), answering(second)],
         "the gone endpoint {gone} is no canary"
     );
+
+    // Nothing enforces policies on the hollow node, so the canaries keep answering: after 30 s of
+    // waiting the sandbox says that no enforcer seems to be there (stalled, with what to do), and a
+    // Warning event says it too.
+    let stalled = wait::until(
+        &sandboxes,
+        "late",
+        "PolicyEnforcementMissing",
+        Duration::from_secs(90),
+        |s: Option<&Sandbox>| {
+            s.and_then(|s| s.status.as_ref()).is_some_and(|status| {
+                status
+                    .conditions
+                    .iter()
+                    .any(|c| c.type_ == "Ready" && c.reason == "PolicyEnforcementMissing")
+                    && status
+                        .conditions
+                        .iter()
+                        .any(|c| c.type_ == "Stalled" && c.status == "True")
+            })
+        },
+    )
+    .await;
+    let ready = stalled
+        .status
+        .iter()
+        .flat_map(|s| s.conditions.iter())
+        .find(|c| c.type_ == "Ready")
+        .expect("Ready condition");
+    assert!(
+        ready
+            .message
+            .contains("sandboxEgress.awaitEnforcement=false"),
+        "{}",
+        ready.message
+    );
+    let events: Api<k8s_openapi::api::events::v1::Event> = Api::namespaced(client.clone(), &ns);
+    wait::poll("the PolicyEnforcementMissing event", WAIT, || {
+        let events = events.clone();
+        async move {
+            let list = events.list(&Default::default()).await.ok()?;
+            list.items.into_iter().find(|e| {
+                e.reason.as_deref() == Some("PolicyEnforcementMissing")
+                    && e.regarding.as_ref().and_then(|r| r.name.as_deref()) == Some("late")
+                    && e.type_.as_deref() == Some("Warning")
+            })
+        }
+    })
+    .await;
 
     slices
         .delete("kubernetes", &DeleteParams::default())

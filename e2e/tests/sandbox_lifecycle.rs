@@ -403,6 +403,17 @@ async fn kubectl_get_orchard_shows_both_kinds_with_printer_columns() {
         text.contains("sandbox.orchard.dev/shown") && text.contains("Ready"),
         "{text}"
     );
+    assert!(
+        text.contains("REASON") && text.contains("SandboxReady"),
+        "{text}"
+    );
     assert!(text.contains("rolloutgroup.orchard.dev/g"), "{text}");
+    // `-o wide` adds where the sandbox runs.
+    let wide = kubectl(env, &["get", "sbx", "-n", &ns, "-o", "wide"]);
+    let wide = String::from_utf8_lossy(&wide.stdout);
+    for column in ["NODE", "POD", "POOL"] {
+        assert!(wide.contains(column), "column {column} missing in:\n{wide}");
+    }
+    assert!(wide.contains("shown"), "{wide}");
     env.delete_namespace(&ns).await;
 }

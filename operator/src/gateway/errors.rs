@@ -17,9 +17,16 @@ pub struct ErrorBody {
     pub message: String,
     /// Whether sending the same request again later may succeed.
     pub retryable: bool,
-    /// Phase of the sandbox or group, on `NotReady`.
+    /// Phase of the sandbox or group, on `NotReady` and `WaitTimeout`.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub phase: Option<String>,
+    /// Why it is not settled, on `WaitTimeout`: the `Stalled` condition's reason when it is true,
+    /// else the `Ready` (groups: `Complete`) condition's.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub reason: Option<String>,
+    /// That condition's message.
+    #[serde(rename = "conditionMessage", skip_serializing_if = "Option::is_none")]
+    pub condition_message: Option<String>,
 }
 
 /// An error answer of the gateway.
@@ -43,6 +50,8 @@ impl ApiError {
                 message: message.into(),
                 retryable: false,
                 phase: None,
+                reason: None,
+                condition_message: None,
             },
             retry_after: None,
         }

@@ -28,16 +28,6 @@ pub fn group_phase_name(phase: RolloutPhase) -> &'static str {
     }
 }
 
-/// Whether condition `type_` is `True` in `conditions`.
-pub fn condition_true(
-    conditions: &[k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition],
-    type_: &str,
-) -> bool {
-    conditions
-        .iter()
-        .any(|c| c.type_ == type_ && c.status == "True")
-}
-
 /// The agent endpoint of a sandbox that can take calls, from its own Ready pod in the cache (`pod`,
 /// sealed for the sandbox under `key`), or the 409 saying why it cannot (pure). `status.agentEndpoint`
 /// and a Ready condition in the status are not trusted: whoever may patch the status could forge them,
@@ -55,7 +45,7 @@ pub fn agent_endpoint(
     }
     let status = sandbox.status.as_ref();
     let phase = status.and_then(|s| s.phase).map(SandboxPhase::as_str);
-    let ready = status.is_some_and(|s| condition_true(&s.conditions, "Ready"));
+    let ready = status.is_some_and(|s| crate::runtime::conditions::is_true(&s.conditions, "Ready"));
     match pod.and_then(|pod| endpoint_of_own_pod(sandbox, pod, agent_port, key)) {
         Some(endpoint) if ready => Ok(endpoint),
         _ => Err(ApiError::not_ready(&namespace, &name, phase)),

@@ -12,6 +12,7 @@ use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::jiff::Timestamp;
 use kube::api::{Api, DeleteParams, Preconditions, PropagationPolicy};
 use kube::runtime::controller::Action;
+use kube::runtime::events::EventType;
 use kube::{Resource, ResourceExt};
 use tracing::{instrument, warn};
 
@@ -21,6 +22,7 @@ use super::template::template_hash;
 use crate::runtime::conditions::{self, Desired, Progress};
 use crate::runtime::context::{Context, object_key};
 use crate::runtime::error::{Error, Result};
+use crate::runtime::events::publish;
 use crate::runtime::metrics::ReconcileTimer;
 use crate::runtime::own_writes::child_key;
 use crate::runtime::ownership::Owner;
@@ -169,9 +171,18 @@ async fn reconcile_inner(cached: &SandboxPool, ctx: &Arc<Context>) -> Result<Opt
     if plan.create > 0 {
         ensure_baseline(ctx, &namespace).await?;
     }
-    let starts = (0..plan.create.min(CREATE_BATCH)).map(|_| start_member(ctx, &pool, &owner));
+    let starting = plan.create.min(CREATE_BATCH);
+    let starts = (0..starting).map(|_| start_member(ctx, &pool, &owner));
     for started in join_all(starts).await {
         started?;
+    }
+    if starting > 0 {
+        // Members are replaced after claims and failures: one event per pass, whatever its size.
+        let note = format!(
+            "starting {starting} member(s) to keep {} ({} Ready, claimed members are replaced)",
+            pool.spec.replicas, plan.ready
+        );
+        publish(ctx, &pool, EventType::Normal, "Refilling", note).await;
     }
 
     let now = Timestamp::now();
@@ -182,6 +193,14 @@ async fn reconcile_inner(cached: &SandboxPool, ctx: &Arc<Context>) -> Result<Opt
             .recent_failure(&key, STALLED_FOR)
             .map(|why| ("MemberFailed".to_string(), why)),
     };
+    let was_stalled = pool
+        .status
+        .as_ref()
+        .is_some_and(|s| conditions::is_true(&s.conditions, conditions::STALLED));
+    if let Some((reason, message)) = problem.as_ref().filter(|_| !was_stalled) {
+        warn!(pool = %object_key(&pool), %reason, %message, "pool stalled");
+        publish(ctx, &pool, EventType::Warning, reason, message.clone()).await;
+    }
     let status = pool_status(&pool, &plan, ctx.pools.claim_counts(&key), problem, now);
     let labels = [namespace.as_str(), key.name.as_str()];
     ctx.metrics

@@ -21,7 +21,7 @@ use super::apply::{children_of, cleanup, confirm_gone, create_trajectory, releas
 use super::build::trajectory_name;
 use super::observe::{DEADLINE_EXCEEDED, deadline_of, observe};
 use super::params::bar_params;
-use super::status::{QueueStanding, failed_status, group_status};
+use super::status::{ADMITTED as ADMITTED_CONDITION, QueueStanding, failed_status, group_status};
 use crate::queue::admission::{self, queue_of, waiting_message};
 use crate::queue::book::Verdict;
 use crate::runtime::context::{Context, object_key};
@@ -273,6 +273,7 @@ async fn reconcile_inner(cached: &RolloutGroup, ctx: &Arc<Context>) -> Result<Op
         &standing,
         now,
     );
+    report_admission(ctx, group, group.status.as_ref(), &status).await;
     let written = writes::write_status(
         ctx,
         &ctx.caches.rollout_groups,
@@ -346,4 +347,33 @@ fn count_new_outcomes(ctx: &Context, previous: &RolloutGroupStatus, status: &Rol
                 .inc();
         }
     }
+}
+
+/// An event when the queue's answer to the group changes (the `Admitted` condition's reason): admitted
+/// (a stride may launch), queued (with its position), or refused (no such queue, a stride larger
+/// than the queue).
+async fn report_admission(
+    ctx: &Context,
+    group: &RolloutGroup,
+    previous: Option<&RolloutGroupStatus>,
+    status: &RolloutGroupStatus,
+) {
+    let admitted = |s: &RolloutGroupStatus| {
+        s.conditions
+            .iter()
+            .find(|c| c.type_ == ADMITTED_CONDITION)
+            .map(|c| (c.reason.clone(), c.message.clone()))
+    };
+    let Some((reason, message)) = admitted(status) else {
+        return;
+    };
+    if previous.and_then(admitted).map(|(r, _)| r) == Some(reason.clone()) {
+        return;
+    }
+    let kind = if matches!(reason.as_str(), "Admitted" | "Queued") {
+        EventType::Normal
+    } else {
+        EventType::Warning
+    };
+    publish(ctx, group, kind, &reason, message).await;
 }

@@ -113,6 +113,26 @@ pub fn is_true(conditions: &[Condition], type_: &str) -> bool {
         .any(|c| c.type_ == type_ && c.status == "True")
 }
 
+/// What the conditions say about an object that is not where it was asked to be (pure): the
+/// `Stalled` condition's reason and message when it is `True`, else those of condition `waiting_on`
+/// (e.g. `Ready`) when it is not `True` and gives a reason.
+pub fn why_unsettled<'a>(
+    conditions: &'a [Condition],
+    waiting_on: &str,
+) -> Option<(&'a str, &'a str)> {
+    let stalled = conditions
+        .iter()
+        .find(|c| c.type_ == STALLED && c.status == "True");
+    let waiting = || {
+        conditions
+            .iter()
+            .find(|c| c.type_ == waiting_on && c.status != "True" && !c.reason.is_empty())
+    };
+    stalled
+        .or_else(waiting)
+        .map(|c| (c.reason.as_str(), c.message.as_str()))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -19,8 +19,9 @@ use super::build::pod_name;
 use super::expiry::{Lifecycle, annotated_heartbeat, expiry_deadline, failed_deadline};
 use super::run_result::aborted;
 use super::status::{
-    Blocked, Observed, admission_rejection, desired_status, expired_status, first_status_can_wait,
-    hold_back_transient, is_trajectory, quota_refusal, rollout_group_of, startup_clock,
+    Blocked, Observed, POLICY_ENFORCEMENT_MISSING, admission_rejection, desired_status,
+    expired_status, first_status_can_wait, hold_back_transient, is_trajectory, policy_warning_at,
+    quota_refusal, rollout_group_of, startup_clock,
 };
 use super::token::new_nonce;
 use super::{apply, placement, runner};
@@ -301,7 +302,13 @@ async fn reconcile_inner(cached: &Sandbox, ctx: &Arc<Context>) -> Result<Option<
             ctx.settings.startup_timeout_seconds,
         ))
         .unwrap_or(now);
-    Ok(Some(until(now, startup_deadline).min(ctx.settings.resync)))
+    // A sandbox still waiting for its NetworkPolicies says so once that has lasted too long.
+    let next = pod
+        .as_ref()
+        .and_then(policy_warning_at)
+        .filter(|at| *at > now)
+        .map_or(startup_deadline, |at| at.min(startup_deadline));
+    Ok(Some(until(now, next).min(ctx.settings.resync)))
 }
 
 /// Creates the sandbox's own Pod (recording `defaults`, its pool template's network and lifecycle, for
@@ -432,6 +439,30 @@ async fn report_transition(
     status: &SandboxStatus,
     now: Timestamp,
 ) {
+    let ready_reason = |s: &SandboxStatus| {
+        s.conditions
+            .iter()
+            .find(|c| c.type_ == crate::sandbox::status::condition::READY)
+            .map(|c| c.reason.clone())
+    };
+    let missing = Some(POLICY_ENFORCEMENT_MISSING.to_string());
+    if ready_reason(status) == missing && ready_reason(previous) != missing {
+        let message = status
+            .conditions
+            .iter()
+            .find(|c| c.type_ == crate::sandbox::status::condition::READY)
+            .map(|c| c.message.clone())
+            .unwrap_or_default();
+        warn!(sandbox = %object_key(sandbox), %message, "sandbox waits for NetworkPolicies nobody enforces");
+        publish(
+            ctx,
+            sandbox,
+            EventType::Warning,
+            POLICY_ENFORCEMENT_MISSING,
+            message,
+        )
+        .await;
+    }
     if previous.phase == status.phase {
         return;
     }

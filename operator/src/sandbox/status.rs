@@ -82,18 +82,132 @@ pub struct Observed<'a> {
     pub key: &'a TokenKey,
 }
 
-/// The `StartupTimeout` message; `gated`: the pod's agent waits for its NetworkPolicies to be enforced
-/// (pure).
-fn startup_timeout_message(seconds: i64, pod: &str, gated: bool) -> String {
-    let mut message = format!(
-        "not Ready {seconds}s after creation (a trajectory: after its pod was scheduled); check `kubectl describe pod {pod}` for scheduling or image problems"
-    );
+/// What a pod's status says about why it is not Ready (pure): not scheduled (the scheduler's
+/// message), or the task container waiting (reason and message, e.g. `ErrImagePull`), or its last
+/// termination; empty when it says nothing.
+pub fn pod_state_summary(pod: &Pod) -> String {
+    let Some(status) = pod.status.as_ref() else {
+        return String::new();
+    };
+    let unscheduled = status
+        .conditions
+        .iter()
+        .flatten()
+        .find(|c| c.type_ == "PodScheduled" && c.status == "False");
+    if let Some(condition) = unscheduled {
+        return format!(
+            "not scheduled: {}",
+            condition.message.as_deref().unwrap_or("no reason given")
+        );
+    }
+    let task = status
+        .init_container_statuses
+        .iter()
+        .flatten()
+        .chain(status.container_statuses.iter().flatten())
+        .find(|c| {
+            c.state.as_ref().is_some_and(|s| s.waiting.is_some())
+                || c.name == super::build::TASK_CONTAINER
+        });
+    let Some(container) = task else {
+        return String::new();
+    };
+    let state = container.state.as_ref();
+    if let Some(waiting) = state.and_then(|s| s.waiting.as_ref()) {
+        let reason = waiting.reason.as_deref().unwrap_or("waiting");
+        return match waiting.message.as_deref().filter(|m| !m.is_empty()) {
+            Some(message) => format!("container {} {reason}: {message}", container.name),
+            None => format!("container {} {reason}", container.name),
+        };
+    }
+    let terminated = state.and_then(|s| s.terminated.as_ref()).or_else(|| {
+        container
+            .last_state
+            .as_ref()
+            .and_then(|s| s.terminated.as_ref())
+    });
+    if let Some(terminated) = terminated {
+        return format!(
+            "container {} exited with code {} ({})",
+            container.name,
+            terminated.exit_code,
+            terminated.reason.as_deref().unwrap_or("no reason given")
+        );
+    }
+    if state.is_some_and(|s| s.running.is_some()) {
+        return format!("container {} running, not Ready", container.name);
+    }
+    String::new()
+}
+
+/// The `StartupTimeout` message (pure): what the pod's status said last (`state`, from
+/// [`pod_state_summary`]), where its events are (they outlive the pod by an hour), and the settings
+/// that change the outcome, by Helm value and flag. `gated`: the pod's agent waits for its
+/// NetworkPolicies to be enforced.
+fn startup_timeout_message(
+    seconds: i64,
+    namespace: &str,
+    pod: &str,
+    state: &str,
+    gated: bool,
+) -> String {
+    let mut message =
+        format!("not Ready {seconds}s after creation (a trajectory: after its pod was scheduled)");
+    if !state.is_empty() {
+        message.push_str(&format!("; last seen: {state}"));
+    }
+    message.push_str(&format!(
+        "; the pod's events: `kubectl get events -n {namespace} --field-selector involvedObject.name={pod}`; the limit is Helm value sandboxDefaults.startupTimeoutSeconds (--startup-timeout-seconds)"
+    ));
     if gated {
         message.push_str(&format!(
-            ", and `kubectl logs {pod}`: the agent serves only once the sandbox's NetworkPolicies are enforced, which never happens in a cluster without a NetworkPolicy enforcer (operator flag --await-policy-enforcement=false)"
+            "; the agent serves only once the sandbox's NetworkPolicies are enforced, which never happens in a cluster without a NetworkPolicy enforcer: install one, or set Helm value sandboxEgress.awaitEnforcement=false (--await-policy-enforcement=false)"
         ));
     }
     message
+}
+
+/// Reason of a sandbox whose agent has waited too long for its NetworkPolicies to be enforced.
+pub const POLICY_ENFORCEMENT_MISSING: &str = "PolicyEnforcementMissing";
+
+/// How long an agent may wait for its NetworkPolicies, after its container started, before the
+/// sandbox says that no enforcer may be programming them.
+pub const POLICY_WAIT_WARNING: SignedDuration = SignedDuration::from_secs(30);
+
+/// Since when the task container of `pod` runs (pure).
+fn task_running_since(pod: &Pod) -> Option<Timestamp> {
+    pod.status
+        .as_ref()?
+        .container_statuses
+        .iter()
+        .flatten()
+        .find(|c| c.name == super::build::TASK_CONTAINER)?
+        .state
+        .as_ref()?
+        .running
+        .as_ref()?
+        .started_at
+        .as_ref()
+        .map(|t| t.0)
+}
+
+/// When a sandbox whose agent waits for its NetworkPolicies says that no enforcer may be programming
+/// them, if `pod` is such a pod and its task container runs (pure).
+pub fn policy_warning_at(pod: &Pod) -> Option<Timestamp> {
+    if !awaits_enforcement(pod) {
+        return None;
+    }
+    task_running_since(pod)?
+        .checked_add(POLICY_WAIT_WARNING)
+        .ok()
+}
+
+/// The `PolicyEnforcementMissing` message (pure; the same at every reconcile, so it costs one write).
+fn policy_enforcement_missing_message() -> String {
+    format!(
+        "the agent has waited more than {}s for the sandbox's NetworkPolicies to be enforced: nothing seems to enforce NetworkPolicies in this cluster (EKS without the VPC CNI's network policy agent, GKE without network policy enforcement); install an enforcer, or set Helm value sandboxEgress.awaitEnforcement=false (--await-policy-enforcement=false) to run sandboxes without network isolation",
+        POLICY_WAIT_WARNING.as_secs()
+    )
 }
 
 /// Why the sandbox cannot have one of its children under the name it needs.
@@ -540,12 +654,20 @@ pub fn desired_status(sandbox: &Sandbox, observed: &Observed) -> SandboxStatus {
         {
             let pod = status.pod_name.clone().unwrap_or_default();
             let gated = observed.pod.is_some_and(awaits_enforcement);
+            let state = observed.pod.map(pod_state_summary).unwrap_or_default();
+            let namespace = sandbox.metadata.namespace.as_deref().unwrap_or_default();
             return failed_status(
                 sandbox,
                 status,
                 Failure::new(
                     "StartupTimeout",
-                    startup_timeout_message(observed.startup_timeout_seconds, &pod, gated),
+                    startup_timeout_message(
+                        observed.startup_timeout_seconds,
+                        namespace,
+                        &pod,
+                        &state,
+                        gated,
+                    ),
                 ),
                 now,
                 observed.key,
@@ -596,12 +718,19 @@ pub fn desired_status(sandbox: &Sandbox, observed: &Observed) -> SandboxStatus {
             "AgentNotResponding",
             "the agent stopped answering its health probe".to_string(),
         )
-    } else if observed.pod.is_some_and(awaits_enforcement) {
-        (
-            "AgentStarting",
-            "waiting for the agent to answer /healthz (it answers once the sandbox's NetworkPolicies are enforced)"
-                .to_string(),
-        )
+    } else if let Some(pod) = observed.pod.filter(|pod| awaits_enforcement(pod)) {
+        let waited = task_running_since(pod).map(|since| now.duration_since(since));
+        match waited {
+            Some(waited) if waited >= POLICY_WAIT_WARNING => (
+                POLICY_ENFORCEMENT_MISSING,
+                policy_enforcement_missing_message(),
+            ),
+            _ => (
+                "AgentStarting",
+                "waiting for the agent to answer /healthz (it answers once the sandbox's NetworkPolicies are enforced)"
+                    .to_string(),
+            ),
+        }
     } else {
         (
             "AgentStarting",
@@ -633,6 +762,10 @@ pub fn desired_status(sandbox: &Sandbox, observed: &Observed) -> SandboxStatus {
         ) => Progress::Stalled((*reason).to_string(), message.clone()),
         (Some(SandboxPhase::Pending), _) => {
             Progress::Reconciling("Pending".into(), scheduled_message.clone())
+        }
+        // Without an enforcer it would wait until its startup timeout: it needs outside help now.
+        (Some(SandboxPhase::Starting), _) if agent_reason == POLICY_ENFORCEMENT_MISSING => {
+            Progress::Stalled(agent_reason.to_string(), agent_message.clone())
         }
         (Some(SandboxPhase::Starting), _) => {
             Progress::Reconciling("Starting".into(), agent_message.clone())
@@ -1169,14 +1302,116 @@ mod tests {
         let timed_out = desired_status(&sandbox(), &observed(Some(&gated), late));
         assert_eq!(timed_out.reason.as_deref(), Some("StartupTimeout"));
         let message = timed_out.message.clone().unwrap_or_default();
+        for advice in [
+            "--await-policy-enforcement=false",
+            "sandboxEgress.awaitEnforcement=false",
+            "sandboxDefaults.startupTimeoutSeconds",
+            "--field-selector involvedObject.name=s1",
+        ] {
+            assert!(message.contains(advice), "{advice} in {message}");
+        }
         assert!(
-            message.contains("--await-policy-enforcement=false"),
-            "{message}"
+            !message.contains("kubectl describe pod"),
+            "the pod is gone when the message is read: {message}"
         );
-        assert!(message.contains("kubectl logs s1"), "{message}");
         let plain_timeout = desired_status(&sandbox(), &observed(Some(&plain), late));
         let message = plain_timeout.message.unwrap_or_default();
         assert!(!message.contains("NetworkPolicies"), "{message}");
+    }
+
+    #[test]
+    fn a_sandbox_whose_policies_stay_unenforced_says_what_to_do_after_30_seconds() {
+        let running = ContainerState {
+            running: Some(k8s_openapi::api::core::v1::ContainerStateRunning {
+                started_at: Some(Time(t("2026-01-01T00:00:05Z"))),
+            }),
+            ..Default::default()
+        };
+        let gated = awaiting_enforcement(with_task_state(
+            pod(Some("node-1"), Some("10.0.0.9"), false),
+            running,
+        ));
+        let reason = |now: &str| {
+            let status = desired_status(&sandbox(), &observed(Some(&gated), now));
+            cond(&status, "Ready").reason.clone()
+        };
+        assert_eq!(reason("2026-01-01T00:00:34Z"), "AgentStarting");
+        assert_eq!(reason("2026-01-01T00:00:35Z"), POLICY_ENFORCEMENT_MISSING);
+        let stalled = desired_status(&sandbox(), &observed(Some(&gated), "2026-01-01T00:00:35Z"));
+        assert_eq!(
+            cond(&stalled, "Stalled").status,
+            "True",
+            "a wait settles on it"
+        );
+        assert_eq!(stalled.phase, Some(SandboxPhase::Starting));
+        assert_eq!(
+            policy_warning_at(&gated),
+            Some(t("2026-01-01T00:00:35Z")),
+            "the reconcile comes back then"
+        );
+        let first = desired_status(&sandbox(), &observed(Some(&gated), "2026-01-01T00:00:40Z"));
+        let message = &cond(&first, "Ready").message;
+        assert!(
+            message.contains("sandboxEgress.awaitEnforcement=false")
+                && message.contains("--await-policy-enforcement=false"),
+            "{message}"
+        );
+        let mut again = sandbox();
+        again.status = Some(first.clone());
+        let later = desired_status(&again, &observed(Some(&gated), "2026-01-01T00:03:00Z"));
+        assert_eq!(later, first, "the same status later: one write");
+        let ungated = with_task_state(
+            pod(Some("node-1"), Some("10.0.0.9"), false),
+            ContainerState::default(),
+        );
+        assert_eq!(policy_warning_at(&ungated), None);
+    }
+
+    #[test]
+    fn what_a_pod_last_said_is_summarised() {
+        let unscheduled = with_pod_condition(
+            pod(None, None, false),
+            PodCondition {
+                type_: "PodScheduled".into(),
+                status: "False".into(),
+                message: Some("0/3 nodes are available: 3 Insufficient memory.".into()),
+                ..Default::default()
+            },
+        );
+        assert_eq!(
+            pod_state_summary(&unscheduled),
+            "not scheduled: 0/3 nodes are available: 3 Insufficient memory."
+        );
+        let pulling = with_task_state(
+            pod(Some("n"), None, false),
+            ContainerState {
+                waiting: Some(ContainerStateWaiting {
+                    reason: Some("ImagePullBackOff".into()),
+                    message: Some("Back-off pulling image \"x\"".into()),
+                }),
+                ..Default::default()
+            },
+        );
+        assert_eq!(
+            pod_state_summary(&pulling),
+            "container sandbox ImagePullBackOff: Back-off pulling image \"x\""
+        );
+        let exited = with_task_state(
+            pod(Some("n"), None, false),
+            ContainerState {
+                terminated: Some(ContainerStateTerminated {
+                    exit_code: 127,
+                    reason: Some("Error".into()),
+                    ..Default::default()
+                }),
+                ..Default::default()
+            },
+        );
+        assert_eq!(
+            pod_state_summary(&exited),
+            "container sandbox exited with code 127 (Error)"
+        );
+        assert_eq!(pod_state_summary(&Pod::default()), "");
     }
 
     fn with_pod_condition(mut pod: Pod, condition: PodCondition) -> Pod {

@@ -12,13 +12,14 @@ use super::sandboxes::wait_timeout;
 use super::{Call, ListQuery, NamespacePath, ObjectPath, WaitQuery, query};
 use crate::gateway::access::{Access, Operation};
 use crate::gateway::errors::{ApiError, ErrorBody, json_response};
-use crate::gateway::lookup::{condition_true, group_phase_name};
+use crate::gateway::lookup::group_phase_name;
 use crate::gateway::openapi::{
     CreateRolloutGroupRequest, Deleted, RolloutGroupList, RolloutGroupSchema,
 };
 use crate::gateway::revalidate::Guard;
 use crate::gateway::spec::rollout_group_from_request;
 use crate::gateway::wait::{WaitFor, WaitOutcome, wait_duration};
+use crate::runtime::conditions::{is_true, why_unsettled};
 use orchard_api::{RolloutGroup, RolloutPhase};
 
 /// Creates a RolloutGroup and answers at once (201).
@@ -125,7 +126,7 @@ pub async fn delete_group(
 /// Whether a group is done: `Complete=True`, phase Complete, or phase Failed.
 pub fn group_settled(group: &RolloutGroup) -> bool {
     group.status.as_ref().is_some_and(|s| {
-        condition_true(&s.conditions, "Complete")
+        is_true(&s.conditions, "Complete")
             || matches!(s.phase, Some(RolloutPhase::Complete | RolloutPhase::Failed))
     })
 }
@@ -167,16 +168,15 @@ pub async fn wait_group(
     match guard.run(waiter.until(timeout, group_settled)).await? {
         WaitOutcome::Done(group) => Ok(json_response(StatusCode::OK, group.as_ref())),
         WaitOutcome::TimedOut(group) => {
-            let phase = group
-                .status
-                .as_ref()
-                .and_then(|s| s.phase)
-                .map(group_phase_name);
+            let status = group.status.as_ref();
+            let phase = status.and_then(|s| s.phase).map(group_phase_name);
+            let why = status.and_then(|s| why_unsettled(&s.conditions, "Complete"));
             Err(wait_timeout(
                 "rolloutgroup",
                 &path.namespace,
                 &path.name,
                 phase,
+                why,
             ))
         }
         WaitOutcome::Deleted => Err(ApiError::new(

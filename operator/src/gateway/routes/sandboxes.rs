@@ -17,7 +17,6 @@ use super::{Call, ListQuery, NamespacePath, ObjectPath, State, WaitQuery, query}
 use crate::gateway::GATEWAY_FIELD_MANAGER;
 use crate::gateway::access::{Access, Operation};
 use crate::gateway::errors::{ApiError, ErrorBody, from_kube, json_response};
-use crate::gateway::lookup::condition_true;
 use crate::gateway::openapi::{
     AgentAccessResponse, CreateSandboxRequest, Deleted, HeartbeatResponse, ResultResponse,
     SandboxList, SandboxSchema, TrajectoryResultSchema,
@@ -25,6 +24,7 @@ use crate::gateway::openapi::{
 use crate::gateway::revalidate::Guard;
 use crate::gateway::spec::sandbox_from_request;
 use crate::gateway::wait::{WaitFor, WaitOutcome, wait_duration};
+use crate::runtime::conditions::{STALLED, is_true, why_unsettled};
 use crate::runtime::status_patch::status_member_patch;
 use orchard_api::{Sandbox, SandboxPhase, TrajectoryResult, TrajectoryStatus};
 
@@ -138,10 +138,12 @@ pub async fn delete_sandbox(
     .await
 }
 
-/// Whether a sandbox has settled: Ready, or a phase it will not leave on its own.
+/// Whether a sandbox has settled: Ready, a phase it will not leave on its own, or stalled (it cannot
+/// go on without outside help: the `Stalled` condition says why).
 pub fn sandbox_settled(sandbox: &Sandbox) -> bool {
     sandbox.status.as_ref().is_some_and(|s| {
-        condition_true(&s.conditions, "Ready")
+        is_true(&s.conditions, "Ready")
+            || is_true(&s.conditions, STALLED)
             || matches!(
                 s.phase,
                 Some(SandboxPhase::Failed | SandboxPhase::Succeeded | SandboxPhase::Expired)
@@ -149,33 +151,50 @@ pub fn sandbox_settled(sandbox: &Sandbox) -> bool {
     })
 }
 
-/// The 504 of a wait that ran out of time.
-pub fn wait_timeout(kind: &str, namespace: &str, name: &str, phase: Option<&str>) -> ApiError {
+/// The 504 of a wait that ran out of time, saying where the object is (`phase`) and, from its
+/// conditions, why (`why`: reason and message).
+pub fn wait_timeout(
+    kind: &str,
+    namespace: &str,
+    name: &str,
+    phase: Option<&str>,
+    why: Option<(&str, &str)>,
+) -> ApiError {
+    let phase = phase.unwrap_or("Pending");
+    let because = match why {
+        Some((reason, message)) if !message.is_empty() => format!(": {reason}: {message}"),
+        Some((reason, _)) => format!(": {reason}"),
+        None => String::new(),
+    };
     let mut error = ApiError::new(
         StatusCode::GATEWAY_TIMEOUT,
         "WaitTimeout",
         format!(
-            "{kind} {namespace}/{name} did not settle in time (phase {}); wait again",
-            phase.unwrap_or("Pending")
+            "{kind} {namespace}/{name} did not settle in time (phase {phase}{because}); wait again"
         ),
     )
     .retryable(true);
-    error.body.phase = Some(phase.unwrap_or("Pending").to_string());
+    error.body.phase = Some(phase.to_string());
+    if let Some((reason, message)) = why {
+        error.body.reason = Some(reason.to_string());
+        error.body.condition_message = Some(message.to_string()).filter(|m| !m.is_empty());
+    }
     error
 }
 
-/// Blocks until the sandbox is Ready or has Failed (or Succeeded/Expired), driven by the watch.
+/// Blocks until the sandbox is Ready, has Failed (or Succeeded/Expired), or is stalled, driven by the
+/// watch.
 #[utoipa::path(
     get,
     path = "/v1/namespaces/{namespace}/sandboxes/{name}/wait",
     tag = "sandboxes",
     params(ObjectPath, WaitQuery),
     responses(
-        (status = 200, description = "Settled: check `status.phase` (Ready, or Failed with `status.reason`)", body = SandboxSchema),
+        (status = 200, description = "Settled: check `status.phase` (Ready, or Failed with `status.reason`) and the `Stalled` condition (it cannot go on without outside help, e.g. a missing pool or image)", body = SandboxSchema),
         (status = 401, body = ErrorBody),
         (status = 403, description = "RBAC denies `get sandboxes`", body = ErrorBody),
         (status = 404, description = "No such sandbox, or deleted while waiting", body = ErrorBody),
-        (status = 504, description = "`WaitTimeout`: not settled within timeoutSeconds (retryable; `phase` says where it is)", body = ErrorBody),
+        (status = 504, description = "`WaitTimeout`: not settled within timeoutSeconds (retryable; `phase` says where it is, `reason` and `conditionMessage` why)", body = ErrorBody),
     )
 )]
 pub async fn wait_sandbox(
@@ -202,12 +221,16 @@ pub async fn wait_sandbox(
     match guard.run(waiter.until(timeout, sandbox_settled)).await? {
         WaitOutcome::Done(sandbox) => Ok(json_response(StatusCode::OK, sandbox.as_ref())),
         WaitOutcome::TimedOut(sandbox) => {
-            let phase = sandbox
-                .status
-                .as_ref()
-                .and_then(|s| s.phase)
-                .map(SandboxPhase::as_str);
-            Err(wait_timeout("sandbox", &path.namespace, &path.name, phase))
+            let status = sandbox.status.as_ref();
+            let phase = status.and_then(|s| s.phase).map(SandboxPhase::as_str);
+            let why = status.and_then(|s| why_unsettled(&s.conditions, "Ready"));
+            Err(wait_timeout(
+                "sandbox",
+                &path.namespace,
+                &path.name,
+                phase,
+                why,
+            ))
         }
         WaitOutcome::Deleted => Err(ApiError::new(
             StatusCode::NOT_FOUND,
@@ -443,7 +466,29 @@ mod tests {
             ..SandboxStatus::default()
         });
         assert!(sandbox_settled(&s));
-        let timeout = wait_timeout("sandbox", "ns", "s", Some("Starting"));
+        let timeout = wait_timeout(
+            "sandbox",
+            "ns",
+            "s",
+            Some("Starting"),
+            Some(("PolicyEnforcementMissing", "no enforcer")),
+        );
+        assert_eq!(
+            timeout.body.reason.as_deref(),
+            Some("PolicyEnforcementMissing")
+        );
+        assert_eq!(
+            timeout.body.condition_message.as_deref(),
+            Some("no enforcer")
+        );
+        assert!(
+            timeout
+                .body
+                .message
+                .contains("PolicyEnforcementMissing: no enforcer"),
+            "{}",
+            timeout.body.message
+        );
         assert_eq!(timeout.status, 504);
         assert!(timeout.body.retryable);
         assert_eq!(timeout.body.phase.as_deref(), Some("Starting"));
