@@ -321,7 +321,7 @@ def test_wait_ready_tracks_the_phase_and_starts_heartbeats(client: SandboxClient
     assert started == [True] and sbx.phase == "Ready"
     assert [r.params for r in sends(steps)] == [{"timeoutSeconds": "300.000"}] * 2
     assert all(r.retry is False and r.timeout == 330.0 for r in sends(steps))
-    with pytest.raises(Timeout, match=r"not Ready after 1.0s \(phase Pending\)"):
+    with pytest.raises(Timeout, match=r"not Ready after 1.0s \(phase Pending\)$"):
         drive(sbx._wait_ready_plan(1.0), answers(waiting, waiting), clock=Clock(tick=0.4))
     # The async handle tracks the phase a server-side wait reports, like the sync one.
     async_sbx = AsyncSandbox(AsyncSandboxClient("http://gw", "t", namespace="ns"), "s1", "ns", {}, auto_heartbeat=False)

@@ -35,6 +35,7 @@ from .errors import (
     NotFound,
     OrchardError,
     SandboxFailed,
+    SandboxStalled,
     Timeout,
     error_from_response,
     parse_body,
@@ -208,15 +209,18 @@ def _backoff(policy: RetryPolicy, attempt: int, why: str) -> Plan[None]:
     yield Sleep(delay)
 
 
-def until(timeout: float | None, attempt: Callable[[float], Plan[T | None]], expired: Callable[[], str]) -> Plan[T]:
+def until(
+    timeout: float | None, attempt: Callable[[float], Plan[T | None]], expired: Callable[[], str | Timeout]
+) -> Plan[T]:
     """Long-polls: repeats ``attempt(wait)`` (one server-side wait of at most ``wait`` seconds) until it
-    answers something other than None; raises :class:`Timeout` (message ``expired()``) once
-    ``timeout`` seconds have passed (None: never)."""
+    answers something other than None; once ``timeout`` seconds have passed (None: never) raises
+    ``expired()``: a :class:`Timeout`, or the message of one."""
     deadline = None if timeout is None else (yield NOW) + timeout
     while True:
         remaining = _ops.MAX_SERVER_WAIT if deadline is None else deadline - (yield NOW)
         if remaining <= 0:
-            raise Timeout(expired())
+            why = expired()
+            raise why if isinstance(why, Timeout) else Timeout(why)
         value = yield from attempt(min(_ops.MAX_SERVER_WAIT, remaining))
         if value is not None:
             return value
@@ -440,28 +444,46 @@ class SandboxCore:
         return self.raw
 
     def _wait_ready_plan(self, timeout: float | None) -> Plan[Any]:
+        """Waits until Ready with the gateway's watch-driven waits. Raises as soon as the sandbox settles
+        otherwise: :class:`SandboxStalled` (``Stalled=True``), :class:`SandboxFailed` (Failed,
+        Succeeded, Expired); after ``timeout`` seconds :class:`Timeout` with the phase, reason and
+        condition message last seen."""
+        last: dict[str, str | None] = {}
+
         def attempt(wait: float) -> Plan[Any]:
             done, answer = yield from self.client._server_wait_plan(
                 _ops.sandbox_path(self.namespace, self.name, "/wait"), wait
             )
             if not done:
-                if isinstance(answer.get("phase"), str):
-                    self.raw.setdefault("status", {})["phase"] = answer["phase"]
+                phase = answer.get("phase")
+                if isinstance(phase, str):
+                    self.raw.setdefault("status", {})["phase"] = phase
+                for key, field in (("reason", "reason"), ("message", "conditionMessage")):
+                    value = answer.get(field)
+                    last[key] = value if isinstance(value, str) and value else None
                 return None
             self.raw = answer
             if _ops.is_ready(self.raw):
                 self._start_heartbeats()
                 return self
-            status = self.raw.get("status") or {}
+            phase, reason, message = _ops.why_not_ready(self.raw)
+            where = _ops.explain(phase, reason, message)
+            if phase not in _ops.FINAL_PHASES and _ops.is_stalled(self.raw):
+                raise SandboxStalled(
+                    f"sandbox {self.namespace}/{self.name} is stalled ({where})",
+                    phase=phase, reason=reason, condition_message=message, body=self.raw,
+                )
             raise SandboxFailed(
-                f"sandbox {self.namespace}/{self.name} is {status.get('phase')}: "
-                f"{status.get('reason') or ''} {status.get('message') or ''}".strip(),
-                reason=status.get("reason"),
-                body=self.raw,
+                f"sandbox {self.namespace}/{self.name} will not become Ready ({where})",
+                phase=phase, reason=reason, condition_message=message, body=self.raw,
             )
 
-        def expired() -> str:
-            return f"sandbox {self.namespace}/{self.name} not Ready after {timeout}s (phase {_ops.phase_of(self.raw)})"
+        def expired() -> Timeout:
+            phase, reason, message = _ops.phase_of(self.raw), last.get("reason"), last.get("message")
+            return Timeout(
+                f"sandbox {self.namespace}/{self.name} not Ready after {timeout}s ({_ops.explain(phase, reason, message)})",
+                phase=phase, reason=reason, condition_message=message,
+            )
 
         return until(timeout, attempt, expired)
 

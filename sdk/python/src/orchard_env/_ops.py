@@ -14,6 +14,10 @@ ANSWER_MARGIN = 30.0
 AGENT_DEFAULT_EXEC_TIMEOUT = 600.0
 #: Longest server-side wait per request (the gateway clamps ``timeoutSeconds`` to it).
 MAX_SERVER_WAIT = 300.0
+#: Default seconds ``create()`` and ``wait_ready()`` wait for Ready: the operator's default startup timeout
+#: (600 s after creation, Helm ``sandboxDefaults.startupTimeoutSeconds``) plus a margin, so a sandbox that
+#: cannot start ends with the operator's ``StartupTimeout`` failure, which says why, before the SDK gives up.
+DEFAULT_WAIT_TIMEOUT = 630.0
 #: Labels the operator puts on a RolloutGroup's trajectory Sandboxes (``<group>-<index>``).
 ROLLOUT_GROUP_LABEL = "orchard.dev/rollout-group"
 STRIDE_LABEL = "orchard.dev/stride"
@@ -241,6 +245,45 @@ def is_ready(sandbox: Mapping[str, Any]) -> bool:
         c.get("type") == "Ready" and c.get("status") == "True"
         for c in (sandbox.get("status") or {}).get("conditions") or []
     )
+
+
+def condition(sandbox: Mapping[str, Any], type_: str) -> Mapping[str, Any] | None:
+    """The condition of ``type_`` in ``status.conditions`` of an object, if present."""
+    for c in (sandbox.get("status") or {}).get("conditions") or []:
+        if isinstance(c, Mapping) and c.get("type") == type_:
+            return c
+    return None
+
+
+def is_stalled(sandbox: Mapping[str, Any]) -> bool:
+    """Whether the Sandbox object has ``Stalled=True``: it cannot progress without outside help."""
+    stalled = condition(sandbox, "Stalled")
+    return stalled is not None and stalled.get("status") == "True"
+
+
+def why_not_ready(sandbox: Mapping[str, Any]) -> tuple[str | None, str | None, str | None]:
+    """``(phase, reason, message)`` explaining where a Sandbox object stands (pure): a phase it will not
+    leave (Failed, Succeeded, Expired) is explained by ``status.reason``/``status.message``; otherwise
+    the ``Stalled`` condition's reason and message when it is True, else the ``Ready`` condition's
+    (the gateway's ``WaitTimeout`` answers the same pair as ``reason``/``conditionMessage``)."""
+    status = sandbox.get("status") or {}
+    phase = status.get("phase")
+    if phase in FINAL_PHASES and (status.get("reason") or status.get("message")):
+        return phase, status.get("reason") or None, status.get("message") or None
+    chosen = condition(sandbox, "Stalled") if is_stalled(sandbox) else condition(sandbox, "Ready")
+    if chosen is None:
+        return phase, status.get("reason") or None, status.get("message") or None
+    return phase, chosen.get("reason") or None, chosen.get("message") or None
+
+
+def explain(phase: str | None, reason: str | None, message: str | None) -> str:
+    """``phase Pending, reason NotScheduled: 0/3 nodes are available...`` (the parts that are known)."""
+    text = f"phase {phase or 'unknown'}"
+    if reason:
+        text += f", reason {reason}"
+    if message:
+        text += f": {message}"
+    return text
 
 
 def agent_endpoint_of(sandbox: Mapping[str, Any]) -> str | None:

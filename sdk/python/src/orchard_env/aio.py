@@ -13,7 +13,7 @@ from typing import IO, Any, TypeVar
 
 import httpx
 
-from . import _core
+from . import _core, _ops
 from ._core import CHUNK, Upload
 from ._retry import RetryPolicy
 from .models import ExecEvent, ExecResult, FileEntry, GroupResult, PatchResult, ProcessInfo, TrajectoryResult
@@ -93,8 +93,16 @@ class AsyncSandbox(_core.SandboxCore):
     async def refresh(self) -> dict[str, Any]:
         return await self._run(self._refresh_plan())
 
-    async def wait_ready(self, timeout: float | None = 300.0) -> AsyncSandbox:
-        """Waits until Ready (server-side, watch-driven); :class:`SandboxFailed` or :class:`Timeout`."""
+    async def wait_ready(self, timeout: float | None = _ops.DEFAULT_WAIT_TIMEOUT) -> AsyncSandbox:
+        """Waits until the sandbox is Ready (the gateway's watch-driven wait) and returns this handle.
+
+        Raises as soon as the sandbox cannot become Ready by itself: :class:`~orchard_env.SandboxStalled`
+        (``Stalled=True``: a missing pool, a full quota...) or :class:`~orchard_env.SandboxFailed`
+        (Failed, Succeeded or Expired), each with ``phase``, ``reason`` and ``condition_message``. After
+        ``timeout`` seconds (None: no limit) raises :class:`~orchard_env.Timeout` carrying the same three
+        as last seen, also quoted in its message. The default, 630 s, outlasts the operator's default
+        startup timeout (600 s after creation), so a sandbox that cannot start ends as ``SandboxFailed``
+        with reason ``StartupTimeout`` and the operator's explanation rather than as a bare timeout."""
         return await self._run(self._wait_ready_plan(timeout))
 
     async def heartbeat(self) -> dict[str, Any]:
@@ -338,9 +346,20 @@ class AsyncSandboxClient(_AsyncDriver, _core.ClientCore):
         self, image: str | None = None, *, name: str | None = None, generate_name: str | None = None, namespace: str | None = None,
         labels: Mapping[str, str] | None = None, annotations: Mapping[str, str] | None = None, env: Mapping[str, str] | None = None,
         cpu: str | int | float | None = None, memory: str | None = None, ttl_seconds: int | None = None, heartbeat_timeout_seconds: int | None = None,
-        network: str | Mapping[str, Any] | None = None, spec: Mapping[str, Any] | None = None, wait: bool = True, wait_timeout: float | None = 300.0,
-        delete_on_exit: bool = True, auto_heartbeat: bool = True, direct: bool | None = None, **spec_fields: Any) -> _Creating:
-        """Creates a sandbox; ``await`` it for the handle, or ``async with client.create(...) as sbx``."""
+        network: str | Mapping[str, Any] | None = None, spec: Mapping[str, Any] | None = None, wait: bool = True,
+        wait_timeout: float | None = _ops.DEFAULT_WAIT_TIMEOUT, delete_on_exit: bool = True, auto_heartbeat: bool = True,
+        direct: bool | None = None, **spec_fields: Any) -> _Creating:
+        """Creates a sandbox from ``image`` (or a full ``spec``) and, with ``wait`` (default), waits until
+        it is Ready. Await it for the handle, or use it as ``async with client.create(...) as sbx:``.
+
+        Other spec fields go as keywords (``working_dir=``, ``run=``, ``startup=``, ``node_selector=``...);
+        ``pool="name"`` claims a warm member of that SandboxPool (no ``image`` needed: the pool's template
+        gives it; ``when_pool_empty="Wait"`` waits for a member instead of starting cold).
+
+        The wait returns early with :class:`~orchard_env.SandboxStalled` or
+        :class:`~orchard_env.SandboxFailed`, and gives up after ``wait_timeout`` seconds with
+        :class:`~orchard_env.Timeout` (see :meth:`wait_ready`); with ``delete_on_exit`` the sandbox is
+        deleted before the error is raised. The handle deletes the sandbox when closed (``delete_on_exit``)."""
         plan = self._create_plan(
             namespace, wait=wait, wait_timeout=wait_timeout, delete_on_exit=delete_on_exit, auto_heartbeat=auto_heartbeat,
             direct=direct, image=image, name=name, generate_name=generate_name, labels=labels, annotations=annotations,

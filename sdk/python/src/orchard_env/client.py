@@ -16,7 +16,7 @@ from typing import IO, Any, TypeVar
 
 import httpx
 
-from . import _core
+from . import _core, _ops
 from ._core import CHUNK, Upload
 from ._retry import RetryPolicy
 from .models import (
@@ -139,9 +139,16 @@ class Sandbox(_core.SandboxCore):
         """Reads the Sandbox object again."""
         return self._run(self._refresh_plan())
 
-    def wait_ready(self, timeout: float | None = 300.0) -> Sandbox:
-        """Blocks until the sandbox is Ready (server-side, watch-driven wait). Raises
-        :class:`SandboxFailed` when it failed and :class:`Timeout` after ``timeout`` seconds."""
+    def wait_ready(self, timeout: float | None = _ops.DEFAULT_WAIT_TIMEOUT) -> Sandbox:
+        """Waits until the sandbox is Ready (the gateway's watch-driven wait) and returns this handle.
+
+        Raises as soon as the sandbox cannot become Ready by itself: :class:`~orchard_env.SandboxStalled`
+        (``Stalled=True``: a missing pool, a full quota...) or :class:`~orchard_env.SandboxFailed`
+        (Failed, Succeeded or Expired), each with ``phase``, ``reason`` and ``condition_message``. After
+        ``timeout`` seconds (None: no limit) raises :class:`~orchard_env.Timeout` carrying the same three
+        as last seen, also quoted in its message. The default, 630 s, outlasts the operator's default
+        startup timeout (600 s after creation), so a sandbox that cannot start ends as ``SandboxFailed``
+        with reason ``StartupTimeout`` and the operator's explanation rather than as a bare timeout."""
         return self._run(self._wait_ready_plan(timeout))
 
     # -- heartbeats ------------------------------------------------------------------------
@@ -416,13 +423,20 @@ class SandboxClient(_Driver, _core.ClientCore):
         self, image: str | None = None, *, name: str | None = None, generate_name: str | None = None, namespace: str | None = None,
         labels: Mapping[str, str] | None = None, annotations: Mapping[str, str] | None = None, env: Mapping[str, str] | None = None,
         cpu: str | int | float | None = None, memory: str | None = None, ttl_seconds: int | None = None, heartbeat_timeout_seconds: int | None = None,
-        network: str | Mapping[str, Any] | None = None, spec: Mapping[str, Any] | None = None, wait: bool = True, wait_timeout: float | None = 300.0,
-        delete_on_exit: bool = True, auto_heartbeat: bool = True, direct: bool | None = None, **spec_fields: Any) -> Sandbox:
-        """Creates a sandbox from ``image`` (or a full ``spec``) and, with ``wait`` (default), blocks
-        until it is Ready. Other spec fields go as keywords (``working_dir=``, ``run=``,
-        ``startup=``, ``node_selector=``...); ``pool="name"`` claims a warm member of that
-        SandboxPool (no ``image`` needed: the pool's template gives it; ``when_pool_empty="Wait"``
-        waits for a member instead of starting cold). The handle deletes the sandbox when closed."""
+        network: str | Mapping[str, Any] | None = None, spec: Mapping[str, Any] | None = None, wait: bool = True,
+        wait_timeout: float | None = _ops.DEFAULT_WAIT_TIMEOUT, delete_on_exit: bool = True, auto_heartbeat: bool = True,
+        direct: bool | None = None, **spec_fields: Any) -> Sandbox:
+        """Creates a sandbox from ``image`` (or a full ``spec``) and, with ``wait`` (default), waits until
+        it is Ready. Returns its handle, a context manager: ``with client.create(...) as sbx:``.
+
+        Other spec fields go as keywords (``working_dir=``, ``run=``, ``startup=``, ``node_selector=``...);
+        ``pool="name"`` claims a warm member of that SandboxPool (no ``image`` needed: the pool's template
+        gives it; ``when_pool_empty="Wait"`` waits for a member instead of starting cold).
+
+        The wait returns early with :class:`~orchard_env.SandboxStalled` or
+        :class:`~orchard_env.SandboxFailed`, and gives up after ``wait_timeout`` seconds with
+        :class:`~orchard_env.Timeout` (see :meth:`wait_ready`); with ``delete_on_exit`` the sandbox is
+        deleted before the error is raised. The handle deletes the sandbox when closed (``delete_on_exit``)."""
         plan = self._create_plan(
             namespace, wait=wait, wait_timeout=wait_timeout, delete_on_exit=delete_on_exit, auto_heartbeat=auto_heartbeat,
             direct=direct, image=image, name=name, generate_name=generate_name, labels=labels, annotations=annotations,
