@@ -398,3 +398,33 @@ def test_token_files_are_reread_when_rotated(tmp_path: Path) -> None:
     os.utime(path, (time.time() + 5, time.time() + 5))
     source._checked = 0.0  # as if 10 s had passed
     assert source.get() == "second"
+
+
+def test_exec_models_carry_the_agents_oom_lossy_and_encoding_flags() -> None:
+    from orchard_env import ExecEvent, ExecResult, ProcessInfo
+
+    answer = {**EXEC_OK, "exitCode": None, "signal": 9, "oomKilled": True, "stdoutLossy": True,
+              "stderrLossy": False, "outputEncoding": "text"}
+    result = ExecResult.from_json(answer)
+    assert (result.oom_killed, result.signal, result.stdout_lossy, result.stderr_lossy) == (True, 9, True, False)
+    assert result.output_encoding == "text" and not result.ok
+    encoded = ExecResult.from_json({**EXEC_OK, "outputEncoding": "base64", "stdout": "AAE="})
+    assert encoded.output_encoding == "base64" and not encoded.oom_killed and not encoded.stdout_lossy
+    assert ExecResult.from_json({}).output_encoding == "text", "an older agent's answer"
+    exit_event = ExecEvent.from_json({"type": "exit", "exitCode": None, "signal": 9, "timedOut": False, "oomKilled": True})
+    assert (exit_event.signal, exit_event.oom_killed, exit_event.exit_code) == (9, True, None)
+    assert not ExecEvent.from_json({"type": "stdout", "data": "x"}).oom_killed
+    process = ProcessInfo.from_json({"id": "p", "state": "exited", "signal": 9, "oomKilled": True})
+    assert (process.signal, process.oom_killed) == (9, True)
+
+
+def test_check_names_the_out_of_memory_killer() -> None:
+    from orchard_env import CommandFailed
+
+    killed = {**EXEC_OK, "exitCode": None, "signal": 9, "oomKilled": True, "stderr": ""}
+    transport, _ = fake(lambda r, n: httpx.Response(200, json=killed))
+    with SandboxClient("http://gw", "t", namespace="ns", transport=transport, retry=FAST) as client:
+        sbx = client._sandbox_type(client, "s1", "ns", SANDBOX, delete_on_exit=False, auto_heartbeat=False)
+        with pytest.raises(CommandFailed, match=r"exited with None \(killed by the out-of-memory killer\)") as failed:
+            sbx.exec(["python3", "-c", "x = ' ' * 2**40"], check=True)
+    assert failed.value.result.oom_killed

@@ -543,8 +543,8 @@ class SandboxCore:
         )
         result = ExecResult.from_json(response.json())
         if check and not result.ok:
-            timed_out = " (timed out)" if result.timed_out else ""
-            raise CommandFailed(f"{cmd!r} exited with {result.exit_code}{timed_out}: {result.stderr[-500:]}", result)
+            why = " (timed out)" if result.timed_out else " (killed by the out-of-memory killer)" if result.oom_killed else ""
+            raise CommandFailed(f"{cmd!r} exited with {result.exit_code}{why}: {result.stderr[-500:]}", result)
         return result
 
     def _exec_stream_plan(self, cmd: str | Sequence[str], **fields: Any) -> Plan[httpx.Response]:
