@@ -223,20 +223,42 @@ def test_upload_content_and_stream_events(tmp_path: Path) -> None:
         return f"stream@{start}"
 
     assert _core.upload_content(b"x", from_path, from_stream) == (b"x", True)
+    assert _core.upload_content(bytearray(b"x"), from_path, from_stream) == (b"x", True)  # type: ignore[arg-type]
     assert _core.upload_content("é", from_path, from_stream) == ("é".encode(), True)
-    content, again = _core.upload_content(tmp_path, from_path, from_stream)
-    assert content() == f"path:{tmp_path}" and again
+    assert _core.upload_content(str(tmp_path), from_path, from_stream) == (str(tmp_path).encode(), True), "a str is text"
+    with pytest.raises(TypeError, match=r"PosixPath\(.*\) is a local path: use upload_file\(path, local_path\)"):
+        _core.upload_content(tmp_path, from_path, from_stream)  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match="takes bytes or str, not int"):
+        _core.upload_content(7, from_path, from_stream)  # type: ignore[arg-type]
+    with pytest.warns(DeprecationWarning, match=r"use upload_file\(path, file_object\)"):
+        content, again = _core.upload_content(io.BytesIO(b"x"), from_path, from_stream)  # type: ignore[arg-type]
+    assert content() == "stream@0" and again
+
+    for local in (tmp_path, str(tmp_path)):
+        content, again = _core.upload_file_content(local, from_path, from_stream)
+        assert content() == f"path:{tmp_path}" and again
     seekable = io.BytesIO(b"0123")
     seekable.seek(2)
-    content, again = _core.upload_content(seekable, from_path, from_stream)
+    content, again = _core.upload_file_content(seekable, from_path, from_stream)
     assert content() == "stream@2" and again
 
     class Pipe(io.RawIOBase):
         def seekable(self) -> bool:
             return False
 
-    content, again = _core.upload_content(Pipe(), from_path, from_stream)  # type: ignore[arg-type]
+    content, again = _core.upload_file_content(Pipe(), from_path, from_stream)  # type: ignore[arg-type]
     assert content() == "stream@None" and not again
+    with pytest.raises(TypeError, match=r"not bytes; to write content use upload\(path, data\)"):
+        _core.upload_file_content(b"data", from_path, from_stream)  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match="binary file object"):
+        _core.upload_file_content(io.StringIO("text"), from_path, from_stream)  # type: ignore[arg-type]
+    assert _core.download_target("out.bin") == ("out.bin", None)
+    sink = io.BytesIO()
+    assert _core.download_target(sink) == (None, sink)
+    with pytest.raises(TypeError, match="binary file object"):
+        _core.download_target(io.StringIO())  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match="not int"):
+        _core.download_target(3)  # type: ignore[arg-type]
     assert _core.exec_event("  ") is None
     event = _core.exec_event(json.dumps({"type": "exit", "exitCode": 0}))
     assert event is not None and event.type == "exit" and event.exit_code == 0

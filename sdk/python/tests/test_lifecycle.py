@@ -59,18 +59,20 @@ def test_sandbox_lifecycle(client: SandboxClient, cluster: Cluster, tmp_path: Pa
         assert "".join(e.data for e in events if e.type == "stdout") == "one\ntwo\n"
         assert first_at is not None and first_at < 0.9, f"first output after {first_at}s"
 
-        # files: bytes, text, a local path and a file object up; bytes and a local file down
+        # files: bytes and text up, a local path and a file object up; bytes, a local file and a file object down
         payload = bytes(range(256)) * 4096  # 1 MiB
         assert sbx.upload("data/blob.bin", payload)["size"] == len(payload)
         assert sbx.download("data/blob.bin") == payload
         local = tmp_path / "in.txt"
         local.write_text("from a path\n")
-        sbx.upload("data/path.txt", local)
-        sbx.upload("data/text.txt", "text\n", mode=0o600)
-        sbx.upload("data/obj.bin", io.BytesIO(b"file object"))
+        sbx.upload_file("data/path.txt", local)
+        assert sbx.upload("data/text.txt", "in.txt", mode=0o600)["size"] == 6, "a str is content"
+        sbx.upload_file("data/obj.bin", io.BytesIO(b"file object"))
         out = tmp_path / "out.bin"
-        assert sbx.download("data/blob.bin", out) == len(payload)
+        assert sbx.download_file("data/blob.bin", out) == len(payload)
         assert out.read_bytes() == payload
+        sink = io.BytesIO()
+        assert sbx.download_file("data/path.txt", sink) == 12 and sink.getvalue() == b"from a path\n"
         entries = {e.name: e for e in sbx.list_files("data")}
         assert set(entries) == {"blob.bin", "obj.bin", "path.txt", "text.txt"}
         assert entries["text.txt"].mode == 0o600 and entries["blob.bin"].type == "file"

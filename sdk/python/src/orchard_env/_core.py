@@ -14,12 +14,14 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import io
 import json
 import logging
 import os
 import warnings
 from collections.abc import Callable, Generator, Mapping, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import IO, Any, ClassVar, Generic, Protocol, TypeAlias, TypeVar
 
 import httpx
@@ -47,8 +49,21 @@ log = logging.getLogger("orchard_env")
 T = TypeVar("T")
 #: Bytes read or written per block when streaming files.
 CHUNK = 256 * 1024
-#: What ``upload`` takes: bytes, text, a local file's path or a binary file object.
+#: What ``upload`` writes: the file's content, bytes or text (a ``str`` is text, never a local path).
+Content = bytes | str
+#: What ``upload_file`` reads and ``download_file`` writes: a local path or a binary file object.
+LocalFile = str | os.PathLike[str] | IO[bytes]
+#: Deprecated: ``upload``'s former argument type (a path or a file object now go to ``upload_file``).
 Upload = bytes | str | os.PathLike[str] | IO[bytes]
+#: The ``TypeError`` of ``upload(path, <a local path>)``.
+UPLOAD_GOT_A_PATH = (
+    "upload(path, data) writes data, the file's content (bytes or str); {what} is a local path: "
+    "use upload_file(path, local_path) to copy a local file"
+)
+#: The ``DeprecationWarning`` of ``upload(path, <a file object>)``.
+UPLOAD_GOT_A_FILE = "upload(path, <file object>) is deprecated: use upload_file(path, file_object)"
+#: The ``DeprecationWarning`` of ``download(path, dest)``.
+DOWNLOAD_DEST = "download(path, dest) is deprecated: use download_file(path, dest), which answers the byte count"
 #: The permission direct mode needs (``get``, API group ``orchard.dev``) to ask the gateway for an agent's token.
 TOKEN_PERMISSION = "sandboxes/token"
 #: The DeprecationWarning of the constructor's ``kube_server``/``kube_token``/``kube_ca_file``.
@@ -242,24 +257,70 @@ def exec_event(line: str) -> ExecEvent | None:
     return ExecEvent.from_json(data)
 
 
+def is_file_object(value: Any) -> bool:
+    """Whether ``value`` is a file object (it has ``read`` or ``write``), not a path or content."""
+    return hasattr(value, "read") or hasattr(value, "write")
+
+
+def check_binary(handle: Any, function: str) -> None:
+    """Raises ``TypeError`` when ``handle`` is a text-mode file object (it reads or writes ``str``)."""
+    if isinstance(handle, io.TextIOBase):
+        raise TypeError(f"{function}() needs a binary file object: open the file with 'rb' or 'wb', not text mode")
+
+
 def upload_content(
-    data: Upload,
+    data: Content,
     from_path: Callable[[os.PathLike[str]], Any],
     from_stream: Callable[[IO[bytes], int | None], Any],
 ) -> tuple[Any, bool]:
-    """Request content for an upload and whether a retry can send it again. Files and file objects are
-    read by the driver's ``from_path(path)`` and ``from_stream(stream, start)`` (``start``: where to
-    seek back to on every attempt, None when the stream cannot seek)."""
-    if isinstance(data, bytes):
-        return data, True
+    """Request content of ``upload(path, data)`` and whether a retry can send it again: bytes, or text
+    (UTF-8). A local path is a ``TypeError`` naming ``upload_file``; a binary file object still works
+    (deprecated: :func:`upload_file_content`)."""
+    if isinstance(data, (bytes, bytearray, memoryview)):
+        return bytes(data), True
     if isinstance(data, str):
         return data.encode(), True
     if isinstance(data, os.PathLike):
-        path = data
+        raise TypeError(UPLOAD_GOT_A_PATH.format(what=f"{type(data).__name__}({os.fspath(data)!r})"))
+    if is_file_object(data):
+        warnings.warn(UPLOAD_GOT_A_FILE, DeprecationWarning, stacklevel=3)
+        return upload_file_content(data, from_path, from_stream, "upload")
+    raise TypeError(f"upload(path, data) takes bytes or str, not {type(data).__name__}")
+
+
+def upload_file_content(
+    local: LocalFile,
+    from_path: Callable[[os.PathLike[str]], Any],
+    from_stream: Callable[[IO[bytes], int | None], Any],
+    function: str = "upload_file",
+) -> tuple[Any, bool]:
+    """Request content of ``upload_file(path, local)`` and whether a retry can send it again. A local
+    path (``str`` or ``PathLike``) is read by the driver's ``from_path(path)``, a binary file object by
+    ``from_stream(stream, start)`` (``start``: where to seek back to on every attempt, None when the
+    stream cannot seek, and then a retry cannot send it again)."""
+    if isinstance(local, (str, os.PathLike)):
+        path = Path(local)
         return (lambda: from_path(path)), True
-    stream = data
+    if not is_file_object(local):
+        raise TypeError(
+            f"{function}(path, local_path) takes a local path or a binary file object, not {type(local).__name__}"
+            + ("; to write content use upload(path, data)" if isinstance(local, (bytes, bytearray, memoryview)) else "")
+        )
+    check_binary(local, function)
+    stream = local
     start = stream.tell() if stream.seekable() else None
     return (lambda: from_stream(stream, start)), start is not None
+
+
+def download_target(local: LocalFile) -> tuple[str | os.PathLike[str] | None, IO[bytes] | None]:
+    """Where ``download_file`` writes: ``(path, None)`` for a local path, ``(None, handle)`` for a binary
+    file object; anything else is a ``TypeError``."""
+    if isinstance(local, (str, os.PathLike)):
+        return local, None
+    if not hasattr(local, "write"):
+        raise TypeError(f"download_file(path, local_path) takes a local path or a binary file object, not {type(local).__name__}")
+    check_binary(local, "download_file")
+    return None, local
 
 
 # -- the operations ------------------------------------------------------------------------------
@@ -579,7 +640,7 @@ class SandboxCore:
         return ProcessInfo.from_json((yield from self._agent("DELETE", f"/processes/{id}")).json())
 
     def _upload_plan(self, path: str, content: tuple[Any, bool], mode: int | str | None) -> Plan[dict[str, Any]]:
-        """``content``: what :func:`upload_content` answers."""
+        """``content``: what :func:`upload_content` or :func:`upload_file_content` answers."""
         body, repeatable = content
         params: dict[str, Any] = {"path": path}
         if mode is not None:

@@ -8,13 +8,14 @@ import builtins
 import contextlib
 import inspect
 import os
+import warnings
 from collections.abc import AsyncIterator, Awaitable, Callable, Generator, Mapping, Sequence
-from typing import IO, Any, TypeVar
+from typing import IO, Any, TypeVar, overload
 
 import httpx
 
 from . import _core, _ops
-from ._core import CHUNK, Upload
+from ._core import CHUNK, Content, LocalFile
 from ._retry import RetryPolicy
 from .models import ExecEvent, ExecResult, FileEntry, GroupResult, PatchResult, ProcessInfo, TrajectoryResult
 
@@ -164,24 +165,62 @@ class AsyncSandbox(_core.SandboxCore):
     async def kill_process(self, id: str) -> ProcessInfo:
         return await self._run(self._kill_process_plan(id))
 
-    async def upload(self, path: str, data: Upload, *, mode: int | str | None = None) -> dict[str, Any]:
-        """Writes ``data`` (bytes, text, a local path or a binary file object) to ``path``, streamed."""
+    async def upload(self, path: str, data: Content, *, mode: int | str | None = None) -> dict[str, Any]:
+        """Writes ``data`` to the file ``path`` in the sandbox (streamed and atomic; missing parent
+        directories are created) and answers the agent's ``{"path", "size"}``.
+
+        ``data`` is the file's content: bytes, or a ``str`` written as UTF-8 text (a ``str`` is never read
+        as a local path). To copy a local file use :meth:`upload_file`: a ``pathlib.Path`` here raises
+        ``TypeError``, and a binary file object still works but is deprecated. ``mode`` is octal
+        (``0o755`` or ``"0755"``)."""
         return await self._run(self._upload_plan(path, _core.upload_content(data, _read_path, _read_stream), mode))
 
-    async def download(self, path: str, dest: str | os.PathLike[str] | None = None) -> bytes | int:
-        """The bytes of ``path``, or, with ``dest``, streams them to that local file (byte count)."""
+    async def upload_file(self, path: str, local_path: LocalFile, *, mode: int | str | None = None) -> dict[str, Any]:
+        """Copies a local file to the file ``path`` in the sandbox (streamed and atomic; missing parent
+        directories are created) and answers the agent's ``{"path", "size"}``.
+
+        ``local_path`` is a local path (``str`` or ``os.PathLike``) or a binary file object, read from its
+        current position (a retried upload reads a seekable one again from there; one that cannot seek is
+        sent once). ``mode`` is octal (``0o755`` or ``"0755"``)."""
+        return await self._run(self._upload_plan(path, _core.upload_file_content(local_path, _read_path, _read_stream), mode))
+
+    @overload
+    async def download(self, path: str) -> bytes: ...
+
+    @overload
+    async def download(self, path: str, dest: LocalFile) -> int: ...
+
+    async def download(self, path: str, dest: LocalFile | None = None) -> bytes | int:
+        """Reads the file ``path`` of the sandbox and answers its bytes.
+
+        To stream a large file into a local file use :meth:`download_file`. ``download(path, dest)`` still
+        does that (deprecated: a ``DeprecationWarning``)."""
+        if dest is not None:
+            warnings.warn(_core.DOWNLOAD_DEST, DeprecationWarning, stacklevel=2)
+            return await self.download_file(path, dest)
         response = await self._run(self._download_plan(path))
         try:
-            if dest is None:
-                return await response.aread()
+            return await response.aread()
+        finally:
+            await response.aclose()
+
+    async def download_file(self, path: str, local_path: LocalFile) -> int:
+        """Streams the file ``path`` of the sandbox into ``local_path`` and answers the byte count.
+
+        ``local_path`` is a local path (``str`` or ``os.PathLike``; created, or truncated) or a binary file
+        object, written from its current position and left open."""
+        target, handle = _core.download_target(local_path)
+        response = await self._run(self._download_plan(path))
+        try:
+            out: IO[bytes] = handle if handle is not None else await asyncio.to_thread(open, target, "wb")  # type: ignore[arg-type]
             written = 0
-            handle = await asyncio.to_thread(open, dest, "wb")
             try:
                 async for block in response.aiter_bytes(CHUNK):
-                    await asyncio.to_thread(handle.write, block)
+                    await asyncio.to_thread(out.write, block)
                     written += len(block)
             finally:
-                handle.close()
+                if handle is None:
+                    out.close()
             return written
         finally:
             await response.aclose()

@@ -10,14 +10,15 @@ import contextlib
 import os
 import threading
 import time
+import warnings
 import weakref
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
-from typing import IO, Any, TypeVar
+from typing import IO, Any, TypeVar, overload
 
 import httpx
 
 from . import _core, _ops
-from ._core import CHUNK, Upload
+from ._core import CHUNK, Content, LocalFile
 from ._retry import RetryPolicy
 from .models import (
     ExecEvent,
@@ -218,25 +219,58 @@ class Sandbox(_core.SandboxCore):
         """SIGKILLs the process's group (if it runs) and forgets it; returns the final status."""
         return self._run(self._kill_process_plan(id))
 
-    def upload(self, path: str, data: Upload, *, mode: int | str | None = None) -> dict[str, Any]:
-        """Writes ``data`` (bytes, text, a local file path or a binary file object) to ``path``,
-        streamed and atomic. ``mode`` is octal (``0o755`` or ``"0755"``)."""
+    def upload(self, path: str, data: Content, *, mode: int | str | None = None) -> dict[str, Any]:
+        """Writes ``data`` to the file ``path`` in the sandbox (streamed and atomic; missing parent
+        directories are created) and answers the agent's ``{"path", "size"}``.
+
+        ``data`` is the file's content: bytes, or a ``str`` written as UTF-8 text (a ``str`` is never read
+        as a local path). To copy a local file use :meth:`upload_file`: a ``pathlib.Path`` here raises
+        ``TypeError``, and a binary file object still works but is deprecated. ``mode`` is octal
+        (``0o755`` or ``"0755"``)."""
         return self._run(self._upload_plan(path, _core.upload_content(data, _read_path, _read_stream), mode))
 
-    def download(self, path: str, dest: str | os.PathLike[str] | IO[bytes] | None = None) -> bytes | int:
-        """Reads ``path``: its bytes, or, with ``dest`` (a local path or binary file object), streams it
-        there and returns the byte count."""
+    def upload_file(self, path: str, local_path: LocalFile, *, mode: int | str | None = None) -> dict[str, Any]:
+        """Copies a local file to the file ``path`` in the sandbox (streamed and atomic; missing parent
+        directories are created) and answers the agent's ``{"path", "size"}``.
+
+        ``local_path`` is a local path (``str`` or ``os.PathLike``) or a binary file object, read from its
+        current position (a retried upload reads a seekable one again from there; one that cannot seek is
+        sent once). ``mode`` is octal (``0o755`` or ``"0755"``)."""
+        return self._run(self._upload_plan(path, _core.upload_file_content(local_path, _read_path, _read_stream), mode))
+
+    @overload
+    def download(self, path: str) -> bytes: ...
+
+    @overload
+    def download(self, path: str, dest: LocalFile) -> int: ...
+
+    def download(self, path: str, dest: LocalFile | None = None) -> bytes | int:
+        """Reads the file ``path`` of the sandbox and answers its bytes.
+
+        To stream a large file into a local file use :meth:`download_file`. ``download(path, dest)`` still
+        does that (deprecated: a ``DeprecationWarning``)."""
+        if dest is not None:
+            warnings.warn(_core.DOWNLOAD_DEST, DeprecationWarning, stacklevel=2)
+            return self.download_file(path, dest)
         response = self._run(self._download_plan(path))
         try:
-            if dest is None:
-                return response.read()
+            return response.read()
+        finally:
+            response.close()
+
+    def download_file(self, path: str, local_path: LocalFile) -> int:
+        """Streams the file ``path`` of the sandbox into ``local_path`` and answers the byte count.
+
+        ``local_path`` is a local path (``str`` or ``os.PathLike``; created, or truncated) or a binary file
+        object, written from its current position and left open."""
+        target, handle = _core.download_target(local_path)
+        response = self._run(self._download_plan(path))
+        try:
             written = 0
             with contextlib.ExitStack() as stack:
-                handle: IO[bytes] = (
-                    stack.enter_context(open(dest, "wb")) if isinstance(dest, (str, os.PathLike)) else dest
-                )
+                out: IO[bytes] = handle if handle is not None else stack.enter_context(open(target, "wb"))  # type: ignore[arg-type]
                 for block in response.iter_bytes(CHUNK):
-                    handle.write(block)
+                    out.write(block)
                     written += len(block)
             return written
         finally:
