@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import io
 import json
 from collections.abc import Callable, Iterator
@@ -368,7 +369,8 @@ def test_create_plan_deletes_a_sandbox_that_never_became_ready(client: SandboxCl
             failure(404, "NotFound"),
         ), steps)
     create, wait, delete = sends(steps)
-    assert (create.method, create.json_body, create.retry) == ("POST", {"generateName": "t-", "image": "x"}, False)
+    assert (create.method, create.json_body, create.retry) == (
+        "POST", {"generateName": "t-", "image": "x", "heartbeatTimeoutSeconds": 600}, False)
     assert (delete.method, delete.url) == ("DELETE", "http://gw/v1/namespaces/ns/sandboxes/t-1")
     assert any(isinstance(s, _core.Call) for s in steps), "heartbeats are stopped before the delete"
 
@@ -387,3 +389,38 @@ def test_heartbeat_loop(client: SandboxClient, caplog: pytest.LogCaptureFixture)
     steps.clear()
     drive(sbx._heartbeat_loop(0), answers(), steps)
     assert steps == [], "heartbeats off"
+
+
+@pytest.mark.parametrize(
+    ("fields", "body"),
+    [
+        ({"image": "x"}, {"image": "x", "heartbeatTimeoutSeconds": 600}),
+        ({"image": "x", "heartbeat_timeout_seconds": 0}, {"image": "x", "heartbeatTimeoutSeconds": 0}),
+        ({"image": "x", "heartbeat_timeout_seconds": 60}, {"image": "x", "heartbeatTimeoutSeconds": 60}),
+        ({"image": "x", "extra": {"lifecycle": {"ttlSeconds": 60}}},
+         {"image": "x", "lifecycle": {"ttlSeconds": 60, "heartbeatTimeoutSeconds": 600}}),
+        ({"image": "x", "extra": {"lifecycle": {"heartbeatTimeoutSeconds": 5}}},
+         {"image": "x", "lifecycle": {"heartbeatTimeoutSeconds": 5}}),
+        ({"image": None, "spec": {"image": "x"}},
+         {"spec": {"image": "x", "lifecycle": {"heartbeatTimeoutSeconds": 600}}}),
+        ({"image": None, "spec": {"image": "x", "lifecycle": {"ttlSeconds": 9}}},
+         {"spec": {"image": "x", "lifecycle": {"ttlSeconds": 9, "heartbeatTimeoutSeconds": 600}}}),
+        ({"image": None, "spec": {"image": "x", "lifecycle": {"heartbeatTimeoutSeconds": 0}}},
+         {"spec": {"image": "x", "lifecycle": {"heartbeatTimeoutSeconds": 0}}}),
+        # A pool claim keeps the template's lifecycle (a lifecycle of its own would replace all of it).
+        ({"image": None, "extra": {"pool": "py"}}, {"pool": "py"}),
+        ({"image": None, "spec": {"pool": "py"}}, {"spec": {"pool": "py"}}),
+        ({"image": None, "extra": {"pool": "py"}, "heartbeat_timeout_seconds": 30}, {"pool": "py", "heartbeatTimeoutSeconds": 30}),
+    ],
+)
+def test_created_sandboxes_get_a_600s_heartbeat_timeout_unless_the_caller_sets_one(
+    client: SandboxClient, fields: dict[str, Any], body: dict[str, Any]
+) -> None:
+    original = copy.deepcopy(fields)
+    plan = client._create_plan(None, wait=False, wait_timeout=None, delete_on_exit=False, auto_heartbeat=False,
+                               direct=None, **fields)
+    steps: list[Any] = []
+    drive(plan(), answers(httpx.Response(201, json={"metadata": {"name": "s1"}})), steps)
+    [create] = sends(steps)
+    assert create.json_body == body
+    assert fields == original, "the caller's spec and lifecycle are not changed"

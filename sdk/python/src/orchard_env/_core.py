@@ -26,7 +26,7 @@ from typing import IO, Any, ClassVar, Generic, Protocol, TypeAlias, TypeVar
 
 import httpx
 
-from . import _ops
+from . import _cleanup, _ops
 from ._config import Settings, TokenSource, resolve
 from ._retry import NO_RETRY, RetryPolicy, retry_exception, retry_status
 from .errors import (
@@ -343,6 +343,8 @@ class ClientCore:
         self.namespace = self.settings.namespace
         self.direct = direct
         self._retry = retry or RetryPolicy()
+        #: The transport the exit cleanup sends its DELETEs with (a sync one given for tests; else the default).
+        self._exit_transport = transport if isinstance(transport, httpx.BaseTransport) else None
         if (kube_server, kube_token, kube_ca_file) != (None, None, None):
             warnings.warn(KUBE_ARGS_IGNORED, DeprecationWarning, stacklevel=2)
         self._http = self._open_http(http_timeout(timeout), transport)
@@ -403,6 +405,8 @@ class ClientCore:
         with ``wait``, wait until Ready, deleting the sandbox again when that fails (``delete_on_exit``)."""
         ns = namespace or self.namespace
         body = _ops.sandbox_body(**body_fields)
+        if body_fields.get("heartbeat_timeout_seconds") is None:
+            body = _ops.with_default_heartbeat(body)
         # A retried create could make a second sandbox with a generated name: only named creates retry.
         retry = bool(body_fields.get("name"))
 
@@ -491,9 +495,21 @@ class SandboxCore:
         self._heartbeats: Any = None
         self._direct_target: tuple[str, str] | None = None
         self._closed = False
+        _cleanup.register(self)
 
     def _run(self, plan: Plan[T]) -> Any:
         return self.client._run(plan)
+
+    def _exit_delete(self) -> tuple[str, dict[str, str], Any]:
+        """The exit cleanup's DELETE of this sandbox: URL, headers (the token as last read, without
+        waiting for a lock: this may run in a signal handler) and the transport to send it with."""
+        token = self.client.settings.token.cached()
+        headers = {"Authorization": f"Bearer {token}"} if token else {}
+        url = self.client.settings.base_url + _ops.sandbox_path(self.namespace, self.name)
+        return url, headers, self.client._exit_transport
+
+    def _halt_heartbeats(self) -> None:
+        """Ends the background heartbeats without waiting (the exit cleanup; a driver may override)."""
 
     def _gateway(self, method: str, rest: str = "", **fields: Any) -> Plan[httpx.Response]:
         return self.client._gateway_plan(method, _ops.sandbox_path(self.namespace, self.name, rest), **fields)
@@ -689,11 +705,13 @@ class SandboxCore:
         return _ops.json_object((yield from self._gateway("POST", "/result", json_body=body)).json())
 
     def _delete_plan(self) -> Plan[None]:
+        _cleanup.forget(self)
         yield Call(self.stop_heartbeats)  # type: ignore[attr-defined]
         with contextlib.suppress(NotFound):
             yield from self._gateway("DELETE")
 
     def _close_plan(self) -> Plan[None]:
+        _cleanup.forget(self)
         if self._closed:
             return
         self._closed = True

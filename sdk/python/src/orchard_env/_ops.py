@@ -18,6 +18,9 @@ MAX_SERVER_WAIT = 300.0
 #: (600 s after creation, Helm ``sandboxDefaults.startupTimeoutSeconds``) plus a margin, so a sandbox that
 #: cannot start ends with the operator's ``StartupTimeout`` failure, which says why, before the SDK gives up.
 DEFAULT_WAIT_TIMEOUT = 630.0
+#: Heartbeat timeout of the sandboxes ``create()`` makes when the caller sets none: an open handle
+#: heartbeats every third of it, and a sandbox whose trainer died is deleted this long after.
+DEFAULT_HEARTBEAT_TIMEOUT = 600
 #: Labels the operator puts on a RolloutGroup's trajectory Sandboxes (``<group>-<index>``).
 ROLLOUT_GROUP_LABEL = "orchard.dev/rollout-group"
 STRIDE_LABEL = "orchard.dev/stride"
@@ -95,6 +98,29 @@ def sandbox_body(
                 "image is required (any Linux image, e.g. 'python:3.11'), unless pool= names a SandboxPool"
             )
         body.update(fields)
+    return body
+
+
+def with_default_heartbeat(body: dict[str, Any], seconds: int = DEFAULT_HEARTBEAT_TIMEOUT) -> dict[str, Any]:
+    """``body`` (of :func:`sandbox_body`) with ``heartbeatTimeoutSeconds`` set to ``seconds`` where it
+    sets none: in the shorthand, in its ``lifecycle`` object, or in a full ``spec``'s ``lifecycle``. A
+    pool claim (``pool``) is left alone: a lifecycle of its own would replace the pool template's whole
+    ``lifecycle`` (its TTL included)."""
+    spec = body.get("spec")
+    target: dict[str, Any] = dict(spec) if isinstance(spec, Mapping) else body
+    if target.get("pool") or "heartbeatTimeoutSeconds" in target:
+        return body
+    lifecycle = target.get("lifecycle")
+    if isinstance(lifecycle, Mapping):
+        if "heartbeatTimeoutSeconds" in lifecycle:
+            return body
+        target["lifecycle"] = {**lifecycle, "heartbeatTimeoutSeconds": seconds}
+    elif isinstance(spec, Mapping):
+        target["lifecycle"] = {"heartbeatTimeoutSeconds": seconds}
+    else:
+        target["heartbeatTimeoutSeconds"] = seconds
+    if isinstance(spec, Mapping):
+        body = {**body, "spec": target}
     return body
 
 

@@ -398,7 +398,14 @@ class AsyncSandboxClient(_AsyncDriver, _core.ClientCore):
         The wait returns early with :class:`~orchard_env.SandboxStalled` or
         :class:`~orchard_env.SandboxFailed`, and gives up after ``wait_timeout`` seconds with
         :class:`~orchard_env.Timeout` (see :meth:`wait_ready`); with ``delete_on_exit`` the sandbox is
-        deleted before the error is raised. The handle deletes the sandbox when closed (``delete_on_exit``)."""
+        deleted before the error is raised.
+
+        ``heartbeat_timeout_seconds`` (None: 600) is how long the sandbox lives without a heartbeat. The
+        open handle heartbeats every third of it (``auto_heartbeat``), so a sandbox outlives its trainer by
+        at most that; ``0`` turns the deadline off. A pool claim (``pool=``) gets no default: the pool
+        template's lifecycle applies. The TTL (``ttl_seconds``, else the operator's default, 2 h) ends
+        the sandbox whatever the heartbeats. With ``delete_on_exit`` the handle deletes the sandbox when
+        it is closed, when the interpreter exits and when the process gets SIGTERM."""
         plan = self._create_plan(
             namespace, wait=wait, wait_timeout=wait_timeout, delete_on_exit=delete_on_exit, auto_heartbeat=auto_heartbeat,
             direct=direct, image=image, name=name, generate_name=generate_name, labels=labels, annotations=annotations,

@@ -3,7 +3,6 @@
 
 from __future__ import annotations
 
-import atexit
 import builtins
 import concurrent.futures
 import contextlib
@@ -11,13 +10,12 @@ import os
 import threading
 import time
 import warnings
-import weakref
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from typing import IO, Any, TypeVar, overload
 
 import httpx
 
-from . import _core, _ops
+from . import _cleanup, _core, _ops
 from ._core import CHUNK, Content, LocalFile
 from ._retry import RetryPolicy
 from .models import (
@@ -98,22 +96,21 @@ class _Heartbeats:
         except Exception as error:  # e.g. the client was closed under a running episode
             _core.log.warning("heartbeats stopped: %r", error)
 
+    def halt(self) -> None:
+        """Ends the loop at its next pause, without waiting."""
+        self._stop.set()
+
     def stop(self) -> None:
+        """Ends the loop and waits (at most 5 s) for the thread."""
         self._stop.set()
         if self._thread is not threading.current_thread():
             self._thread.join(timeout=5)
 
 
-#: Open sandbox handles; at interpreter exit the ones with ``delete_on_exit`` are deleted (best effort;
-#: heartbeat expiry is the safety net when the process dies without running exit handlers).
-_OPEN: weakref.WeakSet[Sandbox] = weakref.WeakSet()
-
-
-@atexit.register
-def _close_open_handles() -> None:
-    for sandbox in list(_OPEN):
-        with contextlib.suppress(Exception):
-            sandbox.close()
+#: Open sandbox handles of both clients (``_cleanup``): at interpreter exit and on SIGTERM the sandboxes
+#: of those with ``delete_on_exit`` are deleted (best effort; heartbeat expiry is the safety net when the
+#: process dies without running exit handlers, e.g. SIGKILL or the OOM killer).
+_OPEN = _cleanup.OPEN
 
 
 # -- the public API: each method runs the core's plan of the operation --------------------------------
@@ -132,7 +129,6 @@ class Sandbox(_core.SandboxCore):
         delete_on_exit: bool = True, auto_heartbeat: bool = True, direct: bool = False,
     ) -> None:
         super().__init__(client, name, namespace, raw, delete_on_exit=delete_on_exit, auto_heartbeat=auto_heartbeat, direct=direct)
-        _OPEN.add(self)
 
     # -- state -------------------------------------------------------------------------------
 
@@ -160,6 +156,10 @@ class Sandbox(_core.SandboxCore):
 
     def _beat_in_background(self, loop: _core.Plan[None]) -> _Heartbeats:
         return _Heartbeats(self.client, loop)
+
+    def _halt_heartbeats(self) -> None:
+        if self._heartbeats is not None:
+            self._heartbeats.halt()
 
     def stop_heartbeats(self) -> None:
         """Stops the background heartbeats (the sandbox then expires after its heartbeat timeout)."""
@@ -305,7 +305,6 @@ class Sandbox(_core.SandboxCore):
 
     def close(self) -> None:
         """Stops heartbeats and, with ``delete_on_exit``, deletes the sandbox."""
-        _OPEN.discard(self)
         self._run(self._close_plan())
 
     def __enter__(self) -> Sandbox:
@@ -470,7 +469,14 @@ class SandboxClient(_Driver, _core.ClientCore):
         The wait returns early with :class:`~orchard_env.SandboxStalled` or
         :class:`~orchard_env.SandboxFailed`, and gives up after ``wait_timeout`` seconds with
         :class:`~orchard_env.Timeout` (see :meth:`wait_ready`); with ``delete_on_exit`` the sandbox is
-        deleted before the error is raised. The handle deletes the sandbox when closed (``delete_on_exit``)."""
+        deleted before the error is raised.
+
+        ``heartbeat_timeout_seconds`` (None: 600) is how long the sandbox lives without a heartbeat. The
+        open handle heartbeats every third of it (``auto_heartbeat``), so a sandbox outlives its trainer by
+        at most that; ``0`` turns the deadline off. A pool claim (``pool=``) gets no default: the pool
+        template's lifecycle applies. The TTL (``ttl_seconds``, else the operator's default, 2 h) ends
+        the sandbox whatever the heartbeats. With ``delete_on_exit`` the handle deletes the sandbox when
+        it is closed, when the interpreter exits and when the process gets SIGTERM."""
         plan = self._create_plan(
             namespace, wait=wait, wait_timeout=wait_timeout, delete_on_exit=delete_on_exit, auto_heartbeat=auto_heartbeat,
             direct=direct, image=image, name=name, generate_name=generate_name, labels=labels, annotations=annotations,
