@@ -17,6 +17,7 @@ from typing import Any
 
 import pytest
 
+import orchard_env
 from orchard_env import _cleanup
 
 pytestmark = pytest.mark.skipif(sys.platform == "win32", reason="POSIX signals")
@@ -120,9 +121,12 @@ ASYNC = """
 def child(gateway: FakeGateway, script: str) -> subprocess.Popen[str]:
     """Runs ``script`` (its ``URL`` is the gateway's) in a fresh interpreter."""
     code = textwrap.dedent(script).replace("URL", repr(gateway.url))
+    # The child imports the same orchard_env as this process.
+    src = os.path.dirname(os.path.dirname(os.path.abspath(orchard_env.__file__)))
+    path = os.pathsep.join(p for p in (src, os.environ.get("PYTHONPATH")) if p)
     return subprocess.Popen(
         [sys.executable, "-c", code], stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-        text=True, env={**os.environ, "PYTHONUNBUFFERED": "1"},
+        text=True, env={**os.environ, "PYTHONUNBUFFERED": "1", "PYTHONPATH": path},
     )
 
 

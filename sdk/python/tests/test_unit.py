@@ -428,3 +428,12 @@ def test_check_names_the_out_of_memory_killer() -> None:
         with pytest.raises(CommandFailed, match=r"exited with None \(killed by the out-of-memory killer\)") as failed:
             sbx.exec(["python3", "-c", "x = ' ' * 2**40"], check=True)
     assert failed.value.result.oom_killed
+
+
+async def test_async_client_close_is_aclose() -> None:
+    client = AsyncSandboxClient("http://gw", "t", namespace="ns", transport=httpx.MockTransport(lambda r: httpx.Response(404)))
+    await client.close()
+    assert client._http.is_closed
+    sync = SandboxClient("http://gw", "t", namespace="ns", transport=httpx.MockTransport(lambda r: httpx.Response(404)))
+    sync.close()
+    assert sync._http.is_closed
