@@ -5,6 +5,7 @@ from __future__ import annotations
 import io
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -140,3 +141,26 @@ def test_direct_mode_talks_to_the_agent_at_the_pod_ip(cluster: Cluster) -> None:
             assert gateway_execs() == before, "direct mode must bypass the gateway"
             name = sbx.name
         wait_gone(client, name)
+
+
+def test_the_quick_start_runs(client: SandboxClient, cluster: Cluster, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                              capsys: pytest.CaptureFixture[str]) -> None:
+    """The quick start of docs/SDK.md, as it is written there (its client configured by the environment)."""
+    doc = (Path(__file__).resolve().parents[3] / "docs" / "SDK.md").read_text()
+    block = doc.split("## Quick start", 1)[1].split("```python\n", 1)[1].split("```", 1)[0]
+    monkeypatch.setenv("ORCHARD_GATEWAY_URL", cluster.gateway)
+    monkeypatch.setenv("ORCHARD_TOKEN", cluster.token)
+    monkeypatch.setenv("ORCHARD_NAMESPACE", cluster.namespace)
+    monkeypatch.chdir(tmp_path)
+    scope: dict[str, Any] = {}
+    try:
+        exec(compile(block.replace('"python:3.11"', repr(cluster.python_image)), "docs/SDK.md", "exec"), scope)
+    finally:
+        if isinstance(scope.get("client"), SandboxClient):
+            scope["client"].close()
+    out = capsys.readouterr().out.splitlines()
+    assert out[:3] == ["0 42", "['calc.py', 'test_calc.py']", "True"], out
+    assert (tmp_path / "calc.py").read_text() == "def add(a, b):\n    return a + b\n"
+    stream = " ".join(out[3:]).split()
+    assert stream[0] == "started" and stream[-1] == "exit" and [w for w in stream if w.isdigit()] == ["1", "2", "3"], out
+    wait_gone(client, scope["sbx"].name)
