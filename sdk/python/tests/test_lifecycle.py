@@ -159,8 +159,8 @@ def test_the_quick_start_runs(client: SandboxClient, cluster: Cluster, tmp_path:
         if isinstance(scope.get("client"), SandboxClient):
             scope["client"].close()
     out = capsys.readouterr().out.splitlines()
-    assert out[:3] == ["0 42", "['calc.py', 'test_calc.py']", "True"], out
+    assert out[:4] == ["0 42", "", "['calc.py', 'test_calc.py']", "True"], out
     assert (tmp_path / "calc.py").read_text() == "def add(a, b):\n    return a + b\n"
-    stream = " ".join(out[3:]).split()
+    stream = " ".join(out[4:]).split()
     assert stream[0] == "started" and stream[-1] == "exit" and [w for w in stream if w.isdigit()] == ["1", "2", "3"], out
     wait_gone(client, scope["sbx"].name)
