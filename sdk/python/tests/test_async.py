@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import io
 
 import pytest
 
@@ -21,7 +22,11 @@ async def test_async_lifecycle_and_concurrency(aclient: AsyncSandboxClient, clus
         assert {e.type for e in events} >= {"stdout", "stderr"}
         await sbx.upload("x/y.bin", b"async bytes")
         assert await sbx.download("x/y.bin") == b"async bytes"
-        assert [e.name for e in await sbx.list_files("x")] == ["y.bin"]
+        sink = io.BytesIO()
+        assert await sbx.download_file("x/y.bin", sink) == 11 and sink.getvalue() == b"async bytes"
+        await sbx.upload_file("x/z.bin", io.BytesIO(b"from a file object"))
+        assert await sbx.download("x/z.bin") == b"from a file object"
+        assert [e.name for e in await sbx.list_files("x")] == ["y.bin", "z.bin"]
         process = await sbx.start_process("sleep 30", id="bg")
         await process.signal("KILL")
         assert (await process.wait(timeout=10)).state == "exited"

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import io
 import json
 from collections.abc import Callable, Iterator
@@ -223,20 +224,42 @@ def test_upload_content_and_stream_events(tmp_path: Path) -> None:
         return f"stream@{start}"
 
     assert _core.upload_content(b"x", from_path, from_stream) == (b"x", True)
+    assert _core.upload_content(bytearray(b"x"), from_path, from_stream) == (b"x", True)  # type: ignore[arg-type]
     assert _core.upload_content("é", from_path, from_stream) == ("é".encode(), True)
-    content, again = _core.upload_content(tmp_path, from_path, from_stream)
-    assert content() == f"path:{tmp_path}" and again
+    assert _core.upload_content(str(tmp_path), from_path, from_stream) == (str(tmp_path).encode(), True), "a str is text"
+    with pytest.raises(TypeError, match=r"PosixPath\(.*\) is a local path: use upload_file\(path, local_path\)"):
+        _core.upload_content(tmp_path, from_path, from_stream)  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match="takes bytes or str, not int"):
+        _core.upload_content(7, from_path, from_stream)  # type: ignore[arg-type]
+    with pytest.warns(DeprecationWarning, match=r"use upload_file\(path, file_object\)"):
+        content, again = _core.upload_content(io.BytesIO(b"x"), from_path, from_stream)  # type: ignore[arg-type]
+    assert content() == "stream@0" and again
+
+    for local in (tmp_path, str(tmp_path)):
+        content, again = _core.upload_file_content(local, from_path, from_stream)
+        assert content() == f"path:{tmp_path}" and again
     seekable = io.BytesIO(b"0123")
     seekable.seek(2)
-    content, again = _core.upload_content(seekable, from_path, from_stream)
+    content, again = _core.upload_file_content(seekable, from_path, from_stream)
     assert content() == "stream@2" and again
 
     class Pipe(io.RawIOBase):
         def seekable(self) -> bool:
             return False
 
-    content, again = _core.upload_content(Pipe(), from_path, from_stream)  # type: ignore[arg-type]
+    content, again = _core.upload_file_content(Pipe(), from_path, from_stream)  # type: ignore[arg-type]
     assert content() == "stream@None" and not again
+    with pytest.raises(TypeError, match=r"not bytes; to write content use upload\(path, data\)"):
+        _core.upload_file_content(b"data", from_path, from_stream)  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match="binary file object"):
+        _core.upload_file_content(io.StringIO("text"), from_path, from_stream)  # type: ignore[arg-type]
+    assert _core.download_target("out.bin") == ("out.bin", None)
+    sink = io.BytesIO()
+    assert _core.download_target(sink) == (None, sink)
+    with pytest.raises(TypeError, match="binary file object"):
+        _core.download_target(io.StringIO())  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match="not int"):
+        _core.download_target(3)  # type: ignore[arg-type]
     assert _core.exec_event("  ") is None
     event = _core.exec_event(json.dumps({"type": "exit", "exitCode": 0}))
     assert event is not None and event.type == "exit" and event.exit_code == 0
@@ -321,7 +344,7 @@ def test_wait_ready_tracks_the_phase_and_starts_heartbeats(client: SandboxClient
     assert started == [True] and sbx.phase == "Ready"
     assert [r.params for r in sends(steps)] == [{"timeoutSeconds": "300.000"}] * 2
     assert all(r.retry is False and r.timeout == 330.0 for r in sends(steps))
-    with pytest.raises(Timeout, match=r"not Ready after 1.0s \(phase Pending\)"):
+    with pytest.raises(Timeout, match=r"not Ready after 1.0s \(phase Pending\)$"):
         drive(sbx._wait_ready_plan(1.0), answers(waiting, waiting), clock=Clock(tick=0.4))
     # The async handle tracks the phase a server-side wait reports, like the sync one.
     async_sbx = AsyncSandbox(AsyncSandboxClient("http://gw", "t", namespace="ns"), "s1", "ns", {}, auto_heartbeat=False)
@@ -346,7 +369,8 @@ def test_create_plan_deletes_a_sandbox_that_never_became_ready(client: SandboxCl
             failure(404, "NotFound"),
         ), steps)
     create, wait, delete = sends(steps)
-    assert (create.method, create.json_body, create.retry) == ("POST", {"generateName": "t-", "image": "x"}, False)
+    assert (create.method, create.json_body, create.retry) == (
+        "POST", {"generateName": "t-", "image": "x", "heartbeatTimeoutSeconds": 600}, False)
     assert (delete.method, delete.url) == ("DELETE", "http://gw/v1/namespaces/ns/sandboxes/t-1")
     assert any(isinstance(s, _core.Call) for s in steps), "heartbeats are stopped before the delete"
 
@@ -365,3 +389,38 @@ def test_heartbeat_loop(client: SandboxClient, caplog: pytest.LogCaptureFixture)
     steps.clear()
     drive(sbx._heartbeat_loop(0), answers(), steps)
     assert steps == [], "heartbeats off"
+
+
+@pytest.mark.parametrize(
+    ("fields", "body"),
+    [
+        ({"image": "x"}, {"image": "x", "heartbeatTimeoutSeconds": 600}),
+        ({"image": "x", "heartbeat_timeout_seconds": 0}, {"image": "x", "heartbeatTimeoutSeconds": 0}),
+        ({"image": "x", "heartbeat_timeout_seconds": 60}, {"image": "x", "heartbeatTimeoutSeconds": 60}),
+        ({"image": "x", "extra": {"lifecycle": {"ttlSeconds": 60}}},
+         {"image": "x", "lifecycle": {"ttlSeconds": 60, "heartbeatTimeoutSeconds": 600}}),
+        ({"image": "x", "extra": {"lifecycle": {"heartbeatTimeoutSeconds": 5}}},
+         {"image": "x", "lifecycle": {"heartbeatTimeoutSeconds": 5}}),
+        ({"image": None, "spec": {"image": "x"}},
+         {"spec": {"image": "x", "lifecycle": {"heartbeatTimeoutSeconds": 600}}}),
+        ({"image": None, "spec": {"image": "x", "lifecycle": {"ttlSeconds": 9}}},
+         {"spec": {"image": "x", "lifecycle": {"ttlSeconds": 9, "heartbeatTimeoutSeconds": 600}}}),
+        ({"image": None, "spec": {"image": "x", "lifecycle": {"heartbeatTimeoutSeconds": 0}}},
+         {"spec": {"image": "x", "lifecycle": {"heartbeatTimeoutSeconds": 0}}}),
+        # A pool claim keeps the template's lifecycle (a lifecycle of its own would replace all of it).
+        ({"image": None, "extra": {"pool": "py"}}, {"pool": "py"}),
+        ({"image": None, "spec": {"pool": "py"}}, {"spec": {"pool": "py"}}),
+        ({"image": None, "extra": {"pool": "py"}, "heartbeat_timeout_seconds": 30}, {"pool": "py", "heartbeatTimeoutSeconds": 30}),
+    ],
+)
+def test_created_sandboxes_get_a_600s_heartbeat_timeout_unless_the_caller_sets_one(
+    client: SandboxClient, fields: dict[str, Any], body: dict[str, Any]
+) -> None:
+    original = copy.deepcopy(fields)
+    plan = client._create_plan(None, wait=False, wait_timeout=None, delete_on_exit=False, auto_heartbeat=False,
+                               direct=None, **fields)
+    steps: list[Any] = []
+    drive(plan(), answers(httpx.Response(201, json={"metadata": {"name": "s1"}})), steps)
+    [create] = sends(steps)
+    assert create.json_body == body
+    assert fields == original, "the caller's spec and lifecycle are not changed"

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import time
+
 import pytest
 
 from orchard_env import (
@@ -11,6 +13,7 @@ from orchard_env import (
     NotFound,
     NotReady,
     SandboxClient,
+    SandboxStalled,
     Timeout,
     Unauthorized,
 )
@@ -47,8 +50,9 @@ def test_not_ready_conflict_invalid_and_wait_timeout(client: SandboxClient, clus
         with pytest.raises(NotReady) as early:
             stuck.exec(["true"])
         assert early.value.phase == "Pending" and early.value.retryable
-        with pytest.raises(Timeout):
+        with pytest.raises(Timeout) as waited:
             stuck.wait_ready(timeout=1.5)
+        assert waited.value.phase == "Pending" and "(phase Pending" in str(waited.value)
         with pytest.raises(Conflict) as taken:
             client.create(image=cluster.image, name="unschedulable", wait=False)
         assert taken.value.code == "AlreadyExists"
@@ -58,3 +62,14 @@ def test_not_ready_conflict_invalid_and_wait_timeout(client: SandboxClient, clus
     with pytest.raises(InvalidRequest) as typo:
         client.create(image=cluster.image, imagee="x")
     assert "imagee" in typo.value.message
+
+
+def test_a_claim_of_a_missing_pool_fails_fast_as_stalled(client: SandboxClient) -> None:
+    # Needs the gateway's /wait to settle on Stalled=True (before that: a Timeout after wait_timeout).
+    started = time.monotonic()
+    with pytest.raises(SandboxStalled) as stalled:
+        client.create(pool="no-such-pool", when_pool_empty="Wait", wait_timeout=45)
+    assert stalled.value.reason == "PoolNotFound" and stalled.value.condition_message, stalled.value
+    assert time.monotonic() - started < 30, f"took {time.monotonic() - started:.1f}s"
+    with pytest.raises(NotFound):  # create() deleted it (delete_on_exit)
+        client.get(str(stalled.value.body["metadata"]["name"]))

@@ -5,6 +5,7 @@ from __future__ import annotations
 import io
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -59,18 +60,20 @@ def test_sandbox_lifecycle(client: SandboxClient, cluster: Cluster, tmp_path: Pa
         assert "".join(e.data for e in events if e.type == "stdout") == "one\ntwo\n"
         assert first_at is not None and first_at < 0.9, f"first output after {first_at}s"
 
-        # files: bytes, text, a local path and a file object up; bytes and a local file down
+        # files: bytes and text up, a local path and a file object up; bytes, a local file and a file object down
         payload = bytes(range(256)) * 4096  # 1 MiB
         assert sbx.upload("data/blob.bin", payload)["size"] == len(payload)
         assert sbx.download("data/blob.bin") == payload
         local = tmp_path / "in.txt"
         local.write_text("from a path\n")
-        sbx.upload("data/path.txt", local)
-        sbx.upload("data/text.txt", "text\n", mode=0o600)
-        sbx.upload("data/obj.bin", io.BytesIO(b"file object"))
+        sbx.upload_file("data/path.txt", local)
+        assert sbx.upload("data/text.txt", "in.txt", mode=0o600)["size"] == 6, "a str is content"
+        sbx.upload_file("data/obj.bin", io.BytesIO(b"file object"))
         out = tmp_path / "out.bin"
-        assert sbx.download("data/blob.bin", out) == len(payload)
+        assert sbx.download_file("data/blob.bin", out) == len(payload)
         assert out.read_bytes() == payload
+        sink = io.BytesIO()
+        assert sbx.download_file("data/path.txt", sink) == 12 and sink.getvalue() == b"from a path\n"
         entries = {e.name: e for e in sbx.list_files("data")}
         assert set(entries) == {"blob.bin", "obj.bin", "path.txt", "text.txt"}
         assert entries["text.txt"].mode == 0o600 and entries["blob.bin"].type == "file"
@@ -138,3 +141,26 @@ def test_direct_mode_talks_to_the_agent_at_the_pod_ip(cluster: Cluster) -> None:
             assert gateway_execs() == before, "direct mode must bypass the gateway"
             name = sbx.name
         wait_gone(client, name)
+
+
+def test_the_quick_start_runs(client: SandboxClient, cluster: Cluster, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                              capsys: pytest.CaptureFixture[str]) -> None:
+    """The quick start of docs/SDK.md, as it is written there (its client configured by the environment)."""
+    doc = (Path(__file__).resolve().parents[3] / "docs" / "SDK.md").read_text()
+    block = doc.split("## Quick start", 1)[1].split("```python\n", 1)[1].split("```", 1)[0]
+    monkeypatch.setenv("ORCHARD_GATEWAY_URL", cluster.gateway)
+    monkeypatch.setenv("ORCHARD_TOKEN", cluster.token)
+    monkeypatch.setenv("ORCHARD_NAMESPACE", cluster.namespace)
+    monkeypatch.chdir(tmp_path)
+    scope: dict[str, Any] = {}
+    try:
+        exec(compile(block.replace('"python:3.11"', repr(cluster.python_image)), "docs/SDK.md", "exec"), scope)
+    finally:
+        if isinstance(scope.get("client"), SandboxClient):
+            scope["client"].close()
+    out = capsys.readouterr().out.splitlines()
+    assert out[:4] == ["0 42", "", "['calc.py', 'test_calc.py']", "True"], out
+    assert (tmp_path / "calc.py").read_text() == "def add(a, b):\n    return a + b\n"
+    stream = " ".join(out[4:]).split()
+    assert stream[0] == "started" and stream[-1] == "exit" and [w for w in stream if w.isdigit()] == ["1", "2", "3"], out
+    wait_gone(client, scope["sbx"].name)

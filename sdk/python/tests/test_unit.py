@@ -114,7 +114,10 @@ def test_retry_decisions() -> None:
     assert retry_status(503, True, "POST")
     assert not retry_status(504, False, "POST")
     assert retry_status(502, None, "GET") and not retry_status(502, None, "POST")
-    assert not retry_status(409, True, "GET"), "4xx are never retried"
+    assert retry_status(409, True, "GET") and retry_status(409, True, "DELETE"), "a retryable 409 of an idempotent request"
+    assert not retry_status(409, True, "POST"), "a POST may have had effects"
+    assert not retry_status(409, False, "GET") and not retry_status(409, None, "PUT")
+    assert not retry_status(400, True, "GET") and not retry_status(404, True, "GET"), "other 4xx are never retried"
     assert retry_status(429, True, "POST")
     request = httpx.Request("POST", "http://x")
     assert retry_exception(httpx.ConnectError("refused", request=request), "POST")
@@ -166,7 +169,24 @@ def test_client_errors_and_unsafe_timeouts_are_not_retried() -> None:
     with SandboxClient("http://gw", "t", namespace="ns", transport=transport, retry=FAST) as client:
         with pytest.raises(NotReady):
             client._gateway("POST", "/v1/namespaces/ns/sandboxes/s1/exec", json_body={})
-    assert len(calls) == 1
+    assert len(calls) == 1, "a retryable 409 of a POST is not retried"
+
+
+def test_retryable_conflicts_of_idempotent_requests_are_retried() -> None:
+    transport, calls = fake(lambda r, n: error(409, "Conflict", True) if n < 3 else httpx.Response(200, json={"deleted": True}))
+    with SandboxClient("http://gw", "t", namespace="ns", transport=transport, retry=FAST) as client:
+        client.delete("s1")
+    assert [c.method for c in calls] == ["DELETE"] * 3
+    transport, calls = fake(lambda r, n: error(409, "NotReady", True))
+    with SandboxClient("http://gw", "t", namespace="ns", transport=transport, retry=FAST) as client:
+        with pytest.raises(NotReady):
+            client._gateway("GET", "/v1/namespaces/ns/sandboxes/s1/files", params={"path": "x"})
+    assert len(calls) == FAST.attempts, "retried until the policy's attempts run out"
+    transport, calls = fake(lambda r, n: error(409, "ResultAlreadyRecorded", False))
+    with SandboxClient("http://gw", "t", namespace="ns", transport=transport, retry=FAST) as client:
+        with pytest.raises(Conflict):
+            client._gateway("GET", "/v1/namespaces/ns/sandboxes/s1")
+    assert len(calls) == 1, "a 409 not marked retryable is raised at once"
 
 
 def test_connection_errors_are_retried_then_reported() -> None:
@@ -338,7 +358,8 @@ async def test_direct_mode_without_rbac_on_sandboxes_token_raises_forbidden(mode
 async def test_direct_mode_not_ready_and_not_found_behave_as_for_other_calls(mode: str) -> None:
     not_ready = {"code": "NotReady", "message": "sandbox ns/s1 is Pending", "phase": "Pending", "retryable": True}
     transport, calls = fake(direct_world(
-        httpx.Response(409, json=not_ready), httpx.Response(404, json={"code": "NotFound", "message": "no sandbox"}),
+        *[httpx.Response(409, json=not_ready)] * FAST.attempts,  # a retryable 409 of a GET: retried
+        httpx.Response(404, json={"code": "NotFound", "message": "no sandbox"}),
         error(503, "Unavailable", True), httpx.Response(200, json=TARGET),
     ))
     async with direct_client(mode, transport) as client:
@@ -351,7 +372,7 @@ async def test_direct_mode_not_ready_and_not_found_behave_as_for_other_calls(mod
         # Nothing was kept from the failures: the next call asks again (a retryable 503 is retried as
         # for every gateway call), then goes to the agent.
         assert (await done(sbx.exec(["true"]))).ok
-    assert routes(calls)[1:] == [("GET", "gw", TOKEN_PATH)] * 4 + [("POST", "10.0.0.7:9090", "/v1/exec")]
+    assert routes(calls)[1:] == [("GET", "gw", TOKEN_PATH)] * (FAST.attempts + 3) + [("POST", "10.0.0.7:9090", "/v1/exec")]
 
 
 @DRIVERS
@@ -377,3 +398,42 @@ def test_token_files_are_reread_when_rotated(tmp_path: Path) -> None:
     os.utime(path, (time.time() + 5, time.time() + 5))
     source._checked = 0.0  # as if 10 s had passed
     assert source.get() == "second"
+
+
+def test_exec_models_carry_the_agents_oom_lossy_and_encoding_flags() -> None:
+    from orchard_env import ExecEvent, ExecResult, ProcessInfo
+
+    answer = {**EXEC_OK, "exitCode": None, "signal": 9, "oomKilled": True, "stdoutLossy": True,
+              "stderrLossy": False, "outputEncoding": "text"}
+    result = ExecResult.from_json(answer)
+    assert (result.oom_killed, result.signal, result.stdout_lossy, result.stderr_lossy) == (True, 9, True, False)
+    assert result.output_encoding == "text" and not result.ok
+    encoded = ExecResult.from_json({**EXEC_OK, "outputEncoding": "base64", "stdout": "AAE="})
+    assert encoded.output_encoding == "base64" and not encoded.oom_killed and not encoded.stdout_lossy
+    assert ExecResult.from_json({}).output_encoding == "text", "an older agent's answer"
+    exit_event = ExecEvent.from_json({"type": "exit", "exitCode": None, "signal": 9, "timedOut": False, "oomKilled": True})
+    assert (exit_event.signal, exit_event.oom_killed, exit_event.exit_code) == (9, True, None)
+    assert not ExecEvent.from_json({"type": "stdout", "data": "x"}).oom_killed
+    process = ProcessInfo.from_json({"id": "p", "state": "exited", "signal": 9, "oomKilled": True})
+    assert (process.signal, process.oom_killed) == (9, True)
+
+
+def test_check_names_the_out_of_memory_killer() -> None:
+    from orchard_env import CommandFailed
+
+    killed = {**EXEC_OK, "exitCode": None, "signal": 9, "oomKilled": True, "stderr": ""}
+    transport, _ = fake(lambda r, n: httpx.Response(200, json=killed))
+    with SandboxClient("http://gw", "t", namespace="ns", transport=transport, retry=FAST) as client:
+        sbx = client._sandbox_type(client, "s1", "ns", SANDBOX, delete_on_exit=False, auto_heartbeat=False)
+        with pytest.raises(CommandFailed, match=r"exited with None \(killed by the out-of-memory killer\)") as failed:
+            sbx.exec(["python3", "-c", "x = ' ' * 2**40"], check=True)
+    assert failed.value.result.oom_killed
+
+
+async def test_async_client_close_is_aclose() -> None:
+    client = AsyncSandboxClient("http://gw", "t", namespace="ns", transport=httpx.MockTransport(lambda r: httpx.Response(404)))
+    await client.close()
+    assert client._http.is_closed
+    sync = SandboxClient("http://gw", "t", namespace="ns", transport=httpx.MockTransport(lambda r: httpx.Response(404)))
+    sync.close()
+    assert sync._http.is_closed

@@ -7,6 +7,7 @@ the operator's gateway.
 """
 
 from ._retry import RetryPolicy
+from ._version import __version__
 from .aio import AsyncProcess, AsyncRolloutGroup, AsyncSandbox, AsyncSandboxClient
 from .client import Process, RolloutGroup, Sandbox, SandboxClient
 from .dispatch import AsyncDispatcher, Dispatcher, DispatchResult, DispatchStats, GroupRequest
@@ -22,6 +23,7 @@ from .errors import (
     OrchardError,
     PatchConflict,
     SandboxFailed,
+    SandboxStalled,
     Timeout,
     TooManyRequests,
     Unauthorized,
@@ -37,8 +39,6 @@ from .models import (
     Trajectory,
     TrajectoryResult,
 )
-
-__version__ = "0.1.0"
 
 __all__ = [
     "AgentUnavailable",
@@ -73,6 +73,7 @@ __all__ = [
     "Sandbox",
     "SandboxClient",
     "SandboxFailed",
+    "SandboxStalled",
     "Timeout",
     "TooManyRequests",
     "Trajectory",

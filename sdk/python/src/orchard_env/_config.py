@@ -45,6 +45,16 @@ class TokenSource:
                     pass
             return self._token
 
+    def cached(self) -> str | None:
+        """The token as last read, without waiting for the lock (for exit and signal handlers, which
+        may interrupt a thread holding it); read from the file when it never was."""
+        if self._token is not None or self._path is None:
+            return self._token
+        try:
+            return self._path.read_text().strip() or None
+        except OSError:
+            return None
+
 
 @dataclass(frozen=True)
 class Settings:

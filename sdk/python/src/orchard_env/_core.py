@@ -14,17 +14,19 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import io
 import json
 import logging
 import os
 import warnings
 from collections.abc import Callable, Generator, Mapping, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import IO, Any, ClassVar, Generic, Protocol, TypeAlias, TypeVar
 
 import httpx
 
-from . import _ops
+from . import _cleanup, _ops
 from ._config import Settings, TokenSource, resolve
 from ._retry import NO_RETRY, RetryPolicy, retry_exception, retry_status
 from .errors import (
@@ -35,6 +37,7 @@ from .errors import (
     NotFound,
     OrchardError,
     SandboxFailed,
+    SandboxStalled,
     Timeout,
     error_from_response,
     parse_body,
@@ -46,8 +49,21 @@ log = logging.getLogger("orchard_env")
 T = TypeVar("T")
 #: Bytes read or written per block when streaming files.
 CHUNK = 256 * 1024
-#: What ``upload`` takes: bytes, text, a local file's path or a binary file object.
+#: What ``upload`` writes: the file's content, bytes or text (a ``str`` is text, never a local path).
+Content = bytes | str
+#: What ``upload_file`` reads and ``download_file`` writes: a local path or a binary file object.
+LocalFile = str | os.PathLike[str] | IO[bytes]
+#: Deprecated: ``upload``'s former argument type (a path or a file object now go to ``upload_file``).
 Upload = bytes | str | os.PathLike[str] | IO[bytes]
+#: The ``TypeError`` of ``upload(path, <a local path>)``.
+UPLOAD_GOT_A_PATH = (
+    "upload(path, data) writes data, the file's content (bytes or str); {what} is a local path: "
+    "use upload_file(path, local_path) to copy a local file"
+)
+#: The ``DeprecationWarning`` of ``upload(path, <a file object>)``.
+UPLOAD_GOT_A_FILE = "upload(path, <file object>) is deprecated: use upload_file(path, file_object)"
+#: The ``DeprecationWarning`` of ``download(path, dest)``.
+DOWNLOAD_DEST = "download(path, dest) is deprecated: use download_file(path, dest), which answers the byte count"
 #: The permission direct mode needs (``get``, API group ``orchard.dev``) to ask the gateway for an agent's token.
 TOKEN_PERMISSION = "sandboxes/token"
 #: The DeprecationWarning of the constructor's ``kube_server``/``kube_token``/``kube_ca_file``.
@@ -208,15 +224,18 @@ def _backoff(policy: RetryPolicy, attempt: int, why: str) -> Plan[None]:
     yield Sleep(delay)
 
 
-def until(timeout: float | None, attempt: Callable[[float], Plan[T | None]], expired: Callable[[], str]) -> Plan[T]:
+def until(
+    timeout: float | None, attempt: Callable[[float], Plan[T | None]], expired: Callable[[], str | Timeout]
+) -> Plan[T]:
     """Long-polls: repeats ``attempt(wait)`` (one server-side wait of at most ``wait`` seconds) until it
-    answers something other than None; raises :class:`Timeout` (message ``expired()``) once
-    ``timeout`` seconds have passed (None: never)."""
+    answers something other than None; once ``timeout`` seconds have passed (None: never) raises
+    ``expired()``: a :class:`Timeout`, or the message of one."""
     deadline = None if timeout is None else (yield NOW) + timeout
     while True:
         remaining = _ops.MAX_SERVER_WAIT if deadline is None else deadline - (yield NOW)
         if remaining <= 0:
-            raise Timeout(expired())
+            why = expired()
+            raise why if isinstance(why, Timeout) else Timeout(why)
         value = yield from attempt(min(_ops.MAX_SERVER_WAIT, remaining))
         if value is not None:
             return value
@@ -238,24 +257,70 @@ def exec_event(line: str) -> ExecEvent | None:
     return ExecEvent.from_json(data)
 
 
+def is_file_object(value: Any) -> bool:
+    """Whether ``value`` is a file object (it has ``read`` or ``write``), not a path or content."""
+    return hasattr(value, "read") or hasattr(value, "write")
+
+
+def check_binary(handle: Any, function: str) -> None:
+    """Raises ``TypeError`` when ``handle`` is a text-mode file object (it reads or writes ``str``)."""
+    if isinstance(handle, io.TextIOBase):
+        raise TypeError(f"{function}() needs a binary file object: open the file with 'rb' or 'wb', not text mode")
+
+
 def upload_content(
-    data: Upload,
+    data: Content,
     from_path: Callable[[os.PathLike[str]], Any],
     from_stream: Callable[[IO[bytes], int | None], Any],
 ) -> tuple[Any, bool]:
-    """Request content for an upload and whether a retry can send it again. Files and file objects are
-    read by the driver's ``from_path(path)`` and ``from_stream(stream, start)`` (``start``: where to
-    seek back to on every attempt, None when the stream cannot seek)."""
-    if isinstance(data, bytes):
-        return data, True
+    """Request content of ``upload(path, data)`` and whether a retry can send it again: bytes, or text
+    (UTF-8). A local path is a ``TypeError`` naming ``upload_file``; a binary file object still works
+    (deprecated: :func:`upload_file_content`)."""
+    if isinstance(data, (bytes, bytearray, memoryview)):
+        return bytes(data), True
     if isinstance(data, str):
         return data.encode(), True
     if isinstance(data, os.PathLike):
-        path = data
+        raise TypeError(UPLOAD_GOT_A_PATH.format(what=f"{type(data).__name__}({os.fspath(data)!r})"))
+    if is_file_object(data):
+        warnings.warn(UPLOAD_GOT_A_FILE, DeprecationWarning, stacklevel=3)
+        return upload_file_content(data, from_path, from_stream, "upload")
+    raise TypeError(f"upload(path, data) takes bytes or str, not {type(data).__name__}")
+
+
+def upload_file_content(
+    local: LocalFile,
+    from_path: Callable[[os.PathLike[str]], Any],
+    from_stream: Callable[[IO[bytes], int | None], Any],
+    function: str = "upload_file",
+) -> tuple[Any, bool]:
+    """Request content of ``upload_file(path, local)`` and whether a retry can send it again. A local
+    path (``str`` or ``PathLike``) is read by the driver's ``from_path(path)``, a binary file object by
+    ``from_stream(stream, start)`` (``start``: where to seek back to on every attempt, None when the
+    stream cannot seek, and then a retry cannot send it again)."""
+    if isinstance(local, (str, os.PathLike)):
+        path = Path(local)
         return (lambda: from_path(path)), True
-    stream = data
+    if not is_file_object(local):
+        raise TypeError(
+            f"{function}(path, local_path) takes a local path or a binary file object, not {type(local).__name__}"
+            + ("; to write content use upload(path, data)" if isinstance(local, (bytes, bytearray, memoryview)) else "")
+        )
+    check_binary(local, function)
+    stream = local
     start = stream.tell() if stream.seekable() else None
     return (lambda: from_stream(stream, start)), start is not None
+
+
+def download_target(local: LocalFile) -> tuple[str | os.PathLike[str] | None, IO[bytes] | None]:
+    """Where ``download_file`` writes: ``(path, None)`` for a local path, ``(None, handle)`` for a binary
+    file object; anything else is a ``TypeError``."""
+    if isinstance(local, (str, os.PathLike)):
+        return local, None
+    if not hasattr(local, "write"):
+        raise TypeError(f"download_file(path, local_path) takes a local path or a binary file object, not {type(local).__name__}")
+    check_binary(local, "download_file")
+    return None, local
 
 
 # -- the operations ------------------------------------------------------------------------------
@@ -278,6 +343,8 @@ class ClientCore:
         self.namespace = self.settings.namespace
         self.direct = direct
         self._retry = retry or RetryPolicy()
+        #: The transport the exit cleanup sends its DELETEs with (a sync one given for tests; else the default).
+        self._exit_transport = transport if isinstance(transport, httpx.BaseTransport) else None
         if (kube_server, kube_token, kube_ca_file) != (None, None, None):
             warnings.warn(KUBE_ARGS_IGNORED, DeprecationWarning, stacklevel=2)
         self._http = self._open_http(http_timeout(timeout), transport)
@@ -338,6 +405,8 @@ class ClientCore:
         with ``wait``, wait until Ready, deleting the sandbox again when that fails (``delete_on_exit``)."""
         ns = namespace or self.namespace
         body = _ops.sandbox_body(**body_fields)
+        if body_fields.get("heartbeat_timeout_seconds") is None:
+            body = _ops.with_default_heartbeat(body)
         # A retried create could make a second sandbox with a generated name: only named creates retry.
         retry = bool(body_fields.get("name"))
 
@@ -426,9 +495,21 @@ class SandboxCore:
         self._heartbeats: Any = None
         self._direct_target: tuple[str, str] | None = None
         self._closed = False
+        _cleanup.register(self)
 
     def _run(self, plan: Plan[T]) -> Any:
         return self.client._run(plan)
+
+    def _exit_delete(self) -> tuple[str, dict[str, str], Any]:
+        """The exit cleanup's DELETE of this sandbox: URL, headers (the token as last read, without
+        waiting for a lock: this may run in a signal handler) and the transport to send it with."""
+        token = self.client.settings.token.cached()
+        headers = {"Authorization": f"Bearer {token}"} if token else {}
+        url = self.client.settings.base_url + _ops.sandbox_path(self.namespace, self.name)
+        return url, headers, self.client._exit_transport
+
+    def _halt_heartbeats(self) -> None:
+        """Ends the background heartbeats without waiting (the exit cleanup; a driver may override)."""
 
     def _gateway(self, method: str, rest: str = "", **fields: Any) -> Plan[httpx.Response]:
         return self.client._gateway_plan(method, _ops.sandbox_path(self.namespace, self.name, rest), **fields)
@@ -440,28 +521,46 @@ class SandboxCore:
         return self.raw
 
     def _wait_ready_plan(self, timeout: float | None) -> Plan[Any]:
+        """Waits until Ready with the gateway's watch-driven waits. Raises as soon as the sandbox settles
+        otherwise: :class:`SandboxStalled` (``Stalled=True``), :class:`SandboxFailed` (Failed,
+        Succeeded, Expired); after ``timeout`` seconds :class:`Timeout` with the phase, reason and
+        condition message last seen."""
+        last: dict[str, str | None] = {}
+
         def attempt(wait: float) -> Plan[Any]:
             done, answer = yield from self.client._server_wait_plan(
                 _ops.sandbox_path(self.namespace, self.name, "/wait"), wait
             )
             if not done:
-                if isinstance(answer.get("phase"), str):
-                    self.raw.setdefault("status", {})["phase"] = answer["phase"]
+                phase = answer.get("phase")
+                if isinstance(phase, str):
+                    self.raw.setdefault("status", {})["phase"] = phase
+                for key, field in (("reason", "reason"), ("message", "conditionMessage")):
+                    value = answer.get(field)
+                    last[key] = value if isinstance(value, str) and value else None
                 return None
             self.raw = answer
             if _ops.is_ready(self.raw):
                 self._start_heartbeats()
                 return self
-            status = self.raw.get("status") or {}
+            phase, reason, message = _ops.why_not_ready(self.raw)
+            where = _ops.explain(phase, reason, message)
+            if phase not in _ops.FINAL_PHASES and _ops.is_stalled(self.raw):
+                raise SandboxStalled(
+                    f"sandbox {self.namespace}/{self.name} is stalled ({where})",
+                    phase=phase, reason=reason, condition_message=message, body=self.raw,
+                )
             raise SandboxFailed(
-                f"sandbox {self.namespace}/{self.name} is {status.get('phase')}: "
-                f"{status.get('reason') or ''} {status.get('message') or ''}".strip(),
-                reason=status.get("reason"),
-                body=self.raw,
+                f"sandbox {self.namespace}/{self.name} will not become Ready ({where})",
+                phase=phase, reason=reason, condition_message=message, body=self.raw,
             )
 
-        def expired() -> str:
-            return f"sandbox {self.namespace}/{self.name} not Ready after {timeout}s (phase {_ops.phase_of(self.raw)})"
+        def expired() -> Timeout:
+            phase, reason, message = _ops.phase_of(self.raw), last.get("reason"), last.get("message")
+            return Timeout(
+                f"sandbox {self.namespace}/{self.name} not Ready after {timeout}s ({_ops.explain(phase, reason, message)})",
+                phase=phase, reason=reason, condition_message=message,
+            )
 
         return until(timeout, attempt, expired)
 
@@ -521,8 +620,8 @@ class SandboxCore:
         )
         result = ExecResult.from_json(response.json())
         if check and not result.ok:
-            timed_out = " (timed out)" if result.timed_out else ""
-            raise CommandFailed(f"{cmd!r} exited with {result.exit_code}{timed_out}: {result.stderr[-500:]}", result)
+            why = " (timed out)" if result.timed_out else " (killed by the out-of-memory killer)" if result.oom_killed else ""
+            raise CommandFailed(f"{cmd!r} exited with {result.exit_code}{why}: {result.stderr[-500:]}", result)
         return result
 
     def _exec_stream_plan(self, cmd: str | Sequence[str], **fields: Any) -> Plan[httpx.Response]:
@@ -557,7 +656,7 @@ class SandboxCore:
         return ProcessInfo.from_json((yield from self._agent("DELETE", f"/processes/{id}")).json())
 
     def _upload_plan(self, path: str, content: tuple[Any, bool], mode: int | str | None) -> Plan[dict[str, Any]]:
-        """``content``: what :func:`upload_content` answers."""
+        """``content``: what :func:`upload_content` or :func:`upload_file_content` answers."""
         body, repeatable = content
         params: dict[str, Any] = {"path": path}
         if mode is not None:
@@ -606,11 +705,13 @@ class SandboxCore:
         return _ops.json_object((yield from self._gateway("POST", "/result", json_body=body)).json())
 
     def _delete_plan(self) -> Plan[None]:
+        _cleanup.forget(self)
         yield Call(self.stop_heartbeats)  # type: ignore[attr-defined]
         with contextlib.suppress(NotFound):
             yield from self._gateway("DELETE")
 
     def _close_plan(self) -> Plan[None]:
+        _cleanup.forget(self)
         if self._closed:
             return
         self._closed = True

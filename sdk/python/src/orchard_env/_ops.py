@@ -14,6 +14,13 @@ ANSWER_MARGIN = 30.0
 AGENT_DEFAULT_EXEC_TIMEOUT = 600.0
 #: Longest server-side wait per request (the gateway clamps ``timeoutSeconds`` to it).
 MAX_SERVER_WAIT = 300.0
+#: Default seconds ``create()`` and ``wait_ready()`` wait for Ready: the operator's default startup timeout
+#: (600 s after creation, Helm ``sandboxDefaults.startupTimeoutSeconds``) plus a margin, so a sandbox that
+#: cannot start ends with the operator's ``StartupTimeout`` failure, which says why, before the SDK gives up.
+DEFAULT_WAIT_TIMEOUT = 630.0
+#: Heartbeat timeout of the sandboxes ``create()`` makes when the caller sets none: an open handle
+#: heartbeats every third of it, and a sandbox whose trainer died is deleted this long after.
+DEFAULT_HEARTBEAT_TIMEOUT = 600
 #: Labels the operator puts on a RolloutGroup's trajectory Sandboxes (``<group>-<index>``).
 ROLLOUT_GROUP_LABEL = "orchard.dev/rollout-group"
 STRIDE_LABEL = "orchard.dev/stride"
@@ -91,6 +98,29 @@ def sandbox_body(
                 "image is required (any Linux image, e.g. 'python:3.11'), unless pool= names a SandboxPool"
             )
         body.update(fields)
+    return body
+
+
+def with_default_heartbeat(body: dict[str, Any], seconds: int = DEFAULT_HEARTBEAT_TIMEOUT) -> dict[str, Any]:
+    """``body`` (of :func:`sandbox_body`) with ``heartbeatTimeoutSeconds`` set to ``seconds`` where it
+    sets none: in the shorthand, in its ``lifecycle`` object, or in a full ``spec``'s ``lifecycle``. A
+    pool claim (``pool``) is left alone: a lifecycle of its own would replace the pool template's whole
+    ``lifecycle`` (its TTL included)."""
+    spec = body.get("spec")
+    target: dict[str, Any] = dict(spec) if isinstance(spec, Mapping) else body
+    if target.get("pool") or "heartbeatTimeoutSeconds" in target:
+        return body
+    lifecycle = target.get("lifecycle")
+    if isinstance(lifecycle, Mapping):
+        if "heartbeatTimeoutSeconds" in lifecycle:
+            return body
+        target["lifecycle"] = {**lifecycle, "heartbeatTimeoutSeconds": seconds}
+    elif isinstance(spec, Mapping):
+        target["lifecycle"] = {"heartbeatTimeoutSeconds": seconds}
+    else:
+        target["heartbeatTimeoutSeconds"] = seconds
+    if isinstance(spec, Mapping):
+        body = {**body, "spec": target}
     return body
 
 
@@ -241,6 +271,45 @@ def is_ready(sandbox: Mapping[str, Any]) -> bool:
         c.get("type") == "Ready" and c.get("status") == "True"
         for c in (sandbox.get("status") or {}).get("conditions") or []
     )
+
+
+def condition(sandbox: Mapping[str, Any], type_: str) -> Mapping[str, Any] | None:
+    """The condition of ``type_`` in ``status.conditions`` of an object, if present."""
+    for c in (sandbox.get("status") or {}).get("conditions") or []:
+        if isinstance(c, Mapping) and c.get("type") == type_:
+            return c
+    return None
+
+
+def is_stalled(sandbox: Mapping[str, Any]) -> bool:
+    """Whether the Sandbox object has ``Stalled=True``: it cannot progress without outside help."""
+    stalled = condition(sandbox, "Stalled")
+    return stalled is not None and stalled.get("status") == "True"
+
+
+def why_not_ready(sandbox: Mapping[str, Any]) -> tuple[str | None, str | None, str | None]:
+    """``(phase, reason, message)`` explaining where a Sandbox object stands (pure): a phase it will not
+    leave (Failed, Succeeded, Expired) is explained by ``status.reason``/``status.message``; otherwise
+    the ``Stalled`` condition's reason and message when it is True, else the ``Ready`` condition's
+    (the gateway's ``WaitTimeout`` answers the same pair as ``reason``/``conditionMessage``)."""
+    status = sandbox.get("status") or {}
+    phase = status.get("phase")
+    if phase in FINAL_PHASES and (status.get("reason") or status.get("message")):
+        return phase, status.get("reason") or None, status.get("message") or None
+    chosen = condition(sandbox, "Stalled") if is_stalled(sandbox) else condition(sandbox, "Ready")
+    if chosen is None:
+        return phase, status.get("reason") or None, status.get("message") or None
+    return phase, chosen.get("reason") or None, chosen.get("message") or None
+
+
+def explain(phase: str | None, reason: str | None, message: str | None) -> str:
+    """``phase Pending, reason NotScheduled: 0/3 nodes are available...`` (the parts that are known)."""
+    text = f"phase {phase or 'unknown'}"
+    if reason:
+        text += f", reason {reason}"
+    if message:
+        text += f": {message}"
+    return text
 
 
 def agent_endpoint_of(sandbox: Mapping[str, Any]) -> str | None:

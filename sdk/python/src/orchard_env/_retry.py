@@ -1,7 +1,9 @@
 """Retry policy: exponential backoff with full jitter on connection errors and retryable answers.
 
-4xx answers are never retried (except 429). A request that may have reached the server is retried
-only when it is idempotent or the server marked the failure ``retryable``.
+429/502/503/504 are retried when the server marked them ``retryable`` (without the flag: when the
+request is idempotent). A 409 the server marked ``retryable`` (``NotReady`` while the sandbox starts, an
+API write ``Conflict``) is retried for idempotent requests only (GET, HEAD, PUT, DELETE, OPTIONS). Other
+4xx answers are never retried.
 """
 
 from __future__ import annotations
@@ -47,6 +49,8 @@ def retry_exception(error: Exception, method: str) -> bool:
 
 def retry_status(status: int, retryable: bool | None, method: str) -> bool:
     """Whether an answer with ``status`` (and the body's ``retryable`` flag, if any) is worth another try."""
+    if status == 409:
+        return retryable is True and method.upper() in IDEMPOTENT
     if status not in RETRYABLE_STATUSES:
         return False
     if retryable is not None:

@@ -3,21 +3,20 @@
 
 from __future__ import annotations
 
-import atexit
 import builtins
 import concurrent.futures
 import contextlib
 import os
 import threading
 import time
-import weakref
+import warnings
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
-from typing import IO, Any, TypeVar
+from typing import IO, Any, TypeVar, overload
 
 import httpx
 
-from . import _core
-from ._core import CHUNK, Upload
+from . import _cleanup, _core, _ops
+from ._core import CHUNK, Content, LocalFile
 from ._retry import RetryPolicy
 from .models import (
     ExecEvent,
@@ -97,22 +96,21 @@ class _Heartbeats:
         except Exception as error:  # e.g. the client was closed under a running episode
             _core.log.warning("heartbeats stopped: %r", error)
 
+    def halt(self) -> None:
+        """Ends the loop at its next pause, without waiting."""
+        self._stop.set()
+
     def stop(self) -> None:
+        """Ends the loop and waits (at most 5 s) for the thread."""
         self._stop.set()
         if self._thread is not threading.current_thread():
             self._thread.join(timeout=5)
 
 
-#: Open sandbox handles; at interpreter exit the ones with ``delete_on_exit`` are deleted (best effort;
-#: heartbeat expiry is the safety net when the process dies without running exit handlers).
-_OPEN: weakref.WeakSet[Sandbox] = weakref.WeakSet()
-
-
-@atexit.register
-def _close_open_handles() -> None:
-    for sandbox in list(_OPEN):
-        with contextlib.suppress(Exception):
-            sandbox.close()
+#: Open sandbox handles of both clients (``_cleanup``): at interpreter exit and on SIGTERM the sandboxes
+#: of those with ``delete_on_exit`` are deleted (best effort; heartbeat expiry is the safety net when the
+#: process dies without running exit handlers, e.g. SIGKILL or the OOM killer).
+_OPEN = _cleanup.OPEN
 
 
 # -- the public API: each method runs the core's plan of the operation --------------------------------
@@ -120,8 +118,9 @@ def _close_open_handles() -> None:
 
 class Sandbox(_core.SandboxCore):
     """A handle on one sandbox. A context manager: leaving the ``with`` block deletes the sandbox
-    (unless created with ``delete_on_exit=False``). While the handle is open it heartbeats the sandbox
-    in the background (``auto_heartbeat``), so it does not expire while the trainer holds it."""
+    (unless created with ``delete_on_exit=False``), and so do interpreter exit and SIGTERM. While the
+    handle is open it heartbeats the sandbox from a background thread (``auto_heartbeat``), so its
+    heartbeat timeout does not run out while the trainer holds it; its TTL still ends it."""
 
     client: SandboxClient
     _heartbeats: _Heartbeats | None
@@ -131,30 +130,43 @@ class Sandbox(_core.SandboxCore):
         delete_on_exit: bool = True, auto_heartbeat: bool = True, direct: bool = False,
     ) -> None:
         super().__init__(client, name, namespace, raw, delete_on_exit=delete_on_exit, auto_heartbeat=auto_heartbeat, direct=direct)
-        _OPEN.add(self)
 
     # -- state -------------------------------------------------------------------------------
 
     def refresh(self) -> dict[str, Any]:
-        """Reads the Sandbox object again."""
+        """Reads the Sandbox object again, keeps it (``raw``, ``phase``) and returns it."""
         return self._run(self._refresh_plan())
 
-    def wait_ready(self, timeout: float | None = 300.0) -> Sandbox:
-        """Blocks until the sandbox is Ready (server-side, watch-driven wait). Raises
-        :class:`SandboxFailed` when it failed and :class:`Timeout` after ``timeout`` seconds."""
+    def wait_ready(self, timeout: float | None = _ops.DEFAULT_WAIT_TIMEOUT) -> Sandbox:
+        """Waits until the sandbox is Ready (the gateway's watch-driven wait) and returns this handle.
+
+        Raises as soon as the sandbox cannot become Ready by itself: :class:`~orchard_env.SandboxStalled`
+        (``Stalled=True``: a missing pool, a full quota...) or :class:`~orchard_env.SandboxFailed`
+        (Failed, Succeeded or Expired), each with ``phase``, ``reason`` and ``condition_message``. After
+        ``timeout`` seconds (None: no limit) raises :class:`~orchard_env.Timeout` carrying the same three
+        as last seen, also quoted in its message. The default, 630 s, outlasts the operator's default
+        startup timeout (600 s after creation), so a sandbox that cannot start ends as ``SandboxFailed``
+        with reason ``StartupTimeout`` and the operator's explanation rather than as a bare timeout."""
         return self._run(self._wait_ready_plan(timeout))
 
     # -- heartbeats ------------------------------------------------------------------------
 
     def heartbeat(self) -> dict[str, Any]:
-        """Refreshes the sandbox's expiry now (the gateway coalesces writes)."""
+        """Heartbeats the sandbox now, pushing back its heartbeat deadline (never its TTL), and answers
+        ``{"heartbeatTimeoutSeconds", "written", "expiresAt"}`` (the gateway coalesces writes). Open handles
+        do this in the background; calls through the gateway count as heartbeats too."""
         return self._run(self._heartbeat_plan())
 
     def _beat_in_background(self, loop: _core.Plan[None]) -> _Heartbeats:
         return _Heartbeats(self.client, loop)
 
+    def _halt_heartbeats(self) -> None:
+        if self._heartbeats is not None:
+            self._heartbeats.halt()
+
     def stop_heartbeats(self) -> None:
-        """Stops the background heartbeats (the sandbox then expires after its heartbeat timeout)."""
+        """Stops the handle's background heartbeats (it stops the background thread, waiting at most 5 s for
+        it). Without heartbeats or calls through the gateway, the sandbox expires after its heartbeat timeout."""
         if self._heartbeats is not None:
             self._heartbeats.stop()
             self._heartbeats = None
@@ -166,8 +178,12 @@ class Sandbox(_core.SandboxCore):
         env: Mapping[str, str] | None = None, stdin: str | bytes | None = None, shell: str | None = None,
         max_output_bytes: int | None = None, check: bool = False,
     ) -> ExecResult:
-        """Runs a command: a list is an argv run directly (no shell needed in the image), a string
-        runs with ``shell -c`` (default ``/bin/sh``). ``timeout`` kills the whole process group."""
+        """Runs a command and answers its :class:`~orchard_env.ExecResult` (``exit_code``, ``stdout``,
+        ``stderr``, ``timed_out``, ``oom_killed``...). A list is an argv run directly (no shell needed in the
+        image); a string runs with ``shell -c`` (default ``/bin/sh``). ``timeout`` (seconds; the agent's
+        default is 600) kills the command's whole process group; ``cwd`` must exist; ``stdin`` is text or
+        bytes; ``max_output_bytes`` caps each stream (``stdout_truncated``/``stderr_truncated`` say so). With
+        ``check=True`` a non-zero exit, a timeout or a kill raises :class:`~orchard_env.CommandFailed`."""
         return self._run(self._exec_plan(
             cmd, timeout=timeout, cwd=cwd, env=env, stdin=stdin, shell=shell, max_output_bytes=max_output_bytes, check=check))
 
@@ -175,8 +191,9 @@ class Sandbox(_core.SandboxCore):
         self, cmd: str | Sequence[str], *, timeout: float | None = None, cwd: str | None = None,
         env: Mapping[str, str] | None = None, stdin: str | bytes | None = None, shell: str | None = None,
     ) -> Iterator[ExecEvent]:
-        """Runs a command and yields its events as they happen: ``started``, ``stdout``/``stderr``
-        chunks, then ``exit``. Closing the iterator early kills the command."""
+        """Runs a command and yields its :class:`~orchard_env.ExecEvent` values as they happen: ``started``,
+        ``stdout``/``stderr`` chunks, then ``exit`` (``exit_code``, ``signal``, ``timed_out``,
+        ``oom_killed``). Closing the iterator early kills the command. Arguments as for :meth:`exec`."""
         response = self._run(self._exec_stream_plan(cmd, timeout=timeout, cwd=cwd, env=env, stdin=stdin, shell=shell))
         try:
             for line in response.iter_lines():
@@ -190,62 +207,101 @@ class Sandbox(_core.SandboxCore):
         cwd: str | None = None, env: Mapping[str, str] | None = None, stdin: str | bytes | None = None,
         shell: str | None = None,
     ) -> Process:
-        """Starts a background process and returns its handle (no timeout unless given)."""
+        """Starts a background process and returns its handle (:class:`Process`). It has no timeout unless
+        ``timeout`` is given; ``id`` names it (else the agent picks one). Arguments as for :meth:`exec`."""
         return self._run(self._start_process_plan(
             Process, cmd, id, timeout=timeout, cwd=cwd, env=env, stdin=stdin, shell=shell
         ))
 
     def list_processes(self, *, output: bool = False) -> list[ProcessInfo]:
-        """Every background process, oldest first."""
+        """The sandbox's background processes, oldest first (with their output so far when ``output``)."""
         return self._run(self._list_processes_plan(output))
 
     def get_process(self, id: str, *, wait: float | None = None) -> ProcessInfo:
-        """A process's status; with ``wait`` the agent holds the answer until it exits (max 300 s)."""
+        """The status of process ``id``; with ``wait`` (seconds, at most 300) the agent answers once the
+        process exits or the wait runs out."""
         return self._run(self._get_process_plan(id, wait))
 
     def signal_process(self, id: str, signal: str | int = "TERM") -> ProcessInfo:
-        """Signals the process's whole group."""
+        """Sends ``signal`` (a name such as ``"TERM"``, or a number) to the whole process group of process
+        ``id`` and answers its status."""
         return self._run(self._signal_process_plan(id, signal))
 
     def kill_process(self, id: str) -> ProcessInfo:
-        """SIGKILLs the process's group (if it runs) and forgets it; returns the final status."""
+        """SIGKILLs the process group of process ``id`` (if it runs), forgets the process and answers its
+        final status."""
         return self._run(self._kill_process_plan(id))
 
-    def upload(self, path: str, data: Upload, *, mode: int | str | None = None) -> dict[str, Any]:
-        """Writes ``data`` (bytes, text, a local file path or a binary file object) to ``path``,
-        streamed and atomic. ``mode`` is octal (``0o755`` or ``"0755"``)."""
+    def upload(self, path: str, data: Content, *, mode: int | str | None = None) -> dict[str, Any]:
+        """Writes ``data`` to the file ``path`` in the sandbox (streamed and atomic; missing parent
+        directories are created) and answers the agent's ``{"path", "size"}``.
+
+        ``data`` is the file's content: bytes, or a ``str`` written as UTF-8 text (a ``str`` is never read
+        as a local path). To copy a local file use :meth:`upload_file`: a ``pathlib.Path`` here raises
+        ``TypeError``, and a binary file object still works but is deprecated. ``mode`` is octal
+        (``0o755`` or ``"0755"``)."""
         return self._run(self._upload_plan(path, _core.upload_content(data, _read_path, _read_stream), mode))
 
-    def download(self, path: str, dest: str | os.PathLike[str] | IO[bytes] | None = None) -> bytes | int:
-        """Reads ``path``: its bytes, or, with ``dest`` (a local path or binary file object), streams it
-        there and returns the byte count."""
+    def upload_file(self, path: str, local_path: LocalFile, *, mode: int | str | None = None) -> dict[str, Any]:
+        """Copies a local file to the file ``path`` in the sandbox (streamed and atomic; missing parent
+        directories are created) and answers the agent's ``{"path", "size"}``.
+
+        ``local_path`` is a local path (``str`` or ``os.PathLike``) or a binary file object, read from its
+        current position (a retried upload reads a seekable one again from there; one that cannot seek is
+        sent once). ``mode`` is octal (``0o755`` or ``"0755"``)."""
+        return self._run(self._upload_plan(path, _core.upload_file_content(local_path, _read_path, _read_stream), mode))
+
+    @overload
+    def download(self, path: str) -> bytes: ...
+
+    @overload
+    def download(self, path: str, dest: LocalFile) -> int: ...
+
+    def download(self, path: str, dest: LocalFile | None = None) -> bytes | int:
+        """Reads the file ``path`` of the sandbox and answers its bytes.
+
+        To stream a large file into a local file use :meth:`download_file`. ``download(path, dest)`` still
+        does that (deprecated: a ``DeprecationWarning``)."""
+        if dest is not None:
+            warnings.warn(_core.DOWNLOAD_DEST, DeprecationWarning, stacklevel=2)
+            return self.download_file(path, dest)
         response = self._run(self._download_plan(path))
         try:
-            if dest is None:
-                return response.read()
+            return response.read()
+        finally:
+            response.close()
+
+    def download_file(self, path: str, local_path: LocalFile) -> int:
+        """Streams the file ``path`` of the sandbox into ``local_path`` and answers the byte count.
+
+        ``local_path`` is a local path (``str`` or ``os.PathLike``; created, or truncated) or a binary file
+        object, written from its current position and left open."""
+        target, handle = _core.download_target(local_path)
+        response = self._run(self._download_plan(path))
+        try:
             written = 0
             with contextlib.ExitStack() as stack:
-                handle: IO[bytes] = (
-                    stack.enter_context(open(dest, "wb")) if isinstance(dest, (str, os.PathLike)) else dest
-                )
+                out: IO[bytes] = handle if handle is not None else stack.enter_context(open(target, "wb"))  # type: ignore[arg-type]
                 for block in response.iter_bytes(CHUNK):
-                    handle.write(block)
+                    out.write(block)
                     written += len(block)
             return written
         finally:
             response.close()
 
     def list_files(self, path: str = ".") -> list[FileEntry]:
-        """Entries of a directory, sorted by name."""
+        """The entries of directory ``path`` (:class:`~orchard_env.FileEntry`), sorted by name."""
         return self._run(self._list_files_plan(path))
 
     def delete_file(self, path: str, *, recursive: bool = False) -> None:
-        """Deletes a file, or a directory (non-empty ones with ``recursive=True``)."""
+        """Deletes the file or empty directory ``path`` (any directory with ``recursive=True``)."""
         self._run(self._delete_file_plan(path, recursive))
 
     def apply_patch(self, patch: str, *, cwd: str | None = None, strip: int | None = None) -> PatchResult:
-        """Applies a unified diff (``git diff`` output) natively: every hunk or nothing
-        (:class:`~orchard_env.errors.PatchConflict` lists the failed hunks)."""
+        """Applies a unified diff (``git diff`` output) natively, every hunk or nothing, and answers the files
+        it touched (:class:`~orchard_env.PatchResult`); when a hunk does not apply nothing is written and
+        :class:`~orchard_env.PatchConflict` lists the failed hunks. Paths are relative to ``cwd`` after
+        removing ``strip`` leading components (default 1, as ``patch -p1``)."""
         return self._run(self._apply_patch_plan(patch, cwd, strip))
 
     # -- results and lifecycle -----------------------------------------------------------------
@@ -254,8 +310,10 @@ class Sandbox(_core.SandboxCore):
         self, reward: float | None = None, status: str = "completed", *, length: int | None = None,
         artifact: str | None = None, exit_code: int | None = None, reason: str | None = None, message: str | None = None,
     ) -> dict[str, Any]:
-        """Records this trajectory's outcome in ``status.result`` (write-once: a different second
-        result raises :class:`~orchard_env.errors.Conflict`)."""
+        """Records this trajectory's outcome in ``status.result`` and answers the gateway's ``{"recorded",
+        "result"}``: ``reward`` (required unless ``status`` is ``aborted``), ``status`` (``completed``,
+        ``truncated`` or ``aborted``), ``length``, ``artifact``, ``exit_code``, ``reason``, ``message``.
+        Write-once: the same result again is fine, a different one raises :class:`~orchard_env.Conflict`."""
         return self._run(self._record_result_plan(reward, status, length, artifact, exit_code, reason, message))
 
     def delete(self) -> None:
@@ -263,8 +321,7 @@ class Sandbox(_core.SandboxCore):
         self._run(self._delete_plan())
 
     def close(self) -> None:
-        """Stops heartbeats and, with ``delete_on_exit``, deletes the sandbox."""
-        _OPEN.discard(self)
+        """Stops the heartbeats and, with ``delete_on_exit``, deletes the sandbox; closing again does nothing."""
         self._run(self._close_plan())
 
     def __enter__(self) -> Sandbox:
@@ -286,16 +343,21 @@ class Process(_core.ProcessCore):
         return f"Process({self.id}, state={self.info.state if self.info else '?'})"
 
     def status(self) -> ProcessInfo:
+        """Reads the process's status again, keeps it (:attr:`info`) and returns it."""
         return self._run(self._track(self.sandbox._get_process_plan(self.id)))
 
     def wait(self, timeout: float | None = None) -> ProcessInfo:
-        """Blocks until the process exits (long-polls the agent); :class:`Timeout` after ``timeout``."""
+        """Waits until the process exits (long-polls of the agent) and returns its final status;
+        :class:`~orchard_env.Timeout` after ``timeout`` seconds (None: no limit)."""
         return self._run(self._wait_plan(timeout))
 
     def signal(self, signal: str | int = "TERM") -> ProcessInfo:
+        """Sends ``signal`` (a name such as ``"TERM"``, or a number) to the process's whole group and returns
+        its status."""
         return self._run(self._track(self.sandbox._signal_process_plan(self.id, signal)))
 
     def kill(self) -> ProcessInfo:
+        """SIGKILLs the process's group (if it runs), forgets the process and returns its final status."""
         return self._run(self._track(self.sandbox._kill_process_plan(self.id)))
 
 
@@ -346,37 +408,40 @@ class RolloutGroup(_core.GroupCore):
         return f"RolloutGroup({self.namespace}/{self.name})"
 
     def get(self) -> GroupResult:
+        """Reads the group again and returns it as a :class:`~orchard_env.GroupResult`."""
         return self._run(self._get_plan())
 
     def wait(self, timeout: float | None = None) -> GroupResult:
-        """Blocks until the group is recorded (``Complete``) or ``Failed``, with the gateway's
-        watch-driven wait (long-polls of up to 300 s in a loop); :class:`Timeout` after ``timeout``."""
+        """Waits until the group is recorded (``Complete``) or ``Failed`` and returns it, with the gateway's
+        watch-driven waits (long-polls of up to 300 s in a loop); :class:`~orchard_env.Timeout` after
+        ``timeout`` seconds (None: no limit)."""
         return self._run(self._wait_plan(timeout))
 
     def drive(
         self, episode: Callable[[Sandbox], EpisodeResult], *, concurrency: int | None = None,
         timeout: float | None = None, poll_interval: float = 1.0,
     ) -> GroupResult:
-        """Drives a trainer-driven group (its template has no ``run``): runs ``episode(sandbox)`` in a
-        worker thread for every trajectory Sandbox the controller launches, later strides included, as
-        each becomes Ready, at most ``concurrency`` at once (None: no limit but the stride), and records
-        what it returns with :meth:`Sandbox.record_result`: a number is the reward of a ``completed``
-        trajectory, a dict has the result's keys (``reward``, ``status``, ``length``, ``artifact``,
-        ``exitCode``, ``reason``, ``message``), or a :class:`~orchard_env.TrajectoryResult`. An episode
-        that raises becomes ``{"status": "aborted", "reason": "EpisodeFailed", "message": <the
-        exception>}``. Episodes run at most once per Sandbox UID and are never retried; a Sandbox that
-        fails or disappears before its episode starts is skipped (the controller records it aborted).
-        The handle given to ``episode`` heartbeats while the episode runs and is not deleted after it.
+        """Drives a trainer-driven group (its template has no ``run``): runs ``episode(sandbox)`` in a worker
+        thread for every trajectory Sandbox the controller launches, later strides included, as each becomes
+        Ready, at most ``concurrency`` at once (None: no limit but the stride), and records what it returns
+        with :meth:`Sandbox.record_result`: a number is the reward of a ``completed`` trajectory, a dict has
+        the result's keys (``reward``, ``status``, ``length``, ``artifact``, ``exitCode``, ``reason``,
+        ``message``), or a :class:`~orchard_env.TrajectoryResult`. An episode that raises becomes ``{"status":
+        "aborted", "reason": "EpisodeFailed", "message": <the exception>}``. Episodes run at most once per
+        Sandbox UID and are never retried; a Sandbox that fails or disappears before its episode starts is
+        skipped (the controller records it aborted). The handle given to ``episode`` heartbeats while the
+        episode runs and is not deleted after it.
 
-        Returns the recorded group once it is ``Complete`` (or ``Failed``), after the episodes still
-        running have returned (with ``earlyStop: Eager`` the controller deletes their Sandboxes, so
-        their calls fail fast). On any exception — ``KeyboardInterrupt``, :class:`Timeout` after
-        ``timeout`` seconds, a result that cannot be posted — deletes the group's trajectory Sandboxes
-        that have no result yet, then raises it."""
+        Returns the recorded group once it is ``Complete`` (or ``Failed``); the episodes still running then
+        are waited for (with ``earlyStop: Eager`` the controller deletes their Sandboxes, so their calls fail
+        fast). On any exception (``KeyboardInterrupt``, :class:`~orchard_env.Timeout` after ``timeout``
+        seconds, a result that cannot be posted) deletes the group's trajectory Sandboxes that have no result
+        yet, then raises it."""
         episodes = _EpisodeThreads(self, episode, concurrency)
         return self._run(self._drive_plan(episodes, concurrency, timeout, poll_interval))
 
     def delete(self) -> None:
+        """Deletes the group; the API server then deletes its trajectory Sandboxes (already gone is fine)."""
         self._run(self._delete_plan())
 
     def __enter__(self) -> RolloutGroup:
@@ -416,13 +481,27 @@ class SandboxClient(_Driver, _core.ClientCore):
         self, image: str | None = None, *, name: str | None = None, generate_name: str | None = None, namespace: str | None = None,
         labels: Mapping[str, str] | None = None, annotations: Mapping[str, str] | None = None, env: Mapping[str, str] | None = None,
         cpu: str | int | float | None = None, memory: str | None = None, ttl_seconds: int | None = None, heartbeat_timeout_seconds: int | None = None,
-        network: str | Mapping[str, Any] | None = None, spec: Mapping[str, Any] | None = None, wait: bool = True, wait_timeout: float | None = 300.0,
-        delete_on_exit: bool = True, auto_heartbeat: bool = True, direct: bool | None = None, **spec_fields: Any) -> Sandbox:
-        """Creates a sandbox from ``image`` (or a full ``spec``) and, with ``wait`` (default), blocks
-        until it is Ready. Other spec fields go as keywords (``working_dir=``, ``run=``,
-        ``startup=``, ``node_selector=``...); ``pool="name"`` claims a warm member of that
-        SandboxPool (no ``image`` needed: the pool's template gives it; ``when_pool_empty="Wait"``
-        waits for a member instead of starting cold). The handle deletes the sandbox when closed."""
+        network: str | Mapping[str, Any] | None = None, spec: Mapping[str, Any] | None = None, wait: bool = True,
+        wait_timeout: float | None = _ops.DEFAULT_WAIT_TIMEOUT, delete_on_exit: bool = True, auto_heartbeat: bool = True,
+        direct: bool | None = None, **spec_fields: Any) -> Sandbox:
+        """Creates a sandbox from ``image`` (or a full ``spec``) and, with ``wait`` (default), waits until
+        it is Ready. Returns its handle, a context manager: ``with client.create(...) as sbx:``.
+
+        Other spec fields go as keywords (``working_dir=``, ``run=``, ``startup=``, ``node_selector=``...);
+        ``pool="name"`` claims a warm member of that SandboxPool (no ``image`` needed: the pool's template
+        gives it; ``when_pool_empty="Wait"`` waits for a member instead of starting cold).
+
+        The wait returns early with :class:`~orchard_env.SandboxStalled` or
+        :class:`~orchard_env.SandboxFailed`, and gives up after ``wait_timeout`` seconds with
+        :class:`~orchard_env.Timeout` (see :meth:`wait_ready`); with ``delete_on_exit`` the sandbox is
+        deleted before the error is raised.
+
+        ``heartbeat_timeout_seconds`` (None: 600) is how long the sandbox lives without a heartbeat. The
+        open handle heartbeats every third of it (``auto_heartbeat``), so a sandbox outlives its trainer by
+        at most that; ``0`` turns the deadline off. A pool claim (``pool=``) gets no default: the pool
+        template's lifecycle applies. The TTL (``ttl_seconds``, else the operator's default, 2 h) ends
+        the sandbox whatever the heartbeats. With ``delete_on_exit`` the handle deletes the sandbox when
+        it is closed, when the interpreter exits and when the process gets SIGTERM."""
         plan = self._create_plan(
             namespace, wait=wait, wait_timeout=wait_timeout, delete_on_exit=delete_on_exit, auto_heartbeat=auto_heartbeat,
             direct=direct, image=image, name=name, generate_name=generate_name, labels=labels, annotations=annotations,
@@ -434,19 +513,23 @@ class SandboxClient(_Driver, _core.ClientCore):
         self, name: str, *, namespace: str | None = None, delete_on_exit: bool = False,
         auto_heartbeat: bool = True, direct: bool | None = None,
     ) -> Sandbox:
-        """A handle on an existing sandbox (not deleted on close unless ``delete_on_exit``)."""
+        """A handle on the existing sandbox ``name``. While open it heartbeats the sandbox
+        (``auto_heartbeat``, once the sandbox is Ready and has a heartbeat timeout); closing it deletes the
+        sandbox only with ``delete_on_exit``."""
         return self._run(self._connect_plan(name, namespace, delete_on_exit, auto_heartbeat, direct))
 
     def get(self, name: str, *, namespace: str | None = None) -> dict[str, Any]:
-        """The Sandbox object."""
+        """The Sandbox object ``name``, as ``kubectl get sandbox <name> -o json`` shows it
+        (:class:`~orchard_env.NotFound` if there is none)."""
         return self._run(self._get_plan(name, namespace))
 
     def list(self, *, label_selector: str | None = None, namespace: str | None = None) -> builtins.list[dict[str, Any]]:
-        """Sandboxes of the namespace (optionally filtered by a label selector)."""
+        """The Sandbox objects of the namespace, optionally only those matching ``label_selector``
+        (``"suite=sdk"``)."""
         return self._run(self._list_plan("sandboxes", label_selector, namespace))
 
     def delete(self, name: str, *, namespace: str | None = None) -> None:
-        """Deletes a sandbox by name."""
+        """Deletes the sandbox ``name`` (:class:`~orchard_env.NotFound` if there is none)."""
         self._run(self._delete_plan(name, namespace))
 
     # -- rollout groups -------------------------------------------------------------------------
@@ -458,13 +541,13 @@ class SandboxClient(_Driver, _core.ClientCore):
         cleanup: str | None = None, queue: str | None = None, active_deadline_seconds: int | None = None,
         name: str | None = None, generate_name: str | None = None, labels: Mapping[str, str] | None = None,
         namespace: str | None = None, delete_on_exit: bool = True) -> RolloutGroup:
-        """Creates a RolloutGroup whose trajectories run in sandboxes made from ``template`` (a
-        sandbox shorthand such as ``{"image": ..., "run": {"command": [...]}}``, or
-        ``{"metadata": ..., "spec": ...}``). ``queue`` names a RolloutQueue of the namespace: each stride
-        waits for its admission (phase ``Queued``) before launching. ``active_deadline_seconds`` is the
-        group's own deadline from its first admitted stride: trajectories still without an outcome then
-        are aborted (``DeadlineExceeded``) and the group is recorded from what finished. Returns at
-        once; call :meth:`RolloutGroup.wait`."""
+        """Creates a RolloutGroup whose trajectories run in sandboxes made from ``template`` (a sandbox
+        shorthand such as ``{"image": ..., "run": {"command": [...]}}``, or ``{"metadata": ..., "spec":
+        ...}``). ``queue`` names a RolloutQueue of the namespace: each stride waits for its admission (phase
+        ``Queued``) before launching. ``active_deadline_seconds`` is the group's own deadline from its first
+        admitted stride: trajectories still without an outcome then are aborted (``DeadlineExceeded``) and the
+        group is recorded from what finished. Returns the group's handle at once; call
+        :meth:`RolloutGroup.wait` or :meth:`RolloutGroup.drive`."""
         return self._run(self._create_group_plan(
             template, namespace, delete_on_exit, name=name, generate_name=generate_name, labels=labels,
             group_size=group_size, max_trajectories=max_trajectories, stride=stride, positive_fraction=positive_fraction,
@@ -472,16 +555,19 @@ class SandboxClient(_Driver, _core.ClientCore):
             queue=queue, active_deadline_seconds=active_deadline_seconds))
 
     def rollout_group(self, name: str, *, namespace: str | None = None, delete_on_exit: bool = False) -> RolloutGroup:
-        """A handle on an existing RolloutGroup."""
+        """A handle on the existing RolloutGroup ``name`` (no request is made); leaving its ``with`` block
+        deletes the group only with ``delete_on_exit``."""
         return RolloutGroup(self, name, namespace or self.namespace, delete_on_exit=delete_on_exit)
 
     def list_rollout_groups(self, *, label_selector: str | None = None, namespace: str | None = None) -> builtins.list[GroupResult]:
-        """RolloutGroups of the namespace."""
+        """The RolloutGroups of the namespace, optionally only those matching ``label_selector``."""
         return self._run(self._list_groups_plan(label_selector, namespace))
 
     # -- lifecycle --------------------------------------------------------------------------------
 
     def close(self) -> None:
+        """Closes the client's HTTP connections. Close the sandbox handles first: they use them (the exit
+        cleanup of handles still open does not)."""
         self._http.close()
 
     def __enter__(self) -> SandboxClient:

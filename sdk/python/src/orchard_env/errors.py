@@ -88,15 +88,63 @@ class GatewayUnreachable(AgentUnavailable):
 
 
 class Timeout(OrchardError, TimeoutError):
-    """504 or a client-side timeout: no answer in time (a wait, or an agent that stopped answering)."""
+    """504 or a client-side timeout: no answer in time (a wait, or an agent that stopped answering).
+
+    A sandbox wait that ran out (``create()``, ``wait_ready()``, or the gateway's 504 ``WaitTimeout``)
+    says where the sandbox was when last seen: :attr:`phase`, :attr:`reason` and
+    :attr:`condition_message` (the ``Stalled`` condition's when it is True, else the ``Ready``
+    condition's), also quoted in the message. They are None for other timeouts."""
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        phase: str | None = None,
+        reason: str | None = None,
+        condition_message: str | None = None,
+        status: int | None = None,
+        code: str | None = None,
+        retryable: bool = False,
+        body: Any = None,
+    ) -> None:
+        super().__init__(message, status=status, code=code, retryable=retryable, body=body)
+        fields = body if isinstance(body, dict) else {}
+        #: Phase of the sandbox when last seen (``Pending``, ``Starting``...).
+        self.phase: str | None = phase or _text(fields.get("phase"))
+        #: Reason of its ``Stalled`` condition (when True) or of its ``Ready`` condition.
+        self.reason: str | None = reason or _text(fields.get("reason"))
+        #: Message of that condition (the scheduler's "0/3 nodes are available...", the agent's wait...).
+        self.condition_message: str | None = condition_message or _text(fields.get("conditionMessage"))
 
 
 class SandboxFailed(OrchardError):
-    """The sandbox ended in phase Failed (``reason`` says why, e.g. ``ImagePullBackOff``)."""
+    """A wait found the sandbox in a phase it will not leave for Ready: ``Failed`` (also ``Succeeded``
+    or ``Expired``). :attr:`phase`, :attr:`reason` (e.g. ``ImagePullBackOff``, ``StartupTimeout``) and
+    :attr:`condition_message` say why; ``body`` is the Sandbox object."""
 
-    def __init__(self, message: str, *, reason: str | None = None, body: Any = None) -> None:
-        super().__init__(message, code="SandboxFailed", body=body)
+    def __init__(
+        self,
+        message: str,
+        *,
+        reason: str | None = None,
+        body: Any = None,
+        phase: str | None = None,
+        condition_message: str | None = None,
+    ) -> None:
+        super().__init__(message, code=type(self).__name__, body=body)
+        #: Phase of the sandbox (``Failed``, ``Succeeded``, ``Expired``; a stalled one's is usually ``Pending``).
+        self.phase = phase
+        #: Why, in CamelCase: ``status.reason``, or the ``Stalled`` condition's reason.
         self.reason = reason
+        #: The human-readable explanation: ``status.message``, or the ``Stalled`` condition's message.
+        self.condition_message = condition_message
+
+
+class SandboxStalled(SandboxFailed):
+    """A wait found the sandbox ``Stalled``: it cannot progress without outside help (a missing pool
+    ``PoolNotFound``, a template mismatch ``PoolTemplateMismatch``, a full quota ``QuotaExceeded``...).
+    It is not Failed (yet): fixing the cause lets it start. :attr:`reason` and :attr:`condition_message`
+    are the ``Stalled`` condition's."""
 
 
 class CommandFailed(OrchardError):
@@ -128,6 +176,11 @@ _BY_CODE: dict[str, type[OrchardError]] = {
     "NotReady": NotReady,
     "PatchConflict": PatchConflict,
 }
+
+
+def _text(value: Any) -> str | None:
+    """A non-empty string field of an error body, else None."""
+    return value if isinstance(value, str) and value else None
 
 
 def parse_body(content: bytes) -> Any:

@@ -21,6 +21,16 @@ class ExecResult:
     duration: float
     """Run time in seconds, measured by the agent."""
     signal: int | None = None
+    """Number of the signal that killed the command, if one did."""
+    oom_killed: bool = False
+    """True when the out-of-memory killer killed it: the sandbox's memory limit was reached (a resource
+    problem, not the command's fault; run it again with more ``memory``)."""
+    stdout_lossy: bool = False
+    """True when stdout was not valid UTF-8 and invalid bytes became U+FFFD (``output_encoding`` text)."""
+    stderr_lossy: bool = False
+    """True when stderr was not valid UTF-8 and invalid bytes became U+FFFD (``output_encoding`` text)."""
+    output_encoding: str = "text"
+    """How ``stdout`` and ``stderr`` are encoded: ``text`` (UTF-8) or ``base64`` (exact bytes)."""
     raw: dict[str, Any] = field(default_factory=dict, repr=False)
 
     @property
@@ -44,19 +54,28 @@ class ExecResult:
             stderr_truncated=bool(data.get("stderrTruncated")),
             duration=float(data.get("durationMs") or 0) / 1000.0,
             signal=data.get("signal"),
+            oom_killed=bool(data.get("oomKilled")),
+            stdout_lossy=bool(data.get("stdoutLossy")),
+            stderr_lossy=bool(data.get("stderrLossy")),
+            output_encoding=str(data.get("outputEncoding") or "text"),
             raw=data,
         )
 
 
 @dataclass(frozen=True)
 class ExecEvent:
-    """One event of a streamed command: ``started`` (pid), ``stdout``/``stderr`` (data) or ``exit``."""
+    """One event of a streamed command: ``started`` (pid), ``stdout``/``stderr`` (data) or ``exit``
+    (``exit_code``, ``signal``, ``timed_out``, ``oom_killed``)."""
 
     type: str
     data: str = ""
     pid: int | None = None
     exit_code: int | None = None
     timed_out: bool = False
+    signal: int | None = None
+    """``exit``: number of the signal that killed the command, if one did."""
+    oom_killed: bool = False
+    """``exit``: True when the out-of-memory killer killed the command."""
     raw: dict[str, Any] = field(default_factory=dict, repr=False)
 
     @classmethod
@@ -67,6 +86,8 @@ class ExecEvent:
             pid=data.get("pid"),
             exit_code=data.get("exitCode"),
             timed_out=bool(data.get("timedOut")),
+            signal=data.get("signal"),
+            oom_killed=bool(data.get("oomKilled")),
             raw=data,
         )
 
@@ -83,10 +104,15 @@ class ProcessInfo:
     stdout: str
     stderr: str
     timed_out: bool
+    signal: int | None = None
+    """Number of the signal that ended it, if one did."""
+    oom_killed: bool = False
+    """True when the out-of-memory killer killed it."""
     raw: dict[str, Any] = field(default_factory=dict, repr=False)
 
     @property
     def running(self) -> bool:
+        """Whether the process is still running."""
         return self.state == "running"
 
     @classmethod
@@ -99,6 +125,8 @@ class ProcessInfo:
             stdout=data.get("stdout", "") or "",
             stderr=data.get("stderr", "") or "",
             timed_out=bool(data.get("timedOut")),
+            signal=data.get("signal"),
+            oom_killed=bool(data.get("oomKilled")),
             raw=data,
         )
 
