@@ -68,15 +68,14 @@ pub fn split_reference(reference: &str) -> (&str, &str) {
 }
 
 /// The `--set` values that point the chart at the node's images, size it for the node, tell it the
-/// protected outside test host, and let the test process (on the host, outside the cluster) and the
-/// operator reach each other through the chart's NetworkPolicy: the gateway from the host's address,
-/// the API server on its port (pure). The node's pod range is not given: the operator reads it from
+/// protected outside test host, and let the test process (on the host, outside the cluster) reach the
+/// gateway through the chart's NetworkPolicy (pure; the API server listens on 6443, which the
+/// policy's defaults allow). The node's pod range is not given: the operator reads it from
 /// the Node (`sandboxEgress.discoverPodCidrs`).
 pub fn node_values(
     operator_image: &str,
     agent_image: &str,
     layout: &Layout,
-    api_port: u16,
     options: &ReleaseOptions,
 ) -> Vec<String> {
     let (repository, tag) = split_reference(operator_image);
@@ -97,7 +96,6 @@ pub fn node_values(
             "sandboxEgress.exceptCidrs={{169.254.169.254/32,fd00:ec2::254/128,168.63.129.16/32,100.100.100.200/32,fe80::/10,{}/32}}",
             layout.protected_ip
         ),
-        format!("networkPolicy.apiServer.ports={{{api_port}}}"),
     ];
     values.extend(options.values.iter().map(|(k, v)| format!("{k}={v}")));
     values
@@ -153,7 +151,6 @@ impl ChartRelease {
             &node.image("orchard-operator"),
             &node.image("orchard-agent"),
             layout,
-            env.control_plane.api_port(),
             options,
         ) {
             args.push("--set".into());
@@ -342,7 +339,6 @@ mod tests {
             "localhost:5000/orchard-operator:dev",
             "localhost:5000/orchard-agent:dev",
             &layout,
-            6443,
             &ReleaseOptions::default(),
         );
         assert!(
@@ -354,7 +350,6 @@ mod tests {
         assert!(values.contains(
             &"sandboxEgress.exceptCidrs={169.254.169.254/32,fd00:ec2::254/128,168.63.129.16/32,100.100.100.200/32,fe80::/10,10.251.3.2/32}".into()
         ));
-        assert!(values.contains(&"networkPolicy.apiServer.ports={6443}".into()));
         let json = node_json_values(&layout);
         assert!(
             json[0].starts_with("networkPolicy.gatewayFrom=["),

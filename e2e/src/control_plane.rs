@@ -67,6 +67,9 @@ pub const NODE_USERS: &[(&str, &str)] = &[
     ("system:kube-router", ""),
 ];
 
+/// The port kube-apiserver serves on with a real node (on that run's own host address).
+pub const REAL_NODE_API_PORT: u16 = 6443;
+
 /// Where kube-apiserver listens and whether it serves a real kubelet.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct PlaneOptions {
@@ -176,7 +179,15 @@ impl ControlPlane {
         std::fs::create_dir_all(dir.join("logs"))?;
         std::fs::create_dir_all(dir.join("pki"))?;
         let ports = free_ports(3)?;
-        let (etcd_port, peer_port, api_port) = (ports[0], ports[1], ports[2]);
+        // A real node's API server listens on an address of its own run, on 6443 as kubeadm's and
+        // kind's do: the chart's defaults (its NetworkPolicy's API server ports) then fit as they
+        // would on a user's cluster.
+        let (etcd_port, peer_port) = (ports[0], ports[1]);
+        let api_port = if options.real_node {
+            REAL_NODE_API_PORT
+        } else {
+            ports[2]
+        };
         let mut users: Vec<(&str, &str)> = USERS
             .iter()
             .map(|u| (*u, if *u == "admin" { "system:masters" } else { "" }))

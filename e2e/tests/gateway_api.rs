@@ -730,8 +730,9 @@ async fn waits_end_early_on_a_stalled_sandbox_and_say_why_when_they_time_out() {
             json!({"name": "waiting", "pool": "empty", "whenPoolEmpty": "Wait"}),
         )
         .await;
+    // Past the operator's 10 s window in which a young sandbox's transient status is not written.
     let timed_out = alice
-        .get(&sandbox_path(&ns, &waiting, "/wait?timeoutSeconds=2"))
+        .get(&sandbox_path(&ns, &waiting, "/wait?timeoutSeconds=15"))
         .await;
     assert_eq!(timed_out.status, 504, "{timed_out:?}");
     assert_eq!(timed_out.code(), "WaitTimeout");

@@ -116,9 +116,18 @@ async fn the_api_servers_addresses_are_followed_and_only_answering_ones_are_cana
         .await
         .expect("listen");
     let port = first_listener.local_addr().expect("address").port();
-    let _second_listener = tokio::net::TcpListener::bind((second, port))
+    let second_listener = tokio::net::TcpListener::bind((second, port))
         .await
         .expect("listen on the same port");
+    // Both answer every connection for the test's length (a listener that never accepts stops
+    // answering once its backlog is full, which would look like an enforced policy).
+    let listeners = [first_listener, second_listener].map(|listener| {
+        tokio::spawn(async move {
+            while let Ok((connection, _)) = listener.accept().await {
+                drop(connection);
+            }
+        })
+    });
     let slices: Api<EndpointSlice> = Api::namespaced(client.clone(), "default");
     slices
         .create(&PostParams::default(), &slice(&[first], port))
@@ -251,6 +260,8 @@ async fn the_api_servers_addresses_are_followed_and_only_answering_ones_are_cana
         .delete("kubernetes", &DeleteParams::default())
         .await
         .expect("delete the slice");
-    drop(first_listener);
+    for listener in listeners {
+        listener.abort();
+    }
     env.delete_namespace(&ns).await;
 }

@@ -773,11 +773,13 @@ pub fn desired_status(sandbox: &Sandbox, observed: &Observed) -> SandboxStatus {
         _ => Progress::Settled,
     };
     let (ready_reason, ready_message) = if ready_now {
-        ("SandboxReady", String::new())
+        ("SandboxReady".to_string(), String::new())
     } else if !scheduled {
-        ("NotScheduled", scheduled_message.clone())
+        // The Scheduled condition's own reason (`WaitingForPoolMember`, `QuotaExceeded`, the
+        // scheduler's `Unschedulable`, ...) says more than "not scheduled".
+        (scheduled_reason.clone(), scheduled_message.clone())
     } else {
-        (agent_reason, agent_message.clone())
+        (agent_reason.to_string(), agent_message.clone())
     };
     status.conditions = merge_conditions(
         &previous.conditions,
