@@ -6,7 +6,8 @@
 use std::time::Duration;
 
 use k8s_openapi::api::core::v1::Pod;
-use kube::api::{Api, ListParams, PostParams};
+use kube::ResourceExt;
+use kube::api::{Api, ListParams, Patch, PatchParams, PostParams};
 use orchard_e2e::env::TestEnv;
 use orchard_e2e::test_support::rollouts::{
     GROUP_TIMEOUT, assert_each_trajectory_once, assert_matches_engine, check_outcomes, group,
@@ -57,17 +58,29 @@ async fn queued_and_running_groups_survive_an_operator_crash() {
             .await
             .expect("create group");
     }
-    wait::poll("eight trajectory pods", Duration::from_secs(60), || async {
+    let running_before = wait::poll("eight trajectory pods", Duration::from_secs(60), || async {
         let list = pods.list(&ListParams::default().labels(LABEL)).await.ok()?;
-        (list.items.len() == 8).then_some(())
+        (list.items.len() == 8).then(|| pod_names(&list.items))
     })
     .await;
     env.operator().kill();
-    tokio::time::sleep(Duration::from_secs(2)).await;
+    // While no operator runs, the queue's status is made to say nothing runs and nothing waits: the
+    // values the restarted operator writes can then only come from a recount, not from the status the
+    // killed operator wrote before the kill.
+    queues
+        .patch_status(
+            "slots",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"status": {
+                "runningTrajectories": 0, "waitingGroups": 0, "waitingTrajectories": 0,
+                "waiting": null, "oldestWaitingSince": null}})),
+        )
+        .await
+        .expect("clear the queue's status");
     env.operator().restart().await.expect("restart");
 
     // The restarted operator recounts: its status shows the 8 pods that exist and the 2 groups that
-    // wait, before the running trajectories finish.
+    // wait, while the trajectories that ran before the kill still run (the same 8 pods).
     let recounted = wait::until(
         &queues,
         "slots",
@@ -83,9 +96,13 @@ async fn queued_and_running_groups_survive_an_operator_crash() {
         .list(&ListParams::default().labels(LABEL))
         .await
         .expect("list pods")
-        .items
-        .len();
-    assert_eq!(live, 8, "{:?}", recounted.status);
+        .items;
+    assert_eq!(
+        pod_names(&live),
+        running_before,
+        "recounted while the first strides ran: {:?}",
+        recounted.status
+    );
 
     for (g, seed) in seeds.iter().enumerate() {
         let name = format!("r{g}");
@@ -101,4 +118,10 @@ async fn queued_and_running_groups_survive_an_operator_crash() {
         "never more than 8 pods of the queue at once, saw {seen}"
     );
     env.delete_namespace(&ns).await;
+}
+
+fn pod_names(pods: &[Pod]) -> Vec<String> {
+    let mut names: Vec<String> = pods.iter().map(|p| p.name_any()).collect();
+    names.sort();
+    names
 }
