@@ -284,16 +284,14 @@ async fn huge_output_is_capped_without_growing_memory() {
     let out = agent
         .exec(json!({"command": "head -c 400000000 /dev/zero; head -c 300000000 /dev/zero >&2; echo done >&2", "timeoutSeconds": 120}))
         .await;
-    let elapsed = started.elapsed();
+    // Drained to the end within the command's time-out (how fast is `make bench-agent`'s business).
+    eprintln!("700 MB of output drained in {:?}", started.elapsed());
+    assert_eq!(out["timedOut"], false, "{}", out["stderr"]);
     assert_eq!(out["exitCode"], 0);
     assert_eq!(out["stdoutTruncated"], true);
     assert_eq!(out["stderrTruncated"], true);
     assert_eq!(out["stdout"].as_str().unwrap().len(), 4 * 1024 * 1024);
     assert_eq!(out["stderr"].as_str().unwrap().len(), 4 * 1024 * 1024);
-    assert!(
-        elapsed < Duration::from_secs(60),
-        "700 MB of output took {elapsed:?}"
-    );
 
     let out = agent
         .exec(json!({"command": "head -c 1000 /dev/zero | tr '\\0' a", "maxOutputBytes": 10}))
