@@ -10,11 +10,11 @@ use kube::ResourceExt;
 use kube::api::{Api, ListParams, Patch, PatchParams, PostParams};
 use orchard_e2e::env::TestEnv;
 use orchard_e2e::test_support::rollouts::{
-    GROUP_TIMEOUT, assert_each_trajectory_once, assert_matches_engine, check_outcomes, group,
-    is_complete, reward_script, template, watch_pod_peak,
+    GROUP_TIMEOUT, Recorded, assert_each_trajectory_once, assert_matches_engine, assert_recorded,
+    check_outcomes, group, is_complete, reward_script, template, watch_pod_peak,
 };
 use orchard_e2e::wait;
-use orchard_operator::api::{RolloutGroup, RolloutQueue};
+use orchard_operator::api::{RolloutGroup, RolloutQueue, Selection};
 use serde_json::json;
 
 const LABEL: &str = "orchard.dev/rollout-queue=slots";
@@ -41,6 +41,14 @@ async fn queued_and_running_groups_survive_an_operator_crash() {
     let groups: Api<RolloutGroup> = Api::namespaced(client.clone(), &ns);
     let pass = 50;
     let seeds: Vec<u64> = (0..4).map(|g| 500 + g * 13).collect();
+    // Recorded from a run of this test for these seeds (`Recorded`): a change means BAR's choice
+    // changed.
+    let recorded: [&[&str]; 4] = [
+        &["r0-0", "r0-2", "r0-4", "r0-3"],
+        &["r1-0", "r1-2", "r1-1", "r1-3"],
+        &["r2-0", "r2-2", "r2-1", "r2-3"],
+        &["r3-0", "r3-2", "r3-1", "r3-3"],
+    ];
     for (g, seed) in seeds.iter().enumerate() {
         groups
             .create(
@@ -111,6 +119,14 @@ async fn queued_and_running_groups_survive_an_operator_crash() {
         assert_each_trajectory_once(&status);
         check_outcomes(&status, *seed, pass, |_| false);
         assert_matches_engine(&done);
+        assert_recorded(
+            &done,
+            &Recorded {
+                selection: Selection::Balanced,
+                positives: 2,
+                members: recorded[g],
+            },
+        );
     }
     let seen = most.lock().expect("lock").most;
     assert!(
