@@ -294,6 +294,12 @@ bench-queue: k8s agent ## 64 RolloutGroups at once, without and with a RolloutQu
 	ORCHARD_OPERATOR_BIN=$(abspath $(TARGET_DIR))/release/orchard-operator \
 		$(TARGET_DIR)/release/bench-queue --write-doc docs/BENCHMARKS.md
 
+.PHONY: bench-lifecycle
+bench-lifecycle: k8s agent ## heartbeat expiry lateness of 100 sandboxes at once, leader takeover after a kill and a cut, operator writes per sandbox; 3 rounds on the hollow node; writes docs/BENCHMARKS.md
+	$(CARGO) build --release -p orchard-operator -p orchard-e2e --bins -j 2
+	ORCHARD_OPERATOR_BIN=$(abspath $(TARGET_DIR))/release/orchard-operator \
+		$(TARGET_DIR)/release/bench-lifecycle --write-doc docs/BENCHMARKS.md
+
 .PHONY: bench-real
 bench-real: k8s agent node-images ## the hollow and the real node side by side (1 at a time, 50 at once, 200 with execs; 3 rounds, setups rotating), then warm-pool claims against cold starts (bench-pool); writes docs/BENCHMARKS.md
 	$(CARGO) build --release -p orchard-operator -p orchard-e2e --bins -j 2
@@ -303,7 +309,7 @@ bench-real: k8s agent node-images ## the hollow and the real node side by side (
 		$(TARGET_DIR)/release/bench-pool --write-doc docs/BENCHMARKS.md
 
 .PHONY: bench
-bench: bench-agent bench-gateway bench-callgrind bench-bar bench-scale bench-queue bench-real ## every benchmark (numbers go to docs/BENCHMARKS.md and docs/BAR.md)
+bench: bench-agent bench-gateway bench-callgrind bench-bar bench-scale bench-queue bench-lifecycle bench-real ## every benchmark (numbers go to docs/BENCHMARKS.md and docs/BAR.md)
 
 # ---------------------------------------------------------------------------------------------------
 # GitOps and observability (issue 18, docs/OPERATIONS.md). kstatus (sigs.k8s.io/cli-utils), luahealth

@@ -1,7 +1,9 @@
 //! API writes one sandbox costs from create to delete, counted by the operator itself
 //! (`orchard_api_writes_total`) over batches of sandboxes (applied with the API, and created through
-//! the gateway) in an otherwise idle cluster. The number is
-//! reported in docs/CONTROLLER.md; the assertion guards against regressions.
+//! the gateway) in an otherwise idle cluster. The test holds each to a bound that leaves room for
+//! one status write more than the design's three (a sandbox slower to become Ready than the
+//! coalescing window writes its Pending phase too); the measured figure is `make bench-lifecycle`'s
+//! (docs/BENCHMARKS.md, docs/CONTROLLER.md).
 
 use std::time::Duration;
 
@@ -16,6 +18,9 @@ use orchard_operator::api::Sandbox;
 use serde_json::json;
 
 const SANDBOXES: usize = 10;
+/// More writes than this per sandbox lifecycle is a regression, not noise: the Pod, at most two
+/// status writes (three with a slow start) and, through the gateway, the Sandbox itself.
+const WRITE_BOUND: f64 = 4.0;
 
 /// Creates `SANDBOXES` sandboxes (through the gateway with `gateway`, else with kubectl's API calls),
 /// waits until all are Ready, deletes them and waits for their pods to go; answers the operator's API
@@ -130,12 +135,12 @@ async fn a_sandbox_lifecycle_costs_a_handful_of_writes() {
         "no event for a sandbox that simply worked: {reasons:?}"
     );
     assert!(
-        applied <= 3.0,
-        "a sandbox lifecycle costs {applied:.2} operator writes (budget: 3)"
+        applied <= WRITE_BOUND,
+        "a sandbox lifecycle costs {applied:.2} operator writes (bound: {WRITE_BOUND})"
     );
     assert!(
-        through_gateway <= 3.0,
-        "a gateway sandbox's lifecycle costs {through_gateway:.2} operator writes (budget: 3)"
+        through_gateway <= WRITE_BOUND,
+        "a gateway sandbox's lifecycle costs {through_gateway:.2} operator writes (bound: {WRITE_BOUND})"
     );
     env.delete_namespace(&ns).await;
 }

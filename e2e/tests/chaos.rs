@@ -11,12 +11,12 @@ use kube::ResourceExt;
 use kube::api::{Api, DeleteParams, ListParams, PostParams};
 use orchard_e2e::env::TestEnv;
 use orchard_e2e::test_support::rollouts::{
-    GROUP_TIMEOUT, assert_matches_engine, check_outcomes, children, group, is_complete,
-    reward_script, template,
+    GROUP_TIMEOUT, Recorded, assert_matches_engine, assert_recorded, check_outcomes, children,
+    group, is_complete, reward_script, template,
 };
 use orchard_e2e::test_support::sandboxes::{is_ready, sandbox};
 use orchard_e2e::wait;
-use orchard_operator::api::{RolloutGroup, Sandbox};
+use orchard_operator::api::{RolloutGroup, Sandbox, Selection};
 use serde_json::json;
 
 const SANDBOXES: usize = 40;
@@ -148,5 +148,14 @@ async fn every_object_reaches_its_end_state_across_operator_crashes() {
     );
     check_outcomes(&status, seed, pass, |_| false);
     assert_matches_engine(&done);
+    // Recorded from a run of this test for its fixed seed (`Recorded`): a change means BAR's choice changed.
+    assert_recorded(
+        &done,
+        &Recorded {
+            selection: Selection::Balanced,
+            positives: 2,
+            members: &["chaotic-2", "chaotic-1", "chaotic-3", "chaotic-0"],
+        },
+    );
     env.delete_namespace(&ns).await;
 }

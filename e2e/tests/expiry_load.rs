@@ -1,5 +1,7 @@
-//! Heartbeat expiry precision under load: many sandboxes whose deadlines fall within a few seconds of
-//! each other, each deleted at its `expiresAt`. Prints the lateness distribution (docs/RELIABILITY.md).
+//! Heartbeat expiry under load: many sandboxes whose deadlines fall within a few seconds of each
+//! other, each deleted at its `expiresAt`: never before it, and each within a bound a user would call
+//! broken (10 s late). Prints the lateness distribution; the measurement with the machine's load and
+//! several rounds is `make bench-lifecycle` (docs/BENCHMARKS.md).
 
 use std::collections::HashMap;
 use std::time::Duration;
@@ -15,6 +17,8 @@ use orchard_operator::api::Sandbox;
 use serde_json::json;
 
 const SANDBOXES: usize = 100;
+/// Later than this after its deadline, a sandbox's expiry is broken (not slow).
+const BROKEN_LATENESS: f64 = 10.0;
 
 fn percentile(sorted: &[f64], p: f64) -> f64 {
     let rank = ((p / 100.0) * (sorted.len() as f64 - 1.0)).round() as usize;
@@ -86,10 +90,15 @@ async fn expiry_is_precise_under_load() {
     println!(
         "expiry lateness over {SANDBOXES} sandboxes (deletion seen by a watch - expiresAt): min {min:.3} s, p50 {p50:.3} s, p99 {p99:.3} s, max {max:.3} s"
     );
+    // The watch sees a deletion after it happened: seen before its deadline, it was early.
     assert!(
-        min >= -0.05,
-        "a sandbox was deleted {min:.3} s before its deadline"
+        min >= 0.0,
+        "a sandbox was deleted {:.3} s before its deadline",
+        -min
     );
-    assert!(p99 <= 1.0, "p99 lateness {p99:.3} s exceeds 1 s");
+    assert!(
+        max <= BROKEN_LATENESS,
+        "a sandbox was deleted {max:.3} s after its deadline (broken beyond {BROKEN_LATENESS} s)"
+    );
     env.delete_namespace(&ns).await;
 }

@@ -124,28 +124,37 @@ async fn slow_and_silent_clients_are_disconnected_after_the_header_timeout() {
     .await;
     let addr = gateway_addr(&operator);
 
+    // Correctness bounds, not speed: not closed before the 2 s timeout, closed long before "never"
+    // (the silent one within 12 s; the trickling one before its 15 s of header bytes are all sent).
     let started = Instant::now();
     let mut silent = TcpStream::connect(&addr).await.expect("connect");
     let mut trickle = TcpStream::connect(&addr).await.expect("connect");
+    let header = b"GET /healthz HTTP/1.1\r\nHost: gateway\r\nX-Slow: aaaaaaaaaaaaaaaaaaaaaaaa";
     let trickler = tokio::spawn(async move {
         // One header byte every 300 ms: always sending, never done.
-        for byte in b"GET /healthz HTTP/1.1\r\nHost: gateway\r\nX-Slow: aaaaaaaaaaaaaaaaaaaaaaaa" {
+        let mut sent = 0;
+        for byte in header {
             if trickle.write_all(&[*byte]).await.is_err() {
                 break;
             }
+            sent += 1;
             tokio::time::sleep(Duration::from_millis(300)).await;
         }
-        trickle
+        (trickle, sent)
     });
     assert!(
-        closed_within(&mut silent, Duration::from_secs(6))
+        closed_within(&mut silent, Duration::from_secs(12))
             .await
             .is_some(),
-        "a connection that sends nothing is still open after 6 s"
+        "a connection that sends nothing is still open after 12 s"
     );
     let silent_closed = started.elapsed();
-    let mut trickle = trickler.await.expect("trickler");
+    let (mut trickle, sent) = trickler.await.expect("trickler");
     let trickle_closed = started.elapsed();
+    assert!(
+        sent < header.len(),
+        "the trickling client sent all {sent} header bytes ({trickle_closed:?}) without being cut"
+    );
     assert!(
         closed_within(&mut trickle, Duration::from_secs(1))
             .await
@@ -153,12 +162,8 @@ async fn slow_and_silent_clients_are_disconnected_after_the_header_timeout() {
         "a connection trickling headers is still open"
     );
     assert!(
-        silent_closed >= Duration::from_millis(1900) && silent_closed < Duration::from_secs(5),
-        "silent connection closed after {silent_closed:?}"
-    );
-    assert!(
-        trickle_closed < Duration::from_secs(5),
-        "trickling connection closed after {trickle_closed:?}"
+        silent_closed >= Duration::from_millis(1900),
+        "silent connection closed after {silent_closed:?}, before the 2 s timeout"
     );
     eprintln!("silent closed after {silent_closed:?}, trickling after {trickle_closed:?}");
 

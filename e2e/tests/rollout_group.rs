@@ -9,8 +9,8 @@ use kube::ResourceExt;
 use kube::api::{Api, PostParams};
 use orchard_e2e::env::TestEnv;
 use orchard_e2e::test_support::rollouts::{
-    GROUP_TIMEOUT, assert_matches_engine, check_outcomes, children, group, is_complete,
-    reward_script, template,
+    GROUP_TIMEOUT, Recorded, assert_matches_engine, assert_recorded, check_outcomes, children,
+    group, is_complete, reward_script, template,
 };
 use orchard_e2e::wait;
 use orchard_operator::api::{RolloutGroup, RolloutPhase, Selection, TrajectoryStatus};
@@ -66,6 +66,15 @@ async fn a_group_with_a_seeded_pass_rate_completes_balanced() {
     );
     check_outcomes(&status, seed, pass, |_| false);
     assert_matches_engine(&done);
+    // Recorded from a run of this test for its fixed seed (`Recorded`): a change means BAR's choice changed.
+    assert_recorded(
+        &done,
+        &Recorded {
+            selection: Selection::Balanced,
+            positives: 2,
+            members: &["prompt-1-0", "prompt-1-2", "prompt-1-4", "prompt-1-3"],
+        },
+    );
     // Cleanup Keep: the children stay, one per launched trajectory, each with its result.
     let kids = children(&client, &ns, "prompt-1").await;
     assert_eq!(
@@ -109,6 +118,14 @@ async fn a_group_where_every_trajectory_fails_is_dropped() {
     );
     assert_eq!(status.negative_trajectories, 8);
     assert_matches_engine(&done);
+    assert_recorded(
+        &done,
+        &Recorded {
+            selection: Selection::Dropped,
+            positives: 0,
+            members: &[],
+        },
+    );
     // cleanup: Delete (the default) removes the trajectory sandboxes; the status keeps the outcomes.
     wait::poll("children deleted", Duration::from_secs(60), || async {
         children(&client, &ns, "hopeless")
@@ -160,6 +177,15 @@ async fn aborting_runners_are_backfill() {
         status.trajectories_launched
     );
     assert_matches_engine(&done);
+    // Recorded from a run of this test for its fixed seed (`Recorded`): a change means BAR's choice changed.
+    assert_recorded(
+        &done,
+        &Recorded {
+            selection: Selection::Balanced,
+            positives: 2,
+            members: &["flaky-0", "flaky-2", "flaky-3", "flaky-6"],
+        },
+    );
     env.delete_namespace(&ns).await;
 }
 

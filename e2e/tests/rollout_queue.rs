@@ -16,11 +16,11 @@ use kube::api::{Api, Patch, PatchParams, PostParams};
 use kube::runtime::watcher;
 use orchard_e2e::env::{EnvOptions, TestEnv};
 use orchard_e2e::test_support::rollouts::{
-    GROUP_TIMEOUT, assert_matches_engine, check_outcomes, group, is_complete, reward_script,
-    template, wait_queue_idle, watch_pod_peak,
+    GROUP_TIMEOUT, Recorded, assert_matches_engine, assert_recorded, check_outcomes, group,
+    is_complete, reward_script, template, wait_queue_idle, watch_pod_peak,
 };
 use orchard_e2e::wait;
-use orchard_operator::api::{RolloutGroup, RolloutQueue, Sandbox, TrajectoryStatus};
+use orchard_operator::api::{RolloutGroup, RolloutQueue, Sandbox, Selection, TrajectoryStatus};
 use serde_json::json;
 
 /// The startup timeout of this binary's operator: the quota test waits longer than this.
@@ -95,6 +95,52 @@ async fn six_groups_share_sixteen_slots_fairly_and_get_their_own_groups() {
     // A 20 % pass rate: a stride of 8 rarely holds 3-5 positives, so most groups need both strides.
     let pass = 20;
     let seeds: Vec<u64> = (0..6).map(|g| 1_000 + g * 77).collect();
+    // Recorded from a run of this test for these seeds (`Recorded`): a change means BAR's choice
+    // changed.
+    let recorded = [
+        Recorded {
+            selection: Selection::Balanced,
+            positives: 3,
+            members: &[
+                "p0-10", "p0-9", "p0-12", "p0-11", "p0-14", "p0-13", "p0-15", "p0-0",
+            ],
+        },
+        Recorded {
+            selection: Selection::Balanced,
+            positives: 3,
+            members: &[
+                "p1-6", "p1-5", "p1-7", "p1-0", "p1-2", "p1-1", "p1-4", "p1-3",
+            ],
+        },
+        Recorded {
+            selection: Selection::Relaxed,
+            positives: 2,
+            members: &[
+                "p2-4", "p2-3", "p2-6", "p2-5", "p2-8", "p2-7", "p2-12", "p2-11",
+            ],
+        },
+        Recorded {
+            selection: Selection::Balanced,
+            positives: 3,
+            members: &[
+                "p3-0", "p3-2", "p3-1", "p3-4", "p3-3", "p3-6", "p3-5", "p3-7",
+            ],
+        },
+        Recorded {
+            selection: Selection::Balanced,
+            positives: 4,
+            members: &[
+                "p4-14", "p4-13", "p4-15", "p4-0", "p4-2", "p4-1", "p4-4", "p4-10",
+            ],
+        },
+        Recorded {
+            selection: Selection::Relaxed,
+            positives: 2,
+            members: &[
+                "p5-12", "p5-11", "p5-14", "p5-13", "p5-15", "p5-0", "p5-6", "p5-5",
+            ],
+        },
+    ];
     for (g, seed) in seeds.iter().enumerate() {
         groups
             .create(
@@ -118,6 +164,7 @@ async fn six_groups_share_sixteen_slots_fairly_and_get_their_own_groups() {
         let status = done.status.clone().expect("status");
         check_outcomes(&status, *seed, pass, |_| false);
         assert_matches_engine(&done);
+        assert_recorded(&done, &recorded[g]);
         assert!(
             status
                 .trajectories
@@ -237,6 +284,15 @@ async fn a_quota_smaller_than_a_stride_makes_trajectories_wait_not_abort() {
     let status = done.status.clone().expect("status");
     check_outcomes(&status, seed, pass, |_| false);
     assert_matches_engine(&done);
+    // Recorded from a run of this test for its fixed seed (`Recorded`): a change means BAR's choice changed.
+    assert_recorded(
+        &done,
+        &Recorded {
+            selection: Selection::Balanced,
+            positives: 2,
+            members: &["squeezed-0", "squeezed-2", "squeezed-1", "squeezed-3"],
+        },
+    );
     env.delete_namespace(&ns).await;
 }
 
@@ -305,6 +361,15 @@ async fn a_group_deleted_mid_stride_frees_its_slots() {
         .expect("delete first");
     let done = wait::until(&groups, "second", "Complete", GROUP_TIMEOUT, is_complete).await;
     assert_matches_engine(&done);
+    // Recorded from a run of this test for its fixed seed (`Recorded`): a change means BAR's choice changed.
+    assert_recorded(
+        &done,
+        &Recorded {
+            selection: Selection::Balanced,
+            positives: 2,
+            members: &["second-0", "second-2", "second-1", "second-3"],
+        },
+    );
     wait_queue_idle(&queues, "small").await;
     env.delete_namespace(&ns).await;
 }

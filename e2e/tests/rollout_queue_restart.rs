@@ -6,14 +6,15 @@
 use std::time::Duration;
 
 use k8s_openapi::api::core::v1::Pod;
-use kube::api::{Api, ListParams, PostParams};
+use kube::ResourceExt;
+use kube::api::{Api, ListParams, Patch, PatchParams, PostParams};
 use orchard_e2e::env::TestEnv;
 use orchard_e2e::test_support::rollouts::{
-    GROUP_TIMEOUT, assert_each_trajectory_once, assert_matches_engine, check_outcomes, group,
-    is_complete, reward_script, template, watch_pod_peak,
+    GROUP_TIMEOUT, Recorded, assert_each_trajectory_once, assert_matches_engine, assert_recorded,
+    check_outcomes, group, is_complete, reward_script, template, watch_pod_peak,
 };
 use orchard_e2e::wait;
-use orchard_operator::api::{RolloutGroup, RolloutQueue};
+use orchard_operator::api::{RolloutGroup, RolloutQueue, Selection};
 use serde_json::json;
 
 const LABEL: &str = "orchard.dev/rollout-queue=slots";
@@ -40,6 +41,14 @@ async fn queued_and_running_groups_survive_an_operator_crash() {
     let groups: Api<RolloutGroup> = Api::namespaced(client.clone(), &ns);
     let pass = 50;
     let seeds: Vec<u64> = (0..4).map(|g| 500 + g * 13).collect();
+    // Recorded from a run of this test for these seeds (`Recorded`): a change means BAR's choice
+    // changed.
+    let recorded: [&[&str]; 4] = [
+        &["r0-0", "r0-2", "r0-4", "r0-3"],
+        &["r1-0", "r1-2", "r1-1", "r1-3"],
+        &["r2-0", "r2-2", "r2-1", "r2-3"],
+        &["r3-0", "r3-2", "r3-1", "r3-3"],
+    ];
     for (g, seed) in seeds.iter().enumerate() {
         groups
             .create(
@@ -57,17 +66,29 @@ async fn queued_and_running_groups_survive_an_operator_crash() {
             .await
             .expect("create group");
     }
-    wait::poll("eight trajectory pods", Duration::from_secs(60), || async {
+    let running_before = wait::poll("eight trajectory pods", Duration::from_secs(60), || async {
         let list = pods.list(&ListParams::default().labels(LABEL)).await.ok()?;
-        (list.items.len() == 8).then_some(())
+        (list.items.len() == 8).then(|| pod_names(&list.items))
     })
     .await;
     env.operator().kill();
-    tokio::time::sleep(Duration::from_secs(2)).await;
+    // While no operator runs, the queue's status is made to say nothing runs and nothing waits: the
+    // values the restarted operator writes can then only come from a recount, not from the status the
+    // killed operator wrote before the kill.
+    queues
+        .patch_status(
+            "slots",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"status": {
+                "runningTrajectories": 0, "waitingGroups": 0, "waitingTrajectories": 0,
+                "waiting": null, "oldestWaitingSince": null}})),
+        )
+        .await
+        .expect("clear the queue's status");
     env.operator().restart().await.expect("restart");
 
     // The restarted operator recounts: its status shows the 8 pods that exist and the 2 groups that
-    // wait, before the running trajectories finish.
+    // wait, while the trajectories that ran before the kill still run (the same 8 pods).
     let recounted = wait::until(
         &queues,
         "slots",
@@ -83,9 +104,13 @@ async fn queued_and_running_groups_survive_an_operator_crash() {
         .list(&ListParams::default().labels(LABEL))
         .await
         .expect("list pods")
-        .items
-        .len();
-    assert_eq!(live, 8, "{:?}", recounted.status);
+        .items;
+    assert_eq!(
+        pod_names(&live),
+        running_before,
+        "recounted while the first strides ran: {:?}",
+        recounted.status
+    );
 
     for (g, seed) in seeds.iter().enumerate() {
         let name = format!("r{g}");
@@ -94,6 +119,14 @@ async fn queued_and_running_groups_survive_an_operator_crash() {
         assert_each_trajectory_once(&status);
         check_outcomes(&status, *seed, pass, |_| false);
         assert_matches_engine(&done);
+        assert_recorded(
+            &done,
+            &Recorded {
+                selection: Selection::Balanced,
+                positives: 2,
+                members: recorded[g],
+            },
+        );
     }
     let seen = most.lock().expect("lock").most;
     assert!(
@@ -101,4 +134,10 @@ async fn queued_and_running_groups_survive_an_operator_crash() {
         "never more than 8 pods of the queue at once, saw {seen}"
     );
     env.delete_namespace(&ns).await;
+}
+
+fn pod_names(pods: &[Pod]) -> Vec<String> {
+    let mut names: Vec<String> = pods.iter().map(|p| p.name_any()).collect();
+    names.sort();
+    names
 }

@@ -8,11 +8,11 @@ use kube::ResourceExt;
 use kube::api::{Api, PostParams};
 use orchard_e2e::env::TestEnv;
 use orchard_e2e::test_support::rollouts::{
-    GROUP_TIMEOUT, assert_each_trajectory_once, assert_matches_engine, check_outcomes, children,
-    group, is_complete, reward_script, template,
+    GROUP_TIMEOUT, Recorded, assert_each_trajectory_once, assert_matches_engine, assert_recorded,
+    check_outcomes, children, group, is_complete, reward_script, template,
 };
 use orchard_e2e::wait;
-use orchard_operator::api::RolloutGroup;
+use orchard_operator::api::{RolloutGroup, Selection};
 use serde_json::json;
 
 #[tokio::test]
@@ -66,5 +66,14 @@ async fn a_group_survives_an_operator_crash_without_duplicate_trajectories() {
     );
     check_outcomes(&status, seed, pass, |_| false);
     assert_matches_engine(&done);
+    // Recorded from a run of this test for its fixed seed (`Recorded`): a change means BAR's choice changed.
+    assert_recorded(
+        &done,
+        &Recorded {
+            selection: Selection::Balanced,
+            positives: 2,
+            members: &["crashy-7", "crashy-0", "crashy-2", "crashy-4"],
+        },
+    );
     env.delete_namespace(&ns).await;
 }

@@ -181,24 +181,32 @@ async fn huge_body_at_the_default_limit_is_413() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn concurrent_execs_do_not_serialize() {
+    // 32 commands that each wait until all 32 have started: run one after another, the first would
+    // wait for the others until its time-out. No clock is read.
     let agent = std::sync::Arc::new(Agent::start());
-    let started = std::time::Instant::now();
+    let barrier = agent.root.path().join("barrier");
+    std::fs::create_dir_all(&barrier).unwrap();
     let mut tasks = Vec::new();
-    for _ in 0..32 {
+    for i in 0..32 {
         let agent = std::sync::Arc::clone(&agent);
+        let command = format!(
+            "touch {dir}/{i}; while [ $(ls {dir} | wc -l) -lt 32 ]; do sleep 0.05; done",
+            dir = barrier.display()
+        );
         tasks.push(tokio::spawn(async move {
-            agent.exec(json!({"argv": ["sleep", "0.5"]})).await
+            agent
+                .exec(json!({"command": command, "timeoutSeconds": 60}))
+                .await
         }));
     }
     for task in tasks {
-        assert_eq!(task.await.unwrap()["exitCode"], 0);
+        let out = task.await.unwrap();
+        assert_eq!(
+            (out["exitCode"].as_i64(), out["timedOut"].as_bool()),
+            (Some(0), Some(false)),
+            "a command waited for the others until its time-out: {out}"
+        );
     }
-    let elapsed = started.elapsed();
-    // Serialized, this would take 16 s; generous bound for a loaded 2-core machine.
-    assert!(
-        elapsed < std::time::Duration::from_secs(6),
-        "32 concurrent sleeps took {elapsed:?}"
-    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -284,16 +284,14 @@ async fn huge_output_is_capped_without_growing_memory() {
     let out = agent
         .exec(json!({"command": "head -c 400000000 /dev/zero; head -c 300000000 /dev/zero >&2; echo done >&2", "timeoutSeconds": 120}))
         .await;
-    let elapsed = started.elapsed();
+    // Drained to the end within the command's time-out (how fast is `make bench-agent`'s business).
+    eprintln!("700 MB of output drained in {:?}", started.elapsed());
+    assert_eq!(out["timedOut"], false, "{}", out["stderr"]);
     assert_eq!(out["exitCode"], 0);
     assert_eq!(out["stdoutTruncated"], true);
     assert_eq!(out["stderrTruncated"], true);
     assert_eq!(out["stdout"].as_str().unwrap().len(), 4 * 1024 * 1024);
     assert_eq!(out["stderr"].as_str().unwrap().len(), 4 * 1024 * 1024);
-    assert!(
-        elapsed < Duration::from_secs(60),
-        "700 MB of output took {elapsed:?}"
-    );
 
     let out = agent
         .exec(json!({"command": "head -c 1000 /dev/zero | tr '\\0' a", "maxOutputBytes": 10}))
@@ -489,11 +487,22 @@ async fn total_output_budget_truncates_concurrent_execs() {
     );
     assert_eq!(second["stdoutTruncated"], true);
     assert_eq!(second["exitCode"], 0, "truncation never fails the command");
-    // Both responses were sent (their bodies are dropped a moment later): the budget is whole again.
-    tokio::time::sleep(Duration::from_millis(200)).await;
-    let third = agent
-        .exec(json!({"command": "head -c 60000 /dev/zero | tr '\\0' c"}))
-        .await;
-    assert_eq!(third["stdout"].as_str().map(str::len), Some(60000));
-    assert_eq!(third["stdoutTruncated"], false);
+    // Both responses arrived; the agent gives their bytes back when it drops the bodies it sent, a
+    // moment later. Once it has, a 60 KB capture gets through whole: tried until it does (a budget
+    // never given back would truncate it for ever).
+    let deadline = Instant::now() + Duration::from_secs(15);
+    loop {
+        let third = agent
+            .exec(json!({"command": "head -c 60000 /dev/zero | tr '\\0' c"}))
+            .await;
+        if third["stdoutTruncated"] == false {
+            assert_eq!(third["stdout"].as_str().map(str::len), Some(60000));
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the budget was not given back: {third}"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
 }

@@ -3,7 +3,9 @@
 use std::time::Duration;
 
 use kube::api::{Api, ListParams};
-use orchard_api::{RolloutGroup, RolloutGroupStatus, Sandbox, TrajectoryRecord, TrajectoryStatus};
+use orchard_api::{
+    RolloutGroup, RolloutGroupStatus, Sandbox, Selection, TrajectoryRecord, TrajectoryStatus,
+};
 use orchard_bar::{self as bar, Progress, Step};
 use orchard_operator::rollout::observe::bar_trajectory;
 use orchard_operator::rollout::params::bar_params;
@@ -129,6 +131,40 @@ pub fn assert_matches_engine(group: &RolloutGroup) {
     assert_eq!(
         status.positives,
         Some(i32::try_from(decision.positives).expect("positives"))
+    );
+}
+
+/// The group BAR chose for a test's fixed seed, written down as literals from a run of that test.
+///
+/// [`assert_matches_engine`] replays the same engine with the operator's own conversions
+/// (`bar_params`, `bar_trajectory`), so a bug in either shows up on both sides and passes; a recorded
+/// group does not move with the code. The seeds are fixed and the runners' outcomes are a pure
+/// function of the seed and the trajectory index, so the group is too. When one of these changes,
+/// BAR's choice for that seed changed: find out why (the engine's reference tests in
+/// `bar/src/reference_tests.rs` say whether the engine is still right) before recording it again.
+#[derive(Debug, Clone, Copy)]
+pub struct Recorded<'a> {
+    /// `status.selection`.
+    pub selection: Selection,
+    /// `status.positives`.
+    pub positives: i32,
+    /// `status.group`'s member names, in rank order.
+    pub members: &'a [&'a str],
+}
+
+/// Asserts `group` recorded exactly `expected` (selection, positives, members in rank order).
+pub fn assert_recorded(group: &RolloutGroup, expected: &Recorded<'_>) {
+    let name = group.metadata.name.as_deref().unwrap_or_default();
+    let status = group.status.as_ref().expect("status");
+    let members: Vec<&str> = status.group.iter().map(|m| m.name.as_str()).collect();
+    assert_eq!(
+        (status.selection, status.positives, members.as_slice()),
+        (
+            Some(expected.selection),
+            Some(expected.positives),
+            expected.members
+        ),
+        "group {name}: BAR's choice for this seed, recorded from an earlier run, changed (see `Recorded`)"
     );
 }
 

@@ -244,21 +244,26 @@ def test_drive_refuses_groups_whose_template_runs_a_command() -> None:
 
 def test_an_interrupted_drive_deletes_the_unfinished_trajectories() -> None:
     fake = FakeGateway()
-    started = threading.Event()
-    # Ctrl-C arrives while the driver waits on the group, once g-0 has its result and g-3 runs.
-    fake.interrupt = lambda: started.is_set() and "g-0" in fake.results
+    running: set[str] = set()
+    release = threading.Event()
+    # Ctrl-C arrives while the driver waits on the group, once g-0 has its result and g-1..g-3 run.
+    # They hold until the drive was interrupted, so they are still running then however slow the
+    # machine is (no episode length to race against).
+    fake.interrupt = lambda: {"g-1", "g-2", "g-3"} <= running and "g-0" in fake.results
 
     def episode(sandbox: Sandbox) -> float:
         if sandbox.name == "g-0":
             return 1.0
-        if sandbox.name == "g-3":
-            started.set()
-        time.sleep(0.2)
+        running.add(sandbox.name)
+        release.wait(60)
         return 0.0
 
     with sync_client(fake) as client, pytest.raises(KeyboardInterrupt):
-        client.rollout_group(GROUP).drive(episode, poll_interval=0.05)
-    assert started.is_set()
+        try:
+            client.rollout_group(GROUP).drive(episode, poll_interval=0.05, timeout=60)
+        finally:
+            release.set()
+    assert running == {"g-1", "g-2", "g-3"}
     assert "g-0" not in fake.deleted, "a trajectory with a result is left alone"
     assert sorted(fake.deleted) == ["g-1", "g-2", "g-3"], "the running ones are deleted"
 
