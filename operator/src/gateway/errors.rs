@@ -34,8 +34,8 @@ pub struct ErrorBody {
 pub struct ApiError {
     /// HTTP status.
     pub status: StatusCode,
-    /// JSON body.
-    pub body: ErrorBody,
+    /// JSON body (boxed: errors travel in `Result`s on every request path, and should stay small).
+    pub body: Box<ErrorBody>,
     /// `Retry-After` seconds, sent as that header when set.
     pub retry_after: Option<u64>,
 }
@@ -45,14 +45,14 @@ impl ApiError {
     pub fn new(status: StatusCode, code: &str, message: impl Into<String>) -> Self {
         Self {
             status,
-            body: ErrorBody {
+            body: Box::new(ErrorBody {
                 code: code.to_string(),
                 message: message.into(),
                 retryable: false,
                 phase: None,
                 reason: None,
                 condition_message: None,
-            },
+            }),
             retry_after: None,
         }
     }

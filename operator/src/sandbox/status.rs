@@ -160,9 +160,9 @@ fn startup_timeout_message(
         "; the pod's events: `kubectl get events -n {namespace} --field-selector involvedObject.name={pod}`; the limit is Helm value sandboxDefaults.startupTimeoutSeconds (--startup-timeout-seconds)"
     ));
     if gated {
-        message.push_str(&format!(
-            "; the agent serves only once the sandbox's NetworkPolicies are enforced, which never happens in a cluster without a NetworkPolicy enforcer: install one, or set Helm value sandboxEgress.awaitEnforcement=false (--await-policy-enforcement=false)"
-        ));
+        message.push_str(
+            "; the agent serves only once the sandbox's NetworkPolicies are enforced, which never happens in a cluster without a NetworkPolicy enforcer: install one, or set Helm value sandboxEgress.awaitEnforcement=false (--await-policy-enforcement=false)",
+        );
     }
     message
 }
