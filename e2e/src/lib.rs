@@ -16,6 +16,7 @@ pub mod cluster_process;
 pub mod config_reference;
 pub mod control_plane;
 pub mod crds;
+pub mod doc_blocks;
 pub mod docs;
 pub mod env;
 pub mod error;

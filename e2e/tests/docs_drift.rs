@@ -1,7 +1,8 @@
 //! Documentation that must follow the code and the chart, with no cluster: the Grafana dashboard
 //! queries only metrics docs/METRICS.md documents, every metric the operator registers is documented
-//! there, and the values reference of docs/CONFIGURATION.md is what `make docs` generates from
-//! values.yaml (the test only compares; it never writes the file).
+//! there, the values reference of docs/CONFIGURATION.md is what `make docs` generates from
+//! values.yaml (the test only compares; it never writes the file), and every code block of the user
+//! docs is run by a test or marked illustrative with the reason (`orchard_e2e::doc_blocks`).
 
 use std::collections::BTreeSet;
 
@@ -131,4 +132,37 @@ fn configuration_reference_is_generated_from_values_yaml() {
          expected table:\n{}",
         doc.table
     );
+}
+
+/// The user documentation whose code blocks a reader pastes.
+const USER_DOCS: &[&str] = &[
+    "README.md",
+    "docs/QUICKSTART.md",
+    "docs/SDK.md",
+    "docs/TRAINERS.md",
+    "docs/INSTALL.md",
+    "docs/POOLS.md",
+];
+
+/// The documents a test runs whole, block by block (they need no markers), and that test.
+const RUN_WHOLE: &[(&str, &str)] = &[("docs/QUICKSTART.md", "e2e/tests/docs_run.rs")];
+
+#[test]
+fn every_code_block_of_the_user_docs_is_run_by_a_test_or_says_why_not() {
+    let root = workspace_root();
+    let mut problems = Vec::new();
+    for doc in USER_DOCS {
+        let text = std::fs::read_to_string(root.join(doc)).expect("doc");
+        if let Some((_, test)) = RUN_WHOLE.iter().find(|(whole, _)| whole == doc) {
+            let runner = std::fs::read_to_string(root.join(test)).unwrap_or_default();
+            assert!(runner.contains(doc), "{test} does not read {doc}");
+            continue;
+        }
+        problems.extend(orchard_e2e::doc_blocks::unaccounted(doc, &text, |path| {
+            // The test named must exist and read this document.
+            std::fs::read_to_string(root.join(path))
+                .is_ok_and(|test| test.contains(doc.rsplit('/').next().unwrap_or(doc)))
+        }));
+    }
+    assert!(problems.is_empty(), "{}", problems.join("\n"));
 }

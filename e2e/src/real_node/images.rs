@@ -32,6 +32,24 @@ pub fn tag_of(name: &str) -> &'static str {
     }
 }
 
+/// Further names an image is pushed under (pure): the operator's and agent's images also under the
+/// version the chart names by default (so a chart installed with only `image.repository` set pulls
+/// them), and stand-ins for the public images the user docs name, under their Docker Hub paths
+/// (`library/...`, which the node's containerd mirrors to its registry): busybox for
+/// `busybox:1.36`, the Debian image (python3 and git) for `python:3.11` and `python:3.12-slim`.
+pub fn aliases(name: &str) -> Vec<String> {
+    let version = env!("CARGO_PKG_VERSION");
+    match name {
+        "orchard-operator" | "orchard-agent" => vec![format!("{name}:{version}")],
+        "busybox" => vec!["library/busybox:1.36".to_string()],
+        "debian-python" => vec![
+            "library/python:3.11".to_string(),
+            "library/python:3.12-slim".to_string(),
+        ],
+        _ => Vec::new(),
+    }
+}
+
 /// Images in the node's registry: name -> reference pods use.
 #[derive(Debug, Clone, Default)]
 pub struct Pushed(BTreeMap<String, String>);
@@ -112,6 +130,14 @@ pub async fn push(init_pid: u32, crane: &Path, images: &[Built]) -> Result<Pushe
             &crane,
             &["push", &layout, &target],
         )?;
+        for alias in aliases(&image.name) {
+            exec_in_node(
+                init_pid,
+                &format!("pushing image {} as {alias}", image.name),
+                &crane,
+                &["copy", &target, &format!("{REGISTRY}/{alias}")],
+            )?;
+        }
         pushed.insert(
             image.name.clone(),
             format!("{IMAGE_HOST}/{}:{}", image.name, tag_of(&image.name)),
@@ -123,6 +149,17 @@ pub async fn push(init_pid: u32, crane: &Path, images: &[Built]) -> Result<Pushe
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn public_names_the_docs_use_have_stand_ins() {
+        assert_eq!(aliases("busybox"), vec!["library/busybox:1.36"]);
+        assert!(aliases("debian-python").contains(&"library/python:3.12-slim".to_string()));
+        assert_eq!(
+            aliases("orchard-operator"),
+            vec![format!("orchard-operator:{}", env!("CARGO_PKG_VERSION"))]
+        );
+        assert!(aliases("probe").is_empty());
+    }
 
     #[test]
     fn built_images_are_read_from_the_scripts_output() {

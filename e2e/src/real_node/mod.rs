@@ -519,6 +519,13 @@ fn write_configs(layout: &Layout, plane: &ControlPlane) -> Result<()> {
         &format!("containerd/certs.d/{IMAGE_HOST}/hosts.toml"),
         layout::registry_hosts(),
     )?;
+    // Docker Hub names (`busybox:1.36`) resolve to the node's registry too, which holds stand-ins
+    // for the public images the user docs name (`images::aliases`): pod traffic never leaves the
+    // machine.
+    write(
+        "containerd/certs.d/docker.io/hosts.toml",
+        layout::registry_hosts(),
+    )?;
     write(
         "cni/net.d/10-orchard.conflist",
         serde_json::to_string_pretty(&layout::cni_conflist(layout)).unwrap_or_default(),

@@ -51,6 +51,18 @@ pub fn sdk_python() -> PathBuf {
     venv.join("bin/python")
 }
 
+/// The wheels of the SDK's dependencies and build backend that `venv.sh` keeps (after running it), for
+/// a pip without an index.
+pub fn wheelhouse() -> PathBuf {
+    sdk_python();
+    std::env::var("ORCHARD_WHEELHOUSE")
+        .map(PathBuf::from)
+        .unwrap_or_else(|_| {
+            PathBuf::from(std::env::var("HOME").unwrap_or_else(|_| "/root".into()))
+                .join(".cache/orchard/wheels")
+        })
+}
+
 /// What pytest did.
 pub struct SdkRun {
     /// Its exit status, when it failed.

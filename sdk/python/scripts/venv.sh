@@ -31,4 +31,14 @@ if [[ "$installed" != "$here/src/orchard_env/__init__.py" ]]; then
   # setuptools from the venv (no build isolation: no download at install time).
   "$venv/bin/pip" install --quiet --disable-pip-version-check --no-deps --no-build-isolation -e "$here"
 fi
-echo "sdk venv ready: $venv (${pins[*]} ${extras[*]}, orchard-env from $here)"
+# Wheels of the SDK's dependencies and build backend, for installs without an index (docs/QUICKSTART.md's
+# `pip install ./sdk/python` in a fresh venv, run by e2e/tests/docs_run.rs with PIP_NO_INDEX).
+wheels="${ORCHARD_WHEELHOUSE:-$HOME/.cache/orchard/wheels}"
+wheel_pins=(httpx==0.28.1 setuptools==84.2.1)
+if [[ "$(cat "$wheels/.pins" 2>/dev/null)" != "${wheel_pins[*]}" ]]; then
+  rm -rf "$wheels"
+  mkdir -p "$wheels"
+  "$venv/bin/pip" download --quiet --disable-pip-version-check -c "$constraints" --dest "$wheels" "${wheel_pins[@]}"
+  echo "${wheel_pins[*]}" > "$wheels/.pins"
+fi
+echo "sdk venv ready: $venv (${pins[*]} ${extras[*]}, orchard-env from $here; wheels in $wheels)"
