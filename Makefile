@@ -151,7 +151,7 @@ test-unit: ## unit tests of the BAR engine and simulator, the API types (CEL rul
 	$(CARGO) test -p orchard-bench-support -j 2
 
 .PHONY: e2e
-e2e: k8s agent node-images operator-image obs-tools ## end-to-end tests on the local cluster (real control plane; the hollow node, and the real node for real_node*)
+e2e: k8s agent node-images operator-image dist-release obs-tools ## end-to-end tests on the local cluster (real control plane; the hollow node, and the real node for real_node*)
 	$(CARGO) build -p orchard-operator -p orchard-e2e --bins -j 2
 	$(CARGO) test -p orchard-e2e --tests -j 2 -- --test-threads=2
 
@@ -237,7 +237,7 @@ manifests-check: obs-tools ## CRD copies, helm lint, helm template + kustomize r
 # layouts) are cached and not rebuilt on a second run. `make e2e` installs dist-release on the real node.
 DIST := dist
 # cargo-cyclonedx (CycloneDX's own Cargo plugin: the workspace's resolved Cargo.lock graph per crate,
-# dev-dependencies excluded), pinned into ~/.cache/orchard/cargo-cyclonedx (cold build ~5 min, once).
+# dev-dependencies excluded), pinned into ~/.cache/orchard/cargo-cyclonedx (cold build ~3 min on 2 cores, once).
 CARGO_CYCLONEDX_VERSION := 0.5.9
 CARGO_CYCLONEDX_ROOT := $(HOME)/.cache/orchard/cargo-cyclonedx
 
