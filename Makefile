@@ -127,11 +127,16 @@ node-deps: ## install the real node's Debian packages (runc, CNI plugins, iptabl
 node-tools: ## build containerd 2.4, its runc shim, ctr and crane from pinned Go modules into ~/.cache (once)
 	@e2e/node-tools/build.sh
 
-.PHONY: operator-image
-operator-image: node-tools agent node-bins ## the operator image for the real node: a static (glibc crt-static) release operator assembled with crane
+STATIC_OPERATOR_BIN := $(TARGET_DIR)/$(HOST_TRIPLE)/release/orchard-operator
+
+.PHONY: static-operator
+static-operator: ## build the static (glibc crt-static) release operator that goes into the operator image
 	RUSTFLAGS="-C target-feature=+crt-static" $(CARGO) build --release -p orchard-operator --bin orchard-operator --target $(HOST_TRIPLE)
+
+.PHONY: operator-image
+operator-image: node-tools agent node-bins static-operator ## the operator image for the real node: a static (glibc crt-static) release operator assembled with crane
 	@e2e/node-tools/images.sh agent=$(AGENT_BIN) pause=$(NODE_BIN_DIR)/orchard-pause probe=$(NODE_BIN_DIR)/orchard-probe \
-		operator=$(TARGET_DIR)/$(HOST_TRIPLE)/release/orchard-operator
+		operator=$(STATIC_OPERATOR_BIN)
 
 .PHONY: node-images
 node-images: node-deps node-tools agent node-bins ## build the real node's images with crane (Debian+python3+git, busybox, a static probe, pause, the agent) into ~/.cache/orchard/images
@@ -146,7 +151,7 @@ test-unit: ## unit tests of the BAR engine and simulator, the API types (CEL rul
 	$(CARGO) test -p orchard-bench-support -j 2
 
 .PHONY: e2e
-e2e: k8s agent node-images operator-image obs-tools ## end-to-end tests on the local cluster (real control plane; the hollow node, and the real node for real_node*)
+e2e: k8s agent node-images operator-image dist-release obs-tools ## end-to-end tests on the local cluster (real control plane; the hollow node, and the real node for real_node*)
 	$(CARGO) build -p orchard-operator -p orchard-e2e --bins -j 2
 	$(CARGO) test -p orchard-e2e --tests -j 2 -- --test-threads=2
 
@@ -223,6 +228,55 @@ helm-lint: ## helm lint --strict the chart with default values and ci/full-value
 .PHONY: manifests-check
 manifests-check: obs-tools ## CRD copies, helm lint, helm template + kustomize renders, kubeconform -strict (k8s 1.36 + CRDs)
 	@hack/manifests-check.sh
+
+# A release a user installs elsewhere (docs/INSTALL.md, "Install from a release"): `make dist` writes
+# dist/ (gitignored): the chart archive, the operator and agent images (docker save-style tarball and
+# OCI image layout archive, built by images.sh from the static binaries), CycloneDX SBOMs, the Python
+# SDK's sdist and wheel, and checksums.txt over all of them. x86_64 (linux/amd64) only. Each step
+# rewrites its own files; the expensive parts (the binaries, the tools, the Python venvs, the image
+# layouts) are cached and not rebuilt on a second run. `make e2e` installs dist-release on the real node.
+DIST := dist
+# cargo-cyclonedx (CycloneDX's own Cargo plugin: the workspace's resolved Cargo.lock graph per crate,
+# dev-dependencies excluded), pinned into ~/.cache/orchard/cargo-cyclonedx (cold build ~3 min on 2 cores, once).
+CARGO_CYCLONEDX_VERSION := 0.5.9
+CARGO_CYCLONEDX_ROOT := $(HOME)/.cache/orchard/cargo-cyclonedx
+
+.PHONY: sbom-tools
+sbom-tools: ## install cargo-cyclonedx 0.5.9 (pinned) into ~/.cache/orchard/cargo-cyclonedx (once)
+	@if $(CARGO_CYCLONEDX_ROOT)/bin/cargo-cyclonedx cyclonedx --version 2>/dev/null | grep -qF '$(CARGO_CYCLONEDX_VERSION)'; then \
+		echo "cargo-cyclonedx $(CARGO_CYCLONEDX_VERSION) present in $(CARGO_CYCLONEDX_ROOT)"; \
+	else $(CARGO) install --locked --root $(CARGO_CYCLONEDX_ROOT) cargo-cyclonedx --version $(CARGO_CYCLONEDX_VERSION); fi
+
+.PHONY: dist-chart
+dist-chart: ## dist/orchard-env-VERSION.tgz: helm package, chart version and appVersion = the workspace version
+	@mkdir -p $(DIST) && rm -f $(DIST)/orchard-env-*.tgz
+	@helm=$$($(PACKAGING_TOOLS) | tail -n 1)/helm; \
+	$$helm package $(CHART) --version $(VERSION) --app-version $(VERSION) --destination $(DIST)
+
+.PHONY: dist-images
+dist-images: node-tools agent static-operator ## dist/images/orchard-{operator,agent}-VERSION.tar (docker save-style) and .oci.tar (OCI layout), checked
+	@rm -rf $(DIST)/images
+	@e2e/node-tools/images.sh release=$(DIST)/images agent=$(AGENT_BIN) operator=$(STATIC_OPERATOR_BIN) >/dev/null
+
+.PHONY: dist-release
+dist-release: dist-chart dist-images ## the chart archive and the images of dist/: what in_cluster.rs installs on the real node
+
+.PHONY: dist-sbom
+dist-sbom: sbom-tools ## dist/sbom/orchard-{operator,agent}-VERSION.cdx.json: CycloneDX SBOMs of the shipped Rust programs
+	@rm -f $(DIST)/sbom/orchard-operator-*.cdx.json $(DIST)/sbom/orchard-agent-*.cdx.json
+	@hack/sbom-rust.sh $(CARGO_CYCLONEDX_ROOT)/bin/cargo-cyclonedx $(DIST)/sbom
+
+.PHONY: dist-sdk
+dist-sdk: ## dist/orchard_env-VERSION.tar.gz and -py3-none-any.whl (python -m build, twine check), dist/sbom/orchard-env-python-VERSION.cdx.json
+	@sdk_version=$$(sed -n 's/^__version__ = "\(.*\)"/\1/p' sdk/python/src/orchard_env/_version.py); \
+	[ "$$sdk_version" = "$(VERSION)" ] || { echo "make dist: the SDK is version $$sdk_version, the workspace $(VERSION)" >&2; exit 1; }
+	@bash sdk/python/scripts/dist.sh $(DIST) $(DIST)/sbom >/dev/null
+
+.PHONY: dist
+dist: dist-chart dist-images dist-sbom dist-sdk ## the release in dist/: chart .tgz, images, SBOMs, SDK wheel and sdist, checksums.txt (docs/INSTALL.md)
+	@$${ORCHARD_DIST_VENV:-$(HOME)/.cache/orchard/dist-venv}/bin/python hack/sbom-validate.py $(DIST)/sbom/*.cdx.json
+	@cd $(DIST) && find . -type f ! -name checksums.txt | sed 's|^\./||' | LC_ALL=C sort | xargs sha256sum > checksums.txt
+	@cd $(DIST) && sha256sum --quiet -c checksums.txt && echo "$(DIST)/checksums.txt: $$(wc -l < checksums.txt) files" && cat checksums.txt
 
 .PHONY: image
 image: ## build the operator and agent-injector images (needs docker with a reachable daemon)

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # `make manifests-check`: the install manifests are what we say they are, with no cluster needed.
-#  1. the CRD copies in the chart and in config/crd/bases are byte-identical to the generated crds/;
+#  1. the CRD copies in the chart and in config/crd/bases are byte-identical to the generated crds/, and
+#     the LICENSE copies in the chart and the Python SDK to LICENSE;
 #  2. `helm lint --strict` of the chart with default values and with ci/full-values.yaml;
 #  3. renders: helm template (default, full values), kubectl kustomize (config/default,
 #     config/overlays/ha, config/samples), written to $ORCHARD_MANIFESTS_OUT (default: a temp dir);
@@ -38,6 +39,12 @@ for crd in crds/*.yaml; do
 done
 for copy in "$chart"/files/crds/*.yaml config/crd/bases/*.yaml; do
   [ -f "crds/$(basename "$copy")" ] || { echo "$copy has no source in crds/: run 'make sync-crds'" >&2; exit 1; }
+done
+
+echo "--- LICENSE copies match LICENSE"
+# Helm and PEP 639 read no file outside the chart's or the SDK's directory: each ships a copy.
+for copy in "$chart/LICENSE" sdk/python/LICENSE; do
+  cmp -s LICENSE "$copy" || { echo "$copy differs from LICENSE: cp LICENSE $copy" >&2; exit 1; }
 done
 
 echo "--- helm lint"

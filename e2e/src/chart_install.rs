@@ -1,7 +1,9 @@
-//! The operator installed by its own Helm chart (`charts/orchard-env`) on the real node: the operator
-//! image built here (`make operator-image`), pulled by the kubelet like any image, run under the
-//! chart's securityContext, RBAC and probes, with leader election between its replicas. The gateway is
-//! reached through its Service (kube-proxy) or `kubectl port-forward`.
+//! The operator installed by its own Helm chart on the real node, pulled by the kubelet like any image,
+//! run under the chart's securityContext, RBAC and probes, with leader election between its replicas.
+//! The chart and images come either from the workspace (`charts/orchard-env`, `make operator-image`) or
+//! from a release (`make dist`: the packaged chart and the image tarballs, pushed into the node's
+//! registry with `crane push` as docs/INSTALL.md tells users). The gateway is reached through its
+//! Service (kube-proxy) or `kubectl port-forward`.
 
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
@@ -24,9 +26,72 @@ const GATEWAY_SERVICE_TIMEOUT: std::time::Duration = std::time::Duration::from_s
 pub const OPERATOR_SELECTOR: &str =
     "app.kubernetes.io/name=orchard-operator,app.kubernetes.io/instance=orchard";
 
+/// The files of a `make dist` release that an install uses.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DistRelease {
+    /// The workspace version the release was built at: the chart's version and appVersion, and the
+    /// images' tag.
+    pub version: String,
+    /// `orchard-env-<version>.tgz` (`helm package`).
+    pub chart: PathBuf,
+    /// `images/orchard-operator-<version>.tar` (docker save-style, `crane push` takes it as it is).
+    pub operator_image: PathBuf,
+    /// `images/orchard-agent-<version>.tar`.
+    pub agent_image: PathBuf,
+}
+
+impl DistRelease {
+    /// The release of `version` in directory `dir`, named as `make dist` names its files (pure).
+    pub fn in_dir(dir: &Path, version: &str) -> Self {
+        let image = |name: &str| dir.join("images").join(format!("{name}-{version}.tar"));
+        Self {
+            version: version.to_string(),
+            chart: dir.join(format!("orchard-env-{version}.tgz")),
+            operator_image: image("orchard-operator"),
+            agent_image: image("orchard-agent"),
+        }
+    }
+
+    /// This workspace's `dist/` at the workspace's version.
+    pub fn of_workspace() -> Self {
+        Self::in_dir(&workspace_root().join("dist"), env!("CARGO_PKG_VERSION"))
+    }
+
+    /// The release's files that do not exist, if any, as an error saying what writes them.
+    pub fn check_present(&self) -> Result<()> {
+        let missing: Vec<String> = [&self.chart, &self.operator_image, &self.agent_image]
+            .into_iter()
+            .filter(|path| !path.is_file())
+            .map(|path| path.display().to_string())
+            .collect();
+        if missing.is_empty() {
+            return Ok(());
+        }
+        Err(E2eError::Setup(format!(
+            "the release {} is incomplete, missing {}: run `make dist-release` (make e2e does) or `make dist`",
+            self.version,
+            missing.join(", ")
+        )))
+    }
+}
+
+/// Where the chart and the images of a release come from.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ReleaseSource {
+    /// `charts/orchard-env` and the node's own images (`make operator-image`, tag `dev`), both named
+    /// with their tags.
+    Workspace,
+    /// A release written by `make dist`: its images pushed into the node's registry under the
+    /// release's version, its packaged chart installed with image repositories only (the tags default
+    /// to the chart's appVersion, as for a user).
+    Dist(DistRelease),
+}
+
 /// What to install.
 #[derive(Debug, Clone)]
 pub struct ReleaseOptions {
+    /// Where the chart and the images come from.
+    pub source: ReleaseSource,
     /// Namespace of the release (created by helm).
     pub namespace: String,
     /// Operator replicas.
@@ -40,6 +105,7 @@ pub struct ReleaseOptions {
 impl Default for ReleaseOptions {
     fn default() -> Self {
         Self {
+            source: ReleaseSource::Workspace,
             namespace: "orchard-system".into(),
             replicas: 2,
             lease_seconds: 6,
@@ -55,6 +121,10 @@ pub struct ChartRelease {
     pub namespace: String,
     /// Fullname of the chart's objects (Deployment, Lease, Services: `orchard-operator`).
     pub fullname: String,
+    /// The operator image the pods run (`localhost:5000/orchard-operator:<tag>`).
+    pub operator_image: String,
+    /// The agent image sandboxes get (`localhost:5000/orchard-agent:<tag>`).
+    pub agent_image: String,
     kubeconfig: PathBuf,
     helm: PathBuf,
 }
@@ -67,24 +137,33 @@ pub fn split_reference(reference: &str) -> (&str, &str) {
     }
 }
 
-/// The `--set` values that point the chart at the node's images, size it for the node, tell it the
-/// protected outside test host, and let the test process (on the host, outside the cluster) reach the
-/// gateway through the chart's NetworkPolicy (pure; the API server listens on 6443, which the
-/// policy's defaults allow). The node's pod range is not given: the operator reads it from
-/// the Node (`sandboxEgress.discoverPodCidrs`).
-pub fn node_values(
+/// The `--set` values naming the images: each repository, and each tag unless it is `app_version`,
+/// the chart's appVersion the tags default to (a release's images carry it; a user sets only the
+/// repositories) (pure).
+pub fn image_values(
     operator_image: &str,
     agent_image: &str,
-    layout: &Layout,
-    options: &ReleaseOptions,
+    app_version: Option<&str>,
 ) -> Vec<String> {
-    let (repository, tag) = split_reference(operator_image);
-    let (agent_repository, agent_tag) = split_reference(agent_image);
-    let mut values = vec![
-        format!("image.repository={repository}"),
-        format!("image.tag={tag}"),
-        format!("agentImage.repository={agent_repository}"),
-        format!("agentImage.tag={agent_tag}"),
+    let mut values = Vec::new();
+    for (key, reference) in [("image", operator_image), ("agentImage", agent_image)] {
+        let (repository, tag) = split_reference(reference);
+        values.push(format!("{key}.repository={repository}"));
+        if app_version != Some(tag) {
+            values.push(format!("{key}.tag={tag}"));
+        }
+    }
+    values
+}
+
+/// The `--set` values that point the chart at the node's images ([`image_values`]), size it for the
+/// node and tell it the protected outside test host (pure; the test process reaches the gateway from
+/// the host through [`node_json_values`], and the API server listens on 6443, which the chart's
+/// NetworkPolicy allows by default). The node's pod range is not given: the operator reads it from the
+/// Node (`sandboxEgress.discoverPodCidrs`).
+pub fn node_values(images: Vec<String>, layout: &Layout, options: &ReleaseOptions) -> Vec<String> {
+    let mut values = images;
+    values.extend([
         format!("replicas={}", options.replicas),
         format!(
             "leaderElection.leaseDurationSeconds={}",
@@ -96,7 +175,7 @@ pub fn node_values(
             "sandboxEgress.exceptCidrs={{169.254.169.254/32,fd00:ec2::254/128,168.63.129.16/32,100.100.100.200/32,fe80::/10,{}/32}}",
             layout.protected_ip
         ),
-    ];
+    ]);
     values.extend(options.values.iter().map(|(k, v)| format!("{k}={v}")));
     values
 }
@@ -115,25 +194,47 @@ pub fn node_json_values(layout: &Layout) -> Vec<String> {
 
 impl ChartRelease {
     /// `helm install`s the chart (taking over the CRDs the harness installed) and waits until every
-    /// replica is Ready and the gateway answers through its Service. Needs the real node and the operator image (`make operator-image`).
+    /// replica is Ready and the gateway answers through its Service. Needs the real node, and the
+    /// operator image (`make operator-image`) or the release (`make dist-release`).
     pub async fn install(env: &TestEnv, options: &ReleaseOptions) -> Result<Self> {
         let node = env.node.real();
-        if !node.has_image("orchard-operator") {
-            return Err(E2eError::Setup(
-                "the operator image was not built: run `make operator-image` (make e2e does)"
-                    .into(),
-            ));
-        }
+        let (chart, operator_image, agent_image, app_version) = match &options.source {
+            ReleaseSource::Workspace => {
+                if !node.has_image("orchard-operator") {
+                    return Err(E2eError::Setup(
+                        "the operator image was not built: run `make operator-image`".into(),
+                    ));
+                }
+                (
+                    workspace_root().join("charts/orchard-env"),
+                    node.image("orchard-operator"),
+                    node.image("orchard-agent"),
+                    None,
+                )
+            }
+            ReleaseSource::Dist(dist) => {
+                dist.check_present()?;
+                let version = dist.version.as_str();
+                (
+                    dist.chart.clone(),
+                    node.push_image(&dist.operator_image, "orchard-operator", version)?,
+                    node.push_image(&dist.agent_image, "orchard-agent", version)?,
+                    Some(version),
+                )
+            }
+        };
         let release = Self {
             namespace: options.namespace.clone(),
             fullname: "orchard-operator".into(),
+            operator_image,
+            agent_image,
             kubeconfig: env.control_plane.kubeconfig.clone(),
             helm: packaging_tools_dir()?.join("helm"),
         };
         let mut args: Vec<String> = [
             "install",
             "orchard",
-            "charts/orchard-env",
+            &chart.display().to_string(),
             "--namespace",
             &options.namespace,
             "--create-namespace",
@@ -148,8 +249,7 @@ impl ChartRelease {
         .collect();
         let layout = &node.namespaces.layout;
         for value in node_values(
-            &node.image("orchard-operator"),
-            &node.image("orchard-agent"),
+            image_values(&release.operator_image, &release.agent_image, app_version),
             layout,
             options,
         ) {
@@ -336,8 +436,11 @@ mod tests {
     fn node_values_point_the_chart_at_the_node_registry() {
         let layout = Layout::new(3, 1, Path::new("/n"));
         let values = node_values(
-            "localhost:5000/orchard-operator:dev",
-            "localhost:5000/orchard-agent:dev",
+            image_values(
+                "localhost:5000/orchard-operator:dev",
+                "localhost:5000/orchard-agent:dev",
+                None,
+            ),
             &layout,
             &ReleaseOptions::default(),
         );
@@ -362,5 +465,73 @@ mod tests {
         assert!(values.contains(&"image.repository=localhost:5000/orchard-operator".into()));
         assert!(values.contains(&"agentImage.tag=dev".into()));
         assert!(values.contains(&"replicas=2".into()));
+    }
+
+    #[test]
+    fn a_release_sets_only_the_repositories_and_its_tags_default_to_the_app_version() {
+        let values = image_values(
+            "localhost:5000/orchard-operator:0.1.0",
+            "localhost:5000/orchard-agent:0.1.0",
+            Some("0.1.0"),
+        );
+        assert_eq!(
+            values,
+            [
+                "image.repository=localhost:5000/orchard-operator",
+                "agentImage.repository=localhost:5000/orchard-agent"
+            ]
+        );
+        let other = image_values(
+            "localhost:5000/orchard-operator:dev",
+            "localhost:5000/orchard-agent:0.1.0",
+            Some("0.1.0"),
+        );
+        assert_eq!(
+            other,
+            [
+                "image.repository=localhost:5000/orchard-operator",
+                "image.tag=dev",
+                "agentImage.repository=localhost:5000/orchard-agent"
+            ]
+        );
+    }
+
+    #[test]
+    fn a_dist_release_is_named_as_make_dist_writes_it() {
+        let release = DistRelease::in_dir(Path::new("/w/dist"), "1.2.3");
+        assert_eq!(release.chart, Path::new("/w/dist/orchard-env-1.2.3.tgz"));
+        assert_eq!(
+            release.operator_image,
+            Path::new("/w/dist/images/orchard-operator-1.2.3.tar")
+        );
+        assert_eq!(
+            release.agent_image,
+            Path::new("/w/dist/images/orchard-agent-1.2.3.tar")
+        );
+        assert_eq!(
+            DistRelease::of_workspace().chart,
+            workspace_root().join(format!(
+                "dist/orchard-env-{}.tgz",
+                env!("CARGO_PKG_VERSION")
+            ))
+        );
+    }
+
+    #[test]
+    fn a_missing_release_says_which_files_and_what_writes_them() {
+        let release = DistRelease::in_dir(Path::new("/nonexistent/dist"), "1.2.3");
+        let message = release
+            .check_present()
+            .expect_err("nothing there")
+            .to_string();
+        assert!(
+            message.contains("/nonexistent/dist/orchard-env-1.2.3.tgz"),
+            "{message}"
+        );
+        assert!(
+            message.contains("/nonexistent/dist/images/orchard-agent-1.2.3.tar"),
+            "{message}"
+        );
+        assert!(message.contains("make dist-release"), "{message}");
     }
 }

@@ -84,12 +84,7 @@ pub fn blocks(markdown: &str) -> Vec<Block> {
         let text = lines[start + 1..end.min(lines.len())].join("\n");
         found.push(Block {
             line: start + 1,
-            lang: lang
-                .trim()
-                .split_whitespace()
-                .next()
-                .unwrap_or("")
-                .to_string(),
+            lang: lang.split_whitespace().next().unwrap_or("").to_string(),
             text: if text.is_empty() { text } else { text + "\n" },
             marker,
         });

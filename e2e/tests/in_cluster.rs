@@ -1,5 +1,8 @@
-//! The operator installed by its own Helm chart on the real node: two replicas from the operator image
-//! built here, the chart's securityContext, RBAC, probes and leader election as shipped. The gateway is
+//! The operator installed on the real node from the release `make dist` writes, as docs/INSTALL.md
+//! tells users: the images' tarballs pushed into the node's registry with `crane push`, the packaged
+//! chart (`dist/orchard-env-<version>.tgz`) installed with image repositories only, so every test here
+//! runs the release artifacts. Two replicas, the chart's securityContext, RBAC, probes and leader
+//! election as shipped. The gateway is
 //! used through its Service (kube-proxy) and through `kubectl port-forward`, and the leader pod is
 //! killed in the middle of a RolloutGroup; the Python SDK's tests run against the in-cluster gateway;
 //! NetworkPolicies are enforced (kube-router) and checked on real packets, from a sandbox's first
@@ -14,7 +17,7 @@ use k8s_openapi::api::core::v1::Pod;
 use kube::ResourceExt;
 use kube::api::{Api, DeleteParams, PostParams};
 use kube::runtime::watcher;
-use orchard_e2e::chart_install::{ChartRelease, ReleaseOptions};
+use orchard_e2e::chart_install::{ChartRelease, DistRelease, ReleaseOptions, ReleaseSource};
 use orchard_e2e::env::TestEnv;
 use orchard_e2e::test_support::gateway::{Caller, grant};
 use orchard_e2e::test_support::rollouts::{
@@ -39,6 +42,7 @@ async fn release() -> &'static ChartRelease {
                 // The in-cluster release gets the agent from an image volume; the other real-node
                 // tests (real_node.rs) run the operator with the default init container.
                 let options = ReleaseOptions {
+                    source: ReleaseSource::Dist(DistRelease::of_workspace()),
                     values: vec![("agentImage.injection".into(), "image-volume".into())],
                     ..ReleaseOptions::default()
                 };
@@ -80,7 +84,8 @@ async fn the_chart_runs_two_replicas_as_non_root_with_one_leader() {
         let image = pod.spec.as_ref().map(|s| s.containers[0].image.clone());
         assert_eq!(
             image.flatten().as_deref(),
-            Some(env.node.real().image("orchard-operator").as_str())
+            Some(release.operator_image.as_str()),
+            "the release's image, its tag the chart's appVersion"
         );
     }
     let leader = wait::poll("a Lease holder", Duration::from_secs(30), || async {
@@ -482,8 +487,8 @@ async fn the_agent_comes_from_a_read_only_image_volume_without_an_init_container
     let image = spec.volumes.iter().flatten().find_map(|v| v.image.clone());
     assert_eq!(
         image.and_then(|i| i.reference).as_deref(),
-        Some(env.node.real().image("orchard-agent").as_str()),
-        "the agent image is the volume"
+        Some(release.agent_image.as_str()),
+        "the release's agent image is the volume"
     );
     let mount = sh_in(&caller, &ns, "iv", "grep ' /opt/orchard ' /proc/mounts").await;
     assert!(

@@ -122,14 +122,14 @@ pub async fn push(init_pid: u32, crane: &Path, images: &[Built]) -> Result<Pushe
     }
     let mut pushed = BTreeMap::new();
     for image in images {
-        let target = format!("{REGISTRY}/{}:{}", image.name, tag_of(&image.name));
-        let layout = image.layout.display().to_string();
-        exec_in_node(
+        let reference = push_one(
             init_pid,
-            &format!("pushing image {}", image.name),
             &crane,
-            &["push", &layout, &target],
+            &image.layout,
+            &image.name,
+            tag_of(&image.name),
         )?;
+        let (target, _) = registry_names(&image.name, tag_of(&image.name));
         for alias in aliases(&image.name) {
             exec_in_node(
                 init_pid,
@@ -138,12 +138,38 @@ pub async fn push(init_pid: u32, crane: &Path, images: &[Built]) -> Result<Pushe
                 &["copy", &target, &format!("{REGISTRY}/{alias}")],
             )?;
         }
-        pushed.insert(
-            image.name.clone(),
-            format!("{IMAGE_HOST}/{}:{}", image.name, tag_of(&image.name)),
-        );
+        pushed.insert(image.name.clone(), reference);
     }
     Ok(Pushed(pushed))
+}
+
+/// Where `crane push` sends image `name:tag` (the registry on the node's loopback) and the reference
+/// pods use for it (the name containerd maps to that registry) (pure).
+pub fn registry_names(name: &str, tag: &str) -> (String, String) {
+    (
+        format!("{REGISTRY}/{name}:{tag}"),
+        format!("{IMAGE_HOST}/{name}:{tag}"),
+    )
+}
+
+/// `crane push SOURCE` into the node's registry as `name:tag`, where SOURCE is an OCI image layout
+/// directory or a docker save-style tarball (a release's `dist/images/<name>-<version>.tar`); returns
+/// the reference pods use. The registry must be serving (the node has started).
+pub fn push_one(
+    init_pid: u32,
+    crane: &str,
+    source: &Path,
+    name: &str,
+    tag: &str,
+) -> Result<String> {
+    let (target, reference) = registry_names(name, tag);
+    exec_in_node(
+        init_pid,
+        &format!("pushing image {name} from {}", source.display()),
+        crane,
+        &["push", &source.display().to_string(), &target],
+    )?;
+    Ok(reference)
 }
 
 #[cfg(test)]
@@ -178,5 +204,16 @@ mod tests {
         assert_eq!(pushed.reference("busybox"), "localhost:5000/busybox:1.35");
         assert_eq!(pushed.reference("missing"), "localhost:5000/missing:dev");
         assert_eq!(tag_of("debian-python"), "trixie");
+    }
+
+    #[test]
+    fn pushes_go_to_the_loopback_registry_and_pods_name_the_mapped_host() {
+        assert_eq!(
+            registry_names("orchard-operator", "0.1.0"),
+            (
+                "127.0.0.1:5000/orchard-operator:0.1.0".to_string(),
+                "localhost:5000/orchard-operator:0.1.0".to_string()
+            )
+        );
     }
 }

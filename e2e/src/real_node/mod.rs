@@ -321,6 +321,19 @@ impl RealNode {
         found
     }
 
+    /// Pushes an image from outside the harness's own builds (a release's image tarball, `make dist`)
+    /// into the node's registry as `name:tag`, like a user's `crane push`; returns the reference pods use.
+    pub fn push_image(&self, source: &Path, name: &str, tag: &str) -> Result<String> {
+        let crane = node_tools_dir()?.join("crane");
+        images::push_one(
+            self.namespaces.init_pid,
+            &crane.display().to_string(),
+            source,
+            name,
+            tag,
+        )
+    }
+
     /// Whether image `name` was built and pushed (the operator image only after `make operator-image`).
     pub fn has_image(&self, name: &str) -> bool {
         self.images.contains(name)

@@ -46,3 +46,10 @@ def test_the_readme_works_as_the_pypi_page() -> None:
     assert len(quick_start.strip().splitlines()) <= 6
     assert "pip install" not in quick_start, "egress is Deny by default"
     assert '"/tmp/hello.py"' in quick_start and 'cwd="/tmp"' in quick_start, "the cwd exists before the command runs"
+
+
+def test_the_license_text_ships_in_the_sdist_and_the_wheel() -> None:
+    project = pyproject()["project"]
+    assert project["license-files"] == ["LICENSE"]
+    text = (ROOT / "LICENSE").read_text()
+    assert text.lstrip().startswith("Apache License") and "Version 2.0, January 2004" in text
