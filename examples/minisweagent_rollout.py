@@ -14,7 +14,7 @@ BAR (N=4, Nmax=8, stride 4, positiveFraction 0.5: a balanced group is 2 positive
 the first stride has one positive, so the controller launches a second stride; with trajectory 5 the
 group is recorded ``Balanced`` with members 0 and 5 (reward 1) and the two shortest negatives.
 
-    pip install 'orchard-env[minisweagent]'
+    pip install './sdk/python[minisweagent]'   # from a checkout
     python examples/minisweagent_rollout.py GATEWAY_URL TOKEN NAMESPACE IMAGE
 
 ``IMAGE`` needs ``bash`` and ``python3`` (``python:3.11``).

@@ -1,2 +1,2 @@
 """Adapters that let agent harnesses run their commands in Orchard Env sandboxes. Each module needs its
-harness installed (``pip install 'orchard-env[minisweagent]'`` for :mod:`.minisweagent`)."""
+harness installed (``pip install './sdk/python[minisweagent]'`` for :mod:`.minisweagent`)."""

@@ -1,5 +1,5 @@
 """A `mini-swe-agent <https://mini-swe-agent.com>`_ environment whose commands run in an Orchard Env
-sandbox (``pip install 'orchard-env[minisweagent]'``).
+sandbox (``pip install './sdk/python[minisweagent]'``).
 
 :class:`OrchardEnvironment` behaves like mini-swe-agent's own ``LocalEnvironment`` and
 ``DockerEnvironment``: ``execute(action, cwd="", *, timeout=None)`` runs ``action["command"]`` with the
