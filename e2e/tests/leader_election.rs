@@ -16,7 +16,7 @@ use orchard_e2e::tcp_proxy::{TcpProxy, kubeconfig_through, server_address};
 use orchard_e2e::test_support::sandboxes::{is_ready, sandbox};
 use orchard_e2e::wait;
 use orchard_operator::api::Sandbox;
-use orchard_operator::runtime::leader::Timing;
+use orchard_operator::plumbing::leader::Timing;
 use serde_json::json;
 
 const LEASE_SECONDS: u64 = 3;

@@ -10,9 +10,11 @@
 /// The API types live in the crate `orchard_api`; re-exported for the binaries and tests.
 pub use orchard_api as api;
 
+pub mod app;
 pub mod gateway;
 pub mod pool;
 pub mod queue;
 pub mod rollout;
-pub mod runtime;
+pub mod plumbing;
+pub mod pod;
 pub mod sandbox;

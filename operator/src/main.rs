@@ -2,8 +2,8 @@
 //! metrics server in one process. Flags: `orchard-operator --help`.
 
 use clap::Parser;
-use orchard_operator::runtime::config::OperatorArgs;
-use orchard_operator::runtime::{self, telemetry};
+use orchard_operator::app::config::OperatorArgs;
+use orchard_operator::app::{self, telemetry};
 
 /// mimalloc instead of glibc's malloc: the operator decodes and drops a stream of watch events and
 /// API answers, and with glibc's allocator about a quarter of its CPU went to `malloc`, `free` and
@@ -15,7 +15,7 @@ static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 async fn main() {
     let args = OperatorArgs::parse();
     telemetry::init(args.log_format);
-    if let Err(err) = runtime::run(args).await {
+    if let Err(err) = app::run(args).await {
         tracing::error!(error = %err, "orchard-operator failed");
         eprintln!("orchard-operator: {err}");
         std::process::exit(1);

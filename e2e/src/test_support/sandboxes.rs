@@ -3,8 +3,8 @@
 use k8s_openapi::api::core::v1::{Pod, Secret};
 use kube::api::Api;
 use orchard_api::{Sandbox, SandboxPhase};
-use orchard_operator::runtime::token_key::{TOKEN_KEY_SECRET, key_of};
-use orchard_operator::sandbox::token::TokenKey;
+use orchard_operator::app::token_key::{TOKEN_KEY_SECRET, key_of};
+use orchard_operator::pod::token::TokenKey;
 use serde_json::json;
 
 use crate::control_plane::OPERATOR_NAMESPACE;

@@ -484,7 +484,7 @@ const REVIEW_ATTEMPTS: usize = 3;
 
 /// Runs `review` again, up to [`REVIEW_ATTEMPTS`] in all, while it fails without an answer from the API
 /// server (a transport error: first seen in bursts after about 90 s idle, when pooled keep-alive
-/// connections met kube-apiserver's idle time-out; `runtime::api_client` now drops idle connections
+/// connections met kube-apiserver's idle time-out; `plumbing::api_client` now drops idle connections
 /// before the server does, and this covers the transport failures left). Reviews are not stored, so
 /// asking again is always safe; the client drops the broken connection, so the next attempt goes
 /// out on another. An answer, even an error status, is final.

@@ -15,7 +15,7 @@ use serde_json::json;
 use super::GATEWAY_FIELD_MANAGER;
 use super::errors::{ApiError, from_kube};
 use super::metrics::GatewayMetrics;
-use crate::runtime::metrics::Metrics;
+use crate::plumbing::metrics::Metrics;
 use crate::sandbox::expiry::Lifecycle;
 use orchard_api::{HEARTBEAT_ANNOTATION, Sandbox};
 

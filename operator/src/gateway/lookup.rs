@@ -11,10 +11,10 @@ use kube::{Client, Resource, ResourceExt};
 
 use super::errors::{ApiError, from_kube};
 use super::recent_deletes::RecentDeletes;
-use crate::runtime::ownership::sealed_for;
+use crate::plumbing::ownership::sealed_for;
 use crate::sandbox::apply::{cached_pod, own_pod_name};
 use crate::sandbox::status::endpoint_of_own_pod;
-use crate::sandbox::token::TokenKey;
+use crate::pod::token::TokenKey;
 use orchard_api::{RolloutPhase, Sandbox, SandboxPhase};
 
 /// Phase name of a RolloutGroup.
@@ -45,7 +45,7 @@ pub fn agent_endpoint(
     }
     let status = sandbox.status.as_ref();
     let phase = status.and_then(|s| s.phase).map(SandboxPhase::as_str);
-    let ready = status.is_some_and(|s| crate::runtime::conditions::is_true(&s.conditions, "Ready"));
+    let ready = status.is_some_and(|s| crate::plumbing::conditions::is_true(&s.conditions, "Ready"));
     match pod.and_then(|pod| endpoint_of_own_pod(sandbox, pod, agent_port, key)) {
         Some(endpoint) if ready => Ok(endpoint),
         _ => Err(ApiError::not_ready(&namespace, &name, phase)),
@@ -63,7 +63,7 @@ pub async fn find<K>(
     name: &str,
 ) -> Result<Arc<K>, ApiError>
 where
-    K: crate::runtime::writes::Child,
+    K: crate::plumbing::writes::Child,
 {
     if let Some(object) = deletes.visible(store.get(&ObjectRef::new(name).within(namespace))) {
         return Ok(object);
@@ -139,7 +139,7 @@ pub fn agent_access(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::runtime::mock_api::test_token_key;
+    use crate::plumbing::mock_api::test_token_key;
     use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
     use orchard_api::{SandboxSpec, SandboxStatus};
 
@@ -166,7 +166,7 @@ mod tests {
     /// The sandbox's own Ready pod at 10.0.0.5: the planted pod sealed by the operator.
     fn own_pod(s: &Sandbox) -> Pod {
         let mut pod = planted_pod(s);
-        crate::runtime::ownership::seal(&mut pod, &test_token_key());
+        crate::plumbing::ownership::seal(&mut pod, &test_token_key());
         pod
     }
 

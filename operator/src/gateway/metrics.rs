@@ -5,7 +5,7 @@ use prometheus::{
     HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGauge, IntGaugeVec, Opts, Registry,
 };
 
-use crate::runtime::metrics::HTTP_BUCKETS;
+use crate::plumbing::metrics::HTTP_BUCKETS;
 
 /// Metrics of the gateway.
 #[derive(Clone)]

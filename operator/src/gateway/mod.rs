@@ -48,10 +48,10 @@ use tokio_util::sync::CancellationToken;
 use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 
-use crate::runtime::change_feed::ChangeFeed;
-use crate::runtime::config::GatewayLimits;
-use crate::runtime::context::{Caches, Settings};
-use crate::runtime::metrics::Metrics;
+use crate::plumbing::change_feed::ChangeFeed;
+use crate::app::config::GatewayLimits;
+use crate::app::context::{Caches, Settings};
+use crate::plumbing::metrics::Metrics;
 use auth::AuthSettings;
 use body::BodyLimits;
 use errors::ApiError;
@@ -84,7 +84,7 @@ pub struct GatewayDeps {
     /// Connection, request and authentication limits.
     pub limits: GatewayLimits,
     /// The key the agents' tokens are derived from.
-    pub token_key: std::sync::Arc<crate::sandbox::token::TokenKey>,
+    pub token_key: std::sync::Arc<crate::pod::token::TokenKey>,
 }
 
 /// How the gateway authenticates, from its limits (pure).

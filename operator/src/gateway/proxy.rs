@@ -228,7 +228,7 @@ impl AgentProxy {
         connector.set_nodelay(true);
         connector.enforce_http(true);
         let client = Client::builder(TokioExecutor::new())
-            .pool_idle_timeout(crate::sandbox::agent_client::AGENT_POOL_IDLE)
+            .pool_idle_timeout(crate::pod::agent_client::AGENT_POOL_IDLE)
             .pool_max_idle_per_host(256)
             .build(connector);
         Self { client, metrics }

@@ -14,7 +14,7 @@ use kube::{Client, Resource};
 use super::errors::ApiError;
 use super::lookup::find;
 use super::recent_deletes::RecentDeletes;
-use crate::runtime::change_feed::{Change, ChangeFeed};
+use crate::plumbing::change_feed::{Change, ChangeFeed};
 
 /// Default `timeoutSeconds` of wait routes.
 pub const DEFAULT_WAIT_SECONDS: u64 = 30;
@@ -65,7 +65,7 @@ pub struct WaitFor<'a, K: Resource<DynamicType = ()> + 'static> {
 
 impl<K> WaitFor<'_, K>
 where
-    K: crate::runtime::writes::Child,
+    K: crate::plumbing::writes::Child,
 {
     /// Waits up to `timeout` until `done` holds for the object.
     pub async fn until(

@@ -19,17 +19,17 @@ use tracing::{instrument, warn};
 use super::book::PoolKey;
 use super::members::{MemberView, Plan, Removal, member_name, member_pod, plan, view};
 use super::template::template_hash;
-use crate::runtime::conditions::{self, Desired, Progress};
-use crate::runtime::context::{Context, object_key};
-use crate::runtime::error::{Error, Result};
-use crate::runtime::events::publish;
-use crate::runtime::metrics::ReconcileTimer;
-use crate::runtime::own_writes::child_key;
-use crate::runtime::ownership::Owner;
-use crate::runtime::writes::{self, create_owned};
+use crate::plumbing::conditions::{self, Desired, Progress};
+use crate::app::context::{Context, object_key};
+use crate::plumbing::error::{Error, Result};
+use crate::plumbing::events::publish;
+use crate::plumbing::metrics::ReconcileTimer;
+use crate::plumbing::own_writes::child_key;
+use crate::plumbing::ownership::Owner;
+use crate::plumbing::writes::{self, create_owned};
 use crate::sandbox::apply::ensure_baseline;
-use crate::sandbox::placement;
-use crate::sandbox::token::new_nonce;
+use crate::pod::placement;
+use crate::pod::token::new_nonce;
 use orchard_api::{POOL_LABEL, SandboxPool, SandboxPoolStatus};
 
 /// Controller name used in metrics and logs.

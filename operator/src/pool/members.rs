@@ -10,10 +10,10 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference}
 use k8s_openapi::jiff::Timestamp;
 
 use super::template::template_hash;
-use crate::runtime::ownership::sealed_for;
-use crate::sandbox::build::{PodShape, desired_pod};
+use crate::plumbing::ownership::sealed_for;
+use crate::pod::build::{PodShape, desired_pod};
 use crate::sandbox::status::{pod_failure, pod_ready};
-use crate::sandbox::token::{KEY_ID_ANNOTATION, NONCE_ANNOTATION, PodCredentials, TokenKey};
+use crate::pod::token::{KEY_ID_ANNOTATION, NONCE_ANNOTATION, PodCredentials, TokenKey};
 use orchard_api::{POOL_LABEL, POOL_TEMPLATE_HASH_ANNOTATION, Sandbox, SandboxPool};
 
 /// Length of the random suffix of a member's name (`<pool>-<suffix>`).
@@ -191,7 +191,7 @@ pub fn plan(desired: i32, members: &[MemberView], may_start: bool) -> Plan {
 /// Fixtures the pool module's tests share.
 #[cfg(test)]
 pub mod fixtures {
-    use crate::sandbox::build::PodShape;
+    use crate::pod::build::PodShape;
     use orchard_api::{SandboxPool, SandboxPoolSpec, SandboxSpec};
 
     /// Pool `py` of `replicas` python members in namespace `ns`, UID `pool-uid`.
@@ -215,14 +215,14 @@ pub mod fixtures {
     pub fn shape() -> PodShape {
         PodShape {
             agent_image: "agent:test".into(),
-            agent_injection: crate::sandbox::build::AgentInjection::InitContainer,
+            agent_injection: crate::pod::build::AgentInjection::InitContainer,
             agent_port: 9090,
             default_cpu: "1".into(),
             default_memory: "1Gi".into(),
             default_ephemeral_storage: None,
             termination_grace_seconds: 5,
             default_security_profile: orchard_api::SecurityProfile::Default,
-            policy_canaries: crate::sandbox::policy_canary::PolicyCanaries::default(),
+            policy_canaries: crate::pod::policy_canary::PolicyCanaries::default(),
         }
     }
 }
@@ -324,7 +324,7 @@ mod tests {
             block_owner_deletion: Some(true),
         };
         let shape = test_shape();
-        let key = crate::runtime::mock_api::test_token_key();
+        let key = crate::plumbing::mock_api::test_token_key();
         let credentials = key.credentials("ns", "py-abcde", "00aa");
         let pod = member_pod(&pool, "py-abcde", &owner, &shape, &credentials, &key);
         assert_eq!(pod.metadata.name.as_deref(), Some("py-abcde"));
@@ -340,7 +340,7 @@ mod tests {
             .token_of(&pod)
             .expect("the member's token can be derived");
         assert_eq!(
-            crate::sandbox::token::verifier(&token),
+            crate::pod::token::verifier(&token),
             credentials.verifier
         );
         let hash = template_hash(&pool.spec.template);
@@ -362,7 +362,7 @@ mod tests {
     fn a_pod_planted_with_the_pools_controller_reference_is_no_member() {
         let pool = test_pool(2);
         let owner = pool.controller_owner_ref(&()).expect("owner");
-        let key = crate::runtime::mock_api::test_token_key();
+        let key = crate::plumbing::mock_api::test_token_key();
         let credentials = key.credentials("ns", "py-fake1", "00aa");
         let hash = template_hash(&pool.spec.template);
         let genuine = member_pod(&pool, "py-fake1", &owner, &test_shape(), &credentials, &key);
@@ -381,7 +381,7 @@ mod tests {
         copied.metadata.name = Some("py-fake2".into());
         assert!(view(&copied, "pool-uid", &hash, &key).is_none());
         // Sealed under another operator's key.
-        let theirs = crate::sandbox::token::TokenKey::new(&[3; 32]).expect("key");
+        let theirs = crate::pod::token::TokenKey::new(&[3; 32]).expect("key");
         let foreign = member_pod(
             &pool,
             "py-fake1",

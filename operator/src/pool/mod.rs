@@ -7,7 +7,6 @@
 //! behaviour.
 
 pub mod book;
-pub mod claim;
 pub mod controller;
 pub mod members;
 pub mod template;

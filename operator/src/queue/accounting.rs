@@ -9,7 +9,7 @@
 //!   Sandbox is still there.
 //!
 //! Only what the operator made counts: a Sandbox or Pod carries the operator's seal for its owner
-//! (`runtime::ownership`). Anyone may label a Sandbox or Pod of their own with a queue's name; it holds
+//! (`plumbing::ownership`). Anyone may label a Sandbox or Pod of their own with a queue's name; it holds
 //! none of that queue's slots (the operator passes the label on to a Sandbox's Pod only from a sealed
 //! trajectory, `sandbox::build`).
 //!
@@ -19,8 +19,8 @@ use std::collections::BTreeSet;
 
 use k8s_openapi::api::core::v1::Pod;
 
-use crate::runtime::ownership::sealed;
-use crate::sandbox::token::TokenKey;
+use crate::plumbing::ownership::sealed;
+use crate::pod::token::TokenKey;
 use orchard_api::{ROLLOUT_QUEUE_LABEL, SANDBOX_LABEL, Sandbox, SandboxPhase};
 
 /// Whether a Sandbox's trajectory is over (its pod may still be there).
@@ -82,8 +82,8 @@ mod tests {
     use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 
     use super::*;
-    use crate::runtime::mock_api::test_token_key;
-    use crate::runtime::ownership::seal;
+    use crate::plumbing::mock_api::test_token_key;
+    use crate::plumbing::ownership::seal;
     use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
     use orchard_api::{SandboxSpec, SandboxStatus, TrajectoryResult, TrajectoryStatus};
 

@@ -10,7 +10,7 @@ use kube::runtime::reflector::ObjectRef;
 use super::accounting::{holders, in_queue};
 use super::book::{InUse, Limits, QueueKey, Verdict, WaitReason};
 use super::order::Request;
-use crate::runtime::context::Context;
+use crate::app::context::Context;
 use orchard_api::RolloutGroup;
 
 /// The queue `group` names, if any.

@@ -136,7 +136,7 @@ pub struct QueueBook {
     receivers: Mutex<Option<Receivers>>,
 }
 
-/// The receiving ends, taken once by the process wiring (`runtime::start`).
+/// The receiving ends, taken once by the process wiring (`app::start`).
 pub struct Receivers {
     /// Queues whose accounting may have changed.
     pub dirty: mpsc::UnboundedReceiver<QueueKey>,

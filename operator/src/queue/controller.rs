@@ -19,9 +19,9 @@ use tracing::warn;
 
 use super::admission::{in_use, limits};
 use super::book::{InUse, QueueKey, QueueView};
-use crate::runtime::conditions::{self, Desired};
-use crate::runtime::context::Context;
-use crate::runtime::writes;
+use crate::plumbing::conditions::{self, Desired};
+use crate::app::context::Context;
+use crate::plumbing::writes;
 use crate::sandbox::expiry::floor_to_second;
 use orchard_api::{RolloutQueue, RolloutQueueStatus, WaitingStride};
 

@@ -1,6 +1,6 @@
 //! The thin I/O layer of the RolloutGroup controller: the group's children as the caches show them,
 //! a live check of children the cache does not show yet, trajectory creation and the clean-up after
-//! completion, all through the generic write layer (`runtime::writes`), scoped by the group's UID.
+//! completion, all through the generic write layer (`plumbing::writes`), scoped by the group's UID.
 
 use std::collections::BTreeSet;
 use std::sync::Arc;
@@ -13,11 +13,11 @@ use tracing::info;
 
 use super::build::desired_trajectory;
 use super::observe::{ChildView, DEADLINE_EXCEEDED, Observation};
-use crate::runtime::context::{Context, object_key};
-use crate::runtime::error::Result;
-use crate::runtime::own_writes::child_key;
-use crate::runtime::ownership::{Owner, sealed_for};
-use crate::runtime::writes::{ChildState, create_owned, ensure_deleted, existing_state};
+use crate::app::context::{Context, object_key};
+use crate::plumbing::error::Result;
+use crate::plumbing::own_writes::child_key;
+use crate::plumbing::ownership::{Owner, sealed_for};
+use crate::plumbing::writes::{ChildState, create_owned, ensure_deleted, existing_state};
 use orchard_api::{
     CleanupPolicy, EarlyStop, RolloutGroup, RolloutGroupStatus, STRIDE_LABEL, Sandbox,
     TrajectoryRecord,

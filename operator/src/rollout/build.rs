@@ -8,8 +8,8 @@ use std::collections::BTreeMap;
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference};
 
-use crate::runtime::ownership::seal;
-use crate::sandbox::token::TokenKey;
+use crate::plumbing::ownership::seal;
+use crate::pod::token::TokenKey;
 use orchard_api::{
     MANAGED_BY, MANAGED_BY_LABEL, ROLLOUT_GROUP_LABEL, ROLLOUT_QUEUE_LABEL, RolloutGroup,
     STRIDE_LABEL, Sandbox,
@@ -128,10 +128,10 @@ mod tests {
 
     #[test]
     fn trajectories_carry_group_labels_owner_and_timeout() {
-        let key = crate::runtime::mock_api::test_token_key();
+        let key = crate::plumbing::mock_api::test_token_key();
         let sandbox = desired_trajectory(&group(), &owner(), 5, 1, &key);
         assert_eq!(
-            crate::runtime::ownership::sealed(&sandbox, &key),
+            crate::plumbing::ownership::sealed(&sandbox, &key),
             Some("uid-g"),
             "sealed for the group"
         );

@@ -24,11 +24,11 @@ use super::params::bar_params;
 use super::status::{ADMITTED as ADMITTED_CONDITION, QueueStanding, failed_status, group_status};
 use crate::queue::admission::{self, queue_of, waiting_message};
 use crate::queue::book::Verdict;
-use crate::runtime::context::{Context, object_key};
-use crate::runtime::error::{Error, Result};
-use crate::runtime::events::publish;
-use crate::runtime::metrics::ReconcileTimer;
-use crate::runtime::writes::{self, ChildState, StatusWrite};
+use crate::app::context::{Context, object_key};
+use crate::plumbing::error::{Error, Result};
+use crate::plumbing::events::publish;
+use crate::plumbing::metrics::ReconcileTimer;
+use crate::plumbing::writes::{self, ChildState, StatusWrite};
 use orchard_api::{
     CleanupPolicy, RolloutGroup, RolloutGroupStatus, RolloutPhase, TrajectoryStatus,
 };

@@ -1,5 +1,5 @@
 //! The exact requests one RolloutGroup reconcile sends, against a scripted API server
-//! (`runtime::mock_api`): a new group launches its first stride, a balanced first stride completes the
+//! (`plumbing::mock_api`): a new group launches its first stride, a balanced first stride completes the
 //! group and deletes its trajectories by UID, and a stride that cannot balance launches the next one.
 
 use std::sync::Arc;
@@ -11,7 +11,7 @@ use serde_json::{Value, json};
 
 use super::build::desired_trajectory;
 use super::reconcile;
-use crate::runtime::mock_api::{Expect, TestCaches, cache, scripted, test_token_key};
+use crate::plumbing::mock_api::{Expect, TestCaches, cache, scripted, test_token_key};
 use orchard_api::{
     CleanupPolicy, EarlyStop, PositiveFraction, RolloutGroup, RolloutGroupSpec, RolloutGroupStatus,
     RolloutPhase, SandboxSpec, SandboxStatus, SandboxTemplate, TrajectoryRecord, TrajectoryResult,

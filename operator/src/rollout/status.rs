@@ -6,7 +6,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use k8s_openapi::jiff::Timestamp;
 
 use super::observe::Observation;
-use crate::runtime::conditions::{self, Desired, Progress};
+use crate::plumbing::conditions::{self, Desired, Progress};
 use crate::sandbox::expiry::floor_to_second;
 use orchard_api::{
     GroupMember, RolloutGroup, RolloutGroupStatus, RolloutPhase, Selection, TrajectoryStatus,

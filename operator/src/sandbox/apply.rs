@@ -1,6 +1,6 @@
 //! The thin I/O layer of the Sandbox controller: the baseline and egress policies and the Pod. Each function writes only when neither the watch caches nor the operator's memory of its
 //! own writes (scoped by the Sandbox's UID) show what the pure builders want, and uses an existing
-//! object only when it is sealed for the Sandbox's UID (`runtime::ownership`).
+//! object only when it is sealed for the Sandbox's UID (`plumbing::ownership`).
 
 use std::sync::Arc;
 
@@ -12,19 +12,19 @@ use kube::runtime::events::EventType;
 use kube::runtime::reflector::{ObjectRef, Store};
 use kube::{Resource, ResourceExt};
 
-use super::build::{
+use crate::pod::build::{
     BASELINE_POLICY, baseline_policy, desired_egress_policy, egress_policy_name, pod_name,
     refused_allow_rules,
 };
-use crate::runtime::context::Context;
-use crate::runtime::error::{Error, Result};
-use crate::runtime::events::publish;
-use crate::runtime::own_writes::{child_key, namespace_scope};
-use crate::runtime::ownership::{Owner, sealed_for};
-use crate::runtime::writes::{
+use crate::app::context::Context;
+use crate::plumbing::error::{Error, Result};
+use crate::plumbing::events::publish;
+use crate::plumbing::own_writes::{child_key, namespace_scope};
+use crate::plumbing::ownership::{Owner, sealed_for};
+use crate::plumbing::writes::{
     ChildState, apply_owned, create_owned, delete_if_same, ensure_deleted, existing_state,
 };
-use crate::sandbox::token::TokenKey;
+use crate::pod::token::TokenKey;
 use orchard_api::Sandbox;
 
 /// The Sandbox as the owner of its children.
@@ -187,7 +187,7 @@ pub fn cached_pod(pods: &Store<Pod>, sandbox: &Sandbox, key: &TokenKey) -> Optio
         .or_else(|| {
             let unnamed = sandbox.status.as_ref().is_none_or(|s| s.pod_name.is_none());
             (sandbox.spec.pool.is_some() && unnamed)
-                .then(|| crate::pool::claim::claimed_in_cache(pods, sandbox, key))
+                .then(|| crate::sandbox::claim::claimed_in_cache(pods, sandbox, key))
                 .flatten()
         })
 }

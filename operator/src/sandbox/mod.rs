@@ -5,20 +5,14 @@
 //! (its pure half: [`run_result`]). [`cluster_ranges`] keeps the cluster's own addresses that the
 //! egress policies protect (the API server's, the nodes' pod ranges) current.
 
-pub mod agent_client;
 pub mod apply;
-pub mod build;
-pub mod cidr;
-pub mod cluster_ranges;
+pub mod claim;
 pub mod expiry;
-pub mod placement;
-pub mod policy_canary;
 pub mod reconcile;
 pub mod run_protocol;
 pub mod run_result;
 pub mod runner;
 pub mod status;
-pub mod token;
 
 #[cfg(test)]
 mod reconcile_tests;

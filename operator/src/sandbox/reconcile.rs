@@ -14,8 +14,8 @@ use kube::runtime::reflector::ObjectRef;
 use kube::{Resource, ResourceExt};
 use tracing::{info, instrument, warn};
 
-use super::build::desired_pod;
-use super::build::pod_name;
+use crate::pod::build::desired_pod;
+use crate::pod::build::pod_name;
 use super::expiry::{Lifecycle, annotated_heartbeat, expiry_deadline, failed_deadline};
 use super::run_result::aborted;
 use super::status::{
@@ -23,14 +23,15 @@ use super::status::{
     expired_status, first_status_can_wait, hold_back_transient, is_trajectory, policy_warning_at,
     quota_refusal, rollout_group_of, startup_clock,
 };
-use super::token::new_nonce;
-use super::{apply, placement, runner};
-use crate::pool::claim::{PoolStep, announce_identity, claim_or_fallback, is_claimed_member};
-use crate::runtime::context::{Context, object_key};
-use crate::runtime::error::{Error, Result};
-use crate::runtime::events::publish;
-use crate::runtime::metrics::ReconcileTimer;
-use crate::runtime::writes::{self, ChildState, StatusWrite};
+use crate::pod::token::new_nonce;
+use super::{apply, runner};
+use crate::pod::placement;
+use crate::sandbox::claim::{PoolStep, announce_identity, claim_or_fallback, is_claimed_member};
+use crate::app::context::{Context, object_key};
+use crate::plumbing::error::{Error, Result};
+use crate::plumbing::events::publish;
+use crate::plumbing::metrics::ReconcileTimer;
+use crate::plumbing::writes::{self, ChildState, StatusWrite};
 use orchard_api::{Sandbox, SandboxPhase, SandboxStatus};
 
 /// Controller name used in metrics and logs.

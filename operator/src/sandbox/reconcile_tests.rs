@@ -1,5 +1,5 @@
 //! The exact requests one Sandbox reconcile sends, against a scripted API server
-//! (`runtime::mock_api`), for the main cases: a new sandbox, its pod turning Ready, its TTL passed, an
+//! (`plumbing::mock_api`), for the main cases: a new sandbox, its pod turning Ready, its TTL passed, an
 //! egress switch to `Deny`.
 
 use std::sync::Arc;
@@ -10,11 +10,11 @@ use k8s_openapi::jiff::{SignedDuration, Timestamp};
 use kube::Resource;
 use serde_json::{Value, json};
 
-use super::build::{baseline_policy, desired_egress_policy, desired_pod};
+use crate::pod::build::{baseline_policy, desired_egress_policy, desired_pod};
 use super::expiry::Lifecycle;
 use super::reconcile;
 use super::status::{Observed, desired_status};
-use crate::runtime::mock_api::{
+use crate::plumbing::mock_api::{
     Expect, TestCaches, cache, default_settings, scripted, test_token_key,
 };
 use orchard_api::{

@@ -14,9 +14,9 @@ use bytes::Bytes;
 use tokio::time::Instant;
 use tracing::warn;
 
-use super::agent_client::AgentCallError;
+use crate::pod::agent_client::AgentCallError;
 use super::run_result::{aborted, result_of_run};
-use crate::runtime::backoff::Retry;
+use crate::plumbing::backoff::Retry;
 use orchard_api::agent::ProcessStatus;
 use orchard_api::{RunSpec, TrajectoryResult};
 

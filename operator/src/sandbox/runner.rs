@@ -23,10 +23,10 @@ use tracing::{info, warn};
 use super::apply::cached_pod;
 use super::run_protocol::{DEADLINE_GRACE, RunAgent, run_to_result};
 use super::status::endpoint_of_own_pod;
-use crate::runtime::backoff::Retry;
-use crate::runtime::context::Context;
-use crate::runtime::status_patch::status_member_patch;
-use crate::sandbox::agent_client::{AgentCallError, AgentClient, AgentTarget};
+use crate::plumbing::backoff::Retry;
+use crate::app::context::Context;
+use crate::plumbing::status_patch::status_member_patch;
+use crate::pod::agent_client::{AgentCallError, AgentClient, AgentTarget};
 use bytes::Bytes;
 use orchard_api::agent::ProcessStatus;
 use orchard_api::{RunSpec, Sandbox, SandboxPhase, TrajectoryResult};
@@ -83,7 +83,7 @@ async fn preempted(
         .trajectory_runs
         .with_label_values(&["Preempted"])
         .inc();
-    crate::runtime::events::publish(
+    crate::plumbing::events::publish(
         ctx,
         sandbox,
         kube::runtime::events::EventType::Warning,
@@ -99,7 +99,7 @@ async fn preempted(
         "message": message,
         "lastTransitionTime": super::expiry::floor_to_second(Timestamp::now()).to_string(),
     });
-    let patch = crate::runtime::status_patch::append_condition_patch(&uid, condition);
+    let patch = crate::plumbing::status_patch::append_condition_patch(&uid, condition);
     let api: Api<Sandbox> = Api::namespaced(
         ctx.client.clone(),
         sandbox.namespace().as_deref().unwrap_or_default(),

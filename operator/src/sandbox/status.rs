@@ -6,14 +6,14 @@ use k8s_openapi::api::core::v1::{ContainerStatus, Pod};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use k8s_openapi::jiff::{SignedDuration, Timestamp};
 
-use super::build::{INSTALL_CONTAINER, TASK_CONTAINER};
+use crate::pod::build::{INSTALL_CONTAINER, TASK_CONTAINER};
 use super::expiry::{
     Lifecycle, annotated_heartbeat, expiry_deadline, floor_to_second, latest_heartbeat,
 };
-use super::policy_canary::awaits_enforcement;
-use crate::runtime::conditions::{self, Desired, Progress};
-use crate::runtime::ownership::sealed_for;
-use crate::sandbox::token::TokenKey;
+use crate::pod::policy_canary::awaits_enforcement;
+use crate::plumbing::conditions::{self, Desired, Progress};
+use crate::plumbing::ownership::sealed_for;
+use crate::pod::token::TokenKey;
 use orchard_api::{Sandbox, SandboxPhase, SandboxStatus};
 
 /// Condition types of a Sandbox.
@@ -107,7 +107,7 @@ pub fn pod_state_summary(pod: &Pod) -> String {
         .chain(status.container_statuses.iter().flatten())
         .find(|c| {
             c.state.as_ref().is_some_and(|s| s.waiting.is_some())
-                || c.name == super::build::TASK_CONTAINER
+                || c.name == crate::pod::build::TASK_CONTAINER
         });
     let Some(container) = task else {
         return String::new();
@@ -181,7 +181,7 @@ fn task_running_since(pod: &Pod) -> Option<Timestamp> {
         .container_statuses
         .iter()
         .flatten()
-        .find(|c| c.name == super::build::TASK_CONTAINER)?
+        .find(|c| c.name == crate::pod::build::TASK_CONTAINER)?
         .state
         .as_ref()?
         .running
@@ -622,7 +622,7 @@ pub fn desired_status(sandbox: &Sandbox, observed: &Observed) -> SandboxStatus {
     let refused = match &observed.blocked {
         Some(Blocked::NameConflict(message)) => Some(("NameConflict", message)),
         Some(Blocked::PodRejected(message)) => Some(("PodRejected", message)),
-        Some(Blocked::PlacementRefused(message)) => Some((super::placement::REASON, message)),
+        Some(Blocked::PlacementRefused(message)) => Some((crate::pod::placement::REASON, message)),
         _ => None,
     };
     if let Some((reason, message)) = refused {
@@ -924,7 +924,7 @@ mod tests {
     /// The test key, for the `Observed` of the whole test.
     fn key() -> &'static TokenKey {
         static KEY: std::sync::LazyLock<TokenKey> =
-            std::sync::LazyLock::new(crate::runtime::mock_api::test_token_key);
+            std::sync::LazyLock::new(crate::plumbing::mock_api::test_token_key);
         &KEY
     }
 
@@ -1275,7 +1275,7 @@ mod tests {
     /// `pod`, its agent told to wait for its NetworkPolicies to be enforced.
     fn awaiting_enforcement(mut pod: Pod) -> Pod {
         pod.spec.as_mut().unwrap().containers[0].env = Some(vec![EnvVar {
-            name: crate::sandbox::policy_canary::CANARY_VARIABLE.into(),
+            name: crate::pod::policy_canary::CANARY_VARIABLE.into(),
             value: Some("10.0.0.1:6443".into()),
             ..Default::default()
         }]);
@@ -1426,7 +1426,7 @@ mod tests {
     /// A trajectory the operator created for group `g`.
     fn trajectory() -> Sandbox {
         let mut s = forged_trajectory();
-        crate::runtime::ownership::seal(&mut s, key());
+        crate::plumbing::ownership::seal(&mut s, key());
         s
     }
 

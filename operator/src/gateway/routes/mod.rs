@@ -33,7 +33,7 @@ use super::metrics::GatewayMetrics;
 use super::names::{check_name, check_namespace};
 use super::proxy::AgentProxy;
 use super::recent_deletes::RecentDeletes;
-use crate::runtime::writes::Child;
+use crate::plumbing::writes::Child;
 use orchard_api::{RolloutGroup, Sandbox};
 
 /// Route templates (also the `route` label of the request metrics).

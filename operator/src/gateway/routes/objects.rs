@@ -16,7 +16,7 @@ use crate::gateway::GATEWAY_FIELD_MANAGER;
 use crate::gateway::errors::{ApiError, from_kube, json_response};
 use crate::gateway::recent_deletes::RecentDeletes;
 use crate::gateway::selector;
-use crate::runtime::writes::Child;
+use crate::plumbing::writes::Child;
 
 fn api<K: Child>(state: &State, namespace: &str) -> Api<K> {
     Api::namespaced(state.deps.client.clone(), namespace)

@@ -19,7 +19,7 @@ use crate::gateway::openapi::{
 use crate::gateway::revalidate::Guard;
 use crate::gateway::spec::rollout_group_from_request;
 use crate::gateway::wait::{WaitFor, WaitOutcome, wait_duration};
-use crate::runtime::conditions::{is_true, why_unsettled};
+use crate::plumbing::conditions::{is_true, why_unsettled};
 use orchard_api::{RolloutGroup, RolloutPhase};
 
 /// Creates a RolloutGroup and answers at once (201).

@@ -24,8 +24,8 @@ use crate::gateway::openapi::{
 use crate::gateway::revalidate::Guard;
 use crate::gateway::spec::sandbox_from_request;
 use crate::gateway::wait::{WaitFor, WaitOutcome, wait_duration};
-use crate::runtime::conditions::{STALLED, is_true, why_unsettled};
-use crate::runtime::status_patch::status_member_patch;
+use crate::plumbing::conditions::{STALLED, is_true, why_unsettled};
+use crate::plumbing::status_patch::status_member_patch;
 use orchard_api::{Sandbox, SandboxPhase, TrajectoryResult, TrajectoryStatus};
 
 fn api(state: &State, namespace: &str) -> Api<Sandbox> {

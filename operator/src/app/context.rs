@@ -16,21 +16,21 @@ use tokio::sync::watch;
 
 use crate::pool::book::PoolBook;
 use crate::queue::book::QueueBook;
-use crate::runtime::backoff::ReconcileBackoff;
-use crate::runtime::config::{OperatorArgs, parse_label_pairs};
-use crate::runtime::error::{Error, Result};
-use crate::runtime::leader::Leadership;
-use crate::runtime::metrics::Metrics;
-use crate::runtime::own_writes::OwnWrites;
-use crate::runtime::reconcile_slots::ReconcileSlots;
-use crate::sandbox::agent_client::AgentClient;
-use crate::sandbox::build::{PodShape, PolicyShape};
-use crate::sandbox::cidr::Cidr;
-use crate::sandbox::cluster_ranges::{ClusterRanges, Watched};
-use crate::sandbox::placement::Placement;
-use crate::sandbox::policy_canary::PolicyCanaries;
+use crate::plumbing::backoff::ReconcileBackoff;
+use crate::app::config::{OperatorArgs, parse_label_pairs};
+use crate::plumbing::error::{Error, Result};
+use crate::plumbing::leader::Leadership;
+use crate::plumbing::metrics::Metrics;
+use crate::plumbing::own_writes::OwnWrites;
+use crate::plumbing::reconcile_slots::ReconcileSlots;
+use crate::pod::agent_client::AgentClient;
+use crate::pod::build::{PodShape, PolicyShape};
+use crate::pod::cidr::Cidr;
+use crate::pod::cluster_ranges::{ClusterRanges, Watched};
+use crate::pod::placement::Placement;
+use crate::pod::policy_canary::PolicyCanaries;
 use crate::sandbox::runner::Runners;
-use crate::sandbox::token::TokenKey;
+use crate::pod::token::TokenKey;
 use orchard_api::{RolloutGroup, RolloutQueue, Sandbox, SandboxPool};
 
 /// Field manager of every server-side apply the operator sends.
@@ -462,7 +462,7 @@ mod tests {
 
     #[test]
     fn by_default_open_egress_never_reaches_metadata_addresses_of_either_family() {
-        use crate::sandbox::build::desired_egress_policy;
+        use crate::pod::build::desired_egress_policy;
         use orchard_api::{EgressPolicy, NetworkSpec, SandboxSpec};
         let args = OperatorArgs::parse_from(["orchard-operator"]);
         let settings = Settings::from_args(&args).unwrap();

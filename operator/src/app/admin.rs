@@ -11,9 +11,9 @@ use axum::routing::get;
 use tokio_util::sync::CancellationToken;
 
 use crate::gateway::lookup::group_phase_name;
-use crate::runtime::CacheFill;
-use crate::runtime::context::Caches;
-use crate::runtime::metrics::Metrics;
+use crate::app::start::CacheFill;
+use crate::app::context::Caches;
+use crate::plumbing::metrics::Metrics;
 use orchard_api::SandboxPhase;
 
 /// State of the admin server.

@@ -2,7 +2,7 @@
 //! first operations `test` the Pod's UID and resourceVersion as the cache showed them Ready and
 //! unclaimed; it then hands the Pod to the Sandbox (controller owner reference) and relabels it as the
 //! Sandbox's (its own egress policy selects it from then on, the pool's scale selector no longer
-//! does) and seals it for the Sandbox (`runtime::ownership`): from then on it verifies as the
+//! does) and seals it for the Sandbox (`plumbing::ownership`): from then on it verifies as the
 //! Sandbox's Pod and no longer as the pool's. The API server evaluates the tests against the stored object and applies all or nothing, so
 //! of any number of concurrent claims, by any number of reconciles or replicas, before or after a
 //! failover, exactly one gets the member; the others get 422 or 409 and try the next one. The Pod's
@@ -20,17 +20,17 @@ use kube::runtime::reflector::Store;
 use serde_json::Value;
 use tracing::{debug, info};
 
-use super::book::PoolKey;
-use super::members::view;
-use super::template::mismatches;
-use super::template::{PoolDefaults, defaults_annotation, defaults_of, template_hash};
-use crate::runtime::context::Context;
-use crate::runtime::error::{Error, Result};
-use crate::runtime::own_writes::child_key;
-use crate::runtime::ownership::{seal, sealed_for};
-use crate::sandbox::build::{pod_labels, pod_name};
+use crate::pool::book::PoolKey;
+use crate::pool::members::view;
+use crate::pool::template::mismatches;
+use crate::pool::template::{PoolDefaults, defaults_annotation, defaults_of, template_hash};
+use crate::app::context::Context;
+use crate::plumbing::error::{Error, Result};
+use crate::plumbing::own_writes::child_key;
+use crate::plumbing::ownership::{seal, sealed_for};
+use crate::pod::build::{pod_labels, pod_name};
 use crate::sandbox::status::Blocked;
-use crate::sandbox::token::TokenKey;
+use crate::pod::token::TokenKey;
 use orchard_api::{
     CLAIMED_FROM_LABEL, POOL_DEFAULTS_ANNOTATION, POOL_LABEL, PoolFallback, Sandbox, SandboxPool,
 };
@@ -353,7 +353,7 @@ pub fn claimed_in_cache(pods: &Store<Pod>, sandbox: &Sandbox, key: &TokenKey) ->
 mod tests {
     use super::*;
     use crate::pool::members::{fixtures, member_pod};
-    use crate::runtime::mock_api::test_token_key;
+    use crate::plumbing::mock_api::test_token_key;
     use kube::Resource;
     use orchard_api::SandboxSpec;
 

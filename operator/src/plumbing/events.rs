@@ -5,7 +5,7 @@ use kube::Resource;
 use kube::runtime::events::{Event, EventType};
 use tracing::warn;
 
-use crate::runtime::context::Context;
+use crate::app::context::Context;
 
 /// Publishes an event about `object` with `reason` (CamelCase) and `note`.
 pub async fn publish<K>(ctx: &Context, object: &K, type_: EventType, reason: &str, note: String)

@@ -10,7 +10,7 @@
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference};
 use kube::Resource;
 
-use crate::sandbox::token::TokenKey;
+use crate::pod::token::TokenKey;
 use orchard_api::SEAL_ANNOTATION;
 
 /// How an existing object relates to the owner that wants its name.
@@ -122,7 +122,7 @@ pub fn claim<K: Resource<DynamicType = ()>>(
 }
 
 /// The UID in `existing`'s controller owner reference, if any. Not proof of anything: it only says
-/// which owner's short memory of its own writes an object's watch event ends (`runtime::start`);
+/// which owner's short memory of its own writes an object's watch event ends (`app::start`);
 /// ownership is [`sealed`].
 pub fn controller_uid(existing: &ObjectMeta) -> Option<&str> {
     controller_reference(existing).map(|r| r.uid.as_str())
@@ -131,7 +131,7 @@ pub fn controller_uid(existing: &ObjectMeta) -> Option<&str> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::runtime::mock_api::test_token_key;
+    use crate::plumbing::mock_api::test_token_key;
     use k8s_openapi::api::core::v1::Pod;
 
     fn owned_by(kind: &str, name: &str, uid: &str, controller: bool) -> Pod {

@@ -16,12 +16,12 @@ use kube::{Resource, ResourceExt};
 use serde::Serialize;
 use serde::de::DeserializeOwned;
 
-use crate::runtime::context::{Context, FIELD_MANAGER};
-use crate::runtime::error::{Error, Result};
-use crate::runtime::own_writes::child_key;
-use crate::runtime::ownership::{Claim, Owner, claim};
-use crate::runtime::status_patch::status_patch;
-use crate::sandbox::token::TokenKey;
+use crate::app::context::{Context, FIELD_MANAGER};
+use crate::plumbing::error::{Error, Result};
+use crate::plumbing::own_writes::child_key;
+use crate::plumbing::ownership::{Claim, Owner, claim};
+use crate::plumbing::status_patch::status_patch;
+use crate::pod::token::TokenKey;
 
 /// What became of a child we want under a given name.
 #[derive(Debug, Clone, PartialEq)]
@@ -97,7 +97,7 @@ async fn create_child<K: Child>(
 }
 
 /// Whether `cache` shows `namespace/name` as the object with `uid` (a write of ours the watch has
-/// delivered, for [`OwnWrites::record`](crate::runtime::own_writes::OwnWrites::record)).
+/// delivered, for [`OwnWrites::record`](crate::plumbing::own_writes::OwnWrites::record)).
 fn cache_holds<K>(cache: &Store<K>, namespace: &str, name: &str, uid: Option<&str>) -> bool
 where
     K: Resource<DynamicType = ()> + Clone,
@@ -335,8 +335,8 @@ where
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::runtime::mock_api::test_token_key;
-    use crate::runtime::ownership::seal;
+    use crate::plumbing::mock_api::test_token_key;
+    use crate::plumbing::ownership::seal;
     use k8s_openapi::api::core::v1::Secret;
     use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference};
 

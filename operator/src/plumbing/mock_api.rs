@@ -17,12 +17,12 @@ use kube::runtime::watcher;
 use serde_json::{Value, json};
 use tower_test::mock;
 
-use crate::runtime::backoff::ReconcileBackoff;
-use crate::runtime::config::OperatorArgs;
-use crate::runtime::context::{Caches, Context, Settings};
-use crate::runtime::leader::Leadership;
-use crate::runtime::metrics::Metrics;
-use crate::runtime::own_writes::OwnWrites;
+use crate::plumbing::backoff::ReconcileBackoff;
+use crate::app::config::OperatorArgs;
+use crate::app::context::{Caches, Context, Settings};
+use crate::plumbing::leader::Leadership;
+use crate::plumbing::metrics::Metrics;
+use crate::plumbing::own_writes::OwnWrites;
 use orchard_api::{RolloutGroup, RolloutQueue, Sandbox, SandboxPool};
 
 /// How the scripted server answers a request whose body (JSON, or `null`) it was given.
@@ -261,8 +261,8 @@ impl Scripted {
 }
 
 /// The token key of test contexts (fixed, so tests can derive the tokens of the pods they build).
-pub fn test_token_key() -> crate::sandbox::token::TokenKey {
-    match crate::sandbox::token::TokenKey::new(&[7; 32]) {
+pub fn test_token_key() -> crate::pod::token::TokenKey {
+    match crate::pod::token::TokenKey::new(&[7; 32]) {
         Ok(key) => key,
         Err(err) => panic!("a 32-byte key is valid: {err}"),
     }

@@ -10,8 +10,8 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kube::api::{Api, PostParams};
 use kube::{Client, ResourceExt};
 
-use crate::runtime::error::{Error, Result};
-use crate::sandbox::token::TokenKey;
+use crate::plumbing::error::{Error, Result};
+use crate::pod::token::TokenKey;
 use orchard_api::{MANAGED_BY, MANAGED_BY_LABEL};
 
 /// Name of the key Secret in the operator's namespace.

@@ -1,5 +1,5 @@
 //! Pure builders: a Sandbox spec plus the operator's defaults in, the desired Pod and NetworkPolicies
-//! out, each sealed under the operator's key for the owner it names (`runtime::ownership`). No I/O;
+//! out, each sealed under the operator's key for the owner it names (`plumbing::ownership`). No I/O;
 //! every variant of the spec is unit-tested here.
 
 use std::collections::BTreeMap;
@@ -22,7 +22,7 @@ use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 use super::cidr::{Cidr, excepts_within};
 use super::policy_canary::{CANARY_VARIABLE, PolicyCanaries, canaries_for, canary_value};
 use super::token::{PodCredentials, TokenKey, VERIFIER_VARIABLE};
-use crate::runtime::ownership::{seal, sealed};
+use crate::plumbing::ownership::{seal, sealed};
 use orchard_api::{
     EgressPolicy, MANAGED_BY, MANAGED_BY_LABEL, PortProtocol, ROLLOUT_GROUP_LABEL,
     ROLLOUT_QUEUE_LABEL, SANDBOX_LABEL, SANDBOX_POD_LABEL, STRIDE_LABEL, Sandbox, SandboxSpec,
@@ -738,7 +738,7 @@ mod tests {
     }
 
     fn key() -> TokenKey {
-        crate::runtime::mock_api::test_token_key()
+        crate::plumbing::mock_api::test_token_key()
     }
 
     fn credentials() -> PodCredentials {
@@ -834,7 +834,7 @@ mod tests {
 
     #[test]
     fn the_pod_carries_the_tokens_hash_and_nonce_and_never_the_token() {
-        let key = crate::sandbox::token::TokenKey::new(&[5; 32]).unwrap();
+        let key = crate::pod::token::TokenKey::new(&[5; 32]).unwrap();
         let credentials = key.credentials("ns", "s1", "abcd");
         let pod = desired_pod(&minimal(), &owner(), &shape(), &credentials, &key);
         assert_eq!(

@@ -11,7 +11,7 @@ use std::collections::BTreeSet;
 use k8s_openapi::api::core::v1::Toleration;
 use orchard_api::SandboxSpec;
 
-use crate::runtime::config::PlacementPolicy;
+use crate::app::config::PlacementPolicy;
 
 /// Reason of a Sandbox whose placement the operator refuses.
 pub const REASON: &str = "PlacementRefused";

@@ -20,19 +20,19 @@ use tracing::{error, info, warn};
 use crate::gateway::{self, GatewayDeps};
 use crate::pool::book::{PoolBook, PoolKey};
 use crate::queue::book::{QueueBook, QueueKey};
-use crate::runtime::admin::{self, AdminState};
-use crate::runtime::api_client;
-use crate::runtime::backoff::ReconcileBackoff;
-use crate::runtime::change_feed::ChangeFeed;
-use crate::runtime::config::OperatorArgs;
-use crate::runtime::context::{Caches, Context, Settings};
-use crate::runtime::error::{Error, Result};
-use crate::runtime::leader::{self, Election, Leadership, Timing, WriteGate};
-use crate::runtime::metrics::Metrics;
-use crate::runtime::own_writes::{OwnWrites, child_key, namespace_scope};
-use crate::runtime::ownership::controller_uid;
-use crate::runtime::triggers::{Forward, forwarded, trigger};
-use crate::sandbox::cluster_ranges::{self, Observations};
+use crate::app::admin::{self, AdminState};
+use crate::plumbing::api_client;
+use crate::plumbing::backoff::ReconcileBackoff;
+use crate::plumbing::change_feed::ChangeFeed;
+use crate::app::config::OperatorArgs;
+use crate::app::context::{Caches, Context, Settings};
+use crate::plumbing::error::{Error, Result};
+use crate::plumbing::leader::{self, Election, Leadership, Timing, WriteGate};
+use crate::plumbing::metrics::Metrics;
+use crate::plumbing::own_writes::{OwnWrites, child_key, namespace_scope};
+use crate::plumbing::ownership::controller_uid;
+use crate::plumbing::triggers::{Forward, forwarded, trigger};
+use crate::pod::cluster_ranges::{self, Observations};
 use crate::{rollout, sandbox};
 use orchard_api::{
     CLAIMED_FROM_LABEL, MANAGED_BY, MANAGED_BY_LABEL, POOL_LABEL, ROLLOUT_QUEUE_LABEL,
@@ -698,7 +698,7 @@ fn cached_watch<K>(
     impl futures::Stream<Item = std::result::Result<K, watcher::Error>> + Send + 'static,
 )
 where
-    K: crate::runtime::writes::Child,
+    K: crate::plumbing::writes::Child,
 {
     let (store, writer) = reflector::store::<K>();
     let events = watcher(api, watcher::Config::default().labels(labels))

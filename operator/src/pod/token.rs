@@ -10,7 +10,7 @@
 //!
 //! The same key seals what the operator creates under an owner ([`TokenKey::seal`], the annotation
 //! `orchard.dev/seal`): an HMAC of the object's kind, namespace, name and owner UID under another
-//! context string, so no seal is ever a token and no token a seal. `runtime::ownership` uses it.
+//! context string, so no seal is ever a token and no token a seal. `plumbing::ownership` uses it.
 
 use std::collections::BTreeMap;
 use std::fmt;

@@ -3,7 +3,7 @@
 
 use tracing_subscriber::EnvFilter;
 
-use crate::runtime::config::LogFormat;
+use crate::app::config::LogFormat;
 
 /// Installs the global subscriber. Call once, at startup.
 pub fn init(format: LogFormat) {

@@ -1,0 +1,27 @@
+//! Generic Kubernetes machinery every controller and the gateway build on. Nothing here knows a
+//! controller: no module of this folder imports `sandbox`, `pod`, `pool`, `rollout`, `queue`,
+//! `gateway` or `app` (the layering test in `tests/layers.rs` checks it).
+//!
+//! The API client ([`api_client`]); the write layer ([`writes`], [`status_patch`]) and its short
+//! memory of the operator's own writes ([`own_writes`]); ownership and seals ([`ownership`]);
+//! per-object backoff and reconcile slots ([`backoff`], [`reconcile_slots`]); leadership
+//! ([`leader`]); the change feed waiters read ([`change_feed`]) and the controllers' triggers
+//! ([`triggers`]); conditions and events ([`conditions`], [`events`]); metrics ([`metrics`]) and the
+//! error type ([`error`]).
+
+pub mod api_client;
+pub mod backoff;
+pub mod change_feed;
+pub mod conditions;
+pub mod error;
+pub mod events;
+pub mod leader;
+pub mod metrics;
+#[cfg(test)]
+pub mod mock_api;
+pub mod own_writes;
+pub mod ownership;
+pub mod reconcile_slots;
+pub mod status_patch;
+pub mod triggers;
+pub mod writes;
