@@ -12,9 +12,9 @@ pub use orchard_api as api;
 
 pub mod app;
 pub mod gateway;
+pub mod plumbing;
+pub mod pod;
 pub mod pool;
 pub mod queue;
 pub mod rollout;
-pub mod plumbing;
-pub mod pod;
 pub mod sandbox;

@@ -11,8 +11,7 @@ use axum::routing::get;
 use tokio_util::sync::CancellationToken;
 
 use crate::gateway::lookup::group_phase_name;
-use crate::app::start::CacheFill;
-use crate::app::context::Caches;
+use crate::plumbing::caches::{CacheFill, Caches};
 use crate::plumbing::metrics::Metrics;
 use orchard_api::SandboxPhase;
 

@@ -11,7 +11,7 @@ use kube::api::{Api, PostParams};
 use kube::{Client, ResourceExt};
 
 use crate::plumbing::error::{Error, Result};
-use crate::pod::token::TokenKey;
+use crate::plumbing::operator_key::OperatorKey;
 use orchard_api::{MANAGED_BY, MANAGED_BY_LABEL};
 
 /// Name of the key Secret in the operator's namespace.
@@ -42,7 +42,7 @@ pub fn key_secret(namespace: &str, material: &[u8]) -> Secret {
 }
 
 /// The key held by `secret`, or why it holds none (pure).
-pub fn key_of(secret: &Secret) -> Result<TokenKey> {
+pub fn key_of(secret: &Secret) -> Result<OperatorKey> {
     let material = secret
         .data
         .as_ref()
@@ -54,7 +54,7 @@ pub fn key_of(secret: &Secret) -> Result<TokenKey> {
                 secret.name_any()
             ))
         })?;
-    TokenKey::new(&material.0).map_err(|err| {
+    OperatorKey::new(&material.0).map_err(|err| {
         Error::Config(format!(
             "Secret {}/{}: {err}",
             secret.namespace().unwrap_or_default(),
@@ -64,7 +64,7 @@ pub fn key_of(secret: &Secret) -> Result<TokenKey> {
 }
 
 /// Reads the key from `namespace`, creating it when there is none.
-pub async fn load_or_create(client: &Client, namespace: &str) -> Result<TokenKey> {
+pub async fn load_or_create(client: &Client, namespace: &str) -> Result<OperatorKey> {
     let api: Api<Secret> = Api::namespaced(client.clone(), namespace);
     if let Some(secret) = api.get_opt(TOKEN_KEY_SECRET).await? {
         return key_of(&secret);
@@ -99,7 +99,7 @@ mod tests {
         let secret = key_secret("orchard-system", &[3; 32]);
         assert_eq!(secret.immutable, Some(true));
         let key = key_of(&secret).unwrap();
-        assert_eq!(key.id(), TokenKey::new(&[3; 32]).unwrap().id());
+        assert_eq!(key.id(), OperatorKey::new(&[3; 32]).unwrap().id());
 
         let short = key_secret("orchard-system", &[3; 8]);
         assert!(

@@ -11,10 +11,10 @@ use kube::{Client, Resource, ResourceExt};
 
 use super::errors::{ApiError, from_kube};
 use super::recent_deletes::RecentDeletes;
+use crate::plumbing::operator_key::OperatorKey;
 use crate::plumbing::ownership::sealed_for;
+use crate::pod::agent_target::endpoint_of_own_pod;
 use crate::sandbox::apply::{cached_pod, own_pod_name};
-use crate::sandbox::status::endpoint_of_own_pod;
-use crate::pod::token::TokenKey;
 use orchard_api::{RolloutPhase, Sandbox, SandboxPhase};
 
 /// Phase name of a RolloutGroup.
@@ -36,7 +36,7 @@ pub fn agent_endpoint(
     sandbox: &Sandbox,
     pod: Option<&Pod>,
     agent_port: u16,
-    key: &TokenKey,
+    key: &OperatorKey,
 ) -> Result<String, ApiError> {
     let namespace = sandbox.namespace().unwrap_or_default();
     let name = sandbox.name_any();
@@ -45,7 +45,8 @@ pub fn agent_endpoint(
     }
     let status = sandbox.status.as_ref();
     let phase = status.and_then(|s| s.phase).map(SandboxPhase::as_str);
-    let ready = status.is_some_and(|s| crate::plumbing::conditions::is_true(&s.conditions, "Ready"));
+    let ready =
+        status.is_some_and(|s| crate::plumbing::conditions::is_true(&s.conditions, "Ready"));
     match pod.and_then(|pod| endpoint_of_own_pod(sandbox, pod, agent_port, key)) {
         Some(endpoint) if ready => Ok(endpoint),
         _ => Err(ApiError::not_ready(&namespace, &name, phase)),
@@ -94,7 +95,7 @@ pub async fn own_pod(
     client: &Client,
     pods: &Store<Pod>,
     sandbox: &Sandbox,
-    key: &TokenKey,
+    key: &OperatorKey,
 ) -> Option<Arc<Pod>> {
     let cached = cached_pod(pods, sandbox, key);
     let uid = sandbox.uid().unwrap_or_default();
@@ -119,7 +120,7 @@ pub fn agent_access(
     sandbox: &Sandbox,
     pod: Option<&Pod>,
     agent_port: u16,
-    key: &TokenKey,
+    key: &OperatorKey,
 ) -> Result<(String, String), ApiError> {
     let endpoint = agent_endpoint(sandbox, pod, agent_port, key)?;
     // `agent_endpoint` answers only with a pod; without one it was NotReady above.
@@ -130,9 +131,8 @@ pub fn agent_access(
             None,
         )
     })?;
-    let token = key
-        .token_of(pod)
-        .map_err(|err| ApiError::conflict(err.to_string()))?;
+    let token =
+        crate::pod::token::token_of(key, pod).map_err(|err| ApiError::conflict(err.to_string()))?;
     Ok((endpoint, token))
 }
 

@@ -12,6 +12,7 @@
 pub mod access;
 pub mod auth;
 pub mod body;
+pub mod config;
 pub mod errors;
 pub mod heartbeat;
 pub mod in_flight;
@@ -49,15 +50,15 @@ use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 
 use crate::plumbing::change_feed::ChangeFeed;
-use crate::app::config::GatewayLimits;
-use crate::app::context::{Caches, Settings};
 use crate::plumbing::metrics::Metrics;
 use auth::AuthSettings;
 use body::BodyLimits;
+use config::GatewayLimits;
 use errors::ApiError;
 use in_flight::{InFlight, PoolLimits};
+use k8s_openapi::api::core::v1::Pod;
 use metrics::GatewayMetrics;
-use orchard_api::RolloutGroup;
+use orchard_api::{RolloutGroup, Sandbox};
 use review_budget::BudgetLimits;
 use routes::{CachesFilled, GatewayState, State, agent, rollout_groups, sandboxes, system};
 use server::ConnectionLimits;
@@ -66,25 +67,47 @@ use server::ConnectionLimits;
 /// controllers' so server-side apply never takes their fields away.
 pub const GATEWAY_FIELD_MANAGER: &str = "orchard-gateway";
 
+/// What the gateway reads of the cluster: the watch caches the controllers fill (read only; the
+/// gateway never writes a cache) and the feed of their changes. It reads nothing else of the
+/// controllers.
+#[derive(Clone)]
+pub struct ReadModel {
+    /// Every Sandbox in scope.
+    pub sandboxes: Store<Sandbox>,
+    /// Sandbox pods.
+    pub pods: Store<Pod>,
+    /// Every RolloutGroup in scope.
+    pub rollout_groups: Store<RolloutGroup>,
+    /// Notes of changed Sandboxes and RolloutGroups, published after the caches applied them.
+    pub changes: ChangeFeed,
+}
+
+/// The sandbox settings the gateway answers with (from the operator's command line).
+#[derive(Debug, Clone, PartialEq)]
+pub struct GatewaySettings {
+    /// Port of the agents.
+    pub agent_port: u16,
+    /// TTL of sandboxes whose spec sets none.
+    pub default_ttl_seconds: i64,
+    /// Heartbeat timeout of sandboxes whose spec sets none.
+    pub default_heartbeat_timeout_seconds: i64,
+}
+
 /// What the gateway needs from the rest of the operator.
 #[derive(Clone)]
 pub struct GatewayDeps {
     /// Kubernetes client (the operator's own identity).
     pub client: Client,
-    /// Watch caches of sandboxes, pods and policies.
-    pub caches: Caches,
-    /// Watch cache of RolloutGroups.
-    pub rollout_groups: Store<RolloutGroup>,
-    /// Notes of changed Sandboxes and RolloutGroups, published after the caches applied them.
-    pub changes: ChangeFeed,
+    /// What it reads.
+    pub reads: ReadModel,
     /// Metrics registry.
     pub metrics: Metrics,
-    /// Operator settings (agent port, defaults).
-    pub settings: Settings,
+    /// Sandbox defaults.
+    pub settings: GatewaySettings,
     /// Connection, request and authentication limits.
     pub limits: GatewayLimits,
     /// The key the agents' tokens are derived from.
-    pub token_key: std::sync::Arc<crate::pod::token::TokenKey>,
+    pub key: std::sync::Arc<crate::plumbing::operator_key::OperatorKey>,
 }
 
 /// How the gateway authenticates, from its limits (pure).
@@ -126,8 +149,8 @@ async fn track(
 
 /// Marks the Sandbox and RolloutGroup caches filled when their watches report `InitDone`.
 fn watch_cache_fill(state: &State, shutdown: CancellationToken) {
-    let mut sandboxes = state.deps.changes.relists("Sandbox");
-    let mut groups = state.deps.changes.relists("RolloutGroup");
+    let mut sandboxes = state.deps.reads.changes.relists("Sandbox");
+    let mut groups = state.deps.reads.changes.relists("RolloutGroup");
     let state = state.clone();
     tokio::spawn(async move {
         let filled = &state.filled;

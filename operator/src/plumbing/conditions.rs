@@ -6,7 +6,7 @@
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
 use k8s_openapi::jiff::Timestamp;
 
-use crate::sandbox::expiry::floor_to_second;
+use crate::plumbing::time::floor_to_second;
 
 /// A condition as computed now; [`merge`] decides its `lastTransitionTime`.
 #[derive(Debug, Clone, PartialEq, Eq)]

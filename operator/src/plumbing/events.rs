@@ -5,10 +5,10 @@ use kube::Resource;
 use kube::runtime::events::{Event, EventType};
 use tracing::warn;
 
-use crate::app::context::Context;
+use crate::plumbing::kube_ctx::KubeCtx;
 
 /// Publishes an event about `object` with `reason` (CamelCase) and `note`.
-pub async fn publish<K>(ctx: &Context, object: &K, type_: EventType, reason: &str, note: String)
+pub async fn publish<K>(ctx: &KubeCtx, object: &K, type_: EventType, reason: &str, note: String)
 where
     K: Resource<DynamicType = ()>,
 {

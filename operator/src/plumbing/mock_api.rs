@@ -1,6 +1,6 @@
 //! A scripted API server for reconcile tests (the tower-test pattern of kube-rs' controller-rs): a
 //! test lists the exact requests one reconcile must send, in order, with the answer to each, and runs
-//! the reconcile against a [`Context`] whose client talks to the script. A request the script does not
+//! the reconcile against a context whose client ([`KubeCtx`]) talks to the script. A request the script does not
 //! expect, one it expects that never comes, or any request after the script ended fails the test.
 
 use std::sync::Arc;
@@ -17,12 +17,15 @@ use kube::runtime::watcher;
 use serde_json::{Value, json};
 use tower_test::mock;
 
-use crate::plumbing::backoff::ReconcileBackoff;
 use crate::app::config::OperatorArgs;
-use crate::app::context::{Caches, Context, Settings};
+use crate::app::settings::Settings;
+use crate::plumbing::backoff::ReconcileBackoff;
+use crate::plumbing::caches::Caches;
+use crate::plumbing::kube_ctx::KubeCtx;
 use crate::plumbing::leader::Leadership;
 use crate::plumbing::metrics::Metrics;
 use crate::plumbing::own_writes::OwnWrites;
+use kube::runtime::events::{Recorder, Reporter};
 use orchard_api::{RolloutGroup, RolloutQueue, Sandbox, SandboxPool};
 
 /// How the scripted server answers a request whose body (JSON, or `null`) it was given.
@@ -223,29 +226,36 @@ pub fn scripted(caches: &TestCaches, script: Vec<Expect>) -> Scripted {
         }
         seen
     });
-    let ctx = Context::new(
+    let kube = KubeCtx {
+        recorder: Recorder::new(
+            client.clone(),
+            Reporter {
+                controller: "orchard-operator".into(),
+                instance: None,
+            },
+        ),
         client,
-        default_settings(),
-        Metrics::new().unwrap_or_else(|err| panic!("metrics: {err}")),
-        Arc::new(ReconcileBackoff::new(
+        caches: caches.caches.clone(),
+        metrics: Metrics::new().unwrap_or_else(|err| panic!("metrics: {err}")),
+        backoff: Arc::new(ReconcileBackoff::new(
             Duration::from_millis(100),
             Duration::from_secs(60),
         )),
-        caches.caches.clone(),
-        Arc::new(OwnWrites::default()),
-        Leadership::always(),
-        Arc::new(test_token_key()),
-    );
+        own_writes: Arc::new(OwnWrites::default()),
+        leadership: Leadership::always(),
+        key: Arc::new(test_token_key()),
+        resync: default_settings().resync,
+    };
     Scripted {
-        ctx: Arc::new(ctx),
+        kube: Arc::new(kube),
         server,
     }
 }
 
-/// A context bound to a script.
+/// The shared handles bound to a script (each controller's tests build their context on them).
 pub struct Scripted {
-    /// The context to reconcile with.
-    pub ctx: Arc<Context>,
+    /// The handles to reconcile with.
+    pub kube: Arc<KubeCtx>,
     server: tokio::task::JoinHandle<Vec<String>>,
 }
 
@@ -261,8 +271,8 @@ impl Scripted {
 }
 
 /// The token key of test contexts (fixed, so tests can derive the tokens of the pods they build).
-pub fn test_token_key() -> crate::pod::token::TokenKey {
-    match crate::pod::token::TokenKey::new(&[7; 32]) {
+pub fn test_token_key() -> crate::plumbing::operator_key::OperatorKey {
+    match crate::plumbing::operator_key::OperatorKey::new(&[7; 32]) {
         Ok(key) => key,
         Err(err) => panic!("a 32-byte key is valid: {err}"),
     }

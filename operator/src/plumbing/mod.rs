@@ -11,17 +11,23 @@
 
 pub mod api_client;
 pub mod backoff;
+pub mod caches;
 pub mod change_feed;
 pub mod conditions;
 pub mod error;
 pub mod events;
+pub mod keyed_locks;
+pub mod kube_ctx;
 pub mod leader;
 pub mod metrics;
 #[cfg(test)]
 pub mod mock_api;
+pub mod operator_key;
 pub mod own_writes;
 pub mod ownership;
 pub mod reconcile_slots;
 pub mod status_patch;
+pub mod time;
 pub mod triggers;
+pub mod watch;
 pub mod writes;

@@ -1,7 +1,7 @@
 //! Whose is an existing object (pure): the operator's one ownership test. An object counts as the
 //! operator's child of an owner only when its controller owner reference carries the owner's UID
 //! *and* it carries the operator's seal for that UID (annotation `orchard.dev/seal`, see
-//! [`TokenKey::seal`]). Anyone who may create an object may write any owner reference into it,
+//! [`OperatorKey::seal`]). Anyone who may create an object may write any owner reference into it,
 //! `controller: true` included, and UIDs are readable by anyone with `get`; only the operator holds
 //! the key the seal is computed with. Names are reused too (trainers name groups after prompts), and
 //! anyone who may create a Sandbox may also create a Pod under a name we would pick: an object that
@@ -10,7 +10,7 @@
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference};
 use kube::Resource;
 
-use crate::pod::token::TokenKey;
+use crate::plumbing::operator_key::OperatorKey;
 use orchard_api::SEAL_ANNOTATION;
 
 /// How an existing object relates to the owner that wants its name.
@@ -47,7 +47,7 @@ fn controller_reference(meta: &ObjectMeta) -> Option<&OwnerReference> {
 
 /// Puts the operator's seal on `object` (pure): for its kind, namespace and name and the UID of the
 /// controller reference it carries. Builders call it last, once those are set.
-pub fn seal<K: Resource<DynamicType = ()>>(object: &mut K, key: &TokenKey) {
+pub fn seal<K: Resource<DynamicType = ()>>(object: &mut K, key: &OperatorKey) {
     let kind = K::kind(&());
     let meta = object.meta_mut();
     let uid = controller_reference(meta).map_or("", |r| r.uid.as_str());
@@ -65,7 +65,10 @@ pub fn seal<K: Resource<DynamicType = ()>>(object: &mut K, key: &TokenKey) {
 /// The UID of the owner `object` was sealed for: its controller reference's UID, when the object
 /// carries the operator's seal for that UID and its own kind, namespace and name. `None`: not the
 /// operator's child of anything, whatever its owner references say.
-pub fn sealed<'a, K: Resource<DynamicType = ()>>(object: &'a K, key: &TokenKey) -> Option<&'a str> {
+pub fn sealed<'a, K: Resource<DynamicType = ()>>(
+    object: &'a K,
+    key: &OperatorKey,
+) -> Option<&'a str> {
     let meta = object.meta();
     let controller = controller_reference(meta)?;
     let seal = meta.annotations.as_ref()?.get(SEAL_ANNOTATION)?;
@@ -84,7 +87,7 @@ pub fn sealed<'a, K: Resource<DynamicType = ()>>(object: &'a K, key: &TokenKey) 
 pub fn sealed_for<K: Resource<DynamicType = ()>>(
     object: &K,
     owner_uid: &str,
-    key: &TokenKey,
+    key: &OperatorKey,
 ) -> bool {
     !owner_uid.is_empty()
         && controller_reference(object.meta()).is_some_and(|r| r.uid == owner_uid)
@@ -97,7 +100,7 @@ pub fn sealed_for<K: Resource<DynamicType = ()>>(
 pub fn claim<K: Resource<DynamicType = ()>>(
     existing: &K,
     owner: Owner<'_>,
-    key: &TokenKey,
+    key: &OperatorKey,
 ) -> Claim {
     let Some(controller) = controller_reference(existing.meta()) else {
         return Claim::Foreign("not created by the operator".into());
@@ -205,7 +208,7 @@ mod tests {
         let mut other_key = owned_by("Sandbox", "again", "uid-2", true);
         seal(
             &mut other_key,
-            &TokenKey::new(&[9; 32]).expect("a 32-byte key"),
+            &OperatorKey::new(&[9; 32]).expect("a 32-byte key"),
         );
         let mut as_policy = k8s_openapi::api::networking::v1::NetworkPolicy {
             metadata: forged.metadata.clone(),

@@ -24,18 +24,16 @@ pub enum Forward {
 }
 
 /// The object of `event` that a trigger of kind `forward` passes on, if any (pure).
-pub fn forwarded<K>(
-    event: &Result<watcher::Event<K>, watcher::Error>,
-    forward: Forward,
-) -> Option<&K> {
+pub fn forwarded<K>(event: &watcher::Event<K>, forward: Forward) -> Option<&K> {
     match event {
-        Ok(watcher::Event::Apply(obj) | watcher::Event::InitApply(obj)) => Some(obj),
-        Ok(watcher::Event::Delete(obj)) if forward == Forward::AppliedAndDeleted => Some(obj),
+        watcher::Event::Apply(obj) | watcher::Event::InitApply(obj) => Some(obj),
+        watcher::Event::Delete(obj) if forward == Forward::AppliedAndDeleted => Some(obj),
         _ => None,
     }
 }
 
-/// The sending side: call [`Trigger::forward`] from an `inspect` placed after the reflector.
+/// The sending side: a subscriber of a watch (`watch::cached_watch`), told each event after the
+/// reflector applied it.
 #[derive(Clone)]
 pub struct Trigger<K> {
     sender: mpsc::UnboundedSender<Arc<K>>,
@@ -55,7 +53,7 @@ where
 impl<K: Clone> Trigger<K> {
     /// Passes the event's object on; whether a controller received it. A receiver that is gone (the
     /// controller stopped at shutdown) is not an error.
-    pub fn forward(&self, event: &Result<watcher::Event<K>, watcher::Error>) -> bool {
+    pub fn forward(&self, event: &watcher::Event<K>) -> bool {
         forwarded(event, self.forward)
             .is_some_and(|obj| self.sender.unbounded_send(Arc::new(obj.clone())).is_ok())
     }
@@ -83,9 +81,9 @@ mod tests {
 
     #[test]
     fn applied_and_listed_objects_are_forwarded_deletions_only_when_asked() {
-        let apply = Ok(watcher::Event::Apply(named("a")));
-        let listed = Ok(watcher::Event::InitApply(named("b")));
-        let deleted = Ok(watcher::Event::Delete(named("c")));
+        let apply = watcher::Event::Apply(named("a"));
+        let listed = watcher::Event::InitApply(named("b"));
+        let deleted = watcher::Event::Delete(named("c"));
         let name = |o: Option<&ConfigMap>| o.and_then(|o| o.metadata.name.clone());
         for forward in [Forward::Applied, Forward::AppliedAndDeleted] {
             assert_eq!(name(forwarded(&apply, forward)), Some("a".into()));
@@ -96,8 +94,8 @@ mod tests {
             name(forwarded(&deleted, Forward::AppliedAndDeleted)),
             Some("c".into())
         );
-        let markers: [Result<watcher::Event<ConfigMap>, watcher::Error>; 2] =
-            [Ok(watcher::Event::Init), Ok(watcher::Event::InitDone)];
+        let markers: [watcher::Event<ConfigMap>; 2] =
+            [watcher::Event::Init, watcher::Event::InitDone];
         for marker in &markers {
             assert!(forwarded(marker, Forward::AppliedAndDeleted).is_none());
         }
@@ -114,10 +112,10 @@ mod tests {
         );
         // The consumer is parked on an empty channel before anything is sent.
         tokio::time::sleep(Duration::from_millis(20)).await;
-        trigger.forward(&Ok(watcher::Event::Apply(named("child"))));
-        trigger.forward(&Ok(watcher::Event::Delete(named("child"))));
+        trigger.forward(&watcher::Event::Apply(named("child")));
+        trigger.forward(&watcher::Event::Delete(named("child")));
         tokio::time::sleep(Duration::from_millis(20)).await;
-        trigger.forward(&Ok(watcher::Event::Apply(named("later"))));
+        trigger.forward(&watcher::Event::Apply(named("later")));
         let seen = tokio::time::timeout(Duration::from_secs(5), consumer)
             .await
             .expect("the consumer was woken")
@@ -172,10 +170,10 @@ mod tests {
     #[test]
     fn a_stopped_controller_is_not_an_error() {
         let (trigger, stream) = trigger::<ConfigMap>(Forward::Applied);
-        assert!(trigger.forward(&Ok(watcher::Event::Apply(named("x")))));
+        assert!(trigger.forward(&watcher::Event::Apply(named("x"))));
         drop(stream);
         assert!(
-            !trigger.forward(&Ok(watcher::Event::Apply(named("y")))),
+            !trigger.forward(&watcher::Event::Apply(named("y"))),
             "nobody receives it, and nothing panics"
         );
     }

@@ -16,12 +16,12 @@ use kube::{Resource, ResourceExt};
 use serde::Serialize;
 use serde::de::DeserializeOwned;
 
-use crate::app::context::{Context, FIELD_MANAGER};
 use crate::plumbing::error::{Error, Result};
+use crate::plumbing::kube_ctx::{FIELD_MANAGER, KubeCtx};
+use crate::plumbing::operator_key::OperatorKey;
 use crate::plumbing::own_writes::child_key;
 use crate::plumbing::ownership::{Claim, Owner, claim};
 use crate::plumbing::status_patch::status_patch;
-use crate::pod::token::TokenKey;
 
 /// What became of a child we want under a given name.
 #[derive(Debug, Clone, PartialEq)]
@@ -51,7 +51,7 @@ impl<T> ChildState<T> {
 pub fn existing_state<K: Resource<DynamicType = ()>>(
     existing: K,
     owner: Owner<'_>,
-    key: &TokenKey,
+    key: &OperatorKey,
 ) -> ChildState<K> {
     let what = format!("{} {}", K::kind(&()), existing.name_any());
     match claim(&existing, owner, key) {
@@ -70,7 +70,7 @@ pub fn existing_state<K: Resource<DynamicType = ()>>(
 /// Creates `desired` in `namespace`; if its name is taken, reads the existing object and classifies
 /// it. Counts the create.
 async fn create_child<K: Child>(
-    ctx: &Context,
+    ctx: &KubeCtx,
     namespace: &str,
     desired: &K,
     owner: Owner<'_>,
@@ -83,7 +83,7 @@ async fn create_child<K: Child>(
         }
         Err(kube::Error::Api(status)) if status.is_already_exists() => {
             match api.get_opt(&desired.name_any()).await? {
-                Some(existing) => Ok(existing_state(existing, owner, &ctx.token_key)),
+                Some(existing) => Ok(existing_state(existing, owner, &ctx.key)),
                 // Deleted between the two calls: the deletion event brings us back.
                 None => Ok(ChildState::Waiting(format!(
                     "{} {} was being deleted",
@@ -110,7 +110,7 @@ where
 /// Deletes `namespace/name` if it is still the object with `uid` (a precondition: a newer object
 /// under the same name is never touched). Gone, or replaced, counts as done.
 pub async fn delete_if_same<K: Child>(
-    ctx: &Context,
+    ctx: &KubeCtx,
     namespace: &str,
     name: &str,
     uid: &str,
@@ -153,7 +153,7 @@ impl<K: Namespaced + Clone + Debug + Serialize + DeserializeOwned + Send + Sync 
 /// the owner's scope (tagged `tag`; with the returned object when `keep_object`, for callers that need
 /// it before the cache has it) until `cache` shows it.
 pub async fn create_owned<K: Child>(
-    ctx: &Context,
+    ctx: &KubeCtx,
     cache: &Store<K>,
     desired: &K,
     owner: Owner<'_>,
@@ -181,7 +181,7 @@ pub async fn create_owned<K: Child>(
 /// the cache shows an object for which `current` holds or `scope` remembers this very write (`tag`);
 /// then remembers it until the cache shows it.
 pub async fn apply_owned<K: Child>(
-    ctx: &Context,
+    ctx: &KubeCtx,
     cache: &Store<K>,
     scope: &str,
     desired: &K,
@@ -211,7 +211,7 @@ pub async fn apply_owned<K: Child>(
 /// [`delete_if_same`]), once: the delete is remembered until `cache` no longer shows that object
 /// alive.
 pub async fn ensure_deleted<K: Child>(
-    ctx: &Context,
+    ctx: &KubeCtx,
     cache: &Store<K>,
     scope: &str,
     namespace: &str,
@@ -249,7 +249,7 @@ pub enum StatusWrite {
 /// until the watch delivers the version the write returned. An object that now holds the name after a
 /// delete and recreate is left untouched ([`StatusWrite::Gone`]).
 pub async fn write_status<K, S>(
-    ctx: &Context,
+    ctx: &KubeCtx,
     cache: &Store<K>,
     object: &K,
     previous: Option<&S>,
@@ -313,7 +313,7 @@ where
 /// `set_status` if the watch has not delivered it yet; `None` when the name holds nothing any more.
 /// Memory first, cache second: a status dropped from memory has reached the cache by then.
 pub fn freshest<K, S>(
-    ctx: &Context,
+    ctx: &KubeCtx,
     cache: &Store<K>,
     queued: &K,
     set_status: impl FnOnce(&mut K, S),

@@ -21,7 +21,8 @@ use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 
 use super::cidr::{Cidr, excepts_within};
 use super::policy_canary::{CANARY_VARIABLE, PolicyCanaries, canaries_for, canary_value};
-use super::token::{PodCredentials, TokenKey, VERIFIER_VARIABLE};
+use super::token::{PodCredentials, VERIFIER_VARIABLE};
+use crate::plumbing::operator_key::OperatorKey;
 use crate::plumbing::ownership::{seal, sealed};
 use orchard_api::{
     EgressPolicy, MANAGED_BY, MANAGED_BY_LABEL, PortProtocol, ROLLOUT_GROUP_LABEL,
@@ -119,7 +120,7 @@ pub fn sandbox_selector(sandbox_name: &str) -> BTreeMap<String, String> {
 /// `kubectl get pods -l orchard.dev/rollout-group=g` works, and the queue label, which a queue's
 /// accounting counts on Pods too. Anyone may put those labels on a Sandbox of their own; passed on to
 /// its Pod, which the operator seals, they would let it hold a queue's slot without admission.
-fn child_labels(sandbox: &Sandbox, name: &str, key: &TokenKey) -> BTreeMap<String, String> {
+fn child_labels(sandbox: &Sandbox, name: &str, key: &OperatorKey) -> BTreeMap<String, String> {
     let mut labels = sandbox_selector(name);
     labels.insert(MANAGED_BY_LABEL.to_string(), MANAGED_BY.to_string());
     if sealed(sandbox, key).is_some() {
@@ -134,7 +135,7 @@ fn child_labels(sandbox: &Sandbox, name: &str, key: &TokenKey) -> BTreeMap<Strin
 
 /// Labels of a sandbox's Pod: those of every child plus the baseline policy's selector. A claimed
 /// pool member is relabelled to exactly these (plus the pool it came from).
-pub fn pod_labels(sandbox: &Sandbox, key: &TokenKey) -> BTreeMap<String, String> {
+pub fn pod_labels(sandbox: &Sandbox, key: &OperatorKey) -> BTreeMap<String, String> {
     let name = sandbox.metadata.name.clone().unwrap_or_default();
     let mut labels = child_labels(sandbox, &name, key);
     labels.insert(SANDBOX_POD_LABEL.to_string(), "true".to_string());
@@ -146,7 +147,7 @@ fn child_meta(
     name: &str,
     object_name: String,
     owner: &OwnerReference,
-    key: &TokenKey,
+    key: &OperatorKey,
 ) -> ObjectMeta {
     ObjectMeta {
         name: Some(object_name),
@@ -326,7 +327,7 @@ pub fn desired_pod(
     owner: &OwnerReference,
     shape: &PodShape,
     credentials: &PodCredentials,
-    key: &TokenKey,
+    key: &OperatorKey,
 ) -> Pod {
     let name = sandbox.metadata.name.clone().unwrap_or_default();
     let spec = &sandbox.spec;
@@ -617,7 +618,7 @@ pub fn desired_egress_policy(
     sandbox: &Sandbox,
     owner: &OwnerReference,
     shape: &PolicyShape,
-    key: &TokenKey,
+    key: &OperatorKey,
 ) -> Option<NetworkPolicy> {
     let name = sandbox.metadata.name.clone().unwrap_or_default();
     let network = sandbox.spec.network.clone().unwrap_or_default();
@@ -737,7 +738,7 @@ mod tests {
         })
     }
 
-    fn key() -> TokenKey {
+    fn key() -> OperatorKey {
         crate::plumbing::mock_api::test_token_key()
     }
 
@@ -834,8 +835,8 @@ mod tests {
 
     #[test]
     fn the_pod_carries_the_tokens_hash_and_nonce_and_never_the_token() {
-        let key = crate::pod::token::TokenKey::new(&[5; 32]).unwrap();
-        let credentials = key.credentials("ns", "s1", "abcd");
+        let key = crate::plumbing::operator_key::OperatorKey::new(&[5; 32]).unwrap();
+        let credentials = crate::pod::token::credentials(&key, "ns", "s1", "abcd");
         let pod = desired_pod(&minimal(), &owner(), &shape(), &credentials, &key);
         assert_eq!(
             env_value(&pod, "ORCHARD_AGENT_TOKEN_SHA256"),
@@ -844,7 +845,7 @@ mod tests {
         let mut annotations = pod.metadata.annotations.clone().unwrap_or_default();
         assert!(annotations.remove(orchard_api::SEAL_ANNOTATION).is_some());
         assert_eq!(annotations, credentials.annotations());
-        let token = key.token_of(&pod).unwrap();
+        let token = crate::pod::token::token_of(&key, &pod).unwrap();
         let text = serde_json::to_string(&pod).unwrap();
         assert!(
             !text.contains(&token),

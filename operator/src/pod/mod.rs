@@ -4,9 +4,15 @@
 //! enforcement canaries ([`policy_canary`]) and the cluster's own ranges ([`cluster_ranges`]).
 
 pub mod agent_client;
+pub mod agent_target;
+pub mod apply;
 pub mod build;
 pub mod cidr;
 pub mod cluster_ranges;
+pub mod context;
+#[cfg(test)]
+pub mod fixtures;
+pub mod health;
 pub mod placement;
 pub mod policy_canary;
 pub mod token;

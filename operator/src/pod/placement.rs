@@ -11,7 +11,46 @@ use std::collections::BTreeSet;
 use k8s_openapi::api::core::v1::Toleration;
 use orchard_api::SandboxSpec;
 
-use crate::app::config::PlacementPolicy;
+/// What a Sandbox may ask of the scheduler. Checked before its Pod is created: a refused spec fails
+/// the Sandbox with reason `PlacementRefused` and nothing is created. Lists are comma-separated.
+#[derive(clap::Args, Debug, Clone, PartialEq, Default)]
+pub struct PlacementPolicy {
+    /// PriorityClasses a sandbox may name in `spec.priorityClassName`; empty: none (sandboxes without one are always accepted).
+    #[arg(long, env = "ORCHARD_ALLOWED_PRIORITY_CLASSES", default_value = "")]
+    pub allowed_priority_classes: String,
+
+    /// Taint keys a sandbox may tolerate; empty: any key except the control-plane ones and the wildcard.
+    #[arg(long, env = "ORCHARD_ALLOWED_TOLERATION_KEYS", default_value = "")]
+    pub allowed_toleration_keys: String,
+
+    /// Let a sandbox tolerate every taint (a toleration with an empty key and operator `Exists`).
+    #[arg(
+        long,
+        env = "ORCHARD_ALLOW_WILDCARD_TOLERATIONS",
+        default_value_t = false
+    )]
+    pub allow_wildcard_tolerations: bool,
+
+    /// Let a sandbox tolerate or select control-plane nodes (`node-role.kubernetes.io/control-plane` and `node-role.kubernetes.io/master` in `spec.tolerations` or `spec.nodeSelector`).
+    #[arg(
+        long,
+        env = "ORCHARD_ALLOW_CONTROL_PLANE_PLACEMENT",
+        default_value_t = false
+    )]
+    pub allow_control_plane_placement: bool,
+
+    /// RuntimeClasses a sandbox may name in `spec.runtimeClassName`; empty: any.
+    #[arg(long, env = "ORCHARD_ALLOWED_RUNTIME_CLASSES", default_value = "")]
+    pub allowed_runtime_classes: String,
+
+    /// Node label keys a sandbox may use in `spec.nodeSelector`; empty: any key except the control-plane ones.
+    #[arg(long, env = "ORCHARD_ALLOWED_NODE_SELECTOR_KEYS", default_value = "")]
+    pub allowed_node_selector_keys: String,
+
+    /// Secrets (comma-separated names) a sandbox may name in `spec.imagePullSecrets`; empty: none. Sandboxes are created for their authors by the operator, so without this list anyone allowed to create a Sandbox (through the gateway too) could pull with any registry Secret of the namespace.
+    #[arg(long, env = "ORCHARD_ALLOWED_IMAGE_PULL_SECRETS", default_value = "")]
+    pub allowed_image_pull_secrets: String,
+}
 
 /// Reason of a Sandbox whose placement the operator refuses.
 pub const REASON: &str = "PlacementRefused";

@@ -20,16 +20,17 @@ use super::book::PoolKey;
 use super::members::{MemberView, Plan, Removal, member_name, member_pod, plan, view};
 use super::template::template_hash;
 use crate::plumbing::conditions::{self, Desired, Progress};
-use crate::app::context::{Context, object_key};
 use crate::plumbing::error::{Error, Result};
 use crate::plumbing::events::publish;
+use crate::plumbing::kube_ctx::object_key;
 use crate::plumbing::metrics::ReconcileTimer;
 use crate::plumbing::own_writes::child_key;
 use crate::plumbing::ownership::Owner;
 use crate::plumbing::writes::{self, create_owned};
-use crate::sandbox::apply::ensure_baseline;
+use crate::pod::apply::ensure_baseline;
 use crate::pod::placement;
 use crate::pod::token::new_nonce;
+use crate::pool::context::PoolCtx;
 use orchard_api::{POOL_LABEL, SandboxPool, SandboxPoolStatus};
 
 /// Controller name used in metrics and logs.
@@ -64,32 +65,36 @@ pub fn key_of(pool: &SandboxPool) -> PoolKey {
 
 /// Reconciles one SandboxPool.
 #[instrument(skip_all, fields(pool = %object_key(pool.as_ref())))]
-pub async fn reconcile(pool: Arc<SandboxPool>, ctx: Arc<Context>) -> Result<Action> {
-    let _timer = ReconcileTimer::start(&ctx.metrics, CONTROLLER);
+pub async fn reconcile(pool: Arc<SandboxPool>, ctx: Arc<PoolCtx>) -> Result<Action> {
+    let _timer = ReconcileTimer::start(&ctx.kube.metrics, CONTROLLER);
     let next = ctx
+        .kube
         .leadership
         .while_leader(reconcile_inner(&pool, &ctx))
         .await
         .unwrap_or(Ok(None))?;
     let uid = pool.uid().unwrap_or_default();
-    ctx.reconciled(CONTROLLER, &uid);
-    Ok(ctx.next_action(&uid, next.or(Some(ctx.settings.resync))))
+    ctx.kube.reconciled(CONTROLLER, &uid);
+    Ok(ctx.kube.next_action(&uid, next.or(Some(ctx.kube.resync))))
 }
 
 /// Retries a failed reconcile with per-object exponential backoff.
-pub fn error_policy(pool: Arc<SandboxPool>, error: &Error, ctx: Arc<Context>) -> Action {
-    let delay = ctx.reconcile_failed(CONTROLLER, &pool.uid().unwrap_or_default(), error);
+pub fn error_policy(pool: Arc<SandboxPool>, error: &Error, ctx: Arc<PoolCtx>) -> Action {
+    let delay = ctx
+        .kube
+        .reconcile_failed(CONTROLLER, &pool.uid().unwrap_or_default(), error);
     warn!(pool = %object_key(pool.as_ref()), %error, retry_in_ms = delay.as_millis() as u64, "pool reconcile failed");
     Action::requeue(delay)
 }
 
 /// The members of `pool` the operator knows: the cache's, and the ones it created moments ago that
 /// the cache does not show yet; members it deleted moments ago count as terminating.
-fn members(ctx: &Context, pool: &SandboxPool, hash: &str) -> Vec<MemberView> {
+fn members(ctx: &PoolCtx, pool: &SandboxPool, hash: &str) -> Vec<MemberView> {
     let namespace = pool.namespace().unwrap_or_default();
     let name = pool.name_any();
     let uid = pool.uid().unwrap_or_default();
     let mut seen: Vec<MemberView> = ctx
+        .kube
         .caches
         .pods
         .state()
@@ -102,10 +107,10 @@ fn members(ctx: &Context, pool: &SandboxPool, hash: &str) -> Vec<MemberView> {
                 .and_then(|l| l.get(POOL_LABEL))
                 .is_some_and(|v| *v == name)
         })
-        .filter_map(|p| view(p, &uid, hash, &ctx.token_key))
+        .filter_map(|p| view(p, &uid, hash, &ctx.kube.key))
         .collect();
-    for created in ctx.own_writes.objects::<Pod>(&uid) {
-        if let Some(member) = view(&created, &uid, hash, &ctx.token_key)
+    for created in ctx.kube.own_writes.objects::<Pod>(&uid) {
+        if let Some(member) = view(&created, &uid, hash, &ctx.kube.key)
             && !seen.iter().any(|m| m.uid == member.uid)
         {
             seen.push(member);
@@ -113,6 +118,7 @@ fn members(ctx: &Context, pool: &SandboxPool, hash: &str) -> Vec<MemberView> {
     }
     for member in &mut seen {
         if ctx
+            .kube
             .own_writes
             .recorded(&uid, &child_key("Pod", &member.name), "delete")
         {
@@ -122,18 +128,23 @@ fn members(ctx: &Context, pool: &SandboxPool, hash: &str) -> Vec<MemberView> {
     seen
 }
 
-async fn reconcile_inner(cached: &SandboxPool, ctx: &Arc<Context>) -> Result<Option<Duration>> {
+async fn reconcile_inner(cached: &SandboxPool, ctx: &Arc<PoolCtx>) -> Result<Option<Duration>> {
     let key = key_of(cached);
     if cached.meta().deletion_timestamp.is_some() {
-        ctx.pools.forget(&key);
+        ctx.book.forget(&key);
         return Ok(None);
     }
-    if !ctx.leadership.is_leader() {
+    if !ctx.kube.leadership.is_leader() {
         return Ok(None);
     }
-    let Some(pool) = writes::freshest(ctx, &ctx.caches.sandbox_pools, cached, |p, status| {
-        p.status = Some(status);
-    }) else {
+    let Some(pool) = writes::freshest(
+        &ctx.kube,
+        &ctx.kube.caches.sandbox_pools,
+        cached,
+        |p, status| {
+            p.status = Some(status);
+        },
+    ) else {
         return Ok(None);
     };
     let namespace = pool.namespace().ok_or(Error::MissingField {
@@ -147,13 +158,13 @@ async fn reconcile_inner(cached: &SandboxPool, ctx: &Arc<Context>) -> Result<Opt
     let hash = template_hash(&pool.spec.template);
     let seen = members(ctx, &pool, &hash);
     let paused = ctx
-        .pools
+        .book
         .last_failure(&key)
         .map(|at| FAILURE_PAUSE.saturating_sub(at.elapsed()))
         .filter(|left| !left.is_zero());
     // The operator's placement policy applies to members as to any Sandbox: a refused template gets
     // no members (and loses those it has), whoever may create pools.
-    let refused = placement::check(&pool.spec.template, &ctx.settings.placement).err();
+    let refused = placement::check(&pool.spec.template, &ctx.pods.settings.placement).err();
     let desired = if refused.is_some() {
         0
     } else {
@@ -163,13 +174,13 @@ async fn reconcile_inner(cached: &SandboxPool, ctx: &Arc<Context>) -> Result<Opt
 
     for (member, why) in &plan.delete {
         if *why == Removal::Failed {
-            ctx.pools
+            ctx.book
                 .member_failed(&key, plan.failure.clone().unwrap_or_default());
         }
         delete_member(ctx, &pool, &namespace, member).await?;
     }
     if plan.create > 0 {
-        ensure_baseline(ctx, &namespace).await?;
+        ensure_baseline(&ctx.kube, &ctx.pods, &namespace).await?;
     }
     let starting = plan.create.min(CREATE_BATCH);
     let starts = (0..starting).map(|_| start_member(ctx, &pool, &owner));
@@ -182,14 +193,14 @@ async fn reconcile_inner(cached: &SandboxPool, ctx: &Arc<Context>) -> Result<Opt
             "starting {starting} member(s) to keep {} ({} Ready, claimed members are replaced)",
             pool.spec.replicas, plan.ready
         );
-        publish(ctx, &pool, EventType::Normal, "Refilling", note).await;
+        publish(&ctx.kube, &pool, EventType::Normal, "Refilling", note).await;
     }
 
     let now = Timestamp::now();
     let problem = match refused {
         Some(why) => Some((placement::REASON.to_string(), why)),
         None => ctx
-            .pools
+            .book
             .recent_failure(&key, STALLED_FOR)
             .map(|why| ("MemberFailed".to_string(), why)),
     };
@@ -199,22 +210,31 @@ async fn reconcile_inner(cached: &SandboxPool, ctx: &Arc<Context>) -> Result<Opt
         .is_some_and(|s| conditions::is_true(&s.conditions, conditions::STALLED));
     if let Some((reason, message)) = problem.as_ref().filter(|_| !was_stalled) {
         warn!(pool = %object_key(&pool), %reason, %message, "pool stalled");
-        publish(ctx, &pool, EventType::Warning, reason, message.clone()).await;
+        publish(
+            &ctx.kube,
+            &pool,
+            EventType::Warning,
+            reason,
+            message.clone(),
+        )
+        .await;
     }
-    let status = pool_status(&pool, &plan, ctx.pools.claim_counts(&key), problem, now);
+    let status = pool_status(&pool, &plan, ctx.book.claim_counts(&key), problem, now);
     let labels = [namespace.as_str(), key.name.as_str()];
-    ctx.metrics
+    ctx.kube
+        .metrics
         .pool_members
         .with_label_values(&[labels[0], labels[1], "ready"])
         .set(i64::from(plan.ready));
-    ctx.metrics
+    ctx.kube
+        .metrics
         .pool_members
         .with_label_values(&[labels[0], labels[1], "starting"])
         .set(i64::from(plan.replicas - plan.ready));
     if pool.status.as_ref() != Some(&status) {
         writes::write_status(
-            ctx,
-            &ctx.caches.sandbox_pools,
+            &ctx.kube,
+            &ctx.kube.caches.sandbox_pools,
             &pool,
             pool.status.as_ref(),
             &status,
@@ -230,25 +250,26 @@ async fn reconcile_inner(cached: &SandboxPool, ctx: &Arc<Context>) -> Result<Opt
 
 /// Starts one member: its Pod, carrying the credentials of its own agent token.
 async fn start_member(
-    ctx: &Context,
+    ctx: &PoolCtx,
     pool: &SandboxPool,
     owner: &k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference,
 ) -> Result<()> {
     let name = member_name(&pool.name_any(), rand::random());
     let namespace = pool.namespace().unwrap_or_default();
-    let credentials = ctx.token_key.credentials(&namespace, &name, &new_nonce());
+    let credentials =
+        crate::pod::token::credentials(&ctx.kube.key, &namespace, &name, &new_nonce());
     let desired = member_pod(
         pool,
         &name,
         owner,
-        &ctx.pod_shape(),
+        &ctx.pods.pod_shape(),
         &credentials,
-        &ctx.token_key,
+        &ctx.kube.key,
     );
     // A random name that is taken is left alone: the next reconcile picks another.
     create_owned(
-        ctx,
-        &ctx.caches.pods,
+        &ctx.kube,
+        &ctx.kube.caches.pods,
         &desired,
         owner_of(pool),
         "create",
@@ -261,12 +282,12 @@ async fn start_member(
 /// Deletes a member if it is still exactly the one the plan saw (UID and resourceVersion): a member
 /// claimed meanwhile has another resourceVersion and stays. Gone or changed counts as done.
 async fn delete_member(
-    ctx: &Context,
+    ctx: &PoolCtx,
     pool: &SandboxPool,
     namespace: &str,
     member: &MemberView,
 ) -> Result<()> {
-    let api: Api<Pod> = Api::namespaced(ctx.client.clone(), namespace);
+    let api: Api<Pod> = Api::namespaced(ctx.kube.client.clone(), namespace);
     let params = DeleteParams {
         propagation_policy: Some(PropagationPolicy::Background),
         preconditions: Some(Preconditions {
@@ -277,10 +298,10 @@ async fn delete_member(
         ..DeleteParams::default()
     };
     let answer = api.delete(&member.name, &params).await;
-    ctx.metrics.api_write("pods", "delete");
+    ctx.kube.metrics.api_write("pods", "delete");
     match answer {
         Ok(_) => {
-            ctx.own_writes.record(
+            ctx.kube.own_writes.record(
                 pool.meta().uid.as_deref().unwrap_or_default(),
                 &child_key("Pod", &member.name),
                 "delete",

@@ -10,10 +10,11 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference}
 use k8s_openapi::jiff::Timestamp;
 
 use super::template::template_hash;
+use crate::plumbing::operator_key::OperatorKey;
 use crate::plumbing::ownership::sealed_for;
 use crate::pod::build::{PodShape, desired_pod};
-use crate::sandbox::status::{pod_failure, pod_ready};
-use crate::pod::token::{KEY_ID_ANNOTATION, NONCE_ANNOTATION, PodCredentials, TokenKey};
+use crate::pod::health::{pod_failure, pod_ready};
+use crate::pod::token::{KEY_ID_ANNOTATION, NONCE_ANNOTATION, PodCredentials};
 use orchard_api::{POOL_LABEL, POOL_TEMPLATE_HASH_ANNOTATION, Sandbox, SandboxPool};
 
 /// Length of the random suffix of a member's name (`<pool>-<suffix>`).
@@ -55,7 +56,7 @@ pub fn member_pod(
     owner: &OwnerReference,
     shape: &PodShape,
     credentials: &PodCredentials,
-    key: &TokenKey,
+    key: &OperatorKey,
 ) -> Pod {
     let mut pod = desired_pod(&stand_in(pool, member), owner, shape, credentials, key);
     let pool_name = pool.metadata.name.clone().unwrap_or_default();
@@ -97,7 +98,7 @@ pub struct MemberView {
 /// Reads `pod` as a member of the pool with UID `pool_uid` and template hash `hash`; `None` if it is
 /// not the pool's (not sealed for the pool under `key`: a claimed member is the Sandbox's, and a Pod
 /// somebody made with a controller reference to the pool is nobody's member).
-pub fn view(pod: &Pod, pool_uid: &str, hash: &str, key: &TokenKey) -> Option<MemberView> {
+pub fn view(pod: &Pod, pool_uid: &str, hash: &str, key: &OperatorKey) -> Option<MemberView> {
     if !sealed_for(pod, pool_uid, key) {
         return None;
     }
@@ -325,7 +326,7 @@ mod tests {
         };
         let shape = test_shape();
         let key = crate::plumbing::mock_api::test_token_key();
-        let credentials = key.credentials("ns", "py-abcde", "00aa");
+        let credentials = crate::pod::token::credentials(&key, "ns", "py-abcde", "00aa");
         let pod = member_pod(&pool, "py-abcde", &owner, &shape, &credentials, &key);
         assert_eq!(pod.metadata.name.as_deref(), Some("py-abcde"));
         let labels = pod.metadata.labels.clone().unwrap_or_default();
@@ -336,13 +337,9 @@ mod tests {
             template_hash(&pool.spec.template)
         );
         assert!(sealed_for(&pod, "pool-uid", &key));
-        let token = key
-            .token_of(&pod)
-            .expect("the member's token can be derived");
-        assert_eq!(
-            crate::pod::token::verifier(&token),
-            credentials.verifier
-        );
+        let token =
+            crate::pod::token::token_of(&key, &pod).expect("the member's token can be derived");
+        assert_eq!(crate::pod::token::verifier(&token), credentials.verifier);
         let hash = template_hash(&pool.spec.template);
         let seen = view(&pod, "pool-uid", &hash, &key).expect("a member");
         assert!(seen.current && !seen.ready && seen.failed.is_none());
@@ -363,7 +360,7 @@ mod tests {
         let pool = test_pool(2);
         let owner = pool.controller_owner_ref(&()).expect("owner");
         let key = crate::plumbing::mock_api::test_token_key();
-        let credentials = key.credentials("ns", "py-fake1", "00aa");
+        let credentials = crate::pod::token::credentials(&key, "ns", "py-fake1", "00aa");
         let hash = template_hash(&pool.spec.template);
         let genuine = member_pod(&pool, "py-fake1", &owner, &test_shape(), &credentials, &key);
         // Everything a member carries (labels, template hash, token annotations, controller
@@ -381,7 +378,7 @@ mod tests {
         copied.metadata.name = Some("py-fake2".into());
         assert!(view(&copied, "pool-uid", &hash, &key).is_none());
         // Sealed under another operator's key.
-        let theirs = crate::pod::token::TokenKey::new(&[3; 32]).expect("key");
+        let theirs = crate::plumbing::operator_key::OperatorKey::new(&[3; 32]).expect("key");
         let foreign = member_pod(
             &pool,
             "py-fake1",

@@ -7,9 +7,11 @@
 //! behaviour.
 
 pub mod book;
+pub mod context;
 pub mod controller;
 pub mod members;
 pub mod template;
+pub mod watching;
 
 use std::sync::Arc;
 

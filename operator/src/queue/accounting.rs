@@ -19,8 +19,8 @@ use std::collections::BTreeSet;
 
 use k8s_openapi::api::core::v1::Pod;
 
+use crate::plumbing::operator_key::OperatorKey;
 use crate::plumbing::ownership::sealed;
-use crate::pod::token::TokenKey;
 use orchard_api::{ROLLOUT_QUEUE_LABEL, SANDBOX_LABEL, Sandbox, SandboxPhase};
 
 /// Whether a Sandbox's trajectory is over (its pod may still be there).
@@ -40,7 +40,7 @@ pub fn in_queue<K: kube::Resource<DynamicType = ()>>(
     object: &K,
     queue_namespace: &str,
     queue: &str,
-    key: &TokenKey,
+    key: &OperatorKey,
 ) -> bool {
     let meta = object.meta();
     meta.namespace.as_deref() == Some(queue_namespace)
@@ -59,7 +59,7 @@ pub fn holders<'a>(
     queue: &str,
     sandboxes: impl IntoIterator<Item = &'a Sandbox>,
     pods: impl IntoIterator<Item = &'a Pod>,
-    key: &TokenKey,
+    key: &OperatorKey,
 ) -> BTreeSet<String> {
     let mut names: BTreeSet<String> = sandboxes
         .into_iter()

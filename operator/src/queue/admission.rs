@@ -10,7 +10,7 @@ use kube::runtime::reflector::ObjectRef;
 use super::accounting::{holders, in_queue};
 use super::book::{InUse, Limits, QueueKey, Verdict, WaitReason};
 use super::order::Request;
-use crate::app::context::Context;
+use crate::queue::context::QueueCtx;
 use orchard_api::RolloutGroup;
 
 /// The queue `group` names, if any.
@@ -23,8 +23,9 @@ pub fn queue_of(group: &RolloutGroup) -> Option<QueueKey> {
 }
 
 /// The queue's spec from the cache (`None`: it does not exist).
-pub fn limits(ctx: &Context, key: &QueueKey) -> Option<Limits> {
+pub fn limits(ctx: &QueueCtx, key: &QueueKey) -> Option<Limits> {
     let queue = ctx
+        .kube
         .caches
         .rollout_queues
         .get(&ObjectRef::new(&key.name).within(&key.namespace))?;
@@ -38,19 +39,19 @@ pub fn limits(ctx: &Context, key: &QueueKey) -> Option<Limits> {
 }
 
 /// The trajectories holding `key`'s slots and the names the Sandbox cache shows, now.
-pub fn in_use(ctx: &Context, key: &QueueKey) -> (BTreeSet<String>, BTreeSet<String>) {
-    let sandboxes = ctx.caches.sandboxes.state();
-    let pods = ctx.caches.pods.state();
+pub fn in_use(ctx: &QueueCtx, key: &QueueKey) -> (BTreeSet<String>, BTreeSet<String>) {
+    let sandboxes = ctx.kube.caches.sandboxes.state();
+    let pods = ctx.kube.caches.pods.state();
     let held = holders(
         &key.namespace,
         &key.name,
         sandboxes.iter().map(AsRef::as_ref),
         pods.iter().map(AsRef::as_ref),
-        &ctx.token_key,
+        &ctx.kube.key,
     );
     let seen = sandboxes
         .iter()
-        .filter(|s| in_queue(s.as_ref(), &key.namespace, &key.name, &ctx.token_key))
+        .filter(|s| in_queue(s.as_ref(), &key.namespace, &key.name, &ctx.kube.key))
         .map(|s| s.name_any())
         .collect();
     (held, seen)
@@ -86,7 +87,7 @@ pub fn waiting_message(
 
 /// Asks `key` to admit `group`'s stride of `names.len()` trajectories.
 pub fn ask(
-    ctx: &Context,
+    ctx: &QueueCtx,
     group: &RolloutGroup,
     key: &QueueKey,
     names: &[String],
@@ -109,7 +110,7 @@ pub fn ask(
     };
     let (held, seen) = in_use(ctx, key);
     let is_seen = |name: &str| seen.contains(name);
-    let verdict = ctx.queues.request(
+    let verdict = ctx.book.request(
         key,
         limits(ctx, key),
         request,
@@ -122,11 +123,13 @@ pub fn ask(
     if let Verdict::Admitted { since } = &verdict {
         let labels = [key.namespace.as_str(), key.name.as_str()];
         let waited = now.duration_since(*since).as_secs_f64().max(0.0);
-        ctx.metrics
+        ctx.kube
+            .metrics
             .queue_wait_seconds
             .with_label_values(&labels)
             .observe(waited);
-        ctx.metrics
+        ctx.kube
+            .metrics
             .queue_admitted
             .with_label_values(&labels)
             .inc_by(u64::try_from(names.len()).unwrap_or(0));

@@ -20,9 +20,9 @@ use tracing::warn;
 use super::admission::{in_use, limits};
 use super::book::{InUse, QueueKey, QueueView};
 use crate::plumbing::conditions::{self, Desired};
-use crate::app::context::Context;
+use crate::plumbing::time::floor_to_second;
 use crate::plumbing::writes;
-use crate::sandbox::expiry::floor_to_second;
+use crate::queue::context::QueueCtx;
 use orchard_api::{RolloutQueue, RolloutQueueStatus, WaitingStride};
 
 /// Least time between two status writes of one queue.
@@ -83,7 +83,7 @@ pub fn queue_status(queue: &RolloutQueue, view: &QueueView, now: Timestamp) -> R
 
 /// Runs the queue loop until `shutdown`.
 pub async fn run(
-    ctx: Arc<Context>,
+    ctx: Arc<QueueCtx>,
     mut dirty: mpsc::UnboundedReceiver<QueueKey>,
     shutdown: CancellationToken,
 ) {
@@ -127,7 +127,7 @@ pub async fn run(
                             .lock()
                             .unwrap_or_else(|p| p.into_inner())
                             .remove(&key);
-                        book.queues.mark_dirty(key);
+                        book.book.mark_dirty(key);
                     });
                 }
             }
@@ -136,8 +136,9 @@ pub async fn run(
 }
 
 /// Every queue the cache or the book knows.
-fn all_queues(ctx: &Context) -> Vec<QueueKey> {
+fn all_queues(ctx: &QueueCtx) -> Vec<QueueKey> {
     let mut keys: BTreeSet<QueueKey> = ctx
+        .kube
         .caches
         .rollout_queues
         .state()
@@ -147,18 +148,18 @@ fn all_queues(ctx: &Context) -> Vec<QueueKey> {
             name: q.name_any(),
         })
         .collect();
-    keys.extend(ctx.queues.keys());
+    keys.extend(ctx.book.keys());
     keys.into_iter().collect()
 }
 
 /// One pass over queue `key`; returns when to come back for a status write held back.
 async fn pass(
-    ctx: &Context,
+    ctx: &QueueCtx,
     key: &QueueKey,
     last_write: &mut BTreeMap<QueueKey, Instant>,
 ) -> Option<Duration> {
-    let groups = &ctx.caches.rollout_groups;
-    ctx.queues.retain_groups(key, |request| {
+    let groups = &ctx.kube.caches.rollout_groups;
+    ctx.book.retain_groups(key, |request| {
         groups
             .get(&ObjectRef::new(&request.group).within(&key.namespace))
             .is_some_and(|g| {
@@ -168,7 +169,7 @@ async fn pass(
     });
     let (held, seen) = in_use(ctx, key);
     let is_seen = |name: &str| seen.contains(name);
-    let (wake, view) = ctx.queues.view(
+    let (wake, view) = ctx.book.view(
         key,
         limits(ctx, key),
         &InUse {
@@ -177,17 +178,18 @@ async fn pass(
         },
     );
     for request in wake {
-        ctx.queues
+        ctx.book
             .wake(ObjectRef::new(&request.group).within(&key.namespace));
     }
     export_metrics(ctx, key, &view);
     let queue = ctx
+        .kube
         .caches
         .rollout_queues
         .get(&ObjectRef::new(&key.name).within(&key.namespace));
-    ctx.queues.forget_if_idle(key);
+    ctx.book.forget_if_idle(key);
     let queue = queue?;
-    if !ctx.leadership.is_leader() || queue.metadata.deletion_timestamp.is_some() {
+    if !ctx.kube.leadership.is_leader() || queue.metadata.deletion_timestamp.is_some() {
         return None;
     }
     let status = queue_status(&queue, &view, Timestamp::now());
@@ -202,8 +204,14 @@ async fn pass(
     }
     last_write.insert(key.clone(), Instant::now());
     let previous = queue.status.as_ref();
-    if let Err(err) =
-        writes::write_status(ctx, &ctx.caches.rollout_queues, &*queue, previous, &status).await
+    if let Err(err) = writes::write_status(
+        &ctx.kube,
+        &ctx.kube.caches.rollout_queues,
+        &*queue,
+        previous,
+        &status,
+    )
+    .await
     {
         warn!(queue = %key, %err, "rolloutqueue status write failed (retrying)");
         return Some(STATUS_INTERVAL);
@@ -211,17 +219,20 @@ async fn pass(
     None
 }
 
-fn export_metrics(ctx: &Context, key: &QueueKey, view: &QueueView) {
+fn export_metrics(ctx: &QueueCtx, key: &QueueKey, view: &QueueView) {
     let labels = [key.namespace.as_str(), key.name.as_str()];
-    ctx.metrics
+    ctx.kube
+        .metrics
         .queue_running
         .with_label_values(&labels)
         .set(i64::from(view.used));
-    ctx.metrics
+    ctx.kube
+        .metrics
         .queue_waiting_groups
         .with_label_values(&labels)
         .set(i64::try_from(view.waiting.len()).unwrap_or(i64::MAX));
-    ctx.metrics
+    ctx.kube
+        .metrics
         .queue_waiting_trajectories
         .with_label_values(&labels)
         .set(view.waiting.iter().map(|r| i64::from(r.count)).sum());

@@ -9,5 +9,7 @@
 pub mod accounting;
 pub mod admission;
 pub mod book;
+pub mod context;
 pub mod controller;
 pub mod order;
+pub mod watching;

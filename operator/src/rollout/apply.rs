@@ -13,11 +13,12 @@ use tracing::info;
 
 use super::build::desired_trajectory;
 use super::observe::{ChildView, DEADLINE_EXCEEDED, Observation};
-use crate::app::context::{Context, object_key};
 use crate::plumbing::error::Result;
+use crate::plumbing::kube_ctx::object_key;
 use crate::plumbing::own_writes::child_key;
 use crate::plumbing::ownership::{Owner, sealed_for};
 use crate::plumbing::writes::{ChildState, create_owned, ensure_deleted, existing_state};
+use crate::rollout::context::RolloutCtx;
 use orchard_api::{
     CleanupPolicy, EarlyStop, RolloutGroup, RolloutGroupStatus, STRIDE_LABEL, Sandbox,
     TrajectoryRecord,
@@ -26,23 +27,24 @@ use orchard_api::{
 /// The group's children as the Sandbox cache shows them: same namespace, sealed for this group's UID
 /// (a Sandbox somebody made with a controller reference to the group is not one), in name order (the
 /// cache's order is arbitrary; clean-up deletes in a stable order).
-pub fn owned_children(ctx: &Context, group: &RolloutGroup) -> Vec<Arc<Sandbox>> {
+pub fn owned_children(ctx: &RolloutCtx, group: &RolloutGroup) -> Vec<Arc<Sandbox>> {
     let namespace = group.namespace().unwrap_or_default();
     let uid = group.uid().unwrap_or_default();
     let mut children: Vec<Arc<Sandbox>> = ctx
+        .kube
         .caches
         .sandboxes
         .state()
         .into_iter()
         .filter(|s| s.namespace().as_deref() == Some(namespace.as_str()))
-        .filter(|s| sealed_for(s.as_ref(), &uid, &ctx.token_key))
+        .filter(|s| sealed_for(s.as_ref(), &uid, &ctx.kube.key))
         .collect();
     children.sort_by_key(|s| s.name_any());
     children
 }
 
 /// What the pure observation needs of the group's children.
-pub fn children_of(ctx: &Context, group: &RolloutGroup) -> Vec<ChildView> {
+pub fn children_of(ctx: &RolloutCtx, group: &RolloutGroup) -> Vec<ChildView> {
     owned_children(ctx, group)
         .into_iter()
         .map(|s| ChildView {
@@ -61,16 +63,17 @@ pub fn children_of(ctx: &Context, group: &RolloutGroup) -> Vec<ChildView> {
 /// Which of `names` are really gone (the cache may lag behind our own creates). A Sandbox under the
 /// name that is not this group's (not sealed for it) counts as gone.
 pub async fn confirm_gone(
-    ctx: &Context,
+    ctx: &RolloutCtx,
     group: &RolloutGroup,
     names: &[String],
 ) -> Result<BTreeSet<String>> {
     let namespace = group.namespace().unwrap_or_default();
     let uid = group.uid().unwrap_or_default();
-    let api: Api<Sandbox> = Api::namespaced(ctx.client.clone(), &namespace);
+    let api: Api<Sandbox> = Api::namespaced(ctx.kube.client.clone(), &namespace);
     let mut gone = BTreeSet::new();
     for name in names {
         if ctx
+            .kube
             .own_writes
             .recorded(&uid, &child_key("Sandbox", name), "create")
         {
@@ -79,7 +82,7 @@ pub async fn confirm_gone(
         let ours = api
             .get_opt(name)
             .await?
-            .is_some_and(|s| sealed_for(&s, &uid, &ctx.token_key));
+            .is_some_and(|s| sealed_for(&s, &uid, &ctx.kube.key));
         if !ours {
             gone.insert(name.clone());
         }
@@ -91,14 +94,14 @@ pub async fn confirm_gone(
 /// comes back as a wait (the stride is finished once it is gone), one held by anything else as a
 /// conflict; neither object is touched.
 pub async fn create_trajectory(
-    ctx: &Context,
+    ctx: &RolloutCtx,
     group: &RolloutGroup,
     owner: &OwnerReference,
     index: u32,
     stride: u32,
     observation: &mut Observation,
 ) -> Result<Option<ChildState<()>>> {
-    let sandbox = desired_trajectory(group, owner, index, stride, &ctx.token_key);
+    let sandbox = desired_trajectory(group, owner, index, stride, &ctx.kube.key);
     let namespace = group.namespace().unwrap_or_default();
     let name = sandbox.name_any();
     let uid = group.uid().unwrap_or_default();
@@ -109,15 +112,16 @@ pub async fn create_trajectory(
         uid: &uid,
     };
     let cached = ctx
+        .kube
         .caches
         .sandboxes
         .get(&ObjectRef::new(&name).within(&namespace));
     let state = match cached {
-        Some(existing) => existing_state((*existing).clone(), as_owner, &ctx.token_key).unit(),
-        None if ctx.own_writes.recorded(&uid, &key, "create") => ChildState::Ours(()),
+        Some(existing) => existing_state((*existing).clone(), as_owner, &ctx.kube.key).unit(),
+        None if ctx.kube.own_writes.recorded(&uid, &key, "create") => ChildState::Ours(()),
         None => create_owned(
-            ctx,
-            &ctx.caches.sandboxes,
+            &ctx.kube,
+            &ctx.kube.caches.sandboxes,
             &sandbox,
             as_owner,
             "create",
@@ -148,7 +152,7 @@ pub async fn create_trajectory(
 /// After completion: `Eager` deletes the trajectories still running, the group's deadline those it
 /// aborted; `cleanup: Delete` deletes them all.
 pub async fn cleanup(
-    ctx: &Context,
+    ctx: &RolloutCtx,
     group: &RolloutGroup,
     status: &RolloutGroupStatus,
 ) -> Result<()> {
@@ -170,7 +174,7 @@ pub async fn cleanup(
 /// Before completion, on a queue: deletes the trajectories whose outcome `status` records (the group
 /// keeps what a trainer needs), so their slots are freed.
 pub async fn release_finished(
-    ctx: &Context,
+    ctx: &RolloutCtx,
     group: &RolloutGroup,
     status: &RolloutGroupStatus,
 ) -> Result<()> {
@@ -185,7 +189,7 @@ pub async fn release_finished(
 
 /// Deletes the group's children (not already being deleted) whose name `chosen` picks.
 async fn delete_children(
-    ctx: &Context,
+    ctx: &RolloutCtx,
     group: &RolloutGroup,
     chosen: impl Fn(&str) -> bool,
 ) -> Result<()> {
@@ -198,8 +202,8 @@ async fn delete_children(
         }
         let child_uid = child.uid().unwrap_or_default();
         ensure_deleted(
-            ctx,
-            &ctx.caches.sandboxes,
+            &ctx.kube,
+            &ctx.kube.caches.sandboxes,
             &uid,
             &namespace,
             &name,

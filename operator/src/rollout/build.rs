@@ -8,8 +8,8 @@ use std::collections::BTreeMap;
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference};
 
+use crate::plumbing::operator_key::OperatorKey;
 use crate::plumbing::ownership::seal;
-use crate::pod::token::TokenKey;
 use orchard_api::{
     MANAGED_BY, MANAGED_BY_LABEL, ROLLOUT_GROUP_LABEL, ROLLOUT_QUEUE_LABEL, RolloutGroup,
     STRIDE_LABEL, Sandbox,
@@ -31,7 +31,7 @@ pub fn desired_trajectory(
     owner: &OwnerReference,
     index: u32,
     stride: u32,
-    key: &TokenKey,
+    key: &OperatorKey,
 ) -> Sandbox {
     let group_name = group.metadata.name.clone().unwrap_or_default();
     let template = &group.spec.template;

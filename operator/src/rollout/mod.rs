@@ -5,6 +5,7 @@
 
 pub mod apply;
 pub mod build;
+pub mod context;
 pub mod observe;
 pub mod params;
 pub mod reconcile;

@@ -22,13 +22,14 @@ use super::build::trajectory_name;
 use super::observe::{DEADLINE_EXCEEDED, deadline_of, observe};
 use super::params::bar_params;
 use super::status::{ADMITTED as ADMITTED_CONDITION, QueueStanding, failed_status, group_status};
-use crate::queue::admission::{self, queue_of, waiting_message};
-use crate::queue::book::Verdict;
-use crate::app::context::{Context, object_key};
 use crate::plumbing::error::{Error, Result};
 use crate::plumbing::events::publish;
+use crate::plumbing::kube_ctx::object_key;
 use crate::plumbing::metrics::ReconcileTimer;
 use crate::plumbing::writes::{self, ChildState, StatusWrite};
+use crate::queue::admission::{self, queue_of, waiting_message};
+use crate::queue::book::Verdict;
+use crate::rollout::context::RolloutCtx;
 use orchard_api::{
     CleanupPolicy, RolloutGroup, RolloutGroupStatus, RolloutPhase, TrajectoryStatus,
 };
@@ -47,38 +48,42 @@ const QUEUE_RECHECK: Duration = Duration::from_secs(5);
 
 /// Reconciles one RolloutGroup.
 #[instrument(skip_all, fields(group = %object_key(group.as_ref())))]
-pub async fn reconcile(group: Arc<RolloutGroup>, ctx: Arc<Context>) -> Result<Action> {
-    let _slot = ctx.rollout_slots.acquire().await;
-    let _timer = ReconcileTimer::start(&ctx.metrics, CONTROLLER);
+pub async fn reconcile(group: Arc<RolloutGroup>, ctx: Arc<RolloutCtx>) -> Result<Action> {
+    let _slot = ctx.slots.acquire().await;
+    let _timer = ReconcileTimer::start(&ctx.kube.metrics, CONTROLLER);
     // Leadership is a cancellation signal: a reconcile still running when this replica steps down
     // is dropped (its request in flight aborted) and counts as one that had nothing to do.
     let next = ctx
+        .kube
         .leadership
         .while_leader(reconcile_inner(&group, &ctx))
         .await
         .unwrap_or(Ok(None))?;
     // The incarnation that holds the name now (the queued object may be an older one).
     let uid = ctx
+        .kube
         .caches
         .rollout_groups
         .get(&ObjectRef::from_obj(group.as_ref()))
         .and_then(|o| o.uid())
         .unwrap_or_default();
-    ctx.reconciled(CONTROLLER, &uid);
-    Ok(ctx.next_action(&uid, next))
+    ctx.kube.reconciled(CONTROLLER, &uid);
+    Ok(ctx.kube.next_action(&uid, next))
 }
 
 /// Retries a failed reconcile with per-object exponential backoff.
-pub fn error_policy(group: Arc<RolloutGroup>, error: &Error, ctx: Arc<Context>) -> Action {
+pub fn error_policy(group: Arc<RolloutGroup>, error: &Error, ctx: Arc<RolloutCtx>) -> Action {
     let key = object_key(group.as_ref());
-    let delay = ctx.reconcile_failed(CONTROLLER, &group.uid().unwrap_or_default(), error);
+    let delay = ctx
+        .kube
+        .reconcile_failed(CONTROLLER, &group.uid().unwrap_or_default(), error);
     warn!(group = %key, %error, retry_in_ms = delay.as_millis() as u64, "rolloutgroup reconcile failed");
     Action::requeue(delay)
 }
 
 /// Records that the group cannot run (phase Failed, `reason`, `message`).
 async fn fail(
-    ctx: &Context,
+    ctx: &RolloutCtx,
     group: &RolloutGroup,
     reason: &str,
     message: &str,
@@ -86,22 +91,34 @@ async fn fail(
 ) -> Result<()> {
     let status = failed_status(group, reason, message.to_string(), now);
     let current = group.status.as_ref();
-    writes::write_status(ctx, &ctx.caches.rollout_groups, group, current, &status).await?;
+    writes::write_status(
+        &ctx.kube,
+        &ctx.kube.caches.rollout_groups,
+        group,
+        current,
+        &status,
+    )
+    .await?;
     Ok(())
 }
 
 /// Returns when to reconcile again (`None`: on the next change only).
-async fn reconcile_inner(cached: &RolloutGroup, ctx: &Arc<Context>) -> Result<Option<Duration>> {
+async fn reconcile_inner(cached: &RolloutGroup, ctx: &Arc<RolloutCtx>) -> Result<Option<Duration>> {
     if cached.meta().deletion_timestamp.is_some() {
         return Ok(None);
     }
-    if !ctx.leadership.is_leader() {
+    if !ctx.kube.leadership.is_leader() {
         // A standby replica keeps its caches warm and writes nothing; gaining the Lease reconciles all.
         return Ok(None);
     }
-    let Some(group) = writes::freshest(ctx, &ctx.caches.rollout_groups, cached, |g, status| {
-        g.status = Some(status);
-    }) else {
+    let Some(group) = writes::freshest(
+        &ctx.kube,
+        &ctx.kube.caches.rollout_groups,
+        cached,
+        |g, status| {
+            g.status = Some(status);
+        },
+    ) else {
         // Deleted since it was queued.
         return Ok(None);
     };
@@ -116,7 +133,7 @@ async fn reconcile_inner(cached: &RolloutGroup, ctx: &Arc<Context>) -> Result<Op
 
     if previous.phase == Some(RolloutPhase::Complete) {
         cleanup(ctx, group, &previous).await?;
-        return Ok(Some(ctx.settings.resync));
+        return Ok(Some(ctx.kube.resync));
     }
     let params = match bar_params(&group.spec) {
         Ok(params) => params,
@@ -149,7 +166,9 @@ async fn reconcile_inner(cached: &RolloutGroup, ctx: &Arc<Context>) -> Result<Op
     // trajectory, may have left the latest stride short: finish it. Its queue admitted it before.
     for (index, stride) in observation.incomplete_latest_stride(params.stride) {
         if let Some(key) = &queue {
-            ctx.queues.reserve(key, &[trajectory_name(&name, index)]);
+            ctx.queues
+                .book
+                .reserve(key, &[trajectory_name(&name, index)]);
         }
         blocked
             .extend(create_trajectory(ctx, group, &owner, index, stride, &mut observation).await?);
@@ -186,7 +205,7 @@ async fn reconcile_inner(cached: &RolloutGroup, ctx: &Arc<Context>) -> Result<Op
                     .collect();
                 let admitted = match &queue {
                     None => true,
-                    Some(key) => match admission::ask(ctx, group, key, &names, now) {
+                    Some(key) => match admission::ask(&ctx.queues, group, key, &names, now) {
                         Verdict::Admitted { .. } => {
                             standing = QueueStanding::Admitted {
                                 queue: key.name.clone(),
@@ -200,7 +219,7 @@ async fn reconcile_inner(cached: &RolloutGroup, ctx: &Arc<Context>) -> Result<Op
                             since,
                             used,
                         } => {
-                            let limits = admission::limits(ctx, key);
+                            let limits = admission::limits(&ctx.queues, key);
                             standing = QueueStanding::Waiting {
                                 reason: reason.as_str(),
                                 position,
@@ -235,7 +254,7 @@ async fn reconcile_inner(cached: &RolloutGroup, ctx: &Arc<Context>) -> Result<Op
                     }
                     info!(group = %object_key(group), stride = stride_index, count, "stride launched");
                     publish(
-                        ctx,
+                        &ctx.kube,
                         group,
                         EventType::Normal,
                         "StrideLaunched",
@@ -253,7 +272,7 @@ async fn reconcile_inner(cached: &RolloutGroup, ctx: &Arc<Context>) -> Result<Op
         && !matches!(standing, QueueStanding::Waiting { .. })
     {
         // Not (or no longer) waiting: leave the queue's waiting list.
-        ctx.queues.withdraw(key, &uid);
+        ctx.queues.book.withdraw(key, &uid);
     }
 
     if let Some(conflict) = blocked.iter().find_map(|b| match b {
@@ -262,7 +281,14 @@ async fn reconcile_inner(cached: &RolloutGroup, ctx: &Arc<Context>) -> Result<Op
     }) {
         fail(ctx, group, "NameConflict", &conflict, now).await?;
         warn!(group = %object_key(group), %conflict, "rolloutgroup cannot launch a trajectory");
-        publish(ctx, group, EventType::Warning, "NameConflict", conflict).await;
+        publish(
+            &ctx.kube,
+            group,
+            EventType::Warning,
+            "NameConflict",
+            conflict,
+        )
+        .await;
         return Ok(None);
     }
     let status = group_status(
@@ -275,8 +301,8 @@ async fn reconcile_inner(cached: &RolloutGroup, ctx: &Arc<Context>) -> Result<Op
     );
     report_admission(ctx, group, group.status.as_ref(), &status).await;
     let written = writes::write_status(
-        ctx,
-        &ctx.caches.rollout_groups,
+        &ctx.kube,
+        &ctx.kube.caches.rollout_groups,
         group,
         group.status.as_ref(),
         &status,
@@ -288,24 +314,27 @@ async fn reconcile_inner(cached: &RolloutGroup, ctx: &Arc<Context>) -> Result<Op
     }
     count_new_outcomes(ctx, &previous, &status);
     if let Some(decision) = decision {
-        ctx.metrics
+        ctx.kube
+            .metrics
             .bar_groups
             .with_label_values(&[decision.selection.as_str()])
             .inc();
-        ctx.metrics
+        ctx.kube
+            .metrics
             .bar_launched_per_group
             .observe(f64::from(observation.launched()));
         if let Some(created) = group.metadata.creation_timestamp.as_ref() {
-            ctx.metrics
+            ctx.kube
+                .metrics
                 .bar_group_duration
                 .with_label_values(&[decision.selection.as_str()])
                 .observe(now.duration_since(created.0).as_secs_f64().max(0.0));
         }
         let message = status.message.clone().unwrap_or_default();
         info!(group = %object_key(group), selection = decision.selection.as_str(), positives = decision.positives, launched = observation.launched(), "group complete");
-        publish(ctx, group, EventType::Normal, "Complete", message).await;
+        publish(&ctx.kube, group, EventType::Normal, "Complete", message).await;
         cleanup(ctx, group, &status).await?;
-        return Ok(Some(ctx.settings.resync));
+        return Ok(Some(ctx.kube.resync));
     }
     if queue.is_some() && group.spec.cleanup == CleanupPolicy::Delete {
         // On a queue a finished trajectory's Sandbox (and Pod) would hold its slot until the group
@@ -315,7 +344,7 @@ async fn reconcile_inner(cached: &RolloutGroup, ctx: &Arc<Context>) -> Result<Op
     if !blocked.is_empty() {
         return Ok(Some(PREVIOUS_INCARNATION_RECHECK));
     }
-    let mut next = ctx.settings.resync;
+    let mut next = ctx.kube.resync;
     if matches!(standing, QueueStanding::Waiting { .. }) {
         next = next.min(QUEUE_RECHECK);
     }
@@ -326,7 +355,11 @@ async fn reconcile_inner(cached: &RolloutGroup, ctx: &Arc<Context>) -> Result<Op
     Ok(Some(next))
 }
 
-fn count_new_outcomes(ctx: &Context, previous: &RolloutGroupStatus, status: &RolloutGroupStatus) {
+fn count_new_outcomes(
+    ctx: &RolloutCtx,
+    previous: &RolloutGroupStatus,
+    status: &RolloutGroupStatus,
+) {
     for record in &status.trajectories {
         let Some(outcome) = record.status else {
             continue;
@@ -341,7 +374,8 @@ fn count_new_outcomes(ctx: &Context, previous: &RolloutGroupStatus, status: &Rol
                 TrajectoryStatus::Truncated => "truncated",
                 TrajectoryStatus::Aborted => "aborted",
             };
-            ctx.metrics
+            ctx.kube
+                .metrics
                 .bar_trajectories
                 .with_label_values(&[label])
                 .inc();
@@ -353,7 +387,7 @@ fn count_new_outcomes(ctx: &Context, previous: &RolloutGroupStatus, status: &Rol
 /// (a stride may launch), queued (with its position), or refused (no such queue, a stride larger
 /// than the queue).
 async fn report_admission(
-    ctx: &Context,
+    ctx: &RolloutCtx,
     group: &RolloutGroup,
     previous: Option<&RolloutGroupStatus>,
     status: &RolloutGroupStatus,
@@ -375,5 +409,5 @@ async fn report_admission(
     } else {
         EventType::Warning
     };
-    publish(ctx, group, kind, &reason, message).await;
+    publish(&ctx.kube, group, kind, &reason, message).await;
 }

@@ -11,7 +11,10 @@ use serde_json::{Value, json};
 
 use super::build::desired_trajectory;
 use super::reconcile;
-use crate::plumbing::mock_api::{Expect, TestCaches, cache, scripted, test_token_key};
+use crate::plumbing::mock_api::{Expect, Scripted, TestCaches, cache, scripted, test_token_key};
+use crate::plumbing::reconcile_slots::ReconcileSlots;
+use crate::queue::context::QueueCtx;
+use crate::rollout::context::RolloutCtx;
 use orchard_api::{
     CleanupPolicy, EarlyStop, PositiveFraction, RolloutGroup, RolloutGroupSpec, RolloutGroupStatus,
     RolloutPhase, SandboxSpec, SandboxStatus, SandboxTemplate, TrajectoryRecord, TrajectoryResult,
@@ -162,6 +165,18 @@ fn forged_trajectory() -> orchard_api::Sandbox {
     .expect("a sandbox")
 }
 
+/// The RolloutGroup controller's context on a script.
+fn ctx(script: &Scripted) -> Arc<RolloutCtx> {
+    Arc::new(RolloutCtx {
+        kube: script.kube.clone(),
+        slots: ReconcileSlots::new(8),
+        queues: Arc::new(QueueCtx {
+            kube: script.kube.clone(),
+            book: Arc::default(),
+        }),
+    })
+}
+
 #[tokio::test]
 async fn a_new_group_launches_its_first_stride_then_records_it() {
     let g = group();
@@ -183,7 +198,7 @@ async fn a_new_group_launches_its_first_stride_then_records_it() {
             }),
         ],
     );
-    reconcile(Arc::new(g), script.ctx.clone())
+    reconcile(Arc::new(g), ctx(&script))
         .await
         .expect("reconcile");
     script.finish().await;
@@ -218,7 +233,7 @@ async fn a_balanced_stride_completes_the_group_and_deletes_its_trajectories_by_u
             deleted(1),
         ],
     );
-    reconcile(Arc::new(g), script.ctx.clone())
+    reconcile(Arc::new(g), ctx(&script))
         .await
         .expect("reconcile");
     script.finish().await;
@@ -243,7 +258,7 @@ async fn a_stride_that_cannot_balance_launches_the_next_one() {
             }),
         ],
     );
-    reconcile(Arc::new(g), script.ctx.clone())
+    reconcile(Arc::new(g), ctx(&script))
         .await
         .expect("reconcile");
     script.finish().await;
@@ -280,7 +295,7 @@ async fn a_forged_trajectory_is_never_counted_and_fails_the_group_when_its_name_
                 .body(|event| assert_eq!(event["reason"], "NameConflict")),
         ],
     );
-    reconcile(Arc::new(g), script.ctx.clone())
+    reconcile(Arc::new(g), ctx(&script))
         .await
         .expect("reconcile");
     script.finish().await;
@@ -319,7 +334,7 @@ async fn a_forged_trajectory_gives_no_reward_and_is_not_cleaned_up_with_the_grou
             deleted(1),
         ],
     );
-    reconcile(Arc::new(g), script.ctx.clone())
+    reconcile(Arc::new(g), ctx(&script))
         .await
         .expect("reconcile");
     script.finish().await;

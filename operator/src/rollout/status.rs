@@ -7,7 +7,7 @@ use k8s_openapi::jiff::Timestamp;
 
 use super::observe::Observation;
 use crate::plumbing::conditions::{self, Desired, Progress};
-use crate::sandbox::expiry::floor_to_second;
+use crate::plumbing::time::floor_to_second;
 use orchard_api::{
     GroupMember, RolloutGroup, RolloutGroupStatus, RolloutPhase, Selection, TrajectoryStatus,
 };

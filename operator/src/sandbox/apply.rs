@@ -12,19 +12,16 @@ use kube::runtime::events::EventType;
 use kube::runtime::reflector::{ObjectRef, Store};
 use kube::{Resource, ResourceExt};
 
-use crate::pod::build::{
-    BASELINE_POLICY, baseline_policy, desired_egress_policy, egress_policy_name, pod_name,
-    refused_allow_rules,
-};
-use crate::app::context::Context;
 use crate::plumbing::error::{Error, Result};
 use crate::plumbing::events::publish;
-use crate::plumbing::own_writes::{child_key, namespace_scope};
+use crate::plumbing::operator_key::OperatorKey;
+use crate::plumbing::own_writes::child_key;
 use crate::plumbing::ownership::{Owner, sealed_for};
 use crate::plumbing::writes::{
     ChildState, apply_owned, create_owned, delete_if_same, ensure_deleted, existing_state,
 };
-use crate::pod::token::TokenKey;
+use crate::pod::build::{desired_egress_policy, egress_policy_name, pod_name, refused_allow_rules};
+use crate::sandbox::context::SandboxCtx;
 use orchard_api::Sandbox;
 
 /// The Sandbox as the owner of its children.
@@ -36,52 +33,11 @@ pub fn owner_of(sandbox: &Sandbox) -> Owner<'_> {
     }
 }
 
-/// The API server's endpoints, the EndpointSlice `default/kubernetes` that kube-apiserver keeps
-/// (egress policies except them; sandboxes probe them to see their policies enforced). `None` when
-/// the cluster has none.
-pub async fn api_server_endpoints(
-    client: &kube::Client,
-) -> Result<Option<k8s_openapi::api::discovery::v1::EndpointSlice>> {
-    let api: Api<k8s_openapi::api::discovery::v1::EndpointSlice> =
-        Api::namespaced(client.clone(), "default");
-    Ok(api.get_opt("kubernetes").await?)
-}
-
-/// Ensures the namespace baseline policy (default-deny egress, agent ingress only from the operator).
-/// One apply per namespace at a time: the others wait for it and then find it done.
-pub async fn ensure_baseline(ctx: &Context, namespace: &str) -> Result<()> {
-    let desired = baseline_policy(namespace, &ctx.policy_shape());
-    let scope = namespace_scope(namespace);
-    let current = |p: &NetworkPolicy| p.spec == desired.spec;
-    let cached = || {
-        ctx.caches
-            .policies
-            .get(&ObjectRef::new(BASELINE_POLICY).within(namespace))
-            .is_some_and(|p| current(&p))
-    };
-    if cached() {
-        return Ok(());
-    }
-    ctx.baseline_applies
-        .with(namespace, async {
-            apply_owned(
-                ctx,
-                &ctx.caches.policies,
-                &scope,
-                &desired,
-                "apply",
-                current,
-            )
-            .await
-        })
-        .await
-}
-
 /// Ensures the sandbox's own egress policy matches its spec (applied, or deleted for `Deny`). A
 /// policy under its name that is not its own is never changed: a previous incarnation's is waited
 /// for (it selects pods by the sandbox's name, so the new Pod must not start under it).
 pub async fn ensure_egress_policy(
-    ctx: &Context,
+    ctx: &SandboxCtx,
     sandbox: &Sandbox,
     owner: &OwnerReference,
 ) -> Result<ChildState<()>> {
@@ -89,12 +45,13 @@ pub async fn ensure_egress_policy(
     let name = egress_policy_name(&sandbox.name_any());
     let scope = owner.uid.as_str();
     let cached = ctx
+        .kube
         .caches
         .policies
         .get(&ObjectRef::new(&name).within(&namespace));
-    let desired = desired_egress_policy(sandbox, owner, &ctx.policy_shape(), &ctx.token_key);
+    let desired = desired_egress_policy(sandbox, owner, &ctx.pods.policy_shape(), &ctx.kube.key);
     if let Some(cached) = &cached {
-        match existing_state((**cached).clone(), owner_of(sandbox), &ctx.token_key) {
+        match existing_state((**cached).clone(), owner_of(sandbox), &ctx.kube.key) {
             ChildState::Ours(_) => {}
             // Somebody else's policy under a name we do not need is none of our business.
             ChildState::Conflict(_) if desired.is_none() => return Ok(ChildState::Ours(())),
@@ -106,25 +63,33 @@ pub async fn ensure_egress_policy(
             let tag = format!("apply@{}", sandbox.meta().generation.unwrap_or(0));
             if cached.as_ref().is_some_and(|p| p.spec == desired.spec)
                 || ctx
+                    .kube
                     .own_writes
                     .recorded(scope, &child_key("NetworkPolicy", &name), &tag)
             {
                 return Ok(ChildState::Ours(()));
             }
-            let refused = refused_allow_rules(sandbox, &ctx.policy_shape());
+            let refused = refused_allow_rules(sandbox, &ctx.pods.policy_shape());
             if !refused.is_empty() {
                 let note = format!(
                     "egress to {} is not allowed: it lies within a range sandboxes never reach (the metadata address, the API server, the cluster's pods; operator flags --egress-except-cidrs, --egress-allow-api-server, --cluster-pod-cidrs)",
                     refused.join(", ")
                 );
-                publish(ctx, sandbox, EventType::Warning, "EgressRuleRefused", note).await;
+                publish(
+                    &ctx.kube,
+                    sandbox,
+                    EventType::Warning,
+                    "EgressRuleRefused",
+                    note,
+                )
+                .await;
             }
             if cached.is_none() {
                 // Created, not applied: an object that appeared under the name meanwhile is classified,
                 // never taken over (a later reconcile applies the spec to our own).
                 let state = create_owned(
-                    ctx,
-                    &ctx.caches.policies,
+                    &ctx.kube,
+                    &ctx.kube.caches.policies,
                     &desired,
                     owner_of(sandbox),
                     &tag,
@@ -134,12 +99,28 @@ pub async fn ensure_egress_policy(
                 return Ok(state.unit());
             }
             let current = |p: &NetworkPolicy| p.spec == desired.spec;
-            apply_owned(ctx, &ctx.caches.policies, scope, &desired, &tag, current).await?;
+            apply_owned(
+                &ctx.kube,
+                &ctx.kube.caches.policies,
+                scope,
+                &desired,
+                &tag,
+                current,
+            )
+            .await?;
         }
         None => {
             if let Some(cached) = cached {
                 let uid = cached.uid().unwrap_or_default();
-                ensure_deleted(ctx, &ctx.caches.policies, scope, &namespace, &name, &uid).await?;
+                ensure_deleted(
+                    &ctx.kube,
+                    &ctx.kube.caches.policies,
+                    scope,
+                    &namespace,
+                    &name,
+                    &uid,
+                )
+                .await?;
             }
         }
     }
@@ -148,12 +129,15 @@ pub async fn ensure_egress_policy(
 
 /// The sandbox's Pod as far as the operator knows without asking: the cache (classified by owner and
 /// seal), else the Pod this incarnation created or claimed moments ago.
-pub fn known_pod(ctx: &Context, sandbox: &Sandbox) -> Option<ChildState<Pod>> {
+pub fn known_pod(ctx: &SandboxCtx, sandbox: &Sandbox) -> Option<ChildState<Pod>> {
     let uid = sandbox.uid().unwrap_or_default();
     let name = pod_name(&sandbox.name_any());
-    let key = &ctx.token_key;
-    let written = ctx.own_writes.object::<Pod>(&uid, &child_key("Pod", &name));
-    if let Some(cached) = cached_pod(&ctx.caches.pods, sandbox, key) {
+    let key = &ctx.kube.key;
+    let written = ctx
+        .kube
+        .own_writes
+        .object::<Pod>(&uid, &child_key("Pod", &name));
+    if let Some(cached) = cached_pod(&ctx.kube.caches.pods, sandbox, key) {
         // A pool member this sandbox claimed moments ago: the cache may still show it as the
         // pool's, the claim's answer is newer.
         if let Some(claimed) = written
@@ -181,7 +165,7 @@ pub fn own_pod_name(sandbox: &Sandbox) -> String {
 /// The sandbox's pod as the watch cache shows it, whoever owns it (callers check it is the sandbox's
 /// own): under [`own_pod_name`], or, for a sandbox of a pool whose status does not name its pod yet,
 /// the member it claimed (by its label and seal, verified with `key`).
-pub fn cached_pod(pods: &Store<Pod>, sandbox: &Sandbox, key: &TokenKey) -> Option<Arc<Pod>> {
+pub fn cached_pod(pods: &Store<Pod>, sandbox: &Sandbox, key: &OperatorKey) -> Option<Arc<Pod>> {
     let namespace = sandbox.namespace()?;
     pods.get(&ObjectRef::new(&own_pod_name(sandbox)).within(&namespace))
         .or_else(|| {
@@ -195,7 +179,7 @@ pub fn cached_pod(pods: &Store<Pod>, sandbox: &Sandbox, key: &TokenKey) -> Optio
 /// Creates the sandbox's Pod. A plain create, not server-side apply: a Pod's spec is immutable, so
 /// field ownership buys nothing and costs the API server a managed-fields computation on a large
 /// object. A Pod already under the name is classified, never adopted.
-pub async fn create_pod(ctx: &Context, sandbox: &Sandbox, pod: &Pod) -> Result<ChildState<Pod>> {
+pub async fn create_pod(ctx: &SandboxCtx, sandbox: &Sandbox, pod: &Pod) -> Result<ChildState<Pod>> {
     if pod.namespace().is_none() {
         return Err(Error::MissingField {
             kind: "Pod",
@@ -203,8 +187,8 @@ pub async fn create_pod(ctx: &Context, sandbox: &Sandbox, pod: &Pod) -> Result<C
         });
     }
     create_owned(
-        ctx,
-        &ctx.caches.pods,
+        &ctx.kube,
+        &ctx.kube.caches.pods,
         pod,
         owner_of(sandbox),
         "create",
@@ -215,27 +199,28 @@ pub async fn create_pod(ctx: &Context, sandbox: &Sandbox, pod: &Pod) -> Result<C
 
 /// Reads the sandbox's Pod from the API server (used only when the cache lacks a pod the status
 /// names); a Pod under the name that is not this sandbox's (not sealed for it) counts as none.
-pub async fn fetch_own_pod(ctx: &Context, sandbox: &Sandbox) -> Result<Option<Pod>> {
+pub async fn fetch_own_pod(ctx: &SandboxCtx, sandbox: &Sandbox) -> Result<Option<Pod>> {
     let namespace = sandbox.namespace().unwrap_or_default();
-    let api: Api<Pod> = Api::namespaced(ctx.client.clone(), &namespace);
+    let api: Api<Pod> = Api::namespaced(ctx.kube.client.clone(), &namespace);
     let uid = sandbox.uid().unwrap_or_default();
     Ok(api
         .get_opt(&own_pod_name(sandbox))
         .await?
-        .filter(|pod| sealed_for(pod, &uid, &ctx.token_key)))
+        .filter(|pod| sealed_for(pod, &uid, &ctx.kube.key)))
 }
 
 /// Deletes the sandbox's Pod if the cache shows one of its own (sealed for its UID; never another
 /// object under the name).
-pub async fn delete_own_pod(ctx: &Context, sandbox: &Sandbox) -> Result<()> {
+pub async fn delete_own_pod(ctx: &SandboxCtx, sandbox: &Sandbox) -> Result<()> {
     let namespace = sandbox.namespace().unwrap_or_default();
     let uid = sandbox.uid().unwrap_or_default();
-    let cached = cached_pod(&ctx.caches.pods, sandbox, &ctx.token_key)
-        .filter(|pod| sealed_for(pod.as_ref(), &uid, &ctx.token_key));
+    let cached = cached_pod(&ctx.kube.caches.pods, sandbox, &ctx.kube.key)
+        .filter(|pod| sealed_for(pod.as_ref(), &uid, &ctx.kube.key));
     let pod = match cached {
         Some(pod) if pod.meta().deletion_timestamp.is_none() => Some((*pod).clone()),
         Some(_) => return Ok(()),
         None => ctx
+            .kube
             .own_writes
             .object::<Pod>(&uid, &child_key("Pod", &pod_name(&sandbox.name_any()))),
     };
@@ -243,14 +228,22 @@ pub async fn delete_own_pod(ctx: &Context, sandbox: &Sandbox) -> Result<()> {
         && let Some(pod_uid) = pod.uid()
     {
         let name = pod.name_any();
-        ensure_deleted(ctx, &ctx.caches.pods, &uid, &namespace, &name, &pod_uid).await?;
+        ensure_deleted(
+            &ctx.kube,
+            &ctx.kube.caches.pods,
+            &uid,
+            &namespace,
+            &name,
+            &pod_uid,
+        )
+        .await?;
     }
     Ok(())
 }
 
 /// Deletes a Sandbox (its children follow by garbage collection).
-pub async fn delete_sandbox(ctx: &Context, sandbox: &Sandbox) -> Result<()> {
+pub async fn delete_sandbox(ctx: &SandboxCtx, sandbox: &Sandbox) -> Result<()> {
     let namespace = sandbox.namespace().unwrap_or_default();
     let uid = sandbox.uid().unwrap_or_default();
-    delete_if_same::<Sandbox>(ctx, &namespace, &sandbox.name_any(), &uid).await
+    delete_if_same::<Sandbox>(&ctx.kube, &namespace, &sandbox.name_any(), &uid).await
 }

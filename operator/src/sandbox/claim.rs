@@ -20,17 +20,17 @@ use kube::runtime::reflector::Store;
 use serde_json::Value;
 use tracing::{debug, info};
 
+use crate::plumbing::error::{Error, Result};
+use crate::plumbing::operator_key::OperatorKey;
+use crate::plumbing::own_writes::child_key;
+use crate::plumbing::ownership::{seal, sealed_for};
+use crate::pod::build::{pod_labels, pod_name};
 use crate::pool::book::PoolKey;
 use crate::pool::members::view;
 use crate::pool::template::mismatches;
 use crate::pool::template::{PoolDefaults, defaults_annotation, defaults_of, template_hash};
-use crate::app::context::Context;
-use crate::plumbing::error::{Error, Result};
-use crate::plumbing::own_writes::child_key;
-use crate::plumbing::ownership::{seal, sealed_for};
-use crate::pod::build::{pod_labels, pod_name};
-use crate::sandbox::status::Blocked;
-use crate::pod::token::TokenKey;
+use crate::sandbox::blocked::Blocked;
+use crate::sandbox::context::SandboxCtx;
 use orchard_api::{
     CLAIMED_FROM_LABEL, POOL_DEFAULTS_ANNOTATION, POOL_LABEL, PoolFallback, Sandbox, SandboxPool,
 };
@@ -46,7 +46,7 @@ pub fn candidates(
     pods: &[Arc<Pod>],
     pool: &SandboxPool,
     hash: &str,
-    key: &TokenKey,
+    key: &OperatorKey,
     reserved: impl Fn(&str) -> bool,
 ) -> Vec<Arc<Pod>> {
     let namespace = pool.metadata.namespace.as_deref();
@@ -85,7 +85,7 @@ pub fn claim_patch(
     owner: &OwnerReference,
     labels: &std::collections::BTreeMap<String, String>,
     defaults: &PoolDefaults,
-    key: &TokenKey,
+    key: &OperatorKey,
 ) -> Patch {
     // The member as it is once claimed, sealed like any Pod made for `owner`.
     let mut claimed = Pod {
@@ -136,7 +136,7 @@ pub fn claim_patch(
 pub fn claimed_labels(
     sandbox: &Sandbox,
     pool: &str,
-    key: &TokenKey,
+    key: &OperatorKey,
 ) -> std::collections::BTreeMap<String, String> {
     let mut labels = pod_labels(sandbox, key);
     labels.insert(CLAIMED_FROM_LABEL.to_string(), pool.to_string());
@@ -146,7 +146,7 @@ pub fn claimed_labels(
 /// Claims a Ready member of `pool` for `sandbox` (its effective spec: the pool's template filled in),
 /// controlled by `owner`. `None`: no member fits or every try lost to a concurrent claim.
 pub async fn claim_member(
-    ctx: &Context,
+    ctx: &SandboxCtx,
     sandbox: &Sandbox,
     owner: &OwnerReference,
     pool: &SandboxPool,
@@ -154,12 +154,12 @@ pub async fn claim_member(
     let pool_name = pool.name_any();
     let namespace = sandbox.namespace().unwrap_or_default();
     let hash = template_hash(&sandbox.spec);
-    let pods: Vec<Arc<Pod>> = ctx.caches.pods.state();
-    let found = candidates(&pods, pool, &hash, &ctx.token_key, |uid| {
+    let pods: Vec<Arc<Pod>> = ctx.kube.caches.pods.state();
+    let found = candidates(&pods, pool, &hash, &ctx.kube.key, |uid| {
         ctx.pools.is_reserved(uid)
     });
-    let api: Api<Pod> = Api::namespaced(ctx.client.clone(), &namespace);
-    let labels = claimed_labels(sandbox, &pool_name, &ctx.token_key);
+    let api: Api<Pod> = Api::namespaced(ctx.kube.client.clone(), &namespace);
+    let labels = claimed_labels(sandbox, &pool_name, &ctx.kube.key);
     let defaults = defaults_of(&pool.spec.template);
     let key = PoolKey {
         namespace: namespace.clone(),
@@ -170,7 +170,7 @@ pub async fn claim_member(
         if !ctx.pools.reserve(&member_uid) {
             continue;
         }
-        let patch = claim_patch(member, owner, &labels, &defaults, &ctx.token_key);
+        let patch = claim_patch(member, owner, &labels, &defaults, &ctx.kube.key);
         let answer = api
             .patch(
                 &member.name_any(),
@@ -178,14 +178,18 @@ pub async fn claim_member(
                 &kube::api::Patch::Json::<()>(patch),
             )
             .await;
-        ctx.metrics.api_write("pods", "patch");
+        ctx.kube.metrics.api_write("pods", "patch");
         match answer {
             Ok(claimed) => {
                 ctx.pools.claimed(&key);
-                ctx.metrics.pool_claims.with_label_values(&["warm"]).inc();
+                ctx.kube
+                    .metrics
+                    .pool_claims
+                    .with_label_values(&["warm"])
+                    .inc();
                 // Until the watch shows the Pod as the sandbox's, the reconcile finds it here.
                 let sandbox_uid = sandbox.uid().unwrap_or_default();
-                ctx.own_writes.record_object(
+                ctx.kube.own_writes.record_object(
                     &sandbox_uid,
                     &child_key("Pod", &pod_name(&sandbox.name_any())),
                     "claim",
@@ -225,7 +229,7 @@ pub enum PoolStep {
 /// Claims a member of `pool` (the cache's, `None` if it does not exist) for `sandbox` (resolved: the
 /// template filled in), or says why it waits or starts cold.
 pub async fn claim_or_fallback(
-    ctx: &Context,
+    ctx: &SandboxCtx,
     sandbox: &Sandbox,
     owner: &OwnerReference,
     pool: Option<&SandboxPool>,
@@ -292,9 +296,13 @@ pub async fn claim_or_fallback(
     Ok(cold(ctx, &key, &name))
 }
 
-fn cold(ctx: &Context, key: &PoolKey, sandbox: &str) -> PoolStep {
+fn cold(ctx: &SandboxCtx, key: &PoolKey, sandbox: &str) -> PoolStep {
     ctx.pools.stop_waiting(key, sandbox);
-    ctx.metrics.pool_claims.with_label_values(&["cold"]).inc();
+    ctx.kube
+        .metrics
+        .pool_claims
+        .with_label_values(&["cold"])
+        .inc();
     PoolStep::Cold
 }
 
@@ -312,7 +320,7 @@ pub fn is_claimed_member(sandbox: &Sandbox, pod: &Pod) -> bool {
 /// Tells the agent of the member `sandbox` claimed which Sandbox it serves now, so commands see the
 /// sandbox's name in `ORCHARD_SANDBOX` (the Pod was started under the member's). Done before the
 /// sandbox is first written Ready; an error leaves it un-Ready and the reconcile retries.
-pub async fn announce_identity(ctx: &Context, sandbox: &Sandbox, pod: &Pod) -> Result<()> {
+pub async fn announce_identity(ctx: &SandboxCtx, sandbox: &Sandbox, pod: &Pod) -> Result<()> {
     let Some(target) = crate::sandbox::runner::agent_target_of(ctx, sandbox, pod) else {
         return Err(Error::Agent {
             sandbox: sandbox.name_any(),
@@ -334,7 +342,11 @@ pub async fn announce_identity(ctx: &Context, sandbox: &Sandbox, pod: &Pod) -> R
 /// The Pod `sandbox` claimed, as the cache shows it (found by its label and its seal for the sandbox,
 /// verified with `key`: the status may not name it yet, after a crash between the claim and the status
 /// write). Pure over the store's contents.
-pub fn claimed_in_cache(pods: &Store<Pod>, sandbox: &Sandbox, key: &TokenKey) -> Option<Arc<Pod>> {
+pub fn claimed_in_cache(
+    pods: &Store<Pod>,
+    sandbox: &Sandbox,
+    key: &OperatorKey,
+) -> Option<Arc<Pod>> {
     let namespace = sandbox.namespace()?;
     let name = sandbox.name_any();
     let uid = sandbox.uid()?;
@@ -352,8 +364,8 @@ pub fn claimed_in_cache(pods: &Store<Pod>, sandbox: &Sandbox, key: &TokenKey) ->
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::pool::members::{fixtures, member_pod};
     use crate::plumbing::mock_api::test_token_key;
+    use crate::pool::members::{fixtures, member_pod};
     use kube::Resource;
     use orchard_api::SandboxSpec;
 
@@ -365,7 +377,7 @@ mod tests {
         let pool = pool();
         let owner = pool.controller_owner_ref(&()).expect("owner");
         let shape = fixtures::shape();
-        let credentials = test_token_key().credentials("team", name, "00");
+        let credentials = crate::pod::token::credentials(&test_token_key(), "team", name, "00");
         let mut pod = member_pod(&pool, name, &owner, &shape, &credentials, &test_token_key());
         pod.metadata.uid = Some(format!("uid-{name}"));
         pod.metadata.resource_version = Some("7".into());

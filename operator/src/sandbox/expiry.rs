@@ -7,6 +7,8 @@
 
 use k8s_openapi::jiff::{SignedDuration, Timestamp};
 
+use crate::plumbing::time::ceil_to_second;
+
 use orchard_api::{HEARTBEAT_ANNOTATION, Sandbox};
 
 /// Heartbeats more than this far in the future are ignored (clock skew or a typo, not a heartbeat).
@@ -90,19 +92,6 @@ pub fn failed_deadline(
     let from = ready_time.unwrap_or(created);
     from.saturating_add(SignedDuration::from_secs(lifecycle.ttl_seconds.max(0)))
         .unwrap_or(from)
-}
-
-/// Rounds a time up to the next whole second (a time already on a second stays).
-pub fn ceil_to_second(t: Timestamp) -> Timestamp {
-    if t.subsec_nanosecond() == 0 {
-        return t;
-    }
-    Timestamp::from_second(t.as_second() + 1).unwrap_or(t)
-}
-
-/// Rounds a time down to a whole second.
-pub fn floor_to_second(t: Timestamp) -> Timestamp {
-    Timestamp::from_second(t.as_second()).unwrap_or(t)
 }
 
 /// Why a heartbeat annotation was not counted.
@@ -328,22 +317,6 @@ mod tests {
                 ttl_seconds: 7200,
                 heartbeat_timeout_seconds: 0
             }
-        );
-    }
-
-    #[test]
-    fn rounding() {
-        assert_eq!(
-            ceil_to_second(t("2026-01-01T00:00:05Z")),
-            t("2026-01-01T00:00:05Z")
-        );
-        assert_eq!(
-            ceil_to_second(t("2026-01-01T00:00:05.001Z")),
-            t("2026-01-01T00:00:06Z")
-        );
-        assert_eq!(
-            floor_to_second(t("2026-01-01T00:00:05.999Z")),
-            t("2026-01-01T00:00:05Z")
         );
     }
 }

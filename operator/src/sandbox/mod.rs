@@ -6,9 +6,16 @@
 //! egress policies protect (the API server's, the nodes' pod ranges) current.
 
 pub mod apply;
+pub mod blocked;
 pub mod claim;
+pub mod coalesce;
+pub mod context;
 pub mod expiry;
+#[cfg(test)]
+pub mod fixtures;
+pub mod identity;
 pub mod reconcile;
+pub mod refusals;
 pub mod run_protocol;
 pub mod run_result;
 pub mod runner;

@@ -14,24 +14,29 @@ use kube::runtime::reflector::ObjectRef;
 use kube::{Resource, ResourceExt};
 use tracing::{info, instrument, warn};
 
-use crate::pod::build::desired_pod;
-use crate::pod::build::pod_name;
 use super::expiry::{Lifecycle, annotated_heartbeat, expiry_deadline, failed_deadline};
 use super::run_result::aborted;
 use super::status::{
-    Blocked, Observed, POLICY_ENFORCEMENT_MISSING, admission_rejection, desired_status,
-    expired_status, first_status_can_wait, hold_back_transient, is_trajectory, policy_warning_at,
-    quota_refusal, rollout_group_of, startup_clock,
+    Observed, POLICY_ENFORCEMENT_MISSING, desired_status, expired_status, policy_warning_at,
+    startup_clock,
 };
-use crate::pod::token::new_nonce;
 use super::{apply, runner};
-use crate::pod::placement;
-use crate::sandbox::claim::{PoolStep, announce_identity, claim_or_fallback, is_claimed_member};
-use crate::app::context::{Context, object_key};
 use crate::plumbing::error::{Error, Result};
 use crate::plumbing::events::publish;
+use crate::plumbing::kube_ctx::object_key;
 use crate::plumbing::metrics::ReconcileTimer;
+use crate::plumbing::time::until;
 use crate::plumbing::writes::{self, ChildState, StatusWrite};
+use crate::pod::build::desired_pod;
+use crate::pod::build::pod_name;
+use crate::pod::placement;
+use crate::pod::token::new_nonce;
+use crate::sandbox::blocked::Blocked;
+use crate::sandbox::claim::{PoolStep, announce_identity, claim_or_fallback, is_claimed_member};
+use crate::sandbox::coalesce::{first_status_can_wait, hold_back_transient};
+use crate::sandbox::context::SandboxCtx;
+use crate::sandbox::identity::{is_trajectory, rollout_group_of};
+use crate::sandbox::refusals::{admission_rejection, quota_refusal};
 use orchard_api::{Sandbox, SandboxPhase, SandboxStatus};
 
 /// Controller name used in metrics and logs.
@@ -39,31 +44,35 @@ pub const CONTROLLER: &str = "sandbox";
 
 /// Reconciles one Sandbox.
 #[instrument(skip_all, fields(sandbox = %object_key(sandbox.as_ref())))]
-pub async fn reconcile(sandbox: Arc<Sandbox>, ctx: Arc<Context>) -> Result<Action> {
-    let _slot = ctx.sandbox_slots.acquire().await;
-    let _timer = ReconcileTimer::start(&ctx.metrics, CONTROLLER);
+pub async fn reconcile(sandbox: Arc<Sandbox>, ctx: Arc<SandboxCtx>) -> Result<Action> {
+    let _slot = ctx.slots.acquire().await;
+    let _timer = ReconcileTimer::start(&ctx.kube.metrics, CONTROLLER);
     // Leadership is a cancellation signal: a reconcile still running when this replica steps down
     // is dropped (its request in flight aborted) and counts as one that had nothing to do.
     let next = ctx
+        .kube
         .leadership
         .while_leader(reconcile_inner(&sandbox, &ctx))
         .await
         .unwrap_or(Ok(None))?;
     // The incarnation that holds the name now (the queued object may be an older one).
     let uid = ctx
+        .kube
         .caches
         .sandboxes
         .get(&ObjectRef::from_obj(sandbox.as_ref()))
         .and_then(|o| o.uid())
         .unwrap_or_default();
-    ctx.reconciled(CONTROLLER, &uid);
-    Ok(ctx.next_action(&uid, next))
+    ctx.kube.reconciled(CONTROLLER, &uid);
+    Ok(ctx.kube.next_action(&uid, next))
 }
 
 /// Retries a failed reconcile with per-object exponential backoff.
-pub fn error_policy(sandbox: Arc<Sandbox>, error: &Error, ctx: Arc<Context>) -> Action {
+pub fn error_policy(sandbox: Arc<Sandbox>, error: &Error, ctx: Arc<SandboxCtx>) -> Action {
     let key = object_key(sandbox.as_ref());
-    let delay = ctx.reconcile_failed(CONTROLLER, &sandbox.uid().unwrap_or_default(), error);
+    let delay = ctx
+        .kube
+        .reconcile_failed(CONTROLLER, &sandbox.uid().unwrap_or_default(), error);
     warn!(sandbox = %key, %error, retry_in_ms = delay.as_millis() as u64, "sandbox reconcile failed");
     Action::requeue(delay)
 }
@@ -90,17 +99,22 @@ fn blocked_by(states: &[&ChildState<()>]) -> Option<Blocked> {
 }
 
 /// Returns when to reconcile again (`None`: on the next change only).
-async fn reconcile_inner(cached: &Sandbox, ctx: &Arc<Context>) -> Result<Option<Duration>> {
+async fn reconcile_inner(cached: &Sandbox, ctx: &Arc<SandboxCtx>) -> Result<Option<Duration>> {
     if cached.meta().deletion_timestamp.is_some() {
         return Ok(None);
     }
-    if !ctx.leadership.is_leader() {
+    if !ctx.kube.leadership.is_leader() {
         // A standby replica keeps its caches warm and writes nothing; gaining the Lease reconciles all.
         return Ok(None);
     }
-    let Some(sandbox) = writes::freshest(ctx, &ctx.caches.sandboxes, cached, |s, status| {
-        s.status = Some(status);
-    }) else {
+    let Some(sandbox) = writes::freshest(
+        &ctx.kube,
+        &ctx.kube.caches.sandboxes,
+        cached,
+        |s, status| {
+            s.status = Some(status);
+        },
+    ) else {
         // Deleted since it was queued.
         return Ok(None);
     };
@@ -112,7 +126,7 @@ async fn reconcile_inner(cached: &Sandbox, ctx: &Arc<Context>) -> Result<Option<
         _ => None,
     };
     let (sandbox, pool) =
-        crate::pool::resolve(&ctx.caches.sandbox_pools, &sandbox, recorded.as_ref());
+        crate::pool::resolve(&ctx.kube.caches.sandbox_pools, &sandbox, recorded.as_ref());
     let sandbox = &sandbox;
     let namespace = sandbox.namespace().ok_or(Error::MissingField {
         kind: "Sandbox",
@@ -137,14 +151,14 @@ async fn reconcile_inner(cached: &Sandbox, ctx: &Arc<Context>) -> Result<Option<
 
     // The placement policy gates the Pod's creation only: a sandbox whose Pod exists keeps it.
     let refused = (known.is_none() && previous.pod_name.is_none())
-        .then(|| placement::check(&sandbox.spec, &ctx.settings.placement).err())
+        .then(|| placement::check(&sandbox.spec, &ctx.pods.settings.placement).err())
         .flatten();
     // The egress policy exists before the Pod starts, and before a claim relabels a pool member into
     // its selector. Refused before anything is created: no baseline, no policy.
     let egress = if refused.is_some() {
         ChildState::Ours(())
     } else {
-        apply::ensure_baseline(ctx, &namespace).await?;
+        crate::pod::apply::ensure_baseline(&ctx.kube, &ctx.pods, &namespace).await?;
         apply::ensure_egress_policy(ctx, sandbox, &owner).await?
     };
     let mut blocked = refused
@@ -208,9 +222,9 @@ async fn reconcile_inner(cached: &Sandbox, ctx: &Arc<Context>) -> Result<Option<
         now,
         lifecycle,
         startup_timeout_seconds: ctx.settings.startup_timeout_seconds,
-        agent_port: ctx.settings.pod.agent_port,
+        agent_port: ctx.pods.settings.pod.agent_port,
         blocked,
-        key: &ctx.token_key,
+        key: &ctx.kube.key,
     };
     let status = desired_status(sandbox, &observed);
     if status.ready_time.is_some()
@@ -228,7 +242,7 @@ async fn reconcile_inner(cached: &Sandbox, ctx: &Arc<Context>) -> Result<Option<
             created,
             now,
             ctx.settings.status_coalesce,
-            first_status_can_wait(sandbox, &ctx.token_key),
+            first_status_can_wait(sandbox, &ctx.kube.key),
         )
     {
         // A young sandbox usually becomes Ready within the window: write once, then.
@@ -243,8 +257,8 @@ async fn reconcile_inner(cached: &Sandbox, ctx: &Arc<Context>) -> Result<Option<
     }
     if sandbox.status.as_ref() != Some(&status) {
         let written = writes::write_status(
-            ctx,
-            &ctx.caches.sandboxes,
+            &ctx.kube,
+            &ctx.kube.caches.sandboxes,
             sandbox,
             sandbox.status.as_ref(),
             &status,
@@ -284,19 +298,20 @@ async fn reconcile_inner(cached: &Sandbox, ctx: &Arc<Context>) -> Result<Option<
     if let Some((deadline, cause)) = expiry_deadline(ready_time, heartbeat, lifecycle) {
         if now >= deadline {
             let late = now.duration_since(deadline).as_secs_f64().max(0.0);
-            ctx.metrics
+            ctx.kube
+                .metrics
                 .expiry_lateness
                 .with_label_values(&[cause.as_str()])
                 .observe(late);
             expire(ctx, sandbox, &status, cause.as_str(), now).await?;
             return Ok(None);
         }
-        return Ok(Some(until(now, deadline).min(ctx.settings.resync)));
+        return Ok(Some(until(now, deadline).min(ctx.kube.resync)));
     }
     // Not Ready yet: come back when the startup timeout would fail it (watch events usually come first;
     // a trajectory not scheduled yet has no startup deadline, its pod's scheduling wakes it).
-    let Some(started) = startup_clock(sandbox, pod.as_ref(), &ctx.token_key) else {
-        return Ok(Some(ctx.settings.resync));
+    let Some(started) = startup_clock(sandbox, pod.as_ref(), &ctx.kube.key) else {
+        return Ok(Some(ctx.kube.resync));
     };
     let startup_deadline = started
         .saturating_add(k8s_openapi::jiff::SignedDuration::from_secs(
@@ -309,28 +324,31 @@ async fn reconcile_inner(cached: &Sandbox, ctx: &Arc<Context>) -> Result<Option<
         .and_then(policy_warning_at)
         .filter(|at| *at > now)
         .map_or(startup_deadline, |at| at.min(startup_deadline));
-    Ok(Some(until(now, next).min(ctx.settings.resync)))
+    Ok(Some(until(now, next).min(ctx.kube.resync)))
 }
 
 /// Creates the sandbox's own Pod (recording `defaults`, its pool template's network and lifecycle, for
 /// a cold start from a pool); a refusal that is not an error becomes the returned block (Pod Security
 /// admission, a full quota, the name held by another object).
 async fn create_own_pod(
-    ctx: &Context,
+    ctx: &SandboxCtx,
     sandbox: &Sandbox,
     owner: &OwnerReference,
     defaults: Option<&crate::pool::template::PoolDefaults>,
 ) -> Result<(Option<Pod>, Option<Blocked>)> {
     let namespace = sandbox.namespace().unwrap_or_default();
-    let credentials =
-        ctx.token_key
-            .credentials(&namespace, &pod_name(&sandbox.name_any()), &new_nonce());
+    let credentials = crate::pod::token::credentials(
+        &ctx.kube.key,
+        &namespace,
+        &pod_name(&sandbox.name_any()),
+        &new_nonce(),
+    );
     let mut desired = desired_pod(
         sandbox,
         owner,
-        &ctx.pod_shape(),
+        &ctx.pods.pod_shape(),
         &credentials,
-        &ctx.token_key,
+        &ctx.kube.key,
     );
     if let Some(defaults) = defaults {
         crate::pool::template::record_defaults(&mut desired, defaults);
@@ -355,12 +373,12 @@ async fn create_own_pod(
 /// reconcile comes back at that time. An Expired one was deleted already, and a RolloutGroup's
 /// trajectories are removed by their group.
 async fn remove_failed_at_ttl(
-    ctx: &Context,
+    ctx: &SandboxCtx,
     sandbox: &Sandbox,
     status: &SandboxStatus,
 ) -> Result<Option<Duration>> {
     if status.phase != Some(SandboxPhase::Failed)
-        || rollout_group_of(sandbox, &ctx.token_key).is_some()
+        || rollout_group_of(sandbox, &ctx.kube.key).is_some()
     {
         return Ok(None);
     }
@@ -378,35 +396,32 @@ async fn remove_failed_at_ttl(
     let ready = status.ready_time.as_ref().map(|t| t.0);
     let deadline = failed_deadline(created, ready, lifecycle);
     if now < deadline {
-        return Ok(Some(until(now, deadline).min(ctx.settings.resync)));
+        return Ok(Some(until(now, deadline).min(ctx.kube.resync)));
     }
     apply::delete_sandbox(ctx, sandbox).await?;
-    ctx.metrics.expirations.with_label_values(&["ttl"]).inc();
+    ctx.kube
+        .metrics
+        .expirations
+        .with_label_values(&["ttl"])
+        .inc();
     info!(sandbox = %object_key(sandbox), "failed sandbox deleted at its ttl");
     let note = "the ttl deadline passed; the failed sandbox was deleted".to_string();
-    publish(ctx, sandbox, EventType::Normal, "Expired", note).await;
+    publish(&ctx.kube, sandbox, EventType::Normal, "Expired", note).await;
     Ok(None)
-}
-
-/// Time from `now` until `deadline` (zero if it passed), with a millisecond of slack so the requeue
-/// lands at or just after the deadline rather than just before it.
-fn until(now: Timestamp, deadline: Timestamp) -> Duration {
-    let remaining = deadline.duration_since(now);
-    Duration::try_from(remaining).unwrap_or(Duration::ZERO) + Duration::from_millis(1)
 }
 
 /// Ends an expired sandbox. A standalone sandbox is deleted. A trajectory of a RolloutGroup keeps its
 /// Sandbox object (phase Expired, with an aborted result if it had none) so the group cannot lose its
 /// outcome; only its pod is deleted, and the group's cleanup removes the object.
 async fn expire(
-    ctx: &Context,
+    ctx: &SandboxCtx,
     sandbox: &Sandbox,
     status: &SandboxStatus,
     cause: &str,
     now: Timestamp,
 ) -> Result<()> {
-    let in_group = rollout_group_of(sandbox, &ctx.token_key).is_some();
-    if in_group || (is_trajectory(sandbox, &ctx.token_key) && status.result.is_none()) {
+    let in_group = rollout_group_of(sandbox, &ctx.kube.key).is_some();
+    if in_group || (is_trajectory(sandbox, &ctx.kube.key) && status.result.is_none()) {
         let mut expired = expired_status(sandbox, cause, now);
         if expired.result.is_none() {
             expired.result = Some(aborted(
@@ -415,26 +430,37 @@ async fn expire(
                 None,
             ));
         }
-        writes::write_status(ctx, &ctx.caches.sandboxes, sandbox, Some(status), &expired).await?;
+        writes::write_status(
+            &ctx.kube,
+            &ctx.kube.caches.sandboxes,
+            sandbox,
+            Some(status),
+            &expired,
+        )
+        .await?;
     }
     if in_group {
         apply::delete_own_pod(ctx, sandbox).await?;
     } else {
         apply::delete_sandbox(ctx, sandbox).await?;
     }
-    ctx.metrics.expirations.with_label_values(&[cause]).inc();
+    ctx.kube
+        .metrics
+        .expirations
+        .with_label_values(&[cause])
+        .inc();
     info!(sandbox = %object_key(sandbox), cause, in_group, "sandbox expired");
     let note = if in_group {
         format!("the {cause} deadline passed; pod deleted, the RolloutGroup removes the sandbox")
     } else {
         format!("the {cause} deadline passed; sandbox deleted")
     };
-    publish(ctx, sandbox, EventType::Normal, "Expired", note).await;
+    publish(&ctx.kube, sandbox, EventType::Normal, "Expired", note).await;
     Ok(())
 }
 
 async fn report_transition(
-    ctx: &Context,
+    ctx: &SandboxCtx,
     sandbox: &Sandbox,
     previous: &SandboxStatus,
     status: &SandboxStatus,
@@ -456,7 +482,7 @@ async fn report_transition(
             .unwrap_or_default();
         warn!(sandbox = %object_key(sandbox), %message, "sandbox waits for NetworkPolicies nobody enforces");
         publish(
-            ctx,
+            &ctx.kube,
             sandbox,
             EventType::Warning,
             POLICY_ENFORCEMENT_MISSING,
@@ -471,7 +497,7 @@ async fn report_transition(
         Some(SandboxPhase::Ready) if previous.ready_time.is_none() => {
             if let Some(created) = sandbox.meta().creation_timestamp.as_ref() {
                 let seconds = now.duration_since(created.0).as_secs_f64().max(0.0);
-                ctx.metrics.sandbox_ready_seconds.observe(seconds);
+                ctx.kube.metrics.sandbox_ready_seconds.observe(seconds);
             }
             // No event: the Ready condition's transition time says it, and an event would be one
             // more API write per sandbox (docs/CONTROLLER.md, "API calls per sandbox").
@@ -479,13 +505,14 @@ async fn report_transition(
         }
         Some(SandboxPhase::Failed) => {
             let reason = status.reason.clone().unwrap_or_else(|| "Failed".into());
-            ctx.metrics
+            ctx.kube
+                .metrics
                 .sandbox_failures
                 .with_label_values(&[reason.as_str()])
                 .inc();
             let message = status.message.clone().unwrap_or_default();
             warn!(sandbox = %object_key(sandbox), %reason, %message, "sandbox failed");
-            publish(ctx, sandbox, EventType::Warning, &reason, message).await;
+            publish(&ctx.kube, sandbox, EventType::Warning, &reason, message).await;
         }
         _ => {}
     }

@@ -10,13 +10,16 @@ use k8s_openapi::jiff::{SignedDuration, Timestamp};
 use kube::Resource;
 use serde_json::{Value, json};
 
-use crate::pod::build::{baseline_policy, desired_egress_policy, desired_pod};
 use super::expiry::Lifecycle;
 use super::reconcile;
 use super::status::{Observed, desired_status};
 use crate::plumbing::mock_api::{
-    Expect, TestCaches, cache, default_settings, scripted, test_token_key,
+    Expect, Scripted, TestCaches, cache, default_settings, scripted, test_token_key,
 };
+use crate::pod::build::{baseline_policy, desired_egress_policy, desired_pod};
+use crate::pod::cluster_ranges::ClusterRanges;
+use crate::pod::context::PodCtx;
+use crate::sandbox::context::SandboxCtx;
 use orchard_api::{
     EgressPolicy, LifecycleSpec, NetworkSpec, Sandbox, SandboxPhase, SandboxSpec, SandboxStatus,
 };
@@ -45,8 +48,14 @@ fn sandbox(created_ago_seconds: i64) -> Sandbox {
 fn ready_pod(s: &Sandbox) -> Pod {
     let settings = default_settings();
     let owner = s.controller_owner_ref(&()).expect("owner");
-    let credentials = test_token_key().credentials(NS, "s1", "00");
-    let mut pod = desired_pod(s, &owner, &settings.pod, &credentials, &test_token_key());
+    let credentials = crate::pod::token::credentials(&test_token_key(), NS, "s1", "00");
+    let mut pod = desired_pod(
+        s,
+        &owner,
+        &settings.pod.pod,
+        &credentials,
+        &test_token_key(),
+    );
     pod.metadata.uid = Some("uid-pod".into());
     pod.spec.get_or_insert_default().node_name = Some("node-1".into());
     pod.status = Some(PodStatus {
@@ -80,7 +89,10 @@ fn caches_with_children(s: &Sandbox, pod: Option<Pod>) -> TestCaches {
     let settings = default_settings();
     let mut caches = TestCaches::default();
     cache(&mut caches.sandboxes, s.clone());
-    cache(&mut caches.policies, baseline_policy(NS, &settings.policy));
+    cache(
+        &mut caches.policies,
+        baseline_policy(NS, &settings.pod.policy),
+    );
     if let Some(pod) = pod {
         cache(&mut caches.pods, pod);
     }
@@ -116,11 +128,11 @@ fn settled(mut s: Sandbox, pod: &Pod, ready_seconds_ago: i64) -> Sandbox {
         now: ready,
         lifecycle: Lifecycle::of(
             &s,
-            settings.default_ttl_seconds,
-            settings.default_heartbeat_timeout_seconds,
+            settings.sandbox.default_ttl_seconds,
+            settings.sandbox.default_heartbeat_timeout_seconds,
         ),
-        startup_timeout_seconds: settings.startup_timeout_seconds,
-        agent_port: settings.pod.agent_port,
+        startup_timeout_seconds: settings.sandbox.startup_timeout_seconds,
+        agent_port: settings.pod.pod.agent_port,
         blocked: None,
         key: &key,
     };
@@ -148,10 +160,22 @@ async fn expect_deleted_at_its_deadline(s: Sandbox, caches: &TestCaches) {
                 .body(|event| assert_eq!(event["reason"], "Expired")),
         ],
     );
-    reconcile(Arc::new(s), script.ctx.clone())
+    reconcile(Arc::new(s), ctx(&script))
         .await
         .expect("reconcile");
     script.finish().await;
+}
+
+/// The Sandbox controller's context on a script, with the default settings.
+fn ctx(script: &Scripted) -> Arc<SandboxCtx> {
+    let settings = default_settings();
+    let ranges = tokio::sync::watch::channel(ClusterRanges::default()).1;
+    Arc::new(SandboxCtx::new(
+        script.kube.clone(),
+        Arc::new(PodCtx::new(settings.pod.clone(), ranges)),
+        settings.sandbox,
+        Arc::default(),
+    ))
 }
 
 #[tokio::test]
@@ -202,7 +226,7 @@ async fn a_new_sandbox_gets_its_baseline_pod_and_first_status_at_once() {
                 }),
         ],
     );
-    reconcile(Arc::new(s), script.ctx.clone())
+    reconcile(Arc::new(s), ctx(&script))
         .await
         .expect("reconcile");
     // The first status is written at once (kstatus reads a new object as Current until then); later
@@ -233,7 +257,7 @@ async fn a_new_sandbox_created_through_the_gateway_waits_for_its_first_status() 
             Expect::create("/api/v1/namespaces/team/pods", "uid-pod"),
         ],
     );
-    let action = reconcile(Arc::new(s), script.ctx.clone())
+    let action = reconcile(Arc::new(s), ctx(&script))
         .await
         .expect("reconcile");
     // No status yet: it comes with Ready, or once the coalescing window has passed.
@@ -259,7 +283,7 @@ async fn a_ready_pod_costs_one_status_write() {
             .body(status_patch_sets("phase", json!("Ready"))),
         ],
     );
-    reconcile(Arc::new(s), script.ctx.clone())
+    reconcile(Arc::new(s), ctx(&script))
         .await
         .expect("reconcile");
     script.finish().await;
@@ -290,7 +314,7 @@ async fn switching_egress_to_deny_deletes_the_sandbox_policy_only() {
     });
     let settings = default_settings();
     let owner = s.controller_owner_ref(&()).expect("owner");
-    let mut policy = desired_egress_policy(&s, &owner, &settings.policy, &test_token_key())
+    let mut policy = desired_egress_policy(&s, &owner, &settings.pod.policy, &test_token_key())
         .expect("AllowAll has one");
     policy.metadata.uid = Some("uid-egress".into());
     s.spec.network = None;
@@ -314,7 +338,7 @@ async fn switching_egress_to_deny_deletes_the_sandbox_policy_only() {
             .body(status_patch_sets("observedGeneration", json!(2))),
         ],
     );
-    reconcile(Arc::new(s), script.ctx.clone())
+    reconcile(Arc::new(s), ctx(&script))
         .await
         .expect("reconcile");
     script.finish().await;
@@ -337,7 +361,7 @@ async fn a_failed_sandbox_within_its_ttl_is_kept_and_nothing_is_written() {
     let s = with_status(sandbox(10), SandboxPhase::Failed);
     let caches = caches_with_children(&s, None);
     let script = scripted(&caches, vec![]);
-    reconcile(Arc::new(s), script.ctx.clone())
+    reconcile(Arc::new(s), ctx(&script))
         .await
         .expect("reconcile");
     assert!(script.finish().await.is_empty());
@@ -369,7 +393,7 @@ async fn a_planted_pod_under_the_sandbox_name_is_never_its_pod() {
                 .body(|event| assert_eq!(event["reason"], "NameConflict")),
         ],
     );
-    reconcile(Arc::new(s), script.ctx.clone())
+    reconcile(Arc::new(s), ctx(&script))
         .await
         .expect("reconcile");
     script.finish().await;
@@ -380,7 +404,7 @@ async fn a_failed_sandbox_never_deletes_a_pod_planted_under_its_name() {
     let s = with_status(sandbox(10), SandboxPhase::Failed);
     let caches = caches_with_children(&s, Some(planted_pod(&s)));
     let script = scripted(&caches, vec![]);
-    reconcile(Arc::new(s), script.ctx.clone())
+    reconcile(Arc::new(s), ctx(&script))
         .await
         .expect("reconcile");
     assert!(script.finish().await.is_empty());

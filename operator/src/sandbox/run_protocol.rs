@@ -14,9 +14,9 @@ use bytes::Bytes;
 use tokio::time::Instant;
 use tracing::warn;
 
-use crate::pod::agent_client::AgentCallError;
 use super::run_result::{aborted, result_of_run};
 use crate::plumbing::backoff::Retry;
+use crate::pod::agent_client::AgentCallError;
 use orchard_api::agent::ProcessStatus;
 use orchard_api::{RunSpec, TrajectoryResult};
 

@@ -22,11 +22,11 @@ use tracing::{info, warn};
 
 use super::apply::cached_pod;
 use super::run_protocol::{DEADLINE_GRACE, RunAgent, run_to_result};
-use super::status::endpoint_of_own_pod;
 use crate::plumbing::backoff::Retry;
-use crate::app::context::Context;
 use crate::plumbing::status_patch::status_member_patch;
 use crate::pod::agent_client::{AgentCallError, AgentClient, AgentTarget};
+use crate::pod::agent_target::endpoint_of_own_pod;
+use crate::sandbox::context::SandboxCtx;
 use bytes::Bytes;
 use orchard_api::agent::ProcessStatus;
 use orchard_api::{RunSpec, Sandbox, SandboxPhase, TrajectoryResult};
@@ -43,8 +43,8 @@ pub const RESULT_PREEMPTED: &str = "ResultPreempted";
 
 /// A run given up before its result (see [`drive`]): if that is because a result was recorded
 /// meanwhile, the run was preempted, and says so.
-async fn abandoned(ctx: &Context, key: &ObjectRef<Sandbox>, uid: &str) {
-    let Some(sandbox) = ctx.caches.sandboxes.get(key) else {
+async fn abandoned(ctx: &SandboxCtx, key: &ObjectRef<Sandbox>, uid: &str) {
+    let Some(sandbox) = ctx.kube.caches.sandboxes.get(key) else {
         return;
     };
     if sandbox.uid().as_deref() != Some(uid) || sandbox.meta().deletion_timestamp.is_some() {
@@ -61,7 +61,7 @@ async fn abandoned(ctx: &Context, key: &ObjectRef<Sandbox>, uid: &str) {
 /// (`orchard_trajectory_runs_total{outcome="Preempted"}`), published as a Warning event and set as
 /// the condition [`RESULT_PREEMPTED`], which later status writes keep.
 async fn preempted(
-    ctx: &Context,
+    ctx: &SandboxCtx,
     sandbox: &Sandbox,
     recorded: &TrajectoryResult,
     result: Option<&TrajectoryResult>,
@@ -79,12 +79,13 @@ async fn preempted(
         ),
     };
     warn!(sandbox = %sandbox.name_any(), recorded = %show(recorded), run = %result.map(show).unwrap_or_default(), "the run's result was preempted by a result recorded first");
-    ctx.metrics
+    ctx.kube
+        .metrics
         .trajectory_runs
         .with_label_values(&["Preempted"])
         .inc();
     crate::plumbing::events::publish(
-        ctx,
+        &ctx.kube,
         sandbox,
         kube::runtime::events::EventType::Warning,
         RESULT_PREEMPTED,
@@ -97,11 +98,11 @@ async fn preempted(
         "status": "True",
         "reason": RESULT_PREEMPTED,
         "message": message,
-        "lastTransitionTime": super::expiry::floor_to_second(Timestamp::now()).to_string(),
+        "lastTransitionTime": crate::plumbing::time::floor_to_second(Timestamp::now()).to_string(),
     });
     let patch = crate::plumbing::status_patch::append_condition_patch(&uid, condition);
     let api: Api<Sandbox> = Api::namespaced(
-        ctx.client.clone(),
+        ctx.kube.client.clone(),
         sandbox.namespace().as_deref().unwrap_or_default(),
     );
     match api
@@ -112,7 +113,7 @@ async fn preempted(
         )
         .await
     {
-        Ok(_) => ctx.metrics.api_write("sandboxes/status", "patch"),
+        Ok(_) => ctx.kube.metrics.api_write("sandboxes/status", "patch"),
         Err(err) => {
             warn!(sandbox = %sandbox.name_any(), %err, "cannot set the ResultPreempted condition")
         }
@@ -123,17 +124,22 @@ async fn preempted(
 pub const RUN_PROCESS_ID: &str = "orchard-run";
 
 /// The agent endpoint and token of a sandbox, from its own pod in the cache.
-pub fn agent_target(ctx: &Context, sandbox: &Sandbox) -> Option<AgentTarget> {
-    let pod = cached_pod(&ctx.caches.pods, sandbox, &ctx.token_key)?;
+pub fn agent_target(ctx: &SandboxCtx, sandbox: &Sandbox) -> Option<AgentTarget> {
+    let pod = cached_pod(&ctx.kube.caches.pods, sandbox, &ctx.kube.key)?;
     agent_target_of(ctx, sandbox, &pod)
 }
 
 /// The agent endpoint and token of `sandbox` running in `pod` (which must be its own, Ready), the
 /// token derived from the pod's annotations under the operator's key.
-pub fn agent_target_of(ctx: &Context, sandbox: &Sandbox, pod: &Pod) -> Option<AgentTarget> {
+pub fn agent_target_of(ctx: &SandboxCtx, sandbox: &Sandbox, pod: &Pod) -> Option<AgentTarget> {
     // From the sandbox's own Ready pod, never from `status.agentEndpoint` (see endpoint_of_own_pod).
-    let endpoint = endpoint_of_own_pod(sandbox, pod, ctx.settings.pod.agent_port, &ctx.token_key)?;
-    let token = match ctx.token_key.token_of(pod) {
+    let endpoint = endpoint_of_own_pod(
+        sandbox,
+        pod,
+        ctx.pods.settings.pod.agent_port,
+        &ctx.kube.key,
+    )?;
+    let token = match crate::pod::token::token_of(&ctx.kube.key, pod) {
         Ok(token) => token,
         Err(err) => {
             warn!(sandbox = %sandbox.name_any(), %err, "no agent token");
@@ -212,7 +218,7 @@ impl Runners {
 }
 
 /// Starts the runner of `sandbox` unless one runs already or nothing is left to do.
-pub fn ensure_runner(ctx: &Arc<Context>, sandbox: &Sandbox) {
+pub fn ensure_runner(ctx: &Arc<SandboxCtx>, sandbox: &Sandbox) {
     let Some(run) = sandbox.spec.run.clone() else {
         return;
     };
@@ -230,7 +236,7 @@ pub fn ensure_runner(ctx: &Arc<Context>, sandbox: &Sandbox) {
         let (ctx, uid) = (task_ctx, task_uid);
         // Only during this replica's term: a step-down stops the waits and aborts the result write;
         // the new leader adopts the run (its start request gets 409 and waits on the same process).
-        let term = ctx.leadership.while_leader(async {
+        let term = ctx.kube.leadership.while_leader(async {
             match drive(&ctx, &key, &uid, ready, &run).await {
                 Some(result) => record(&ctx, &key, &uid, &result).await,
                 None => abandoned(&ctx, &key, &uid).await,
@@ -243,12 +249,12 @@ pub fn ensure_runner(ctx: &Arc<Context>, sandbox: &Sandbox) {
 }
 
 /// The sandbox as the cache has it now, if it is still the same object and still needs a result.
-fn still_wanted(ctx: &Context, key: &ObjectRef<Sandbox>, uid: &str) -> Option<Arc<Sandbox>> {
-    if !ctx.leadership.is_leader() {
+fn still_wanted(ctx: &SandboxCtx, key: &ObjectRef<Sandbox>, uid: &str) -> Option<Arc<Sandbox>> {
+    if !ctx.kube.leadership.is_leader() {
         // The new leader adopts the run (its start request gets 409 and waits on the same process).
         return None;
     }
-    let sandbox = ctx.caches.sandboxes.get(key)?;
+    let sandbox = ctx.kube.caches.sandboxes.get(key)?;
     if sandbox.uid().as_deref() != Some(uid) || sandbox.meta().deletion_timestamp.is_some() {
         return None;
     }
@@ -315,7 +321,7 @@ fn run_deadline(ready: Timestamp, run: &RunSpec) -> Instant {
 /// brings can find the giving-up task still running and leave it be (seen once in `rollout_restart`:
 /// a Ready trajectory never started, its group never completed).
 async fn drive(
-    ctx: &Context,
+    ctx: &SandboxCtx,
     key: &ObjectRef<Sandbox>,
     uid: &str,
     ready: Timestamp,
@@ -347,11 +353,11 @@ async fn drive(
 
 /// Records `result` in the sandbox's status (write-once: a result already there wins), only on the
 /// sandbox with `uid` (a UID-guarded JSON Patch: never on a new sandbox under the same name).
-async fn record(ctx: &Context, key: &ObjectRef<Sandbox>, uid: &str, result: &TrajectoryResult) {
+async fn record(ctx: &SandboxCtx, key: &ObjectRef<Sandbox>, uid: &str, result: &TrajectoryResult) {
     let Some(namespace) = key.namespace.as_deref() else {
         return;
     };
-    let api: Api<Sandbox> = Api::namespaced(ctx.client.clone(), namespace);
+    let api: Api<Sandbox> = Api::namespaced(ctx.kube.client.clone(), namespace);
     let Some(patch) = result_patch(uid, result) else {
         return;
     };
@@ -368,8 +374,9 @@ async fn record(ctx: &Context, key: &ObjectRef<Sandbox>, uid: &str, result: &Tra
             .await
         {
             Ok(_) => {
-                ctx.metrics.api_write("sandboxes/status", "patch");
-                ctx.metrics
+                ctx.kube.metrics.api_write("sandboxes/status", "patch");
+                ctx.kube
+                    .metrics
                     .trajectory_runs
                     .with_label_values(&[result.reason.as_deref().unwrap_or(status_label(result))])
                     .inc();

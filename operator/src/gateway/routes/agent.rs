@@ -684,7 +684,7 @@ async fn proxy(
     let timeout = answer_timeout(&parts.headers, route.timeout.default_for(&parts.uri))?;
     let sandbox = find_sandbox(
         &state.deps.client,
-        &state.deps.caches.sandboxes,
+        &state.deps.reads.sandboxes,
         &state.recent_deletes,
         namespace,
         name,

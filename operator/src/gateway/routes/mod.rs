@@ -139,7 +139,7 @@ impl GatewayState {
 
     /// The Sandbox a route's path names (see [`GatewayState::cached`]).
     pub async fn sandbox(&self, path: &ObjectPath) -> Result<Arc<Sandbox>, ApiError> {
-        self.cached(&self.deps.caches.sandboxes, "sandbox", path)
+        self.cached(&self.deps.reads.sandboxes, "sandbox", path)
             .await
     }
 
@@ -148,22 +148,22 @@ impl GatewayState {
     pub async fn agent_access(&self, sandbox: &Sandbox) -> Result<(String, String), ApiError> {
         let pod = own_pod(
             &self.deps.client,
-            &self.deps.caches.pods,
+            &self.deps.reads.pods,
             sandbox,
-            &self.deps.token_key,
+            &self.deps.key,
         )
         .await;
         agent_access(
             sandbox,
             pod.as_deref(),
-            self.deps.settings.pod.agent_port,
-            &self.deps.token_key,
+            self.deps.settings.agent_port,
+            &self.deps.key,
         )
     }
 
     /// The RolloutGroup a route's path names (see [`GatewayState::cached`]).
     pub async fn group(&self, path: &ObjectPath) -> Result<Arc<RolloutGroup>, ApiError> {
-        self.cached(&self.deps.rollout_groups, "rolloutgroup", path)
+        self.cached(&self.deps.reads.rollout_groups, "rolloutgroup", path)
             .await
     }
 }

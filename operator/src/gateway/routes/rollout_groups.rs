@@ -71,7 +71,7 @@ pub async fn list_groups(
         .await?;
     let text = query(list)?.label_selector.unwrap_or_default();
     let filled = state.filled.is_filled("RolloutGroup");
-    let cache = &state.deps.rollout_groups;
+    let cache = &state.deps.reads.rollout_groups;
     objects::list(&state, cache, filled, &path.namespace, &text).await
 }
 
@@ -115,7 +115,7 @@ pub async fn delete_group(
         .await?;
     objects::delete::<RolloutGroup>(
         &state,
-        &state.deps.rollout_groups,
+        &state.deps.reads.rollout_groups,
         &path.namespace,
         &path.name,
         &identity.username,
@@ -154,9 +154,9 @@ pub async fn wait_group(
     let timeout = wait_duration(query(wait)?.timeout_seconds);
     let waiter = WaitFor {
         client: &state.deps.client,
-        store: &state.deps.rollout_groups,
+        store: &state.deps.reads.rollout_groups,
         deletes: &state.recent_deletes,
-        changes: &state.deps.changes,
+        changes: &state.deps.reads.changes,
         kind: "RolloutGroup",
         noun: "rolloutgroup",
         namespace: &path.namespace,

@@ -82,7 +82,7 @@ pub async fn list_sandboxes(
         .await?;
     let text = query(list)?.label_selector.unwrap_or_default();
     let filled = state.filled.is_filled("Sandbox");
-    let cache = &state.deps.caches.sandboxes;
+    let cache = &state.deps.reads.sandboxes;
     objects::list(&state, cache, filled, &path.namespace, &text).await
 }
 
@@ -130,7 +130,7 @@ pub async fn delete_sandbox(
         .await?;
     objects::delete::<Sandbox>(
         &state,
-        &state.deps.caches.sandboxes,
+        &state.deps.reads.sandboxes,
         &path.namespace,
         &path.name,
         &identity.username,
@@ -207,9 +207,9 @@ pub async fn wait_sandbox(
     let timeout = wait_duration(query(wait)?.timeout_seconds);
     let waiter = WaitFor {
         client: &state.deps.client,
-        store: &state.deps.caches.sandboxes,
+        store: &state.deps.reads.sandboxes,
         deletes: &state.recent_deletes,
-        changes: &state.deps.changes,
+        changes: &state.deps.reads.changes,
         kind: "Sandbox",
         noun: "sandbox",
         namespace: &path.namespace,

@@ -1,0 +1,31 @@
+//! Why a sandbox cannot have a child it needs (the create path and the pool claim say it; the status
+//! shows it).
+
+/// Why the sandbox cannot have one of its children under the name it needs.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Blocked {
+    /// A deleted sandbox of the same name still has children the garbage collector is removing; the
+    /// Pod is created once they are gone.
+    PreviousIncarnation(String),
+    /// Somebody else's object holds the name: the sandbox fails, nothing is touched.
+    NameConflict(String),
+    /// The API server refused the Pod for good (Pod Security admission, an invalid field): the
+    /// sandbox fails with the server's words.
+    PodRejected(String),
+    /// The operator's placement policy refuses the spec (`placement`): the sandbox fails before any
+    /// child is created.
+    PlacementRefused(String),
+    /// A ResourceQuota refused the Pod: the sandbox stays Pending and the creation is retried (a
+    /// trajectory of a RolloutGroup waits for as long as its group allows; see [`startup_clock`]).
+    QuotaExceeded(String),
+    /// A sandbox of a pool has no member to claim and does not start cold: it waits (`stalled`: until
+    /// someone changes something, e.g. creates the pool or aligns its spec with the template).
+    Pool {
+        /// Machine-readable reason: `WaitingForPoolMember`, `PoolNotFound`, `PoolTemplateMismatch`.
+        reason: &'static str,
+        /// Detail.
+        message: String,
+        /// Nothing the operator does will end the wait.
+        stalled: bool,
+    },
+}

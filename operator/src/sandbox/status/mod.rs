@@ -1,0 +1,456 @@
+//! Pure status computation: a Sandbox, its observed Pod and the current time in, the desired
+//! `SandboxStatus` out. Recomputing from the same observations gives the same status, so the
+//! controller writes only on real changes.
+
+use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+use k8s_openapi::jiff::{SignedDuration, Timestamp};
+
+use super::expiry::{Lifecycle, annotated_heartbeat, expiry_deadline, latest_heartbeat};
+use crate::plumbing::conditions::{self, Desired, Progress};
+use crate::plumbing::operator_key::OperatorKey;
+use crate::plumbing::time::floor_to_second;
+use crate::pod::agent_target::agent_endpoint;
+use crate::pod::health::{
+    Failure, pod_condition, pod_failure, pod_ready, pod_state_summary, scheduling,
+    task_running_since,
+};
+use crate::pod::policy_canary::awaits_enforcement;
+use crate::sandbox::blocked::Blocked;
+use crate::sandbox::identity::{is_trajectory, rollout_group_of};
+use orchard_api::{Sandbox, SandboxPhase, SandboxStatus};
+
+/// Condition types of a Sandbox.
+pub mod condition {
+    /// The Pod is bound to a node.
+    pub const SCHEDULED: &str = "Scheduled";
+    /// The agent answers its health probe.
+    pub const AGENT_READY: &str = "AgentReady";
+    /// The sandbox accepts exec and file calls.
+    pub const READY: &str = "Ready";
+    /// A deadline passed.
+    pub const EXPIRED: &str = "Expired";
+}
+
+/// Conditions the status computation does not derive but keeps once set: the trajectory runner sets
+/// `ResultPreempted` when its result lost to one recorded first, an event nothing observed later
+/// can undo.
+const KEPT_CONDITIONS: &[&str] = &[crate::sandbox::runner::RESULT_PREEMPTED];
+
+/// [`conditions::merge`], keeping the previous [`KEPT_CONDITIONS`] as they were.
+fn merge_conditions(
+    previous: &[k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition],
+    desired: Vec<Desired>,
+    generation: Option<i64>,
+    now: Timestamp,
+) -> Vec<k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition> {
+    let mut merged = conditions::merge(previous, desired, generation, now);
+    merged.extend(
+        previous
+            .iter()
+            .filter(|c| KEPT_CONDITIONS.contains(&c.type_.as_str()))
+            .cloned(),
+    );
+    merged
+}
+
+/// Everything the status depends on.
+#[derive(Debug, Clone)]
+pub struct Observed<'a> {
+    /// The sandbox's Pod, if one exists.
+    pub pod: Option<&'a Pod>,
+    /// The Pod existed (status names it) and a live read confirmed it is gone.
+    pub pod_gone: bool,
+    /// Current time.
+    pub now: Timestamp,
+    /// Effective TTL and heartbeat timeout.
+    pub lifecycle: Lifecycle,
+    /// Seconds after creation a sandbox may take to become Ready.
+    pub startup_timeout_seconds: i64,
+    /// Port the agent listens on.
+    pub agent_port: u16,
+    /// A child the sandbox needs whose name is held by an object that is not its own.
+    pub blocked: Option<Blocked>,
+    /// The operator's key (a trajectory of a RolloutGroup is a Sandbox sealed for its group).
+    pub key: &'a OperatorKey,
+}
+
+/// The `StartupTimeout` message (pure): what the pod's status said last (`state`, from
+/// [`pod_state_summary`]), where its events are (they outlive the pod by an hour), and the settings
+/// that change the outcome, by Helm value and flag. `gated`: the pod's agent waits for its
+/// NetworkPolicies to be enforced.
+fn startup_timeout_message(
+    seconds: i64,
+    namespace: &str,
+    pod: &str,
+    state: &str,
+    gated: bool,
+) -> String {
+    let mut message =
+        format!("not Ready {seconds}s after creation (a trajectory: after its pod was scheduled)");
+    if !state.is_empty() {
+        message.push_str(&format!("; last seen: {state}"));
+    }
+    message.push_str(&format!(
+        "; the pod's events: `kubectl get events -n {namespace} --field-selector involvedObject.name={pod}`; the limit is Helm value sandboxDefaults.startupTimeoutSeconds (--startup-timeout-seconds)"
+    ));
+    if gated {
+        message.push_str(
+            "; the agent serves only once the sandbox's NetworkPolicies are enforced, which never happens in a cluster without a NetworkPolicy enforcer: install one, or set Helm value sandboxEgress.awaitEnforcement=false (--await-policy-enforcement=false)",
+        );
+    }
+    message
+}
+
+/// Reason of a sandbox whose agent has waited too long for its NetworkPolicies to be enforced.
+pub const POLICY_ENFORCEMENT_MISSING: &str = "PolicyEnforcementMissing";
+
+/// How long an agent may wait for its NetworkPolicies, after its container started, before the
+/// sandbox says that no enforcer may be programming them.
+pub const POLICY_WAIT_WARNING: SignedDuration = SignedDuration::from_secs(30);
+
+/// When a sandbox whose agent waits for its NetworkPolicies says that no enforcer may be programming
+/// them, if `pod` is such a pod and its task container runs (pure).
+pub fn policy_warning_at(pod: &Pod) -> Option<Timestamp> {
+    if !awaits_enforcement(pod) {
+        return None;
+    }
+    task_running_since(pod)?
+        .checked_add(POLICY_WAIT_WARNING)
+        .ok()
+}
+
+/// The `PolicyEnforcementMissing` message (pure; the same at every reconcile, so it costs one write).
+fn policy_enforcement_missing_message() -> String {
+    format!(
+        "the agent has waited more than {}s for the sandbox's NetworkPolicies to be enforced: nothing seems to enforce NetworkPolicies in this cluster (EKS without the VPC CNI's network policy agent, GKE without network policy enforcement); install an enforcer, or set Helm value sandboxEgress.awaitEnforcement=false (--await-policy-enforcement=false) to run sandboxes without network isolation",
+        POLICY_WAIT_WARNING.as_secs()
+    )
+}
+
+/// From when a sandbox's startup timeout counts, or `None` while it does not count (pure).
+///
+/// A standalone Sandbox: from its creation, whatever holds it up. A trajectory of a RolloutGroup: from
+/// the moment its Pod was scheduled. While a quota refuses its Pod or no node has room for it, it
+/// waits instead of failing (a trajectory that failed for lack of capacity would become an aborted
+/// trajectory and change the group's selection); its group's `activeDeadlineSeconds` bounds the wait.
+pub fn startup_clock(sandbox: &Sandbox, pod: Option<&Pod>, key: &OperatorKey) -> Option<Timestamp> {
+    if rollout_group_of(sandbox, key).is_none() {
+        return sandbox.metadata.creation_timestamp.as_ref().map(|t| t.0);
+    }
+    let pod = pod?;
+    pod.spec.as_ref().and_then(|s| s.node_name.as_ref())?;
+    pod_condition(pod, "PodScheduled")
+        .filter(|c| c.status == "True")
+        .and_then(|c| c.last_transition_time.as_ref().map(|t| t.0))
+        .or_else(|| pod.metadata.creation_timestamp.as_ref().map(|t| t.0))
+}
+
+/// The failed status: terminal, so the conditions say why and nothing is Ready.
+fn failed_status(
+    sandbox: &Sandbox,
+    mut status: SandboxStatus,
+    failure: Failure,
+    now: Timestamp,
+    key: &OperatorKey,
+) -> SandboxStatus {
+    let previous = sandbox.status.clone().unwrap_or_default();
+    let scheduled = conditions::is_true(&previous.conditions, condition::SCHEDULED);
+    status.phase = Some(SandboxPhase::Failed);
+    status.conditions = merge_conditions(
+        &previous.conditions,
+        vec![
+            Desired::new(
+                condition::SCHEDULED,
+                scheduled,
+                if scheduled {
+                    "Scheduled"
+                } else {
+                    "NotScheduled"
+                },
+                "",
+            ),
+            Desired::new(
+                condition::AGENT_READY,
+                false,
+                failure.reason.clone(),
+                failure.message.clone(),
+            ),
+            Desired::new(
+                condition::READY,
+                false,
+                failure.reason.clone(),
+                failure.message.clone(),
+            ),
+            Desired::new(condition::EXPIRED, false, "Failed", ""),
+        ]
+        .into_iter()
+        .chain(conditions::kstatus(&Progress::Stalled(
+            failure.reason.clone(),
+            failure.message.clone(),
+        )))
+        .collect(),
+        sandbox.metadata.generation,
+        now,
+    );
+    status.expires_at = None;
+    if is_trajectory(sandbox, key) && status.result.is_none() {
+        // A trajectory that cannot finish is aborted, so its RolloutGroup (or trainer) can move on.
+        status.result = Some(crate::sandbox::run_result::aborted(
+            "SandboxFailed",
+            format!("{}: {}", failure.reason, failure.message),
+            None,
+        ));
+    }
+    status.reason = Some(failure.reason);
+    status.message = Some(failure.message);
+    status
+}
+
+/// The status the sandbox should have given what is observed now.
+pub fn desired_status(sandbox: &Sandbox, observed: &Observed) -> SandboxStatus {
+    let previous = sandbox.status.clone().unwrap_or_default();
+    let now = observed.now;
+    // Failed and Expired are terminal: nothing observed later changes them.
+    if matches!(
+        previous.phase,
+        Some(SandboxPhase::Failed | SandboxPhase::Expired)
+    ) {
+        return previous;
+    }
+    let mut status = SandboxStatus {
+        observed_generation: sandbox.metadata.generation,
+        result: previous.result.clone(),
+        pod_name: previous.pod_name.clone(),
+        ready_time: previous.ready_time.clone(),
+        ..SandboxStatus::default()
+    };
+
+    if observed.pod_gone {
+        return failed_status(
+            sandbox,
+            status,
+            Failure::new(
+                "PodDeleted",
+                "the sandbox's pod was deleted from outside the operator; its state is lost",
+            ),
+            now,
+            observed.key,
+        );
+    }
+    let refused = match &observed.blocked {
+        Some(Blocked::NameConflict(message)) => Some(("NameConflict", message)),
+        Some(Blocked::PodRejected(message)) => Some(("PodRejected", message)),
+        Some(Blocked::PlacementRefused(message)) => Some((crate::pod::placement::REASON, message)),
+        _ => None,
+    };
+    if let Some((reason, message)) = refused {
+        let failure = Failure::new(reason, message.clone());
+        return failed_status(sandbox, status, failure, now, observed.key);
+    }
+    if let Some(pod) = observed.pod {
+        status.pod_name = pod.metadata.name.clone();
+        status.node_name = pod.spec.as_ref().and_then(|s| s.node_name.clone());
+        status.pod_ip = pod
+            .status
+            .as_ref()
+            .and_then(|s| s.pod_ip.clone())
+            .filter(|ip| !ip.is_empty());
+        if let Some(failure) = pod_failure(pod) {
+            return failed_status(sandbox, status, failure, now, observed.key);
+        }
+    }
+
+    let ready_now = observed.pod.is_some_and(pod_ready) && status.pod_ip.is_some();
+    if ready_now && status.ready_time.is_none() {
+        status.ready_time = Some(Time(floor_to_second(now)));
+    }
+    let ready_time = status.ready_time.as_ref().map(|t| t.0);
+    if ready_time.is_none() {
+        let limit = SignedDuration::from_secs(observed.startup_timeout_seconds);
+        if let Some(started) = startup_clock(sandbox, observed.pod, observed.key)
+            && now.duration_since(started) >= limit
+        {
+            let pod = status.pod_name.clone().unwrap_or_default();
+            let gated = observed.pod.is_some_and(awaits_enforcement);
+            let state = observed.pod.map(pod_state_summary).unwrap_or_default();
+            let namespace = sandbox.metadata.namespace.as_deref().unwrap_or_default();
+            return failed_status(
+                sandbox,
+                status,
+                Failure::new(
+                    "StartupTimeout",
+                    startup_timeout_message(
+                        observed.startup_timeout_seconds,
+                        namespace,
+                        &pod,
+                        &state,
+                        gated,
+                    ),
+                ),
+                now,
+                observed.key,
+            );
+        }
+    }
+
+    status.agent_endpoint = status
+        .pod_ip
+        .as_deref()
+        .map(|ip| agent_endpoint(ip, observed.agent_port));
+    // A malformed heartbeat annotation is reported by the controller (event) and otherwise ignored.
+    let annotated = annotated_heartbeat(sandbox, now).ok().flatten();
+    let heartbeat = latest_heartbeat(
+        ready_time,
+        previous.last_heartbeat_time.as_ref().map(|t| t.0),
+        annotated,
+    );
+    status.last_heartbeat_time = heartbeat
+        .filter(|_| observed.lifecycle.heartbeat_timeout_seconds > 0)
+        .map(Time);
+    status.expires_at =
+        expiry_deadline(ready_time, heartbeat, observed.lifecycle).map(|(at, _)| Time(at));
+
+    let (scheduled, scheduled_reason, scheduled_message) = match observed.pod {
+        Some(pod) => scheduling(pod),
+        None => match &observed.blocked {
+            Some(Blocked::PreviousIncarnation(message)) => {
+                (false, "PreviousIncarnation".into(), message.clone())
+            }
+            Some(Blocked::QuotaExceeded(message)) => {
+                (false, "QuotaExceeded".into(), message.clone())
+            }
+            Some(Blocked::Pool {
+                reason, message, ..
+            }) => (false, (*reason).to_string(), message.clone()),
+            _ => (
+                false,
+                "PodNotCreated".into(),
+                "creating the sandbox's pod".into(),
+            ),
+        },
+    };
+    let (agent_reason, agent_message) = if ready_now {
+        ("AgentHealthy", String::new())
+    } else if ready_time.is_some() {
+        (
+            "AgentNotResponding",
+            "the agent stopped answering its health probe".to_string(),
+        )
+    } else if let Some(pod) = observed.pod.filter(|pod| awaits_enforcement(pod)) {
+        let waited = task_running_since(pod).map(|since| now.duration_since(since));
+        match waited {
+            Some(waited) if waited >= POLICY_WAIT_WARNING => (
+                POLICY_ENFORCEMENT_MISSING,
+                policy_enforcement_missing_message(),
+            ),
+            _ => (
+                "AgentStarting",
+                "waiting for the agent to answer /healthz (it answers once the sandbox's NetworkPolicies are enforced)"
+                    .to_string(),
+            ),
+        }
+    } else {
+        (
+            "AgentStarting",
+            "waiting for the agent to answer /healthz".to_string(),
+        )
+    };
+    status.phase = Some(if sandbox.metadata.deletion_timestamp.is_some() {
+        SandboxPhase::Terminating
+    } else if status.result.is_some() {
+        SandboxPhase::Succeeded
+    } else if ready_now {
+        SandboxPhase::Ready
+    } else if scheduled {
+        SandboxPhase::Starting
+    } else {
+        SandboxPhase::Pending
+    });
+    let progress = match (status.phase, &observed.blocked) {
+        (_, Some(Blocked::QuotaExceeded(message))) => {
+            Progress::Stalled("QuotaExceeded".into(), message.clone())
+        }
+        (
+            _,
+            Some(Blocked::Pool {
+                reason,
+                message,
+                stalled: true,
+            }),
+        ) => Progress::Stalled((*reason).to_string(), message.clone()),
+        (Some(SandboxPhase::Pending), _) => {
+            Progress::Reconciling("Pending".into(), scheduled_message.clone())
+        }
+        // Without an enforcer it would wait until its startup timeout: it needs outside help now.
+        (Some(SandboxPhase::Starting), _) if agent_reason == POLICY_ENFORCEMENT_MISSING => {
+            Progress::Stalled(agent_reason.to_string(), agent_message.clone())
+        }
+        (Some(SandboxPhase::Starting), _) => {
+            Progress::Reconciling("Starting".into(), agent_message.clone())
+        }
+        _ => Progress::Settled,
+    };
+    let (ready_reason, ready_message) = if ready_now {
+        ("SandboxReady".to_string(), String::new())
+    } else if !scheduled {
+        // The Scheduled condition's own reason (`WaitingForPoolMember`, `QuotaExceeded`, the
+        // scheduler's `Unschedulable`, ...) says more than "not scheduled".
+        (scheduled_reason.clone(), scheduled_message.clone())
+    } else {
+        (agent_reason.to_string(), agent_message.clone())
+    };
+    status.conditions = merge_conditions(
+        &previous.conditions,
+        vec![
+            Desired::new(
+                condition::SCHEDULED,
+                scheduled,
+                scheduled_reason,
+                scheduled_message,
+            ),
+            Desired::new(
+                condition::AGENT_READY,
+                ready_now,
+                agent_reason,
+                agent_message,
+            ),
+            Desired::new(condition::READY, ready_now, ready_reason, ready_message),
+            Desired::new(condition::EXPIRED, false, "NotExpired", ""),
+        ]
+        .into_iter()
+        .chain(conditions::kstatus(&progress))
+        .collect(),
+        sandbox.metadata.generation,
+        now,
+    );
+    status
+}
+
+/// The status written just before an expired sandbox is deleted (only when a trajectory result must
+/// be recorded first, so a RolloutGroup learns why the trajectory ended).
+pub fn expired_status(sandbox: &Sandbox, cause: &str, now: Timestamp) -> SandboxStatus {
+    let mut status = sandbox.status.clone().unwrap_or_default();
+    status.phase = Some(SandboxPhase::Expired);
+    let message = format!("the {cause} deadline passed; the sandbox is being deleted");
+    status.conditions = merge_conditions(
+        &status.conditions,
+        vec![
+            Desired::new(condition::SCHEDULED, true, "Scheduled", ""),
+            Desired::new(condition::AGENT_READY, false, "Expired", message.clone()),
+            Desired::new(condition::READY, false, "Expired", message.clone()),
+            Desired::new(condition::EXPIRED, true, "Expired", message.clone()),
+        ]
+        .into_iter()
+        .chain(conditions::kstatus(&Progress::Settled))
+        .collect(),
+        sandbox.metadata.generation,
+        now,
+    );
+    status.reason = Some("Expired".into());
+    status.message = Some(message);
+    status
+}
+
+#[cfg(test)]
+mod tests;
