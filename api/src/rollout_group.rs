@@ -319,6 +319,19 @@ pub enum RolloutPhase {
     Failed,
 }
 
+impl RolloutPhase {
+    /// The phase's name as the API shows it.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Pending => "Pending",
+            Self::Queued => "Queued",
+            Self::Generating => "Generating",
+            Self::Complete => "Complete",
+            Self::Failed => "Failed",
+        }
+    }
+}
+
 /// How the group was chosen (docs/BAR.md).
 #[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, JsonSchema)]
 pub enum Selection {

@@ -377,6 +377,32 @@ pub struct LifecycleSpec {
     pub heartbeat_timeout_seconds: Option<i64>,
 }
 
+/// A sandbox's expiry as it applies: its spec's values, else the operator's defaults.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Lifecycle {
+    /// Hard maximum age after Ready, in seconds.
+    pub ttl_seconds: i64,
+    /// Heartbeat timeout in seconds; 0 is off.
+    pub heartbeat_timeout_seconds: i64,
+}
+
+impl Lifecycle {
+    /// The lifecycle of a sandbox with `spec` under the operator's defaults (pure).
+    pub fn of(
+        spec: &SandboxSpec,
+        default_ttl_seconds: i64,
+        default_heartbeat_timeout_seconds: i64,
+    ) -> Self {
+        let lifecycle = spec.lifecycle.clone().unwrap_or_default();
+        Self {
+            ttl_seconds: lifecycle.ttl_seconds.unwrap_or(default_ttl_seconds),
+            heartbeat_timeout_seconds: lifecycle
+                .heartbeat_timeout_seconds
+                .unwrap_or(default_heartbeat_timeout_seconds),
+        }
+    }
+}
+
 /// A command the agent starts in the background at boot.
 #[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq, Eq)]
 #[x_kube(validation = Rule::new("size(self.command) > 0").message("startup.command must name a program"))]

@@ -10,7 +10,6 @@ use axum::response::IntoResponse;
 use axum::routing::get;
 use tokio_util::sync::CancellationToken;
 
-use crate::gateway::lookup::group_phase_name;
 use crate::plumbing::caches::{CacheFill, Caches};
 use crate::plumbing::metrics::Metrics;
 use orchard_api::SandboxPhase;
@@ -73,7 +72,7 @@ fn refresh_phase_gauges(state: &AdminState) {
             g.status
                 .as_ref()
                 .and_then(|s| s.phase)
-                .map(group_phase_name)
+                .map(orchard_api::RolloutPhase::as_str)
         }),
     );
 }

@@ -65,8 +65,8 @@ pub struct SandboxDefaults {
 
     /// How the agent gets into each sandbox pod: `init-container` (any cluster) or `image-volume`
     /// (Kubernetes 1.35+ with containerd 2.1+ or CRI-O 1.31+; no init container to run).
-    #[arg(long, env = "ORCHARD_AGENT_INJECTION", value_enum, default_value_t = crate::pod::build::AgentInjection::InitContainer)]
-    pub agent_injection: crate::pod::build::AgentInjection,
+    #[arg(long, env = "ORCHARD_AGENT_INJECTION", value_enum, default_value_t = crate::pod::spec::AgentInjection::InitContainer)]
+    pub agent_injection: crate::pod::spec::AgentInjection,
 
     /// Port the agent listens on inside each sandbox pod.
     #[arg(long, env = "ORCHARD_AGENT_PORT", default_value_t = 9090)]

@@ -11,4 +11,4 @@ pub mod telemetry;
 pub mod token_key;
 pub mod watches;
 
-pub use start::{run, scoped_api};
+pub use start::run;

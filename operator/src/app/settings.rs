@@ -7,11 +7,12 @@ use std::time::Duration;
 use crate::app::config::{OperatorArgs, parse_label_pairs};
 use crate::gateway::GatewaySettings;
 use crate::plumbing::error::{Error, Result};
-use crate::pod::build::{PodShape, PolicyShape};
 use crate::pod::cidr::Cidr;
 use crate::pod::context::{PodSettings, RangeUse};
 use crate::pod::placement::Placement;
+use crate::pod::policy::PolicyShape;
 use crate::pod::policy_canary::PolicyCanaries;
+use crate::pod::spec::PodShape;
 use crate::sandbox::context::SandboxSettings;
 
 /// Settings derived once from the command line.
@@ -211,7 +212,7 @@ mod tests {
 
     #[test]
     fn by_default_open_egress_never_reaches_metadata_addresses_of_either_family() {
-        use crate::pod::build::desired_egress_policy;
+        use crate::pod::policy::desired_egress_policy;
         use orchard_api::{EgressPolicy, NetworkSpec, SandboxSpec};
         let args = OperatorArgs::parse_from(["orchard-operator"]);
         let settings = Settings::from_args(&args).unwrap();

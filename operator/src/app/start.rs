@@ -6,11 +6,10 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use futures::{StreamExt, future};
+use kube::Client;
 use kube::api::{Api, ListParams};
 use kube::runtime::controller::{self, Controller};
 use kube::runtime::events::{Recorder, Reporter};
-use kube::{Client, Resource};
-use serde::de::DeserializeOwned;
 use tokio_util::sync::CancellationToken;
 use tracing::info;
 
@@ -21,7 +20,7 @@ use crate::app::settings::Settings;
 use crate::app::token_key;
 use crate::app::watches;
 use crate::gateway::{self, GatewayDeps, ReadModel};
-use crate::plumbing::api_client;
+use crate::plumbing::api_client::{self, scoped_api};
 use crate::plumbing::backoff::ReconcileBackoff;
 use crate::plumbing::error::{Error, Result};
 use crate::plumbing::kube_ctx::KubeCtx;
@@ -44,22 +43,6 @@ use orchard_api::Sandbox;
 /// kube-runtime's own concurrency limit, off: the reconcilers bound themselves with FIFO slots
 /// (`reconcile_slots`), because kube-runtime 5.0.0 starves some objects when its limit is reached.
 const UNLIMITED: u16 = 0;
-
-/// An `Api` over every namespace, or over the one the operator is told to watch.
-pub fn scoped_api<K>(client: &Client, namespace: &str) -> Api<K>
-where
-    K: Resource<Scope = k8s_openapi::NamespaceResourceScope>
-        + Clone
-        + DeserializeOwned
-        + std::fmt::Debug,
-    K::DynamicType: Default,
-{
-    if namespace.is_empty() {
-        Api::all(client.clone())
-    } else {
-        Api::namespaced(client.clone(), namespace)
-    }
-}
 
 /// Runs the operator until a termination signal.
 pub async fn run(args: OperatorArgs) -> Result<()> {

@@ -14,7 +14,7 @@ use k8s_openapi::api::networking::v1::NetworkPolicy;
 use kube::Client;
 use kube::runtime::watcher;
 
-use crate::app::start::scoped_api;
+use crate::plumbing::api_client::scoped_api;
 use crate::plumbing::caches::{CacheFill, Caches};
 use crate::plumbing::change_feed::ChangeFeed;
 use crate::plumbing::triggers::{Forward, trigger};

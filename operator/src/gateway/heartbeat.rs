@@ -16,7 +16,7 @@ use super::GATEWAY_FIELD_MANAGER;
 use super::errors::{ApiError, from_kube};
 use super::metrics::GatewayMetrics;
 use crate::plumbing::metrics::Metrics;
-use crate::sandbox::expiry::Lifecycle;
+use orchard_api::Lifecycle;
 use orchard_api::{HEARTBEAT_ANNOTATION, Sandbox};
 
 /// Entries kept before expired ones are pruned.
@@ -93,7 +93,7 @@ impl Heartbeats {
     /// Effective heartbeat timeout of `sandbox`.
     pub fn timeout_seconds(&self, sandbox: &Sandbox) -> i64 {
         Lifecycle::of(
-            sandbox,
+            &sandbox.spec,
             self.default_ttl_seconds,
             self.default_timeout_seconds,
         )

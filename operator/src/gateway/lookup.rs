@@ -13,20 +13,9 @@ use super::errors::{ApiError, from_kube};
 use super::recent_deletes::RecentDeletes;
 use crate::plumbing::operator_key::OperatorKey;
 use crate::plumbing::ownership::sealed_for;
-use crate::pod::agent_target::endpoint_of_own_pod;
-use crate::sandbox::apply::{cached_pod, own_pod_name};
-use orchard_api::{RolloutPhase, Sandbox, SandboxPhase};
-
-/// Phase name of a RolloutGroup.
-pub fn group_phase_name(phase: RolloutPhase) -> &'static str {
-    match phase {
-        RolloutPhase::Pending => "Pending",
-        RolloutPhase::Queued => "Queued",
-        RolloutPhase::Generating => "Generating",
-        RolloutPhase::Complete => "Complete",
-        RolloutPhase::Failed => "Failed",
-    }
-}
+use crate::pod::agent_target::{NoTarget, endpoint_of_own_pod};
+use crate::pod::lookup::{cached_pod, own_pod_name};
+use orchard_api::{Sandbox, SandboxPhase};
 
 /// The agent endpoint of a sandbox that can take calls, from its own Ready pod in the cache (`pod`,
 /// sealed for the sandbox under `key`), or the 409 saying why it cannot (pure). `status.agentEndpoint`
@@ -122,18 +111,21 @@ pub fn agent_access(
     agent_port: u16,
     key: &OperatorKey,
 ) -> Result<(String, String), ApiError> {
-    let endpoint = agent_endpoint(sandbox, pod, agent_port, key)?;
-    // `agent_endpoint` answers only with a pod; without one it was NotReady above.
-    let pod = pod.ok_or_else(|| {
+    agent_endpoint(sandbox, pod, agent_port, key)?;
+    let not_ready = || {
         ApiError::not_ready(
             &sandbox.namespace().unwrap_or_default(),
             &sandbox.name_any(),
             None,
         )
-    })?;
-    let token =
-        crate::pod::token::token_of(key, pod).map_err(|err| ApiError::conflict(err.to_string()))?;
-    Ok((endpoint, token))
+    };
+    // `agent_endpoint` answers only with the sandbox's own Ready pod; without one it refused above.
+    let pod = pod.ok_or_else(not_ready)?;
+    match crate::pod::agent_target::agent_target(sandbox, pod, agent_port, key) {
+        Ok(target) => Ok((target.endpoint, target.token)),
+        Err(NoTarget::NotReady) => Err(not_ready()),
+        Err(NoTarget::Token(err)) => Err(ApiError::conflict(err.to_string())),
+    }
 }
 
 #[cfg(test)]

@@ -19,8 +19,11 @@ use std::time::Duration;
 use hyper_timeout::TimeoutConnector;
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::rt::{TokioExecutor, TokioTimer};
+use kube::api::Api;
 use kube::client::retry::RetryPolicy;
 use kube::client::{Body, ClientBuilder, ConfigExt, DynBody};
+use kube::{Client, Resource};
+use serde::de::DeserializeOwned;
 use tower::retry::RetryLayer;
 use tower::util::BoxService;
 use tower::{BoxError, ServiceBuilder, ServiceExt};
@@ -74,6 +77,22 @@ pub fn client_builder(
         service,
         config.default_namespace.clone(),
     ))
+}
+
+/// An `Api` over every namespace, or over the one the operator is told to watch.
+pub fn scoped_api<K>(client: &Client, namespace: &str) -> Api<K>
+where
+    K: Resource<Scope = k8s_openapi::NamespaceResourceScope>
+        + Clone
+        + DeserializeOwned
+        + std::fmt::Debug,
+    K::DynamicType: Default,
+{
+    if namespace.is_empty() {
+        Api::all(client.clone())
+    } else {
+        Api::namespaced(client.clone(), namespace)
+    }
 }
 
 #[cfg(test)]

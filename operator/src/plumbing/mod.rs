@@ -27,6 +27,7 @@ pub mod own_writes;
 pub mod ownership;
 pub mod reconcile_slots;
 pub mod status_patch;
+pub mod task_set;
 pub mod time;
 pub mod triggers;
 pub mod watch;

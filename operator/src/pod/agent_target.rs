@@ -1,10 +1,13 @@
-//! Where a sandbox's agent answers (pure): derived from its own Pod, never from its status.
+//! Where a sandbox's agent answers and with which token (pure): derived from its own Pod, never
+//! from its status. The one derivation the trajectory runner, the pool claim and the gateway use.
 
 use k8s_openapi::api::core::v1::Pod;
 
 use crate::plumbing::operator_key::OperatorKey;
 use crate::plumbing::ownership::sealed_for;
+use crate::pod::agent_client::AgentTarget;
 use crate::pod::health::pod_ready;
+use crate::pod::token::{TokenError, token_of};
 use orchard_api::Sandbox;
 
 /// Where the agent of `sandbox` answers, derived from `pod` (pure): only the sandbox's own pod (sealed
@@ -36,6 +39,28 @@ pub fn agent_endpoint(pod_ip: &str, port: u16) -> String {
     } else {
         format!("http://{pod_ip}:{port}")
     }
+}
+
+/// Why a sandbox's agent cannot be called through `pod`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum NoTarget {
+    /// `pod` is not the sandbox's own, Ready pod with an IP.
+    NotReady,
+    /// The pod's token cannot be derived (no nonce, another key).
+    Token(TokenError),
+}
+
+/// The agent endpoint and token of `sandbox` running in `pod` (which must be its own and Ready;
+/// see [`endpoint_of_own_pod`]), the token derived from the pod's annotations under `key`.
+pub fn agent_target(
+    sandbox: &Sandbox,
+    pod: &Pod,
+    agent_port: u16,
+    key: &OperatorKey,
+) -> Result<AgentTarget, NoTarget> {
+    let endpoint = endpoint_of_own_pod(sandbox, pod, agent_port, key).ok_or(NoTarget::NotReady)?;
+    let token = token_of(key, pod).map_err(NoTarget::Token)?;
+    Ok(AgentTarget { endpoint, token })
 }
 
 #[cfg(test)]

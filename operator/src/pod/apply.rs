@@ -8,8 +8,9 @@ use crate::plumbing::error::Result;
 use crate::plumbing::kube_ctx::KubeCtx;
 use crate::plumbing::own_writes::namespace_scope;
 use crate::plumbing::writes::apply_owned;
-use crate::pod::build::{BASELINE_POLICY, baseline_policy};
 use crate::pod::context::PodCtx;
+use crate::pod::naming::BASELINE_POLICY;
+use crate::pod::policy::baseline_policy;
 
 /// Ensures the namespace baseline policy (default-deny egress, agent ingress only from the operator).
 /// One apply per namespace at a time: the others wait for it and then find it done.

@@ -5,10 +5,11 @@
 use tokio::sync::watch;
 
 use crate::plumbing::keyed_locks::KeyedLocks;
-use crate::pod::build::{PodShape, PolicyShape};
 use crate::pod::cluster_ranges::{ClusterRanges, Watched};
 use crate::pod::placement::Placement;
+use crate::pod::policy::PolicyShape;
 use crate::pod::policy_canary::PolicyCanaries;
+use crate::pod::spec::PodShape;
 
 /// How sandbox Pods and their policies are shaped (from the command line).
 #[derive(Debug, Clone, PartialEq)]

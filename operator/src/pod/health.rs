@@ -4,7 +4,7 @@
 use k8s_openapi::api::core::v1::{ContainerStatus, Pod};
 use k8s_openapi::jiff::Timestamp;
 
-use crate::pod::build::{INSTALL_CONTAINER, TASK_CONTAINER};
+use crate::pod::naming::{INSTALL_CONTAINER, TASK_CONTAINER};
 
 /// Container waiting reasons that mean the container will not start without outside help.
 const START_FAILURES: &[&str] = &[
@@ -42,7 +42,7 @@ pub fn pod_state_summary(pod: &Pod) -> String {
         .chain(status.container_statuses.iter().flatten())
         .find(|c| {
             c.state.as_ref().is_some_and(|s| s.waiting.is_some())
-                || c.name == crate::pod::build::TASK_CONTAINER
+                || c.name == crate::pod::naming::TASK_CONTAINER
         });
     let Some(container) = task else {
         return String::new();
@@ -281,7 +281,7 @@ pub fn task_running_since(pod: &Pod) -> Option<Timestamp> {
         .container_statuses
         .iter()
         .flatten()
-        .find(|c| c.name == crate::pod::build::TASK_CONTAINER)?
+        .find(|c| c.name == crate::pod::naming::TASK_CONTAINER)?
         .state
         .as_ref()?
         .running

@@ -1,18 +1,21 @@
 //! What a sandbox is made of, shared by the Sandbox and SandboxPool controllers and the gateway: its
-//! Pod and NetworkPolicies ([`build`]), its agent's token ([`token`]) and the operator's client of
+//! Pod ([`spec`]) and NetworkPolicies ([`policy`]), their names and labels ([`naming`]), its agent's token ([`token`]) and the operator's client of
 //! agents ([`agent_client`]), the placement policy ([`placement`]), CIDRs ([`cidr`]), the policy
 //! enforcement canaries ([`policy_canary`]) and the cluster's own ranges ([`cluster_ranges`]).
 
 pub mod agent_client;
 pub mod agent_target;
 pub mod apply;
-pub mod build;
 pub mod cidr;
 pub mod cluster_ranges;
 pub mod context;
 #[cfg(test)]
 pub mod fixtures;
 pub mod health;
+pub mod lookup;
+pub mod naming;
 pub mod placement;
+pub mod policy;
 pub mod policy_canary;
+pub mod spec;
 pub mod token;

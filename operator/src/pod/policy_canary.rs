@@ -15,7 +15,7 @@ use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::api::discovery::v1::EndpointSlice;
 use orchard_api::EgressPolicy;
 
-use super::build::TASK_CONTAINER;
+use crate::pod::naming::TASK_CONTAINER;
 
 /// The agent's variable naming its canaries (comma-separated socket addresses).
 pub const CANARY_VARIABLE: &str = "ORCHARD_AGENT_EGRESS_CANARY";

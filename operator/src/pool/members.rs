@@ -12,8 +12,8 @@ use k8s_openapi::jiff::Timestamp;
 use super::template::template_hash;
 use crate::plumbing::operator_key::OperatorKey;
 use crate::plumbing::ownership::sealed_for;
-use crate::pod::build::{PodShape, desired_pod};
 use crate::pod::health::{pod_failure, pod_ready};
+use crate::pod::spec::{PodShape, desired_pod};
 use crate::pod::token::{KEY_ID_ANNOTATION, NONCE_ANNOTATION, PodCredentials};
 use orchard_api::{POOL_LABEL, POOL_TEMPLATE_HASH_ANNOTATION, Sandbox, SandboxPool};
 
@@ -192,7 +192,7 @@ pub fn plan(desired: i32, members: &[MemberView], may_start: bool) -> Plan {
 /// Fixtures the pool module's tests share.
 #[cfg(test)]
 pub mod fixtures {
-    use crate::pod::build::PodShape;
+    use crate::pod::spec::PodShape;
     use orchard_api::{SandboxPool, SandboxPoolSpec, SandboxSpec};
 
     /// Pool `py` of `replicas` python members in namespace `ns`, UID `pool-uid`.
@@ -216,7 +216,7 @@ pub mod fixtures {
     pub fn shape() -> PodShape {
         PodShape {
             agent_image: "agent:test".into(),
-            agent_injection: crate::pod::build::AgentInjection::InitContainer,
+            agent_injection: crate::pod::spec::AgentInjection::InitContainer,
             agent_port: 9090,
             default_cpu: "1".into(),
             default_memory: "1Gi".into(),

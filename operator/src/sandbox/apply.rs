@@ -2,25 +2,24 @@
 //! own writes (scoped by the Sandbox's UID) show what the pure builders want, and uses an existing
 //! object only when it is sealed for the Sandbox's UID (`plumbing::ownership`).
 
-use std::sync::Arc;
-
 use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::api::networking::v1::NetworkPolicy;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
 use kube::api::Api;
 use kube::runtime::events::EventType;
-use kube::runtime::reflector::{ObjectRef, Store};
+use kube::runtime::reflector::ObjectRef;
 use kube::{Resource, ResourceExt};
 
 use crate::plumbing::error::{Error, Result};
 use crate::plumbing::events::publish;
-use crate::plumbing::operator_key::OperatorKey;
 use crate::plumbing::own_writes::child_key;
 use crate::plumbing::ownership::{Owner, sealed_for};
 use crate::plumbing::writes::{
     ChildState, apply_owned, create_owned, delete_if_same, ensure_deleted, existing_state,
 };
-use crate::pod::build::{desired_egress_policy, egress_policy_name, pod_name, refused_allow_rules};
+use crate::pod::lookup::{cached_pod, own_pod_name};
+use crate::pod::naming::{egress_policy_name, pod_name};
+use crate::pod::policy::{desired_egress_policy, refused_allow_rules};
 use crate::sandbox::context::SandboxCtx;
 use orchard_api::Sandbox;
 
@@ -149,31 +148,6 @@ pub fn known_pod(ctx: &SandboxCtx, sandbox: &Sandbox) -> Option<ChildState<Pod>>
         return Some(existing_state((*cached).clone(), owner_of(sandbox), key));
     }
     written.map(ChildState::Ours)
-}
-
-/// Name of the sandbox's Pod: the one its status names (a claimed pool member keeps the member's
-/// name), else the sandbox's own name.
-pub fn own_pod_name(sandbox: &Sandbox) -> String {
-    sandbox
-        .status
-        .as_ref()
-        .and_then(|s| s.pod_name.clone())
-        .filter(|name| !name.is_empty())
-        .unwrap_or_else(|| pod_name(&sandbox.name_any()))
-}
-
-/// The sandbox's pod as the watch cache shows it, whoever owns it (callers check it is the sandbox's
-/// own): under [`own_pod_name`], or, for a sandbox of a pool whose status does not name its pod yet,
-/// the member it claimed (by its label and seal, verified with `key`).
-pub fn cached_pod(pods: &Store<Pod>, sandbox: &Sandbox, key: &OperatorKey) -> Option<Arc<Pod>> {
-    let namespace = sandbox.namespace()?;
-    pods.get(&ObjectRef::new(&own_pod_name(sandbox)).within(&namespace))
-        .or_else(|| {
-            let unnamed = sandbox.status.as_ref().is_none_or(|s| s.pod_name.is_none());
-            (sandbox.spec.pool.is_some() && unnamed)
-                .then(|| crate::sandbox::claim::claimed_in_cache(pods, sandbox, key))
-                .flatten()
-        })
 }
 
 /// Creates the sandbox's Pod. A plain create, not server-side apply: a Pod's spec is immutable, so

@@ -16,15 +16,14 @@ use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference};
 use kube::ResourceExt;
 use kube::api::{Api, PatchParams};
-use kube::runtime::reflector::Store;
 use serde_json::Value;
 use tracing::{debug, info};
 
 use crate::plumbing::error::{Error, Result};
 use crate::plumbing::operator_key::OperatorKey;
 use crate::plumbing::own_writes::child_key;
-use crate::plumbing::ownership::{seal, sealed_for};
-use crate::pod::build::{pod_labels, pod_name};
+use crate::plumbing::ownership::seal;
+use crate::pod::naming::{pod_labels, pod_name};
 use crate::pool::book::PoolKey;
 use crate::pool::members::view;
 use crate::pool::template::mismatches;
@@ -339,32 +338,12 @@ pub async fn announce_identity(ctx: &SandboxCtx, sandbox: &Sandbox, pod: &Pod) -
         })
 }
 
-/// The Pod `sandbox` claimed, as the cache shows it (found by its label and its seal for the sandbox,
-/// verified with `key`: the status may not name it yet, after a crash between the claim and the status
-/// write). Pure over the store's contents.
-pub fn claimed_in_cache(
-    pods: &Store<Pod>,
-    sandbox: &Sandbox,
-    key: &OperatorKey,
-) -> Option<Arc<Pod>> {
-    let namespace = sandbox.namespace()?;
-    let name = sandbox.name_any();
-    let uid = sandbox.uid()?;
-    pods.state().into_iter().find(|p| {
-        p.metadata.namespace.as_deref() == Some(namespace.as_str())
-            && p.metadata
-                .labels
-                .as_ref()
-                .and_then(|l| l.get(orchard_api::SANDBOX_LABEL))
-                .is_some_and(|v| *v == name)
-            && sealed_for(p.as_ref(), &uid, key)
-    })
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
     use crate::plumbing::mock_api::test_token_key;
+    use crate::plumbing::ownership::sealed_for;
+    use crate::pod::lookup::claimed_in_cache;
     use crate::pool::members::{fixtures, member_pod};
     use kube::Resource;
     use orchard_api::SandboxSpec;

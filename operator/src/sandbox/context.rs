@@ -7,10 +7,15 @@ use std::time::Duration;
 
 use crate::plumbing::kube_ctx::KubeCtx;
 use crate::plumbing::reconcile_slots::ReconcileSlots;
+use crate::plumbing::task_set::KeyedTasks;
 use crate::pod::agent_client::AgentClient;
 use crate::pod::context::PodCtx;
 use crate::pool::book::PoolBook;
-use crate::sandbox::runner::Runners;
+
+/// How many trajectory runs one replica drives at once; more wait in line for a slot. A run is
+/// mostly an idle long poll, so the bound is generous; it keeps a burst of RolloutGroups from
+/// turning into an unbounded number of tasks and agent connections.
+pub const MAX_CONCURRENT_RUNS: usize = 4096;
 
 /// The Sandbox controller's settings (from the command line).
 #[derive(Debug, Clone, PartialEq)]
@@ -39,8 +44,8 @@ pub struct SandboxCtx {
     pub slots: ReconcileSlots,
     /// Client for the operator's own agent calls (trajectory runs, claimed members' identity).
     pub agent: AgentClient,
-    /// The trajectory runs this replica drives (bounded, stopped at shutdown).
-    pub runners: Runners,
+    /// The trajectory runs this replica drives, one per sandbox UID (bounded, stopped at shutdown).
+    pub runners: KeyedTasks,
     /// The pools' in-memory state (member reservations, claim counts, waiting Sandboxes).
     pub pools: Arc<PoolBook>,
 }
@@ -59,7 +64,7 @@ impl SandboxCtx {
             pods,
             settings,
             agent: AgentClient::new(),
-            runners: Runners::default(),
+            runners: KeyedTasks::new(MAX_CONCURRENT_RUNS),
             pools,
         }
     }

@@ -9,7 +9,7 @@ use k8s_openapi::jiff::{SignedDuration, Timestamp};
 
 use crate::plumbing::time::ceil_to_second;
 
-use orchard_api::{HEARTBEAT_ANNOTATION, Sandbox};
+use orchard_api::{HEARTBEAT_ANNOTATION, Lifecycle, Sandbox};
 
 /// Heartbeats more than this far in the future are ignored (clock skew or a typo, not a heartbeat).
 pub const MAX_HEARTBEAT_SKEW: SignedDuration = SignedDuration::from_secs(60);
@@ -29,32 +29,6 @@ impl ExpiryCause {
         match self {
             Self::Ttl => "ttl",
             Self::Heartbeat => "heartbeat",
-        }
-    }
-}
-
-/// The effective lifecycle settings of one sandbox (spec values or the operator's defaults).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Lifecycle {
-    /// Hard maximum age after Ready, in seconds.
-    pub ttl_seconds: i64,
-    /// Heartbeat timeout in seconds; 0 is off.
-    pub heartbeat_timeout_seconds: i64,
-}
-
-impl Lifecycle {
-    /// Spec values, falling back to the operator's defaults.
-    pub fn of(
-        sandbox: &Sandbox,
-        default_ttl_seconds: i64,
-        default_heartbeat_timeout_seconds: i64,
-    ) -> Self {
-        let spec = sandbox.spec.lifecycle.clone().unwrap_or_default();
-        Self {
-            ttl_seconds: spec.ttl_seconds.unwrap_or(default_ttl_seconds),
-            heartbeat_timeout_seconds: spec
-                .heartbeat_timeout_seconds
-                .unwrap_or(default_heartbeat_timeout_seconds),
         }
     }
 }
@@ -312,7 +286,7 @@ mod tests {
     fn defaults_fill_unset_lifecycle_fields() {
         let s = Sandbox::new("s", SandboxSpec::default());
         assert_eq!(
-            Lifecycle::of(&s, 7200, 0),
+            Lifecycle::of(&s.spec, 7200, 0),
             Lifecycle {
                 ttl_seconds: 7200,
                 heartbeat_timeout_seconds: 0

@@ -14,7 +14,7 @@ use kube::runtime::reflector::ObjectRef;
 use kube::{Resource, ResourceExt};
 use tracing::{info, instrument, warn};
 
-use super::expiry::{Lifecycle, annotated_heartbeat, expiry_deadline, failed_deadline};
+use super::expiry::{annotated_heartbeat, expiry_deadline, failed_deadline};
 use super::run_result::aborted;
 use super::status::{
     Observed, POLICY_ENFORCEMENT_MISSING, desired_status, expired_status, policy_warning_at,
@@ -27,9 +27,9 @@ use crate::plumbing::kube_ctx::object_key;
 use crate::plumbing::metrics::ReconcileTimer;
 use crate::plumbing::time::until;
 use crate::plumbing::writes::{self, ChildState, StatusWrite};
-use crate::pod::build::desired_pod;
-use crate::pod::build::pod_name;
+use crate::pod::naming::pod_name;
 use crate::pod::placement;
+use crate::pod::spec::desired_pod;
 use crate::pod::token::new_nonce;
 use crate::sandbox::blocked::Blocked;
 use crate::sandbox::claim::{PoolStep, announce_identity, claim_or_fallback, is_claimed_member};
@@ -37,6 +37,7 @@ use crate::sandbox::coalesce::{first_status_can_wait, hold_back_transient};
 use crate::sandbox::context::SandboxCtx;
 use crate::sandbox::identity::{is_trajectory, rollout_group_of};
 use crate::sandbox::refusals::{admission_rejection, quota_refusal};
+use orchard_api::Lifecycle;
 use orchard_api::{Sandbox, SandboxPhase, SandboxStatus};
 
 /// Controller name used in metrics and logs.
@@ -204,7 +205,7 @@ async fn reconcile_inner(cached: &Sandbox, ctx: &Arc<SandboxCtx>) -> Result<Opti
     }
     let now = Timestamp::now();
     let lifecycle = Lifecycle::of(
-        sandbox,
+        &sandbox.spec,
         ctx.settings.default_ttl_seconds,
         ctx.settings.default_heartbeat_timeout_seconds,
     );
@@ -384,7 +385,7 @@ async fn remove_failed_at_ttl(
     }
     let now = Timestamp::now();
     let lifecycle = Lifecycle::of(
-        sandbox,
+        &sandbox.spec,
         ctx.settings.default_ttl_seconds,
         ctx.settings.default_heartbeat_timeout_seconds,
     );

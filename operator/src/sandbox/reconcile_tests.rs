@@ -10,16 +10,17 @@ use k8s_openapi::jiff::{SignedDuration, Timestamp};
 use kube::Resource;
 use serde_json::{Value, json};
 
-use super::expiry::Lifecycle;
 use super::reconcile;
 use super::status::{Observed, desired_status};
 use crate::plumbing::mock_api::{
     Expect, Scripted, TestCaches, cache, default_settings, scripted, test_token_key,
 };
-use crate::pod::build::{baseline_policy, desired_egress_policy, desired_pod};
 use crate::pod::cluster_ranges::ClusterRanges;
 use crate::pod::context::PodCtx;
+use crate::pod::policy::{baseline_policy, desired_egress_policy};
+use crate::pod::spec::desired_pod;
 use crate::sandbox::context::SandboxCtx;
+use orchard_api::Lifecycle;
 use orchard_api::{
     EgressPolicy, LifecycleSpec, NetworkSpec, Sandbox, SandboxPhase, SandboxSpec, SandboxStatus,
 };
@@ -127,7 +128,7 @@ fn settled(mut s: Sandbox, pod: &Pod, ready_seconds_ago: i64) -> Sandbox {
         pod_gone: false,
         now: ready,
         lifecycle: Lifecycle::of(
-            &s,
+            &s.spec,
             settings.sandbox.default_ttl_seconds,
             settings.sandbox.default_heartbeat_timeout_seconds,
         ),

@@ -7,8 +7,7 @@
 //! `timeoutSeconds` itself, so a run ends on time even while the operator is down; the operator adds
 //! its own deadline (plus [`DEADLINE_GRACE`]) in case the agent stops answering.
 
-use std::collections::HashMap;
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::Arc;
 use std::time::Duration;
 
 use k8s_openapi::api::core::v1::Pod;
@@ -16,16 +15,14 @@ use k8s_openapi::jiff::{SignedDuration, Timestamp};
 use kube::api::{Api, Patch, PatchParams};
 use kube::runtime::reflector::ObjectRef;
 use kube::{Resource, ResourceExt};
-use tokio::sync::Semaphore;
-use tokio::task::{AbortHandle, JoinSet};
 use tracing::{info, warn};
 
-use super::apply::cached_pod;
 use super::run_protocol::{DEADLINE_GRACE, RunAgent, run_to_result};
 use crate::plumbing::backoff::Retry;
 use crate::plumbing::status_patch::status_member_patch;
 use crate::pod::agent_client::{AgentCallError, AgentClient, AgentTarget};
-use crate::pod::agent_target::endpoint_of_own_pod;
+use crate::pod::agent_target::NoTarget;
+use crate::pod::lookup::cached_pod;
 use crate::sandbox::context::SandboxCtx;
 use bytes::Bytes;
 use orchard_api::agent::ProcessStatus;
@@ -129,91 +126,19 @@ pub fn agent_target(ctx: &SandboxCtx, sandbox: &Sandbox) -> Option<AgentTarget> 
     agent_target_of(ctx, sandbox, &pod)
 }
 
-/// The agent endpoint and token of `sandbox` running in `pod` (which must be its own, Ready), the
-/// token derived from the pod's annotations under the operator's key.
+/// The agent endpoint and token of `sandbox` running in `pod` (see [`pod::agent_target`]); a pod
+/// whose token cannot be derived is logged.
+///
+/// [`pod::agent_target`]: crate::pod::agent_target::agent_target
 pub fn agent_target_of(ctx: &SandboxCtx, sandbox: &Sandbox, pod: &Pod) -> Option<AgentTarget> {
-    // From the sandbox's own Ready pod, never from `status.agentEndpoint` (see endpoint_of_own_pod).
-    let endpoint = endpoint_of_own_pod(
-        sandbox,
-        pod,
-        ctx.pods.settings.pod.agent_port,
-        &ctx.kube.key,
-    )?;
-    let token = match crate::pod::token::token_of(&ctx.kube.key, pod) {
-        Ok(token) => token,
-        Err(err) => {
+    let port = ctx.pods.settings.pod.agent_port;
+    match crate::pod::agent_target::agent_target(sandbox, pod, port, &ctx.kube.key) {
+        Ok(target) => Some(target),
+        Err(NoTarget::NotReady) => None,
+        Err(NoTarget::Token(err)) => {
             warn!(sandbox = %sandbox.name_any(), %err, "no agent token");
-            return None;
+            None
         }
-    };
-    Some(AgentTarget { endpoint, token })
-}
-
-/// How many trajectory runs one replica drives at once; more wait in line for a slot. A run is
-/// mostly an idle long poll, so the bound is generous; it keeps a burst of RolloutGroups from
-/// turning into an unbounded number of tasks and agent connections.
-pub const MAX_CONCURRENT_RUNS: usize = 4096;
-
-/// The trajectory runs this replica drives: at most one task per sandbox UID, at most
-/// [`MAX_CONCURRENT_RUNS`] driving at once (the others queue for a slot), each one only during this
-/// replica's leadership term, and all of them stopped by [`Runners::stop`] at shutdown.
-pub struct Runners {
-    tasks: Mutex<Tasks>,
-    slots: Arc<Semaphore>,
-}
-
-#[derive(Default)]
-struct Tasks {
-    set: JoinSet<()>,
-    by_uid: HashMap<String, AbortHandle>,
-}
-
-impl Default for Runners {
-    fn default() -> Self {
-        Self {
-            tasks: Mutex::default(),
-            slots: Arc::new(Semaphore::new(MAX_CONCURRENT_RUNS)),
-        }
-    }
-}
-
-impl Runners {
-    fn tasks(&self) -> MutexGuard<'_, Tasks> {
-        self.tasks.lock().unwrap_or_else(|p| p.into_inner())
-    }
-
-    /// Starts `run` for the sandbox with `uid` unless a run of it is going on.
-    fn start(&self, uid: String, run: impl Future<Output = ()> + Send + 'static) {
-        let mut tasks = self.tasks();
-        while tasks.set.try_join_next().is_some() {}
-        if tasks.by_uid.get(&uid).is_some_and(|t| !t.is_finished()) {
-            return;
-        }
-        let slots = self.slots.clone();
-        let handle = tasks.set.spawn(async move {
-            // Closed only at shutdown, when every task is aborted anyway.
-            let Ok(_slot) = slots.acquire_owned().await else {
-                return;
-            };
-            run.await;
-        });
-        tasks.by_uid.insert(uid, handle);
-    }
-
-    /// Runs going on (queued ones included).
-    pub fn running(&self) -> usize {
-        let mut tasks = self.tasks();
-        while tasks.set.try_join_next().is_some() {}
-        tasks.by_uid.retain(|_, t| !t.is_finished());
-        tasks.by_uid.len()
-    }
-
-    /// Stops every run (shutdown); a new leader adopts them through the agent.
-    pub fn stop(&self) {
-        self.slots.close();
-        let mut tasks = self.tasks();
-        tasks.set.abort_all();
-        tasks.by_uid.clear();
     }
 }
 
@@ -415,68 +340,5 @@ fn status_label(result: &TrajectoryResult) -> &'static str {
         orchard_api::TrajectoryStatus::Completed => "completed",
         orchard_api::TrajectoryStatus::Truncated => "truncated",
         orchard_api::TrajectoryStatus::Aborted => "aborted",
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use std::sync::atomic::{AtomicUsize, Ordering};
-
-    use super::*;
-
-    #[tokio::test]
-    async fn one_run_per_sandbox_at_a_time_and_stop_ends_them_all() {
-        let runners = Runners::default();
-        let started = Arc::new(AtomicUsize::new(0));
-        let (release, released) = tokio::sync::watch::channel(false);
-        let run = |started: Arc<AtomicUsize>, mut released: tokio::sync::watch::Receiver<bool>| async move {
-            started.fetch_add(1, Ordering::SeqCst);
-            let _ = released.wait_for(|r| *r).await;
-        };
-        runners.start("a".into(), run(started.clone(), released.clone()));
-        runners.start("a".into(), run(started.clone(), released.clone()));
-        runners.start("b".into(), run(started.clone(), released.clone()));
-        tokio::time::sleep(Duration::from_millis(50)).await;
-        assert_eq!(
-            started.load(Ordering::SeqCst),
-            2,
-            "a second run of `a` waits"
-        );
-        assert_eq!(runners.running(), 2);
-        let _ = release.send(true);
-        tokio::time::sleep(Duration::from_millis(50)).await;
-        assert_eq!(runners.running(), 0);
-        let (_hold, held) = tokio::sync::watch::channel(false);
-        runners.start("a".into(), run(started.clone(), held));
-        tokio::time::sleep(Duration::from_millis(50)).await;
-        assert_eq!(
-            started.load(Ordering::SeqCst),
-            3,
-            "a finished run can be started again"
-        );
-        runners.stop();
-        assert_eq!(runners.running(), 0, "stop aborts what runs");
-    }
-
-    #[tokio::test]
-    async fn runs_beyond_the_bound_wait_for_a_slot() {
-        let runners = Runners {
-            tasks: Mutex::default(),
-            slots: Arc::new(Semaphore::new(1)),
-        };
-        let started = Arc::new(AtomicUsize::new(0));
-        let (release, released) = tokio::sync::watch::channel(false);
-        for uid in ["a", "b"] {
-            let (started, mut released) = (started.clone(), released.clone());
-            runners.start(uid.into(), async move {
-                started.fetch_add(1, Ordering::SeqCst);
-                let _ = released.wait_for(|r| *r).await;
-            });
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-        assert_eq!(started.load(Ordering::SeqCst), 1);
-        let _ = release.send(true);
-        tokio::time::sleep(Duration::from_millis(50)).await;
-        assert_eq!(started.load(Ordering::SeqCst), 2);
     }
 }

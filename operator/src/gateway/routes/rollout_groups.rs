@@ -12,7 +12,6 @@ use super::sandboxes::wait_timeout;
 use super::{Call, ListQuery, NamespacePath, ObjectPath, WaitQuery, query};
 use crate::gateway::access::{Access, Operation};
 use crate::gateway::errors::{ApiError, ErrorBody, json_response};
-use crate::gateway::lookup::group_phase_name;
 use crate::gateway::openapi::{
     CreateRolloutGroupRequest, Deleted, RolloutGroupList, RolloutGroupSchema,
 };
@@ -169,7 +168,9 @@ pub async fn wait_group(
         WaitOutcome::Done(group) => Ok(json_response(StatusCode::OK, group.as_ref())),
         WaitOutcome::TimedOut(group) => {
             let status = group.status.as_ref();
-            let phase = status.and_then(|s| s.phase).map(group_phase_name);
+            let phase = status
+                .and_then(|s| s.phase)
+                .map(orchard_api::RolloutPhase::as_str);
             let why = status.and_then(|s| why_unsettled(&s.conditions, "Complete"));
             Err(wait_timeout(
                 "rolloutgroup",

@@ -6,7 +6,7 @@ use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use k8s_openapi::jiff::{SignedDuration, Timestamp};
 
-use super::expiry::{Lifecycle, annotated_heartbeat, expiry_deadline, latest_heartbeat};
+use super::expiry::{annotated_heartbeat, expiry_deadline, latest_heartbeat};
 use crate::plumbing::conditions::{self, Desired, Progress};
 use crate::plumbing::operator_key::OperatorKey;
 use crate::plumbing::time::floor_to_second;
@@ -18,6 +18,7 @@ use crate::pod::health::{
 use crate::pod::policy_canary::awaits_enforcement;
 use crate::sandbox::blocked::Blocked;
 use crate::sandbox::identity::{is_trajectory, rollout_group_of};
+use orchard_api::Lifecycle;
 use orchard_api::{Sandbox, SandboxPhase, SandboxStatus};
 
 /// Condition types of a Sandbox.

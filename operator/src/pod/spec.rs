@@ -1,6 +1,6 @@
-//! Pure builders: a Sandbox spec plus the operator's defaults in, the desired Pod and NetworkPolicies
-//! out, each sealed under the operator's key for the owner it names (`plumbing::ownership`). No I/O;
-//! every variant of the spec is unit-tested here.
+//! The desired Pod of a sandbox (pure): a Sandbox spec plus the operator's defaults in, the Pod out,
+//! with the agent injected, the security profile applied and the Pod sealed for its owner. Every
+//! variant of the spec is unit-tested here.
 
 use std::collections::BTreeMap;
 
@@ -9,37 +9,17 @@ use k8s_openapi::api::core::v1::{
     ImageVolumeSource, LocalObjectReference, Pod, PodSecurityContext, PodSpec, Probe,
     ResourceRequirements, SeccompProfile, SecurityContext, Volume, VolumeMount,
 };
-use k8s_openapi::api::networking::v1::{
-    IPBlock, NetworkPolicy, NetworkPolicyEgressRule, NetworkPolicyIngressRule, NetworkPolicyPeer,
-    NetworkPolicyPort, NetworkPolicySpec,
-};
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::{
-    LabelSelector, LabelSelectorRequirement, ObjectMeta, OwnerReference,
-};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 
-use super::cidr::{Cidr, excepts_within};
-use super::policy_canary::{CANARY_VARIABLE, PolicyCanaries, canaries_for, canary_value};
-use super::token::{PodCredentials, VERIFIER_VARIABLE};
 use crate::plumbing::operator_key::OperatorKey;
-use crate::plumbing::ownership::{seal, sealed};
-use orchard_api::{
-    EgressPolicy, MANAGED_BY, MANAGED_BY_LABEL, PortProtocol, ROLLOUT_GROUP_LABEL,
-    ROLLOUT_QUEUE_LABEL, SANDBOX_LABEL, SANDBOX_POD_LABEL, STRIDE_LABEL, Sandbox, SandboxSpec,
-    SecurityProfile,
-};
+use crate::plumbing::ownership::seal;
+use crate::pod::policy_canary::{CANARY_VARIABLE, PolicyCanaries, canaries_for, canary_value};
+use crate::pod::token::{PodCredentials, VERIFIER_VARIABLE};
+use orchard_api::{Sandbox, SandboxSpec, SecurityProfile};
 
-/// Name of the task container (the one running the agent and every command).
-pub const TASK_CONTAINER: &str = "sandbox";
-/// Name of the init container that installs the agent.
-pub const INSTALL_CONTAINER: &str = "orchard-agent-install";
-/// Where the agent binary lives inside the task container.
-pub const AGENT_DIR: &str = "/opt/orchard";
-/// Name of the per-namespace baseline NetworkPolicy.
-pub const BASELINE_POLICY: &str = "orchard-sandbox-baseline";
-/// Name of the named container port of the agent.
-pub const AGENT_PORT_NAME: &str = "agent";
+use crate::pod::naming::*;
 
 const AGENT_VOLUME: &str = "orchard-agent";
 
@@ -76,86 +56,6 @@ pub struct PodShape {
     pub default_security_profile: SecurityProfile,
     /// What the agent must find closed before it serves (`--await-policy-enforcement`).
     pub policy_canaries: PolicyCanaries,
-}
-
-/// Who may reach agents, and where DNS lives: the inputs of the NetworkPolicies.
-#[derive(Debug, Clone, PartialEq)]
-pub struct PolicyShape {
-    /// Port the agent listens on.
-    pub agent_port: u16,
-    /// Namespace of the operator's pods.
-    pub operator_namespace: String,
-    /// Labels of the operator's pods.
-    pub operator_pod_labels: BTreeMap<String, String>,
-    /// Namespace of the cluster DNS resolver.
-    pub dns_namespace: String,
-    /// Labels of the cluster DNS resolver pods.
-    pub dns_pod_labels: BTreeMap<String, String>,
-    /// Ranges `AllowAll` and `AllowList` never reach (`except` entries of their IP blocks): the
-    /// operator's except list, the API server's endpoints, and the cluster's pod ranges when the
-    /// operator's namespace is protected.
-    pub protected_cidrs: Vec<Cidr>,
-    /// `AllowAll` reaches pods through a namespace selector that leaves out the operator's namespace
-    /// (false: every namespace).
-    pub protect_operator_namespace: bool,
-}
-
-/// Name of a sandbox's Pod (the Sandbox's own name; names are unique per kind and namespace).
-pub fn pod_name(sandbox_name: &str) -> String {
-    sandbox_name.to_string()
-}
-
-/// Name of a sandbox's own egress NetworkPolicy.
-pub fn egress_policy_name(sandbox_name: &str) -> String {
-    format!("{sandbox_name}-egress")
-}
-
-/// Labels that select exactly one sandbox's Pod.
-pub fn sandbox_selector(sandbox_name: &str) -> BTreeMap<String, String> {
-    BTreeMap::from([(SANDBOX_LABEL.to_string(), sandbox_name.to_string())])
-}
-
-/// Labels of every object built for a sandbox (the selector plus managed-by), plus, for a trajectory
-/// the operator created for a RolloutGroup (sealed: `key` verifies it), its group labels, so
-/// `kubectl get pods -l orchard.dev/rollout-group=g` works, and the queue label, which a queue's
-/// accounting counts on Pods too. Anyone may put those labels on a Sandbox of their own; passed on to
-/// its Pod, which the operator seals, they would let it hold a queue's slot without admission.
-fn child_labels(sandbox: &Sandbox, name: &str, key: &OperatorKey) -> BTreeMap<String, String> {
-    let mut labels = sandbox_selector(name);
-    labels.insert(MANAGED_BY_LABEL.to_string(), MANAGED_BY.to_string());
-    if sealed(sandbox, key).is_some() {
-        for label in [ROLLOUT_GROUP_LABEL, STRIDE_LABEL, ROLLOUT_QUEUE_LABEL] {
-            if let Some(value) = sandbox.metadata.labels.as_ref().and_then(|l| l.get(label)) {
-                labels.insert(label.to_string(), value.clone());
-            }
-        }
-    }
-    labels
-}
-
-/// Labels of a sandbox's Pod: those of every child plus the baseline policy's selector. A claimed
-/// pool member is relabelled to exactly these (plus the pool it came from).
-pub fn pod_labels(sandbox: &Sandbox, key: &OperatorKey) -> BTreeMap<String, String> {
-    let name = sandbox.metadata.name.clone().unwrap_or_default();
-    let mut labels = child_labels(sandbox, &name, key);
-    labels.insert(SANDBOX_POD_LABEL.to_string(), "true".to_string());
-    labels
-}
-
-fn child_meta(
-    sandbox: &Sandbox,
-    name: &str,
-    object_name: String,
-    owner: &OwnerReference,
-    key: &OperatorKey,
-) -> ObjectMeta {
-    ObjectMeta {
-        name: Some(object_name),
-        namespace: sandbox.metadata.namespace.clone(),
-        labels: Some(child_labels(sandbox, name, key)),
-        owner_references: Some(vec![owner.clone()]),
-        ..ObjectMeta::default()
-    }
 }
 
 /// Resource requirements with requests equal to limits, from the spec or the defaults.
@@ -468,296 +368,23 @@ fn agent_injection(
     }
 }
 
-fn labels_selector(labels: &BTreeMap<String, String>) -> LabelSelector {
-    LabelSelector {
-        match_labels: Some(labels.clone()),
-        ..LabelSelector::default()
-    }
-}
-
-/// The namespace baseline, ensured once per namespace that holds sandboxes: every sandbox pod gets no
-/// egress at all, and ingress only to the agent port from the operator's own pods. It selects only
-/// sandbox pods, so it never affects anything else in the namespace.
-pub fn baseline_policy(namespace: &str, shape: &PolicyShape) -> NetworkPolicy {
-    let sandbox_pods = BTreeMap::from([(SANDBOX_POD_LABEL.to_string(), "true".to_string())]);
-    NetworkPolicy {
-        metadata: ObjectMeta {
-            name: Some(BASELINE_POLICY.to_string()),
-            namespace: Some(namespace.to_string()),
-            labels: Some(BTreeMap::from([(
-                MANAGED_BY_LABEL.to_string(),
-                MANAGED_BY.to_string(),
-            )])),
-            ..ObjectMeta::default()
-        },
-        spec: Some(NetworkPolicySpec {
-            pod_selector: Some(labels_selector(&sandbox_pods)),
-            policy_types: Some(vec!["Ingress".to_string(), "Egress".to_string()]),
-            ingress: Some(vec![NetworkPolicyIngressRule {
-                from: Some(vec![NetworkPolicyPeer {
-                    namespace_selector: Some(labels_selector(&BTreeMap::from([(
-                        "kubernetes.io/metadata.name".to_string(),
-                        shape.operator_namespace.clone(),
-                    )]))),
-                    pod_selector: Some(labels_selector(&shape.operator_pod_labels)),
-                    ..NetworkPolicyPeer::default()
-                }]),
-                ports: Some(vec![tcp_port(i32::from(shape.agent_port))]),
-            }]),
-            // `policyTypes: [Egress]` with no rules denies all egress. Written as absent, not `[]`: the
-            // API server drops empty lists, and a desired spec must equal the stored one, or every
-            // sandbox in the namespace would re-apply the baseline once the memory of the write ends.
-            egress: None,
-        }),
-    }
-}
-
-fn tcp_port(port: i32) -> NetworkPolicyPort {
-    NetworkPolicyPort {
-        port: Some(IntOrString::Int(port)),
-        protocol: Some("TCP".to_string()),
-        ..NetworkPolicyPort::default()
-    }
-}
-
-fn dns_rule(shape: &PolicyShape) -> NetworkPolicyEgressRule {
-    NetworkPolicyEgressRule {
-        to: Some(vec![NetworkPolicyPeer {
-            namespace_selector: Some(labels_selector(&BTreeMap::from([(
-                "kubernetes.io/metadata.name".to_string(),
-                shape.dns_namespace.clone(),
-            )]))),
-            pod_selector: Some(labels_selector(&shape.dns_pod_labels)),
-            ..NetworkPolicyPeer::default()
-        }]),
-        ports: Some(
-            ["UDP", "TCP"]
-                .into_iter()
-                .map(|protocol| NetworkPolicyPort {
-                    port: Some(IntOrString::Int(53)),
-                    protocol: Some(protocol.to_string()),
-                    ..NetworkPolicyPort::default()
-                })
-                .collect(),
-        ),
-    }
-}
-
-/// An IP block of `cidr` with every protected range inside it excepted; `None` when `cidr` lies
-/// wholly inside a protected range.
-fn guarded_block(cidr: &str, shape: &PolicyShape) -> Option<NetworkPolicyPeer> {
-    let parsed = Cidr::parse(cidr).ok()?;
-    let except = excepts_within(&parsed, &shape.protected_cidrs)?;
-    Some(NetworkPolicyPeer {
-        ip_block: Some(IPBlock {
-            cidr: parsed.to_string(),
-            except: (!except.is_empty()).then_some(except),
-        }),
-        ..NetworkPolicyPeer::default()
-    })
-}
-
-/// `AllowList` entries the sandbox cannot have: not a CIDR, or wholly inside a protected range (the
-/// metadata address, the API server, the cluster's pods). The policy leaves them out; the controller
-/// reports them (pure).
-pub fn refused_allow_rules(sandbox: &Sandbox, shape: &PolicyShape) -> Vec<String> {
-    let network = sandbox.spec.network.clone().unwrap_or_default();
-    if network.egress != EgressPolicy::AllowList {
-        return Vec::new();
-    }
-    network
-        .allow
-        .iter()
-        .filter(|rule| guarded_block(&rule.cidr, shape).is_none())
-        .map(|rule| rule.cidr.clone())
-        .collect()
-}
-
-/// `AllowAll`: every address except the protected ranges, pods through a namespace selector (every
-/// namespace but the operator's when it is protected), and DNS.
-fn allow_all_rules(shape: &PolicyShape) -> Vec<NetworkPolicyEgressRule> {
-    let everywhere: Vec<NetworkPolicyPeer> = ["0.0.0.0/0", "::/0"]
-        .into_iter()
-        .filter_map(|cidr| guarded_block(cidr, shape))
-        .collect();
-    let namespaces = if shape.protect_operator_namespace {
-        LabelSelector {
-            match_expressions: Some(vec![LabelSelectorRequirement {
-                key: "kubernetes.io/metadata.name".to_string(),
-                operator: "NotIn".to_string(),
-                values: Some(vec![shape.operator_namespace.clone()]),
-            }]),
-            ..LabelSelector::default()
-        }
-    } else {
-        LabelSelector::default()
-    };
-    vec![
-        NetworkPolicyEgressRule {
-            to: Some(everywhere),
-            ports: None,
-        },
-        NetworkPolicyEgressRule {
-            to: Some(vec![NetworkPolicyPeer {
-                namespace_selector: Some(namespaces),
-                ..NetworkPolicyPeer::default()
-            }]),
-            ports: None,
-        },
-        dns_rule(shape),
-    ]
-}
-
-/// The sandbox's own egress policy: `None` for `Deny` (the baseline already denies everything); for
-/// `AllowAll` any destination but the protected ranges and the operator's namespace, for `AllowList`
-/// exactly the listed destinations (minus protected ranges inside them) plus cluster DNS. It selects
-/// the pods labelled with this sandbox's name (`orchard.dev/sandbox`): the sandbox's own, and also
-/// any Pod that someone allowed to create or label Pods in the namespace labels so (a label selector
-/// cannot tell who set a label). Controlled by `owner` and sealed for it under `key`.
-pub fn desired_egress_policy(
-    sandbox: &Sandbox,
-    owner: &OwnerReference,
-    shape: &PolicyShape,
-    key: &OperatorKey,
-) -> Option<NetworkPolicy> {
-    let name = sandbox.metadata.name.clone().unwrap_or_default();
-    let network = sandbox.spec.network.clone().unwrap_or_default();
-    let egress = match network.egress {
-        EgressPolicy::Deny => return None,
-        EgressPolicy::AllowAll => allow_all_rules(shape),
-        EgressPolicy::AllowList => {
-            let mut rules: Vec<NetworkPolicyEgressRule> = network
-                .allow
-                .iter()
-                .filter_map(|rule| {
-                    let peer = guarded_block(&rule.cidr, shape)?;
-                    Some(NetworkPolicyEgressRule {
-                        to: Some(vec![peer]),
-                        ports: (!rule.ports.is_empty()).then(|| {
-                            rule.ports
-                                .iter()
-                                .map(|p| NetworkPolicyPort {
-                                    port: Some(IntOrString::Int(p.port)),
-                                    protocol: Some(protocol_name(p.protocol).to_string()),
-                                    ..NetworkPolicyPort::default()
-                                })
-                                .collect()
-                        }),
-                    })
-                })
-                .collect();
-            rules.push(dns_rule(shape));
-            rules
-        }
-    };
-    let mut policy = NetworkPolicy {
-        metadata: child_meta(sandbox, &name, egress_policy_name(&name), owner, key),
-        spec: Some(NetworkPolicySpec {
-            pod_selector: Some(labels_selector(&sandbox_selector(&name))),
-            policy_types: Some(vec!["Egress".to_string()]),
-            egress: Some(egress),
-            ingress: None,
-        }),
-    };
-    seal(&mut policy, key);
-    Some(policy)
-}
-
-fn protocol_name(protocol: PortProtocol) -> &'static str {
-    match protocol {
-        PortProtocol::TCP => "TCP",
-        PortProtocol::UDP => "UDP",
-        PortProtocol::SCTP => "SCTP",
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::plumbing::ownership::sealed;
+    use crate::pod::fixtures::*;
+    use crate::pod::policy::desired_egress_policy;
     use k8s_openapi::api::core::v1::Toleration;
+    use orchard_api::EgressPolicy;
+    use orchard_api::ROLLOUT_GROUP_LABEL;
+    use orchard_api::ROLLOUT_QUEUE_LABEL;
+    use orchard_api::SANDBOX_LABEL;
+    use orchard_api::SANDBOX_POD_LABEL;
+    use orchard_api::STRIDE_LABEL;
     use orchard_api::{
-        EgressPort, EgressRule, EnvVar as SandboxEnv, ImagePullPolicy, NetworkSpec,
-        SandboxResources, SecretName, StartupSpec,
+        EnvVar as SandboxEnv, ImagePullPolicy, NetworkSpec, SandboxResources, SecretName,
+        StartupSpec,
     };
-
-    fn shape() -> PodShape {
-        PodShape {
-            agent_image: "ghcr.io/orchard-env/orchard-agent:test".into(),
-            agent_injection: AgentInjection::InitContainer,
-            agent_port: 9090,
-            default_cpu: "1".into(),
-            default_memory: "2Gi".into(),
-            default_ephemeral_storage: None,
-            termination_grace_seconds: 5,
-            default_security_profile: SecurityProfile::Default,
-            policy_canaries: PolicyCanaries::default(),
-        }
-    }
-
-    fn policy_shape() -> PolicyShape {
-        PolicyShape {
-            agent_port: 9090,
-            operator_namespace: "orchard-system".into(),
-            operator_pod_labels: BTreeMap::from([(
-                "app.kubernetes.io/name".into(),
-                "orchard-operator".into(),
-            )]),
-            dns_namespace: "kube-system".into(),
-            dns_pod_labels: BTreeMap::from([("k8s-app".into(), "kube-dns".into())]),
-            protected_cidrs: vec![
-                Cidr::parse("169.254.169.254/32").expect("cidr"),
-                Cidr::parse("10.250.0.1/32").expect("cidr"),
-                Cidr::parse("10.244.0.0/16").expect("cidr"),
-            ],
-            protect_operator_namespace: true,
-        }
-    }
-
-    fn owner() -> OwnerReference {
-        OwnerReference {
-            api_version: "orchard.dev/v1alpha1".into(),
-            kind: "Sandbox".into(),
-            name: "s1".into(),
-            uid: "uid-1".into(),
-            controller: Some(true),
-            ..OwnerReference::default()
-        }
-    }
-
-    fn sandbox(spec: SandboxSpec) -> Sandbox {
-        let mut s = Sandbox::new("s1", spec);
-        s.metadata.namespace = Some("ns".into());
-        s.metadata.uid = Some("uid-1".into());
-        s
-    }
-
-    fn minimal() -> Sandbox {
-        sandbox(SandboxSpec {
-            image: "python:3.11".into(),
-            ..SandboxSpec::default()
-        })
-    }
-
-    fn key() -> OperatorKey {
-        crate::plumbing::mock_api::test_token_key()
-    }
-
-    fn credentials() -> PodCredentials {
-        PodCredentials {
-            nonce: "00".into(),
-            key_id: "k".into(),
-            verifier: "ab".repeat(32),
-        }
-    }
-
-    fn env_value(pod: &Pod, key: &str) -> Option<String> {
-        pod.spec.as_ref()?.containers[0]
-            .env
-            .as_ref()?
-            .iter()
-            .find(|e| e.name == key)
-            .and_then(|e| e.value.clone())
-    }
 
     #[test]
     fn pod_injects_the_agent_through_an_init_container() {
@@ -1053,13 +680,6 @@ mod tests {
         assert_eq!(env_value(&pod, CANARY_VARIABLE), None);
     }
 
-    /// `s`'s labels on an otherwise minimal Sandbox (no owner).
-    fn minimal_with_labels(s: &Sandbox) -> Sandbox {
-        let mut plain = minimal();
-        plain.metadata.labels = s.metadata.labels.clone();
-        plain
-    }
-
     #[test]
     fn group_labels_are_copied_onto_the_children_of_sealed_trajectories_only() {
         let mut s = minimal();
@@ -1117,212 +737,6 @@ mod tests {
             policy.metadata.annotations.as_ref().unwrap()[orchard_api::SEAL_ANNOTATION],
             k.seal("NetworkPolicy", "ns", "s1-egress", "uid-1")
         );
-    }
-
-    #[test]
-    fn baseline_denies_egress_and_admits_only_the_operator() {
-        let policy = baseline_policy("ns", &policy_shape());
-        let spec = policy.spec.unwrap();
-        assert_eq!(
-            spec.pod_selector.unwrap().match_labels.unwrap()[SANDBOX_POD_LABEL],
-            "true"
-        );
-        assert_eq!(spec.policy_types.unwrap(), vec!["Ingress", "Egress"]);
-        // Egress is governed by the policy (policyTypes) and has no rule: all denied.
-        assert_eq!(spec.egress, None, "no egress rule at all");
-        let ingress = &spec.ingress.unwrap()[0];
-        let peer = &ingress.from.as_ref().unwrap()[0];
-        assert_eq!(
-            peer.namespace_selector
-                .as_ref()
-                .unwrap()
-                .match_labels
-                .as_ref()
-                .unwrap()["kubernetes.io/metadata.name"],
-            "orchard-system"
-        );
-        assert_eq!(
-            peer.pod_selector
-                .as_ref()
-                .unwrap()
-                .match_labels
-                .as_ref()
-                .unwrap()["app.kubernetes.io/name"],
-            "orchard-operator"
-        );
-        assert_eq!(
-            ingress.ports.as_ref().unwrap()[0].port,
-            Some(IntOrString::Int(9090))
-        );
-    }
-
-    #[test]
-    fn deny_egress_builds_no_policy() {
-        assert!(desired_egress_policy(&minimal(), &owner(), &policy_shape(), &key()).is_none());
-    }
-
-    #[test]
-    fn allow_all_selects_only_this_sandbox() {
-        let s = sandbox(SandboxSpec {
-            image: "x".into(),
-            network: Some(NetworkSpec {
-                egress: EgressPolicy::AllowAll,
-                allow: vec![],
-            }),
-            ..SandboxSpec::default()
-        });
-        let policy = desired_egress_policy(&s, &owner(), &policy_shape(), &key()).unwrap();
-        assert_eq!(policy.metadata.name.as_deref(), Some("s1-egress"));
-        let spec = policy.spec.unwrap();
-        assert_eq!(
-            spec.pod_selector.unwrap().match_labels.unwrap()[SANDBOX_LABEL],
-            "s1"
-        );
-        assert_eq!(spec.policy_types.unwrap(), vec!["Egress"]);
-        let egress = spec.egress.unwrap();
-        assert_eq!(egress.len(), 3, "addresses, pods, DNS: {egress:?}");
-        // Every address, except the protected ranges.
-        let blocks: Vec<IPBlock> = egress[0]
-            .to
-            .clone()
-            .unwrap()
-            .into_iter()
-            .filter_map(|p| p.ip_block)
-            .collect();
-        assert_eq!(blocks[0].cidr, "0.0.0.0/0");
-        assert_eq!(
-            blocks[0].except.clone().unwrap(),
-            vec!["169.254.169.254/32", "10.250.0.1/32", "10.244.0.0/16"]
-        );
-        assert_eq!(blocks[1].cidr, "::/0");
-        assert_eq!(blocks[1].except, None);
-        assert_eq!(egress[0].ports, None);
-        // Pods of every namespace but the operator's.
-        let namespaces = egress[1].to.clone().unwrap()[0]
-            .namespace_selector
-            .clone()
-            .unwrap();
-        let requirement = &namespaces.match_expressions.unwrap()[0];
-        assert_eq!(requirement.operator, "NotIn");
-        assert_eq!(requirement.values, Some(vec!["orchard-system".to_string()]));
-        // With the operator's namespace allowed: pods of every namespace.
-        let mut open = policy_shape();
-        open.protect_operator_namespace = false;
-        let egress = desired_egress_policy(&s, &owner(), &open, &key())
-            .unwrap()
-            .spec
-            .unwrap()
-            .egress
-            .unwrap();
-        assert_eq!(
-            egress[1].to.clone().unwrap()[0].namespace_selector,
-            Some(LabelSelector::default())
-        );
-    }
-
-    #[test]
-    fn allow_list_never_covers_a_protected_range() {
-        let rule = |cidr: &str| EgressRule {
-            cidr: cidr.into(),
-            ports: vec![],
-        };
-        let s = sandbox(SandboxSpec {
-            image: "x".into(),
-            network: Some(NetworkSpec {
-                egress: EgressPolicy::AllowList,
-                allow: vec![
-                    rule("10.0.0.0/8"),
-                    rule("169.254.169.254/32"),
-                    rule("10.244.7.0/24"),
-                ],
-            }),
-            ..SandboxSpec::default()
-        });
-        let egress = desired_egress_policy(&s, &owner(), &policy_shape(), &key())
-            .unwrap()
-            .spec
-            .unwrap()
-            .egress
-            .unwrap();
-        assert_eq!(
-            egress.len(),
-            2,
-            "one listed range kept, plus DNS: {egress:?}"
-        );
-        let block = egress[0].to.clone().unwrap()[0].ip_block.clone().unwrap();
-        assert_eq!(block.cidr, "10.0.0.0/8");
-        assert_eq!(
-            block.except,
-            Some(vec![
-                "10.250.0.1/32".to_string(),
-                "10.244.0.0/16".to_string()
-            ])
-        );
-        assert_eq!(
-            refused_allow_rules(&s, &policy_shape()),
-            vec!["169.254.169.254/32", "10.244.7.0/24"]
-        );
-    }
-
-    #[test]
-    fn allow_list_opens_exactly_the_listed_destinations_and_dns() {
-        let s = sandbox(SandboxSpec {
-            image: "x".into(),
-            network: Some(NetworkSpec {
-                egress: EgressPolicy::AllowList,
-                allow: vec![
-                    EgressRule {
-                        cidr: "203.0.113.0/24".into(),
-                        ports: vec![EgressPort {
-                            port: 443,
-                            protocol: PortProtocol::TCP,
-                        }],
-                    },
-                    EgressRule {
-                        cidr: "10.1.2.3/32".into(),
-                        ports: vec![],
-                    },
-                ],
-            }),
-            ..SandboxSpec::default()
-        });
-        let egress = desired_egress_policy(&s, &owner(), &policy_shape(), &key())
-            .unwrap()
-            .spec
-            .unwrap()
-            .egress
-            .unwrap();
-        assert_eq!(egress.len(), 3);
-        assert_eq!(
-            egress[0].to.as_ref().unwrap()[0]
-                .ip_block
-                .as_ref()
-                .unwrap()
-                .cidr,
-            "203.0.113.0/24"
-        );
-        assert_eq!(
-            egress[0].ports.as_ref().unwrap()[0].port,
-            Some(IntOrString::Int(443))
-        );
-        assert!(
-            egress[1].ports.is_none(),
-            "no ports listed means all ports of that CIDR"
-        );
-        let dns = &egress[2];
-        assert_eq!(dns.ports.as_ref().unwrap().len(), 2);
-        assert_eq!(
-            dns.to.as_ref().unwrap()[0]
-                .pod_selector
-                .as_ref()
-                .unwrap()
-                .match_labels
-                .as_ref()
-                .unwrap()["k8s-app"],
-            "kube-dns"
-        );
-        // No rule may be the empty (allow-everything) rule.
-        assert!(egress.iter().all(|r| r.to.is_some()));
     }
 
     #[test]
