@@ -25,6 +25,7 @@ pub mod mock_api;
 pub mod operator_key;
 pub mod own_writes;
 pub mod ownership;
+pub mod reconcile;
 pub mod reconcile_slots;
 pub mod status_patch;
 pub mod task_set;

@@ -23,9 +23,9 @@ use crate::plumbing::conditions::{self, Desired, Progress};
 use crate::plumbing::error::{Error, Result};
 use crate::plumbing::events::publish;
 use crate::plumbing::kube_ctx::object_key;
-use crate::plumbing::metrics::ReconcileTimer;
 use crate::plumbing::own_writes::child_key;
 use crate::plumbing::ownership::Owner;
+use crate::plumbing::reconcile::Reconcile;
 use crate::plumbing::writes::{self, create_owned};
 use crate::pod::apply::ensure_baseline;
 use crate::pod::placement;
@@ -63,28 +63,28 @@ pub fn key_of(pool: &SandboxPool) -> PoolKey {
     }
 }
 
-/// Reconciles one SandboxPool.
+fn reconciler(ctx: &PoolCtx) -> Reconcile<'_, SandboxPool> {
+    Reconcile {
+        kube: &ctx.kube,
+        controller: CONTROLLER,
+        store: &ctx.kube.caches.sandbox_pools,
+        slots: None,
+    }
+}
+
+/// Reconciles one SandboxPool: at least every resync (its members' failures age out of the book).
 #[instrument(skip_all, fields(pool = %object_key(pool.as_ref())))]
 pub async fn reconcile(pool: Arc<SandboxPool>, ctx: Arc<PoolCtx>) -> Result<Action> {
-    let _timer = ReconcileTimer::start(&ctx.kube.metrics, CONTROLLER);
-    let next = ctx
-        .kube
-        .leadership
-        .while_leader(reconcile_inner(&pool, &ctx))
-        .await
-        .unwrap_or(Ok(None))?;
-    let uid = pool.uid().unwrap_or_default();
-    ctx.kube.reconciled(CONTROLLER, &uid);
-    Ok(ctx.kube.next_action(&uid, next.or(Some(ctx.kube.resync))))
+    let work = async {
+        let next = reconcile_inner(&pool, &ctx).await?;
+        Ok(next.or(Some(ctx.kube.resync)))
+    };
+    reconciler(&ctx).run(&pool, work).await
 }
 
 /// Retries a failed reconcile with per-object exponential backoff.
 pub fn error_policy(pool: Arc<SandboxPool>, error: &Error, ctx: Arc<PoolCtx>) -> Action {
-    let delay = ctx
-        .kube
-        .reconcile_failed(CONTROLLER, &pool.uid().unwrap_or_default(), error);
-    warn!(pool = %object_key(pool.as_ref()), %error, retry_in_ms = delay.as_millis() as u64, "pool reconcile failed");
-    Action::requeue(delay)
+    reconciler(&ctx).retry(&pool, error)
 }
 
 /// The members of `pool` the operator knows: the cache's, and the ones it created moments ago that
@@ -134,17 +134,9 @@ async fn reconcile_inner(cached: &SandboxPool, ctx: &Arc<PoolCtx>) -> Result<Opt
         ctx.book.forget(&key);
         return Ok(None);
     }
-    if !ctx.kube.leadership.is_leader() {
-        return Ok(None);
-    }
-    let Some(pool) = writes::freshest(
-        &ctx.kube,
-        &ctx.kube.caches.sandbox_pools,
-        cached,
-        |p, status| {
-            p.status = Some(status);
-        },
-    ) else {
+    let Some(pool) = reconciler(ctx).fresh(cached, |p: &mut SandboxPool, status| {
+        p.status = Some(status);
+    }) else {
         return Ok(None);
     };
     let namespace = pool.namespace().ok_or(Error::MissingField {

@@ -13,7 +13,6 @@ use std::time::Duration;
 use k8s_openapi::jiff::Timestamp;
 use kube::runtime::controller::Action;
 use kube::runtime::events::EventType;
-use kube::runtime::reflector::ObjectRef;
 use kube::{Resource, ResourceExt};
 use tracing::{info, instrument, warn};
 
@@ -25,7 +24,7 @@ use super::status::{ADMITTED as ADMITTED_CONDITION, QueueStanding, failed_status
 use crate::plumbing::error::{Error, Result};
 use crate::plumbing::events::publish;
 use crate::plumbing::kube_ctx::object_key;
-use crate::plumbing::metrics::ReconcileTimer;
+use crate::plumbing::reconcile::Reconcile;
 use crate::plumbing::writes::{self, ChildState, StatusWrite};
 use crate::queue::admission::{self, queue_of, waiting_message};
 use crate::queue::book::Verdict;
@@ -46,39 +45,26 @@ const PREVIOUS_INCARNATION_RECHECK: Duration = Duration::from_secs(1);
 /// loop wakes it as soon as the stride is admissible).
 const QUEUE_RECHECK: Duration = Duration::from_secs(5);
 
+fn reconciler(ctx: &RolloutCtx) -> Reconcile<'_, RolloutGroup> {
+    Reconcile {
+        kube: &ctx.kube,
+        controller: CONTROLLER,
+        store: &ctx.kube.caches.rollout_groups,
+        slots: Some(&ctx.slots),
+    }
+}
+
 /// Reconciles one RolloutGroup.
 #[instrument(skip_all, fields(group = %object_key(group.as_ref())))]
 pub async fn reconcile(group: Arc<RolloutGroup>, ctx: Arc<RolloutCtx>) -> Result<Action> {
-    let _slot = ctx.slots.acquire().await;
-    let _timer = ReconcileTimer::start(&ctx.kube.metrics, CONTROLLER);
-    // Leadership is a cancellation signal: a reconcile still running when this replica steps down
-    // is dropped (its request in flight aborted) and counts as one that had nothing to do.
-    let next = ctx
-        .kube
-        .leadership
-        .while_leader(reconcile_inner(&group, &ctx))
+    reconciler(&ctx)
+        .run(&group, reconcile_inner(&group, &ctx))
         .await
-        .unwrap_or(Ok(None))?;
-    // The incarnation that holds the name now (the queued object may be an older one).
-    let uid = ctx
-        .kube
-        .caches
-        .rollout_groups
-        .get(&ObjectRef::from_obj(group.as_ref()))
-        .and_then(|o| o.uid())
-        .unwrap_or_default();
-    ctx.kube.reconciled(CONTROLLER, &uid);
-    Ok(ctx.kube.next_action(&uid, next))
 }
 
 /// Retries a failed reconcile with per-object exponential backoff.
 pub fn error_policy(group: Arc<RolloutGroup>, error: &Error, ctx: Arc<RolloutCtx>) -> Action {
-    let key = object_key(group.as_ref());
-    let delay = ctx
-        .kube
-        .reconcile_failed(CONTROLLER, &group.uid().unwrap_or_default(), error);
-    warn!(group = %key, %error, retry_in_ms = delay.as_millis() as u64, "rolloutgroup reconcile failed");
-    Action::requeue(delay)
+    reconciler(&ctx).retry(&group, error)
 }
 
 /// Records that the group cannot run (phase Failed, `reason`, `message`).
@@ -103,23 +89,10 @@ async fn fail(
 }
 
 /// Returns when to reconcile again (`None`: on the next change only).
-async fn reconcile_inner(cached: &RolloutGroup, ctx: &Arc<RolloutCtx>) -> Result<Option<Duration>> {
-    if cached.meta().deletion_timestamp.is_some() {
-        return Ok(None);
-    }
-    if !ctx.kube.leadership.is_leader() {
-        // A standby replica keeps its caches warm and writes nothing; gaining the Lease reconciles all.
-        return Ok(None);
-    }
-    let Some(group) = writes::freshest(
-        &ctx.kube,
-        &ctx.kube.caches.rollout_groups,
-        cached,
-        |g, status| {
-            g.status = Some(status);
-        },
-    ) else {
-        // Deleted since it was queued.
+async fn reconcile_inner(queued: &RolloutGroup, ctx: &Arc<RolloutCtx>) -> Result<Option<Duration>> {
+    let Some(group) = reconciler(ctx).fresh(queued, |g: &mut RolloutGroup, status| {
+        g.status = Some(status);
+    }) else {
         return Ok(None);
     };
     let group = &group;

@@ -10,6 +10,8 @@ pub mod blocked;
 pub mod claim;
 pub mod coalesce;
 pub mod context;
+pub mod decide;
+pub mod execute;
 pub mod expiry;
 #[cfg(test)]
 pub mod fixtures;
