@@ -127,7 +127,8 @@ pub fn graph(files: &[SourceFile]) -> BTreeMap<String, BTreeSet<String>> {
     let mut edges = BTreeMap::new();
     for file in files {
         let mut targets = BTreeSet::new();
-        for path in parse::paths(&file.code) {
+        let children = parse::module_declarations(&file.code);
+        for path in parse::paths_from(&file.code, &children) {
             let Some(absolute) = resolve(file, &path) else {
                 continue;
             };

@@ -210,13 +210,37 @@ fn tokens(code: &str) -> Vec<String> {
 /// Every path of `code` that starts with `crate`, `super` or `self` and continues with `::`, as its
 /// segments; `use` trees (`crate::{a, b::{c, self}}`) expanded into one path per leaf.
 pub fn paths(code: &str) -> Vec<Vec<String>> {
+    paths_from(code, &[])
+}
+
+/// The modules `code` declares (`mod name;`, `pub mod name;`, `pub(crate) mod name;`).
+pub fn module_declarations(code: &str) -> Vec<String> {
+    let tokens = tokens(code);
+    tokens
+        .windows(3)
+        .filter(|w| w[0] == "mod" && w[2] == ";" && is_ident(&w[1]))
+        .map(|w| w[1].clone())
+        .collect()
+}
+
+/// [`paths`], and also the paths that start with one of `children` (modules the file declares,
+/// named without a prefix: `routes::State`), with `self` put in front of them.
+pub fn paths_from(code: &str, children: &[String]) -> Vec<Vec<String>> {
     let tokens = tokens(code);
     let mut found = Vec::new();
     let mut i = 0;
     while i < tokens.len() {
+        let unprefixed = i == 0 || tokens[i - 1] != "::";
+        let child = unprefixed
+            && children.contains(&tokens[i])
+            && tokens.get(i + 1).map(String::as_str) == Some("::");
+        if child {
+            i = tree(&tokens, i, vec!["self".to_string()], &mut found);
+            continue;
+        }
         let starts = matches!(tokens[i].as_str(), "crate" | "super" | "self")
             && tokens.get(i + 1).map(String::as_str) == Some("::")
-            && (i == 0 || tokens[i - 1] != "::");
+            && unprefixed;
         if starts {
             i = tree(&tokens, i, Vec::new(), &mut found);
         } else {
@@ -318,6 +342,23 @@ mod tests {
             "let a = \"crate::x\"; // crate::y\n/* crate::z /* nested */ */ let b = r#\"crate::w\"#; let c = '\"'; fn f<'a>(x: &'a str) { crate::v(); }",
         );
         assert_eq!(paths(&code), strings(&["crate::v"]));
+    }
+
+    #[test]
+    fn paths_through_declared_children_are_read_too() {
+        let code = "pub mod routes; mod http; use routes::{State, x::Y}; fn f() { http::serve(); other::g(); }";
+        assert_eq!(
+            module_declarations(code),
+            vec!["routes".to_string(), "http".to_string()]
+        );
+        assert_eq!(
+            paths_from(code, &module_declarations(code)),
+            strings(&[
+                "self::routes::State",
+                "self::routes::x::Y",
+                "self::http::serve"
+            ])
+        );
     }
 
     #[test]

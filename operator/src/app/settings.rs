@@ -5,7 +5,7 @@ use std::collections::BTreeMap;
 use std::time::Duration;
 
 use crate::app::config::{OperatorArgs, parse_label_pairs};
-use crate::gateway::GatewaySettings;
+use crate::gateway::deps::GatewaySettings;
 use crate::plumbing::error::{Error, Result};
 use crate::pod::cidr::Cidr;
 use crate::pod::context::{PodSettings, RangeUse};

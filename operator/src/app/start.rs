@@ -19,7 +19,8 @@ use crate::app::discovery::{client_config, default_identity, observe_ranges, ter
 use crate::app::settings::Settings;
 use crate::app::token_key;
 use crate::app::watches;
-use crate::gateway::{self, GatewayDeps, ReadModel};
+use crate::gateway::deps::{GatewayDeps, ReadModel};
+use crate::gateway::serve as gateway;
 use crate::plumbing::api_client::{self, scoped_api};
 use crate::plumbing::backoff::ReconcileBackoff;
 use crate::plumbing::error::{Error, Result};

@@ -11,11 +11,11 @@ use kube::runtime::reflector::{ObjectRef, Store};
 use kube::{Resource, ResourceExt};
 use serde_json::{Value, json};
 
-use super::State;
-use crate::gateway::GATEWAY_FIELD_MANAGER;
-use crate::gateway::errors::{ApiError, from_kube, json_response};
-use crate::gateway::recent_deletes::RecentDeletes;
-use crate::gateway::selector;
+use crate::gateway::deps::GATEWAY_FIELD_MANAGER;
+use crate::gateway::http::errors::{ApiError, from_kube, json_response};
+use crate::gateway::objects::recent_deletes::RecentDeletes;
+use crate::gateway::objects::selector;
+use crate::gateway::state::State;
 use crate::plumbing::writes::Child;
 
 fn api<K: Child>(state: &State, namespace: &str) -> Api<K> {

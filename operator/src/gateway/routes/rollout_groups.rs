@@ -9,15 +9,15 @@ use axum::response::Response;
 
 use super::objects;
 use super::sandboxes::wait_timeout;
-use super::{Call, ListQuery, NamespacePath, ObjectPath, WaitQuery, query};
-use crate::gateway::access::{Access, Operation};
-use crate::gateway::errors::{ApiError, ErrorBody, json_response};
-use crate::gateway::openapi::{
+use crate::gateway::auth::access::{Access, Operation};
+use crate::gateway::auth::revalidate::Guard;
+use crate::gateway::http::errors::{ApiError, ErrorBody, json_response};
+use crate::gateway::http::openapi::{
     CreateRolloutGroupRequest, Deleted, RolloutGroupList, RolloutGroupSchema,
 };
-use crate::gateway::revalidate::Guard;
-use crate::gateway::spec::rollout_group_from_request;
-use crate::gateway::wait::{WaitFor, WaitOutcome, wait_duration};
+use crate::gateway::objects::spec::rollout_group_from_request;
+use crate::gateway::objects::wait::{WaitFor, WaitOutcome, wait_duration};
+use crate::gateway::state::{Call, ListQuery, NamespacePath, ObjectPath, WaitQuery, query};
 use crate::plumbing::conditions::{is_true, why_unsettled};
 use orchard_api::{RolloutGroup, RolloutPhase};
 

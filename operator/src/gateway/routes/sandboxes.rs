@@ -13,17 +13,17 @@ use kube::api::{Api, Patch, PatchParams};
 use serde_json::{Value, json};
 
 use super::objects;
-use super::{Call, ListQuery, NamespacePath, ObjectPath, State, WaitQuery, query};
-use crate::gateway::GATEWAY_FIELD_MANAGER;
-use crate::gateway::access::{Access, Operation};
-use crate::gateway::errors::{ApiError, ErrorBody, from_kube, json_response};
-use crate::gateway::openapi::{
+use crate::gateway::auth::access::{Access, Operation};
+use crate::gateway::auth::revalidate::Guard;
+use crate::gateway::deps::GATEWAY_FIELD_MANAGER;
+use crate::gateway::http::errors::{ApiError, ErrorBody, from_kube, json_response};
+use crate::gateway::http::openapi::{
     AgentAccessResponse, CreateSandboxRequest, Deleted, HeartbeatResponse, ResultResponse,
     SandboxList, SandboxSchema, TrajectoryResultSchema,
 };
-use crate::gateway::revalidate::Guard;
-use crate::gateway::spec::sandbox_from_request;
-use crate::gateway::wait::{WaitFor, WaitOutcome, wait_duration};
+use crate::gateway::objects::spec::sandbox_from_request;
+use crate::gateway::objects::wait::{WaitFor, WaitOutcome, wait_duration};
+use crate::gateway::state::{Call, ListQuery, NamespacePath, ObjectPath, State, WaitQuery, query};
 use crate::plumbing::conditions::{STALLED, is_true, why_unsettled};
 use crate::plumbing::status_patch::status_member_patch;
 use orchard_api::{Sandbox, SandboxPhase, TrajectoryResult, TrajectoryStatus};

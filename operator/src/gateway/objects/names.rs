@@ -4,7 +4,7 @@
 //! is a DNS-1123 label (namespaces) or subdomain (objects), which needs no encoding at all, so
 //! anything else is refused with 400 before it is authorised, looked up or sent anywhere.
 
-use super::errors::ApiError;
+use crate::gateway::http::errors::ApiError;
 
 /// Longest namespace (a DNS-1123 label).
 const MAX_LABEL: usize = 63;

@@ -28,13 +28,13 @@ use utoipa::openapi::{ContentBuilder, Ref, RefOr, Required, ResponseBuilder};
 use utoipa::{IntoParams, PartialSchema, ToSchema};
 use utoipa_axum::router::{OpenApiRouter, UtoipaMethodRouter};
 
-use super::{ObjectPath, State};
-use crate::gateway::access::{Access, Operation};
-use crate::gateway::errors::{ApiError, ErrorBody};
-use crate::gateway::lookup::find_sandbox;
-use crate::gateway::names::{check_name, check_namespace};
-use crate::gateway::proxy::{Target, answer_timeout};
-use crate::gateway::revalidate::Guard;
+use crate::gateway::agent::proxy::{Target, answer_timeout};
+use crate::gateway::auth::access::{Access, Operation};
+use crate::gateway::auth::revalidate::Guard;
+use crate::gateway::http::errors::{ApiError, ErrorBody};
+use crate::gateway::objects::lookup::find_sandbox;
+use crate::gateway::objects::names::{check_name, check_namespace};
+use crate::gateway::state::{ObjectPath, State};
 
 /// How long an exec may run by default before the gateway gives up waiting (the agent's default
 /// command timeout is 600 s); clients with longer commands set `X-Orchard-Timeout`.

@@ -9,8 +9,8 @@ use kube::api::Api;
 use kube::runtime::reflector::{ObjectRef, Store};
 use kube::{Client, Resource, ResourceExt};
 
-use super::errors::{ApiError, from_kube};
 use super::recent_deletes::RecentDeletes;
+use crate::gateway::http::errors::{ApiError, from_kube};
 use crate::plumbing::operator_key::OperatorKey;
 use crate::plumbing::ownership::sealed_for;
 use crate::pod::agent_target::{NoTarget, endpoint_of_own_pod};

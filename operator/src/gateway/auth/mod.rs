@@ -6,6 +6,11 @@
 //! token is accepted only if the API server confirms one of them. After this check the gateway acts
 //! with the operator's identity.
 
+pub mod access;
+pub mod revalidate;
+pub mod review_budget;
+pub mod verdict_cache;
+
 use std::collections::{BTreeMap, HashMap};
 use std::net::IpAddr;
 use std::sync::{Arc, Mutex};
@@ -19,11 +24,13 @@ use k8s_openapi::api::authorization::v1::{
 use kube::Client;
 use kube::api::{Api, PostParams};
 
-use super::access::Access;
-use super::errors::ApiError;
-use super::metrics::GatewayMetrics;
-use super::review_budget::{BudgetLimits, KeyedBuckets, ReviewBudget, retry_after_seconds};
-use super::verdict_cache::{Key, Lookup, VerdictCache};
+use crate::gateway::auth::access::Access;
+use crate::gateway::auth::review_budget::{
+    BudgetLimits, KeyedBuckets, ReviewBudget, retry_after_seconds,
+};
+use crate::gateway::auth::verdict_cache::{Key, Lookup, VerdictCache};
+use crate::gateway::http::errors::ApiError;
+use crate::gateway::http::metrics::GatewayMetrics;
 use orchard_api::GROUP;
 
 /// How long a decision is reused unless configured (`--gateway-auth-cache-ttl-seconds`).
@@ -211,7 +218,7 @@ impl Authorizer {
         let token = bearer_token(headers)?;
         let key = token_key(token);
         let identity = self.authenticate(token, &key).await?;
-        super::in_flight::charge_caller(&identity.username)?;
+        crate::gateway::http::in_flight::charge_caller(&identity.username)?;
         // Most Roles grant a verb on every object of a namespace: one namespace-wide review (no name)
         // then covers every sandbox, instead of one review per sandbox name. RBAC allows an unnamed
         // review only through a rule without resourceNames, which grants every name; when it is not
@@ -317,7 +324,7 @@ impl Authorizer {
         let outcome = flight
             .get_or_init(|| async {
                 if !known {
-                    self.spend_review_budget(super::server::peer_ip())?;
+                    self.spend_review_budget(crate::gateway::http::server::peer_ip())?;
                 }
                 let decision = self.review_token(token).await?;
                 let mut cache = self.tokens.lock().unwrap_or_else(|p| p.into_inner());
@@ -509,8 +516,8 @@ where
 
 #[cfg(test)]
 mod tests {
-    use super::super::access::Operation;
     use super::*;
+    use crate::gateway::auth::access::Operation;
     use axum::http::HeaderValue;
 
     #[tokio::test]

@@ -12,9 +12,9 @@ use kube::api::{Api, Patch, PatchParams};
 use kube::{Client, ResourceExt};
 use serde_json::json;
 
-use super::GATEWAY_FIELD_MANAGER;
-use super::errors::{ApiError, from_kube};
-use super::metrics::GatewayMetrics;
+use crate::gateway::deps::GATEWAY_FIELD_MANAGER;
+use crate::gateway::http::errors::{ApiError, from_kube};
+use crate::gateway::http::metrics::GatewayMetrics;
 use crate::plumbing::metrics::Metrics;
 use orchard_api::Lifecycle;
 use orchard_api::{HEARTBEAT_ANNOTATION, Sandbox};

@@ -11,9 +11,9 @@ use std::time::Duration;
 use kube::runtime::reflector::{ObjectRef, Store};
 use kube::{Client, Resource};
 
-use super::errors::ApiError;
 use super::lookup::find;
 use super::recent_deletes::RecentDeletes;
+use crate::gateway::http::errors::ApiError;
 use crate::plumbing::change_feed::{Change, ChangeFeed};
 
 /// Default `timeoutSeconds` of wait routes.

@@ -217,7 +217,7 @@ mod tests {
 
     fn reader(max_bytes: usize, per_caller_bytes: usize, timeout: Duration) -> BodyReader {
         let registry = prometheus::Registry::new();
-        let metrics = super::super::metrics::GatewayMetrics::register(&registry).unwrap();
+        let metrics = crate::gateway::http::metrics::GatewayMetrics::register(&registry).unwrap();
         BodyReader::new(
             BodyLimits {
                 max_bytes,

@@ -12,7 +12,7 @@ use std::sync::LazyLock;
 use kube::api::ObjectMeta;
 use serde_json::{Map, Value, json};
 
-use super::errors::ApiError;
+use crate::gateway::http::errors::ApiError;
 use orchard_api::{RESERVED_KEY_PREFIX, RolloutGroup, RolloutGroupSpec, Sandbox, SandboxSpec};
 
 pub use orchard_api::CREATED_BY_ANNOTATION;

@@ -13,8 +13,8 @@ use futures::StreamExt;
 use serde_json::json;
 
 use super::access::Access;
-use super::errors::ApiError;
-use super::routes::State;
+use crate::gateway::http::errors::ApiError;
+use crate::gateway::state::State;
 
 /// Shortest interval between re-checks.
 const MIN_PERIOD: Duration = Duration::from_millis(100);

@@ -1,0 +1,6 @@
+//! Calls to a sandbox's agent: the route table (one entry per agent route, for the router and the
+//! OpenAPI document: [`routes`]) and the proxy that forwards them to the pod IP with the sandbox's
+//! token ([`proxy`]).
+
+pub mod proxy;
+pub mod routes;
