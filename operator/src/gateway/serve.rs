@@ -98,7 +98,7 @@ fn api_routes() -> OpenApiRouter<State> {
         .routes(routes!(sandboxes::heartbeat))
         .routes(routes!(sandboxes::agent_token))
         .routes(routes!(sandboxes::record_result))
-        .merge(agent::routes::router())
+        .merge(agent::table::router())
         .routes(routes!(
             rollout_groups::create_group,
             rollout_groups::list_groups

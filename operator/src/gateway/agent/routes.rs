@@ -2,9 +2,9 @@
 //! authorise, find the sandbox's endpoint and token in the caches, count the call as a heartbeat, and
 //! stream the request to `status.agentEndpoint` and the answer back unchanged.
 //!
-//! One table, [`ROUTES`], drives all of it: each row is a route's method, gateway path and agent path,
+//! One table, `table::ROUTES`, drives all of it (`table::router`): each row is a route's method, gateway path and agent path,
 //! its RBAC operation and answer timeout, and its OpenAPI operation (summary, parameters, request and
-//! answer schemas, the latter the agent's wire types of `orchard_api::agent`). [`router`] mounts every
+//! answer schemas, the latter the agent's wire types of `orchard_api::agent`). `route::router` mounts every
 //! row on one generic proxy handler and documents it from the same row.
 
 use std::collections::BTreeMap;
@@ -14,10 +14,6 @@ use axum::extract::{Path, Query, Request, State as AxumState};
 use axum::http::Uri;
 use axum::response::Response;
 use axum::routing::{MethodFilter, on};
-use orchard_api::agent::{
-    ExecEvent, ExecRequest, ExecResponse, FileDeleted, FileList, FileWritten, PatchRequest,
-    PatchResult, ProcessList, ProcessStatus, SignalRequest,
-};
 use utoipa::openapi::path::{
     HttpMethod, Operation as OpenApiOperation, OperationBuilder, Parameter, ParameterBuilder,
     ParameterIn, PathItem, PathsBuilder,
@@ -26,7 +22,7 @@ use utoipa::openapi::request_body::RequestBodyBuilder;
 use utoipa::openapi::schema::{KnownFormat, ObjectBuilder, Schema, SchemaFormat, SchemaType, Type};
 use utoipa::openapi::{ContentBuilder, Ref, RefOr, Required, ResponseBuilder};
 use utoipa::{IntoParams, PartialSchema, ToSchema};
-use utoipa_axum::router::{OpenApiRouter, UtoipaMethodRouter};
+use utoipa_axum::router::UtoipaMethodRouter;
 
 use crate::gateway::agent::proxy::{Target, answer_timeout};
 use crate::gateway::auth::access::{Access, Operation};
@@ -38,20 +34,13 @@ use crate::gateway::state::{ObjectPath, State};
 
 /// How long an exec may run by default before the gateway gives up waiting (the agent's default
 /// command timeout is 600 s); clients with longer commands set `X-Orchard-Timeout`.
-const EXEC_ANSWER_TIMEOUT: Duration = Duration::from_secs(660);
+pub(crate) const EXEC_ANSWER_TIMEOUT: Duration = Duration::from_secs(660);
 
 /// Default wait for the agent's answer on every other route.
-const QUICK_ANSWER_TIMEOUT: Duration = Duration::from_secs(60);
+pub(crate) const QUICK_ANSWER_TIMEOUT: Duration = Duration::from_secs(60);
 
 /// Longest `wait` of a process status long-poll (the agent's bound).
-const MAX_LONG_POLL: Duration = Duration::from_secs(300);
-
-/// A gateway path under one sandbox.
-macro_rules! sandbox_path {
-    ($rest:literal) => {
-        concat!("/v1/namespaces/{namespace}/sandboxes/{name}", $rest)
-    };
-}
+pub(crate) const MAX_LONG_POLL: Duration = Duration::from_secs(300);
 
 /// Method of a route.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -130,19 +119,19 @@ type Schemas = Vec<(String, RefOr<Schema>)>;
 type SchemaFn = fn(&mut Schemas) -> RefOr<Schema>;
 
 /// A reference to `T`'s component schema (collected with the schemas it refers to).
-fn named<T: ToSchema>(schemas: &mut Schemas) -> RefOr<Schema> {
+pub(crate) fn named<T: ToSchema>(schemas: &mut Schemas) -> RefOr<Schema> {
     T::schemas(schemas);
     schemas.push((T::name().into_owned(), T::schema()));
     RefOr::Ref(Ref::from_schema_name(T::name()))
 }
 
 /// `T`'s schema, inline.
-fn inline<T: PartialSchema>(_: &mut Schemas) -> RefOr<Schema> {
+pub(crate) fn inline<T: PartialSchema>(_: &mut Schemas) -> RefOr<Schema> {
     T::schema()
 }
 
 /// An optional number of seconds (`X-Orchard-Timeout`): `number` or `null`.
-fn optional_seconds(_: &mut Schemas) -> RefOr<Schema> {
+pub(crate) fn optional_seconds(_: &mut Schemas) -> RefOr<Schema> {
     ObjectBuilder::new()
         .schema_type(SchemaType::Array(vec![Type::Number, Type::Null]))
         .format(Some(SchemaFormat::KnownFormat(KnownFormat::Double)))
@@ -158,14 +147,14 @@ pub struct Content {
     pub schema: SchemaFn,
 }
 
-const fn json(schema: SchemaFn) -> Content {
+pub(crate) const fn json(schema: SchemaFn) -> Content {
     Content {
         media_type: "application/json",
         schema,
     }
 }
 
-const fn bytes() -> Content {
+pub(crate) const fn bytes() -> Content {
     Content {
         media_type: "application/octet-stream",
         schema: inline::<Vec<u8>>,
@@ -173,7 +162,7 @@ const fn bytes() -> Content {
 }
 
 /// The gateway's error body ([`ErrorBody`]).
-const ERROR: Content = json(named::<ErrorBody>);
+pub(crate) const ERROR: Content = json(named::<ErrorBody>);
 
 /// One documented answer.
 #[derive(Clone, Copy)]
@@ -186,7 +175,7 @@ pub struct Answer {
     pub content: Content,
 }
 
-const fn answer(status: u16, description: &'static str, content: Content) -> Answer {
+pub(crate) const fn answer(status: u16, description: &'static str, content: Content) -> Answer {
     Answer {
         status,
         description,
@@ -194,7 +183,7 @@ const fn answer(status: u16, description: &'static str, content: Content) -> Ans
     }
 }
 
-const fn error(status: u16, description: &'static str) -> Answer {
+pub(crate) const fn error(status: u16, description: &'static str) -> Answer {
     answer(status, description, ERROR)
 }
 
@@ -223,7 +212,7 @@ pub struct Param {
     pub description: &'static str,
 }
 
-const fn query(
+pub(crate) const fn query(
     name: &'static str,
     required: bool,
     schema: SchemaFn,
@@ -264,7 +253,7 @@ pub struct AgentRoute {
 
 /// Defaults of a row's optional fields (`timeout`, `params`, `request`), taken with `..DEFAULTS`.
 /// The other fields here are placeholders: every row sets them (the table test checks).
-const DEFAULTS: AgentRoute = AgentRoute {
+pub(crate) const DEFAULTS: AgentRoute = AgentRoute {
     method: Verb::Get,
     path: "",
     agent_path: "",
@@ -276,244 +265,6 @@ const DEFAULTS: AgentRoute = AgentRoute {
     request: None,
     answers: &[],
 };
-
-/// `X-Orchard-Timeout` of an exec.
-const EXEC_TIMEOUT_HEADER: Param = Param {
-    name: "x-orchard-timeout",
-    location: ParamIn::Header,
-    required: false,
-    schema: optional_seconds,
-    description: "Seconds to wait for the answer (default 660; set it above the command's timeoutSeconds)",
-};
-
-/// Every route proxied to the agent.
-pub static ROUTES: &[AgentRoute] = &[
-    AgentRoute {
-        method: Verb::Post,
-        path: sandbox_path!("/exec"),
-        agent_path: "/v1/exec",
-        operation: Operation::Exec,
-        timeout: AnswerTimeout::Exec,
-        operation_id: "exec",
-        summary: "Runs one command in the sandbox and answers when it ends (agent `POST /v1/exec`).",
-        params: &[EXEC_TIMEOUT_HEADER],
-        request: Some(json(named::<ExecRequest>)),
-        answers: &[
-            answer(
-                200,
-                "The command ran (any exit code)",
-                json(named::<ExecResponse>),
-            ),
-            error(401, ""),
-            error(403, "RBAC denies `create sandboxes/exec`"),
-            error(404, "No such sandbox"),
-            error(409, "`NotReady` with the sandbox's phase"),
-            error(
-                502,
-                "`AgentUnreachable` / `AgentConnectionLost` (retryable when marked)",
-            ),
-            error(503, "`AgentUnavailable` (retryable)"),
-            error(504, "`AgentTimeout`: no answer within X-Orchard-Timeout"),
-        ],
-    },
-    AgentRoute {
-        method: Verb::Post,
-        path: sandbox_path!("/exec/stream"),
-        agent_path: "/v1/exec/stream",
-        operation: Operation::Exec,
-        operation_id: "exec_stream",
-        summary: "Runs one command and streams its output as NDJSON events (`started`, `stdout`, `stderr`, `exit`).",
-        request: Some(json(named::<ExecRequest>)),
-        answers: &[
-            answer(
-                200,
-                "One JSON event per line as output arrives",
-                Content {
-                    media_type: "application/x-ndjson",
-                    schema: named::<ExecEvent>,
-                },
-            ),
-            error(403, "RBAC denies `create sandboxes/exec`"),
-            error(409, ""),
-            error(502, ""),
-        ],
-        ..DEFAULTS
-    },
-    AgentRoute {
-        method: Verb::Post,
-        path: sandbox_path!("/processes"),
-        agent_path: "/v1/processes",
-        operation: Operation::Exec,
-        operation_id: "start_process",
-        summary: "Starts a background process (agent `POST /v1/processes`).",
-        request: Some(json(named::<ExecRequest>)),
-        answers: &[
-            answer(201, "Started", json(named::<ProcessStatus>)),
-            error(
-                409,
-                "The id is taken (`process` holds its status), or the sandbox is not ready",
-            ),
-        ],
-        ..DEFAULTS
-    },
-    AgentRoute {
-        method: Verb::Get,
-        path: sandbox_path!("/processes"),
-        agent_path: "/v1/processes",
-        operation: Operation::Exec,
-        operation_id: "list_processes",
-        summary: "Lists background processes (`?output=false` leaves out their output).",
-        answers: &[answer(
-            200,
-            "`{\"processes\": [status, ...]}`",
-            json(named::<ProcessList>),
-        )],
-        ..DEFAULTS
-    },
-    AgentRoute {
-        method: Verb::Get,
-        path: sandbox_path!("/processes/{id}"),
-        agent_path: "/v1/processes/{id}",
-        operation: Operation::Exec,
-        timeout: AnswerTimeout::LongPoll,
-        operation_id: "get_process",
-        summary: "Reads a process's status; `?wait=SECONDS` long-polls until it exits (at most 300).",
-        answers: &[
-            answer(200, "", json(named::<ProcessStatus>)),
-            error(404, "Unknown process id"),
-        ],
-        ..DEFAULTS
-    },
-    AgentRoute {
-        method: Verb::Delete,
-        path: sandbox_path!("/processes/{id}"),
-        agent_path: "/v1/processes/{id}",
-        operation: Operation::Exec,
-        operation_id: "delete_process",
-        summary: "Kills a process's group if it runs and forgets it (agent `DELETE /v1/processes/{id}`).",
-        answers: &[answer(
-            200,
-            "The final status",
-            json(named::<ProcessStatus>),
-        )],
-        ..DEFAULTS
-    },
-    AgentRoute {
-        method: Verb::Post,
-        path: sandbox_path!("/processes/{id}/signal"),
-        agent_path: "/v1/processes/{id}/signal",
-        operation: Operation::Exec,
-        operation_id: "signal_process",
-        summary: "Signals a process's whole group.",
-        request: Some(json(named::<SignalRequest>)),
-        answers: &[
-            answer(200, "", json(named::<ProcessStatus>)),
-            error(409, "The process already exited"),
-        ],
-        ..DEFAULTS
-    },
-    AgentRoute {
-        method: Verb::Get,
-        path: sandbox_path!("/files"),
-        agent_path: "/v1/files",
-        operation: Operation::ReadFiles,
-        operation_id: "download",
-        summary: "Downloads a file as raw bytes (`?path=`), streamed.",
-        params: &[query(
-            "path",
-            true,
-            inline::<String>,
-            "File path (absolute or relative to the agent's root)",
-        )],
-        answers: &[
-            answer(200, "The file's bytes", bytes()),
-            error(403, "RBAC denies `get sandboxes/files`"),
-            error(404, "No such file (agent) or sandbox"),
-        ],
-        ..DEFAULTS
-    },
-    AgentRoute {
-        method: Verb::Put,
-        path: sandbox_path!("/files"),
-        agent_path: "/v1/files",
-        operation: Operation::WriteFiles,
-        operation_id: "upload",
-        summary: "Uploads a file from the raw request body (`?path=&mode=`), streamed; atomic on the agent.",
-        params: &[
-            query("path", true, inline::<String>, "Destination path"),
-            query("mode", false, inline::<String>, "Octal mode, e.g. 0755"),
-        ],
-        request: Some(bytes()),
-        answers: &[
-            answer(
-                201,
-                "`{\"path\": \"/abs/P\", \"size\": N}`",
-                json(named::<FileWritten>),
-            ),
-            error(403, "RBAC denies `create sandboxes/files`"),
-        ],
-        ..DEFAULTS
-    },
-    AgentRoute {
-        method: Verb::Delete,
-        path: sandbox_path!("/files"),
-        agent_path: "/v1/files",
-        operation: Operation::WriteFiles,
-        operation_id: "delete_file",
-        summary: "Deletes a file or directory (`?path=&recursive=true`).",
-        params: &[
-            query("path", true, inline::<String>, "Path to delete"),
-            query(
-                "recursive",
-                false,
-                inline::<bool>,
-                "Delete a non-empty directory",
-            ),
-        ],
-        answers: &[
-            answer(
-                200,
-                "`{\"path\": \"/abs/P\", \"deleted\": true}`",
-                json(named::<FileDeleted>),
-            ),
-            error(403, "RBAC denies `create sandboxes/files`"),
-            error(404, ""),
-        ],
-        ..DEFAULTS
-    },
-    AgentRoute {
-        method: Verb::Get,
-        path: sandbox_path!("/files/list"),
-        agent_path: "/v1/files/list",
-        operation: Operation::ReadFiles,
-        operation_id: "list_files",
-        summary: "Lists a directory (`?path=`).",
-        params: &[query("path", true, inline::<String>, "Directory to list")],
-        answers: &[
-            answer(200, "", json(named::<FileList>)),
-            error(403, "RBAC denies `get sandboxes/files`"),
-        ],
-        ..DEFAULTS
-    },
-    AgentRoute {
-        method: Verb::Post,
-        path: sandbox_path!("/patch"),
-        agent_path: "/v1/patch",
-        operation: Operation::Exec,
-        operation_id: "apply_patch",
-        summary: "Applies a unified diff natively (all hunks or nothing).",
-        request: Some(json(named::<PatchRequest>)),
-        answers: &[
-            answer(200, "", json(named::<PatchResult>)),
-            error(403, "RBAC denies `create sandboxes/exec`"),
-            error(
-                409,
-                "`PatchConflict` with `failedHunks` (nothing written), or the sandbox is not ready",
-            ),
-        ],
-        ..DEFAULTS
-    },
-];
 
 /// Path parameters of one process (documentation; the handler reads every path parameter).
 #[derive(serde::Deserialize, IntoParams)]
@@ -614,7 +365,7 @@ impl AgentRoute {
     }
 
     /// The route as `utoipa-axum` mounts it: its schemas, its documented path and its handler.
-    fn method_router(&'static self) -> UtoipaMethodRouter<State> {
+    pub(crate) fn method_router(&'static self) -> UtoipaMethodRouter<State> {
         let mut schemas = Schemas::new();
         let operation = self.openapi_operation(&mut schemas);
         let paths = PathsBuilder::new()
@@ -652,13 +403,6 @@ impl Param {
             .schema(Some((self.schema)(schemas)))
             .build()
     }
-}
-
-/// Every agent route, mounted and documented (see [`ROUTES`]).
-pub fn router() -> OpenApiRouter<State> {
-    ROUTES.iter().fold(OpenApiRouter::new(), |router, route| {
-        router.routes(route.method_router())
-    })
 }
 
 /// Sends `request` to the agent of the sandbox named in `params` after authorising the route's
@@ -744,6 +488,7 @@ fn is_ndjson(response: &Response) -> bool {
 
 #[cfg(test)]
 mod tests {
+    use crate::gateway::agent::table::{ROUTES, sandbox_path};
     use std::collections::HashSet;
 
     use super::*;

@@ -1,0 +1,269 @@
+//! Every route the gateway proxies to a sandbox's agent, one row each ([`ROUTES`]): adding an agent
+//! route to the gateway is adding a row here.
+
+use orchard_api::agent::{
+    ExecEvent, ExecRequest, ExecResponse, FileDeleted, FileList, FileWritten, PatchRequest,
+    PatchResult, ProcessList, ProcessStatus, SignalRequest,
+};
+
+use crate::gateway::auth::access::Operation;
+
+/// How long an exec may run by default before the gateway gives up waiting (the agent's default
+use utoipa_axum::router::OpenApiRouter;
+
+use crate::gateway::agent::routes::*;
+use crate::gateway::state::State;
+
+/// A gateway path under one sandbox.
+macro_rules! sandbox_path {
+    ($rest:literal) => {
+        concat!("/v1/namespaces/{namespace}/sandboxes/{name}", $rest)
+    };
+}
+#[cfg(test)]
+pub(crate) use sandbox_path;
+
+/// `X-Orchard-Timeout` of an exec.
+const EXEC_TIMEOUT_HEADER: Param = Param {
+    name: "x-orchard-timeout",
+    location: ParamIn::Header,
+    required: false,
+    schema: optional_seconds,
+    description: "Seconds to wait for the answer (default 660; set it above the command's timeoutSeconds)",
+};
+
+/// Every route proxied to the agent.
+pub static ROUTES: &[AgentRoute] = &[
+    AgentRoute {
+        method: Verb::Post,
+        path: sandbox_path!("/exec"),
+        agent_path: "/v1/exec",
+        operation: Operation::Exec,
+        timeout: AnswerTimeout::Exec,
+        operation_id: "exec",
+        summary: "Runs one command in the sandbox and answers when it ends (agent `POST /v1/exec`).",
+        params: &[EXEC_TIMEOUT_HEADER],
+        request: Some(json(named::<ExecRequest>)),
+        answers: &[
+            answer(
+                200,
+                "The command ran (any exit code)",
+                json(named::<ExecResponse>),
+            ),
+            error(401, ""),
+            error(403, "RBAC denies `create sandboxes/exec`"),
+            error(404, "No such sandbox"),
+            error(409, "`NotReady` with the sandbox's phase"),
+            error(
+                502,
+                "`AgentUnreachable` / `AgentConnectionLost` (retryable when marked)",
+            ),
+            error(503, "`AgentUnavailable` (retryable)"),
+            error(504, "`AgentTimeout`: no answer within X-Orchard-Timeout"),
+        ],
+    },
+    AgentRoute {
+        method: Verb::Post,
+        path: sandbox_path!("/exec/stream"),
+        agent_path: "/v1/exec/stream",
+        operation: Operation::Exec,
+        operation_id: "exec_stream",
+        summary: "Runs one command and streams its output as NDJSON events (`started`, `stdout`, `stderr`, `exit`).",
+        request: Some(json(named::<ExecRequest>)),
+        answers: &[
+            answer(
+                200,
+                "One JSON event per line as output arrives",
+                Content {
+                    media_type: "application/x-ndjson",
+                    schema: named::<ExecEvent>,
+                },
+            ),
+            error(403, "RBAC denies `create sandboxes/exec`"),
+            error(409, ""),
+            error(502, ""),
+        ],
+        ..DEFAULTS
+    },
+    AgentRoute {
+        method: Verb::Post,
+        path: sandbox_path!("/processes"),
+        agent_path: "/v1/processes",
+        operation: Operation::Exec,
+        operation_id: "start_process",
+        summary: "Starts a background process (agent `POST /v1/processes`).",
+        request: Some(json(named::<ExecRequest>)),
+        answers: &[
+            answer(201, "Started", json(named::<ProcessStatus>)),
+            error(
+                409,
+                "The id is taken (`process` holds its status), or the sandbox is not ready",
+            ),
+        ],
+        ..DEFAULTS
+    },
+    AgentRoute {
+        method: Verb::Get,
+        path: sandbox_path!("/processes"),
+        agent_path: "/v1/processes",
+        operation: Operation::Exec,
+        operation_id: "list_processes",
+        summary: "Lists background processes (`?output=false` leaves out their output).",
+        answers: &[answer(
+            200,
+            "`{\"processes\": [status, ...]}`",
+            json(named::<ProcessList>),
+        )],
+        ..DEFAULTS
+    },
+    AgentRoute {
+        method: Verb::Get,
+        path: sandbox_path!("/processes/{id}"),
+        agent_path: "/v1/processes/{id}",
+        operation: Operation::Exec,
+        timeout: AnswerTimeout::LongPoll,
+        operation_id: "get_process",
+        summary: "Reads a process's status; `?wait=SECONDS` long-polls until it exits (at most 300).",
+        answers: &[
+            answer(200, "", json(named::<ProcessStatus>)),
+            error(404, "Unknown process id"),
+        ],
+        ..DEFAULTS
+    },
+    AgentRoute {
+        method: Verb::Delete,
+        path: sandbox_path!("/processes/{id}"),
+        agent_path: "/v1/processes/{id}",
+        operation: Operation::Exec,
+        operation_id: "delete_process",
+        summary: "Kills a process's group if it runs and forgets it (agent `DELETE /v1/processes/{id}`).",
+        answers: &[answer(
+            200,
+            "The final status",
+            json(named::<ProcessStatus>),
+        )],
+        ..DEFAULTS
+    },
+    AgentRoute {
+        method: Verb::Post,
+        path: sandbox_path!("/processes/{id}/signal"),
+        agent_path: "/v1/processes/{id}/signal",
+        operation: Operation::Exec,
+        operation_id: "signal_process",
+        summary: "Signals a process's whole group.",
+        request: Some(json(named::<SignalRequest>)),
+        answers: &[
+            answer(200, "", json(named::<ProcessStatus>)),
+            error(409, "The process already exited"),
+        ],
+        ..DEFAULTS
+    },
+    AgentRoute {
+        method: Verb::Get,
+        path: sandbox_path!("/files"),
+        agent_path: "/v1/files",
+        operation: Operation::ReadFiles,
+        operation_id: "download",
+        summary: "Downloads a file as raw bytes (`?path=`), streamed.",
+        params: &[query(
+            "path",
+            true,
+            inline::<String>,
+            "File path (absolute or relative to the agent's root)",
+        )],
+        answers: &[
+            answer(200, "The file's bytes", bytes()),
+            error(403, "RBAC denies `get sandboxes/files`"),
+            error(404, "No such file (agent) or sandbox"),
+        ],
+        ..DEFAULTS
+    },
+    AgentRoute {
+        method: Verb::Put,
+        path: sandbox_path!("/files"),
+        agent_path: "/v1/files",
+        operation: Operation::WriteFiles,
+        operation_id: "upload",
+        summary: "Uploads a file from the raw request body (`?path=&mode=`), streamed; atomic on the agent.",
+        params: &[
+            query("path", true, inline::<String>, "Destination path"),
+            query("mode", false, inline::<String>, "Octal mode, e.g. 0755"),
+        ],
+        request: Some(bytes()),
+        answers: &[
+            answer(
+                201,
+                "`{\"path\": \"/abs/P\", \"size\": N}`",
+                json(named::<FileWritten>),
+            ),
+            error(403, "RBAC denies `create sandboxes/files`"),
+        ],
+        ..DEFAULTS
+    },
+    AgentRoute {
+        method: Verb::Delete,
+        path: sandbox_path!("/files"),
+        agent_path: "/v1/files",
+        operation: Operation::WriteFiles,
+        operation_id: "delete_file",
+        summary: "Deletes a file or directory (`?path=&recursive=true`).",
+        params: &[
+            query("path", true, inline::<String>, "Path to delete"),
+            query(
+                "recursive",
+                false,
+                inline::<bool>,
+                "Delete a non-empty directory",
+            ),
+        ],
+        answers: &[
+            answer(
+                200,
+                "`{\"path\": \"/abs/P\", \"deleted\": true}`",
+                json(named::<FileDeleted>),
+            ),
+            error(403, "RBAC denies `create sandboxes/files`"),
+            error(404, ""),
+        ],
+        ..DEFAULTS
+    },
+    AgentRoute {
+        method: Verb::Get,
+        path: sandbox_path!("/files/list"),
+        agent_path: "/v1/files/list",
+        operation: Operation::ReadFiles,
+        operation_id: "list_files",
+        summary: "Lists a directory (`?path=`).",
+        params: &[query("path", true, inline::<String>, "Directory to list")],
+        answers: &[
+            answer(200, "", json(named::<FileList>)),
+            error(403, "RBAC denies `get sandboxes/files`"),
+        ],
+        ..DEFAULTS
+    },
+    AgentRoute {
+        method: Verb::Post,
+        path: sandbox_path!("/patch"),
+        agent_path: "/v1/patch",
+        operation: Operation::Exec,
+        operation_id: "apply_patch",
+        summary: "Applies a unified diff natively (all hunks or nothing).",
+        request: Some(json(named::<PatchRequest>)),
+        answers: &[
+            answer(200, "", json(named::<PatchResult>)),
+            error(403, "RBAC denies `create sandboxes/exec`"),
+            error(
+                409,
+                "`PatchConflict` with `failedHunks` (nothing written), or the sandbox is not ready",
+            ),
+        ],
+        ..DEFAULTS
+    },
+];
+
+/// Every agent route, mounted and documented (see [`ROUTES`]).
+pub fn router() -> OpenApiRouter<State> {
+    ROUTES.iter().fold(OpenApiRouter::new(), |router, route| {
+        router.routes(route.method_router())
+    })
+}
