@@ -487,7 +487,7 @@ async fn check_sandbox_children(
     let token = crate::test_support::sandboxes::token_key(client)
         .await
         .zip(pod.as_ref())
-        .and_then(|(key, pod)| key.token_of(pod).ok());
+        .and_then(|(key, pod)| orchard_operator::pod::token::token_of(&key, pod).ok());
     let endpoint = sandbox
         .status
         .as_ref()

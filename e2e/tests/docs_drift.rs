@@ -97,8 +97,8 @@ fn the_dashboard_uses_only_documented_metrics() {
 fn every_metric_registered_in_metrics_rs_is_documented() {
     let documented = documented_metrics();
     let source = [
-        "operator/src/runtime/metrics.rs",
-        "operator/src/gateway/metrics.rs",
+        "operator/src/plumbing/metrics.rs",
+        "operator/src/gateway/http/metrics.rs",
     ]
     .iter()
     .map(|file| std::fs::read_to_string(workspace_root().join(file)).expect("metrics source"))
@@ -119,7 +119,7 @@ fn every_metric_registered_in_metrics_rs_is_documented() {
     let missing: Vec<_> = registered.difference(&documented).collect();
     assert!(
         missing.is_empty(),
-        "metrics registered in operator/src/runtime/metrics.rs or gateway/metrics.rs but not in docs/METRICS.md: {missing:?}"
+        "metrics registered in operator/src/plumbing/metrics.rs or gateway/http/metrics.rs but not in docs/METRICS.md: {missing:?}"
     );
 }
 

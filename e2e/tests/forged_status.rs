@@ -9,7 +9,7 @@
 //! until that gateway's own GET returns the forged status (its cache holds it), calls, and checks
 //! again afterwards that the cache still held it. A scoped operator that does reconcile prepares the
 //! sandbox and is SIGKILLed before the standby starts. The pure decision is unit-tested in
-//! `operator/src/gateway/lookup.rs` (`ready_sandboxes_give_their_endpoint`,
+//! `operator/src/gateway/objects/lookup.rs` (`ready_sandboxes_give_their_endpoint`,
 //! `sandboxes_not_ready_are_409_with_their_phase`).
 
 use std::sync::OnceLock;

@@ -1,4 +1,4 @@
-//! Pod placement allow-lists (operator/src/sandbox/placement.rs) on the local cluster: with the
+//! Pod placement allow-lists (operator/src/pod/placement.rs) on the local cluster: with the
 //! operator's defaults, a Sandbox that tolerates the control-plane taint or names a PriorityClass fails
 //! with reason `PlacementRefused`, a message naming the field, the value and the setting that would
 //! allow it, and nothing is created for it (no Pod, no egress policy); a RolloutGroup

@@ -69,3 +69,32 @@ fn the_operators_layers_import_only_downwards() {
         violations.join("\n")
     );
 }
+
+#[test]
+fn the_layer_map_of_the_docs_names_every_layer_top_down() {
+    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("../docs/CONTROLLER.md");
+    let doc = std::fs::read_to_string(&path).expect("docs/CONTROLLER.md");
+    let map = doc
+        .split("## Layers")
+        .nth(1)
+        .and_then(|section| section.split("\n## ").next())
+        .expect("a `## Layers` section");
+    let positions: Vec<(usize, &str)> = OPERATOR_LAYERS
+        .iter()
+        .map(|(name, _)| {
+            let at = map
+                .find(&format!("\n  {name}/"))
+                .unwrap_or_else(|| panic!("docs/CONTROLLER.md's layer map does not name {name}/"));
+            (at, *name)
+        })
+        .collect();
+    // The table lists layers bottom-up, the map top-down.
+    for pair in positions.windows(2) {
+        assert!(
+            pair[0].0 > pair[1].0,
+            "docs/CONTROLLER.md lists {} above {}; the map goes top-down",
+            pair[0].1,
+            pair[1].1
+        );
+    }
+}

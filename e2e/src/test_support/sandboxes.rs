@@ -4,7 +4,7 @@ use k8s_openapi::api::core::v1::{Pod, Secret};
 use kube::api::Api;
 use orchard_api::{Sandbox, SandboxPhase};
 use orchard_operator::app::token_key::{TOKEN_KEY_SECRET, key_of};
-use orchard_operator::pod::token::TokenKey;
+use orchard_operator::plumbing::operator_key::OperatorKey;
 use serde_json::json;
 
 use crate::control_plane::OPERATOR_NAMESPACE;
@@ -46,16 +46,13 @@ pub async fn token_of(client: &kube::Client, namespace: &str, sandbox: &str) -> 
         .unwrap_or_else(|| sandbox.to_string());
     let pods: Api<Pod> = Api::namespaced(client.clone(), namespace);
     let pod = pods.get(&pod_name).await.expect("the sandbox's pod exists");
-    token_key(client)
-        .await
-        .expect("the key Secret exists")
-        .token_of(&pod)
-        .expect("the pod's token can be derived")
+    let key = token_key(client).await.expect("the key Secret exists");
+    orchard_operator::pod::token::token_of(&key, &pod).expect("the pod's token can be derived")
 }
 
 /// The operator's agent-token key, from its Secret in the operator's namespace (`None` before the
 /// operator created it).
-pub async fn token_key(client: &kube::Client) -> Option<TokenKey> {
+pub async fn token_key(client: &kube::Client) -> Option<OperatorKey> {
     let keys: Api<Secret> = Api::namespaced(client.clone(), OPERATOR_NAMESPACE);
     let secret = keys
         .get_opt(TOKEN_KEY_SECRET)

@@ -11,7 +11,7 @@
 //! Only what the operator made counts: a Sandbox or Pod carries the operator's seal for its owner
 //! (`plumbing::ownership`). Anyone may label a Sandbox or Pod of their own with a queue's name; it holds
 //! none of that queue's slots (the operator passes the label on to a Sandbox's Pod only from a sealed
-//! trajectory, `sandbox::build`).
+//! trajectory, `pod::spec`).
 //!
 //! Slots admitted but not yet visible in the caches are the book's reservations (`book`).
 
