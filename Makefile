@@ -108,9 +108,10 @@ schemas: k8s ## regenerate e2e/packaging-tools/schemas/kubernetes-v1.36.3 (kinds
 	$(CARGO) run -q -p orchard-e2e --bin gen-schemas -j 2
 
 .PHONY: lint
-lint: ## rustfmt check and clippy with warnings as errors
+lint: ## rustfmt check, clippy with warnings as errors, and the layering check (no import cycles; the operator's layers import only downwards)
 	$(CARGO) fmt --all -- --check
 	$(CARGO) clippy --workspace --all-targets -- -D warnings
+	$(CARGO) test -q -p orchard-layers -j 2
 	$(CARGO) clippy -p orchard-bar --all-targets --features sim -- -D warnings
 	$(CARGO) clippy -p orchard-api --all-targets --no-default-features -- -D warnings
 
