@@ -25,6 +25,9 @@ class GroupCore(Driving):
         self.raw: dict[str, Any] = dict(raw or {})
         self.delete_on_exit = delete_on_exit
 
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({self.namespace}/{self.name})"
+
     def _run(self, plan: Plan[T]) -> Any:
         return self.client._run(plan)
 

@@ -16,6 +16,9 @@ class ProcessCore:
         self.id = id
         self.info = info
 
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({self.id}, state={self.info.state if self.info else '?'})"
+
     def _run(self, plan: Plan[T]) -> Any:
         return self.sandbox._run(plan)
 
