@@ -183,6 +183,12 @@ soak: k8s agent ## churn 50 Sandbox and 50 RolloutGroup names for 10 min (SOAK_S
 sdk-venv: ## create the Python SDK venv (~/.cache/orchard/sdk-venv: pinned httpx, pytest, pytest-asyncio, mini-swe-agent; SDK editable)
 	@bash sdk/python/scripts/venv.sh
 
+# The asyncio client (sdk/python/src/orchard_env/aio.py) is generated from the sync one (client.py), the one
+# source of the public methods; sdk/python/tests/test_generated.py fails while the committed aio.py is stale.
+.PHONY: sdk-aio
+sdk-aio: ## regenerate the SDK's asyncio client (aio.py) from the sync client (client.py): scripts/gen_aio.py
+	@python3 sdk/python/scripts/gen_aio.py
+
 .PHONY: test-sdk
 test-sdk: k8s agent sdk-venv ## Python SDK tests (pytest) against the local cluster with the real operator
 	$(CARGO) build -p orchard-operator -j 2

@@ -1,98 +1,66 @@
+# Generated from client.py by scripts/gen_aio.py: do not edit. Write a public method once, in client.py,
+# then run `make sdk-aio` (python sdk/python/scripts/gen_aio.py); tests/test_generated.py fails while this
+# file differs from what the generator makes.
 """The asyncio client: :class:`AsyncSandboxClient`, :class:`AsyncSandbox`, :class:`AsyncProcess` and
-:class:`AsyncRolloutGroup`. Same surface as the sync client, with ``await``."""
+:class:`AsyncRolloutGroup`.
+
+The sync client's surface, with ``await``. Generated from ``client.py`` by ``scripts/gen_aio.py``: do not edit
+this file. Each method runs the core's plan of its operation with the driver of ``_async_driver.py``."""
 
 from __future__ import annotations
 
-import asyncio
 import builtins
 import contextlib
-import inspect
-import os
 import warnings
-from collections.abc import AsyncIterator, Awaitable, Callable, Generator, Mapping, Sequence
-from typing import IO, Any, TypeVar, overload
+from collections.abc import Callable, AsyncIterator, Mapping, Sequence
+from typing import Any, overload
 
 import httpx
 
-from . import _core, _ops
-from ._core import CHUNK, Content, LocalFile
-from ._retry import RetryPolicy
-from .models import ExecEvent, ExecResult, FileEntry, GroupResult, PatchResult, ProcessInfo, TrajectoryResult
+from . import _cleanup, _core, _ops
+from ._core import Content, LocalFile
+from ._retry import RetryPolicy  # noqa: F401  (importable from here, as before)
+from ._async_driver import Driver, EpisodeRunner, Heartbeats, read_path, read_stream, write_blocks
+from .models import (
+    ExecEvent,
+    ExecResult,
+    FileEntry,
+    GroupResult,
+    PatchResult,
+    ProcessInfo,
+    TrajectoryResult,
+)
+from collections.abc import Awaitable
+from ._async_driver import Creating as _Creating
 
-T = TypeVar("T")
-AsyncContent = bytes | Callable[[], AsyncIterator[bytes]] | None
-#: What an episode returns (or its coroutine resolves to): a reward, a result dict or a TrajectoryResult.
+#: What an episode returns: a reward, a result dict (the API's keys) or a :class:`TrajectoryResult`.
 EpisodeResult = float | int | Mapping[str, Any] | TrajectoryResult
 
-
-# -- the driver: performs the core's steps with httpx.AsyncClient, asyncio.sleep and tasks -----------
-
-
-async def _read_path(path: os.PathLike[str]) -> AsyncIterator[bytes]:
-    """A local file's blocks, read in a worker thread."""
-    handle = await asyncio.to_thread(open, path, "rb")
-    try:
-        while block := await asyncio.to_thread(handle.read, CHUNK):
-            yield block
-    finally:
-        handle.close()
-
-
-async def _read_stream(stream: IO[bytes], start: int | None) -> AsyncIterator[bytes]:
-    """A binary file object's blocks (from ``start`` when it can seek), read in a worker thread."""
-    if start is not None:
-        stream.seek(start)
-    while block := await asyncio.to_thread(stream.read, CHUNK):
-        yield block
-
-
-async def _send_once(http: httpx.AsyncClient, request: _core.Request) -> httpx.Response:
-    response = await http.send(http.build_request(**request.build_args()), stream=request.stream)
-    if response.status_code >= 400:
-        await response.aread()
-        await response.aclose()
-    return response
-
-
-class _AsyncDriver:
-    """Runs plans on the event loop (a mixin of :class:`AsyncSandboxClient`)."""
-
-    _http: httpx.AsyncClient
-
-    async def _run(self, plan: _core.Plan[T]) -> T:
-        for step in (runner := _core.Runner(plan)):
-            with runner:
-                runner.value = await self._perform(step)
-        return runner.result
-
-    async def _perform(self, step: _core.Step) -> Any:
-        if isinstance(step, _core.Send):
-            return await _send_once(self._http, step.request)
-        if isinstance(step, _core.Sleep):
-            return await asyncio.sleep(step.seconds, False)
-        if isinstance(step, _core.Call):
-            return await step.fn()
-        return asyncio.get_running_loop().time()
+#: Open sandbox handles of both clients (``_cleanup``): at interpreter exit and on SIGTERM the sandboxes
+#: of those with ``delete_on_exit`` are deleted (best effort; heartbeat expiry is the safety net when the
+#: process dies without running exit handlers, e.g. SIGKILL or the OOM killer).
+_OPEN = _cleanup.OPEN
 
 
 # -- the public API: each method runs the core's plan of the operation --------------------------------
 
 
 class AsyncSandbox(_core.SandboxCore):
-    """A handle on one sandbox (async). An async context manager: leaving the ``async with`` block
-    deletes the sandbox (unless created with ``delete_on_exit=False``), and so do interpreter exit and
-    SIGTERM. While the handle is open it heartbeats the sandbox from a background task
-    (``auto_heartbeat``), so its heartbeat timeout does not run out while the trainer holds it; its TTL
-    still ends it."""
+    """A handle on one sandbox. An async context manager: leaving the ``async with`` block deletes the sandbox
+    (unless created with ``delete_on_exit=False``), and so do interpreter exit and SIGTERM. While the
+    handle is open it heartbeats the sandbox from a background task (``auto_heartbeat``), so its
+    heartbeat timeout does not run out while the trainer holds it; its TTL still ends it."""
 
     client: AsyncSandboxClient
-    _heartbeats: asyncio.Task[None] | None
+    _heartbeats: Heartbeats | None
 
     def __init__(
         self, client: AsyncSandboxClient, name: str, namespace: str, raw: Mapping[str, Any] | None = None, *,
         delete_on_exit: bool = True, auto_heartbeat: bool = True, direct: bool = False,
     ) -> None:
         super().__init__(client, name, namespace, raw, delete_on_exit=delete_on_exit, auto_heartbeat=auto_heartbeat, direct=direct)
+
+    # -- state -------------------------------------------------------------------------------
 
     async def refresh(self) -> dict[str, Any]:
         """Reads the Sandbox object again, keeps it (``raw``, ``phase``) and returns it."""
@@ -110,23 +78,29 @@ class AsyncSandbox(_core.SandboxCore):
         with reason ``StartupTimeout`` and the operator's explanation rather than as a bare timeout."""
         return await self._run(self._wait_ready_plan(timeout))
 
+    # -- heartbeats ------------------------------------------------------------------------
+
     async def heartbeat(self) -> dict[str, Any]:
         """Heartbeats the sandbox now, pushing back its heartbeat deadline (never its TTL), and answers
         ``{"heartbeatTimeoutSeconds", "written", "expiresAt"}`` (the gateway coalesces writes). Open handles
         do this in the background; calls through the gateway count as heartbeats too."""
         return await self._run(self._heartbeat_plan())
 
-    def _beat_in_background(self, loop: _core.Plan[None]) -> asyncio.Task[None]:
-        return asyncio.create_task(self.client._run(loop), name=f"orchard-heartbeat-{self.name}")
+    def _beat_in_background(self, loop: _core.Plan[None]) -> Heartbeats:
+        return Heartbeats(self, loop)
+
+    def _halt_heartbeats(self) -> None:
+        if self._heartbeats is not None:
+            self._heartbeats.halt()
 
     async def stop_heartbeats(self) -> None:
         """Stops the handle's background heartbeats (it cancels the background task). Without heartbeats or
         calls through the gateway, the sandbox expires after its heartbeat timeout."""
         if self._heartbeats is not None:
-            self._heartbeats.cancel()
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await self._heartbeats
+            await self._heartbeats.stop()
             self._heartbeats = None
+
+    # -- agent calls -----------------------------------------------------------------------
 
     async def exec(
         self, cmd: str | Sequence[str], *, timeout: float | None = None, cwd: str | None = None,
@@ -150,12 +124,10 @@ class AsyncSandbox(_core.SandboxCore):
         ``stdout``/``stderr`` chunks, then ``exit`` (``exit_code``, ``signal``, ``timed_out``,
         ``oom_killed``). Closing the iterator early kills the command. Arguments as for :meth:`exec`."""
         response = await self._run(self._exec_stream_plan(cmd, timeout=timeout, cwd=cwd, env=env, stdin=stdin, shell=shell))
-        try:
+        async with contextlib.aclosing(response):
             async for line in response.aiter_lines():
                 if (event := _core.exec_event(line)) is not None:
                     yield event
-        finally:
-            await response.aclose()
 
     async def start_process(
         self, cmd: str | Sequence[str], *, id: str | None = None, timeout: float | None = None,
@@ -195,7 +167,7 @@ class AsyncSandbox(_core.SandboxCore):
         as a local path). To copy a local file use :meth:`upload_file`: a ``pathlib.Path`` here raises
         ``TypeError``, and a binary file object still works but is deprecated. ``mode`` is octal
         (``0o755`` or ``"0755"``)."""
-        return await self._run(self._upload_plan(path, _core.upload_content(data, _read_path, _read_stream), mode))
+        return await self._run(self._upload_plan(path, _core.upload_content(data, read_path, read_stream), mode))
 
     async def upload_file(self, path: str, local_path: LocalFile, *, mode: int | str | None = None) -> dict[str, Any]:
         """Copies a local file to the file ``path`` in the sandbox (streamed and atomic; missing parent
@@ -204,7 +176,7 @@ class AsyncSandbox(_core.SandboxCore):
         ``local_path`` is a local path (``str`` or ``os.PathLike``) or a binary file object, read from its
         current position (a retried upload reads a seekable one again from there; one that cannot seek is
         sent once). ``mode`` is octal (``0o755`` or ``"0755"``)."""
-        return await self._run(self._upload_plan(path, _core.upload_file_content(local_path, _read_path, _read_stream), mode))
+        return await self._run(self._upload_plan(path, _core.upload_file_content(local_path, read_path, read_stream), mode))
 
     @overload
     async def download(self, path: str) -> bytes: ...
@@ -221,10 +193,8 @@ class AsyncSandbox(_core.SandboxCore):
             warnings.warn(_core.DOWNLOAD_DEST, DeprecationWarning, stacklevel=2)
             return await self.download_file(path, dest)
         response = await self._run(self._download_plan(path))
-        try:
+        async with contextlib.aclosing(response):
             return await response.aread()
-        finally:
-            await response.aclose()
 
     async def download_file(self, path: str, local_path: LocalFile) -> int:
         """Streams the file ``path`` of the sandbox into ``local_path`` and answers the byte count.
@@ -233,19 +203,8 @@ class AsyncSandbox(_core.SandboxCore):
         object, written from its current position and left open."""
         target, handle = _core.download_target(local_path)
         response = await self._run(self._download_plan(path))
-        try:
-            out: IO[bytes] = handle if handle is not None else await asyncio.to_thread(open, target, "wb")  # type: ignore[arg-type]
-            written = 0
-            try:
-                async for block in response.aiter_bytes(CHUNK):
-                    await asyncio.to_thread(out.write, block)
-                    written += len(block)
-            finally:
-                if handle is None:
-                    out.close()
-            return written
-        finally:
-            await response.aclose()
+        async with contextlib.aclosing(response):
+            return await write_blocks(response, target, handle)
 
     async def list_files(self, path: str = ".") -> list[FileEntry]:
         """The entries of directory ``path`` (:class:`~orchard_env.FileEntry`), sorted by name."""
@@ -261,6 +220,8 @@ class AsyncSandbox(_core.SandboxCore):
         :class:`~orchard_env.PatchConflict` lists the failed hunks. Paths are relative to ``cwd`` after
         removing ``strip`` leading components (default 1, as ``patch -p1``)."""
         return await self._run(self._apply_patch_plan(patch, cwd, strip))
+
+    # -- results and lifecycle -----------------------------------------------------------------
 
     async def record_result(
         self, reward: float | None = None, status: str = "completed", *, length: int | None = None,
@@ -288,7 +249,7 @@ class AsyncSandbox(_core.SandboxCore):
 
 
 class AsyncProcess(_core.ProcessCore):
-    """A background process in a sandbox (async)."""
+    """A background process in a sandbox."""
 
     sandbox: AsyncSandbox
 
@@ -314,42 +275,9 @@ class AsyncProcess(_core.ProcessCore):
         return await self._run(self._track(self.sandbox._kill_process_plan(self.id)))
 
 
-class _EpisodeTasks:
-    """Runs :meth:`AsyncRolloutGroup.drive`'s episodes as tasks (the core's ``Episodes``)."""
-
-    def __init__(self, group: AsyncRolloutGroup, episode: Callable[[AsyncSandbox], Any]) -> None:
-        self._group = group
-        self._episode = episode
-        self._tasks: set[asyncio.Task[Any]] = set()
-
-    async def _call(self, sandbox: AsyncSandbox) -> Any:
-        value = self._episode(sandbox)
-        return await value if inspect.isawaitable(value) else value
-
-    async def start(self, sandbox: AsyncSandbox) -> None:
-        plan = self._group._episode_plan(sandbox, self._call)
-        self._tasks.add(asyncio.create_task(self._group.client._run(plan), name=f"orchard-episode-{sandbox.name}"))
-
-    async def running(self) -> int:
-        return sum(not t.done() for t in self._tasks)
-
-    async def reap(self) -> builtins.list[BaseException]:
-        done = {t for t in self._tasks if t.done()}
-        self._tasks -= done
-        return [error for t in done if not t.cancelled() and (error := t.exception()) is not None]
-
-    async def settle(self) -> None:
-        await self.abandon()
-
-    async def abandon(self) -> None:
-        for task in self._tasks:
-            task.cancel()
-        await asyncio.gather(*self._tasks, return_exceptions=True)
-        self._tasks.clear()
-
-
 class AsyncRolloutGroup(_core.GroupCore):
-    """A handle on a RolloutGroup (async)."""
+    """A handle on a RolloutGroup (BAR): wait for its reward-balanced group. An async context manager that
+    deletes the group (and its trajectory sandboxes) on exit when ``delete_on_exit``."""
 
     client: AsyncSandboxClient
 
@@ -367,14 +295,14 @@ class AsyncRolloutGroup(_core.GroupCore):
         return await self._run(self._wait_plan(timeout))
 
     async def drive(
-        self, episode: Callable[[AsyncSandbox], Awaitable[EpisodeResult] | EpisodeResult], *,
-        concurrency: int | None = None, timeout: float | None = None, poll_interval: float = 1.0,
+        self, episode: Callable[[AsyncSandbox], Awaitable[EpisodeResult] | EpisodeResult], *, concurrency: int | None = None,
+        timeout: float | None = None, poll_interval: float = 1.0,
     ) -> GroupResult:
         """Drives a trainer-driven group (its template has no ``run``): runs ``await episode(sandbox)`` (a
         coroutine function, or a plain one) as a task for every trajectory Sandbox the controller launches,
         later strides included, as each becomes Ready, at most ``concurrency`` at once (None: no limit but the
-        stride), and records what it returns with :meth:`AsyncSandbox.record_result`: a number is the reward of a
-        ``completed`` trajectory, a dict has the result's keys (``reward``, ``status``, ``length``,
+        stride), and records what it returns with :meth:`AsyncSandbox.record_result`: a number is the reward
+        of a ``completed`` trajectory, a dict has the result's keys (``reward``, ``status``, ``length``,
         ``artifact``, ``exitCode``, ``reason``, ``message``), or a :class:`~orchard_env.TrajectoryResult`. An
         episode that raises becomes ``{"status": "aborted", "reason": "EpisodeFailed", "message": <the
         exception>}``. Episodes run at most once per Sandbox UID and are never retried; a Sandbox that fails
@@ -383,10 +311,11 @@ class AsyncRolloutGroup(_core.GroupCore):
 
         Returns the recorded group once it is ``Complete`` (or ``Failed``); the episodes still running then
         are cancelled (with ``earlyStop: Eager`` the controller deletes their Sandboxes, so their calls fail
-        fast). On any exception (cancelling the task, :class:`~orchard_env.Timeout` after ``timeout`` seconds,
-        a result that cannot be posted) deletes the group's trajectory Sandboxes that have no result yet, then
-        raises it."""
-        return await self._run(self._drive_plan(_EpisodeTasks(self, episode), concurrency, timeout, poll_interval))
+        fast). On any exception (cancelling the task, :class:`~orchard_env.Timeout` after ``timeout``
+        seconds, a result that cannot be posted) deletes the group's trajectory Sandboxes that have no result
+        yet, then raises it."""
+        episodes = EpisodeRunner(self, episode, concurrency)
+        return await self._run(self._drive_plan(episodes, concurrency, timeout, poll_interval))
 
     async def delete(self) -> None:
         """Deletes the group; the API server then deletes its trajectory Sandboxes (already gone is fine)."""
@@ -400,38 +329,27 @@ class AsyncRolloutGroup(_core.GroupCore):
             await self.delete()
 
 
-class _Creating:
-    """What :meth:`AsyncSandboxClient.create` returns: await it for the handle, or use it directly
-    as ``async with client.create(...) as sbx:``."""
+class AsyncSandboxClient(Driver, _core.ClientCore):
+    """Asyncio client of the Orchard Env gateway.
 
-    def __init__(self, make: Callable[[], Awaitable[AsyncSandbox]]) -> None:
-        self._make = make
-        self._sandbox: AsyncSandbox | None = None
-
-    def __await__(self) -> Generator[Any, None, AsyncSandbox]:
-        return self._make().__await__()
-
-    async def __aenter__(self) -> AsyncSandbox:
-        self._sandbox = await self._make()
-        return self._sandbox
-
-    async def __aexit__(self, *exc: object) -> None:
-        if self._sandbox is not None:
-            await self._sandbox.close()
-
-
-class AsyncSandboxClient(_AsyncDriver, _core.ClientCore):
-    """Asyncio client of the Orchard Env gateway (same arguments and defaults as
-    :class:`~orchard_env.SandboxClient`)."""
+    ``base_url`` and ``token`` default to ``ORCHARD_GATEWAY_URL`` and ``ORCHARD_TOKEN`` (or
+    ``ORCHARD_TOKEN_FILE``), then to the in-cluster gateway Service and the pod's service-account
+    token; ``namespace`` to ``ORCHARD_NAMESPACE``, then the pod's namespace. With ``direct=True``,
+    sandboxes send exec, process, file and patch calls straight to the agent at the IP of the
+    sandbox's own Ready pod with that pod's token; a handle asks the gateway for both once
+    (``GET .../sandboxes/{name}/token``, which needs RBAC ``get`` on ``sandboxes/token``). Lifecycle
+    calls still go through the gateway. ``kube_server``, ``kube_token`` and ``kube_ca_file`` are
+    deprecated and ignored (a ``DeprecationWarning`` when given): direct mode no longer reads the
+    Kubernetes API.
+    """
 
     _sandbox_type = AsyncSandbox
     _group_type = AsyncRolloutGroup
 
-    def _open_http(self, timeout: httpx.Timeout, transport: httpx.AsyncBaseTransport | None) -> httpx.AsyncClient:
-        return httpx.AsyncClient(timeout=timeout, limits=httpx.Limits(max_connections=512, max_keepalive_connections=128), transport=transport)
-
     async def _gateway(self, method: str, path: str, **kwargs: Any) -> httpx.Response:
         return await self._run(self._gateway_plan(method, path, **kwargs))
+
+    # -- sandboxes ------------------------------------------------------------------------------
 
     def create(
         self, image: str | None = None, *, name: str | None = None, generate_name: str | None = None, namespace: str | None = None,
@@ -463,7 +381,7 @@ class AsyncSandboxClient(_AsyncDriver, _core.ClientCore):
             direct=direct, image=image, name=name, generate_name=generate_name, labels=labels, annotations=annotations,
             env=env, cpu=cpu, memory=memory, ttl_seconds=ttl_seconds, heartbeat_timeout_seconds=heartbeat_timeout_seconds,
             network=network, spec=spec, extra=spec_fields)
-        return _Creating(lambda: self._run(plan()))
+        return self._create_handle(plan)
 
     async def connect(
         self, name: str, *, namespace: str | None = None, delete_on_exit: bool = False,
@@ -488,6 +406,8 @@ class AsyncSandboxClient(_AsyncDriver, _core.ClientCore):
         """Deletes the sandbox ``name`` (:class:`~orchard_env.NotFound` if there is none)."""
         await self._run(self._delete_plan(name, namespace))
 
+    # -- rollout groups -------------------------------------------------------------------------
+
     async def create_rollout_group(
         self, template: Mapping[str, Any], *, group_size: int | None = None, max_trajectories: int | None = None,
         stride: int | None = None, positive_fraction: tuple[float, float] | Mapping[str, float] | None = None,
@@ -509,7 +429,7 @@ class AsyncSandboxClient(_AsyncDriver, _core.ClientCore):
             queue=queue, active_deadline_seconds=active_deadline_seconds))
 
     def rollout_group(self, name: str, *, namespace: str | None = None, delete_on_exit: bool = False) -> AsyncRolloutGroup:
-        """A handle on the existing RolloutGroup ``name`` (no request is made); leaving its ``with`` block
+        """A handle on the existing RolloutGroup ``name`` (no request is made); leaving its ``async with`` block
         deletes the group only with ``delete_on_exit``."""
         return AsyncRolloutGroup(self, name, namespace or self.namespace, delete_on_exit=delete_on_exit)
 
@@ -517,17 +437,18 @@ class AsyncSandboxClient(_AsyncDriver, _core.ClientCore):
         """The RolloutGroups of the namespace, optionally only those matching ``label_selector``."""
         return await self._run(self._list_groups_plan(label_selector, namespace))
 
+    # -- lifecycle --------------------------------------------------------------------------------
+
     async def close(self) -> None:
         """Closes the client's HTTP connections. Close the sandbox handles first: they use them (the exit
         cleanup of handles still open does not)."""
-        await self.aclose()
-
-    async def aclose(self) -> None:
-        """Closes the client's HTTP connections (the asyncio spelling of :meth:`close`)."""
-        await self._http.aclose()
+        await self._close_http()
 
     async def __aenter__(self) -> AsyncSandboxClient:
         return self
 
     async def __aexit__(self, *exc: object) -> None:
-        await self.aclose()
+        await self.close()
+
+
+__all__ = ["AsyncProcess", "AsyncRolloutGroup", "AsyncSandbox", "AsyncSandboxClient"]

@@ -1,23 +1,24 @@
 """The synchronous client: :class:`SandboxClient`, :class:`Sandbox`, :class:`Process` and
-:class:`RolloutGroup`."""
+:class:`RolloutGroup`.
+
+The one source of the public surface: ``aio.py`` (the asyncio client) is generated from this file by
+``scripts/gen_aio.py``. Each method runs the core's plan of its operation with the driver
+(``_sync_driver.py`` here, ``_async_driver.py`` there)."""
 
 from __future__ import annotations
 
 import builtins
-import concurrent.futures
 import contextlib
-import os
-import threading
-import time
 import warnings
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
-from typing import IO, Any, TypeVar, overload
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from typing import Any, overload
 
 import httpx
 
 from . import _cleanup, _core, _ops
-from ._core import CHUNK, Content, LocalFile
-from ._retry import RetryPolicy
+from ._core import Content, LocalFile
+from ._retry import RetryPolicy  # noqa: F401  (importable from here, as before)
+from ._sync_driver import Driver, EpisodeRunner, Heartbeats, read_path, read_stream, write_blocks
 from .models import (
     ExecEvent,
     ExecResult,
@@ -28,84 +29,8 @@ from .models import (
     TrajectoryResult,
 )
 
-T = TypeVar("T")
-Content = bytes | Callable[[], Iterable[bytes]] | None
 #: What an episode returns: a reward, a result dict (the API's keys) or a :class:`TrajectoryResult`.
 EpisodeResult = float | int | Mapping[str, Any] | TrajectoryResult
-
-
-# -- the driver: performs the core's steps with httpx.Client, time.sleep and threads ----------------
-
-
-def _read_path(path: os.PathLike[str]) -> Iterator[bytes]:
-    with open(path, "rb") as handle:
-        while block := handle.read(CHUNK):
-            yield block
-
-
-def _read_stream(stream: IO[bytes], start: int | None) -> Iterator[bytes]:
-    if start is not None:
-        stream.seek(start)
-    while block := stream.read(CHUNK):
-        yield block
-
-
-def _send_once(http: httpx.Client, request: _core.Request) -> httpx.Response:
-    response = http.send(http.build_request(**request.build_args()), stream=request.stream)
-    if response.status_code >= 400:
-        response.read()
-        response.close()
-    return response
-
-
-class _Driver:
-    """Runs plans synchronously (a mixin of :class:`SandboxClient`)."""
-
-    _http: httpx.Client
-
-    def _run(self, plan: _core.Plan[T], stop: threading.Event | None = None) -> T:
-        """Performs the plan's steps; ``stop`` ends a heartbeat loop's idle pauses early."""
-        for step in (runner := _core.Runner(plan)):
-            with runner:
-                runner.value = self._perform(step, stop)
-        return runner.result
-
-    def _perform(self, step: _core.Step, stop: threading.Event | None) -> Any:
-        if isinstance(step, _core.Send):
-            return _send_once(self._http, step.request)
-        if isinstance(step, _core.Sleep):
-            return stop.wait(step.seconds) if step.idle and stop is not None else time.sleep(step.seconds)
-        if isinstance(step, _core.Call):
-            return step.fn()
-        return time.monotonic()
-
-
-class _Heartbeats:
-    """A daemon thread running a sandbox's heartbeat loop until stopped."""
-
-    def __init__(self, client: SandboxClient, loop: _core.Plan[None]) -> None:
-        self._stop = threading.Event()
-        self._thread = threading.Thread(
-            target=self._beat, args=(client, loop), name="orchard-heartbeat", daemon=True
-        )
-        self._thread.start()
-
-    def _beat(self, client: SandboxClient, loop: _core.Plan[None]) -> None:
-        try:
-            client._run(loop, self._stop)
-        except Exception as error:  # e.g. the client was closed under a running episode
-            _core.log.warning("heartbeats stopped: %r", error)
-
-    def halt(self) -> None:
-        """Ends the loop at its next pause, without waiting."""
-        self._stop.set()
-
-    def stop(self) -> None:
-        """Ends the loop and waits (at most 5 s) for the thread."""
-        self._stop.set()
-        if self._thread is not threading.current_thread():
-            self._thread.join(timeout=5)
-
 
 #: Open sandbox handles of both clients (``_cleanup``): at interpreter exit and on SIGTERM the sandboxes
 #: of those with ``delete_on_exit`` are deleted (best effort; heartbeat expiry is the safety net when the
@@ -123,7 +48,7 @@ class Sandbox(_core.SandboxCore):
     heartbeat timeout does not run out while the trainer holds it; its TTL still ends it."""
 
     client: SandboxClient
-    _heartbeats: _Heartbeats | None
+    _heartbeats: Heartbeats | None
 
     def __init__(
         self, client: SandboxClient, name: str, namespace: str, raw: Mapping[str, Any] | None = None, *,
@@ -157,8 +82,8 @@ class Sandbox(_core.SandboxCore):
         do this in the background; calls through the gateway count as heartbeats too."""
         return self._run(self._heartbeat_plan())
 
-    def _beat_in_background(self, loop: _core.Plan[None]) -> _Heartbeats:
-        return _Heartbeats(self.client, loop)
+    def _beat_in_background(self, loop: _core.Plan[None]) -> Heartbeats:
+        return Heartbeats(self, loop)
 
     def _halt_heartbeats(self) -> None:
         if self._heartbeats is not None:
@@ -195,12 +120,10 @@ class Sandbox(_core.SandboxCore):
         ``stdout``/``stderr`` chunks, then ``exit`` (``exit_code``, ``signal``, ``timed_out``,
         ``oom_killed``). Closing the iterator early kills the command. Arguments as for :meth:`exec`."""
         response = self._run(self._exec_stream_plan(cmd, timeout=timeout, cwd=cwd, env=env, stdin=stdin, shell=shell))
-        try:
+        with contextlib.closing(response):
             for line in response.iter_lines():
                 if (event := _core.exec_event(line)) is not None:
                     yield event
-        finally:
-            response.close()
 
     def start_process(
         self, cmd: str | Sequence[str], *, id: str | None = None, timeout: float | None = None,
@@ -240,7 +163,7 @@ class Sandbox(_core.SandboxCore):
         as a local path). To copy a local file use :meth:`upload_file`: a ``pathlib.Path`` here raises
         ``TypeError``, and a binary file object still works but is deprecated. ``mode`` is octal
         (``0o755`` or ``"0755"``)."""
-        return self._run(self._upload_plan(path, _core.upload_content(data, _read_path, _read_stream), mode))
+        return self._run(self._upload_plan(path, _core.upload_content(data, read_path, read_stream), mode))
 
     def upload_file(self, path: str, local_path: LocalFile, *, mode: int | str | None = None) -> dict[str, Any]:
         """Copies a local file to the file ``path`` in the sandbox (streamed and atomic; missing parent
@@ -249,7 +172,7 @@ class Sandbox(_core.SandboxCore):
         ``local_path`` is a local path (``str`` or ``os.PathLike``) or a binary file object, read from its
         current position (a retried upload reads a seekable one again from there; one that cannot seek is
         sent once). ``mode`` is octal (``0o755`` or ``"0755"``)."""
-        return self._run(self._upload_plan(path, _core.upload_file_content(local_path, _read_path, _read_stream), mode))
+        return self._run(self._upload_plan(path, _core.upload_file_content(local_path, read_path, read_stream), mode))
 
     @overload
     def download(self, path: str) -> bytes: ...
@@ -266,10 +189,8 @@ class Sandbox(_core.SandboxCore):
             warnings.warn(_core.DOWNLOAD_DEST, DeprecationWarning, stacklevel=2)
             return self.download_file(path, dest)
         response = self._run(self._download_plan(path))
-        try:
+        with contextlib.closing(response):
             return response.read()
-        finally:
-            response.close()
 
     def download_file(self, path: str, local_path: LocalFile) -> int:
         """Streams the file ``path`` of the sandbox into ``local_path`` and answers the byte count.
@@ -278,16 +199,8 @@ class Sandbox(_core.SandboxCore):
         object, written from its current position and left open."""
         target, handle = _core.download_target(local_path)
         response = self._run(self._download_plan(path))
-        try:
-            written = 0
-            with contextlib.ExitStack() as stack:
-                out: IO[bytes] = handle if handle is not None else stack.enter_context(open(target, "wb"))  # type: ignore[arg-type]
-                for block in response.iter_bytes(CHUNK):
-                    out.write(block)
-                    written += len(block)
-            return written
-        finally:
-            response.close()
+        with contextlib.closing(response):
+            return write_blocks(response, target, handle)
 
     def list_files(self, path: str = ".") -> list[FileEntry]:
         """The entries of directory ``path`` (:class:`~orchard_env.FileEntry`), sorted by name."""
@@ -339,9 +252,6 @@ class Process(_core.ProcessCore):
     def __init__(self, sandbox: Sandbox, id: str, info: ProcessInfo | None = None) -> None:
         super().__init__(sandbox, id, info)
 
-    def __repr__(self) -> str:
-        return f"Process({self.id}, state={self.info.state if self.info else '?'})"
-
     def status(self) -> ProcessInfo:
         """Reads the process's status again, keeps it (:attr:`info`) and returns it."""
         return self._run(self._track(self.sandbox._get_process_plan(self.id)))
@@ -361,40 +271,6 @@ class Process(_core.ProcessCore):
         return self._run(self._track(self.sandbox._kill_process_plan(self.id)))
 
 
-class _EpisodeThreads:
-    """Runs :meth:`RolloutGroup.drive`'s episodes in worker threads (the core's ``Episodes``)."""
-
-    def __init__(self, group: RolloutGroup, episode: Callable[[Sandbox], EpisodeResult], concurrency: int | None) -> None:
-        self._group = group
-        self._episode = episode
-        self._pool = concurrent.futures.ThreadPoolExecutor(concurrency or 256, thread_name_prefix="orchard-episode")
-        self._futures: set[concurrent.futures.Future[Any]] = set()
-        self._sandboxes: builtins.list[Sandbox] = []
-
-    def start(self, sandbox: Sandbox) -> None:
-        self._sandboxes.append(sandbox)
-        plan = self._group._episode_plan(sandbox, self._episode)
-        self._futures.add(self._pool.submit(self._group.client._run, plan))
-
-    def running(self) -> int:
-        return sum(not f.done() for f in self._futures)
-
-    def reap(self) -> builtins.list[BaseException]:
-        done = {f for f in self._futures if f.done()}
-        self._futures -= done
-        return [error for f in done if not f.cancelled() and (error := f.exception()) is not None]
-
-    def settle(self) -> None:
-        self._pool.shutdown(wait=True)
-
-    def abandon(self) -> None:
-        # Threads cannot be cancelled: the episodes still running end when their sandboxes are deleted.
-        self._pool.shutdown(wait=False, cancel_futures=True)
-        for sandbox in self._sandboxes:
-            sandbox._closed = True  # an episode starting now does not start heartbeats
-            sandbox.stop_heartbeats()
-
-
 class RolloutGroup(_core.GroupCore):
     """A handle on a RolloutGroup (BAR): wait for its reward-balanced group. A context manager that
     deletes the group (and its trajectory sandboxes) on exit when ``delete_on_exit``."""
@@ -403,9 +279,6 @@ class RolloutGroup(_core.GroupCore):
 
     def __init__(self, client: SandboxClient, name: str, namespace: str, raw: Mapping[str, Any] | None = None, *, delete_on_exit: bool = True) -> None:
         super().__init__(client, name, namespace, raw, delete_on_exit)
-
-    def __repr__(self) -> str:
-        return f"RolloutGroup({self.namespace}/{self.name})"
 
     def get(self) -> GroupResult:
         """Reads the group again and returns it as a :class:`~orchard_env.GroupResult`."""
@@ -437,7 +310,7 @@ class RolloutGroup(_core.GroupCore):
         fast). On any exception (``KeyboardInterrupt``, :class:`~orchard_env.Timeout` after ``timeout``
         seconds, a result that cannot be posted) deletes the group's trajectory Sandboxes that have no result
         yet, then raises it."""
-        episodes = _EpisodeThreads(self, episode, concurrency)
+        episodes = EpisodeRunner(self, episode, concurrency)
         return self._run(self._drive_plan(episodes, concurrency, timeout, poll_interval))
 
     def delete(self) -> None:
@@ -452,7 +325,7 @@ class RolloutGroup(_core.GroupCore):
             self.delete()
 
 
-class SandboxClient(_Driver, _core.ClientCore):
+class SandboxClient(Driver, _core.ClientCore):
     """Synchronous client of the Orchard Env gateway.
 
     ``base_url`` and ``token`` default to ``ORCHARD_GATEWAY_URL`` and ``ORCHARD_TOKEN`` (or
@@ -468,9 +341,6 @@ class SandboxClient(_Driver, _core.ClientCore):
 
     _sandbox_type = Sandbox
     _group_type = RolloutGroup
-
-    def _open_http(self, timeout: httpx.Timeout, transport: httpx.BaseTransport | None) -> httpx.Client:
-        return httpx.Client(timeout=timeout, limits=httpx.Limits(max_connections=256, max_keepalive_connections=64), transport=transport)
 
     def _gateway(self, method: str, path: str, **kwargs: Any) -> httpx.Response:
         return self._run(self._gateway_plan(method, path, **kwargs))
@@ -507,7 +377,7 @@ class SandboxClient(_Driver, _core.ClientCore):
             direct=direct, image=image, name=name, generate_name=generate_name, labels=labels, annotations=annotations,
             env=env, cpu=cpu, memory=memory, ttl_seconds=ttl_seconds, heartbeat_timeout_seconds=heartbeat_timeout_seconds,
             network=network, spec=spec, extra=spec_fields)
-        return self._run(plan())
+        return self._create_handle(plan)
 
     def connect(
         self, name: str, *, namespace: str | None = None, delete_on_exit: bool = False,
@@ -568,7 +438,7 @@ class SandboxClient(_Driver, _core.ClientCore):
     def close(self) -> None:
         """Closes the client's HTTP connections. Close the sandbox handles first: they use them (the exit
         cleanup of handles still open does not)."""
-        self._http.close()
+        self._close_http()
 
     def __enter__(self) -> SandboxClient:
         return self
