@@ -1,6 +1,7 @@
 //! The thin I/O layer of the RolloutGroup controller: the group's children as the caches show them,
-//! a live check of children the cache does not show yet, trajectory creation and the clean-up after
-//! completion, all through the generic write layer (`plumbing::writes`), scoped by the group's UID.
+//! a live check of children the cache does not show yet (together, [`observe`]), trajectory creation
+//! and the deletion of the children `decide` picks, all through the generic write layer
+//! (`plumbing::writes`), scoped by the group's UID.
 
 use std::collections::BTreeSet;
 use std::sync::Arc;
@@ -12,17 +13,15 @@ use kube::{Resource, ResourceExt};
 use tracing::info;
 
 use super::build::desired_trajectory;
-use super::observe::{ChildView, DEADLINE_EXCEEDED, Observation};
+use super::decide::Targets;
+use super::observe::{ChildView, Observation, observe as observe_children};
 use crate::plumbing::error::Result;
 use crate::plumbing::kube_ctx::object_key;
 use crate::plumbing::own_writes::child_key;
 use crate::plumbing::ownership::{Owner, sealed_for};
 use crate::plumbing::writes::{ChildState, create_owned, ensure_deleted, existing_state};
 use crate::rollout::context::RolloutCtx;
-use orchard_api::{
-    CleanupPolicy, EarlyStop, RolloutGroup, RolloutGroupStatus, STRIDE_LABEL, Sandbox,
-    TrajectoryRecord,
-};
+use orchard_api::{RolloutGroup, STRIDE_LABEL, Sandbox};
 
 /// The group's children as the Sandbox cache shows them: same namespace, sealed for this group's UID
 /// (a Sandbox somebody made with a controller reference to the group is not one), in name order (the
@@ -90,17 +89,32 @@ pub async fn confirm_gone(
     Ok(gone)
 }
 
-/// Creates trajectory `index` and records it as running. A name held by a previous group's trajectory
-/// comes back as a wait (the stride is finished once it is gone), one held by anything else as a
-/// conflict; neither object is touched.
+/// The group's progress as its status and children show it: the children the cache shows and, for
+/// trajectories the status lists that the cache does not show, a live read of whether they are gone.
+pub async fn observe(ctx: &RolloutCtx, group: &RolloutGroup) -> Result<Observation> {
+    let name = group.name_any();
+    let previous = group.status.clone().unwrap_or_default();
+    let children = children_of(ctx, group);
+    let mut observation = observe_children(&name, &previous, &children, &BTreeSet::new());
+    if !observation.unseen.is_empty() {
+        let gone = confirm_gone(ctx, group, &observation.unseen).await?;
+        if !gone.is_empty() {
+            observation = observe_children(&name, &previous, &children, &gone);
+        }
+    }
+    Ok(observation)
+}
+
+/// Creates trajectory `index` of stride `stride`. A name held by a previous group's trajectory comes
+/// back as a wait (the stride is finished once it is gone), one held by anything else as a conflict;
+/// neither object is touched.
 pub async fn create_trajectory(
     ctx: &RolloutCtx,
     group: &RolloutGroup,
     owner: &OwnerReference,
     index: u32,
     stride: u32,
-    observation: &mut Observation,
-) -> Result<Option<ChildState<()>>> {
+) -> Result<ChildState<()>> {
     let sandbox = desired_trajectory(group, owner, index, stride, &ctx.kube.key);
     let namespace = group.namespace().unwrap_or_default();
     let name = sandbox.name_any();
@@ -132,72 +146,21 @@ pub async fn create_trajectory(
     };
     if state != ChildState::Ours(()) {
         info!(group = %object_key(group), trajectory = %name, ?state, "trajectory name not available yet");
-        return Ok(Some(state));
     }
-    observation
-        .records
-        .entry(index)
-        .or_insert(TrajectoryRecord {
-            name,
-            stride: i32::try_from(stride).unwrap_or(i32::MAX),
-            status: None,
-            reward: None,
-            length: None,
-            artifact: None,
-            reason: None,
-        });
-    Ok(None)
+    Ok(state)
 }
 
-/// After completion: `Eager` deletes the trajectories still running, the group's deadline those it
-/// aborted; `cleanup: Delete` deletes them all.
-pub async fn cleanup(
+/// Deletes the group's children (not already being deleted) that `targets` picks.
+pub async fn delete_children(
     ctx: &RolloutCtx,
     group: &RolloutGroup,
-    status: &RolloutGroupStatus,
-) -> Result<()> {
-    let eager = group.spec.early_stop == EarlyStop::Eager;
-    let stopped: BTreeSet<&str> = status
-        .trajectories
-        .iter()
-        .filter(|r| match r.reason.as_deref() {
-            Some("Cancelled") => eager,
-            Some(reason) => reason == DEADLINE_EXCEEDED,
-            None => false,
-        })
-        .map(|r| r.name.as_str())
-        .collect();
-    let delete_all = group.spec.cleanup == CleanupPolicy::Delete;
-    delete_children(ctx, group, |name| delete_all || stopped.contains(name)).await
-}
-
-/// Before completion, on a queue: deletes the trajectories whose outcome `status` records (the group
-/// keeps what a trainer needs), so their slots are freed.
-pub async fn release_finished(
-    ctx: &RolloutCtx,
-    group: &RolloutGroup,
-    status: &RolloutGroupStatus,
-) -> Result<()> {
-    let finished: BTreeSet<&str> = status
-        .trajectories
-        .iter()
-        .filter(|r| r.status.is_some())
-        .map(|r| r.name.as_str())
-        .collect();
-    delete_children(ctx, group, |name| finished.contains(name)).await
-}
-
-/// Deletes the group's children (not already being deleted) whose name `chosen` picks.
-async fn delete_children(
-    ctx: &RolloutCtx,
-    group: &RolloutGroup,
-    chosen: impl Fn(&str) -> bool,
+    targets: &Targets,
 ) -> Result<()> {
     let namespace = group.namespace().unwrap_or_default();
     let uid = group.uid().unwrap_or_default();
     for child in owned_children(ctx, group) {
         let name = child.name_any();
-        if child.meta().deletion_timestamp.is_some() || !chosen(name.as_str()) {
+        if child.meta().deletion_timestamp.is_some() || !targets.picks(name.as_str()) {
             continue;
         }
         let child_uid = child.uid().unwrap_or_default();

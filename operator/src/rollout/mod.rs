@@ -1,11 +1,14 @@
 //! The RolloutGroup controller: Balanced Adaptive Rollout (see `docs/BAR.md`) as a controller.
 //! [`params`] (spec -> BAR parameters), [`build`] (trajectory Sandboxes), [`observe`] (progress from
-//! status and children) and [`status`] are pure; [`apply`] is the thin I/O layer (children, creates,
-//! deletes) and [`reconcile`] ties them together, as in the Sandbox controller.
+//! status and children), [`status`] and [`decide`] (what a reconcile does, as plans) are pure;
+//! [`apply`] is the thin I/O layer (children, creates, deletes), [`execute`] carries out the plans,
+//! and [`reconcile`] ties them together, as in the Sandbox controller.
 
 pub mod apply;
 pub mod build;
 pub mod context;
+pub mod decide;
+pub mod execute;
 pub mod observe;
 pub mod params;
 pub mod reconcile;

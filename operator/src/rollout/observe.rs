@@ -82,6 +82,22 @@ impl Observation {
         }
     }
 
+    /// Records trajectory `index` of stride `stride` of group `group` as launched (and running,
+    /// unless it is known already): its child was just created, or found to be ours.
+    pub fn record_launch(&mut self, group: &str, index: u32, stride: u32) {
+        self.records
+            .entry(index)
+            .or_insert_with(|| TrajectoryRecord {
+                name: trajectory_name(group, index),
+                stride: i32::try_from(stride).unwrap_or(i32::MAX),
+                status: None,
+                reward: None,
+                length: None,
+                artifact: None,
+                reason: None,
+            });
+    }
+
     /// Indices of the latest stride that have no trajectory (a crash interrupted its launch).
     pub fn incomplete_latest_stride(&self, stride_size: u32) -> Vec<(u32, u32)> {
         let Some(&last) = self.records.keys().next_back() else {

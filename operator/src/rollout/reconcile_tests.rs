@@ -1,6 +1,9 @@
 //! The exact requests one RolloutGroup reconcile sends, against a scripted API server
 //! (`plumbing::mock_api`): a new group launches its first stride, a balanced first stride completes the
-//! group and deletes its trajectories by UID, and a stride that cannot balance launches the next one.
+//! group and deletes its trajectories by UID, and a stride that cannot balance launches the next one;
+//! a forged trajectory is neither counted nor cleaned up; an invalid spec fails the group, a Complete
+//! group only cleans up, and a stride for a missing queue creates nothing. The decisions themselves
+//! are tabled in `decide_tests.rs`.
 
 use std::sync::Arc;
 
@@ -332,6 +335,75 @@ async fn a_forged_trajectory_gives_no_reward_and_is_not_cleaned_up_with_the_grou
                 .body(|event| assert_eq!(event["reason"], "Complete")),
             deleted(0),
             deleted(1),
+        ],
+    );
+    reconcile(Arc::new(g), ctx(&script))
+        .await
+        .expect("reconcile");
+    script.finish().await;
+}
+
+#[tokio::test]
+async fn an_invalid_spec_fails_the_group_with_one_status_write() {
+    let mut g = group();
+    g.spec.stride = Some(3);
+    let mut caches = TestCaches::default();
+    cache(&mut caches.rollout_groups, g.clone());
+    let script = scripted(
+        &caches,
+        vec![status_write(&g, |patch| {
+            assert_eq!(patched(patch, "phase"), Some(&json!("Failed")), "{patch}");
+            let message = patched(patch, "message")
+                .and_then(Value::as_str)
+                .unwrap_or("");
+            assert!(message.contains("stride"), "{patch}");
+        })],
+    );
+    reconcile(Arc::new(g), ctx(&script))
+        .await
+        .expect("reconcile");
+    script.finish().await;
+}
+
+#[tokio::test]
+async fn a_complete_group_deletes_what_its_clean_up_picks_and_writes_nothing() {
+    let mut g = launched(group());
+    if let Some(status) = g.status.as_mut() {
+        status.phase = Some(RolloutPhase::Complete);
+    }
+    let mut caches = TestCaches::default();
+    cache(&mut caches.rollout_groups, g.clone());
+    cache(&mut caches.sandboxes, finished(&g, 0, 1.0));
+    cache(&mut caches.sandboxes, finished(&g, 1, 0.0));
+    let script = scripted(
+        &caches,
+        vec![
+            Expect::delete(format!("{SANDBOXES}/g1-0")),
+            Expect::delete(format!("{SANDBOXES}/g1-1")),
+        ],
+    );
+    reconcile(Arc::new(g), ctx(&script))
+        .await
+        .expect("reconcile");
+    script.finish().await;
+}
+
+#[tokio::test]
+async fn a_stride_for_a_missing_queue_creates_nothing_and_says_why() {
+    let mut g = group();
+    g.spec.queue = Some("q".into());
+    let mut caches = TestCaches::default();
+    cache(&mut caches.rollout_groups, g.clone());
+    let script = scripted(
+        &caches,
+        vec![
+            Expect::create(EVENTS, "uid-event").body(|event| {
+                assert_eq!(event["reason"], "QueueNotFound");
+                assert_eq!(event["type"], "Warning");
+            }),
+            status_write(&g, |patch| {
+                assert_eq!(patched(patch, "phase"), Some(&json!("Queued")), "{patch}");
+            }),
         ],
     );
     reconcile(Arc::new(g), ctx(&script))
