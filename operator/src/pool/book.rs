@@ -140,18 +140,12 @@ impl PoolBook {
         self.with(|s| s.failures.insert(pool.clone(), (Instant::now(), why)));
     }
 
-    /// When `pool`'s members last failed.
-    pub fn last_failure(&self, pool: &PoolKey) -> Option<Instant> {
-        self.with(|s| s.failures.get(pool).map(|(at, _)| *at))
-    }
-
-    /// Why `pool`'s members last failed, if that was less than `within` ago.
-    pub fn recent_failure(&self, pool: &PoolKey, within: Duration) -> Option<String> {
+    /// How long ago `pool`'s members last failed, and why.
+    pub fn last_failure(&self, pool: &PoolKey) -> Option<(Duration, String)> {
         self.with(|s| {
             s.failures
                 .get(pool)
-                .filter(|(at, _)| at.elapsed() < within)
-                .map(|(_, why)| why.clone())
+                .map(|(at, why)| (at.elapsed(), why.clone()))
         })
     }
 

@@ -1,17 +1,23 @@
 //! SandboxPools: warm sandbox Pods that Sandboxes claim instead of starting their own.
 //!
-//! [`template`] (what a pool's template means for a Sandbox naming it) and [`members`] (building
-//! members, planning a pool reconcile) are pure; [`claim`] is the one write that hands a member to a
-//! Sandbox; [`book`] is the in-memory state (reservations, claim counts, waiting Sandboxes);
-//! [`controller`] keeps each pool at its size and writes its status. docs/POOLS.md explains the
-//! behaviour.
+//! [`template`] (what a pool's template means for a Sandbox naming it), [`members`] (building
+//! members, planning which to keep) and [`decide`] (what a pool reconcile does, as a plan) are pure;
+//! [`book`] is the in-memory state (reservations, claim counts, waiting Sandboxes); [`execute`]
+//! carries out a plan and [`controller`] ties them together, keeping each pool at its size and its
+//! status written (the one write that hands a member to a Sandbox is `sandbox/claim.rs`).
+//! docs/POOLS.md explains the behaviour.
 
 pub mod book;
 pub mod context;
 pub mod controller;
+pub mod decide;
+pub mod execute;
 pub mod members;
 pub mod template;
 pub mod watching;
+
+#[cfg(test)]
+mod reconcile_tests;
 
 use std::sync::Arc;
 
