@@ -8,10 +8,19 @@ use std::path::{Path, PathBuf};
 use axum::http::{HeaderMap, header};
 use sha2::{Digest, Sha256};
 
-use crate::cli::TokenSource;
-
 /// Length of a SHA-256 digest in bytes (64 hex characters).
 pub const DIGEST_LEN: usize = 32;
+
+/// Where the bearer token comes from.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum TokenSource {
+    File(PathBuf),
+    /// Given directly in `ORCHARD_AGENT_TOKEN`.
+    Value(String),
+    /// Only the token's SHA-256 (`--token-sha256`, `ORCHARD_AGENT_TOKEN_SHA256`): the verifier, not
+    /// secret; the token itself never reaches the agent's configuration.
+    Sha256([u8; DIGEST_LEN]),
+}
 
 /// The SHA-256 digest of `bytes`.
 pub fn sha256(bytes: &[u8]) -> [u8; DIGEST_LEN] {

@@ -5,6 +5,8 @@ use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::time::Duration;
 
+use crate::auth::TokenSource;
+
 /// Default address the server binds to: all interfaces of both families (the gateway reaches the
 /// agent at the Pod IP, IPv4 or IPv6); see `listen` for the dual-stack socket and its IPv4 fallback.
 pub const DEFAULT_LISTEN: &str = "[::]:9090";
@@ -78,17 +80,6 @@ pub enum Invocation {
     },
     Version,
     Help,
-}
-
-/// Where the bearer token comes from.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum TokenSource {
-    File(PathBuf),
-    /// Given directly in `ORCHARD_AGENT_TOKEN`.
-    Value(String),
-    /// Only the token's SHA-256 (`--token-sha256`, `ORCHARD_AGENT_TOKEN_SHA256`): the verifier, not
-    /// secret; the token itself never reaches the agent's configuration.
-    Sha256([u8; crate::auth::DIGEST_LEN]),
 }
 
 /// Settings of `orchard-agent serve`, after merging flags, environment and defaults.

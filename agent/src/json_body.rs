@@ -9,7 +9,7 @@ use http_body_util::BodyExt;
 use serde::de::DeserializeOwned;
 
 use crate::error::AgentError;
-use crate::server::AppState;
+use crate::state::AppState;
 
 /// A request body parsed as JSON into `T` (whose serde attributes reject unknown fields).
 pub struct JsonBody<T>(pub T);

@@ -6,7 +6,8 @@ use std::process::ExitCode;
 use orchard_agent::cli::{self, ENV_PREFIX, Invocation, ServeOptions, USAGE, WIPED_VARIABLES};
 use orchard_agent::connections::{self, ConnectionLimits};
 use orchard_agent::policy_gate::{PolicyGate, ProbeTiming};
-use orchard_agent::server::{self, AgentConfig, AppState};
+use orchard_agent::server;
+use orchard_agent::state::{AgentConfig, AppState};
 use orchard_agent::{VERSION, hardening, init, install, listen, logging};
 
 fn main() -> ExitCode {

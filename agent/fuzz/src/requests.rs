@@ -15,7 +15,7 @@ use orchard_agent::exec::request::{
 };
 use orchard_agent::files::paths::ProtectedFiles;
 use orchard_agent::json_body::JsonBody;
-use orchard_agent::server::{AgentConfig, AppState};
+use orchard_agent::state::{AgentConfig, AppState};
 use tokio::runtime::Runtime;
 
 use crate::scratch::{scratch_dir, symlink, write_file};

@@ -19,7 +19,7 @@ use super::spawn::{Spawned, spawn};
 use super::supervise::{DRAIN_GRACE, Finished, supervise};
 use crate::error::{AgentError, json_response};
 use crate::json_body::JsonBody;
-use crate::server::AppState;
+use crate::state::AppState;
 
 /// How long a streamed command's last output may take to reach a slow client after the command ended.
 const STREAM_DRAIN_GRACE: std::time::Duration = std::time::Duration::from_secs(2);

@@ -27,7 +27,7 @@ use crate::clock::rfc3339;
 use crate::error::{AgentError, json_response};
 use crate::json_body::{DRAIN_LIMIT, drain_body};
 use crate::processes::routes::query_error;
-use crate::server::AppState;
+use crate::state::AppState;
 
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]

@@ -25,7 +25,7 @@ use crate::files::paths::{Access, ProtectedFiles};
 use crate::files::regular::{Opened, open_regular};
 use crate::files::transfer::{DEFAULT_FILE_MODE, TempFile};
 use crate::json_body::JsonBody;
-use crate::server::AppState;
+use crate::state::AppState;
 
 pub async fn apply(
     State(state): State<AppState>,

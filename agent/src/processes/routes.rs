@@ -16,7 +16,7 @@ use super::table::{ManagedProcess, Started};
 use crate::error::{AgentError, json_response};
 use crate::exec::request::{CommandRequest, IntoSpec, RequestKind};
 use crate::json_body::JsonBody;
-use crate::server::AppState;
+use crate::state::AppState;
 
 /// Longest accepted `wait` of a status long-poll.
 pub const MAX_WAIT: Duration = Duration::from_secs(300);
