@@ -12,7 +12,7 @@ use serde::de::DeserializeOwned;
 /// Waits until `name` satisfies `condition`, or panics after `timeout` naming `what`.
 pub async fn until<K, C>(api: &Api<K>, name: &str, what: &str, timeout: Duration, condition: C) -> K
 where
-    K: Resource + Clone + DeserializeOwned + Debug + Send + 'static,
+    K: Resource + Clone + DeserializeOwned + serde::Serialize + Debug + Send + 'static,
     C: Condition<K>,
 {
     match tokio::time::timeout(timeout, await_condition(api.clone(), name, condition)).await {
@@ -25,15 +25,20 @@ where
                 "timed out after {:?} waiting for {name}: {what}; last seen: {}",
                 timeout,
                 current
-                    .map(
-                        |o| serde_json::to_string(&o.meta().clone()).unwrap_or_default()
-                            + " "
-                            + &o.name_any()
-                    )
+                    .map(|o| shown(&o))
                     .unwrap_or_else(|| "not found".into())
             )
         }
     }
+}
+
+/// `object` as JSON for a failure message, without its managed fields (they only repeat the rest).
+fn shown<K: serde::Serialize>(object: &K) -> String {
+    let mut value = serde_json::to_value(object).unwrap_or_default();
+    if let Some(meta) = value.get_mut("metadata").and_then(|m| m.as_object_mut()) {
+        meta.remove("managedFields");
+    }
+    value.to_string()
 }
 
 /// Waits until `name` no longer exists: gone, not replaced. An API error fails the test (it tells

@@ -30,6 +30,10 @@ pub const POD_MARKER: &str = "ORCHARD_E2E_POD";
 /// Environment marker on a pod's agent process only (value: `namespace/name`).
 pub const AGENT_MARKER: &str = "ORCHARD_E2E_AGENT";
 
+/// How long a kubelet takes at most to report a started container (its pod lifecycle event
+/// generator relists every second).
+const PLEG_RELIST: Duration = Duration::from_secs(1);
+
 /// What a test or the watch loop asks of a pod worker.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum PodCommand {
@@ -502,6 +506,10 @@ impl PodWorker {
         let mut ready = false;
         let mut failures = 0u32;
         let mut next_probe = Duration::ZERO;
+        // A kubelet reports a started container within a PLEG relist (1 s) whether or not it is
+        // ready; this node folds that write into the first ready report unless the agent is slower.
+        let started = tokio::time::Instant::now();
+        let mut running_reported = false;
         loop {
             tokio::select! {
                 exit = agent.wait() => {
@@ -558,6 +566,10 @@ impl PodWorker {
                         }
                         next_probe = probe.period;
                     } else {
+                        if !running_reported && started.elapsed() >= PLEG_RELIST {
+                            running_reported = true;
+                            self.report().await;
+                        }
                         next_probe = Duration::from_millis(20);
                     }
                 }
