@@ -14,6 +14,9 @@ ANSWER_MARGIN = 30.0
 AGENT_DEFAULT_EXEC_TIMEOUT = 600.0
 #: Longest server-side wait per request (the gateway clamps ``timeoutSeconds`` to it).
 MAX_SERVER_WAIT = 300.0
+#: Longest server-side wait per request while an ``on_progress`` callback follows a sandbox: a change of
+#: phase or reason is reported at most this late.
+PROGRESS_POLL = 2.0
 #: Default seconds ``create()`` and ``wait_ready()`` wait for Ready: the operator's default startup timeout
 #: (600 s after creation, Helm ``sandboxDefaults.startupTimeoutSeconds``) plus a margin, so a sandbox that
 #: cannot start ends with the operator's ``StartupTimeout`` failure, which says why, before the SDK gives up.
