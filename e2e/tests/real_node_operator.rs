@@ -48,7 +48,10 @@ fn env() -> &'static TestEnv {
 
 /// Every UID each pod name of `ns` had, from a watch started now: a pod deleted and made again under
 /// its name shows two.
-fn watch_pod_uids(client: &kube::Client, ns: &str) -> Arc<Mutex<BTreeMap<String, BTreeSet<String>>>> {
+fn watch_pod_uids(
+    client: &kube::Client,
+    ns: &str,
+) -> Arc<Mutex<BTreeMap<String, BTreeSet<String>>>> {
     let seen = Arc::new(Mutex::new(BTreeMap::<String, BTreeSet<String>>::new()));
     let pods: Api<Pod> = Api::namespaced(client.clone(), ns);
     let record = seen.clone();
@@ -174,10 +177,7 @@ async fn a_stream_from_a_real_container_ends_soon_after_access_is_revoked() {
     grant(env, &ns, "alice", "trainer", trainer_rules()).await;
     let alice = Caller::user(env, "alice");
     let name = alice
-        .create_sandbox(
-            &ns,
-            json!({"image": env.node.real().image("busybox")}),
-        )
+        .create_sandbox(&ns, json!({"image": env.node.real().image("busybox")}))
         .await;
     alice.wait_ready(&ns, &name).await;
     let response = alice
