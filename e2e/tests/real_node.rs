@@ -11,12 +11,12 @@ use kube::api::{Api, DeleteParams, PostParams};
 use orchard_e2e::env::TestEnv;
 use orchard_e2e::test_support::gateway::{Caller, sandbox_path};
 use orchard_e2e::test_support::rollouts::{
-    GROUP_TIMEOUT, assert_matches_engine, check_outcomes, group, is_complete, reward_script,
-    wait_queue_idle, watch_pod_peak,
+    GROUP_TIMEOUT, Recorded, assert_matches_engine, assert_recorded, check_outcomes, group,
+    is_complete, reward_script, wait_queue_idle, watch_pod_peak,
 };
 use orchard_e2e::wait;
 use orchard_operator::api::{
-    RolloutGroup, RolloutPhase, RolloutQueue, Sandbox, SandboxPhase, TrajectoryStatus,
+    RolloutGroup, RolloutPhase, RolloutQueue, Sandbox, SandboxPhase, Selection, TrajectoryStatus,
 };
 use serde_json::{Value, json};
 
@@ -401,10 +401,17 @@ async fn a_rollout_group_completes_on_real_containers() {
     let status = done.status.expect("status");
     assert_eq!(status.phase, Some(RolloutPhase::Complete), "{status:?}");
     assert_eq!(status.group.len(), 2, "{status:?}");
-    // Not pinned yet with `assert_recorded` (test_support/rollouts.rs): this test runs on the real
-    // node, which the change that pinned the hollow-node groups could not run. Record the group from a
-    // run (selection, positives, members in rank order) and pin it here.
-    assert_matches_engine(&groups.get("prompt-1").await.expect("group"));
+    let recorded = groups.get("prompt-1").await.expect("group");
+    assert_matches_engine(&recorded);
+    // Recorded from a run of this test for its fixed seed (`Recorded`).
+    assert_recorded(
+        &recorded,
+        &Recorded {
+            selection: Selection::Balanced,
+            positives: 1,
+            members: &["prompt-1-0", "prompt-1-1"],
+        },
+    );
     env.delete_namespace(&ns).await;
 }
 
@@ -455,6 +462,16 @@ async fn a_rollout_queue_shares_two_slots_between_groups_of_real_containers() {
         let status = done.status.clone().expect("status");
         check_outcomes(&status, *seed, pass, |_| false);
         assert_matches_engine(&done);
+        // Recorded from a run of this test for its fixed seeds (`Recorded`): a change means BAR's
+        // choice changed.
+        assert_recorded(
+            &done,
+            &Recorded {
+                selection: Selection::Balanced,
+                positives: 1,
+                members: &[&format!("{name}-0"), &format!("{name}-1")],
+            },
+        );
         assert!(
             status
                 .trajectories

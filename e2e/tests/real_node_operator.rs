@@ -17,11 +17,11 @@ use kube::runtime::watcher;
 use orchard_e2e::env::{EnvOptions, NodeKind, TestEnv};
 use orchard_e2e::test_support::gateway::{Caller, grant, sandbox_path, trainer_rules};
 use orchard_e2e::test_support::rollouts::{
-    GROUP_TIMEOUT, assert_each_trajectory_once, assert_matches_engine, check_outcomes, children,
-    group, is_complete, reward_script, template,
+    GROUP_TIMEOUT, Recorded, assert_each_trajectory_once, assert_matches_engine, assert_recorded,
+    check_outcomes, children, group, is_complete, reward_script, template,
 };
 use orchard_e2e::wait;
-use orchard_operator::api::{RolloutGroup, TrajectoryStatus};
+use orchard_operator::api::{RolloutGroup, Selection, TrajectoryStatus};
 use serde_json::json;
 
 /// Seconds the gateway reuses an authorisation decision; streams re-check their caller this often.
@@ -146,6 +146,15 @@ async fn real_trajectory_containers_are_adopted_after_an_operator_crash() {
     );
     check_outcomes(&status, seed, pass, |_| false);
     assert_matches_engine(&done);
+    // Recorded from a run of this test for its fixed seed (`Recorded`).
+    assert_recorded(
+        &done,
+        &Recorded {
+            selection: Selection::Balanced,
+            positives: 1,
+            members: &["crashy-3", "crashy-0"],
+        },
+    );
     let seen = pod_uids.lock().unwrap_or_else(|p| p.into_inner()).clone();
     for pod in &running {
         let name = pod.name_any();
