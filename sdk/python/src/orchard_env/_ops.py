@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import base64
+import math
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -33,6 +34,14 @@ MAX_RESULT_MESSAGE = 4096
 RESULT_KEYS = frozenset({"reward", "status", "length", "artifact", "exitCode", "reason", "message"})
 #: Phases a sandbox does not leave by itself without becoming Ready.
 FINAL_PHASES = frozenset({"Failed", "Succeeded", "Expired"})
+
+
+def timeout_seconds(seconds: float) -> int:
+    """Whole seconds for ``set_timeout`` (pure): a positive number, rounded up so the sandbox never ends
+    before the time asked for; anything else is a ``ValueError`` before any request."""
+    if isinstance(seconds, bool) or not isinstance(seconds, (int, float)) or not seconds > 0 or seconds == float("inf"):
+        raise ValueError(f"set_timeout needs a positive number of seconds, not {seconds!r}")
+    return math.ceil(seconds)
 
 
 def camel(name: str) -> str:

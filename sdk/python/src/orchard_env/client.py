@@ -89,6 +89,14 @@ class Sandbox(_core.SandboxCore):
         do this in the background; calls through the gateway count as heartbeats too."""
         return self._run(self._heartbeat_plan())
 
+    def set_timeout(self, seconds: float) -> dict[str, Any]:
+        """Ends the sandbox ``seconds`` from now (rounded up), extending or shortening its life: its TTL
+        becomes the time since Ready plus ``seconds``. Answers ``{"ttlSeconds", "ttlEndsAt",
+        "maxTtlSeconds"}``. The heartbeat deadline still applies (an open handle keeps heartbeating).
+        Raises :class:`~orchard_env.NotReady` before Ready, and :class:`~orchard_env.InvalidRequest`
+        (code ``TtlBeyondMaximum``, naming the most still allowed) past the operator's maximum TTL."""
+        return self._run(self._set_timeout_plan(seconds))
+
     def _beat_in_background(self, loop: _core.Plan[None]) -> Heartbeats:
         return Heartbeats(self, loop)
 

@@ -248,6 +248,10 @@ class SandboxCore:
     def _heartbeat_plan(self) -> Plan[dict[str, Any]]:
         return _ops.json_object((yield from self._gateway("POST", "/heartbeat")).json())
 
+    def _set_timeout_plan(self, seconds: float) -> Plan[dict[str, Any]]:
+        body = {"timeoutSeconds": _ops.timeout_seconds(seconds)}
+        return _ops.json_object((yield from self._gateway("POST", "/timeout", json_body=body)).json())
+
     def _start_heartbeats(self) -> None:
         if self.auto_heartbeat and self._heartbeats is None and not self._closed:
             self._heartbeats = self._beat_in_background(self._heartbeat_loop(_ops.spec_heartbeat_timeout(self.raw)))
