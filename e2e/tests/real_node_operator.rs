@@ -15,7 +15,7 @@ use kube::ResourceExt;
 use kube::api::{Api, DeleteParams, PostParams};
 use kube::runtime::watcher;
 use orchard_e2e::env::{EnvOptions, NodeKind, TestEnv};
-use orchard_e2e::test_support::gateway::{Caller, grant, sandbox_path, trainer_rules};
+use orchard_e2e::test_support::gateway::{Caller, TickingStream, grant, trainer_rules};
 use orchard_e2e::test_support::rollouts::{
     GROUP_TIMEOUT, Recorded, assert_each_trajectory_once, assert_matches_engine, assert_recorded,
     check_outcomes, children, group, is_complete, reward_script, template,
@@ -189,26 +189,7 @@ async fn a_stream_from_a_real_container_ends_soon_after_access_is_revoked() {
         .create_sandbox(&ns, json!({"image": env.node.real().image("busybox")}))
         .await;
     alice.wait_ready(&ns, &name).await;
-    let response = alice
-        .request(
-            reqwest::Method::POST,
-            &sandbox_path(&ns, &name, "/exec/stream"),
-        )
-        .json(&json!({"command": "for i in $(seq 1 120); do echo tick $i; sleep 0.5; done"}))
-        .send()
-        .await
-        .expect("stream");
-    assert_eq!(response.status(), 200);
-    let mut chunks = response.bytes_stream();
-    let mut text = String::new();
-    while !text.contains("tick 2") {
-        let chunk = tokio::time::timeout(Duration::from_secs(10), chunks.next())
-            .await
-            .expect("output within 10 s")
-            .expect("the stream goes on")
-            .expect("chunk");
-        text.push_str(&String::from_utf8_lossy(&chunk));
-    }
+    let mut stream = TickingStream::start(&alice, &ns, &name).await;
     Api::<RoleBinding>::namespaced(env.client().await, &ns)
         .delete("trainer", &DeleteParams::default())
         .await
@@ -216,28 +197,15 @@ async fn a_stream_from_a_real_container_ends_soon_after_access_is_revoked() {
     let revoked = Instant::now();
     // A correctness bound, not a measurement: two cache lifetimes and a margin for this machine.
     let limit = Duration::from_secs(AUTH_TTL_SECONDS * 2 + 4);
-    let ended = tokio::time::timeout(limit, async {
-        while let Some(chunk) = chunks.next().await {
-            text.push_str(&String::from_utf8_lossy(&chunk.expect("chunk")));
-        }
-    })
-    .await;
     assert!(
-        ended.is_ok(),
+        stream.ends_within(limit).await,
         "the stream still runs {limit:?} after revocation"
     );
     eprintln!(
         "stream from a real container ended {:?} after the RoleBinding was deleted (TTL {AUTH_TTL_SECONDS} s)",
         revoked.elapsed()
     );
-    let last: serde_json::Value =
-        serde_json::from_str(text.lines().last().expect("a last line")).expect("NDJSON");
-    assert_eq!(last["type"], "error", "{last}");
-    assert_eq!(last["code"], "AccessRevoked", "{last}");
-    assert!(
-        !text.contains("\"exit\""),
-        "the command was not left to finish: {text}"
-    );
+    stream.assert_revoked();
     let again = alice
         .exec(&ns, &name, json!({"command": "echo still"}))
         .await;
