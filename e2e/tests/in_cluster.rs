@@ -247,10 +247,17 @@ async fn the_standby_finishes_a_rollout_group_when_the_leader_pod_is_killed() {
     let done = wait::until(&groups, "failover", "Complete", GROUP_TIMEOUT, is_complete).await;
     let status = done.status.clone().expect("status");
     assert_eq!(status.phase, Some(RolloutPhase::Complete), "{status:?}");
-    // Not pinned yet with `assert_recorded` (test_support/rollouts.rs): this test runs on the real
-    // node, which the change that pinned the hollow-node groups could not run. Record the group from a
-    // run (selection, positives, members in rank order) and pin it here.
     orchard_e2e::test_support::rollouts::assert_matches_engine(&done);
+    // Recorded from a run of this test for its fixed seed (`Recorded`): a change means BAR's choice
+    // changed.
+    orchard_e2e::test_support::rollouts::assert_recorded(
+        &done,
+        &orchard_e2e::test_support::rollouts::Recorded {
+            selection: orchard_operator::api::Selection::Balanced,
+            positives: 1,
+            members: &["failover-0", "failover-3"],
+        },
+    );
     for record in &status.trajectories {
         let index = record
             .name
