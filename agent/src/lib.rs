@@ -3,7 +3,7 @@
 //!
 //! Data flow: `cli` (flags, env) -> `listen` (the socket, dual-stack by default) -> `connections`
 //! (HTTP/1.1 connections: header-read timeout, cap) -> `server` (router, `/v1` guard, shutdown; the handlers' shared `state`) ->
-//! handlers in `exec`, `processes`, `files`, `patch`; `process_group` owns the kill-the-whole-group
+//! handlers in `exec`, `processes`, `sessions`, `files`, `patch`; `process_group` owns the kill-the-whole-group
 //! rule; `init` the PID 1 duty; `policy_gate` holds everything back until the sandbox's
 //! NetworkPolicies are enforced; `error` the JSON error mapping.
 
@@ -26,6 +26,7 @@ pub mod policy_gate;
 pub mod process_group;
 pub mod processes;
 pub mod server;
+pub mod sessions;
 pub mod state;
 
 /// The agent's version (the crate version).

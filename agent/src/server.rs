@@ -1,6 +1,6 @@
 //! The HTTP server: configuration, shared state, the router, the `/v1` guard (bearer token, then the
-//! in-flight cap answered with 429), and graceful shutdown (SIGTERM every command's group, wait up to
-//! 5 s, SIGKILL the rest).
+//! in-flight cap answered with 429), and graceful shutdown (end every shell session, SIGTERM every
+//! command's group, wait up to 5 s, SIGKILL the rest).
 
 use std::future::Future;
 use std::path::Path;
@@ -24,7 +24,7 @@ use crate::error::{AgentError, json_response};
 use crate::exec::request::{CommandRequest, CommandSpec, IntoSpec, RequestKind};
 use crate::processes::table::Started;
 use crate::state::AppState;
-use crate::{VERSION, exec, files, patch, processes};
+use crate::{VERSION, exec, files, patch, processes, sessions};
 
 /// How long commands get to exit after SIGTERM at shutdown before they are SIGKILLed.
 pub const SHUTDOWN_GRACE: Duration = Duration::from_secs(5);
@@ -133,6 +133,17 @@ pub fn router(state: AppState) -> Router {
         )
         .route("/v1/processes/{id}/signal", post(processes::routes::signal))
         .route(
+            "/v1/sessions",
+            post(sessions::routes::start).get(sessions::routes::list),
+        )
+        .route(
+            "/v1/sessions/{id}",
+            get(sessions::routes::status).delete(sessions::routes::remove),
+        )
+        .route("/v1/sessions/{id}/run", post(sessions::routes::run))
+        .route("/v1/sessions/{id}/input", post(sessions::routes::input))
+        .route("/v1/sessions/{id}/read", post(sessions::routes::read))
+        .route(
             "/v1/files",
             get(files::routes::get)
                 .put(files::routes::put)
@@ -204,6 +215,11 @@ pub async fn serve(
         "shutting down: stopping commands"
     );
     let _ = stop.send(true);
+    // Sessions' shells wait for input forever: they are ended at once (their groups SIGKILLed).
+    let sessions = state.sessions.end_all();
+    if sessions > 0 {
+        tracing::info!(sessions, "ended shell sessions");
+    }
     state.groups.signal_all(libc::SIGTERM);
     if !state.groups.wait_until_empty(SHUTDOWN_GRACE).await {
         tracing::warn!(

@@ -115,13 +115,7 @@ impl IntoSpec for CommandRequest {
         };
         let cwd = resolve_cwd(root, self.cwd.as_deref())?;
         let env = self.env.unwrap_or_default().into_iter().collect::<Vec<_>>();
-        for (key, value) in &env {
-            if key.is_empty() || key.contains('=') || key.contains('\0') || value.contains('\0') {
-                return Err(AgentError::BadRequest(format!(
-                    "invalid environment variable `{key}`: names must be non-empty without `=`, and no NUL bytes"
-                )));
-            }
-        }
+        validate_env(&env)?;
         let stdin = match (self.stdin, self.stdin_base64) {
             (Some(_), Some(_)) => {
                 return Err(AgentError::InvalidRequest(
@@ -152,15 +146,7 @@ impl IntoSpec for CommandRequest {
             None if kind == RequestKind::Exec => Some(DEFAULT_EXEC_TIMEOUT),
             None => None,
         };
-        let max_output_bytes = match self.max_output_bytes {
-            Some(bytes) if bytes > MAX_BUFFERED_OUTPUT_BYTES => {
-                return Err(AgentError::BadRequest(format!(
-                    "`maxOutputBytes` {bytes} exceeds the {MAX_BUFFERED_OUTPUT_BYTES}-byte maximum; stream large output to a file instead"
-                )));
-            }
-            Some(bytes) => bytes as usize,
-            None => DEFAULT_MAX_OUTPUT_BYTES,
-        };
+        let max_output_bytes = output_cap(self.max_output_bytes)?;
         Ok(CommandSpec {
             line,
             cwd,
@@ -171,6 +157,29 @@ impl IntoSpec for CommandRequest {
             encoding: self.output_encoding.unwrap_or_default(),
             keep: self.keep.unwrap_or(false),
         })
+    }
+}
+
+/// Checks environment variables of a request: names non-empty without `=`, no NUL bytes (400).
+pub fn validate_env(env: &[(String, String)]) -> Result<(), AgentError> {
+    for (key, value) in env {
+        if key.is_empty() || key.contains('=') || key.contains('\0') || value.contains('\0') {
+            return Err(AgentError::BadRequest(format!(
+                "invalid environment variable `{key}`: names must be non-empty without `=`, and no NUL bytes"
+            )));
+        }
+    }
+    Ok(())
+}
+
+/// The per-stream output cap of a request's `maxOutputBytes` (default 4 MiB, at most 1 GiB).
+pub fn output_cap(requested: Option<u64>) -> Result<usize, AgentError> {
+    match requested {
+        Some(bytes) if bytes > MAX_BUFFERED_OUTPUT_BYTES => Err(AgentError::BadRequest(format!(
+            "`maxOutputBytes` {bytes} exceeds the {MAX_BUFFERED_OUTPUT_BYTES}-byte maximum; stream large output to a file instead"
+        ))),
+        Some(bytes) => Ok(bytes as usize),
+        None => Ok(DEFAULT_MAX_OUTPUT_BYTES),
     }
 }
 

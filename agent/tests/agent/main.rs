@@ -10,3 +10,4 @@ mod patch;
 mod pid1;
 mod policy_gate;
 mod processes;
+mod sessions;
