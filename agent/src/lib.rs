@@ -4,7 +4,7 @@
 //! Data flow: `cli` (flags, env) -> `listen` (the socket, dual-stack by default) -> `connections`
 //! (HTTP/1.1 connections: header-read timeout, cap) -> `server` (router, `/v1` guard, shutdown; the handlers' shared `state`) ->
 //! handlers in `exec`, `processes`, `sessions`, `files`, `patch`; `process_group` owns the kill-the-whole-group
-//! rule; `init` the PID 1 duty; `policy_gate` holds everything back until the sandbox's
+//! rule; `users` resolves and switches to a request's `user`; `init` the PID 1 duty; `policy_gate` holds everything back until the sandbox's
 //! NetworkPolicies are enforced; `error` the JSON error mapping.
 
 pub mod auth;
@@ -28,6 +28,7 @@ pub mod processes;
 pub mod server;
 pub mod sessions;
 pub mod state;
+pub mod users;
 
 /// The agent's version (the crate version).
 pub const VERSION: &str = env!("CARGO_PKG_VERSION");

@@ -63,6 +63,10 @@ pub struct ExecRequest {
     /// `text` (default) or `base64`.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub output_encoding: Option<OutputEncoding>,
+    /// Run as this user instead of the agent's: a name from the image's `/etc/passwd`, a uid, or
+    /// `user:group` / `uid:gid` (see docs/AGENT.md, "Running as another user").
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub user: Option<String>,
     /// Background processes only: `true` keeps the process in the agent's process table until it is
     /// deleted explicitly (`DELETE /v1/processes/{id}`); otherwise (default `false`) an exited process may
     /// be forgotten, oldest first, once the table is full.
@@ -435,6 +439,9 @@ pub struct SessionRequest {
     /// Cap in bytes of the output one run (or the output between runs) keeps (default 4 MiB).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub max_output_bytes: Option<u64>,
+    /// Run the shell as this user: a name, a uid, `user:group` or `uid:gid` (as on exec).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub user: Option<String>,
 }
 
 /// Status of a shell session: the answer of `POST /v1/sessions`, `GET` and `DELETE /v1/sessions/{id}`.

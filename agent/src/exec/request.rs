@@ -7,6 +7,7 @@ use std::time::Duration;
 use base64::Engine;
 
 use crate::error::AgentError;
+use crate::users::{Account, add_account_env, resolve_user};
 
 /// Default `timeoutSeconds` of `/v1/exec`.
 pub const DEFAULT_EXEC_TIMEOUT: Duration = Duration::from_secs(600);
@@ -35,6 +36,8 @@ pub struct CommandSpec {
     pub encoding: OutputEncoding,
     /// Background processes: never forgotten to make room in the table, only deleted explicitly.
     pub keep: bool,
+    /// The user to run as (`user`), when it is not the agent's own.
+    pub user: Option<Account>,
 }
 
 impl CommandSpec {
@@ -114,8 +117,17 @@ impl IntoSpec for CommandRequest {
             }
         };
         let cwd = resolve_cwd(root, self.cwd.as_deref())?;
-        let env = self.env.unwrap_or_default().into_iter().collect::<Vec<_>>();
+        let mut env = self.env.unwrap_or_default().into_iter().collect::<Vec<_>>();
         validate_env(&env)?;
+        let user = self
+            .user
+            .as_deref()
+            .map(resolve_user)
+            .transpose()?
+            .flatten();
+        if let Some(account) = &user {
+            add_account_env(&mut env, account);
+        }
         let stdin = match (self.stdin, self.stdin_base64) {
             (Some(_), Some(_)) => {
                 return Err(AgentError::InvalidRequest(
@@ -156,6 +168,7 @@ impl IntoSpec for CommandRequest {
             max_output_bytes,
             encoding: self.output_encoding.unwrap_or_default(),
             keep: self.keep.unwrap_or(false),
+            user,
         })
     }
 }

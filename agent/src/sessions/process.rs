@@ -20,6 +20,7 @@ use crate::error::AgentError;
 use crate::exec::budget::OutputBudget;
 use crate::exec::oom;
 use crate::process_group::{ProcessGroup, ProcessGroups, signal_group, start_in_new_group};
+use crate::users::{Account, switch_on_exec};
 
 /// How long output is still read after the shell exited and its group was killed (only processes that
 /// left the group can hold the pipe open that long).
@@ -40,6 +41,8 @@ pub struct ShellLaunch {
     pub scrubbed_env: Vec<String>,
     /// Cap of each output segment.
     pub max_output_bytes: usize,
+    /// The user the shell runs as, when it is not the agent's own.
+    pub user: Option<Account>,
 }
 
 /// A running (or exited) shell.
@@ -78,6 +81,9 @@ impl ShellProcess {
             command.env(key, value);
         }
         start_in_new_group(&mut command);
+        if let Some(account) = &launch.user {
+            switch_on_exec(&mut command, account);
+        }
         let mut child = command.spawn().map_err(|error| {
             AgentError::BadRequest(format!(
                 "cannot start the shell `{}`: {error}",

@@ -23,6 +23,7 @@ use crate::exec::output::CapturedOutput;
 use crate::exec::request::{DEFAULT_EXEC_TIMEOUT, output_cap, resolve_cwd, validate_env};
 use crate::json_body::JsonBody;
 use crate::state::AppState;
+use crate::users::{add_account_env, resolve_user};
 
 /// Default wait of `read` for its `until`.
 pub const DEFAULT_READ_TIMEOUT: Duration = Duration::from_secs(10);
@@ -38,6 +39,15 @@ pub async fn start(
     let cwd = resolve_cwd(&state.config.root, request.cwd.as_deref())?;
     let mut env: Vec<(String, String)> = request.env.unwrap_or_default().into_iter().collect();
     validate_env(&env)?;
+    let user = request
+        .user
+        .as_deref()
+        .map(resolve_user)
+        .transpose()?
+        .flatten();
+    if let Some(account) = &user {
+        add_account_env(&mut env, account);
+    }
     state.apply_identity_env(&mut env);
     let max_output_bytes = output_cap(request.max_output_bytes)?;
     if let Some(shell) = &request.shell
@@ -70,6 +80,7 @@ pub async fn start(
         env,
         scrubbed_env: state.config.scrubbed_env.clone(),
         max_output_bytes,
+        user,
     };
     let context = SessionContext {
         groups: Arc::clone(&state.groups),

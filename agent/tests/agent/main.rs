@@ -11,3 +11,4 @@ mod pid1;
 mod policy_gate;
 mod processes;
 mod sessions;
+mod users;
