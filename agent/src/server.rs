@@ -150,6 +150,13 @@ pub fn router(state: AppState) -> Router {
                 .delete(files::routes::delete),
         )
         .route("/v1/files/list", get(files::routes::list))
+        .route("/v1/files/stat", get(files::stat::stat))
+        .route("/v1/files/mkdir", post(files::mkdir::mkdir))
+        .route("/v1/files/rename", post(files::rename::rename))
+        .route(
+            "/v1/files/tar",
+            get(files::tar_download::download).put(files::tar_upload::upload),
+        )
         .route("/v1/patch", post(patch::apply))
         .route("/v1/identity", axum::routing::put(set_identity))
         .route_layer(middleware::from_fn_with_state(state.clone(), guard_v1));

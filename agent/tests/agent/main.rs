@@ -4,6 +4,7 @@ mod api;
 mod common;
 mod empty_root;
 mod exec;
+mod file_tree;
 mod files;
 mod hardening;
 mod patch;
