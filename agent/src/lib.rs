@@ -3,7 +3,7 @@
 //!
 //! Data flow: `cli` (flags, env) -> `listen` (the socket, dual-stack by default) -> `connections`
 //! (HTTP/1.1 connections: header-read timeout, cap) -> `server` (router, `/v1` guard, shutdown; the handlers' shared `state`) ->
-//! handlers in `exec`, `processes`, `sessions`, `files`, `patch`; `process_group` owns the kill-the-whole-group
+//! handlers in `exec`, `processes`, `sessions`, `files`, `patch`, `ports` (TCP tunnels); `process_group` owns the kill-the-whole-group
 //! rule; `users` resolves and switches to a request's `user`; `init` the PID 1 duty; `policy_gate` holds everything back until the sandbox's
 //! NetworkPolicies are enforced; `error` the JSON error mapping.
 
@@ -23,6 +23,7 @@ pub mod listen;
 pub mod logging;
 pub mod patch;
 pub mod policy_gate;
+pub mod ports;
 pub mod process_group;
 pub mod processes;
 pub mod server;

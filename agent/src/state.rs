@@ -13,6 +13,7 @@ use crate::exec::budget::OutputBudget;
 use crate::exec::request::CommandSpec;
 use crate::files::paths::ProtectedFiles;
 use crate::policy_gate::PolicyGate;
+use crate::ports::slots::tunnel_slots;
 use crate::process_group::ProcessGroups;
 use crate::processes::table::{MAX_PROCESSES, ProcessTable};
 use crate::sessions::table::{MAX_SESSIONS, SessionTable};
@@ -74,6 +75,8 @@ pub struct AppState {
     pub processes: Arc<ProcessTable>,
     /// Shell sessions (`/v1/sessions`).
     pub sessions: Arc<SessionTable>,
+    /// A permit per open port-forward tunnel (`/v1/ports/{port}/tunnel`).
+    pub tunnels: Arc<Semaphore>,
     /// Output buffered by all execs and background processes together (`--max-output-bytes-total`).
     pub output_budget: Arc<OutputBudget>,
     /// The Sandbox this agent serves, once the operator said so (`PUT /v1/identity`).
@@ -95,6 +98,7 @@ impl AppState {
                 Some(Arc::clone(&output_budget)),
             )),
             sessions: Arc::new(SessionTable::new(MAX_SESSIONS)),
+            tunnels: tunnel_slots(),
             output_budget,
             identity: Arc::default(),
             admission,

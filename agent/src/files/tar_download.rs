@@ -269,12 +269,7 @@ mod tests {
                     String::new(),
                     Some("/etc/passwd".into())
                 ),
-                (
-                    "sub".into(),
-                    tar::EntryType::Directory,
-                    String::new(),
-                    None
-                ),
+                ("sub".into(), tar::EntryType::Directory, String::new(), None),
                 (
                     "sub/a.txt".into(),
                     tar::EntryType::Regular,

@@ -12,4 +12,5 @@ mod pid1;
 mod policy_gate;
 mod processes;
 mod sessions;
+mod tunnels;
 mod users;
