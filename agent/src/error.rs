@@ -213,6 +213,8 @@ mod tests {
             stderr_lossy: false,
             output_encoding: Default::default(),
             error: None,
+            stdin_open: false,
+            pty: false,
         };
         let error = AgentError::Conflict {
             message: "exists".into(),

@@ -132,6 +132,8 @@ pub fn router(state: AppState) -> Router {
             get(processes::routes::status).delete(processes::routes::remove),
         )
         .route("/v1/processes/{id}/signal", post(processes::routes::signal))
+        .route("/v1/processes/{id}/stdin", post(processes::routes::stdin))
+        .route("/v1/processes/{id}/resize", post(processes::routes::resize))
         .route(
             "/v1/sessions",
             post(sessions::routes::start).get(sessions::routes::list),

@@ -63,6 +63,14 @@ pub struct ExecRequest {
     /// `text` (default) or `base64`.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub output_encoding: Option<OutputEncoding>,
+    /// Background processes only: keep the process' stdin open as a pipe, written with
+    /// `POST /v1/processes/{id}/stdin` (instead of a closed or prefilled stdin).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub keep_stdin: Option<bool>,
+    /// Background processes only: run the process on a pseudo-terminal of this size (stdin, stdout and
+    /// stderr are the terminal; its output is `stdout`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pty: Option<TerminalSize>,
     /// Run as this user instead of the agent's: a name from the image's `/etc/passwd`, a uid, or
     /// `user:group` / `uid:gid` (see docs/AGENT.md, "Running as another user").
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -72,6 +80,35 @@ pub struct ExecRequest {
     /// be forgotten, oldest first, once the table is full.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub keep: Option<bool>,
+}
+
+/// Size of a pseudo-terminal: `{"rows": 24, "cols": 80}`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+#[serde(deny_unknown_fields)]
+pub struct TerminalSize {
+    /// Rows (1 to 1000).
+    pub rows: u16,
+    /// Columns (1 to 1000).
+    pub cols: u16,
+}
+
+/// Body of `POST /v1/processes/{id}/stdin`: bytes for the process' stdin (`data` or `dataBase64`), and
+/// whether to close it after them.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub struct ProcessStdinRequest {
+    /// Input as text.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub data: Option<String>,
+    /// Input as base64.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub data_base64: Option<String>,
+    /// Close stdin after the data (a pipe: the process reads end of input; a terminal: end-of-file,
+    /// Ctrl-D, is typed).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub close: Option<bool>,
 }
 
 /// Agent answer of `exec`.
@@ -195,6 +232,13 @@ pub struct ProcessStatus {
     /// Why the command could not start.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub error: Option<String>,
+    /// Whether stdin is open for `POST /v1/processes/{id}/stdin` (started with `keepStdin` or `pty`,
+    /// not closed yet); left out when false.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub stdin_open: bool,
+    /// Whether the process runs on a pseudo-terminal (`pty`); left out when false.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub pty: bool,
 }
 
 impl ProcessStatus {
@@ -734,6 +778,8 @@ mod tests {
             stderr_lossy: false,
             output_encoding: OutputEncoding::Text,
             error: None,
+            stdin_open: false,
+            pty: false,
         }
     }
 
@@ -759,6 +805,24 @@ mod tests {
             }
         );
         assert_eq!(parsed.state.as_str(), "running");
+    }
+
+    #[test]
+    fn terminal_and_stdin_flags_appear_only_when_set() {
+        let mut status = status();
+        status.stdin_open = true;
+        status.pty = true;
+        let value = serde_json::to_value(&status).unwrap();
+        assert_eq!(
+            (&value["stdinOpen"], &value["pty"]),
+            (&json!(true), &json!(true))
+        );
+        let request: ExecRequest =
+            serde_json::from_str(r#"{"argv":["sh"],"keepStdin":true,"pty":{"rows":24,"cols":80}}"#)
+                .unwrap();
+        assert_eq!(request.pty, Some(TerminalSize { rows: 24, cols: 80 }));
+        assert_eq!(request.keep_stdin, Some(true));
+        assert!(serde_json::from_str::<ProcessStdinRequest>(r#"{"data":"x","bogus":1}"#).is_err());
     }
 
     #[test]

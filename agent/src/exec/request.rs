@@ -6,6 +6,7 @@ use std::time::Duration;
 
 use base64::Engine;
 
+use super::pty::TerminalSize;
 use crate::error::AgentError;
 use crate::users::{Account, add_account_env, resolve_user};
 
@@ -38,6 +39,10 @@ pub struct CommandSpec {
     pub keep: bool,
     /// The user to run as (`user`), when it is not the agent's own.
     pub user: Option<Account>,
+    /// Background processes: stdin stays an open pipe (`keepStdin`).
+    pub keep_stdin: bool,
+    /// Background processes: run on a pseudo-terminal of this size (`pty`).
+    pub pty: Option<TerminalSize>,
 }
 
 impl CommandSpec {
@@ -77,6 +82,30 @@ impl IntoSpec for CommandRequest {
                     .into(),
             ));
         }
+        if kind == RequestKind::Exec && (self.keep_stdin.is_some() || self.pty.is_some()) {
+            return Err(AgentError::InvalidRequest(
+                "`keepStdin` and `pty` exist only for background processes (POST /v1/processes)"
+                    .into(),
+            ));
+        }
+        let interactive = self.keep_stdin == Some(true) || self.pty.is_some();
+        if interactive && (self.stdin.is_some() || self.stdin_base64.is_some()) {
+            return Err(AgentError::InvalidRequest(
+                "give either `stdin`/`stdinBase64` or `keepStdin`/`pty`: with an open stdin, write to it with POST /v1/processes/{id}/stdin".into(),
+            ));
+        }
+        let pty = match self.pty {
+            Some(size) if (1..=1000).contains(&size.rows) && (1..=1000).contains(&size.cols) => {
+                Some(size)
+            }
+            Some(size) => {
+                return Err(AgentError::BadRequest(format!(
+                    "`pty` rows and cols must be 1 to 1000, got {}x{}",
+                    size.rows, size.cols
+                )));
+            }
+            None => None,
+        };
         if self.argv.is_some() && self.shell.is_some() {
             return Err(AgentError::InvalidRequest(
                 "`shell` is used only with `command`, not with `argv`".into(),
@@ -169,6 +198,8 @@ impl IntoSpec for CommandRequest {
             encoding: self.output_encoding.unwrap_or_default(),
             keep: self.keep.unwrap_or(false),
             user,
+            keep_stdin: self.keep_stdin.unwrap_or(false),
+            pty,
         })
     }
 }

@@ -10,6 +10,7 @@ mod hardening;
 mod patch;
 mod pid1;
 mod policy_gate;
+mod process_input;
 mod processes;
 mod sessions;
 mod tunnels;
