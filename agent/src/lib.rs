@@ -5,9 +5,11 @@
 //! (HTTP/1.1 connections: header-read timeout, cap) -> `server` (router, `/v1` guard, shutdown; the handlers' shared `state`) ->
 //! handlers in `exec`, `processes`, `sessions`, `files`, `patch`, `ports` (TCP tunnels); `process_group` owns the kill-the-whole-group
 //! rule; `users` resolves and switches to a request's `user`; `init` the PID 1 duty; `policy_gate` holds everything back until the sandbox's
-//! NetworkPolicies are enforced; `error` the JSON error mapping.
+//! NetworkPolicies are enforced; `error` the JSON error mapping; `cgroup` and `metrics` report what the
+//! container uses.
 
 pub mod auth;
+pub mod cgroup;
 pub mod cli;
 pub mod clock;
 pub mod connections;
@@ -21,6 +23,7 @@ pub mod install;
 pub mod json_body;
 pub mod listen;
 pub mod logging;
+pub mod metrics;
 pub mod patch;
 pub mod policy_gate;
 pub mod ports;

@@ -24,7 +24,7 @@ use crate::error::{AgentError, json_response};
 use crate::exec::request::{CommandRequest, CommandSpec, IntoSpec, RequestKind};
 use crate::processes::table::Started;
 use crate::state::AppState;
-use crate::{VERSION, exec, files, patch, ports, processes, sessions};
+use crate::{VERSION, exec, files, metrics, patch, ports, processes, sessions};
 
 /// How long commands get to exit after SIGTERM at shutdown before they are SIGKILLed.
 pub const SHUTDOWN_GRACE: Duration = Duration::from_secs(5);
@@ -160,6 +160,7 @@ pub fn router(state: AppState) -> Router {
             get(files::tar_download::download).put(files::tar_upload::upload),
         )
         .route("/v1/ports/{port}/tunnel", get(ports::tunnel::tunnel))
+        .route("/v1/metrics", get(metrics::metrics))
         .route("/v1/patch", post(patch::apply))
         .route("/v1/identity", axum::routing::put(set_identity))
         .route_layer(middleware::from_fn_with_state(state.clone(), guard_v1));

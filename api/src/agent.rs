@@ -693,6 +693,36 @@ pub struct SessionReadResponse {
     pub shell_exited: bool,
 }
 
+/// Answer of `GET /v1/metrics`: what the sandbox's container uses, from its cgroup, and its disk.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+#[serde(rename_all = "camelCase")]
+pub struct AgentMetrics {
+    /// `v2` or `v1`: the cgroup version read; null when the agent found no cgroup of its own.
+    pub cgroup: Option<String>,
+    /// CPU time used by the container, in seconds (user and system).
+    pub cpu_seconds: Option<f64>,
+    /// Memory the container uses now, in bytes (page cache included, as the limit counts it).
+    pub memory_bytes: Option<u64>,
+    /// Most memory the container has used, in bytes (cgroup v2 needs Linux 5.19 for it).
+    pub memory_peak_bytes: Option<u64>,
+    /// The container's memory limit in bytes; null when it has none.
+    pub memory_limit_bytes: Option<u64>,
+    /// Processes (tasks) in the container.
+    pub pids: Option<u64>,
+    /// Processes the out-of-memory killer has killed in the container so far.
+    pub oom_kills: Option<u64>,
+    /// The agent's root directory, whose file system the disk figures are about.
+    pub disk_path: String,
+    /// Bytes used on that file system (`statvfs`: size less free blocks; the whole file system, not
+    /// only what the sandbox wrote).
+    pub disk_used_bytes: Option<u64>,
+    /// Size of that file system in bytes.
+    pub disk_total_bytes: Option<u64>,
+    /// Bytes still available to unprivileged users on it.
+    pub disk_available_bytes: Option<u64>,
+}
+
 /// Body and answer of `PUT /v1/identity`: the Sandbox this agent serves. Every later command gets
 /// `ORCHARD_SANDBOX=<sandbox>` unless its own `env` sets it (the operator sets it when a Sandbox
 /// claims a warm pool member, whose Pod was started under the member's name).

@@ -7,6 +7,7 @@ mod exec;
 mod file_tree;
 mod files;
 mod hardening;
+mod metrics;
 mod patch;
 mod pid1;
 mod policy_gate;
