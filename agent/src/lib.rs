@@ -1,5 +1,6 @@
 //! `orchard-agent`: the in-pod execution agent of Orchard Env sandboxes. One static binary that serves
-//! exec (unary, streamed, background), files, patches and health over HTTP on the Pod IP.
+//! exec (unary, streamed, background), shell sessions, files, patches, port tunnels, metrics and health
+//! over HTTP on the Pod IP.
 //!
 //! Data flow: `cli` (flags, env) -> `listen` (the socket, dual-stack by default) -> `connections`
 //! (HTTP/1.1 connections: header-read timeout, cap) -> `server` (router, `/v1` guard, shutdown; the handlers' shared `state`) ->
