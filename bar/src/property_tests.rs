@@ -273,12 +273,39 @@ proptest! {
         prop_assert_eq!(u64::from(b.n_star), ((low + high) * n + 1_000_000) / 2_000_000);
     }
 
+    /// A float whose shortest decimal has at most 18 places is exact (10^18 fits a `u64`
+    /// denominator); one with more (`0.00039061191088407186`: 20 places) round-trips when its reduced
+    /// denominator still fits, and is otherwise refused as `TooPrecise`, as the error documents.
     #[test]
     fn floats_round_trip_through_fractions(value in 0.0_f64..=1.0) {
-        let fraction = Fraction::from_f64(value);
-        prop_assert!(fraction.is_ok(), "{} has no fraction: {:?}", value, fraction);
-        if let Ok(fraction) = fraction {
-            prop_assert_eq!(fraction.to_f64(), value);
+        let places = decimal_places(value);
+        match Fraction::from_f64(value) {
+            Ok(fraction) => prop_assert_eq!(fraction.to_f64(), value),
+            Err(error) => {
+                prop_assert!(
+                    matches!(error, FractionError::TooPrecise(_)) && places > 18,
+                    "{} ({} decimal places) has no fraction: {:?}", value, places, error
+                );
+            }
         }
     }
+}
+
+/// Decimal places of `value`'s shortest round-trip representation (`0.375` -> 3, `3.9e-4` -> 5).
+fn decimal_places(value: f64) -> i64 {
+    let text = format!("{value:e}");
+    let (mantissa, exponent) = text.split_once('e').unwrap_or((&text, "0"));
+    let fraction_digits = mantissa
+        .split_once('.')
+        .map_or(0, |(_, digits)| digits.len()) as i64;
+    let exponent: i64 = exponent.parse().unwrap_or(0);
+    (fraction_digits - exponent).max(0)
+}
+
+#[test]
+fn decimal_places_counts_the_shortest_decimal() {
+    assert_eq!(decimal_places(0.375), 3);
+    assert_eq!(decimal_places(0.0), 0);
+    assert_eq!(decimal_places(1.0), 0);
+    assert_eq!(decimal_places(0.00039061191088407186), 20);
 }

@@ -20,7 +20,7 @@ use kube::api::{Api, DeleteParams, PostParams};
 use orchard_e2e::env::{EnvOptions, TestEnv};
 use orchard_e2e::operator_process::{OperatorProcess, metric_sum};
 use orchard_e2e::test_support::gateway::{
-    Caller, audited_requests, grant, sandbox_path, scoped_operator, trainer_rules,
+    Caller, TickingStream, audited_requests, grant, sandbox_path, scoped_operator, trainer_rules,
 };
 use serde_json::json;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -577,26 +577,7 @@ async fn an_exec_stream_and_a_wait_end_soon_after_access_is_revoked() {
         .expect("chunk");
     let mut downloaded = first.len();
 
-    let response = alice
-        .request(
-            reqwest::Method::POST,
-            &sandbox_path(&ns, &name, "/exec/stream"),
-        )
-        .json(&json!({"command": "for i in $(seq 1 60); do echo tick $i; sleep 0.5; done"}))
-        .send()
-        .await
-        .expect("stream");
-    assert_eq!(response.status(), 200);
-    let mut chunks = response.bytes_stream();
-    let mut text = String::new();
-    while !text.contains("tick 2") {
-        let chunk = tokio::time::timeout(Duration::from_secs(10), chunks.next())
-            .await
-            .expect("output within 10 s")
-            .expect("the stream goes on")
-            .expect("chunk");
-        text.push_str(&String::from_utf8_lossy(&chunk));
-    }
+    let mut stream = TickingStream::start(&alice, &ns, &name).await;
 
     Api::<RoleBinding>::namespaced(env.client().await, &ns)
         .delete("trainer", &DeleteParams::default())
@@ -604,25 +585,10 @@ async fn an_exec_stream_and_a_wait_end_soon_after_access_is_revoked() {
         .expect("delete the role binding");
     let revoked = Instant::now();
     let limit = Duration::from_secs(TTL_SECONDS * 2 + 4);
-    let ended = tokio::time::timeout(limit, async {
-        while let Some(chunk) = chunks.next().await {
-            text.push_str(&String::from_utf8_lossy(&chunk.expect("chunk")));
-        }
-    })
-    .await;
+    let ended = stream.ends_within(limit).await;
     let took = revoked.elapsed();
-    assert!(
-        ended.is_ok(),
-        "the stream still runs {limit:?} after revocation"
-    );
-    let last: serde_json::Value =
-        serde_json::from_str(text.lines().last().expect("a last line")).expect("NDJSON");
-    assert_eq!(last["type"], "error", "{last}");
-    assert_eq!(last["code"], "AccessRevoked", "{last}");
-    assert!(
-        !text.contains("\"exit\""),
-        "the command was not left to finish"
-    );
+    assert!(ended, "the stream still runs {limit:?} after revocation");
+    stream.assert_revoked();
     eprintln!("stream ended {took:?} after the RoleBinding was deleted (TTL {TTL_SECONDS} s)");
     let waited = tokio::time::timeout(limit, wait)
         .await

@@ -10,9 +10,14 @@ use kube::ResourceExt;
 use kube::api::{Api, DeleteParams, PostParams};
 use orchard_e2e::env::TestEnv;
 use orchard_e2e::test_support::gateway::{Caller, sandbox_path};
-use orchard_e2e::test_support::rollouts::{GROUP_TIMEOUT, group, is_complete, reward_script};
+use orchard_e2e::test_support::rollouts::{
+    GROUP_TIMEOUT, Recorded, assert_matches_engine, assert_recorded, check_outcomes, group,
+    is_complete, reward_script, wait_queue_idle, watch_pod_peak,
+};
 use orchard_e2e::wait;
-use orchard_operator::api::{RolloutGroup, RolloutPhase, Sandbox, SandboxPhase};
+use orchard_operator::api::{
+    RolloutGroup, RolloutPhase, RolloutQueue, Sandbox, SandboxPhase, Selection, TrajectoryStatus,
+};
 use serde_json::{Value, json};
 
 const READY: Duration = Duration::from_secs(120);
@@ -396,12 +401,89 @@ async fn a_rollout_group_completes_on_real_containers() {
     let status = done.status.expect("status");
     assert_eq!(status.phase, Some(RolloutPhase::Complete), "{status:?}");
     assert_eq!(status.group.len(), 2, "{status:?}");
-    // Not pinned yet with `assert_recorded` (test_support/rollouts.rs): this test runs on the real
-    // node, which the change that pinned the hollow-node groups could not run. Record the group from a
-    // run (selection, positives, members in rank order) and pin it here.
-    orchard_e2e::test_support::rollouts::assert_matches_engine(
-        &groups.get("prompt-1").await.expect("group"),
+    let recorded = groups.get("prompt-1").await.expect("group");
+    assert_matches_engine(&recorded);
+    // Recorded from a run of this test for its fixed seed (`Recorded`).
+    assert_recorded(
+        &recorded,
+        &Recorded {
+            selection: Selection::Balanced,
+            positives: 1,
+            members: &["prompt-1-0", "prompt-1-1"],
+        },
     );
+    env.delete_namespace(&ns).await;
+}
+
+/// A RolloutQueue of two slots shared by three groups of real containers: the slots are counted from
+/// the trajectory pods, whose real start and Terminating time the hollow node does not have, so at
+/// most two run at once, every group still completes with its own group and nothing is aborted.
+#[tokio::test]
+async fn a_rollout_queue_shares_two_slots_between_groups_of_real_containers() {
+    let env = env();
+    let ns = env.namespace("real-queue").await;
+    let client = env.client().await;
+    let queues: Api<RolloutQueue> = Api::namespaced(client.clone(), &ns);
+    let queue: RolloutQueue = serde_json::from_value(json!({
+        "apiVersion": "orchard.dev/v1alpha1", "kind": "RolloutQueue",
+        "metadata": {"name": "shared"},
+        "spec": {"maxRunningTrajectories": 2, "admission": "Fair"},
+    }))
+    .expect("valid RolloutQueue JSON");
+    queues
+        .create(&PostParams::default(), &queue)
+        .await
+        .expect("create queue");
+    let pods = watch_pod_peak(&client, &ns, "orchard.dev/rollout-queue=shared");
+    let groups: Api<RolloutGroup> = Api::namespaced(client.clone(), &ns);
+    let image = env.node.real().image("busybox");
+    let (seeds, pass) = ([31_u64, 32, 33], 50);
+    for (g, seed) in seeds.iter().enumerate() {
+        let mut spec = orchard_e2e::test_support::rollouts::template(
+            &reward_script(*seed, pass, None, None),
+            60,
+        );
+        spec["spec"]["image"] = json!(image);
+        groups
+            .create(
+                &PostParams::default(),
+                &group(
+                    &format!("q{g}"),
+                    json!({"groupSize": 2, "maxTrajectories": 4, "stride": 2,
+                           "queue": "shared", "template": spec}),
+                ),
+            )
+            .await
+            .expect("create group");
+    }
+    for (g, seed) in seeds.iter().enumerate() {
+        let name = format!("q{g}");
+        let done = wait::until(&groups, &name, "Complete", GROUP_TIMEOUT, is_complete).await;
+        let status = done.status.clone().expect("status");
+        check_outcomes(&status, *seed, pass, |_| false);
+        assert_matches_engine(&done);
+        // Recorded from a run of this test for its fixed seeds (`Recorded`): a change means BAR's
+        // choice changed.
+        assert_recorded(
+            &done,
+            &Recorded {
+                selection: Selection::Balanced,
+                positives: 1,
+                members: &[&format!("{name}-0"), &format!("{name}-1")],
+            },
+        );
+        assert!(
+            status
+                .trajectories
+                .iter()
+                .all(|t| t.status != Some(TrajectoryStatus::Aborted)),
+            "waiting for the queue aborts nothing: {status:?}"
+        );
+    }
+    let most = pods.lock().unwrap_or_else(|p| p.into_inner()).most;
+    assert!(most <= 2, "at most 2 trajectory pods at once, saw {most}");
+    assert!(most >= 1, "the watch saw the pods ({most})");
+    wait_queue_idle(&queues, "shared").await;
     env.delete_namespace(&ns).await;
 }
 

@@ -334,10 +334,17 @@ async fn warm_pools_on_the_real_node() {
         .expect("create group");
     wait::until(&groups, "prompt-1", "Complete", GROUP_TIMEOUT, is_complete).await;
     let done = groups.get("prompt-1").await.expect("group");
-    // Not pinned yet with `assert_recorded` (test_support/rollouts.rs): this test runs on the real
-    // node, which the change that pinned the hollow-node groups could not run. Record the group from a
-    // run (selection, positives, members in rank order) and pin it here.
     orchard_e2e::test_support::rollouts::assert_matches_engine(&done);
+    // Recorded from a run for its fixed seed (`Recorded`): the same script, seed and names as
+    // `real_node.rs`'s group, whose members are pinned there too.
+    orchard_e2e::test_support::rollouts::assert_recorded(
+        &done,
+        &orchard_e2e::test_support::rollouts::Recorded {
+            selection: orchard_operator::api::Selection::Balanced,
+            positives: 1,
+            members: &["prompt-1-0", "prompt-1-1"],
+        },
+    );
     let claims_after = pools
         .get("py")
         .await

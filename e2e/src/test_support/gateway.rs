@@ -238,3 +238,70 @@ pub fn audited_requests(env: &TestEnv, resource: &str, agent: &str) -> usize {
         })
         .count()
 }
+
+/// A streamed exec (`POST .../exec/stream`) of a command that prints `tick N` twice a second for a
+/// minute, read up to its second tick: a call in progress, for tests that take its caller's access
+/// away.
+pub struct TickingStream {
+    chunks: futures::stream::BoxStream<'static, reqwest::Result<bytes::Bytes>>,
+    /// The NDJSON read so far.
+    pub text: String,
+}
+
+impl TickingStream {
+    /// Starts the stream in sandbox `namespace/name` as `caller` and reads it up to `tick 2`.
+    pub async fn start(caller: &Caller, namespace: &str, name: &str) -> Self {
+        use futures::StreamExt;
+        let response = caller
+            .request(
+                reqwest::Method::POST,
+                &sandbox_path(namespace, name, "/exec/stream"),
+            )
+            .json(&json!({"command": "for i in $(seq 1 120); do echo tick $i; sleep 0.5; done"}))
+            .send()
+            .await
+            .expect("stream");
+        assert_eq!(response.status(), 200);
+        let mut stream = Self {
+            chunks: response.bytes_stream().boxed(),
+            text: String::new(),
+        };
+        while !stream.text.contains("tick 2") {
+            let chunk = tokio::time::timeout(Duration::from_secs(10), stream.chunks.next())
+                .await
+                .expect("output within 10 s")
+                .expect("the stream goes on")
+                .expect("chunk");
+            stream.text.push_str(&String::from_utf8_lossy(&chunk));
+        }
+        stream
+    }
+
+    /// Reads the rest of the stream; false if it still runs after `limit`.
+    pub async fn ends_within(&mut self, limit: Duration) -> bool {
+        use futures::StreamExt;
+        let chunks = &mut self.chunks;
+        let text = &mut self.text;
+        tokio::time::timeout(limit, async {
+            while let Some(chunk) = chunks.next().await {
+                text.push_str(&String::from_utf8_lossy(&chunk.expect("chunk")));
+            }
+        })
+        .await
+        .is_ok()
+    }
+
+    /// Asserts that the stream ended with an `AccessRevoked` error event and that the command was
+    /// not left to finish.
+    pub fn assert_revoked(&self) {
+        let last: Value =
+            serde_json::from_str(self.text.lines().last().expect("a last line")).expect("NDJSON");
+        assert_eq!(last["type"], "error", "{last}");
+        assert_eq!(last["code"], "AccessRevoked", "{last}");
+        assert!(
+            !self.text.contains("\"exit\""),
+            "the command was not left to finish: {}",
+            self.text
+        );
+    }
+}

@@ -96,6 +96,10 @@ pub struct SandboxDefaults {
     #[arg(long, env = "ORCHARD_DEFAULT_TTL_SECONDS", default_value_t = 7200)]
     pub default_ttl_seconds: i64,
 
+    /// Longest time-to-live after Ready of any sandbox: a spec or a `/timeout` call asking for more is refused by the gateway (422), and the controller never keeps a sandbox longer.
+    #[arg(long, env = "ORCHARD_MAX_TTL_SECONDS", default_value_t = 86400)]
+    pub max_ttl_seconds: i64,
+
     /// Heartbeat timeout of a sandbox whose spec sets none (0 = off).
     #[arg(
         long,

@@ -34,6 +34,7 @@ impl Settings {
         GatewaySettings {
             agent_port: self.pod.pod.agent_port,
             default_ttl_seconds: self.sandbox.default_ttl_seconds,
+            max_ttl_seconds: self.sandbox.max_ttl_seconds,
             default_heartbeat_timeout_seconds: self.sandbox.default_heartbeat_timeout_seconds,
         }
     }
@@ -101,6 +102,12 @@ impl Settings {
             return Err(Error::Config(
                 "--default-ttl-seconds must be positive".into(),
             ));
+        }
+        if defaults.max_ttl_seconds < defaults.default_ttl_seconds {
+            return Err(Error::Config(format!(
+                "--max-ttl-seconds (Helm value sandboxDefaults.maxTtlSeconds) is {}, below --default-ttl-seconds (sandboxDefaults.ttlSeconds) {}: the maximum must allow the default",
+                defaults.max_ttl_seconds, defaults.default_ttl_seconds
+            )));
         }
         if defaults.default_heartbeat_timeout_seconds < 0 {
             return Err(Error::Config(
@@ -181,6 +188,7 @@ impl Settings {
             pod,
             sandbox: SandboxSettings {
                 default_ttl_seconds: defaults.default_ttl_seconds,
+                max_ttl_seconds: defaults.max_ttl_seconds,
                 default_heartbeat_timeout_seconds: defaults.default_heartbeat_timeout_seconds,
                 startup_timeout_seconds: defaults.startup_timeout_seconds,
                 status_coalesce: Duration::from_millis(args.controller.status_coalesce_ms),
@@ -331,6 +339,24 @@ mod tests {
         ] {
             assert!(!is_positive_quantity(bad), "{bad}");
         }
+    }
+
+    #[test]
+    fn a_maximum_ttl_below_the_default_is_refused_naming_both() {
+        let args = OperatorArgs::parse_from([
+            "orchard-operator",
+            "--default-ttl-seconds=7200",
+            "--max-ttl-seconds=3600",
+        ]);
+        let err = Settings::from_args(&args).unwrap_err().to_string();
+        assert!(
+            err.contains("--max-ttl-seconds") && err.contains("sandboxDefaults.maxTtlSeconds"),
+            "{err}"
+        );
+        let args = OperatorArgs::parse_from(["orchard-operator", "--max-ttl-seconds=7200"]);
+        let settings = Settings::from_args(&args).expect("the maximum may equal the default");
+        assert_eq!(settings.sandbox.max_ttl_seconds, 7200);
+        assert_eq!(settings.gateway().max_ttl_seconds, 7200);
     }
 
     #[test]

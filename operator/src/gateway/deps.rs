@@ -40,6 +40,8 @@ pub struct GatewaySettings {
     pub agent_port: u16,
     /// TTL of sandboxes whose spec sets none.
     pub default_ttl_seconds: i64,
+    /// Longest TTL a spec or a `/timeout` call may ask for.
+    pub max_ttl_seconds: i64,
     /// Heartbeat timeout of sandboxes whose spec sets none.
     pub default_heartbeat_timeout_seconds: i64,
 }

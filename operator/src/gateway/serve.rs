@@ -96,6 +96,7 @@ fn api_routes() -> OpenApiRouter<State> {
         .routes(routes!(sandboxes::get_sandbox, sandboxes::delete_sandbox))
         .routes(routes!(sandboxes::wait_sandbox))
         .routes(routes!(sandboxes::heartbeat))
+        .routes(routes!(sandboxes::set_timeout))
         .routes(routes!(sandboxes::agent_token))
         .routes(routes!(sandboxes::record_result))
         .merge(agent::table::router())
@@ -298,6 +299,10 @@ mod tests {
             ),
             (
                 "/v1/namespaces/{namespace}/sandboxes/{name}/heartbeat",
+                &["post"],
+            ),
+            (
+                "/v1/namespaces/{namespace}/sandboxes/{name}/timeout",
                 &["post"],
             ),
             (

@@ -47,7 +47,7 @@ fn reconciler(ctx: &RolloutCtx) -> Reconcile<'_, RolloutGroup> {
 #[instrument(skip_all, fields(group = %object_key(group.as_ref())))]
 pub async fn reconcile(group: Arc<RolloutGroup>, ctx: Arc<RolloutCtx>) -> Result<Action> {
     reconciler(&ctx)
-        .run(&group, reconcile_inner(&group, &ctx))
+        .run(&group, Box::pin(reconcile_inner(&group, &ctx)))
         .await
 }
 

@@ -22,6 +22,8 @@ pub const MAX_CONCURRENT_RUNS: usize = 4096;
 pub struct SandboxSettings {
     /// TTL of sandboxes whose spec sets none.
     pub default_ttl_seconds: i64,
+    /// Longest TTL of any sandbox, whatever its spec says.
+    pub max_ttl_seconds: i64,
     /// Heartbeat timeout of sandboxes whose spec sets none.
     pub default_heartbeat_timeout_seconds: i64,
     /// Seconds a sandbox may take to become Ready.
@@ -30,6 +32,20 @@ pub struct SandboxSettings {
     pub status_coalesce: Duration,
     /// Sandbox reconciles running at once.
     pub concurrency: u16,
+}
+
+impl SandboxSettings {
+    /// The expiry that applies to a sandbox with `spec` (pure): its own values, else the defaults,
+    /// with the TTL held to the maximum.
+    pub fn lifecycle(&self, spec: &orchard_api::SandboxSpec) -> orchard_api::Lifecycle {
+        let mut lifecycle = orchard_api::Lifecycle::of(
+            spec,
+            self.default_ttl_seconds,
+            self.default_heartbeat_timeout_seconds,
+        );
+        lifecycle.ttl_seconds = lifecycle.ttl_seconds.min(self.max_ttl_seconds);
+        lifecycle
+    }
 }
 
 /// The Sandbox controller's context.
@@ -67,5 +83,39 @@ impl SandboxCtx {
             runners: KeyedTasks::new(MAX_CONCURRENT_RUNS),
             pools,
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use orchard_api::{LifecycleSpec, SandboxSpec};
+
+    fn settings() -> SandboxSettings {
+        SandboxSettings {
+            default_ttl_seconds: 7200,
+            max_ttl_seconds: 86400,
+            default_heartbeat_timeout_seconds: 0,
+            startup_timeout_seconds: 600,
+            status_coalesce: Duration::ZERO,
+            concurrency: 1,
+        }
+    }
+
+    fn spec(ttl: Option<i64>) -> SandboxSpec {
+        SandboxSpec {
+            lifecycle: Some(LifecycleSpec {
+                ttl_seconds: ttl,
+                heartbeat_timeout_seconds: None,
+            }),
+            ..SandboxSpec::default()
+        }
+    }
+
+    #[test]
+    fn the_ttl_is_the_specs_or_the_default_held_to_the_maximum() {
+        assert_eq!(settings().lifecycle(&spec(None)).ttl_seconds, 7200);
+        assert_eq!(settings().lifecycle(&spec(Some(600))).ttl_seconds, 600);
+        assert_eq!(settings().lifecycle(&spec(Some(90000))).ttl_seconds, 86400);
     }
 }

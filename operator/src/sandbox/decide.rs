@@ -206,11 +206,7 @@ pub struct Settle {
 pub fn plan_status(sandbox: &Sandbox, outcome: &ChildOutcome, input: &StatusInput) -> StatusPlan {
     let now = input.now;
     let settings = input.settings;
-    let lifecycle = Lifecycle::of(
-        &sandbox.spec,
-        settings.default_ttl_seconds,
-        settings.default_heartbeat_timeout_seconds,
-    );
+    let lifecycle = settings.lifecycle(&sandbox.spec);
     let waiting = matches!(
         outcome.blocked,
         Some(Blocked::PreviousIncarnation(_) | Blocked::Pool { .. })
@@ -385,11 +381,7 @@ pub fn failed_removal(
     if status.phase != Some(SandboxPhase::Failed) || rollout_group_of(sandbox, key).is_some() {
         return Removal::NotOurs;
     }
-    let lifecycle = Lifecycle::of(
-        &sandbox.spec,
-        settings.default_ttl_seconds,
-        settings.default_heartbeat_timeout_seconds,
-    );
+    let lifecycle = settings.lifecycle(&sandbox.spec);
     let created = sandbox
         .metadata
         .creation_timestamp

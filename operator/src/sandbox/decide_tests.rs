@@ -13,6 +13,7 @@ use orchard_api::{LifecycleSpec, RunSpec};
 fn settings() -> SandboxSettings {
     SandboxSettings {
         default_ttl_seconds: 3600,
+        max_ttl_seconds: 7200,
         default_heartbeat_timeout_seconds: 0,
         startup_timeout_seconds: 600,
         status_coalesce: Duration::from_millis(500),

@@ -39,8 +39,9 @@ fn reconciler(ctx: &SandboxCtx) -> Reconcile<'_, Sandbox> {
 /// Reconciles one Sandbox.
 #[instrument(skip_all, fields(sandbox = %object_key(sandbox.as_ref())))]
 pub async fn reconcile(sandbox: Arc<Sandbox>, ctx: Arc<SandboxCtx>) -> Result<Action> {
+    // Boxed: the reconcile's state is large, and every layer above would copy it (callgrind).
     reconciler(&ctx)
-        .run(&sandbox, reconcile_inner(&sandbox, &ctx))
+        .run(&sandbox, Box::pin(reconcile_inner(&sandbox, &ctx)))
         .await
 }
 
@@ -81,9 +82,17 @@ async fn reconcile_inner(queued: &Sandbox, ctx: &Arc<SandboxCtx>) -> Result<Opti
     if plan == ChildPlan::Terminal {
         // Terminal: free the pod's resources, keep the Sandbox so its status says why, until its TTL.
         let status = sandbox.status.clone().unwrap_or_default();
-        return end_terminal(ctx, sandbox, &status).await;
+        return Box::pin(end_terminal(ctx, sandbox, &status)).await;
     }
-    let outcome = ensure_children(ctx, sandbox, &owner, pool.as_deref(), known, &plan).await?;
+    let outcome = Box::pin(ensure_children(
+        ctx,
+        sandbox,
+        &owner,
+        pool.as_deref(),
+        known,
+        &plan,
+    ))
+    .await?;
     let now = Timestamp::now();
     if let Err(problem) = annotated_heartbeat(sandbox, now) {
         warn!(sandbox = %object_key(sandbox), %problem, "heartbeat annotation ignored");
@@ -97,6 +106,8 @@ async fn reconcile_inner(queued: &Sandbox, ctx: &Arc<SandboxCtx>) -> Result<Opti
     };
     match plan_status(sandbox, &outcome, &input) {
         StatusPlan::HoldBack(wait) => Ok(Some(wait)),
-        StatusPlan::Settle(plan) => settle(ctx, sandbox, outcome.pod.as_ref(), *plan).await,
+        StatusPlan::Settle(plan) => {
+            Box::pin(settle(ctx, sandbox, outcome.pod.as_ref(), *plan)).await
+        }
     }
 }

@@ -7,7 +7,7 @@ import time
 
 import pytest
 
-from orchard_env import NotFound, SandboxClient
+from orchard_env import InvalidRequest, NotFound, SandboxClient
 
 from conftest import Cluster
 
@@ -32,3 +32,32 @@ def test_open_handles_keep_sandboxes_alive(client: SandboxClient, cluster: Clust
             return
         time.sleep(0.25)
     pytest.fail("the sandbox outlived its heartbeat timeout after the handle closed")
+
+
+def test_set_timeout_extends_and_shortens_a_ready_sandbox_within_the_maximum(client: SandboxClient, cluster: Cluster) -> None:
+    with client.create(image=cluster.image, ttl_seconds=600, delete_on_exit=False, auto_heartbeat=False) as sbx:
+        for bad in (0, -1, float("nan"), "10"):
+            with pytest.raises(ValueError):
+                sbx.set_timeout(bad)  # type: ignore[arg-type]
+        with pytest.raises(InvalidRequest) as beyond:
+            sbx.set_timeout(10**7)
+        assert beyond.value.code == "TtlBeyondMaximum" and "sandboxDefaults.maxTtlSeconds" in str(beyond.value)
+        longer = sbx.set_timeout(3000)
+        assert 3000 <= longer["ttlSeconds"] <= 3000 + 120 and longer["maxTtlSeconds"] >= longer["ttlSeconds"]
+        assert client.get(sbx.name)["spec"]["lifecycle"]["ttlSeconds"] == longer["ttlSeconds"]
+        asked = time.monotonic()
+        shorter = sbx.set_timeout(3)
+        assert shorter["ttlSeconds"] < longer["ttlSeconds"]
+    # The sandbox ends about 3 s after the call: its TTL, not its heartbeat (none), ends it.
+    while time.monotonic() - asked < 3 + 20:
+        try:
+            status = client.get(sbx.name).get("status") or {}
+        except NotFound:
+            took = time.monotonic() - asked
+            assert took >= 2.5, f"gone {took:.1f}s after set_timeout(3)"
+            print(f"set_timeout(3): gone {took:.1f}s after the call")
+            return
+        assert status.get("phase") in ("Ready", "Expired", "Terminating"), status
+        time.sleep(0.25)
+    pytest.fail("the sandbox outlived the timeout it was set")
+

@@ -19,6 +19,7 @@ from orchard_env import (
     RetryPolicy,
     SandboxClient,
     SandboxFailed,
+    SandboxProgress,
     SandboxStalled,
     Timeout,
 )
@@ -74,9 +75,12 @@ class Gateway:
     def __init__(self, *waits: httpx.Response | dict[str, Any]) -> None:
         self.waits = list(waits)
         self.calls: list[tuple[str, str]] = []
+        self.asked: list[str] = []
 
     def __call__(self, request: httpx.Request) -> httpx.Response:
         self.calls.append((request.method, request.url.path))
+        if request.url.path.endswith("/wait"):
+            self.asked.append(request.url.params.get("timeoutSeconds", ""))
         if (request.method, request.url.path) == ("POST", BASE):
             return httpx.Response(201, json={"metadata": {"name": "s1", "namespace": "ns"}})
         if request.url.path == f"{BASE}/s1/wait":
@@ -87,6 +91,11 @@ class Gateway:
         if request.url.path == f"{BASE}/s1":
             return httpx.Response(200, json=json.loads(json.dumps(STALLED)))
         return httpx.Response(404, json={"code": "NotFound", "message": request.url.path})
+
+    @property
+    def wait_seconds(self) -> list[str]:
+        """The ``timeoutSeconds`` of each wait, as asked."""
+        return self.asked
 
     @property
     def waited(self) -> int:
@@ -170,6 +179,40 @@ async def test_a_ready_sandbox_is_returned(mode: str) -> None:
     async with client_of(mode, gateway) as client:
         sbx = await done(client.create(image="x", auto_heartbeat=False, delete_on_exit=False))
         assert sbx.phase == "Ready" and gateway.waited == 2
+
+
+@DRIVERS
+async def test_on_progress_sees_each_change_once_within_short_waits(mode: str, caplog: pytest.LogCaptureFixture) -> None:
+    gateway = Gateway(
+        wait_timeout("Pending", "NotScheduled", "0/3 nodes are available"),
+        wait_timeout("Pending", "NotScheduled", "0/3 nodes are available"),
+        wait_timeout(),
+        wait_timeout(),
+        READY,
+    )
+    seen: list[SandboxProgress] = []
+    caplog.set_level("INFO", logger="orchard_env")
+    async with client_of(mode, gateway) as client:
+        sbx = await done(client.create(image="x", auto_heartbeat=False, delete_on_exit=False, on_progress=seen.append))
+        assert sbx.phase == "Ready"
+    assert [(p.phase, p.reason) for p in seen] == [
+        ("Pending", "NotScheduled"), ("Starting", "AgentStarting"), ("Ready", "SandboxReady")
+    ], "one call per change, the last one Ready"
+    assert seen[0].message == "0/3 nodes are available" and seen[1].message == STARTING_MESSAGE
+    assert all(p.name == "s1" and p.namespace == "ns" for p in seen)
+    assert [p.elapsed for p in seen] == sorted(p.elapsed for p in seen) and seen[0].elapsed >= 0
+    asked = [float(request_wait) for request_wait in gateway.wait_seconds]
+    assert asked and max(asked) <= _ops.PROGRESS_POLL, f"server-side waits of at most {_ops.PROGRESS_POLL}s: {asked}"
+    logged = [r.getMessage() for r in caplog.records if r.name == "orchard_env" and r.levelname == "INFO"]
+    assert any(m.startswith("sandbox ns/s1: phase Pending, reason NotScheduled: 0/3 nodes") for m in logged), logged
+
+
+@DRIVERS
+async def test_without_on_progress_the_waits_stay_long(mode: str) -> None:
+    gateway = Gateway(wait_timeout(), READY)
+    async with client_of(mode, gateway) as client:
+        await done(client.create(image="x", auto_heartbeat=False, delete_on_exit=False))
+    assert [float(w) for w in gateway.wait_seconds][0] > _ops.PROGRESS_POLL
 
 
 def test_gateway_wait_timeout_becomes_a_timeout_with_the_three_fields() -> None:

@@ -189,6 +189,29 @@ pub struct HeartbeatResponse {
     expires_at: Option<String>,
 }
 
+/// Body of `POST .../timeout`.
+#[derive(ToSchema)]
+#[schema(as = TimeoutRequest)]
+#[serde(rename_all = "camelCase")]
+#[allow(dead_code)]
+pub struct TimeoutRequestSchema {
+    /// Seconds from now until the sandbox ends (1 to 31622400); its TTL becomes the time since Ready plus this.
+    timeout_seconds: i64,
+}
+
+/// Answer of `POST .../timeout`.
+#[derive(ToSchema)]
+#[serde(rename_all = "camelCase")]
+#[allow(dead_code)]
+pub struct TimeoutResponse {
+    /// The sandbox's new `spec.lifecycle.ttlSeconds`.
+    ttl_seconds: i64,
+    /// When that TTL ends the sandbox (RFC 3339); the heartbeat deadline may end it earlier (`status.expiresAt` once the controller recomputed it).
+    ttl_ends_at: String,
+    /// The operator's `--max-ttl-seconds`.
+    max_ttl_seconds: i64,
+}
+
 /// Answer of `POST .../result`.
 #[derive(ToSchema)]
 #[allow(dead_code)]

@@ -13,8 +13,9 @@ use super::recent_deletes::RecentDeletes;
 use crate::gateway::http::errors::{ApiError, from_kube};
 use crate::plumbing::operator_key::OperatorKey;
 use crate::plumbing::ownership::sealed_for;
-use crate::pod::agent_target::{NoTarget, endpoint_of_own_pod};
+use crate::pod::agent_target::endpoint_of_own_pod;
 use crate::pod::lookup::{cached_pod, own_pod_name};
+use crate::pod::token::token_of;
 use orchard_api::{Sandbox, SandboxPhase};
 
 /// The agent endpoint of a sandbox that can take calls, from its own Ready pod in the cache (`pod`,
@@ -111,21 +112,17 @@ pub fn agent_access(
     agent_port: u16,
     key: &OperatorKey,
 ) -> Result<(String, String), ApiError> {
-    agent_endpoint(sandbox, pod, agent_port, key)?;
-    let not_ready = || {
+    // Only the sandbox's own Ready pod gives an endpoint (its seal checked once, there).
+    let endpoint = agent_endpoint(sandbox, pod, agent_port, key)?;
+    let pod = pod.ok_or_else(|| {
         ApiError::not_ready(
             &sandbox.namespace().unwrap_or_default(),
             &sandbox.name_any(),
             None,
         )
-    };
-    // `agent_endpoint` answers only with the sandbox's own Ready pod; without one it refused above.
-    let pod = pod.ok_or_else(not_ready)?;
-    match crate::pod::agent_target::agent_target(sandbox, pod, agent_port, key) {
-        Ok(target) => Ok((target.endpoint, target.token)),
-        Err(NoTarget::NotReady) => Err(not_ready()),
-        Err(NoTarget::Token(err)) => Err(ApiError::conflict(err.to_string())),
-    }
+    })?;
+    let token = token_of(key, pod).map_err(|err| ApiError::conflict(err.to_string()))?;
+    Ok((endpoint, token))
 }
 
 #[cfg(test)]

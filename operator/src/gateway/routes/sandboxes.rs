@@ -1,5 +1,6 @@
 //! Sandbox lifecycle routes: create (returns at once), list and get (from the watch cache), delete,
-//! wait (watch-driven), heartbeat (coalesced annotation write), result (write-once status field) and
+//! wait (watch-driven), heartbeat (coalesced annotation write), timeout (the TTL from now), result
+//! (write-once status field) and
 //! the agent's address and token for direct calls.
 
 use axum::Json;
@@ -19,9 +20,10 @@ use crate::gateway::deps::GATEWAY_FIELD_MANAGER;
 use crate::gateway::http::errors::{ApiError, ErrorBody, from_kube, json_response};
 use crate::gateway::http::openapi::{
     AgentAccessResponse, CreateSandboxRequest, Deleted, HeartbeatResponse, ResultResponse,
-    SandboxList, SandboxSchema, TrajectoryResultSchema,
+    SandboxList, SandboxSchema, TimeoutRequestSchema, TimeoutResponse, TrajectoryResultSchema,
 };
 use crate::gateway::objects::spec::sandbox_from_request;
+use crate::gateway::objects::timeout::{Refusal, ttl_for_timeout};
 use crate::gateway::objects::wait::{WaitFor, WaitOutcome, wait_duration};
 use crate::gateway::state::{Call, ListQuery, NamespacePath, ObjectPath, State, WaitQuery, query};
 use crate::plumbing::conditions::{STALLED, is_true, why_unsettled};
@@ -57,6 +59,18 @@ pub async fn create_sandbox(
         .await?;
     let request = state.json_body(&identity, &headers, body).await?;
     let sandbox = sandbox_from_request(&path.namespace, request, &identity.username)?;
+    let max = state.deps.settings.max_ttl_seconds;
+    if let Some(ttl) = sandbox
+        .spec
+        .lifecycle
+        .as_ref()
+        .and_then(|l| l.ttl_seconds)
+        .filter(|ttl| *ttl > max)
+    {
+        return Err(beyond_maximum(format!(
+            "lifecycle.ttlSeconds {ttl} is beyond the operator's maximum of {max}s (--max-ttl-seconds, Helm value sandboxDefaults.maxTtlSeconds)"
+        )));
+    }
     objects::create(&state, &path.namespace, &sandbox, &identity.username).await
 }
 
@@ -272,6 +286,97 @@ pub async fn heartbeat(Call(state, path, headers): Call<ObjectPath>) -> Result<R
         "heartbeatTimeoutSeconds": beat.timeout_seconds,
         "written": beat.written,
         "expiresAt": expires_at,
+    }))
+    .into_response())
+}
+
+/// Body of `POST .../timeout`.
+#[derive(Debug, serde::Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+struct TimeoutRequest {
+    /// Seconds from now until the sandbox ends.
+    timeout_seconds: i64,
+}
+
+/// 422 `TtlBeyondMaximum`: a TTL the operator's maximum does not allow.
+fn beyond_maximum(message: String) -> ApiError {
+    ApiError::new(
+        StatusCode::UNPROCESSABLE_ENTITY,
+        "TtlBeyondMaximum",
+        message,
+    )
+}
+
+/// Sets a Ready sandbox's TTL so that it ends `timeoutSeconds` from now, to extend or shorten its
+/// life (`spec.lifecycle.ttlSeconds` becomes the time since Ready plus the timeout). The heartbeat
+/// deadline still applies. Authorised like a heartbeat.
+#[utoipa::path(
+    post,
+    path = "/v1/namespaces/{namespace}/sandboxes/{name}/timeout",
+    tag = "sandboxes",
+    params(ObjectPath),
+    request_body = TimeoutRequestSchema,
+    responses(
+        (status = 200, body = TimeoutResponse),
+        (status = 400, description = "Malformed body, or `timeoutSeconds` not between 1 and 31622400", body = ErrorBody),
+        (status = 401, body = ErrorBody),
+        (status = 403, description = "RBAC denies `create sandboxes/heartbeat`", body = ErrorBody),
+        (status = 404, body = ErrorBody),
+        (status = 409, description = "`NotReady`: the TTL counts from Ready; wait for it first", body = ErrorBody),
+        (status = 422, description = "`TtlBeyondMaximum`: past the operator's `--max-ttl-seconds`; the message names the most still allowed", body = ErrorBody),
+    )
+)]
+pub async fn set_timeout(
+    Call(state, path, headers): Call<ObjectPath>,
+    body: Body,
+) -> Result<Response, ApiError> {
+    let identity = state
+        .authorize_object(&headers, Operation::Heartbeat, &path)
+        .await?;
+    let value = state.json_body(&identity, &headers, body).await?;
+    let request: TimeoutRequest = serde_json::from_value(value)
+        .map_err(|err| ApiError::bad_request(format!("invalid body: {err}")))?;
+    let sandbox = state.sandbox(&path).await?;
+    let status = sandbox.status.clone().unwrap_or_default();
+    let ready = match (status.phase, status.ready_time) {
+        (Some(SandboxPhase::Ready), Some(ready))
+            if sandbox.metadata.deletion_timestamp.is_none() =>
+        {
+            ready.0
+        }
+        (phase, _) => {
+            return Err(ApiError::not_ready(
+                &path.namespace,
+                &path.name,
+                phase.map(|p| p.as_str()),
+            ));
+        }
+    };
+    let max = state.deps.settings.max_ttl_seconds;
+    let now = k8s_openapi::jiff::Timestamp::now();
+    let ttl =
+        ttl_for_timeout(ready, now, request.timeout_seconds, max).map_err(
+            |refusal| match refusal {
+                Refusal::OutOfRange(_) => ApiError::bad_request(refusal.message()),
+                Refusal::BeyondMaximum { .. } => beyond_maximum(refusal.message()),
+            },
+        )?;
+    let patch = json!({"spec": {"lifecycle": {"ttlSeconds": ttl.ttl_seconds}}});
+    api(&state, &path.namespace)
+        .patch(
+            &path.name,
+            &PatchParams {
+                field_manager: Some(GATEWAY_FIELD_MANAGER.into()),
+                ..PatchParams::default()
+            },
+            &Patch::Merge(&patch),
+        )
+        .await
+        .map_err(|err| from_kube(&err, &format!("sandbox {}/{}", path.namespace, path.name)))?;
+    Ok(Json(json!({
+        "ttlSeconds": ttl.ttl_seconds,
+        "ttlEndsAt": ttl.ends_at.to_string(),
+        "maxTtlSeconds": max,
     }))
     .into_response())
 }

@@ -36,6 +36,7 @@ from .models import (
     GroupResult,
     PatchResult,
     ProcessInfo,
+    SandboxProgress,
     Trajectory,
     TrajectoryResult,
 )
@@ -73,6 +74,7 @@ __all__ = [
     "Sandbox",
     "SandboxClient",
     "SandboxFailed",
+    "SandboxProgress",
     "SandboxStalled",
     "Timeout",
     "TooManyRequests",

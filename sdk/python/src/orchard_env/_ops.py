@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import base64
+import math
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -14,6 +15,9 @@ ANSWER_MARGIN = 30.0
 AGENT_DEFAULT_EXEC_TIMEOUT = 600.0
 #: Longest server-side wait per request (the gateway clamps ``timeoutSeconds`` to it).
 MAX_SERVER_WAIT = 300.0
+#: Longest server-side wait per request while an ``on_progress`` callback follows a sandbox: a change of
+#: phase or reason is reported at most this late.
+PROGRESS_POLL = 2.0
 #: Default seconds ``create()`` and ``wait_ready()`` wait for Ready: the operator's default startup timeout
 #: (600 s after creation, Helm ``sandboxDefaults.startupTimeoutSeconds``) plus a margin, so a sandbox that
 #: cannot start ends with the operator's ``StartupTimeout`` failure, which says why, before the SDK gives up.
@@ -30,6 +34,14 @@ MAX_RESULT_MESSAGE = 4096
 RESULT_KEYS = frozenset({"reward", "status", "length", "artifact", "exitCode", "reason", "message"})
 #: Phases a sandbox does not leave by itself without becoming Ready.
 FINAL_PHASES = frozenset({"Failed", "Succeeded", "Expired"})
+
+
+def timeout_seconds(seconds: float) -> int:
+    """Whole seconds for ``set_timeout`` (pure): a positive number, rounded up so the sandbox never ends
+    before the time asked for; anything else is a ``ValueError`` before any request."""
+    if isinstance(seconds, bool) or not isinstance(seconds, (int, float)) or not seconds > 0 or seconds == float("inf"):
+        raise ValueError(f"set_timeout needs a positive number of seconds, not {seconds!r}")
+    return math.ceil(seconds)
 
 
 def camel(name: str) -> str:

@@ -28,6 +28,7 @@ from .models import (
     GroupResult,
     PatchResult,
     ProcessInfo,
+    SandboxProgress,
     TrajectoryResult,
 )
 from collections.abc import Awaitable
@@ -66,7 +67,9 @@ class AsyncSandbox(_core.SandboxCore):
         """Reads the Sandbox object again, keeps it (``raw``, ``phase``) and returns it."""
         return await self._run(self._refresh_plan())
 
-    async def wait_ready(self, timeout: float | None = _ops.DEFAULT_WAIT_TIMEOUT) -> AsyncSandbox:
+    async def wait_ready(
+        self, timeout: float | None = _ops.DEFAULT_WAIT_TIMEOUT, *, on_progress: Callable[[SandboxProgress], None] | None = None
+    ) -> AsyncSandbox:
         """Waits until the sandbox is Ready (the gateway's watch-driven wait) and returns this handle.
 
         Raises as soon as the sandbox cannot become Ready by itself: :class:`~orchard_env.SandboxStalled`
@@ -75,8 +78,12 @@ class AsyncSandbox(_core.SandboxCore):
         ``timeout`` seconds (None: no limit) raises :class:`~orchard_env.Timeout` carrying the same three
         as last seen, also quoted in its message. The default, 630 s, outlasts the operator's default
         startup timeout (600 s after creation), so a sandbox that cannot start ends as ``SandboxFailed``
-        with reason ``StartupTimeout`` and the operator's explanation rather than as a bare timeout."""
-        return await self._run(self._wait_ready_plan(timeout))
+        with reason ``StartupTimeout`` and the operator's explanation rather than as a bare timeout.
+
+        ``on_progress`` is called with a :class:`~orchard_env.SandboxProgress` (phase, the Ready reason and
+        message, seconds waited) each time they change, seen within 2 s; every change is also logged at
+        INFO on the ``orchard_env`` logger."""
+        return await self._run(self._wait_ready_plan(timeout, on_progress))
 
     # -- heartbeats ------------------------------------------------------------------------
 
@@ -85,6 +92,14 @@ class AsyncSandbox(_core.SandboxCore):
         ``{"heartbeatTimeoutSeconds", "written", "expiresAt"}`` (the gateway coalesces writes). Open handles
         do this in the background; calls through the gateway count as heartbeats too."""
         return await self._run(self._heartbeat_plan())
+
+    async def set_timeout(self, seconds: float) -> dict[str, Any]:
+        """Ends the sandbox ``seconds`` from now (rounded up), extending or shortening its life: its TTL
+        becomes the time since Ready plus ``seconds``. Answers ``{"ttlSeconds", "ttlEndsAt",
+        "maxTtlSeconds"}``. The heartbeat deadline still applies (an open handle keeps heartbeating).
+        Raises :class:`~orchard_env.NotReady` before Ready, and :class:`~orchard_env.InvalidRequest`
+        (code ``TtlBeyondMaximum``, naming the most still allowed) past the operator's maximum TTL."""
+        return await self._run(self._set_timeout_plan(seconds))
 
     def _beat_in_background(self, loop: _core.Plan[None]) -> Heartbeats:
         return Heartbeats(self, loop)
@@ -357,7 +372,7 @@ class AsyncSandboxClient(Driver, _core.ClientCore):
         cpu: str | int | float | None = None, memory: str | None = None, ttl_seconds: int | None = None, heartbeat_timeout_seconds: int | None = None,
         network: str | Mapping[str, Any] | None = None, spec: Mapping[str, Any] | None = None, wait: bool = True,
         wait_timeout: float | None = _ops.DEFAULT_WAIT_TIMEOUT, delete_on_exit: bool = True, auto_heartbeat: bool = True,
-        direct: bool | None = None, **spec_fields: Any) -> _Creating:
+        direct: bool | None = None, on_progress: Callable[[SandboxProgress], None] | None = None, **spec_fields: Any) -> _Creating:
         """Creates a sandbox from ``image`` (or a full ``spec``) and, with ``wait`` (default), waits until
         it is Ready. Await it for the handle, or use it as ``async with client.create(...) as sbx:``.
 
@@ -368,7 +383,7 @@ class AsyncSandboxClient(Driver, _core.ClientCore):
         The wait returns early with :class:`~orchard_env.SandboxStalled` or
         :class:`~orchard_env.SandboxFailed`, and gives up after ``wait_timeout`` seconds with
         :class:`~orchard_env.Timeout` (see :meth:`wait_ready`); with ``delete_on_exit`` the sandbox is
-        deleted before the error is raised.
+        deleted before the error is raised. ``on_progress`` follows the wait as in :meth:`wait_ready`.
 
         ``heartbeat_timeout_seconds`` (None: 600) is how long the sandbox lives without a heartbeat. The
         open handle heartbeats every third of it (``auto_heartbeat``), so a sandbox outlives its trainer by
@@ -378,7 +393,7 @@ class AsyncSandboxClient(Driver, _core.ClientCore):
         it is closed, when the interpreter exits and when the process gets SIGTERM."""
         plan = self._create_plan(
             namespace, wait=wait, wait_timeout=wait_timeout, delete_on_exit=delete_on_exit, auto_heartbeat=auto_heartbeat,
-            direct=direct, image=image, name=name, generate_name=generate_name, labels=labels, annotations=annotations,
+            direct=direct, on_progress=on_progress, image=image, name=name, generate_name=generate_name, labels=labels, annotations=annotations,
             env=env, cpu=cpu, memory=memory, ttl_seconds=ttl_seconds, heartbeat_timeout_seconds=heartbeat_timeout_seconds,
             network=network, spec=spec, extra=spec_fields)
         return self._create_handle(plan)

@@ -168,6 +168,31 @@ class PatchResult:
 
 
 @dataclass(frozen=True)
+class SandboxProgress:
+    """What a sandbox being waited for is doing, as ``create()`` and ``wait_ready()`` hand it to their
+    ``on_progress`` callback each time it changes (also logged at INFO on the ``orchard_env`` logger)."""
+
+    name: str
+    namespace: str
+    phase: str | None
+    """Pending, Starting, Ready... (None before the operator's first status write)."""
+    reason: str | None
+    """The Ready condition's reason (``NotScheduled``, ``AgentStarting``, ``PolicyEnforcementMissing``...)."""
+    message: str | None
+    """The Ready condition's message: what the sandbox waits for, in the operator's words."""
+    elapsed: float
+    """Seconds since the wait began."""
+
+    def __str__(self) -> str:
+        text = f"sandbox {self.namespace}/{self.name}: phase {self.phase or 'unknown'}"
+        if self.reason:
+            text += f", reason {self.reason}"
+        if self.message:
+            text += f": {self.message}"
+        return text + f" ({self.elapsed:.1f}s)"
+
+
+@dataclass(frozen=True)
 class GroupMember:
     """One member of a RolloutGroup's selected group."""
 

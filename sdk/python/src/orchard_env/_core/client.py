@@ -14,6 +14,7 @@ import httpx
 from .. import _ops
 from .._config import Settings, resolve
 from .._retry import RetryPolicy
+from ..models import SandboxProgress
 from ..errors import (
     Forbidden,
     OrchardError,
@@ -105,7 +106,8 @@ class ClientCore:
 
     def _create_plan(
         self, namespace: str | None, *, wait: bool, wait_timeout: float | None, delete_on_exit: bool,
-        auto_heartbeat: bool, direct: bool | None, **body_fields: Any,
+        auto_heartbeat: bool, direct: bool | None, on_progress: Callable[[SandboxProgress], None] | None = None,
+        **body_fields: Any,
     ) -> Callable[[], Plan[Any]]:
         """Checks the request now (``ValueError``) and answers a factory of the create plan: POST, then,
         with ``wait``, wait until Ready, deleting the sandbox again when that fails (``delete_on_exit``)."""
@@ -122,7 +124,7 @@ class ClientCore:
             sandbox = self._handle(created["metadata"]["name"], ns, created, delete_on_exit, auto_heartbeat, direct)
             if wait:
                 try:
-                    yield from sandbox._wait_ready_plan(wait_timeout)
+                    yield from sandbox._wait_ready_plan(wait_timeout, on_progress)
                 except BaseException:
                     if delete_on_exit:
                         with contextlib.suppress(OrchardError):

@@ -24,8 +24,8 @@ from ..errors import (
     Timeout,
     error_from_response,
 )
-from ..models import ExecEvent, ExecResult, FileEntry, PatchResult, ProcessInfo
-from .steps import Call, Plan, Request, Sleep, T, exchange, log, until
+from ..models import ExecEvent, ExecResult, FileEntry, PatchResult, ProcessInfo, SandboxProgress
+from .steps import NOW, Call, Plan, Request, Sleep, T, exchange, log, until
 
 #: Bytes read or written per block when streaming files.
 CHUNK = 256 * 1024
@@ -182,12 +182,29 @@ class SandboxCore:
         self.raw = (yield from self._gateway("GET")).json()
         return self.raw
 
-    def _wait_ready_plan(self, timeout: float | None) -> Plan[Any]:
+    def _wait_ready_plan(
+        self, timeout: float | None, on_progress: Callable[[SandboxProgress], None] | None = None
+    ) -> Plan[Any]:
         """Waits until Ready with the gateway's watch-driven waits. Raises as soon as the sandbox settles
         otherwise: :class:`SandboxStalled` (``Stalled=True``), :class:`SandboxFailed` (Failed,
         Succeeded, Expired); after ``timeout`` seconds :class:`Timeout` with the phase, reason and
-        condition message last seen."""
+        condition message last seen. Each change of phase, reason or message seen on the way is logged
+        at INFO and handed to ``on_progress`` (which makes the server-side waits
+        :data:`~orchard_env._ops.PROGRESS_POLL` seconds long, so a change is seen that soon)."""
         last: dict[str, str | None] = {}
+        started = yield NOW
+        reported: list[SandboxProgress] = []
+
+        def progress(phase: str | None, reason: str | None, message: str | None) -> Plan[None]:
+            seen = reported[-1] if reported else None
+            if seen is not None and (seen.phase, seen.reason, seen.message) == (phase, reason, message):
+                return
+            now = yield NOW
+            update = SandboxProgress(self.name, self.namespace, phase, reason, message, max(0.0, now - started))
+            reported.append(update)
+            log.info("%s", update)
+            if on_progress is not None:
+                on_progress(update)
 
         def attempt(wait: float) -> Plan[Any]:
             done, answer = yield from self.client._server_wait_plan(
@@ -200,8 +217,10 @@ class SandboxCore:
                 for key, field in (("reason", "reason"), ("message", "conditionMessage")):
                     value = answer.get(field)
                     last[key] = value if isinstance(value, str) and value else None
+                yield from progress(phase if isinstance(phase, str) else None, last.get("reason"), last.get("message"))
                 return None
             self.raw = answer
+            yield from progress(*_ops.why_not_ready(self.raw))
             if _ops.is_ready(self.raw):
                 self._start_heartbeats()
                 return self
@@ -224,10 +243,14 @@ class SandboxCore:
                 phase=phase, reason=reason, condition_message=message,
             )
 
-        return until(timeout, attempt, expired)
+        return (yield from until(timeout, attempt, expired, _ops.PROGRESS_POLL if on_progress else _ops.MAX_SERVER_WAIT))
 
     def _heartbeat_plan(self) -> Plan[dict[str, Any]]:
         return _ops.json_object((yield from self._gateway("POST", "/heartbeat")).json())
+
+    def _set_timeout_plan(self, seconds: float) -> Plan[dict[str, Any]]:
+        body = {"timeoutSeconds": _ops.timeout_seconds(seconds)}
+        return _ops.json_object((yield from self._gateway("POST", "/timeout", json_body=body)).json())
 
     def _start_heartbeats(self) -> None:
         if self.auto_heartbeat and self._heartbeats is None and not self._closed:

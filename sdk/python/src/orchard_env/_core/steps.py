@@ -176,17 +176,19 @@ def _backoff(policy: RetryPolicy, attempt: int, why: str) -> Plan[None]:
 
 
 def until(
-    timeout: float | None, attempt: Callable[[float], Plan[T | None]], expired: Callable[[], str | Timeout]
+    timeout: float | None, attempt: Callable[[float], Plan[T | None]], expired: Callable[[], str | Timeout],
+    slice_seconds: float = _ops.MAX_SERVER_WAIT,
 ) -> Plan[T]:
-    """Long-polls: repeats ``attempt(wait)`` (one server-side wait of at most ``wait`` seconds) until it
-    answers something other than None; once ``timeout`` seconds have passed (None: never) raises
-    ``expired()``: a :class:`Timeout`, or the message of one."""
+    """Long-polls: repeats ``attempt(wait)`` (one server-side wait of at most ``wait`` seconds, and at
+    most ``slice_seconds``) until it answers something other than None; once ``timeout`` seconds have
+    passed (None: never) raises ``expired()``: a :class:`Timeout`, or the message of one."""
     deadline = None if timeout is None else (yield NOW) + timeout
+    longest = min(_ops.MAX_SERVER_WAIT, slice_seconds)
     while True:
-        remaining = _ops.MAX_SERVER_WAIT if deadline is None else deadline - (yield NOW)
+        remaining = longest if deadline is None else deadline - (yield NOW)
         if remaining <= 0:
             why = expired()
             raise why if isinstance(why, Timeout) else Timeout(why)
-        value = yield from attempt(min(_ops.MAX_SERVER_WAIT, remaining))
+        value = yield from attempt(min(longest, remaining))
         if value is not None:
             return value
