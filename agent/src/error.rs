@@ -50,6 +50,9 @@ pub enum AgentError {
     /// The agent cannot serve yet; retrying later succeeds (503).
     #[error("{0}")]
     Unavailable(String),
+    /// Something the agent connects to on the caller's behalf refused (502).
+    #[error("{0}")]
+    BadGateway(String),
     #[error("{0}")]
     Internal(String),
 }
@@ -97,6 +100,7 @@ impl AgentError {
             AgentError::MethodNotAllowed(_) => StatusCode::METHOD_NOT_ALLOWED,
             AgentError::TooManyRequests(_) => StatusCode::TOO_MANY_REQUESTS,
             AgentError::Unavailable(_) => StatusCode::SERVICE_UNAVAILABLE,
+            AgentError::BadGateway(_) => StatusCode::BAD_GATEWAY,
             AgentError::Internal(_) => StatusCode::INTERNAL_SERVER_ERROR,
         }
     }
@@ -118,6 +122,7 @@ impl AgentError {
             AgentError::MethodNotAllowed(_) => "MethodNotAllowed",
             AgentError::TooManyRequests(_) => "TooManyRequests",
             AgentError::Unavailable(_) => "Unavailable",
+            AgentError::BadGateway(_) => "BadGateway",
             AgentError::Internal(_) => "Internal",
         }
     }
@@ -208,6 +213,8 @@ mod tests {
             stderr_lossy: false,
             output_encoding: Default::default(),
             error: None,
+            stdin_open: false,
+            pty: false,
         };
         let error = AgentError::Conflict {
             message: "exists".into(),

@@ -2,7 +2,8 @@
 //! `kill(-pgid)` reaches it and everything it spawned, `&` background jobs included. Owns the registry
 //! of live groups that shutdown signals, and the guard that SIGKILLs a group when its request goes away.
 //!
-//! A new process group, not a new session: std's `Command::process_group(0)` is carried out by
+//! A new process group, not a new session (except for a background process started with `pty`, which
+//! needs a session to have a controlling terminal: `exec::pty`; its group is its own all the same): std's `Command::process_group(0)` is carried out by
 //! `posix_spawn` itself (`POSIX_SPAWN_SETPGROUP`), so starting a command stays on the cheap
 //! `posix_spawn` path (a `vfork`-style clone that shares the agent's memory until `exec`). `setsid`
 //! has no stable std API; calling it from a `pre_exec` hook forces std onto a full `fork` + `exec`

@@ -1,6 +1,6 @@
 //! The HTTP server: configuration, shared state, the router, the `/v1` guard (bearer token, then the
-//! in-flight cap answered with 429), and graceful shutdown (SIGTERM every command's group, wait up to
-//! 5 s, SIGKILL the rest).
+//! in-flight cap answered with 429), and graceful shutdown (end every shell session, SIGTERM every
+//! command's group, wait up to 5 s, SIGKILL the rest).
 
 use std::future::Future;
 use std::path::Path;
@@ -24,7 +24,7 @@ use crate::error::{AgentError, json_response};
 use crate::exec::request::{CommandRequest, CommandSpec, IntoSpec, RequestKind};
 use crate::processes::table::Started;
 use crate::state::AppState;
-use crate::{VERSION, exec, files, patch, processes};
+use crate::{VERSION, exec, files, metrics, patch, ports, processes, sessions};
 
 /// How long commands get to exit after SIGTERM at shutdown before they are SIGKILLed.
 pub const SHUTDOWN_GRACE: Duration = Duration::from_secs(5);
@@ -132,6 +132,19 @@ pub fn router(state: AppState) -> Router {
             get(processes::routes::status).delete(processes::routes::remove),
         )
         .route("/v1/processes/{id}/signal", post(processes::routes::signal))
+        .route("/v1/processes/{id}/stdin", post(processes::routes::stdin))
+        .route("/v1/processes/{id}/resize", post(processes::routes::resize))
+        .route(
+            "/v1/sessions",
+            post(sessions::routes::start).get(sessions::routes::list),
+        )
+        .route(
+            "/v1/sessions/{id}",
+            get(sessions::routes::status).delete(sessions::routes::remove),
+        )
+        .route("/v1/sessions/{id}/run", post(sessions::routes::run))
+        .route("/v1/sessions/{id}/input", post(sessions::routes::input))
+        .route("/v1/sessions/{id}/read", post(sessions::routes::read))
         .route(
             "/v1/files",
             get(files::routes::get)
@@ -139,6 +152,15 @@ pub fn router(state: AppState) -> Router {
                 .delete(files::routes::delete),
         )
         .route("/v1/files/list", get(files::routes::list))
+        .route("/v1/files/stat", get(files::stat::stat))
+        .route("/v1/files/mkdir", post(files::mkdir::mkdir))
+        .route("/v1/files/rename", post(files::rename::rename))
+        .route(
+            "/v1/files/tar",
+            get(files::tar_download::download).put(files::tar_upload::upload),
+        )
+        .route("/v1/ports/{port}/tunnel", get(ports::tunnel::tunnel))
+        .route("/v1/metrics", get(metrics::metrics))
         .route("/v1/patch", post(patch::apply))
         .route("/v1/identity", axum::routing::put(set_identity))
         .route_layer(middleware::from_fn_with_state(state.clone(), guard_v1));
@@ -204,6 +226,11 @@ pub async fn serve(
         "shutting down: stopping commands"
     );
     let _ = stop.send(true);
+    // Sessions' shells wait for input forever: they are ended at once (their groups SIGKILLed).
+    let sessions = state.sessions.end_all();
+    if sessions > 0 {
+        tracing::info!(sessions, "ended shell sessions");
+    }
     state.groups.signal_all(libc::SIGTERM);
     if !state.groups.wait_until_empty(SHUTDOWN_GRACE).await {
         tracing::warn!(

@@ -1,5 +1,5 @@
 //! What every handler shares: the agent's configuration, resolved at startup ([`AgentConfig`]), and
-//! the state built from it ([`AppState`]: process groups, background processes, the output budget,
+//! the state built from it ([`AppState`]: process groups, background processes, shell sessions, the output budget,
 //! the sandbox's identity, the admission semaphore and the policy gate).
 
 use std::path::PathBuf;
@@ -13,8 +13,10 @@ use crate::exec::budget::OutputBudget;
 use crate::exec::request::CommandSpec;
 use crate::files::paths::ProtectedFiles;
 use crate::policy_gate::PolicyGate;
+use crate::ports::slots::tunnel_slots;
 use crate::process_group::ProcessGroups;
 use crate::processes::table::{MAX_PROCESSES, ProcessTable};
+use crate::sessions::table::{MAX_SESSIONS, SessionTable};
 
 /// Everything the server needs to know, resolved at startup.
 #[derive(Debug, Clone)]
@@ -71,6 +73,10 @@ pub struct AppState {
     pub config: Arc<AgentConfig>,
     pub groups: Arc<ProcessGroups>,
     pub processes: Arc<ProcessTable>,
+    /// Shell sessions (`/v1/sessions`).
+    pub sessions: Arc<SessionTable>,
+    /// A permit per open port-forward tunnel (`/v1/ports/{port}/tunnel`).
+    pub tunnels: Arc<Semaphore>,
     /// Output buffered by all execs and background processes together (`--max-output-bytes-total`).
     pub output_budget: Arc<OutputBudget>,
     /// The Sandbox this agent serves, once the operator said so (`PUT /v1/identity`).
@@ -91,6 +97,8 @@ impl AppState {
                 MAX_PROCESSES,
                 Some(Arc::clone(&output_budget)),
             )),
+            sessions: Arc::new(SessionTable::new(MAX_SESSIONS)),
+            tunnels: tunnel_slots(),
             output_budget,
             identity: Arc::default(),
             admission,
@@ -111,11 +119,16 @@ impl AppState {
     /// Gives `spec` the `ORCHARD_SANDBOX` of the identity set by `PUT /v1/identity`, unless the
     /// request's own `env` sets it (which wins, as it wins over the Pod's environment).
     pub fn apply_identity(&self, spec: &mut CommandSpec) {
+        self.apply_identity_env(&mut spec.env);
+    }
+
+    /// The same for an environment of its own (sessions).
+    pub fn apply_identity_env(&self, env: &mut Vec<(String, String)>) {
         let identity = self.identity.read().unwrap_or_else(|p| p.into_inner());
         if let Some(name) = identity.as_ref()
-            && !spec.env.iter().any(|(key, _)| key == IDENTITY_ENV)
+            && !env.iter().any(|(key, _)| key == IDENTITY_ENV)
         {
-            spec.env.insert(0, (IDENTITY_ENV.to_string(), name.clone()));
+            env.insert(0, (IDENTITY_ENV.to_string(), name.clone()));
         }
     }
 }

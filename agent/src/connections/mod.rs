@@ -337,7 +337,11 @@ fn serve_one(
         stream,
         unflushed: Arc::clone(&unflushed),
     };
-    let connection = http.serve_connection(TokioIo::new(stream), service);
+    // With upgrades: a tunnel (`/v1/ports/{port}/tunnel`) takes the socket over after its 101; the
+    // connection then leaves the table (the tunnel has a cap of its own).
+    let connection = http
+        .serve_connection(TokioIo::new(stream), service)
+        .with_upgrades();
     async move {
         // Boxed, not pinned on the stack, so it can be dropped (the socket closed) before the table
         // forgets the connection.

@@ -3,32 +3,29 @@
 //! kills the command, not the agent (PID 1: the sandbox would be lost).
 //!
 //! Detection: the memory cgroup counts OOM kills (`oom_kill` in `memory.events` on cgroup v2,
-//! `memory.oom_control` on v1). A command that died of SIGKILL (not by its time-out) while that count
+//! `memory.oom_control` on v1), in the agent's own cgroup as `/proc/self/cgroup` names it (`cgroup`). A command that died of SIGKILL (not by its time-out) while that count
 //! grew was OOM-killed. With several commands running at once, one of them may be credited with
 //! another's kill; the signal is exact, the attribution is best effort.
 
 use std::fs::File;
 use std::os::unix::fs::FileExt;
+use std::path::{Path, PathBuf};
 use std::sync::OnceLock;
 
-/// Where the container's memory cgroup reports OOM kills: (file, cgroup v2 format).
-const COUNTERS: &[(&str, bool)] = &[
-    ("/sys/fs/cgroup/memory.events", true),
-    ("/sys/fs/cgroup/memory/memory.oom_control", false),
+use crate::cgroup::read::cgroup_files;
+
+/// Where the container's memory cgroup reports OOM kills when `/proc/self/cgroup` does not lead to
+/// it: the v2 and v1 files at the top of a cgroup namespace.
+const FALLBACK_COUNTERS: &[&str] = &[
+    "/sys/fs/cgroup/memory.events",
+    "/sys/fs/cgroup/memory/memory.oom_control",
 ];
 
 /// OOM score given to commands (the maximum: killed first). Raising a score needs no privilege.
 const COMMAND_OOM_SCORE_ADJ: &str = "1000";
 
 /// The `oom_kill` count in a `memory.events` (v2) or `memory.oom_control` (v1) file (pure).
-pub fn parse_oom_kills(text: &str) -> Option<u64> {
-    text.lines().find_map(|line| {
-        let (key, value) = line.split_once(' ')?;
-        (key == "oom_kill")
-            .then(|| value.trim().parse().ok())
-            .flatten()
-    })
-}
+pub use crate::cgroup::stats::parse_oom_kills;
 
 /// The OOM kills the sandbox's memory cgroup has counted so far, if this kernel reports them.
 ///
@@ -37,14 +34,18 @@ pub fn parse_oom_kills(text: &str) -> Option<u64> {
 /// and each read is one `pread` at offset 0, which makes the kernel generate the file afresh: one
 /// system call instead of open, two reads, close and a failed open of the other cgroup version's file.
 pub fn oom_kills() -> Option<u64> {
-    static COUNTER: OnceLock<Option<(File, &'static str)>> = OnceLock::new();
+    static COUNTER: OnceLock<Option<(File, PathBuf)>> = OnceLock::new();
     let (file, path) = COUNTER
         .get_or_init(|| {
-            COUNTERS.iter().find_map(|(path, _)| {
-                let file = File::open(path).ok()?;
-                read_oom_kills(&file, path)?;
-                Some((file, *path))
-            })
+            let located = cgroup_files().and_then(|files| files.oom_kills.clone());
+            located
+                .into_iter()
+                .chain(FALLBACK_COUNTERS.iter().map(PathBuf::from))
+                .find_map(|path| {
+                    let file = File::open(&path).ok()?;
+                    read_oom_kills(&file, &path)?;
+                    Some((file, path))
+                })
         })
         .as_ref()?;
     read_oom_kills(file, path)
@@ -52,7 +53,7 @@ pub fn oom_kills() -> Option<u64> {
 
 /// The `oom_kill` count of the open counter `file`. Both counter files are a few lines, far below the
 /// buffer; one that filled it is read again whole from `path`.
-fn read_oom_kills(file: &File, path: &str) -> Option<u64> {
+fn read_oom_kills(file: &File, path: &Path) -> Option<u64> {
     let mut buffer = [0u8; 1024];
     let length = file.read_at(&mut buffer, 0).ok()?;
     if length == buffer.len() {
@@ -82,15 +83,6 @@ pub fn prefer_for_oom_kill(pid: u32) {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn counts_are_read_from_both_cgroup_versions() {
-        let v2 = "low 0\nhigh 0\nmax 3\noom 2\noom_kill 2\noom_group_kill 0\n";
-        assert_eq!(parse_oom_kills(v2), Some(2));
-        let v1 = "oom_kill_disable 0\nunder_oom 0\noom_kill 5\n";
-        assert_eq!(parse_oom_kills(v1), Some(5));
-        assert_eq!(parse_oom_kills("under_oom 0\n"), None);
-    }
 
     #[test]
     fn only_a_sigkill_while_the_count_grew_is_an_oom_kill() {

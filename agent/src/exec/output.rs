@@ -72,6 +72,11 @@ impl CapturedOutput {
         self.truncated
     }
 
+    /// The bytes captured so far.
+    pub fn bytes(&self) -> &[u8] {
+        &self.bytes
+    }
+
     /// Encodes the captured bytes, consuming them (no copy for valid UTF-8 text).
     pub fn into_encoded(self, encoding: OutputEncoding) -> EncodedOutput {
         let truncated = self.truncated;

@@ -6,7 +6,9 @@ use std::time::Duration;
 
 use base64::Engine;
 
+use super::pty::TerminalSize;
 use crate::error::AgentError;
+use crate::users::{Account, add_account_env, resolve_user};
 
 /// Default `timeoutSeconds` of `/v1/exec`.
 pub const DEFAULT_EXEC_TIMEOUT: Duration = Duration::from_secs(600);
@@ -35,6 +37,12 @@ pub struct CommandSpec {
     pub encoding: OutputEncoding,
     /// Background processes: never forgotten to make room in the table, only deleted explicitly.
     pub keep: bool,
+    /// The user to run as (`user`), when it is not the agent's own.
+    pub user: Option<Account>,
+    /// Background processes: stdin stays an open pipe (`keepStdin`).
+    pub keep_stdin: bool,
+    /// Background processes: run on a pseudo-terminal of this size (`pty`).
+    pub pty: Option<TerminalSize>,
 }
 
 impl CommandSpec {
@@ -74,6 +82,30 @@ impl IntoSpec for CommandRequest {
                     .into(),
             ));
         }
+        if kind == RequestKind::Exec && (self.keep_stdin.is_some() || self.pty.is_some()) {
+            return Err(AgentError::InvalidRequest(
+                "`keepStdin` and `pty` exist only for background processes (POST /v1/processes)"
+                    .into(),
+            ));
+        }
+        let interactive = self.keep_stdin == Some(true) || self.pty.is_some();
+        if interactive && (self.stdin.is_some() || self.stdin_base64.is_some()) {
+            return Err(AgentError::InvalidRequest(
+                "give either `stdin`/`stdinBase64` or `keepStdin`/`pty`: with an open stdin, write to it with POST /v1/processes/{id}/stdin".into(),
+            ));
+        }
+        let pty = match self.pty {
+            Some(size) if (1..=1000).contains(&size.rows) && (1..=1000).contains(&size.cols) => {
+                Some(size)
+            }
+            Some(size) => {
+                return Err(AgentError::BadRequest(format!(
+                    "`pty` rows and cols must be 1 to 1000, got {}x{}",
+                    size.rows, size.cols
+                )));
+            }
+            None => None,
+        };
         if self.argv.is_some() && self.shell.is_some() {
             return Err(AgentError::InvalidRequest(
                 "`shell` is used only with `command`, not with `argv`".into(),
@@ -114,13 +146,16 @@ impl IntoSpec for CommandRequest {
             }
         };
         let cwd = resolve_cwd(root, self.cwd.as_deref())?;
-        let env = self.env.unwrap_or_default().into_iter().collect::<Vec<_>>();
-        for (key, value) in &env {
-            if key.is_empty() || key.contains('=') || key.contains('\0') || value.contains('\0') {
-                return Err(AgentError::BadRequest(format!(
-                    "invalid environment variable `{key}`: names must be non-empty without `=`, and no NUL bytes"
-                )));
-            }
+        let mut env = self.env.unwrap_or_default().into_iter().collect::<Vec<_>>();
+        validate_env(&env)?;
+        let user = self
+            .user
+            .as_deref()
+            .map(resolve_user)
+            .transpose()?
+            .flatten();
+        if let Some(account) = &user {
+            add_account_env(&mut env, account);
         }
         let stdin = match (self.stdin, self.stdin_base64) {
             (Some(_), Some(_)) => {
@@ -152,15 +187,7 @@ impl IntoSpec for CommandRequest {
             None if kind == RequestKind::Exec => Some(DEFAULT_EXEC_TIMEOUT),
             None => None,
         };
-        let max_output_bytes = match self.max_output_bytes {
-            Some(bytes) if bytes > MAX_BUFFERED_OUTPUT_BYTES => {
-                return Err(AgentError::BadRequest(format!(
-                    "`maxOutputBytes` {bytes} exceeds the {MAX_BUFFERED_OUTPUT_BYTES}-byte maximum; stream large output to a file instead"
-                )));
-            }
-            Some(bytes) => bytes as usize,
-            None => DEFAULT_MAX_OUTPUT_BYTES,
-        };
+        let max_output_bytes = output_cap(self.max_output_bytes)?;
         Ok(CommandSpec {
             line,
             cwd,
@@ -170,7 +197,33 @@ impl IntoSpec for CommandRequest {
             max_output_bytes,
             encoding: self.output_encoding.unwrap_or_default(),
             keep: self.keep.unwrap_or(false),
+            user,
+            keep_stdin: self.keep_stdin.unwrap_or(false),
+            pty,
         })
+    }
+}
+
+/// Checks environment variables of a request: names non-empty without `=`, no NUL bytes (400).
+pub fn validate_env(env: &[(String, String)]) -> Result<(), AgentError> {
+    for (key, value) in env {
+        if key.is_empty() || key.contains('=') || key.contains('\0') || value.contains('\0') {
+            return Err(AgentError::BadRequest(format!(
+                "invalid environment variable `{key}`: names must be non-empty without `=`, and no NUL bytes"
+            )));
+        }
+    }
+    Ok(())
+}
+
+/// The per-stream output cap of a request's `maxOutputBytes` (default 4 MiB, at most 1 GiB).
+pub fn output_cap(requested: Option<u64>) -> Result<usize, AgentError> {
+    match requested {
+        Some(bytes) if bytes > MAX_BUFFERED_OUTPUT_BYTES => Err(AgentError::BadRequest(format!(
+            "`maxOutputBytes` {bytes} exceeds the {MAX_BUFFERED_OUTPUT_BYTES}-byte maximum; stream large output to a file instead"
+        ))),
+        Some(bytes) => Ok(bytes as usize),
+        None => Ok(DEFAULT_MAX_OUTPUT_BYTES),
     }
 }
 

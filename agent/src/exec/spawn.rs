@@ -2,31 +2,59 @@
 //! exec failures to shell-style exit codes (127 not found, 126 not executable).
 //!
 //! Nothing here may force std off its `posix_spawn` path (no `pre_exec`, `uid`/`gid`, `groups` or
-//! `chroot`): it is about 0.1 ms cheaper per command than `fork` + `exec` (see `process_group`). std
+//! `chroot`) except a request's `user`, whose switch needs a `pre_exec` hook (`users`): `posix_spawn`
+//! is about 0.1 ms cheaper per command than `fork` + `exec` (see `process_group`). std
 //! still forks by itself when the request's `env` sets `PATH` and the program is a bare name
 //! (`posix_spawnp` would search the agent's `PATH`), and the one retry below forks on purpose.
 
 use std::process::Stdio;
 use std::sync::Arc;
 
-use tokio::process::{Child, ChildStderr, ChildStdin, ChildStdout, Command};
+use tokio::io::AsyncRead;
+use tokio::process::{Child, ChildStdin, Command};
 
 use super::oom;
+use super::pty::{PtyMaster, PtyReader, make_controlling_terminal, open_pty};
 use super::request::CommandSpec;
 use crate::error::AgentError;
 use crate::process_group::{ProcessGroup, ProcessGroups, start_in_new_group, use_fork_exec};
+use crate::users::switch_on_exec;
+
+/// A stream of a command's output.
+pub type OutputStream = Box<dyn AsyncRead + Send + Unpin>;
+
+/// Where a background process started with `keepStdin` or `pty` takes its input from.
+#[derive(Debug)]
+pub enum ProcessInput {
+    Pipe(ChildStdin),
+    Terminal(Arc<PtyMaster>),
+}
 
 /// A started command. Dropping it SIGKILLs its whole process group.
-#[derive(Debug)]
 pub struct RunningCommand {
     pub child: Child,
     pub pid: u32,
     pub group: ProcessGroup,
+    /// The pipe `stdin` data is fed through (closed once fed).
     pub stdin: Option<ChildStdin>,
-    pub stdout: ChildStdout,
-    pub stderr: ChildStderr,
+    /// Stdin kept open (`keepStdin`), or the terminal (`pty`).
+    pub input: Option<ProcessInput>,
+    pub stdout: OutputStream,
+    /// Empty for a command on a terminal (its stderr is the terminal too).
+    pub stderr: OutputStream,
     /// The memory cgroup's OOM kill count just before the command started.
     pub oom_kills_before: Option<u64>,
+}
+
+impl std::fmt::Debug for RunningCommand {
+    fn fmt(&self, formatter: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        formatter
+            .debug_struct("RunningCommand")
+            .field("pid", &self.pid)
+            .field("group", &self.group)
+            .field("input", &self.input)
+            .finish_non_exhaustive()
+    }
 }
 
 /// A command that could not be started, reported like a shell would (`exitCode` 126/127).
@@ -51,31 +79,56 @@ pub fn spawn(
 ) -> Result<Spawned, AgentError> {
     let argv = spec.argv();
     let mut command = Command::new(argv[0]);
-    command
-        .args(&argv[1..])
-        .current_dir(&spec.cwd)
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped());
-    // Always a pipe: `/dev/null` may not exist in an empty root, and a pipe whose write end is closed
-    // reads as EOF just the same. Without stdin data that write end is closed before the command
-    // starts, so it never has to be registered with the runtime.
-    let feeds_stdin = spec.stdin.as_ref().is_some_and(|data| !data.is_empty());
-    if feeds_stdin {
-        command.stdin(Stdio::piped());
-    } else {
-        let (reader, writer) = std::io::pipe().map_err(|error| {
-            AgentError::Internal(format!("cannot create the stdin pipe: {error}"))
-        })?;
-        drop(writer);
-        command.stdin(reader);
-    }
+    command.args(&argv[1..]).current_dir(&spec.cwd);
+    let terminal = match spec.pty {
+        Some(size) => {
+            let (master, child_side) = open_pty(size).map_err(|error| {
+                AgentError::Internal(format!("cannot open a pseudo-terminal: {error}"))
+            })?;
+            let copy = |file: &std::fs::File| {
+                file.try_clone().map_err(|error| {
+                    AgentError::Internal(format!("cannot open a pseudo-terminal: {error}"))
+                })
+            };
+            command
+                .stdin(copy(&child_side)?)
+                .stdout(copy(&child_side)?)
+                .stderr(child_side);
+            Some(Arc::new(master))
+        }
+        None => {
+            command.stdout(Stdio::piped()).stderr(Stdio::piped());
+            // Always a pipe: `/dev/null` may not exist in an empty root, and a pipe whose write end
+            // is closed reads as EOF just the same. Without stdin data (or `keepStdin`) that write end
+            // is closed before the command starts, so it never has to be registered with the runtime.
+            let feeds_stdin = spec.stdin.as_ref().is_some_and(|data| !data.is_empty());
+            if feeds_stdin || spec.keep_stdin {
+                command.stdin(Stdio::piped());
+            } else {
+                let (reader, writer) = std::io::pipe().map_err(|error| {
+                    AgentError::Internal(format!("cannot create the stdin pipe: {error}"))
+                })?;
+                drop(writer);
+                command.stdin(reader);
+            }
+            None
+        }
+    };
     for key in scrubbed_env {
         command.env_remove(key);
     }
     for (key, value) in &spec.env {
         command.env(key, value);
     }
-    start_in_new_group(&mut command);
+    if terminal.is_some() {
+        // A session of its own (its group is the command's own as well), the terminal controlling it.
+        make_controlling_terminal(&mut command);
+    } else {
+        start_in_new_group(&mut command);
+    }
+    if let Some(account) = &spec.user {
+        switch_on_exec(&mut command, account);
+    }
     let oom_kills_before = oom::oom_kills();
     let spawned = match command.spawn() {
         // glibc's `posix_spawnp` refuses an executable without a `#!` line (ENOEXEC) that its `execvp`
@@ -94,17 +147,40 @@ pub fn spawn(
             oom::prefer_for_oom_kill(pid);
             // From here on the guard owns the group: it is killed however this request ends.
             let group = groups.track(pid as i32);
-            let (Some(stdout), Some(stderr)) = (child.stdout.take(), child.stderr.take()) else {
-                return Err(AgentError::Internal(
-                    "spawned command has no output pipes".into(),
-                ));
+            let (stdout, stderr, stdin, input): (OutputStream, OutputStream, _, _) = match terminal
+            {
+                Some(master) => (
+                    Box::new(PtyReader(Arc::clone(&master))),
+                    Box::new(tokio::io::empty()),
+                    None,
+                    Some(ProcessInput::Terminal(master)),
+                ),
+                None => {
+                    let (Some(stdout), Some(stderr)) = (child.stdout.take(), child.stderr.take())
+                    else {
+                        return Err(AgentError::Internal(
+                            "spawned command has no output pipes".into(),
+                        ));
+                    };
+                    let stdin = child.stdin.take();
+                    if spec.keep_stdin {
+                        (
+                            Box::new(stdout),
+                            Box::new(stderr),
+                            None,
+                            stdin.map(ProcessInput::Pipe),
+                        )
+                    } else {
+                        (Box::new(stdout), Box::new(stderr), stdin, None)
+                    }
+                }
             };
-            let stdin = child.stdin.take();
             Ok(Spawned::Running(Box::new(RunningCommand {
                 child,
                 pid,
                 group,
                 stdin,
+                input,
                 stdout,
                 stderr,
                 oom_kills_before,

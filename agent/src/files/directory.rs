@@ -255,13 +255,32 @@ impl Directory {
 
     /// Creates file `name` (`O_EXCL`: never an existing file or a symlink's target) for writing.
     pub fn create_new_file(&self, name: &EntryName, mode: u32) -> io::Result<File> {
+        self.create_exclusive(name, mode, libc::O_WRONLY)
+    }
+
+    /// Creates file `name` like [`Directory::create_new_file`], open for reading and writing.
+    pub fn create_new_read_write_file(&self, name: &EntryName, mode: u32) -> io::Result<File> {
+        self.create_exclusive(name, mode, libc::O_RDWR)
+    }
+
+    /// Another descriptor of this directory.
+    pub fn reopen(&self) -> io::Result<Directory> {
+        Directory::from_fd(self.open_at(c".", libc::O_PATH | libc::O_DIRECTORY)?)
+    }
+
+    fn create_exclusive(
+        &self,
+        name: &EntryName,
+        mode: u32,
+        access: libc::c_int,
+    ) -> io::Result<File> {
         // SAFETY: an open directory descriptor and a NUL-terminated name; the returned descriptor is
         // owned by the `File`.
         let fd = check(unsafe {
             libc::openat(
                 self.fd.as_raw_fd(),
                 name.as_c_str().as_ptr(),
-                libc::O_WRONLY | libc::O_CREAT | libc::O_EXCL | libc::O_NOFOLLOW | libc::O_CLOEXEC,
+                access | libc::O_CREAT | libc::O_EXCL | libc::O_NOFOLLOW | libc::O_CLOEXEC,
                 mode as libc::c_uint,
             )
         })?;
@@ -281,6 +300,70 @@ impl Directory {
             )
         })
         .map(drop)
+    }
+
+    /// Moves entry `from` of this directory to entry `to` of `target`; with `no_replace` an existing
+    /// `to` is an error (`AlreadyExists`) instead of being replaced.
+    pub fn rename_to(
+        &self,
+        from: &EntryName,
+        target: &Directory,
+        to: &EntryName,
+        no_replace: bool,
+    ) -> io::Result<()> {
+        let flags = if no_replace {
+            libc::RENAME_NOREPLACE
+        } else {
+            0
+        };
+        // SAFETY: two open directory descriptors and two NUL-terminated names.
+        check(unsafe {
+            libc::renameat2(
+                self.fd.as_raw_fd(),
+                from.as_c_str().as_ptr(),
+                target.fd.as_raw_fd(),
+                to.as_c_str().as_ptr(),
+                flags,
+            )
+        })
+        .map(drop)
+    }
+
+    /// Creates the directory `name` with `mode` (less the umask).
+    pub fn create_directory(&self, name: &EntryName, mode: u32) -> io::Result<()> {
+        // SAFETY: an open directory descriptor and a NUL-terminated name.
+        check(unsafe {
+            libc::mkdirat(
+                self.fd.as_raw_fd(),
+                name.as_c_str().as_ptr(),
+                mode as libc::mode_t,
+            )
+        })
+        .map(drop)
+    }
+
+    /// Creates the symlink `name` pointing to `target` (stored as given, never resolved).
+    pub fn create_symlink(&self, target: &Path, name: &EntryName) -> io::Result<()> {
+        let target = c_path(target)?;
+        // SAFETY: a NUL-terminated target, an open directory descriptor and a NUL-terminated name.
+        check(unsafe {
+            libc::symlinkat(
+                target.as_ptr(),
+                self.fd.as_raw_fd(),
+                name.as_c_str().as_ptr(),
+            )
+        })
+        .map(drop)
+    }
+
+    /// Sets the permission bits of the subdirectory `name` itself (a symlink there is refused).
+    pub fn set_subdirectory_mode(&self, name: &EntryName, mode: u32) -> io::Result<()> {
+        let fd = self.open_at(
+            name.as_c_str(),
+            libc::O_RDONLY | libc::O_DIRECTORY | libc::O_NOFOLLOW,
+        )?;
+        // SAFETY: an open descriptor of the directory.
+        check(unsafe { libc::fchmod(fd.as_raw_fd(), mode as libc::mode_t) }).map(drop)
     }
 
     /// Removes entry `name` when it is not a directory (a symlink itself, never its target).

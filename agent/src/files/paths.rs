@@ -269,6 +269,23 @@ impl ProtectedFiles {
         }
     }
 
+    /// Decides whether the directory `top` (which `path` names) may be read as a whole (a tar
+    /// download): refused when it holds the token file at any depth.
+    pub fn check_tree_read(&self, path: &Path, top: &Directory) -> Result<(), AgentError> {
+        match self
+            .token_file
+            .iter()
+            .find(|token| token.ancestors().contains(&top.identity()))
+        {
+            Some(token) => Err(AgentError::Forbidden(format!(
+                "refusing to read `{}` as a whole: it contains {}",
+                path.display(),
+                token.what
+            ))),
+            None => Ok(()),
+        }
+    }
+
     /// During a recursive delete of `path`: refuses to go on when the `directory` about to be emptied
     /// holds a protected file, or the `entry` about to be removed is one.
     pub fn check_walked(

@@ -13,16 +13,16 @@ use axum::extract::{Query, State};
 use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
 use axum::response::Response;
 use bytes::Bytes;
-use futures::StreamExt;
 use orchard_api::agent::{FileDeleted, FileEntry, FileKind, FileList, FileWritten};
 use serde::Deserialize;
 use tokio::sync::mpsc;
 
 use super::directory::{Directory, Follow, split_path};
 use super::paths::{Access, parse_mode, resolve_request_path};
+use super::receive::{receive_body, upload_too_large};
 use super::regular::{Opened, not_regular_message, open_regular};
 use super::remove::delete_entry;
-use super::transfer::{DEFAULT_FILE_MODE, QUEUE_DEPTH, TempFile, read_chunks, write_chunks};
+use super::transfer::{DEFAULT_FILE_MODE, QUEUE_DEPTH, TempFile, read_chunks};
 use crate::clock::rfc3339;
 use crate::error::{AgentError, json_response};
 use crate::json_body::{DRAIN_LIMIT, drain_body};
@@ -36,7 +36,7 @@ pub struct PutQuery {
     mode: Option<String>,
 }
 
-async fn blocking<T: Send + 'static>(
+pub async fn blocking<T: Send + 'static>(
     work: impl FnOnce() -> Result<T, AgentError> + Send + 'static,
 ) -> Result<T, AgentError> {
     tokio::task::spawn_blocking(work)
@@ -54,11 +54,7 @@ pub async fn put(
     let target = resolve_request_path(&state.config.root, &query.path)?;
     let explicit_mode = query.mode.as_deref().map(parse_mode).transpose()?;
     let limit = state.config.max_upload_bytes;
-    let too_large = || {
-        AgentError::PayloadTooLarge(format!(
-            "upload exceeds the {limit}-byte limit (--max-upload-bytes)"
-        ))
-    };
+    let too_large = || upload_too_large(limit);
     let declared = headers
         .get(header::CONTENT_LENGTH)
         .and_then(|value| value.to_str().ok())
@@ -121,46 +117,8 @@ pub async fn put(
     })
     .await?;
 
-    let (chunks, receiver) = mpsc::channel::<Bytes>(QUEUE_DEPTH);
-    let writer = tokio::task::spawn_blocking(move || write_chunks(receiver, file));
-    let mut body = body.into_data_stream();
-    let mut size: u64 = 0;
-    let mut failure = None;
-    while let Some(chunk) = body.next().await {
-        match chunk {
-            Ok(chunk) => {
-                size += chunk.len() as u64;
-                if size > limit {
-                    failure = Some(too_large());
-                    let mut drained = 0u64;
-                    while drained <= DRAIN_LIMIT {
-                        match body.next().await {
-                            Some(Ok(chunk)) => drained += chunk.len() as u64,
-                            _ => break,
-                        }
-                    }
-                    break;
-                }
-                if chunks.send(chunk).await.is_err() {
-                    break; // the writer failed; its error is reported below
-                }
-            }
-            Err(error) => {
-                failure = Some(AgentError::BadRequest(format!(
-                    "upload interrupted: {error}"
-                )));
-                break;
-            }
-        }
-    }
-    drop(chunks);
-    let written = writer
-        .await
-        .map_err(|error| AgentError::Internal(format!("file writer failed: {error}")))?;
-    if let Some(failure) = failure {
-        return Err(failure); // dropping `temp` removes the partial file
-    }
-    written.map_err(|error| AgentError::io("cannot write", &target, error))?;
+    // Dropping `temp` on failure removes the partial file.
+    let size = receive_body(body, file, limit, &target).await?;
     let final_target = target.clone();
     blocking(move || {
         temp.persist(mode).map_err(|error| {

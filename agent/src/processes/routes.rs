@@ -1,5 +1,5 @@
 //! HTTP routes of background processes: `POST/GET /v1/processes`, `GET/DELETE /v1/processes/{id}`,
-//! `POST /v1/processes/{id}/signal`.
+//! `POST /v1/processes/{id}/signal`, `/stdin` and `/resize`.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -8,7 +8,8 @@ use axum::extract::rejection::{PathRejection, QueryRejection};
 use axum::extract::{Path, Query, State};
 use axum::http::StatusCode;
 use axum::response::Response;
-use orchard_api::agent::{ProcessList, SignalRequest};
+use base64::Engine;
+use orchard_api::agent::{ProcessList, ProcessStdinRequest, SignalRequest, TerminalSize};
 use serde::Deserialize;
 
 use super::signals::SignalNumber;
@@ -120,6 +121,48 @@ pub async fn signal(
             process: Some(Box::new(process.status(false))),
         })
     }
+}
+
+pub async fn stdin(
+    State(state): State<AppState>,
+    id: Result<Path<String>, PathRejection>,
+    JsonBody(request): JsonBody<ProcessStdinRequest>,
+) -> Result<Response, AgentError> {
+    let process = find(&state, id)?;
+    let data = match (request.data, request.data_base64) {
+        (Some(_), Some(_)) => {
+            return Err(AgentError::InvalidRequest(
+                "give at most one of `data` and `dataBase64`".into(),
+            ));
+        }
+        (Some(text), None) => text.into_bytes(),
+        (None, Some(encoded)) => base64::engine::general_purpose::STANDARD
+            .decode(encoded.as_bytes())
+            .map_err(|error| {
+                AgentError::BadRequest(format!("`dataBase64` is not valid base64: {error}"))
+            })?,
+        (None, None) => Vec::new(),
+    };
+    process
+        .write_stdin(&data, request.close.unwrap_or(false))
+        .await?;
+    Ok(json_response(StatusCode::OK, &process.status(false)))
+}
+
+pub async fn resize(
+    State(state): State<AppState>,
+    id: Result<Path<String>, PathRejection>,
+    JsonBody(size): JsonBody<TerminalSize>,
+) -> Result<Response, AgentError> {
+    let process = find(&state, id)?;
+    if !(1..=1000).contains(&size.rows) || !(1..=1000).contains(&size.cols) {
+        return Err(AgentError::BadRequest(format!(
+            "rows and cols must be 1 to 1000, got {}x{}",
+            size.rows, size.cols
+        )));
+    }
+    process.resize(size)?;
+    Ok(json_response(StatusCode::OK, &process.status(false)))
 }
 
 pub async fn remove(

@@ -6,6 +6,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant, SystemTime};
 
+use tokio::io::AsyncWriteExt;
 use tokio::sync::watch;
 
 use crate::clock::rfc3339;
@@ -13,13 +14,19 @@ use crate::entropy::random_hex;
 use crate::error::AgentError;
 use crate::exec::budget::OutputBudget;
 use crate::exec::output::{CapturedOutput, OutputSink};
+use crate::exec::pty::{PtyMaster, TerminalSize};
 use crate::exec::request::{CommandLine, CommandSpec, OutputEncoding};
-use crate::exec::spawn::{Spawned, spawn};
+use crate::exec::spawn::{ProcessInput, Spawned, spawn};
 use crate::exec::supervise::{DRAIN_GRACE, Finished, supervise};
 use crate::process_group::{ProcessGroups, signal_group};
 use orchard_api::agent::ProcessState as ProcessStateName;
 /// What `GET /v1/processes/{id}` returns (the shared wire type).
 pub use orchard_api::agent::ProcessStatus;
+
+/// Longest wait for a process to take stdin written to it (its pipe or terminal buffer full).
+const STDIN_WRITE_TIMEOUT: Duration = Duration::from_secs(10);
+/// What a terminal's line discipline takes as end-of-file (VEOF, Ctrl-D).
+const END_OF_FILE: u8 = 0x04;
 
 /// At most this many processes are kept; the oldest exited ones not started with `keep` are forgotten
 /// first.
@@ -76,6 +83,10 @@ pub struct ManagedProcess {
     error: Option<String>,
     /// Started with `keep`: never forgotten to make room, only deleted explicitly.
     keep: bool,
+    /// Stdin kept open (`keepStdin`) or the terminal (`pty`), until closed or the process exits.
+    input: tokio::sync::Mutex<Option<ProcessInput>>,
+    /// The terminal of a process started with `pty`.
+    terminal: Option<Arc<PtyMaster>>,
 }
 
 fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -146,6 +157,9 @@ impl ManagedProcess {
             stderr_lossy,
             output_encoding: self.encoding,
             error: self.error.clone(),
+            // A write in progress holds the lock: stdin is open then.
+            stdin_open: self.input.try_lock().map_or(true, |input| input.is_some()),
+            pty: self.terminal.is_some(),
         }
     }
 
@@ -184,6 +198,74 @@ impl ManagedProcess {
             },
             ProcessState::Exited { .. } => Ok(false),
         }
+    }
+
+    /// Writes `data` to the process' open stdin (pipe or terminal), then closes it when `close` (a
+    /// terminal gets end-of-file, Ctrl-D, typed instead).
+    pub async fn write_stdin(&self, data: &[u8], close: bool) -> Result<(), AgentError> {
+        let mut input = self.input.lock().await;
+        let Some(open) = input.as_mut() else {
+            return Err(AgentError::conflict(format!(
+                "process `{}` has no open stdin: start it with `keepStdin` or `pty`; stdin closes when it is closed or the process exits",
+                self.id
+            )));
+        };
+        let written = tokio::time::timeout(STDIN_WRITE_TIMEOUT, async {
+            match open {
+                ProcessInput::Pipe(pipe) => {
+                    pipe.write_all(data).await?;
+                    pipe.flush().await
+                }
+                ProcessInput::Terminal(master) => {
+                    master.write_all(data).await?;
+                    if close {
+                        master.write_all(&[END_OF_FILE]).await?;
+                    }
+                    Ok(())
+                }
+            }
+        })
+        .await;
+        match written {
+            Err(_) => Err(AgentError::conflict(format!(
+                "process `{}` has not read its stdin for {} s; nothing more was written",
+                self.id,
+                STDIN_WRITE_TIMEOUT.as_secs()
+            ))),
+            Ok(Err(error)) if error.kind() == std::io::ErrorKind::BrokenPipe => {
+                *input = None;
+                Err(AgentError::conflict(format!(
+                    "process `{}` closed its stdin (or exited)",
+                    self.id
+                )))
+            }
+            Ok(Err(error)) => Err(AgentError::Internal(format!(
+                "cannot write to the stdin of process `{}`: {error}",
+                self.id
+            ))),
+            Ok(Ok(())) => {
+                if close && matches!(open, ProcessInput::Pipe(_)) {
+                    *input = None;
+                }
+                Ok(())
+            }
+        }
+    }
+
+    /// Sets the size of the process' terminal; 409 without one.
+    pub fn resize(&self, size: TerminalSize) -> Result<(), AgentError> {
+        let Some(terminal) = &self.terminal else {
+            return Err(AgentError::conflict(format!(
+                "process `{}` has no terminal: start it with `pty` to resize one",
+                self.id
+            )));
+        };
+        terminal.resize(size).map_err(|error| {
+            AgentError::Internal(format!(
+                "cannot resize the terminal of process `{}`: {error}",
+                self.id
+            ))
+        })
     }
 
     fn mark_exited(&self, finished: Finished) {
@@ -287,7 +369,7 @@ impl ProcessTable {
         let spawned = spawn(&spec, scrubbed_env, groups)?;
         let stdout = self.output_buffer(spec.max_output_bytes);
         let stderr = self.output_buffer(spec.max_output_bytes);
-        let (pid, state, error, running) = match spawned {
+        let (pid, state, error, mut running) = match spawned {
             Spawned::Running(running) => (
                 Some(running.pid),
                 ProcessState::Running {
@@ -310,6 +392,11 @@ impl ProcessTable {
                 (None, state, Some(failure.message), None)
             }
         };
+        let input = running.as_mut().and_then(|running| running.input.take());
+        let terminal = match &input {
+            Some(ProcessInput::Terminal(master)) => Some(Arc::clone(master)),
+            _ => None,
+        };
         let process = Arc::new(ManagedProcess {
             id: id.clone(),
             pid,
@@ -324,6 +411,8 @@ impl ProcessTable {
             state: Mutex::new(state),
             error,
             keep: spec.keep,
+            input: tokio::sync::Mutex::new(input),
+            terminal,
         });
         entries.insert(id, Arc::clone(&process));
         drop(entries);
@@ -342,6 +431,8 @@ impl ProcessTable {
                     DRAIN_GRACE,
                 )
                 .await;
+                // Nothing reads the input any more.
+                *supervised.input.lock().await = None;
                 supervised.mark_exited(finished);
                 tracing::debug!(id = %supervised.id, ?finished, "background process exited");
             });

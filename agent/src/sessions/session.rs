@@ -1,0 +1,284 @@
+//! One shell session: running a command to its end marker (one run at a time), interrupting it at its
+//! time-out and getting the shell back in step, writing input, reading output as it comes, ending.
+
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant, SystemTime};
+
+use orchard_api::agent::{ProcessState, SessionStatus};
+
+use super::marker::EndMarker;
+use super::output::{FinishedRun, ReadOutput};
+use super::process::{ShellLaunch, ShellProcess};
+use crate::clock::rfc3339;
+use crate::entropy::random_hex;
+use crate::error::AgentError;
+use crate::exec::budget::OutputBudget;
+use crate::exec::output::CapturedOutput;
+use crate::process_group::ProcessGroups;
+
+/// How long an interrupted command gets to end after SIGINT, and again after SIGKILL.
+pub const INTERRUPT_GRACE: Duration = Duration::from_secs(2);
+
+/// Where a session's shells are accounted: the groups shutdown stops, the output budget.
+#[derive(Debug, Clone)]
+pub struct SessionContext {
+    pub groups: Arc<ProcessGroups>,
+    pub budget: Option<Arc<OutputBudget>>,
+}
+
+/// How a run ended.
+#[derive(Debug)]
+pub struct RunOutcome {
+    pub output: CapturedOutput,
+    pub exit_code: Option<i32>,
+    pub timed_out: bool,
+    pub shell_exited: bool,
+    pub shell_restarted: bool,
+    pub duration: Duration,
+}
+
+/// What waiting for a run's end gave.
+enum RunEnd {
+    Marker(FinishedRun),
+    /// The shell's output closed: it has exited.
+    Closed,
+    Deadline,
+}
+
+#[derive(Debug)]
+pub struct Session {
+    id: String,
+    launch: ShellLaunch,
+    context: SessionContext,
+    started_at: SystemTime,
+    pub(super) sequence: u64,
+    shell: Mutex<Arc<ShellProcess>>,
+    /// Held by the run in progress.
+    running: tokio::sync::Mutex<()>,
+}
+
+impl Session {
+    /// Starts a session's shell.
+    pub async fn start(
+        id: String,
+        sequence: u64,
+        launch: ShellLaunch,
+        context: SessionContext,
+    ) -> Result<Session, AgentError> {
+        let shell = ShellProcess::start(&launch, &context.groups, context.budget.clone()).await?;
+        Ok(Session {
+            id,
+            launch,
+            context,
+            started_at: SystemTime::now(),
+            sequence,
+            shell: Mutex::new(Arc::new(shell)),
+            running: tokio::sync::Mutex::new(()),
+        })
+    }
+
+    pub fn id(&self) -> &str {
+        &self.id
+    }
+
+    fn shell(&self) -> Arc<ShellProcess> {
+        Arc::clone(
+            &self
+                .shell
+                .lock()
+                .unwrap_or_else(|poisoned| poisoned.into_inner()),
+        )
+    }
+
+    pub fn status(&self) -> SessionStatus {
+        let shell = self.shell();
+        SessionStatus {
+            id: self.id.clone(),
+            shell: self.launch.shell.display().to_string(),
+            pid: Some(shell.pid()),
+            state: if shell.exited() {
+                ProcessState::Exited
+            } else {
+                ProcessState::Running
+            },
+            exit_code: shell.exit_code(),
+            busy: self.running.try_lock().is_err(),
+            started_at: rfc3339(self.started_at),
+        }
+    }
+
+    fn ended(&self, shell: &ShellProcess) -> AgentError {
+        let how = match (shell.exit_code(), shell.exit_signal()) {
+            (Some(code), _) => format!("with code {code}"),
+            (None, Some(signal)) => format!("by signal {signal}"),
+            (None, None) => "".into(),
+        };
+        AgentError::conflict(format!(
+            "the shell of session `{}` has exited {how}; DELETE /v1/sessions/{} and start a new one",
+            self.id, self.id
+        ))
+    }
+
+    /// Runs `command` in the shell and waits for its end marker; at `timeout` it is interrupted.
+    pub async fn run(&self, command: &str, timeout: Duration) -> Result<RunOutcome, AgentError> {
+        let Ok(_running) = self.running.try_lock() else {
+            return Err(AgentError::conflict(format!(
+                "a run is already in progress in session `{}`; wait for it to end (runs of one shell cannot overlap), or use another session",
+                self.id
+            )));
+        };
+        let started = Instant::now();
+        let shell = self.shell();
+        if shell.exited() {
+            return Err(self.ended(&shell));
+        }
+        let marker = EndMarker::new(&format!("{}{}", random_hex(), random_hex()));
+        shell.output().begin_run(&marker);
+        let deadline = tokio::time::Instant::now() + timeout;
+        let end = match shell.write(marker.run_line(command).as_bytes()).await {
+            Ok(()) => wait_for_end(&shell, deadline).await,
+            Err(_) if shell.output().is_closed() || shell.exited() => RunEnd::Closed,
+            Err(_) => RunEnd::Deadline,
+        };
+        let mut outcome = RunOutcome {
+            output: CapturedOutput::default(),
+            exit_code: None,
+            timed_out: false,
+            shell_exited: false,
+            shell_restarted: false,
+            duration: Duration::ZERO,
+        };
+        match end {
+            RunEnd::Marker(finished) => {
+                outcome.output = finished.output;
+                outcome.exit_code = Some(finished.status);
+            }
+            RunEnd::Closed => {
+                outcome.output = shell.output().take_segment();
+                shell.wait_exit(INTERRUPT_GRACE).await;
+                outcome.exit_code = shell.exit_code();
+                outcome.shell_exited = true;
+            }
+            RunEnd::Deadline => {
+                outcome.timed_out = true;
+                match self.interrupt(&shell).await {
+                    Some(finished) => {
+                        outcome.output = finished.output;
+                        outcome.exit_code = Some(finished.status);
+                    }
+                    None => {
+                        outcome.output = shell.output().take_segment();
+                        outcome.exit_code = None;
+                        self.restart().await?;
+                        outcome.shell_restarted = true;
+                    }
+                }
+            }
+        }
+        outcome.duration = started.elapsed();
+        Ok(outcome)
+    }
+
+    /// Stops the command running in `shell`: SIGINT to the group (the shell's trap aborts the command,
+    /// its children die of it), then SIGKILL to everything below the shell. The run's marker, once it
+    /// comes, means the shell is back in step; `None` when it did not come (or the shell died).
+    async fn interrupt(&self, shell: &ShellProcess) -> Option<FinishedRun> {
+        shell.signal_group(libc::SIGINT);
+        match wait_for_end(shell, tokio::time::Instant::now() + INTERRUPT_GRACE).await {
+            RunEnd::Marker(finished) => return Some(finished),
+            RunEnd::Closed => return None,
+            RunEnd::Deadline => {}
+        }
+        tracing::debug!(session = %self.id, "command ignored SIGINT; killing the shell's children");
+        shell.kill_descendants();
+        match wait_for_end(shell, tokio::time::Instant::now() + INTERRUPT_GRACE).await {
+            RunEnd::Marker(finished) => Some(finished),
+            RunEnd::Closed | RunEnd::Deadline => None,
+        }
+    }
+
+    /// Replaces the shell with a fresh one (the old one's group is SIGKILLed when it is dropped).
+    async fn restart(&self) -> Result<(), AgentError> {
+        tracing::info!(session = %self.id, "the interrupted command did not stop; restarting the session's shell");
+        let fresh = ShellProcess::start(
+            &self.launch,
+            &self.context.groups,
+            self.context.budget.clone(),
+        )
+        .await?;
+        let old = std::mem::replace(
+            &mut *self
+                .shell
+                .lock()
+                .unwrap_or_else(|poisoned| poisoned.into_inner()),
+            Arc::new(fresh),
+        );
+        old.signal_group(libc::SIGKILL);
+        Ok(())
+    }
+
+    /// Writes `text` to the shell's stdin.
+    pub async fn input(&self, text: &[u8]) -> Result<(), AgentError> {
+        let shell = self.shell();
+        if shell.exited() {
+            return Err(self.ended(&shell));
+        }
+        shell.write(text).await.map_err(|error| {
+            AgentError::conflict(format!(
+                "cannot write to the shell of session `{}`: {error}",
+                self.id
+            ))
+        })
+    }
+
+    /// Output not read yet, up to and including `until` (waiting up to `timeout` for it); all of it
+    /// when `until` is not given, or did not come in time. The flag: whether the shell has exited.
+    pub async fn read(&self, until: Option<&[u8]>, timeout: Duration) -> (ReadOutput, bool) {
+        let shell = self.shell();
+        let output = shell.output();
+        let deadline = tokio::time::Instant::now() + timeout;
+        loop {
+            let changed = output.changed();
+            if let Some(read) = output.read(until) {
+                return (read, output.is_closed());
+            }
+            if output.is_closed() {
+                break;
+            }
+            if tokio::time::timeout_at(deadline, changed).await.is_err() {
+                break;
+            }
+        }
+        (output.read_all(), output.is_closed())
+    }
+
+    /// Ends the session: SIGKILLs the shell's group and waits (up to `timeout`) for the shell's exit.
+    pub async fn end(&self, timeout: Duration) {
+        let shell = self.shell();
+        shell.signal_group(libc::SIGKILL);
+        shell.wait_exit(timeout).await;
+    }
+
+    /// SIGKILLs the shell's group now (shutdown).
+    pub fn kill(&self) {
+        self.shell().signal_group(libc::SIGKILL);
+    }
+}
+
+async fn wait_for_end(shell: &ShellProcess, deadline: tokio::time::Instant) -> RunEnd {
+    let output = shell.output();
+    loop {
+        let changed = output.changed();
+        if let Some(finished) = output.take_finished() {
+            return RunEnd::Marker(finished);
+        }
+        if output.is_closed() {
+            return RunEnd::Closed;
+        }
+        if tokio::time::timeout_at(deadline, changed).await.is_err() {
+            return output
+                .take_finished()
+                .map_or(RunEnd::Deadline, RunEnd::Marker);
+        }
+    }
+}
