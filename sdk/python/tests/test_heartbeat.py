@@ -44,7 +44,11 @@ def test_set_timeout_extends_and_shortens_a_ready_sandbox_within_the_maximum(cli
         assert beyond.value.code == "TtlBeyondMaximum" and "sandboxDefaults.maxTtlSeconds" in str(beyond.value)
         longer = sbx.set_timeout(3000)
         assert 3000 <= longer["ttlSeconds"] <= 3000 + 120 and longer["maxTtlSeconds"] >= longer["ttlSeconds"]
-        assert client.get(sbx.name)["spec"]["lifecycle"]["ttlSeconds"] == longer["ttlSeconds"]
+        # Reads come from a gateway replica's watch cache: the new TTL shows once the watch delivered it.
+        seen_by = time.monotonic() + 10
+        while client.get(sbx.name)["spec"]["lifecycle"]["ttlSeconds"] != longer["ttlSeconds"]:
+            assert time.monotonic() < seen_by, "the new TTL never showed in the Sandbox"
+            time.sleep(0.1)
         asked = time.monotonic()
         shorter = sbx.set_timeout(3)
         assert shorter["ttlSeconds"] < longer["ttlSeconds"]
