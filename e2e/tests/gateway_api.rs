@@ -803,3 +803,110 @@ async fn roles_limited_to_resource_names_are_honoured() {
     );
     env.delete_namespace(&namespace).await;
 }
+
+#[tokio::test]
+async fn shell_sessions_directories_and_metrics_through_the_gateway() {
+    let env = TestEnv::shared();
+    let ns = env.namespace("gw-harness").await;
+    grant(env, &ns, "alice", "trainer", trainer_rules()).await;
+    grant(
+        env,
+        &ns,
+        "bob",
+        "viewer",
+        json!([{"apiGroups": ["orchard.dev"], "resources": ["sandboxes"], "verbs": ["get", "list"]}]),
+    )
+    .await;
+    let alice = Caller::user(env, "alice");
+    let bob = Caller::user(env, "bob");
+    let name = alice.create_sandbox(&ns, json!({"image": "busybox"})).await;
+    alice.wait_ready(&ns, &name).await;
+    let at = |rest: &str| sandbox_path(&ns, &name, rest);
+
+    // A session keeps its shell's state between runs.
+    let session = alice.post(&at("/sessions"), json!({})).await;
+    assert_eq!(session.status, 201, "{session:?}");
+    let id = session.body["id"].as_str().expect("session id").to_string();
+    let first = alice
+        .post(
+            &at(&format!("/sessions/{id}/run")),
+            json!({"command": "cd /tmp && export ORCHARD_GW_X=42"}),
+        )
+        .await;
+    assert_eq!(
+        (first.status, &first.body["exitCode"]),
+        (200, &json!(0)),
+        "{first:?}"
+    );
+    let second = alice
+        .post(
+            &at(&format!("/sessions/{id}/run")),
+            json!({"command": "pwd; echo $ORCHARD_GW_X"}),
+        )
+        .await;
+    assert_eq!(second.body["output"], "/tmp\n42\n", "{second:?}");
+    // Reading sessions needs exec: a viewer may not.
+    let refused = bob.post(&at("/sessions"), json!({})).await;
+    assert_eq!(refused.status, 403, "{refused:?}");
+    assert_eq!(
+        alice.delete(&at(&format!("/sessions/{id}"))).await.status,
+        200
+    );
+    let gone = alice.get(&at(&format!("/sessions/{id}"))).await;
+    assert_eq!(gone.status, 404, "{gone:?}");
+
+    // Directories: mkdir -p, a file in it, the tree as a tar stream and back elsewhere, stat, rename.
+    let made = alice
+        .post(&at("/files/mkdir"), json!({"path": "d/e", "parents": true}))
+        .await;
+    assert_eq!(made.status, 201, "{made:?}");
+    let written = alice
+        .request(reqwest::Method::PUT, &at("/files?path=d/e/f.txt"))
+        .body("hello")
+        .send()
+        .await
+        .expect("upload");
+    assert_eq!(written.status(), 201);
+    let tar = alice
+        .request(reqwest::Method::GET, &at("/files/tar?path=d"))
+        .send()
+        .await
+        .expect("tar download");
+    assert_eq!(tar.status(), 200);
+    let tar = tar.bytes().await.expect("tar bytes");
+    assert!(tar.len() >= 1024, "a tar stream: {} bytes", tar.len());
+    let extracted = alice
+        .request(reqwest::Method::PUT, &at("/files/tar?path=copy"))
+        .body(tar)
+        .send()
+        .await
+        .expect("tar upload");
+    assert_eq!(extracted.status(), 201);
+    let stat = alice.get(&at("/files/stat?path=copy/e/f.txt")).await;
+    assert_eq!(
+        (&stat.body["exists"], &stat.body["size"]),
+        (&json!(true), &json!(5)),
+        "{stat:?}"
+    );
+    let renamed = alice
+        .post(
+            &at("/files/rename"),
+            json!({"from": "copy/e/f.txt", "to": "copy/g.txt"}),
+        )
+        .await;
+    assert_eq!(renamed.status, 200, "{renamed:?}");
+    let old = alice.get(&at("/files/stat?path=copy/e/f.txt")).await;
+    assert_eq!(old.body["exists"], json!(false), "{old:?}");
+    let moved = alice
+        .request(reqwest::Method::GET, &at("/files?path=copy/g.txt"))
+        .send()
+        .await
+        .expect("download");
+    assert_eq!(moved.text().await.expect("text"), "hello");
+
+    // Usage: readable by whoever may read the sandbox.
+    let metrics = bob.get(&at("/metrics")).await;
+    assert_eq!(metrics.status, 200, "{metrics:?}");
+    assert!(metrics.body["diskPath"].is_string(), "{metrics:?}");
+    env.delete_namespace(&ns).await;
+}

@@ -294,6 +294,54 @@ mod tests {
                 &["get"],
             ),
             (
+                "/v1/namespaces/{namespace}/sandboxes/{name}/processes/{id}/stdin",
+                &["post"],
+            ),
+            (
+                "/v1/namespaces/{namespace}/sandboxes/{name}/processes/{id}/resize",
+                &["post"],
+            ),
+            (
+                "/v1/namespaces/{namespace}/sandboxes/{name}/sessions",
+                &["get", "post"],
+            ),
+            (
+                "/v1/namespaces/{namespace}/sandboxes/{name}/sessions/{id}",
+                &["get", "delete"],
+            ),
+            (
+                "/v1/namespaces/{namespace}/sandboxes/{name}/sessions/{id}/run",
+                &["post"],
+            ),
+            (
+                "/v1/namespaces/{namespace}/sandboxes/{name}/sessions/{id}/input",
+                &["post"],
+            ),
+            (
+                "/v1/namespaces/{namespace}/sandboxes/{name}/sessions/{id}/read",
+                &["post"],
+            ),
+            (
+                "/v1/namespaces/{namespace}/sandboxes/{name}/files/stat",
+                &["get"],
+            ),
+            (
+                "/v1/namespaces/{namespace}/sandboxes/{name}/files/mkdir",
+                &["post"],
+            ),
+            (
+                "/v1/namespaces/{namespace}/sandboxes/{name}/files/rename",
+                &["post"],
+            ),
+            (
+                "/v1/namespaces/{namespace}/sandboxes/{name}/files/tar",
+                &["get", "put"],
+            ),
+            (
+                "/v1/namespaces/{namespace}/sandboxes/{name}/metrics",
+                &["get"],
+            ),
+            (
                 "/v1/namespaces/{namespace}/sandboxes/{name}/patch",
                 &["post"],
             ),

@@ -266,7 +266,7 @@ pub(crate) const DEFAULTS: AgentRoute = AgentRoute {
     answers: &[],
 };
 
-/// Path parameters of one process (documentation; the handler reads every path parameter).
+/// Path parameters of one process or session (documentation; the handler reads every path parameter).
 #[derive(serde::Deserialize, IntoParams)]
 #[into_params(parameter_in = Path)]
 pub struct ProcessPath {
@@ -274,7 +274,7 @@ pub struct ProcessPath {
     pub namespace: String,
     /// Sandbox name.
     pub name: String,
-    /// Process id.
+    /// Process or session id.
     pub id: String,
 }
 
@@ -283,7 +283,7 @@ fn is_placeholder(segment: &str) -> bool {
 }
 
 impl AgentRoute {
-    /// Whether the path carries a process `{id}` (documented with [`ProcessPath`]).
+    /// Whether the path carries a process or session `{id}` (documented with [`ProcessPath`]).
     fn has_process_id(&self) -> bool {
         self.path.contains("{id}")
     }
@@ -595,7 +595,7 @@ mod tests {
             assert!(!route.answers.is_empty(), "{}", route.path);
             assert!(!route.operation_id.is_empty() && !route.summary.is_empty());
         }
-        assert_eq!(seen.len(), 12);
+        assert_eq!(seen.len(), 27);
     }
 
     #[test]

@@ -2,8 +2,11 @@
 //! route to the gateway is adding a row here.
 
 use orchard_api::agent::{
-    ExecEvent, ExecRequest, ExecResponse, FileDeleted, FileList, FileWritten, PatchRequest,
-    PatchResult, ProcessList, ProcessStatus, SignalRequest,
+    AgentMetrics, DirectoryCreated, ExecEvent, ExecRequest, ExecResponse, FileDeleted, FileList,
+    FileStat, FileWritten, MkdirRequest, PatchRequest, PatchResult, ProcessList, ProcessStatus,
+    ProcessStdinRequest, RenameRequest, Renamed, SessionInputRequest, SessionList,
+    SessionReadRequest, SessionReadResponse, SessionRequest, SessionRunRequest, SessionRunResponse,
+    SessionStatus, SignalRequest, TarExtracted, TerminalSize,
 };
 
 use crate::gateway::auth::access::Operation;
@@ -238,6 +241,245 @@ pub static ROUTES: &[AgentRoute] = &[
         answers: &[
             answer(200, "", json(named::<FileList>)),
             error(403, "RBAC denies `get sandboxes/files`"),
+        ],
+        ..DEFAULTS
+    },
+    AgentRoute {
+        method: Verb::Post,
+        path: sandbox_path!("/processes/{id}/stdin"),
+        agent_path: "/v1/processes/{id}/stdin",
+        operation: Operation::Exec,
+        operation_id: "write_process_stdin",
+        summary: "Writes to a background process's stdin (started with `keepStdin` or `pty`); `close` ends it.",
+        request: Some(json(named::<ProcessStdinRequest>)),
+        answers: &[
+            answer(200, "", json(named::<ProcessStatus>)),
+            error(404, "Unknown process id"),
+            error(409, "Its stdin is closed or was never kept open"),
+        ],
+        ..DEFAULTS
+    },
+    AgentRoute {
+        method: Verb::Post,
+        path: sandbox_path!("/processes/{id}/resize"),
+        agent_path: "/v1/processes/{id}/resize",
+        operation: Operation::Exec,
+        operation_id: "resize_process_terminal",
+        summary: "Resizes the terminal of a process started with `pty`.",
+        request: Some(json(named::<TerminalSize>)),
+        answers: &[
+            answer(200, "", json(named::<ProcessStatus>)),
+            error(404, "Unknown process id"),
+            error(409, "The process has no terminal"),
+        ],
+        ..DEFAULTS
+    },
+    AgentRoute {
+        method: Verb::Post,
+        path: sandbox_path!("/sessions"),
+        agent_path: "/v1/sessions",
+        operation: Operation::Exec,
+        operation_id: "start_session",
+        summary: "Starts a persistent shell session (bash if the image has it, else sh); cwd, variables and functions carry over between its runs.",
+        request: Some(json(named::<SessionRequest>)),
+        answers: &[
+            answer(201, "Started", json(named::<SessionStatus>)),
+            error(429, "Too many sessions in this sandbox"),
+        ],
+        ..DEFAULTS
+    },
+    AgentRoute {
+        method: Verb::Get,
+        path: sandbox_path!("/sessions"),
+        agent_path: "/v1/sessions",
+        operation: Operation::Exec,
+        operation_id: "list_sessions",
+        summary: "Lists the sandbox's shell sessions.",
+        answers: &[answer(200, "", json(named::<SessionList>))],
+        ..DEFAULTS
+    },
+    AgentRoute {
+        method: Verb::Get,
+        path: sandbox_path!("/sessions/{id}"),
+        agent_path: "/v1/sessions/{id}",
+        operation: Operation::Exec,
+        operation_id: "get_session",
+        summary: "Reads a session's status.",
+        answers: &[
+            answer(200, "", json(named::<SessionStatus>)),
+            error(404, "Unknown session id"),
+        ],
+        ..DEFAULTS
+    },
+    AgentRoute {
+        method: Verb::Delete,
+        path: sandbox_path!("/sessions/{id}"),
+        agent_path: "/v1/sessions/{id}",
+        operation: Operation::Exec,
+        operation_id: "delete_session",
+        summary: "Ends a session (its shell's whole process group).",
+        answers: &[
+            answer(200, "The final status", json(named::<SessionStatus>)),
+            error(404, "Unknown session id"),
+        ],
+        ..DEFAULTS
+    },
+    AgentRoute {
+        method: Verb::Post,
+        path: sandbox_path!("/sessions/{id}/run"),
+        agent_path: "/v1/sessions/{id}/run",
+        operation: Operation::Exec,
+        timeout: AnswerTimeout::Exec,
+        operation_id: "run_in_session",
+        summary: "Runs a command in the session's shell and answers its output and exit code; at its time-out the foreground job is interrupted and the session stays usable.",
+        params: &[EXEC_TIMEOUT_HEADER],
+        request: Some(json(named::<SessionRunRequest>)),
+        answers: &[
+            answer(
+                200,
+                "The command ran (any exit code)",
+                json(named::<SessionRunResponse>),
+            ),
+            error(404, "Unknown session id"),
+            error(409, "Another run is in progress in this session"),
+        ],
+    },
+    AgentRoute {
+        method: Verb::Post,
+        path: sandbox_path!("/sessions/{id}/input"),
+        agent_path: "/v1/sessions/{id}/input",
+        operation: Operation::Exec,
+        operation_id: "write_session_input",
+        summary: "Writes text to the session's stdin (answers a prompt of the running command).",
+        request: Some(json(named::<SessionInputRequest>)),
+        answers: &[
+            answer(200, "", json(named::<SessionStatus>)),
+            error(404, "Unknown session id"),
+        ],
+        ..DEFAULTS
+    },
+    AgentRoute {
+        method: Verb::Post,
+        path: sandbox_path!("/sessions/{id}/read"),
+        agent_path: "/v1/sessions/{id}/read",
+        operation: Operation::Exec,
+        timeout: AnswerTimeout::Exec,
+        operation_id: "read_session",
+        summary: "Reads the session's output until a literal text appears or a time-out (expect-style).",
+        params: &[EXEC_TIMEOUT_HEADER],
+        request: Some(json(named::<SessionReadRequest>)),
+        answers: &[
+            answer(200, "", json(named::<SessionReadResponse>)),
+            error(404, "Unknown session id"),
+        ],
+    },
+    AgentRoute {
+        method: Verb::Get,
+        path: sandbox_path!("/files/stat"),
+        agent_path: "/v1/files/stat",
+        operation: Operation::ReadFiles,
+        operation_id: "stat_file",
+        summary: "Whether a path exists, and its type, size, mode, modification time and link target (`?path=`).",
+        params: &[query("path", true, inline::<String>, "Path to look at")],
+        answers: &[
+            answer(
+                200,
+                "`exists: false` for a missing path",
+                json(named::<FileStat>),
+            ),
+            error(403, "RBAC denies `get sandboxes/files`"),
+        ],
+        ..DEFAULTS
+    },
+    AgentRoute {
+        method: Verb::Post,
+        path: sandbox_path!("/files/mkdir"),
+        agent_path: "/v1/files/mkdir",
+        operation: Operation::WriteFiles,
+        operation_id: "make_directory",
+        summary: "Creates a directory (`parents: true` as `mkdir -p`).",
+        request: Some(json(named::<MkdirRequest>)),
+        answers: &[
+            answer(
+                201,
+                "Created (200: it existed, with `parents`)",
+                json(named::<DirectoryCreated>),
+            ),
+            error(403, "RBAC denies `create sandboxes/files`"),
+        ],
+        ..DEFAULTS
+    },
+    AgentRoute {
+        method: Verb::Post,
+        path: sandbox_path!("/files/rename"),
+        agent_path: "/v1/files/rename",
+        operation: Operation::WriteFiles,
+        operation_id: "rename_file",
+        summary: "Renames or moves a file or directory (an existing `to` only with `overwrite: true`).",
+        request: Some(json(named::<RenameRequest>)),
+        answers: &[
+            answer(200, "", json(named::<Renamed>)),
+            error(
+                403,
+                "RBAC denies `create sandboxes/files`, or a protected file",
+            ),
+        ],
+        ..DEFAULTS
+    },
+    AgentRoute {
+        method: Verb::Get,
+        path: sandbox_path!("/files/tar"),
+        agent_path: "/v1/files/tar",
+        operation: Operation::ReadFiles,
+        operation_id: "download_directory",
+        summary: "Downloads a directory as a tar stream (`?path=`; symlinks kept as symlinks, never followed).",
+        params: &[query(
+            "path",
+            true,
+            inline::<String>,
+            "Directory to download",
+        )],
+        answers: &[
+            answer(200, "A tar stream", bytes()),
+            error(403, "RBAC denies `get sandboxes/files`"),
+            error(404, "No such directory"),
+        ],
+        ..DEFAULTS
+    },
+    AgentRoute {
+        method: Verb::Put,
+        path: sandbox_path!("/files/tar"),
+        agent_path: "/v1/files/tar",
+        operation: Operation::WriteFiles,
+        operation_id: "upload_directory",
+        summary: "Extracts a tar stream into a directory (`?path=`, created); the whole archive is checked first (no `..`, absolute paths or paths through symlinks: 400, nothing written).",
+        params: &[query(
+            "path",
+            true,
+            inline::<String>,
+            "Destination directory",
+        )],
+        request: Some(bytes()),
+        answers: &[
+            answer(201, "Extracted", json(named::<TarExtracted>)),
+            error(
+                400,
+                "An entry that would leave the directory, or a malformed archive",
+            ),
+            error(403, "RBAC denies `create sandboxes/files`"),
+        ],
+        ..DEFAULTS
+    },
+    AgentRoute {
+        method: Verb::Get,
+        path: sandbox_path!("/metrics"),
+        agent_path: "/v1/metrics",
+        operation: Operation::GetSandbox,
+        operation_id: "sandbox_metrics",
+        summary: "The task container's CPU seconds, memory (now, peak, limit), PIDs, OOM kills and disk use, from its cgroup.",
+        answers: &[
+            answer(200, "", json(named::<AgentMetrics>)),
+            error(403, "RBAC denies `get sandboxes`"),
         ],
         ..DEFAULTS
     },

@@ -3,8 +3,12 @@
 from __future__ import annotations
 
 import base64
+import io
 import math
+import os
+import tarfile
 from collections.abc import Mapping, Sequence
+from pathlib import Path
 from typing import Any
 
 from .models import TrajectoryResult
@@ -34,6 +38,31 @@ MAX_RESULT_MESSAGE = 4096
 RESULT_KEYS = frozenset({"reward", "status", "length", "artifact", "exitCode", "reason", "message"})
 #: Phases a sandbox does not leave by itself without becoming Ready.
 FINAL_PHASES = frozenset({"Failed", "Succeeded", "Expired"})
+
+
+def tar_of_directory(local: str | os.PathLike[str]) -> bytes:
+    """A tar stream of the local directory ``local``'s contents (names relative to it; symlinks kept
+    as symlinks, never followed). A ``ValueError`` when ``local`` is not a directory."""
+    root = Path(local)
+    if not root.is_dir():
+        raise ValueError(f"upload_dir needs a local directory, not {str(root)!r}")
+    buffer = io.BytesIO()
+    with tarfile.open(fileobj=buffer, mode="w", format=tarfile.PAX_FORMAT) as archive:
+        for entry in sorted(root.iterdir()):
+            archive.add(entry, arcname=entry.name, recursive=True)
+    return buffer.getvalue()
+
+
+def extract_tar(data: bytes, local: str | os.PathLike[str]) -> list[str]:
+    """Extracts the tar stream ``data`` into the local directory ``local`` (created) with tarfile's
+    ``data`` filter: no absolute paths, no ``..``, no links leaving ``local``, no devices. Answers the
+    names extracted."""
+    target = Path(local)
+    target.mkdir(parents=True, exist_ok=True)
+    with tarfile.open(fileobj=io.BytesIO(data), mode="r:") as archive:
+        names = archive.getnames()
+        archive.extractall(target, filter="data")
+    return names
 
 
 def timeout_seconds(seconds: float) -> int:

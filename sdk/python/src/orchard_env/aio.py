@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import builtins
 import contextlib
+import os
 import warnings
 from collections.abc import Callable, AsyncIterator, Mapping, Sequence
 from typing import Any, overload
@@ -228,6 +229,45 @@ class AsyncSandbox(_core.SandboxCore):
     async def delete_file(self, path: str, *, recursive: bool = False) -> None:
         """Deletes the file or empty directory ``path`` (any directory with ``recursive=True``)."""
         await self._run(self._delete_file_plan(path, recursive))
+
+    async def stat(self, path: str) -> dict[str, Any]:
+        """What ``path`` is: ``{"path", "exists", "type" (file, directory, symlink, other), "size", "mode",
+        "modified", "uid", "gid", "target"}``; a missing path answers ``exists: False``, not an error."""
+        return await self._run(self._stat_plan(path))
+
+    async def exists(self, path: str) -> bool:
+        """Whether ``path`` exists in the sandbox (a symlink counts, wherever it points)."""
+        return bool((await self._run(self._stat_plan(path))).get("exists"))
+
+    async def make_dir(self, path: str, *, parents: bool = True) -> dict[str, Any]:
+        """Creates directory ``path`` (with ``parents``, missing parents too and no error if it exists, as
+        ``mkdir -p``); answers ``{"path", "created"}``."""
+        return await self._run(self._make_dir_plan(path, parents))
+
+    async def rename(self, source: str, target: str, *, overwrite: bool = False) -> dict[str, Any]:
+        """Renames or moves ``source`` to ``target`` (an existing ``target`` only with ``overwrite``)."""
+        return await self._run(self._rename_plan(source, target, overwrite))
+
+    async def upload_dir(self, local: str | os.PathLike[str], path: str) -> dict[str, Any]:
+        """Copies the local directory ``local``'s contents into the sandbox's directory ``path`` (created),
+        as one tar stream: modes and symlinks kept (a symlink is never followed). The agent checks the whole
+        archive first and writes nothing if an entry would leave ``path``. Answers ``{"path", "files", ...}``."""
+        return await self._run(self._upload_dir_plan(local, path))
+
+    async def download_dir(self, path: str, local: str | os.PathLike[str]) -> list[str]:
+        """Copies the sandbox's directory ``path`` into the local directory ``local`` (created), as one tar
+        stream extracted with tarfile's ``data`` filter (nothing lands outside ``local``); answers the names
+        extracted."""
+        response = await self._run(self._download_dir_plan(path))
+        async with contextlib.aclosing(response):
+            data = await response.aread()
+        return _ops.extract_tar(data, local)
+
+    async def metrics(self) -> dict[str, Any]:
+        """The task container's usage from its cgroup: ``{"cpuSeconds", "memoryBytes", "memoryPeakBytes",
+        "memoryLimitBytes", "pids", "oomKills", "diskPath", "diskUsedBytes", ...}`` (a figure the node does
+        not offer is None)."""
+        return await self._run(self._metrics_plan())
 
     async def apply_patch(self, patch: str, *, cwd: str | None = None, strip: int | None = None) -> PatchResult:
         """Applies a unified diff (``git diff`` output) natively, every hunk or nothing, and answers the files

@@ -366,6 +366,32 @@ class SandboxCore:
             params["recursive"] = "true"
         yield from self._agent("DELETE", "/files", params=params)
 
+    def _stat_plan(self, path: str) -> Plan[dict[str, Any]]:
+        return _ops.json_object((yield from self._agent("GET", "/files/stat", params={"path": path})).json())
+
+    def _make_dir_plan(self, path: str, parents: bool) -> Plan[dict[str, Any]]:
+        body = {"path": path, "parents": parents}
+        return _ops.json_object((yield from self._agent("POST", "/files/mkdir", json_body=body)).json())
+
+    def _rename_plan(self, source: str, target: str, overwrite: bool) -> Plan[dict[str, Any]]:
+        body = {"from": source, "to": target, "overwrite": overwrite}
+        return _ops.json_object((yield from self._agent("POST", "/files/rename", json_body=body, retry=False)).json())
+
+    def _upload_dir_plan(self, local: str | os.PathLike[str], path: str) -> Plan[dict[str, Any]]:
+        body = _ops.tar_of_directory(local)
+        response = yield from self._agent(
+            "PUT", "/files/tar", params={"path": path}, content=body,
+            headers={"Content-Type": "application/x-tar"}, timeout=600.0, retry=True,
+        )
+        return _ops.json_object(response.json())
+
+    def _download_dir_plan(self, path: str) -> Plan[httpx.Response]:
+        """The streamed answer of ``GET /files/tar``: a tar stream of the directory."""
+        return (yield from self._agent("GET", "/files/tar", params={"path": path}, timeout=600.0, stream=True))
+
+    def _metrics_plan(self) -> Plan[dict[str, Any]]:
+        return _ops.json_object((yield from self._agent("GET", "/metrics")).json())
+
     def _apply_patch_plan(self, patch: str, cwd: str | None, strip: int | None) -> Plan[PatchResult]:
         body: dict[str, Any] = {"patch": patch}
         if cwd is not None:
