@@ -20,7 +20,8 @@ use kube::api::{Api, DeleteParams, PostParams};
 use orchard_e2e::env::{EnvOptions, TestEnv};
 use orchard_e2e::operator_process::{OperatorProcess, metric_sum};
 use orchard_e2e::test_support::gateway::{
-    Caller, TickingStream, audited_requests, grant, sandbox_path, scoped_operator, trainer_rules,
+    Caller, TickingStream, Tunnel, audited_requests, grant, sandbox_path, scoped_operator,
+    trainer_rules,
 };
 use serde_json::json;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -621,6 +622,225 @@ async fn an_exec_stream_and_a_wait_end_soon_after_access_is_revoked() {
         metric(&operator, "orchard_gateway_revoked_total", &[]).await >= 1.0,
         "revocation counted"
     );
+    env.delete_namespace(&ns).await;
+}
+
+/// A port nothing on this machine listens on (bound, learnt, closed).
+fn free_port() -> u16 {
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+    listener.local_addr().expect("address").port()
+}
+
+/// A TCP echo server on 127.0.0.1 (`python3 -c ECHO_SERVER PORT`) that keeps every connection open
+/// until its client closes it.
+const ECHO_SERVER: &str = "
+import socketserver, sys
+class Echo(socketserver.BaseRequestHandler):
+    def handle(self):
+        while data := self.request.recv(4096):
+            self.request.sendall(data)
+socketserver.ThreadingTCPServer.allow_reuse_address = True
+socketserver.ThreadingTCPServer(('127.0.0.1', int(sys.argv[1])), Echo).serve_forever()
+";
+
+/// Sends a `GET /hello.txt` through `tunnel` and reads the answer until the server closes.
+async fn fetch_hello(mut tunnel: TcpStream) -> String {
+    tunnel
+        .write_all(b"GET /hello.txt HTTP/1.0\r\n\r\n")
+        .await
+        .expect("send through the tunnel");
+    let mut answer = Vec::new();
+    tunnel
+        .read_to_end(&mut answer)
+        .await
+        .expect("read through the tunnel");
+    String::from_utf8_lossy(&answer).to_string()
+}
+
+fn opened(tunnel: Tunnel) -> TcpStream {
+    match tunnel {
+        Tunnel::Open(stream) => stream,
+        Tunnel::Refused(answer) => panic!("tunnel refused: {answer:?}"),
+    }
+}
+
+fn refused(tunnel: Tunnel) -> orchard_e2e::test_support::gateway::Answer {
+    match tunnel {
+        Tunnel::Open(_) => panic!("a tunnel opened that should have been refused"),
+        Tunnel::Refused(answer) => answer,
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn port_forward_reaches_a_loopback_server_and_ends_on_revocation() {
+    const TTL_SECONDS: u64 = 2;
+    let _one = ONE_AT_A_TIME.lock().await;
+    let env = env();
+    let ns = env.namespace("gwl-tunnel").await;
+    let ttl_flag = format!("--gateway-auth-cache-ttl-seconds={TTL_SECONDS}");
+    let operator = scoped_operator(env, &ns, "gwl-tunnel", &[&ttl_flag]).await;
+    let mut rules = trainer_rules();
+    rules[1]["resources"]
+        .as_array_mut()
+        .expect("subresources")
+        .push(json!("sandboxes/portforward"));
+    grant(env, &ns, "alice", "trainer", rules).await;
+    grant(env, &ns, "bob", "runner", trainer_rules()).await;
+    let alice = Caller::at(
+        &operator.gateway_url(),
+        Some(&env.control_plane.tokens["alice"]),
+    );
+    let bob = Caller::at(
+        &operator.gateway_url(),
+        Some(&env.control_plane.tokens["bob"]),
+    );
+    let name = ready_sandbox(&alice, &ns).await;
+
+    // An HTTP server bound to the sandbox's loopback only.
+    let port = free_port();
+    let put = alice
+        .send(
+            alice
+                .request(
+                    reqwest::Method::PUT,
+                    &sandbox_path(&ns, &name, "/files?path=site/hello.txt"),
+                )
+                .body("hello through the tunnel\n"),
+        )
+        .await;
+    assert!(put.status < 300, "{put:?}");
+    let server = alice
+        .post(
+            &sandbox_path(&ns, &name, "/processes"),
+            json!({"argv": ["python3", "-m", "http.server", "--bind", "127.0.0.1",
+                            "--directory", "site", port.to_string()]}),
+        )
+        .await;
+    assert_eq!(server.status, 201, "{server:?}");
+    let port_text = port.to_string();
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let first = loop {
+        match alice.tunnel(&ns, &name, &port_text).await {
+            Tunnel::Open(stream) => break fetch_hello(stream).await,
+            Tunnel::Refused(answer) if Instant::now() < deadline && answer.status == 502 => {
+                tokio::time::sleep(Duration::from_millis(200)).await;
+            }
+            Tunnel::Refused(answer) => panic!("the server never came up: {answer:?}"),
+        }
+    };
+    assert!(first.starts_with("HTTP/1.0 200"), "{first}");
+    assert!(first.ends_with("hello through the tunnel\n"), "{first}");
+
+    // 100 connections at once, each through a tunnel of its own.
+    let answers = futures::future::join_all((0..100).map(|_| {
+        let (alice, ns, name, port) = (alice.clone(), ns.clone(), name.clone(), port_text.clone());
+        async move { fetch_hello(opened(alice.tunnel(&ns, &name, &port).await)).await }
+    }))
+    .await;
+    let served = answers
+        .iter()
+        .filter(|answer| answer.ends_with("hello through the tunnel\n"))
+        .count();
+    assert_eq!(
+        served,
+        100,
+        "{:?}",
+        answers.iter().find(|a| !a.contains("hello"))
+    );
+
+    // Refusals, each before anything is upgraded.
+    let nothing = refused(alice.tunnel(&ns, &name, &free_port().to_string()).await);
+    assert_eq!(nothing.status, 502, "{nothing:?}");
+    assert!(
+        nothing.message().contains("nothing accepts connections"),
+        "{nothing:?}"
+    );
+    let bad_port = refused(alice.tunnel(&ns, &name, "70000").await);
+    assert_eq!(bad_port.status, 400, "{bad_port:?}");
+    assert!(bad_port.message().contains("1 to 65535"), "{bad_port:?}");
+    let denied = refused(bob.tunnel(&ns, &name, &port_text).await);
+    assert_eq!(denied.status, 403, "{denied:?}");
+    assert!(
+        denied
+            .message()
+            .contains("cannot create sandboxes/portforward"),
+        "{denied:?}"
+    );
+    let plain = alice
+        .get(&sandbox_path(&ns, &name, &format!("/ports/{port}/tunnel")))
+        .await;
+    assert_eq!(plain.status, 400, "{plain:?}");
+    assert!(plain.message().contains("Upgrade: tcp"), "{plain:?}");
+
+    // An open tunnel to an echo server, which never closes a connection itself, ends once access
+    // is revoked.
+    let echo_port = free_port();
+    let echo = alice
+        .post(
+            &sandbox_path(&ns, &name, "/processes"),
+            json!({"argv": ["python3", "-c", ECHO_SERVER, echo_port.to_string()]}),
+        )
+        .await;
+    assert_eq!(echo.status, 201, "{echo:?}");
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let mut held = loop {
+        match alice.tunnel(&ns, &name, &echo_port.to_string()).await {
+            Tunnel::Open(stream) => break stream,
+            Tunnel::Refused(answer) if Instant::now() < deadline && answer.status == 502 => {
+                tokio::time::sleep(Duration::from_millis(200)).await;
+            }
+            Tunnel::Refused(answer) => panic!("the echo server never came up: {answer:?}"),
+        }
+    };
+    let mut buffer = vec![0u8; 4096];
+    for round in ["ping 1\n", "ping 2\n"] {
+        held.write_all(round.as_bytes()).await.expect("send");
+        let read = held.read(&mut buffer).await.expect("echo");
+        assert_eq!(&buffer[..read], round.as_bytes());
+        // The tunnel outlives a re-check of its caller (every TTL/2).
+        tokio::time::sleep(Duration::from_secs(TTL_SECONDS)).await;
+    }
+    assert_eq!(
+        metric(&operator, "orchard_gateway_open_tunnels", &[]).await,
+        1.0,
+        "the open tunnel is counted"
+    );
+    let revocations = metric(&operator, "orchard_gateway_revoked_total", &[]).await;
+    Api::<RoleBinding>::namespaced(env.client().await, &ns)
+        .delete("trainer", &DeleteParams::default())
+        .await
+        .expect("delete the role binding");
+    let revoked = Instant::now();
+    let limit = Duration::from_secs(TTL_SECONDS * 2 + 4);
+    let ended = tokio::time::timeout(limit, async {
+        loop {
+            match held.read(&mut buffer).await {
+                Ok(0) | Err(_) => return,
+                Ok(_) => {}
+            }
+        }
+    })
+    .await;
+    assert!(
+        ended.is_ok(),
+        "the tunnel still runs {limit:?} after revocation"
+    );
+    eprintln!(
+        "tunnel cut {:?} after the RoleBinding was deleted",
+        revoked.elapsed()
+    );
+    assert!(
+        metric(&operator, "orchard_gateway_revoked_total", &[]).await > revocations,
+        "the cut is counted as a revocation"
+    );
+    gauge_until(
+        &operator,
+        "orchard_gateway_open_tunnels",
+        &[],
+        "tunnels closed",
+        |open| open == 0.0,
+    )
+    .await;
     env.delete_namespace(&ns).await;
 }
 

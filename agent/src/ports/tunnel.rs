@@ -60,7 +60,7 @@ pub async fn tunnel(
     let port = parse_port(&port).map_err(AgentError::BadRequest)?;
     if !asks_for_tcp_upgrade(request.headers()) {
         return Err(AgentError::BadRequest(
-            "a tunnel is an upgrade: send `Connection: Upgrade` and `Upgrade: tcp`".into(),
+            orchard_api::agent::NOT_AN_UPGRADE.into(),
         ));
     }
     let Ok(slot) = Arc::clone(&state.tunnels).try_acquire_owned() else {

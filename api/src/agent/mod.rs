@@ -12,12 +12,14 @@ mod files;
 mod health;
 mod patch;
 mod sessions;
+mod tunnel;
 
 pub use exec::*;
 pub use files::*;
 pub use health::*;
 pub use patch::*;
 pub use sessions::*;
+pub use tunnel::*;
 
 #[cfg(test)]
 mod tests {

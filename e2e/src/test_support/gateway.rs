@@ -305,3 +305,111 @@ impl TickingStream {
         );
     }
 }
+
+/// What a tunnel request got: the upgraded connection, or the gateway's refusal.
+pub enum Tunnel {
+    /// `101 Switching Protocols`: the connection now carries the port's bytes.
+    Open(tokio::net::TcpStream),
+    /// Any other answer, with its body.
+    Refused(Answer),
+}
+
+impl Caller {
+    /// Asks for a tunnel to `port` in sandbox `namespace/name` on a connection of its own (raw
+    /// HTTP/1.1, since the answer is an upgrade).
+    pub async fn tunnel(&self, namespace: &str, name: &str, port: &str) -> Tunnel {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let address = self
+            .base
+            .strip_prefix("http://")
+            .expect("an http:// gateway URL");
+        let mut stream = tokio::net::TcpStream::connect(address)
+            .await
+            .expect("connect to the gateway");
+        let authorization = self
+            .token
+            .as_ref()
+            .map(|token| format!("Authorization: Bearer {token}\r\n"))
+            .unwrap_or_default();
+        let path = sandbox_path(namespace, name, &format!("/ports/{port}/tunnel"));
+        let head = format!(
+            "GET {path} HTTP/1.1\r\nHost: {address}\r\n{authorization}Connection: Upgrade\r\nUpgrade: tcp\r\n\r\n"
+        );
+        stream
+            .write_all(head.as_bytes())
+            .await
+            .expect("send the request");
+        // Byte by byte up to the end of the head: nothing of the tunnel may be read past it.
+        let mut answer = Vec::new();
+        while !answer.ends_with(b"\r\n\r\n") {
+            let byte = stream.read_u8().await.expect("the answer's head");
+            answer.push(byte);
+        }
+        let head = String::from_utf8_lossy(&answer).to_string();
+        let status: u16 = head
+            .split_whitespace()
+            .nth(1)
+            .and_then(|code| code.parse().ok())
+            .expect("a status line");
+        if status == 101 {
+            return Tunnel::Open(stream);
+        }
+        let header = |wanted: &str| {
+            head.lines().find_map(|line| {
+                let (name, value) = line.split_once(':')?;
+                name.eq_ignore_ascii_case(wanted)
+                    .then(|| value.trim().to_ascii_lowercase())
+            })
+        };
+        let bytes = match header("content-length") {
+            Some(length) => {
+                let mut bytes = vec![0; length.parse().expect("a content length")];
+                stream
+                    .read_exact(&mut bytes)
+                    .await
+                    .expect("the refusal's body");
+                bytes
+            }
+            None => {
+                assert_eq!(
+                    header("transfer-encoding").as_deref(),
+                    Some("chunked"),
+                    "a body of unknown length: {head}"
+                );
+                let mut raw = Vec::new();
+                while !raw.ends_with(b"0\r\n\r\n") {
+                    raw.push(stream.read_u8().await.expect("the refusal's body"));
+                }
+                dechunk(&raw)
+            }
+        };
+        let body = serde_json::from_slice(&bytes)
+            .unwrap_or_else(|_| Value::String(String::from_utf8_lossy(&bytes).to_string()));
+        Tunnel::Refused(Answer {
+            status,
+            body,
+            bytes,
+        })
+    }
+}
+
+/// The data of a chunked HTTP/1.1 body (`raw` ends with the last chunk).
+fn dechunk(raw: &[u8]) -> Vec<u8> {
+    let mut data = Vec::new();
+    let mut rest = raw;
+    loop {
+        let Some(end) = rest.windows(2).position(|w| w == b"\r\n") else {
+            return data;
+        };
+        let size = std::str::from_utf8(&rest[..end])
+            .ok()
+            .and_then(|size| usize::from_str_radix(size.trim(), 16).ok())
+            .unwrap_or(0);
+        if size == 0 {
+            return data;
+        }
+        let start = end + 2;
+        data.extend_from_slice(&rest[start..start + size]);
+        rest = &rest[start + size + 2..];
+    }
+}

@@ -30,6 +30,10 @@ pub struct GatewayLimits {
     #[arg(long, env = "ORCHARD_GATEWAY_MAX_WAITS", default_value_t = 1024)]
     pub gateway_max_waits: usize,
 
+    /// Most port-forward tunnels open at once (each holds one client connection and one connection to an agent for its whole life); more are refused with 503 `Overloaded` and `Retry-After`.
+    #[arg(long, env = "ORCHARD_GATEWAY_MAX_TUNNELS", default_value_t = 1024)]
+    pub gateway_max_tunnels: usize,
+
     /// Most requests one caller (an authenticated user or ServiceAccount) may have in flight in each pool (waits, and everything else); beyond it that caller gets 429 `TooManyRequests` with `Retry-After` while others are still served.
     #[arg(
         long,

@@ -100,6 +100,7 @@ fn api_routes() -> OpenApiRouter<State> {
         .routes(routes!(sandboxes::agent_token))
         .routes(routes!(sandboxes::record_result))
         .merge(agent::table::router())
+        .routes(routes!(agent::tunnel::tunnel))
         .routes(routes!(
             rollout_groups::create_group,
             rollout_groups::list_groups
@@ -177,6 +178,7 @@ pub fn state(deps: GatewayDeps) -> std::io::Result<State> {
         ),
         proxy: agent::proxy::AgentProxy::new(metrics.clone()),
         bodies: http::body::BodyReader::new(body_limits(&deps.limits), metrics.throttled.clone()),
+        tunnels: Arc::new(tokio::sync::Semaphore::new(deps.limits.gateway_max_tunnels)),
         metrics,
         filled: CachesFilled::default(),
         recent_deletes: objects::recent_deletes::RecentDeletes::default(),
@@ -344,6 +346,10 @@ mod tests {
             (
                 "/v1/namespaces/{namespace}/sandboxes/{name}/patch",
                 &["post"],
+            ),
+            (
+                "/v1/namespaces/{namespace}/sandboxes/{name}/ports/{port}/tunnel",
+                &["get"],
             ),
             (
                 "/v1/namespaces/{namespace}/sandboxes/{name}/heartbeat",

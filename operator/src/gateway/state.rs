@@ -80,6 +80,8 @@ pub struct GatewayState {
     pub recent_deletes: RecentDeletes,
     /// Reads the bodies of authorised create and result requests.
     pub bodies: BodyReader,
+    /// A permit per open port-forward tunnel (`--gateway-max-tunnels`).
+    pub tunnels: Arc<tokio::sync::Semaphore>,
 }
 
 /// Shared state of the router.

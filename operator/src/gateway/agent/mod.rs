@@ -1,7 +1,9 @@
 //! Calls to a sandbox's agent: the route table (one entry per agent route, for the router and the
 //! OpenAPI document: [`routes`]) and the proxy that forwards them to the pod IP with the sandbox's
-//! token ([`proxy`]).
+//! token ([`proxy`]), and port-forward tunnels, upgraded connections spliced to the agent's
+//! ([`tunnel`]).
 
 pub mod proxy;
 pub mod routes;
 pub mod table;
+pub mod tunnel;

@@ -152,7 +152,7 @@ pub struct NotifyOnEnd {
 }
 
 impl NotifyOnEnd {
-    fn new(inner: Body) -> (Self, oneshot::Receiver<()>) {
+    pub(super) fn new(inner: Body) -> (Self, oneshot::Receiver<()>) {
         let (tx, rx) = oneshot::channel();
         (
             Self {
@@ -216,8 +216,8 @@ fn is_hop_by_hop(name: &HeaderName) -> bool {
 /// The pooled HTTP client of every agent.
 #[derive(Clone)]
 pub struct AgentProxy {
-    client: Client<HttpConnector, NotifyOnEnd>,
-    metrics: GatewayMetrics,
+    pub(super) client: Client<HttpConnector, NotifyOnEnd>,
+    pub(super) metrics: GatewayMetrics,
 }
 
 impl AgentProxy {
@@ -283,17 +283,7 @@ impl AgentProxy {
             () = deadline => Err(AgentFailure::Timeout),
         };
         match result {
-            Ok(response) => {
-                let (parts, incoming) = response.into_parts();
-                let mut out = Response::new(Body::new(incoming));
-                *out.status_mut() = parts.status;
-                for (name, value) in &parts.headers {
-                    if !is_hop_by_hop(name) {
-                        out.headers_mut().append(name.clone(), value.clone());
-                    }
-                }
-                Ok(out)
-            }
+            Ok(response) => Ok(passed_through(response)),
             Err(failure) => {
                 self.metrics
                     .agent_errors
@@ -305,8 +295,21 @@ impl AgentProxy {
     }
 }
 
+/// The agent's answer as the gateway passes it back: status, body and end-to-end headers.
+pub(super) fn passed_through(response: hyper::Response<hyper::body::Incoming>) -> Response {
+    let (parts, incoming) = response.into_parts();
+    let mut out = Response::new(Body::new(incoming));
+    *out.status_mut() = parts.status;
+    for (name, value) in &parts.headers {
+        if !is_hop_by_hop(name) {
+            out.headers_mut().append(name.clone(), value.clone());
+        }
+    }
+    out
+}
+
 /// Sorts a client error into the failure a caller can act on.
-fn classify(error: &hyper_util::client::legacy::Error) -> AgentFailure {
+pub(super) fn classify(error: &hyper_util::client::legacy::Error) -> AgentFailure {
     if error.is_connect() {
         let mut source: Option<&(dyn std::error::Error + 'static)> =
             std::error::Error::source(error);

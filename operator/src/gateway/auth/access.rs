@@ -35,6 +35,8 @@ pub enum Operation {
     DeleteSandbox,
     /// `exec`, `exec/stream`, `processes...` and `patch`: running code or changing files by diff.
     Exec,
+    /// `GET ports/{port}/tunnel`: a TCP tunnel to a port inside the sandbox.
+    PortForward,
     /// `GET files` and `files/list`.
     ReadFiles,
     /// `PUT files` and `DELETE files`.
@@ -62,7 +64,7 @@ pub struct Access {
     pub verb: &'static str,
     /// Resource.
     pub resource: Resource,
-    /// Subresource (`exec`, `files`, `heartbeat`, `result`, `token`) or empty.
+    /// Subresource (`exec`, `portforward`, `files`, `heartbeat`, `result`, `token`) or empty.
     pub subresource: &'static str,
     /// Namespace of the request.
     pub namespace: String,
@@ -80,6 +82,7 @@ impl Access {
             GetSandbox => ("get", Resource::Sandboxes, ""),
             DeleteSandbox => ("delete", Resource::Sandboxes, ""),
             Exec => ("create", Resource::Sandboxes, "exec"),
+            PortForward => ("create", Resource::Sandboxes, "portforward"),
             ReadFiles => ("get", Resource::Sandboxes, "files"),
             WriteFiles => ("create", Resource::Sandboxes, "files"),
             Heartbeat => ("create", Resource::Sandboxes, "heartbeat"),
@@ -160,6 +163,13 @@ mod tests {
             (Operation::GetSandbox, "get", "sandboxes", "", "s"),
             (Operation::DeleteSandbox, "delete", "sandboxes", "", "s"),
             (Operation::Exec, "create", "sandboxes", "exec", "s"),
+            (
+                Operation::PortForward,
+                "create",
+                "sandboxes",
+                "portforward",
+                "s",
+            ),
             (Operation::ReadFiles, "get", "sandboxes", "files", "s"),
             (Operation::WriteFiles, "create", "sandboxes", "files", "s"),
             (

@@ -27,7 +27,8 @@ pub struct GatewayMetrics {
     /// `orchard_gateway_token_reviews_total{result}`: TokenReviews sent (`accepted`, `refused`,
     /// `failed`).
     pub token_reviews: IntCounterVec,
-    /// `orchard_gateway_throttled_total{reason}`: requests refused by a limit (`in_flight`, `waits`:
+    /// `orchard_gateway_throttled_total{reason}`: requests refused by a limit (`in_flight`, `waits`,
+    /// `tunnels`:
     /// 503; `caller_share`, `token_review_budget`, `access_review_budget`, `body_budget`: 429;
     /// `body_timeout`: 408; `body_too_large`: 413).
     pub throttled: IntCounterVec,
@@ -37,6 +38,8 @@ pub struct GatewayMetrics {
     pub open_connections: IntGauge,
     /// `orchard_gateway_revoked_total`: streams and waits ended because the caller lost access.
     pub revoked: IntCounter,
+    /// `orchard_gateway_open_tunnels`: port-forward tunnels open.
+    pub open_tunnels: IntGauge,
 }
 
 impl GatewayMetrics {
@@ -89,7 +92,7 @@ impl GatewayMetrics {
         let throttled = IntCounterVec::new(
             Opts::new(
                 "orchard_gateway_throttled_total",
-                "Requests refused by a gateway limit: in_flight and waits (503 Overloaded); caller_share, token_review_budget, access_review_budget and body_budget (429); body_timeout (408); body_too_large (413).",
+                "Requests refused by a gateway limit: in_flight, waits and tunnels (503 Overloaded); caller_share, token_review_budget, access_review_budget and body_budget (429); body_timeout (408); body_too_large (413).",
             ),
             &["reason"],
         )?;
@@ -108,6 +111,11 @@ impl GatewayMetrics {
             "orchard_gateway_revoked_total",
             "Streams and waits the gateway ended because their caller's token or RBAC access was revoked.",
         )?;
+        let open_tunnels = IntGauge::new(
+            "orchard_gateway_open_tunnels",
+            "Port-forward tunnels open through the gateway (at most --gateway-max-tunnels).",
+        )?;
+        registry.register(Box::new(open_tunnels.clone()))?;
         registry.register(Box::new(token_reviews.clone()))?;
         registry.register(Box::new(throttled.clone()))?;
         registry.register(Box::new(open_connections.clone()))?;
@@ -131,6 +139,7 @@ impl GatewayMetrics {
             in_flight,
             open_connections,
             revoked,
+            open_tunnels,
         })
     }
 }

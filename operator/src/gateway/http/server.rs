@@ -2,7 +2,9 @@
 //! that sends its headers slowly, or nothing, is disconnected), at most `max_connections` open at once
 //! (further connections are not accepted: they wait in the kernel's listen backlog until one closes),
 //! the peer address of each request available to authentication ([`peer_ip`]), and graceful shutdown
-//! (no new connections; idle ones close; requests in progress finish).
+//! (no new connections; idle ones close; requests in progress finish). Connections may be upgraded (a
+//! port-forward tunnel takes the socket over after its `101`); an upgraded connection leaves the
+//! connection count, tunnels have a limit of their own.
 
 use std::convert::Infallible;
 use std::io;
@@ -15,10 +17,10 @@ use axum::body::Body;
 use axum::response::Response;
 use hyper::body::Incoming;
 use hyper_util::rt::{TokioIo, TokioTimer};
-use hyper_util::server::graceful::GracefulShutdown;
 use tokio::net::TcpListener;
 use tokio::sync::Semaphore;
 use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
 use tower::ServiceExt;
 
 use super::metrics::GatewayMetrics;
@@ -54,7 +56,7 @@ pub async fn serve_router(
     shutdown: CancellationToken,
 ) -> io::Result<()> {
     let slots = Arc::new(Semaphore::new(limits.max_connections.max(1)));
-    let graceful = GracefulShutdown::new();
+    let connections = TaskTracker::new();
     let mut http = hyper::server::conn::http1::Builder::new();
     http.timer(TokioTimer::new())
         .header_read_timeout(limits.header_read_timeout);
@@ -89,11 +91,23 @@ pub async fn serve_router(
                 response
             })
         });
-        let connection = graceful.watch(http.serve_connection(TokioIo::new(stream), service));
+        let connection = http
+            .serve_connection(TokioIo::new(stream), service)
+            .with_upgrades();
         let open = metrics.open_connections.clone();
         open.inc();
-        tokio::spawn(async move {
-            if let Err(err) = connection.await {
+        let stop = shutdown.clone();
+        connections.spawn(async move {
+            tokio::pin!(connection);
+            let ended = tokio::select! {
+                ended = connection.as_mut() => ended,
+                () = stop.cancelled() => {
+                    // Shutting down: no new requests on this connection; the one in progress ends.
+                    connection.as_mut().graceful_shutdown();
+                    connection.await
+                }
+            };
+            if let Err(err) = ended {
                 tracing::debug!(%err, "gateway connection ended with an error");
             }
             open.dec();
@@ -101,7 +115,8 @@ pub async fn serve_router(
         });
     }
     drop(listener);
-    graceful.shutdown().await;
+    connections.close();
+    connections.wait().await;
     Ok(())
 }
 
