@@ -17,15 +17,16 @@ from the syntax tree of ``client.py`` (positions only: the text, comments and la
 * ``for`` over ``iter_lines``/``iter_bytes`` (renamed ``aiter_lines``/``aiter_bytes``) or over an async
   generator of the driver becomes ``async for``; ``with contextlib.closing(x)`` becomes ``async with
   contextlib.aclosing(x)``;
-* names: ``SandboxClient``, ``Sandbox``, ``Process``, ``RolloutGroup`` (in code, ``__all__`` and reST
-  roles of docstrings: ``:class:`Process```) get the ``Async`` prefix, ``Iterator`` becomes
-  ``AsyncIterator`` (see ``RENAMES``);
+* names: ``SandboxClient``, ``Sandbox``, ``Process``, ``Session``, ``RolloutGroup`` (in code, ``__all__``
+  and reST roles of docstrings: ``:class:`Process```) get the ``Async`` prefix, ``Iterator`` becomes
+  ``AsyncIterator`` (see ``RENAMES``); httpx's and contextlib's names (``read``...) are renamed where
+  called, not where ``client.py`` defines a method of that name (``Session.read``);
 * docstrings: the per-member rewrites of ``DOCSTRINGS`` (where the behaviour really differs), then the
   general ``DOC_RULES`` (``with`` -> ``async with``, thread -> task...); a paragraph made too long is
   re-wrapped. A rule or rewrite that no longer matches anything is an error, so the tables cannot go
   stale;
-* ``ANNOTATIONS``: the two annotations that differ (``create`` answers an awaitable that is also an
-  async context manager; ``drive`` takes coroutine functions), with the imports they need.
+* ``ANNOTATIONS``: the annotations that differ (``create`` and ``session`` answer an awaitable that is
+  also an async context manager; ``drive`` takes coroutine functions), with the imports they need.
 
     python sdk/python/scripts/gen_aio.py           # writes aio.py (also: make sdk-aio)
     python sdk/python/scripts/gen_aio.py --check   # exit status 1 and a diff when aio.py is stale
@@ -56,6 +57,7 @@ CLASSES = {
     "SandboxClient": "AsyncSandboxClient",
     "Sandbox": "AsyncSandbox",
     "Process": "AsyncProcess",
+    "Session": "AsyncSession",
     "RolloutGroup": "AsyncRolloutGroup",
 }
 
@@ -72,6 +74,9 @@ RENAMES = {
     "iter_bytes": "aiter_bytes",
     "closing": "aclosing",
 }
+#: Of ``RENAMES``, the names renamed only where used: a method ``client.py`` defines with one of these
+#: names keeps it (``def read`` of ``Session`` stays ``read``).
+NOT_IN_DEFINITIONS = {"read", "iter_lines", "iter_bytes", "closing"}
 
 #: Sync names (before renaming) whose async twins are awaited, iterated with ``async for``, entered with
 #: ``async with``; the async driver's own coroutine functions and async generators are added to the first
@@ -85,8 +90,12 @@ ALWAYS_ASYNC = {"__enter__", "__exit__"}
 #: Annotations that differ: (sync class, method, parameter or "return") -> (async annotation, why).
 ANNOTATIONS: dict[tuple[str, str, str], tuple[str, str]] = {
     ("SandboxClient", "create", "return"): (
-        "_Creating",
+        "_Creating[AsyncSandbox]",
         "the async create answers an awaitable that is also an async context manager (_async_driver.Creating)",
+    ),
+    ("Sandbox", "session", "return"): (
+        "_Creating[AsyncSession]",
+        "the async session answers an awaitable that is also an async context manager (_async_driver.Creating)",
     ),
     ("RolloutGroup", "drive", "episode"): (
         "Callable[[AsyncSandbox], Awaitable[EpisodeResult] | EpisodeResult]",
@@ -117,6 +126,12 @@ DOCSTRINGS: dict[tuple[str, str], list[tuple[str, str]]] = {
     ("SandboxClient", "create"): [(
         "Returns its handle, a context manager: ``with client.create(...) as sbx:``.",
         "Await it for the handle, or use it as ``async with client.create(...) as sbx:``.",
+    )],
+    ("Sandbox", "session"): [(
+        "Returns its handle, a context manager: ``with sbx.session() as sh:`` closes the session at the end "
+        "of the block.",
+        "Await it for the handle, or use it as ``async with sbx.session() as sh:``, which closes the session "
+        "at the end of the block.",
     )],
     ("Sandbox", "stop_heartbeats"): [(
         "stops the background thread, waiting at most 5 s for it",
@@ -410,15 +425,18 @@ def _rename_tokens(text: str) -> str:
     for line in lines:
         starts.append(starts[-1] + len(line))
     edits = []
+    previous = None
     for token in tokenize.generate_tokens(io.StringIO(text).readline):
         new = None
-        if token.type == tokenize.NAME and token.string in RENAMES:
+        defined = previous is not None and previous.type == tokenize.NAME and previous.string == "def"
+        if token.type == tokenize.NAME and token.string in RENAMES and not (defined and token.string in NOT_IN_DEFINITIONS):
             new = RENAMES[token.string]
         elif token.type == tokenize.STRING and token.string[1:-1] in CLASSES and token.string[0] == token.string[-1] == '"':
             new = f'"{CLASSES[token.string[1:-1]]}"'
         if new is not None:
             (row, col), (end_row, end_col) = token.start, token.end
             edits.append((starts[row - 1] + col, starts[end_row - 1] + end_col, new))
+        previous = token
     for start, end, new in reversed(edits):
         text = text[:start] + new + text[end:]
     return text

@@ -14,7 +14,7 @@ from types import ModuleType
 import pytest
 
 import orchard_env
-from orchard_env import AsyncProcess, AsyncRolloutGroup, AsyncSandbox, AsyncSandboxClient
+from orchard_env import AsyncProcess, AsyncRolloutGroup, AsyncSandbox, AsyncSandboxClient, AsyncSession
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -44,7 +44,7 @@ def test_the_package_imports_the_generated_module() -> None:
     assert Path(orchard_env.aio.__file__).resolve() == (ROOT / "src" / "orchard_env" / "aio.py").resolve()
 
 
-@pytest.mark.parametrize("cls", [AsyncSandboxClient, AsyncSandbox, AsyncProcess, AsyncRolloutGroup])
+@pytest.mark.parametrize("cls", [AsyncSandboxClient, AsyncSandbox, AsyncProcess, AsyncSession, AsyncRolloutGroup])
 def test_public_signatures_are_static(cls: type) -> None:
     """Type checkers and IDEs read the methods as written: no ``*args, **kwargs`` wrappers."""
     for name, member in inspect.getmembers(cls, inspect.isfunction):
@@ -102,3 +102,14 @@ def test_a_stale_rule_is_an_error(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(gen, "DOC_RULES", [*gen.DOC_RULES, (r"\bnever written anywhere\b", "x")])
     with pytest.raises(gen.GenerationError, match="stale entries"):
         gen.generate()
+
+
+def test_a_method_named_as_an_httpx_one_keeps_its_name() -> None:
+    twin = translate('''
+    def read(self, path: str) -> bytes:
+        """Defines ``read`` (as Session.read does) and calls httpx's."""
+        response = self._run(self._download_plan(path))
+        return response.read()
+''')
+    assert "    async def read(self, path: str) -> bytes:" in twin, twin
+    assert "return await response.aread()" in twin, twin

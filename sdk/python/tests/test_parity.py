@@ -21,13 +21,18 @@ from orchard_env import (
     AsyncRolloutGroup,
     AsyncSandbox,
     AsyncSandboxClient,
+    AsyncSession,
     Process,
     RolloutGroup,
     Sandbox,
     SandboxClient,
+    Session,
 )
 
-PAIRS = [(SandboxClient, AsyncSandboxClient), (Sandbox, AsyncSandbox), (Process, AsyncProcess), (RolloutGroup, AsyncRolloutGroup)]
+PAIRS = [
+    (SandboxClient, AsyncSandboxClient), (Sandbox, AsyncSandbox), (Process, AsyncProcess), (Session, AsyncSession),
+    (RolloutGroup, AsyncRolloutGroup),
+]
 
 #: Public members only one side has: (class, name) -> why.
 ONE_SIDED: dict[tuple[str, str], str] = {
@@ -40,6 +45,10 @@ SIGNATURE_DIFFERENCES: dict[tuple[str, str], dict[str, str]] = {
         "return": "the async create answers an awaitable of the handle that is also an async context manager "
         "(`async with client.create(...) as sbx`), so it is not a coroutine function either",
     },
+    ("Sandbox", "session"): {
+        "return": "as create: the async session answers an awaitable of the handle that is also an async context "
+        "manager (`async with sbx.session() as sh`)",
+    },
     ("RolloutGroup", "drive"): {
         "episode": "the async episode may be a coroutine function (or a plain one): Awaitable[EpisodeResult] | EpisodeResult",
     },
@@ -49,6 +58,7 @@ SIGNATURE_DIFFERENCES: dict[tuple[str, str], dict[str, str]] = {
 NOT_COROUTINES: dict[tuple[str, str], str] = {
     ("AsyncSandboxClient", "create"): "answers an awaitable that is also an async context manager (see above)",
     ("AsyncSandboxClient", "rollout_group"): "makes a handle without any I/O, as the sync one",
+    ("AsyncSandbox", "session"): "answers an awaitable that is also an async context manager (see above)",
 }
 
 #: Docstring text that may differ: (sync class, method) -> [(async text, sync text, why)]; the async
@@ -58,6 +68,13 @@ DOCSTRING_DIFFERENCES: dict[tuple[str, str], list[tuple[str, str, str]]] = {
         "Await it for the handle, or use it as ``async with client.create(...) as sbx:``.",
         "Returns its handle, a context manager: ``with client.create(...) as sbx:``.",
         "the async create answers an awaitable (see SIGNATURE_DIFFERENCES)",
+    )],
+    ("Sandbox", "session"): [(
+        "Await it for the handle, or use it as ``async with sbx.session() as sh:``, which closes the session "
+        "at the end of the block.",
+        "Returns its handle, a context manager: ``with sbx.session() as sh:`` closes the session at the end "
+        "of the block.",
+        "the async session answers an awaitable (see SIGNATURE_DIFFERENCES)",
     )],
     ("Sandbox", "stop_heartbeats"): [(
         "cancels the background task",
@@ -75,7 +92,7 @@ DOCSTRING_DIFFERENCES: dict[tuple[str, str], list[tuple[str, str, str]]] = {
     ],
 }
 
-ASYNC_NAMES = re.compile(r"\bAsync(SandboxClient|Sandbox|Process|RolloutGroup)\b")
+ASYNC_NAMES = re.compile(r"\bAsync(SandboxClient|Sandbox|Process|Session|RolloutGroup)\b")
 
 
 def normalise_annotation(text: Any) -> str:

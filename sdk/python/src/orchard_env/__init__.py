@@ -8,8 +8,8 @@ the operator's gateway.
 
 from ._retry import RetryPolicy
 from ._version import __version__
-from .aio import AsyncProcess, AsyncRolloutGroup, AsyncSandbox, AsyncSandboxClient
-from .client import Process, RolloutGroup, Sandbox, SandboxClient
+from .aio import AsyncProcess, AsyncRolloutGroup, AsyncSandbox, AsyncSandboxClient, AsyncSession
+from .client import Process, RolloutGroup, Sandbox, SandboxClient, Session
 from .dispatch import AsyncDispatcher, Dispatcher, DispatchResult, DispatchStats, GroupRequest
 from .errors import (
     AgentUnavailable,
@@ -37,6 +37,9 @@ from .models import (
     PatchResult,
     ProcessInfo,
     SandboxProgress,
+    SessionInfo,
+    SessionReadResult,
+    SessionRunResult,
     Trajectory,
     TrajectoryResult,
 )
@@ -48,6 +51,7 @@ __all__ = [
     "AsyncRolloutGroup",
     "AsyncSandbox",
     "AsyncSandboxClient",
+    "AsyncSession",
     "CommandFailed",
     "Conflict",
     "DispatchResult",
@@ -76,6 +80,10 @@ __all__ = [
     "SandboxFailed",
     "SandboxProgress",
     "SandboxStalled",
+    "Session",
+    "SessionInfo",
+    "SessionReadResult",
+    "SessionRunResult",
     "Timeout",
     "TooManyRequests",
     "Trajectory",

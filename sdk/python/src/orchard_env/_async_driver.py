@@ -14,7 +14,7 @@ import contextlib
 import inspect
 import os
 from collections.abc import AsyncIterator, Awaitable, Callable, Generator
-from typing import IO, TYPE_CHECKING, Any, TypeVar
+from typing import IO, TYPE_CHECKING, Any, Generic, Protocol, TypeVar
 
 import httpx
 
@@ -25,6 +25,13 @@ if TYPE_CHECKING:
     from .aio import AsyncRolloutGroup, AsyncSandbox
 
 T = TypeVar("T")
+
+
+class _Closable(Protocol):
+    def close(self) -> Awaitable[Any]: ...
+
+
+H = TypeVar("H", bound=_Closable)
 
 
 async def read_path(path: os.PathLike[str]) -> AsyncIterator[bytes]:
@@ -98,29 +105,31 @@ class Driver:
             return await step.fn()
         return asyncio.get_running_loop().time()
 
-    def _create_handle(self, plan: Callable[[], _core.Plan[AsyncSandbox]]) -> Creating:
-        """What ``create`` answers: an awaitable of the handle that is also an async context manager."""
+    def _create_handle(self, plan: Callable[[], _core.Plan[H]]) -> Creating[H]:
+        """What ``create`` and ``session`` answer: an awaitable of the handle that is also an async context
+        manager."""
         return Creating(lambda: self._run(plan()))
 
 
-class Creating:
-    """What :meth:`AsyncSandboxClient.create` returns: await it for the handle, or use it directly
-    as ``async with client.create(...) as sbx:``."""
+class Creating(Generic[H]):
+    """What :meth:`AsyncSandboxClient.create` and :meth:`AsyncSandbox.session` return: await it for the
+    handle, or use it directly as ``async with client.create(...) as sbx:`` (the handle is closed at the
+    end of the block)."""
 
-    def __init__(self, make: Callable[[], Awaitable[AsyncSandbox]]) -> None:
+    def __init__(self, make: Callable[[], Awaitable[H]]) -> None:
         self._make = make
-        self._sandbox: AsyncSandbox | None = None
+        self._handle: H | None = None
 
-    def __await__(self) -> Generator[Any, None, AsyncSandbox]:
+    def __await__(self) -> Generator[Any, None, H]:
         return self._make().__await__()
 
-    async def __aenter__(self) -> AsyncSandbox:
-        self._sandbox = await self._make()
-        return self._sandbox
+    async def __aenter__(self) -> H:
+        self._handle = await self._make()
+        return self._handle
 
     async def __aexit__(self, *exc: object) -> None:
-        if self._sandbox is not None:
-            await self._sandbox.close()
+        if self._handle is not None:
+            await self._handle.close()
 
 
 class Heartbeats:

@@ -36,6 +36,9 @@ STRIDE_LABEL = "orchard.dev/stride"
 MAX_RESULT_MESSAGE = 4096
 #: Keys of a result body (``POST .../result``), as the API spells them.
 RESULT_KEYS = frozenset({"reward", "status", "length", "artifact", "exitCode", "reason", "message"})
+#: The agent's default and longest wait of a session ``read`` for its ``until`` (docs/AGENT.md).
+SESSION_READ_DEFAULT_WAIT = 10.0
+SESSION_READ_MAX_WAIT = 300.0
 #: Phases a sandbox does not leave by itself without becoming Ready.
 FINAL_PHASES = frozenset({"Failed", "Succeeded", "Expired"})
 
@@ -192,6 +195,7 @@ def exec_body(
     shell: str | None = None,
     max_output_bytes: int | None = None,
     output_encoding: str | None = None,
+    user: str | int | None = None,
 ) -> dict[str, Any]:
     """The agent's exec request (docs/AGENT.md)."""
     body = command_fields(cmd, shell)
@@ -209,7 +213,79 @@ def exec_body(
         body["maxOutputBytes"] = int(max_output_bytes)
     if output_encoding is not None:
         body["outputEncoding"] = output_encoding
+    if user is not None:
+        body["user"] = user_field(user)
     return body
+
+
+def user_field(user: str | int) -> str:
+    """The ``user`` field of an exec, process or session request (pure): a name, ``"user:group"`` or
+    ``"uid:gid"`` as given, a uid (``int``) as its decimal string. A ``bool`` is a ``TypeError``."""
+    if isinstance(user, bool) or not isinstance(user, (str, int)):
+        raise TypeError(f"user= takes a name, a uid (int), 'user:group' or 'uid:gid', not {user!r}")
+    return str(user)
+
+
+def millis(seconds: float, what: str, *, zero: bool = False) -> int:
+    """Seconds as the agent's whole milliseconds (pure), rounded up: a positive number (or 0 when
+    ``zero``); anything else is a ``ValueError`` before any request."""
+    if isinstance(seconds, bool) or not isinstance(seconds, (int, float)) or math.isnan(seconds) or math.isinf(seconds):
+        raise ValueError(f"{what} needs a number of seconds, not {seconds!r}")
+    if seconds < 0 or (seconds == 0 and not zero):
+        raise ValueError(f"{what} needs a {'non-negative' if zero else 'positive'} number of seconds, not {seconds!r}")
+    return math.ceil(seconds * 1000)
+
+
+def session_body(
+    *,
+    shell: str | None = None,
+    cwd: str | None = None,
+    env: Mapping[str, str] | None = None,
+    user: str | int | None = None,
+    max_output_bytes: int | None = None,
+) -> dict[str, Any]:
+    """The body of ``POST .../sessions`` (the agent's ``SessionRequest``, docs/AGENT.md "Shell sessions")."""
+    body: dict[str, Any] = {}
+    if shell is not None:
+        body["shell"] = shell
+    if cwd is not None:
+        body["cwd"] = cwd
+    if env:
+        body["env"] = {str(k): str(v) for k, v in env.items()}
+    if max_output_bytes is not None:
+        body["maxOutputBytes"] = int(max_output_bytes)
+    if user is not None:
+        body["user"] = user_field(user)
+    return body
+
+
+def session_run_body(command: str, timeout: float | None = None) -> dict[str, Any]:
+    """The body of ``POST .../sessions/{id}/run``: ``timeout`` seconds become ``timeoutMs``."""
+    if not isinstance(command, str):
+        raise TypeError(f"a session runs shell code (a str), not {type(command).__name__}")
+    body: dict[str, Any] = {"command": command}
+    if timeout is not None:
+        body["timeoutMs"] = millis(timeout, "run(timeout=)")
+    return body
+
+
+def session_read_body(until: str | None = None, timeout: float | None = None) -> dict[str, Any]:
+    """The body of ``POST .../sessions/{id}/read``: ``until`` (literal text), ``timeout`` seconds as
+    ``timeoutMs`` (0: answer at once)."""
+    body: dict[str, Any] = {}
+    if until is not None:
+        if not isinstance(until, str) or not until:
+            raise ValueError(f"read(until=) takes a non-empty str (literal text), not {until!r}")
+        body["until"] = until
+    if timeout is not None:
+        body["timeoutMs"] = millis(timeout, "read(timeout=)", zero=True)
+    return body
+
+
+def read_answer_timeout(wait: float | None) -> float:
+    """Seconds the gateway should wait for a session ``read``'s answer: its wait (the agent's default
+    10 s, at most 300 s) plus the margin."""
+    return min(SESSION_READ_MAX_WAIT, wait if wait is not None else SESSION_READ_DEFAULT_WAIT) + ANSWER_MARGIN
 
 
 def answer_timeout(command_timeout: float | None) -> float:

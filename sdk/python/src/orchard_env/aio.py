@@ -1,8 +1,8 @@
 # Generated from client.py by scripts/gen_aio.py: do not edit. Write a public method once, in client.py,
 # then run `make sdk-aio` (python sdk/python/scripts/gen_aio.py); tests/test_generated.py fails while this
 # file differs from what the generator makes.
-"""The asyncio client: :class:`AsyncSandboxClient`, :class:`AsyncSandbox`, :class:`AsyncProcess` and
-:class:`AsyncRolloutGroup`.
+"""The asyncio client: :class:`AsyncSandboxClient`, :class:`AsyncSandbox`, :class:`AsyncProcess`,
+:class:`AsyncSession` and :class:`AsyncRolloutGroup`.
 
 The sync client's surface, with ``await``. Generated from ``client.py`` by ``scripts/gen_aio.py``: do not edit
 this file. Each method runs the core's plan of its operation with the driver of ``_async_driver.py``."""
@@ -30,6 +30,9 @@ from .models import (
     PatchResult,
     ProcessInfo,
     SandboxProgress,
+    SessionInfo,
+    SessionReadResult,
+    SessionRunResult,
     TrajectoryResult,
 )
 from collections.abc import Awaitable
@@ -121,25 +124,34 @@ class AsyncSandbox(_core.SandboxCore):
     async def exec(
         self, cmd: str | Sequence[str], *, timeout: float | None = None, cwd: str | None = None,
         env: Mapping[str, str] | None = None, stdin: str | bytes | None = None, shell: str | None = None,
-        max_output_bytes: int | None = None, check: bool = False,
+        max_output_bytes: int | None = None, check: bool = False, user: str | int | None = None,
     ) -> ExecResult:
         """Runs a command and answers its :class:`~orchard_env.ExecResult` (``exit_code``, ``stdout``,
         ``stderr``, ``timed_out``, ``oom_killed``...). A list is an argv run directly (no shell needed in the
         image); a string runs with ``shell -c`` (default ``/bin/sh``). ``timeout`` (seconds; the agent's
         default is 600) kills the command's whole process group; ``cwd`` must exist; ``stdin`` is text or
         bytes; ``max_output_bytes`` caps each stream (``stdout_truncated``/``stderr_truncated`` say so). With
-        ``check=True`` a non-zero exit, a timeout or a kill raises :class:`~orchard_env.CommandFailed`."""
+        ``check=True`` a non-zero exit, a timeout or a kill raises :class:`~orchard_env.CommandFailed`.
+
+        ``user`` runs the command as another user of the image: a name from its ``/etc/passwd``, a uid (an
+        ``int`` is sent as its decimal string), ``"user:group"`` or ``"uid:gid"``. The agent refuses before
+        starting anything: an agent that does not run as root cannot switch users (403, raised as
+        :class:`~orchard_env.Forbidden`), and a user or group the image's ``/etc/passwd``/``/etc/group`` lack,
+        or a malformed value, is 400 ``BadRequest`` (:class:`~orchard_env.InvalidRequest`)."""
         return await self._run(self._exec_plan(
-            cmd, timeout=timeout, cwd=cwd, env=env, stdin=stdin, shell=shell, max_output_bytes=max_output_bytes, check=check))
+            cmd, timeout=timeout, cwd=cwd, env=env, stdin=stdin, shell=shell, max_output_bytes=max_output_bytes, check=check,
+            user=user))
 
     async def exec_stream(
         self, cmd: str | Sequence[str], *, timeout: float | None = None, cwd: str | None = None,
         env: Mapping[str, str] | None = None, stdin: str | bytes | None = None, shell: str | None = None,
+        user: str | int | None = None,
     ) -> AsyncIterator[ExecEvent]:
         """Runs a command and yields its :class:`~orchard_env.ExecEvent` values as they happen: ``started``,
         ``stdout``/``stderr`` chunks, then ``exit`` (``exit_code``, ``signal``, ``timed_out``,
-        ``oom_killed``). Closing the iterator early kills the command. Arguments as for :meth:`exec`."""
-        response = await self._run(self._exec_stream_plan(cmd, timeout=timeout, cwd=cwd, env=env, stdin=stdin, shell=shell))
+        ``oom_killed``). Closing the iterator early kills the command. Arguments as for :meth:`exec` (``user``
+        too)."""
+        response = await self._run(self._exec_stream_plan(cmd, timeout=timeout, cwd=cwd, env=env, stdin=stdin, shell=shell, user=user))
         async with contextlib.aclosing(response):
             async for line in response.aiter_lines():
                 if (event := _core.exec_event(line)) is not None:
@@ -148,12 +160,13 @@ class AsyncSandbox(_core.SandboxCore):
     async def start_process(
         self, cmd: str | Sequence[str], *, id: str | None = None, timeout: float | None = None,
         cwd: str | None = None, env: Mapping[str, str] | None = None, stdin: str | bytes | None = None,
-        shell: str | None = None,
+        shell: str | None = None, user: str | int | None = None,
     ) -> AsyncProcess:
         """Starts a background process and returns its handle (:class:`AsyncProcess`). It has no timeout unless
-        ``timeout`` is given; ``id`` names it (else the agent picks one). Arguments as for :meth:`exec`."""
+        ``timeout`` is given; ``id`` names it (else the agent picks one). Arguments as for :meth:`exec`
+        (``user`` too)."""
         return await self._run(self._start_process_plan(
-            AsyncProcess, cmd, id, timeout=timeout, cwd=cwd, env=env, stdin=stdin, shell=shell
+            AsyncProcess, cmd, id, timeout=timeout, cwd=cwd, env=env, stdin=stdin, shell=shell, user=user
         ))
 
     async def list_processes(self, *, output: bool = False) -> list[ProcessInfo]:
@@ -174,6 +187,27 @@ class AsyncSandbox(_core.SandboxCore):
         """SIGKILLs the process group of process ``id`` (if it runs), forgets the process and answers its
         final status."""
         return await self._run(self._kill_process_plan(id))
+
+    def session(
+        self, *, shell: str | None = None, cwd: str | None = None, env: Mapping[str, str] | None = None,
+        user: str | int | None = None, max_output_bytes: int | None = None,
+    ) -> _Creating[AsyncSession]:
+        """Starts a persistent shell session (:class:`AsyncSession`): commands run one after another in the
+        same shell, so ``cd``, variables and functions carry over. Await it for the handle, or use it as
+        ``async with sbx.session() as sh:``, which closes the session at the end of the block.
+
+        ``shell`` is a path or a name on ``PATH`` (default bash when the image has it, else ``sh``); ``cwd``
+        and ``env`` as for :meth:`exec`; ``user`` runs the shell (so every command of the session) as
+        another user, as for :meth:`exec` (:class:`~orchard_env.Forbidden` when the agent cannot switch,
+        :class:`~orchard_env.InvalidRequest` for an unknown user); ``max_output_bytes`` caps the output one
+        run keeps (the agent's default is 4 MiB). :class:`~orchard_env.TooManyRequests` when the sandbox
+        has 64 sessions open."""
+        return self.client._create_handle(lambda: self._start_session_plan(
+            AsyncSession, shell=shell, cwd=cwd, env=env, user=user, max_output_bytes=max_output_bytes))
+
+    async def list_sessions(self) -> list[SessionInfo]:
+        """The sandbox's shell sessions (:class:`~orchard_env.SessionInfo`), oldest first."""
+        return await self._run(self._list_sessions_plan())
 
     async def upload(self, path: str, data: Content, *, mode: int | str | None = None) -> dict[str, Any]:
         """Writes ``data`` to the file ``path`` in the sandbox (streamed and atomic; missing parent
@@ -330,6 +364,56 @@ class AsyncProcess(_core.ProcessCore):
         return await self._run(self._track(self.sandbox._kill_process_plan(self.id)))
 
 
+class AsyncSession(_core.SessionCore):
+    """A persistent shell in a sandbox (:meth:`AsyncSandbox.session`): its runs share ``cd``, variables and
+    functions. An async context manager: leaving the ``async with`` block closes the session."""
+
+    sandbox: AsyncSandbox
+
+    def __init__(self, sandbox: AsyncSandbox, id: str, info: SessionInfo | None = None) -> None:
+        super().__init__(sandbox, id, info)
+
+    async def run(self, command: str, *, timeout: float | None = None, check: bool = False) -> SessionRunResult:
+        """Runs ``command`` (shell code) in the session's shell and answers its
+        :class:`~orchard_env.SessionRunResult` (``output``: stdout and stderr interleaved, ``exit_code``,
+        ``timed_out``, ``shell_exited``...). ``timeout`` (seconds; the agent's default is 600) interrupts the
+        command (SIGINT, exit code 130) and the session stays usable. One run at a time: another run
+        meanwhile raises :class:`~orchard_env.Conflict`, but :meth:`input` and :meth:`read` work during a run
+        (that is what they are for). With ``check=True`` a non-zero exit or a timeout raises
+        :class:`~orchard_env.CommandFailed`. Never retried."""
+        return await self._run(self._run_plan(command, timeout, check))
+
+    async def input(self, text: str) -> SessionInfo:
+        """Writes ``text`` as given to the shell's stdin (end a line with a newline), to answer a prompt of
+        the running command; keeps and returns the session's status. Send it once the command waits for it
+        (:meth:`read` the prompt first): ``sh`` may read text that arrives earlier as shell code."""
+        return await self._run(self._track(self._input_plan(text)))
+
+    async def read(self, *, until: str | None = None, timeout: float | None = None) -> SessionReadResult:
+        """Reads the session's output not read before, expect-style, and answers a
+        :class:`~orchard_env.SessionReadResult`. With ``until`` (literal text, not a pattern) waits until it
+        appears and answers the output up to and including it (``matched``); when it does not come within
+        ``timeout`` seconds (the agent's default is 10, at most 300) or the shell exits, answers all there is
+        with ``matched`` False. Without ``until`` answers at once. A run still answers its whole output."""
+        return await self._run(self._read_plan(until, timeout))
+
+    async def status(self) -> SessionInfo:
+        """Reads the session's status again, keeps it (:attr:`info`) and returns it
+        (:class:`~orchard_env.SessionInfo`: ``state``, ``busy``, ``exit_code``...)."""
+        return await self._run(self._track(self._status_plan()))
+
+    async def close(self) -> SessionInfo | None:
+        """Ends the session (SIGKILLs its shell's whole process group) and returns its final status;
+        closing again is fine (the status last seen is returned)."""
+        return await self._run(self._close_plan())
+
+    async def __aenter__(self) -> AsyncSession:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+
 class AsyncRolloutGroup(_core.GroupCore):
     """A handle on a RolloutGroup (BAR): wait for its reward-balanced group. An async context manager that
     deletes the group (and its trajectory sandboxes) on exit when ``delete_on_exit``."""
@@ -412,7 +496,7 @@ class AsyncSandboxClient(Driver, _core.ClientCore):
         cpu: str | int | float | None = None, memory: str | None = None, ttl_seconds: int | None = None, heartbeat_timeout_seconds: int | None = None,
         network: str | Mapping[str, Any] | None = None, spec: Mapping[str, Any] | None = None, wait: bool = True,
         wait_timeout: float | None = _ops.DEFAULT_WAIT_TIMEOUT, delete_on_exit: bool = True, auto_heartbeat: bool = True,
-        direct: bool | None = None, on_progress: Callable[[SandboxProgress], None] | None = None, **spec_fields: Any) -> _Creating:
+        direct: bool | None = None, on_progress: Callable[[SandboxProgress], None] | None = None, **spec_fields: Any) -> _Creating[AsyncSandbox]:
         """Creates a sandbox from ``image`` (or a full ``spec``) and, with ``wait`` (default), waits until
         it is Ready. Await it for the handle, or use it as ``async with client.create(...) as sbx:``.
 
@@ -506,4 +590,4 @@ class AsyncSandboxClient(Driver, _core.ClientCore):
         await self.close()
 
 
-__all__ = ["AsyncProcess", "AsyncRolloutGroup", "AsyncSandbox", "AsyncSandboxClient"]
+__all__ = ["AsyncProcess", "AsyncRolloutGroup", "AsyncSandbox", "AsyncSandboxClient", "AsyncSession"]

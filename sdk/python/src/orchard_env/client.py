@@ -1,5 +1,5 @@
-"""The synchronous client: :class:`SandboxClient`, :class:`Sandbox`, :class:`Process` and
-:class:`RolloutGroup`.
+"""The synchronous client: :class:`SandboxClient`, :class:`Sandbox`, :class:`Process`, :class:`Session`
+and :class:`RolloutGroup`.
 
 The one source of the public surface: ``aio.py`` (the asyncio client) is generated from this file by
 ``scripts/gen_aio.py``. Each method runs the core's plan of its operation with the driver
@@ -28,6 +28,9 @@ from .models import (
     PatchResult,
     ProcessInfo,
     SandboxProgress,
+    SessionInfo,
+    SessionReadResult,
+    SessionRunResult,
     TrajectoryResult,
 )
 
@@ -117,25 +120,34 @@ class Sandbox(_core.SandboxCore):
     def exec(
         self, cmd: str | Sequence[str], *, timeout: float | None = None, cwd: str | None = None,
         env: Mapping[str, str] | None = None, stdin: str | bytes | None = None, shell: str | None = None,
-        max_output_bytes: int | None = None, check: bool = False,
+        max_output_bytes: int | None = None, check: bool = False, user: str | int | None = None,
     ) -> ExecResult:
         """Runs a command and answers its :class:`~orchard_env.ExecResult` (``exit_code``, ``stdout``,
         ``stderr``, ``timed_out``, ``oom_killed``...). A list is an argv run directly (no shell needed in the
         image); a string runs with ``shell -c`` (default ``/bin/sh``). ``timeout`` (seconds; the agent's
         default is 600) kills the command's whole process group; ``cwd`` must exist; ``stdin`` is text or
         bytes; ``max_output_bytes`` caps each stream (``stdout_truncated``/``stderr_truncated`` say so). With
-        ``check=True`` a non-zero exit, a timeout or a kill raises :class:`~orchard_env.CommandFailed`."""
+        ``check=True`` a non-zero exit, a timeout or a kill raises :class:`~orchard_env.CommandFailed`.
+
+        ``user`` runs the command as another user of the image: a name from its ``/etc/passwd``, a uid (an
+        ``int`` is sent as its decimal string), ``"user:group"`` or ``"uid:gid"``. The agent refuses before
+        starting anything: an agent that does not run as root cannot switch users (403, raised as
+        :class:`~orchard_env.Forbidden`), and a user or group the image's ``/etc/passwd``/``/etc/group`` lack,
+        or a malformed value, is 400 ``BadRequest`` (:class:`~orchard_env.InvalidRequest`)."""
         return self._run(self._exec_plan(
-            cmd, timeout=timeout, cwd=cwd, env=env, stdin=stdin, shell=shell, max_output_bytes=max_output_bytes, check=check))
+            cmd, timeout=timeout, cwd=cwd, env=env, stdin=stdin, shell=shell, max_output_bytes=max_output_bytes, check=check,
+            user=user))
 
     def exec_stream(
         self, cmd: str | Sequence[str], *, timeout: float | None = None, cwd: str | None = None,
         env: Mapping[str, str] | None = None, stdin: str | bytes | None = None, shell: str | None = None,
+        user: str | int | None = None,
     ) -> Iterator[ExecEvent]:
         """Runs a command and yields its :class:`~orchard_env.ExecEvent` values as they happen: ``started``,
         ``stdout``/``stderr`` chunks, then ``exit`` (``exit_code``, ``signal``, ``timed_out``,
-        ``oom_killed``). Closing the iterator early kills the command. Arguments as for :meth:`exec`."""
-        response = self._run(self._exec_stream_plan(cmd, timeout=timeout, cwd=cwd, env=env, stdin=stdin, shell=shell))
+        ``oom_killed``). Closing the iterator early kills the command. Arguments as for :meth:`exec` (``user``
+        too)."""
+        response = self._run(self._exec_stream_plan(cmd, timeout=timeout, cwd=cwd, env=env, stdin=stdin, shell=shell, user=user))
         with contextlib.closing(response):
             for line in response.iter_lines():
                 if (event := _core.exec_event(line)) is not None:
@@ -144,12 +156,13 @@ class Sandbox(_core.SandboxCore):
     def start_process(
         self, cmd: str | Sequence[str], *, id: str | None = None, timeout: float | None = None,
         cwd: str | None = None, env: Mapping[str, str] | None = None, stdin: str | bytes | None = None,
-        shell: str | None = None,
+        shell: str | None = None, user: str | int | None = None,
     ) -> Process:
         """Starts a background process and returns its handle (:class:`Process`). It has no timeout unless
-        ``timeout`` is given; ``id`` names it (else the agent picks one). Arguments as for :meth:`exec`."""
+        ``timeout`` is given; ``id`` names it (else the agent picks one). Arguments as for :meth:`exec`
+        (``user`` too)."""
         return self._run(self._start_process_plan(
-            Process, cmd, id, timeout=timeout, cwd=cwd, env=env, stdin=stdin, shell=shell
+            Process, cmd, id, timeout=timeout, cwd=cwd, env=env, stdin=stdin, shell=shell, user=user
         ))
 
     def list_processes(self, *, output: bool = False) -> list[ProcessInfo]:
@@ -170,6 +183,27 @@ class Sandbox(_core.SandboxCore):
         """SIGKILLs the process group of process ``id`` (if it runs), forgets the process and answers its
         final status."""
         return self._run(self._kill_process_plan(id))
+
+    def session(
+        self, *, shell: str | None = None, cwd: str | None = None, env: Mapping[str, str] | None = None,
+        user: str | int | None = None, max_output_bytes: int | None = None,
+    ) -> Session:
+        """Starts a persistent shell session (:class:`Session`): commands run one after another in the same
+        shell, so ``cd``, variables and functions carry over. Returns its handle, a context manager:
+        ``with sbx.session() as sh:`` closes the session at the end of the block.
+
+        ``shell`` is a path or a name on ``PATH`` (default bash when the image has it, else ``sh``); ``cwd``
+        and ``env`` as for :meth:`exec`; ``user`` runs the shell (so every command of the session) as
+        another user, as for :meth:`exec` (:class:`~orchard_env.Forbidden` when the agent cannot switch,
+        :class:`~orchard_env.InvalidRequest` for an unknown user); ``max_output_bytes`` caps the output one
+        run keeps (the agent's default is 4 MiB). :class:`~orchard_env.TooManyRequests` when the sandbox
+        has 64 sessions open."""
+        return self.client._create_handle(lambda: self._start_session_plan(
+            Session, shell=shell, cwd=cwd, env=env, user=user, max_output_bytes=max_output_bytes))
+
+    def list_sessions(self) -> list[SessionInfo]:
+        """The sandbox's shell sessions (:class:`~orchard_env.SessionInfo`), oldest first."""
+        return self._run(self._list_sessions_plan())
 
     def upload(self, path: str, data: Content, *, mode: int | str | None = None) -> dict[str, Any]:
         """Writes ``data`` to the file ``path`` in the sandbox (streamed and atomic; missing parent
@@ -324,6 +358,56 @@ class Process(_core.ProcessCore):
     def kill(self) -> ProcessInfo:
         """SIGKILLs the process's group (if it runs), forgets the process and returns its final status."""
         return self._run(self._track(self.sandbox._kill_process_plan(self.id)))
+
+
+class Session(_core.SessionCore):
+    """A persistent shell in a sandbox (:meth:`Sandbox.session`): its runs share ``cd``, variables and
+    functions. A context manager: leaving the ``with`` block closes the session."""
+
+    sandbox: Sandbox
+
+    def __init__(self, sandbox: Sandbox, id: str, info: SessionInfo | None = None) -> None:
+        super().__init__(sandbox, id, info)
+
+    def run(self, command: str, *, timeout: float | None = None, check: bool = False) -> SessionRunResult:
+        """Runs ``command`` (shell code) in the session's shell and answers its
+        :class:`~orchard_env.SessionRunResult` (``output``: stdout and stderr interleaved, ``exit_code``,
+        ``timed_out``, ``shell_exited``...). ``timeout`` (seconds; the agent's default is 600) interrupts the
+        command (SIGINT, exit code 130) and the session stays usable. One run at a time: another run
+        meanwhile raises :class:`~orchard_env.Conflict`, but :meth:`input` and :meth:`read` work during a run
+        (that is what they are for). With ``check=True`` a non-zero exit or a timeout raises
+        :class:`~orchard_env.CommandFailed`. Never retried."""
+        return self._run(self._run_plan(command, timeout, check))
+
+    def input(self, text: str) -> SessionInfo:
+        """Writes ``text`` as given to the shell's stdin (end a line with a newline), to answer a prompt of
+        the running command; keeps and returns the session's status. Send it once the command waits for it
+        (:meth:`read` the prompt first): ``sh`` may read text that arrives earlier as shell code."""
+        return self._run(self._track(self._input_plan(text)))
+
+    def read(self, *, until: str | None = None, timeout: float | None = None) -> SessionReadResult:
+        """Reads the session's output not read before, expect-style, and answers a
+        :class:`~orchard_env.SessionReadResult`. With ``until`` (literal text, not a pattern) waits until it
+        appears and answers the output up to and including it (``matched``); when it does not come within
+        ``timeout`` seconds (the agent's default is 10, at most 300) or the shell exits, answers all there is
+        with ``matched`` False. Without ``until`` answers at once. A run still answers its whole output."""
+        return self._run(self._read_plan(until, timeout))
+
+    def status(self) -> SessionInfo:
+        """Reads the session's status again, keeps it (:attr:`info`) and returns it
+        (:class:`~orchard_env.SessionInfo`: ``state``, ``busy``, ``exit_code``...)."""
+        return self._run(self._track(self._status_plan()))
+
+    def close(self) -> SessionInfo | None:
+        """Ends the session (SIGKILLs its shell's whole process group) and returns its final status;
+        closing again is fine (the status last seen is returned)."""
+        return self._run(self._close_plan())
+
+    def __enter__(self) -> Session:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
 
 
 class RolloutGroup(_core.GroupCore):
@@ -502,4 +586,4 @@ class SandboxClient(Driver, _core.ClientCore):
         self.close()
 
 
-__all__ = ["Process", "RolloutGroup", "Sandbox", "SandboxClient"]
+__all__ = ["Process", "RolloutGroup", "Sandbox", "SandboxClient", "Session"]

@@ -44,11 +44,12 @@ class Unauthorized(OrchardError):
 
 
 class Forbidden(OrchardError):
-    """403: RBAC denies the operation; the message names the missing permission."""
+    """403: RBAC denies the operation (the message names the missing permission), or the agent cannot do
+    it (``user=`` on an agent that does not run as root)."""
 
 
 class NotFound(OrchardError):
-    """404: no such sandbox, group, file or process."""
+    """404: no such sandbox, group, file, process or session."""
 
 
 class Conflict(OrchardError):
@@ -148,7 +149,8 @@ class SandboxStalled(SandboxFailed):
 
 
 class CommandFailed(OrchardError):
-    """``exec(..., check=True)`` and the command exited non-zero (or timed out)."""
+    """``exec(..., check=True)`` or ``Session.run(..., check=True)`` and the command exited non-zero (or
+    timed out)."""
 
     def __init__(self, message: str, result: Any) -> None:
         super().__init__(message, code="CommandFailed")

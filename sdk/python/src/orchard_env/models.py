@@ -132,6 +132,124 @@ class ProcessInfo:
 
 
 @dataclass(frozen=True)
+class SessionInfo:
+    """Status of a shell session (:meth:`Sandbox.session`)."""
+
+    id: str
+    """Session id (``s-<hex>``)."""
+    shell: str
+    """The shell the session runs (``/bin/bash``, else ``/bin/sh``, unless one was named)."""
+    pid: int | None
+    """OS process id of the shell (it leads its own process group)."""
+    state: str
+    """``running``, or ``exited`` once the shell has ended (a command ran ``exit``, or it was killed)."""
+    exit_code: int | None
+    """The shell's exit code once it has exited (None while running, or when killed by a signal)."""
+    busy: bool
+    """Whether a run is in progress."""
+    started_at: str
+    """Start time (RFC 3339)."""
+    raw: dict[str, Any] = field(default_factory=dict, repr=False)
+
+    @property
+    def running(self) -> bool:
+        """Whether the shell is still running."""
+        return self.state == "running"
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> SessionInfo:
+        return cls(
+            id=str(data.get("id", "")),
+            shell=str(data.get("shell", "")),
+            pid=data.get("pid"),
+            state=str(data.get("state", "")),
+            exit_code=data.get("exitCode"),
+            busy=bool(data.get("busy")),
+            started_at=str(data.get("startedAt", "")),
+            raw=data,
+        )
+
+
+@dataclass(frozen=True)
+class SessionRunResult:
+    """The outcome of one command run in a shell session (:meth:`Session.run`)."""
+
+    output: str
+    """Standard output and standard error of the command, interleaved as written."""
+    exit_code: int | None
+    """The command's exit status (``$?``; 130 when the timeout interrupted it); the shell's exit code when
+    the command ended the shell; None when the shell was killed by a signal."""
+    timed_out: bool
+    """True when the timeout interrupted the command (the session stays usable)."""
+    output_truncated: bool
+    """True when the output exceeded the session's ``max_output_bytes`` (or the agent's output budget)."""
+    output_lossy: bool
+    """True when the output was not valid UTF-8 and invalid bytes became U+FFFD."""
+    output_encoding: str
+    """How ``output`` is encoded: ``text`` (UTF-8) or ``base64``."""
+    duration: float
+    """Run time in seconds, measured by the agent."""
+    shell_exited: bool
+    """True when the command ended the shell (``exit``, or a signal): the session has ended."""
+    shell_restarted: bool
+    """True when the interrupted command could not be stopped without ending the shell, so a fresh shell
+    was started in the session (``cd``, variables and functions are lost)."""
+    raw: dict[str, Any] = field(default_factory=dict, repr=False)
+
+    @property
+    def ok(self) -> bool:
+        """Exit code 0 and no timeout."""
+        return self.exit_code == 0 and not self.timed_out
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> SessionRunResult:
+        return cls(
+            output=data.get("output", "") or "",
+            exit_code=data.get("exitCode"),
+            timed_out=bool(data.get("timedOut")),
+            output_truncated=bool(data.get("outputTruncated")),
+            output_lossy=bool(data.get("outputLossy")),
+            output_encoding=str(data.get("outputEncoding") or "text"),
+            duration=float(data.get("durationMs") or 0) / 1000.0,
+            shell_exited=bool(data.get("shellExited")),
+            shell_restarted=bool(data.get("shellRestarted")),
+            raw=data,
+        )
+
+
+@dataclass(frozen=True)
+class SessionReadResult:
+    """What :meth:`Session.read` got: the session's output not read before, up to and including ``until``
+    when it came."""
+
+    output: str
+    """Output not read before: up to and including ``until`` when it matched, else all of it."""
+    matched: bool
+    """Whether ``until`` was seen (always False without ``until``)."""
+    output_truncated: bool
+    """True when output was dropped at the session's cap (or the agent's output budget)."""
+    output_lossy: bool
+    """True when the output was not valid UTF-8 and invalid bytes became U+FFFD."""
+    output_encoding: str
+    """How ``output`` is encoded: ``text`` (UTF-8) or ``base64``."""
+    shell_exited: bool
+    """Whether the shell has exited (no more output will come)."""
+    raw: dict[str, Any] = field(default_factory=dict, repr=False)
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> SessionReadResult:
+        return cls(
+            output=data.get("output", "") or "",
+            matched=bool(data.get("matched")),
+            output_truncated=bool(data.get("outputTruncated")),
+            output_lossy=bool(data.get("outputLossy")),
+            output_encoding=str(data.get("outputEncoding") or "text"),
+            shell_exited=bool(data.get("shellExited")),
+            raw=data,
+        )
+
+
+@dataclass(frozen=True)
 class FileEntry:
     """One entry of a directory listing."""
 

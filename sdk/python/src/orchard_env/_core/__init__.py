@@ -10,8 +10,9 @@ writes, and running the episodes of ``drive``.
 
 One module per resource, as the public classes: :mod:`.steps` (steps, the runner, retries and
 long-polls), :mod:`.client` (:class:`ClientCore`), :mod:`.sandbox` (:class:`SandboxCore` and the pure
-helpers of exec streams and file transfers), :mod:`.process` (:class:`ProcessCore`), :mod:`.group`
-(:class:`GroupCore`) and :mod:`.drive` (trainer-driven groups). Everything is re-exported here.
+helpers of exec streams and file transfers), :mod:`.process` (:class:`ProcessCore`), :mod:`.session`
+(:class:`SessionCore`), :mod:`.group` (:class:`GroupCore`) and :mod:`.drive` (trainer-driven groups).
+Everything is re-exported here.
 
 Nothing here does I/O, so plans can be driven step by step in tests.
 """
@@ -36,6 +37,7 @@ from .sandbox import (
     upload_content,
     upload_file_content,
 )
+from .session import SessionCore
 from .steps import NOW, Call, Now, Plan, Request, Runner, Send, Sleep, Step, T, exchange, http_timeout, log, until
 
 __all__ = [
@@ -61,6 +63,7 @@ __all__ = [
     "Runner",
     "SandboxCore",
     "Send",
+    "SessionCore",
     "Sleep",
     "Step",
     "T",

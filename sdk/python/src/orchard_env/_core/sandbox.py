@@ -1,5 +1,5 @@
 """The plans of a sandbox handle (:class:`SandboxCore`): state, heartbeats, agent calls (exec, processes,
-files, patches), results and lifecycle; and the pure helpers of exec streams and file transfers."""
+sessions, files, patches), results and lifecycle; and the pure helpers of exec streams and file transfers."""
 
 from __future__ import annotations
 
@@ -24,7 +24,7 @@ from ..errors import (
     Timeout,
     error_from_response,
 )
-from ..models import ExecEvent, ExecResult, FileEntry, PatchResult, ProcessInfo, SandboxProgress
+from ..models import ExecEvent, ExecResult, FileEntry, PatchResult, ProcessInfo, SandboxProgress, SessionInfo
 from .steps import NOW, Call, Plan, Request, Sleep, T, exchange, log, until
 
 #: Bytes read or written per block when streaming files.
@@ -339,6 +339,15 @@ class SandboxCore:
 
     def _kill_process_plan(self, id: str) -> Plan[ProcessInfo]:
         return ProcessInfo.from_json((yield from self._agent("DELETE", f"/processes/{id}")).json())
+
+    def _start_session_plan(self, handle: Callable[..., T], **fields: Any) -> Plan[T]:
+        body = _ops.session_body(**fields)
+        info = SessionInfo.from_json((yield from self._agent("POST", "/sessions", json_body=body)).json())
+        return handle(self, info.id, info)
+
+    def _list_sessions_plan(self) -> Plan[list[SessionInfo]]:
+        data = (yield from self._agent("GET", "/sessions")).json()
+        return [SessionInfo.from_json(s) for s in data.get("sessions") or []]
 
     def _upload_plan(self, path: str, content: tuple[Any, bool], mode: int | str | None) -> Plan[dict[str, Any]]:
         """``content``: what :func:`upload_content` or :func:`upload_file_content` answers."""
