@@ -14,7 +14,8 @@ pub fn trainer_rules() -> Value {
         {"apiGroups": ["orchard.dev"], "resources": ["sandboxes", "rolloutgroups"],
          "verbs": ["get", "list", "watch", "create", "delete"]},
         {"apiGroups": ["orchard.dev"],
-         "resources": ["sandboxes/exec", "sandboxes/files", "sandboxes/heartbeat", "sandboxes/result"],
+         "resources": ["sandboxes/exec", "sandboxes/portforward", "sandboxes/files",
+                       "sandboxes/heartbeat", "sandboxes/result"],
          "verbs": ["get", "create"]},
     ])
 }

@@ -133,6 +133,10 @@ DOCSTRINGS: dict[tuple[str, str], list[tuple[str, str]]] = {
         "Await it for the handle, or use it as ``async with sbx.session() as sh:``, which closes the session "
         "at the end of the block.",
     )],
+    ("Sandbox", "forward_port"): [(
+        "``with sbx.forward_port(9222) as local_port:``",
+        "``async with sbx.forward_port(9222) as local_port:``",
+    )],
     ("Sandbox", "stop_heartbeats"): [(
         "stops the background thread, waiting at most 5 s for it",
         "cancels the background task",

@@ -59,6 +59,7 @@ NOT_COROUTINES: dict[tuple[str, str], str] = {
     ("AsyncSandboxClient", "create"): "answers an awaitable that is also an async context manager (see above)",
     ("AsyncSandboxClient", "rollout_group"): "makes a handle without any I/O, as the sync one",
     ("AsyncSandbox", "session"): "answers an awaitable that is also an async context manager (see above)",
+    ("AsyncSandbox", "forward_port"): "makes the forward without I/O; `async with` opens its listener",
 }
 
 #: Docstring text that may differ: (sync class, method) -> [(async text, sync text, why)]; the async
@@ -75,6 +76,11 @@ DOCSTRING_DIFFERENCES: dict[tuple[str, str], list[tuple[str, str, str]]] = {
         "Returns its handle, a context manager: ``with sbx.session() as sh:`` closes the session at the end "
         "of the block.",
         "the async session answers an awaitable (see SIGNATURE_DIFFERENCES)",
+    )],
+    ("Sandbox", "forward_port"): [(
+        "``async with sbx.forward_port(9222) as local_port:``",
+        "``with sbx.forward_port(9222) as local_port:``",
+        "the async forward is an async context manager",
     )],
     ("Sandbox", "stop_heartbeats"): [(
         "cancels the background task",

@@ -18,7 +18,7 @@ from typing import IO, TYPE_CHECKING, Any, Generic, Protocol, TypeVar
 
 import httpx
 
-from . import _core
+from . import _core, _ops
 from ._core import CHUNK
 
 if TYPE_CHECKING:
@@ -182,3 +182,75 @@ class EpisodeRunner:
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
         self._tasks.clear()
+
+
+class PortForward:
+    """A local TCP listener whose every connection is tunnelled to ``port`` inside a sandbox
+    (:meth:`AsyncSandbox.forward_port`), served by tasks of the running event loop. An async context
+    manager answering the local port; leaving it closes the listener and every open connection."""
+
+    def __init__(self, sandbox: AsyncSandbox, port: int, local_port: int, host: str) -> None:
+        _ops.tunnel_path(port)
+        self._sandbox = sandbox
+        self.port = port
+        self._host = host
+        #: The local port (the one asked for until the listener is open, then the one it got).
+        self.local_port = local_port
+        self._server: asyncio.Server | None = None
+        self._tasks: set[asyncio.Task[None]] = set()
+
+    async def __aenter__(self) -> int:
+        self._server = await asyncio.start_server(self._serve, self._host, self.local_port)
+        self.local_port = self._server.sockets[0].getsockname()[1]
+        return self.local_port
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.aclose()
+
+    async def aclose(self) -> None:
+        """Stops listening and ends every open connection (their tunnels close with them)."""
+        if self._server is not None:
+            self._server.close()
+        for task in list(self._tasks):
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+        if self._server is not None:
+            await self._server.wait_closed()
+
+    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        task = asyncio.current_task()
+        if task is not None:
+            self._tasks.add(task)
+        response: httpx.Response | None = None
+        try:
+            response = await self._sandbox._run(self._sandbox._tunnel_plan(self.port))
+            stream = _ops.upgraded_stream(response, self.port)
+            back = asyncio.ensure_future(self._pump_back(stream, writer))
+            try:
+                while data := await reader.read(CHUNK):
+                    await stream.write(data)
+                _ops.half_close(stream)
+                await back
+            finally:
+                back.cancel()
+        except asyncio.CancelledError:
+            pass
+        except Exception as error:
+            _core.log.warning("port %s of sandbox %s: the tunnel failed: %s", self.port, self._sandbox.name, error)
+        finally:
+            if response is not None:
+                with contextlib.suppress(Exception):
+                    await response.aclose()
+            writer.close()
+            if task is not None:
+                self._tasks.discard(task)
+
+    @staticmethod
+    async def _pump_back(stream: Any, writer: asyncio.StreamWriter) -> None:
+        with contextlib.suppress(Exception):
+            while data := await stream.read(CHUNK):
+                writer.write(data)
+                await writer.drain()
+        with contextlib.suppress(Exception):
+            writer.write_eof()
+

@@ -3,14 +3,17 @@
 from __future__ import annotations
 
 import base64
+import contextlib
 import io
 import math
 import os
+import socket
 import tarfile
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from .errors import OrchardError
 from .models import TrajectoryResult
 
 #: Seconds added to a command's own timeout for the gateway's answer timeout and the HTTP read timeout.
@@ -360,6 +363,38 @@ def group_body(
     if active_deadline_seconds is not None:
         body["activeDeadlineSeconds"] = int(active_deadline_seconds)
     return body
+
+
+#: Headers of a tunnel request: an HTTP/1.1 upgrade to a raw TCP stream.
+TUNNEL_HEADERS = {"Connection": "Upgrade", "Upgrade": "tcp"}
+
+
+def tunnel_path(port: int) -> str:
+    """The agent route of a tunnel to ``port`` (1-65535) inside the sandbox; ``ValueError`` otherwise."""
+    if isinstance(port, bool) or not isinstance(port, int) or not 1 <= port <= 65535:
+        raise ValueError(f"port must be an int from 1 to 65535, not {port!r}")
+    return f"/ports/{port}/tunnel"
+
+
+def half_close(stream: Any) -> None:
+    """Tells the far end of a tunnel that nothing more comes (shutdown of the socket's sending side),
+    where the stream is a plain socket; over TLS the tunnel stays open until the far end closes."""
+    sock = stream.get_extra_info("socket")
+    if sock is not None and stream.get_extra_info("ssl_object") is None:
+        with contextlib.suppress(OSError):
+            sock.shutdown(socket.SHUT_WR)
+
+
+def upgraded_stream(response: Any, port: int) -> Any:
+    """The network stream of a tunnel's ``101`` answer; ``OrchardError`` when the answer is not an upgrade
+    (the caller closes it)."""
+    stream = response.extensions.get("network_stream") if response.status_code == 101 else None
+    if stream is None:
+        raise OrchardError(
+            f"a tunnel to port {port} was answered {response.status_code} without an upgrade "
+            "(a proxy between here and the gateway must pass HTTP/1.1 upgrades)"
+        )
+    return stream
 
 
 def sandbox_path(namespace: str, name: str, rest: str = "") -> str:

@@ -12,6 +12,7 @@ import builtins
 import concurrent.futures
 import contextlib
 import os
+import socket
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -19,7 +20,7 @@ from typing import IO, TYPE_CHECKING, Any, TypeVar
 
 import httpx
 
-from . import _core
+from . import _core, _ops
 from ._core import CHUNK
 
 if TYPE_CHECKING:
@@ -155,3 +156,111 @@ class EpisodeRunner:
         for sandbox in self._sandboxes:
             sandbox._closed = True  # an episode starting now does not start heartbeats
             sandbox.stop_heartbeats()
+
+
+class PortForward:
+    """A local TCP listener whose every connection is tunnelled to ``port`` inside a sandbox
+    (:meth:`Sandbox.forward_port`): a thread accepts, and each connection gets a tunnel of its own and a
+    thread per direction. A context manager answering the local port; leaving it closes the listener and
+    every open connection."""
+
+    def __init__(self, sandbox: Sandbox, port: int, local_port: int, host: str) -> None:
+        _ops.tunnel_path(port)  # a bad port fails here, not in the accepting thread
+        self._sandbox = sandbox
+        self.port = port
+        self._listener = socket.create_server((host, local_port))
+        #: The local port (the one asked for, or the one the system picked for 0).
+        self.local_port: int = self._listener.getsockname()[1]
+        #: Open local connections, each with its tunnel's stream once there is one.
+        self._open: dict[socket.socket, Any] = {}
+        self._lock = threading.Lock()
+        self._closed = False
+        self._thread = threading.Thread(target=self._accept, name=f"orchard-forward-{port}", daemon=True)
+        self._thread.start()
+
+    def _accept(self) -> None:
+        while True:
+            try:
+                conn, _ = self._listener.accept()
+            except OSError:
+                return  # the listener was closed
+            with self._lock:
+                if self._closed:
+                    conn.close()
+                    return
+                self._open[conn] = None
+            threading.Thread(target=self._serve, args=(conn,), name="orchard-tunnel", daemon=True).start()
+
+    def _serve(self, conn: socket.socket) -> None:
+        try:
+            response = self._sandbox._run(self._sandbox._tunnel_plan(self.port))
+        except Exception as error:
+            _core.log.warning("port %s of sandbox %s: the tunnel was refused: %s", self.port, self._sandbox.name, error)
+            self._forget(conn)
+            return
+        try:
+            stream = _ops.upgraded_stream(response, self.port)
+        except Exception as error:
+            response.close()
+            _core.log.warning("%s", error)
+            self._forget(conn)
+            return
+        with self._lock:
+            if conn not in self._open:  # closed meanwhile
+                response.close()
+                return
+            self._open[conn] = stream
+        back = threading.Thread(target=self._pump_back, args=(stream, conn), name="orchard-tunnel-back", daemon=True)
+        back.start()
+        try:
+            while data := conn.recv(CHUNK):
+                stream.write(data)
+            _ops.half_close(stream)
+        except OSError:
+            pass
+        finally:
+            back.join()
+            response.close()
+            self._forget(conn)
+
+    @staticmethod
+    def _pump_back(stream: Any, conn: socket.socket) -> None:
+        try:
+            while data := stream.read(CHUNK):
+                conn.sendall(data)
+        except Exception:
+            pass
+        with contextlib.suppress(OSError):
+            conn.shutdown(socket.SHUT_RDWR)
+
+    def _forget(self, conn: socket.socket) -> None:
+        with self._lock:
+            self._open.pop(conn, None)
+        with contextlib.suppress(OSError):
+            conn.close()
+
+    def close(self) -> None:
+        """Stops listening and ends every open connection (their tunnels close with them)."""
+        with self._lock:
+            self._closed = True
+            open_now = list(self._open.items())
+            self._open.clear()
+        with contextlib.suppress(OSError):
+            self._listener.shutdown(socket.SHUT_RDWR)  # wakes the accepting thread (Linux)
+        self._listener.close()
+        for conn, stream in open_now:
+            # Shutdowns, not closes: they wake the threads blocked reading either socket.
+            with contextlib.suppress(OSError):
+                conn.shutdown(socket.SHUT_RDWR)
+            sock = stream.get_extra_info("socket") if stream is not None else None
+            if sock is not None:
+                with contextlib.suppress(OSError):
+                    sock.shutdown(socket.SHUT_RDWR)
+        self._thread.join(timeout=5)
+
+    def __enter__(self) -> int:
+        return self.local_port
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+

@@ -21,7 +21,7 @@ import httpx
 from . import _cleanup, _core, _ops
 from ._core import Content, LocalFile
 from ._retry import RetryPolicy  # noqa: F401  (importable from here, as before)
-from ._async_driver import Driver, EpisodeRunner, Heartbeats, read_path, read_stream, write_blocks
+from ._async_driver import Driver, EpisodeRunner, Heartbeats, PortForward, read_path, read_stream, write_blocks
 from .models import (
     ExecEvent,
     ExecResult,
@@ -208,6 +208,17 @@ class AsyncSandbox(_core.SandboxCore):
     async def list_sessions(self) -> list[SessionInfo]:
         """The sandbox's shell sessions (:class:`~orchard_env.SessionInfo`), oldest first."""
         return await self._run(self._list_sessions_plan())
+
+    def forward_port(self, port: int, *, local_port: int = 0, host: str = "127.0.0.1") -> PortForward:
+        """Forwards a local port to ``port`` inside the sandbox, like ``kubectl port-forward``:
+        ``async with sbx.forward_port(9222) as local_port:`` answers the local port (``local_port=0``, the
+        default, lets the system pick one) and every connection to ``host:local_port`` meanwhile reaches
+        ``port`` on the sandbox's loopback (servers bound to 127.0.0.1 included) through a tunnel of its own
+        (an upgraded connection through the gateway; RBAC ``create sandboxes/portforward``). Leaving the
+        block closes the listener and every open connection. A connection whose tunnel is refused (nothing
+        listens on ``port``) is closed at once and the reason logged; a revoked token or RoleBinding ends
+        open tunnels. ``ValueError`` for a port outside 1-65535."""
+        return PortForward(self, port, local_port, host)
 
     async def upload(self, path: str, data: Content, *, mode: int | str | None = None) -> dict[str, Any]:
         """Writes ``data`` to the file ``path`` in the sandbox (streamed and atomic; missing parent

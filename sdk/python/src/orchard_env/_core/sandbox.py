@@ -401,6 +401,14 @@ class SandboxCore:
     def _metrics_plan(self) -> Plan[dict[str, Any]]:
         return _ops.json_object((yield from self._agent("GET", "/metrics")).json())
 
+    def _tunnel_plan(self, port: int) -> Plan[httpx.Response]:
+        """A tunnel request to ``port`` inside the sandbox, answered: the open ``101`` answer, whose
+        ``network_stream`` extension carries the port's bytes (the driver checks it is one, see
+        :func:`~orchard_env._ops.upgraded_stream`). Refusals (nothing listens: 502) raise before any
+        upgrade."""
+        path = _ops.tunnel_path(port)
+        return (yield from self._agent("GET", path, headers=_ops.TUNNEL_HEADERS, timeout=30.0, stream=True))
+
     def _apply_patch_plan(self, patch: str, cwd: str | None, strip: int | None) -> Plan[PatchResult]:
         body: dict[str, Any] = {"patch": patch}
         if cwd is not None:
