@@ -200,6 +200,73 @@ async fn measure_round_trip_p50(base: &str) -> Duration {
     all[all.len() / 2]
 }
 
+/// A `POST` of JSON `body` to the agent at `base` + `path`; the answer's body.
+async fn post_json(client: &HttpClient, base: &str, path: &str, body: String) -> Bytes {
+    let request = Request::builder()
+        .method(Method::POST)
+        .uri(format!("{base}{path}"))
+        .header("Authorization", format!("Bearer {TOKEN}"))
+        .header("Content-Type", "application/json")
+        .body(full(body))
+        .unwrap();
+    let response = client.request(request).await.expect("agent request");
+    let status = response.status();
+    let body = response.into_body().collect().await.unwrap().to_bytes();
+    assert!(status.is_success(), "{path}: {status} {body:?}");
+    body
+}
+
+/// p50 and p99 of running `command` in one shell session (`sh`), one run at a time: what a harness
+/// that keeps a shell pays per command, beside a plain exec.
+async fn measure_session_runs(base: &str, command: &str) -> Latencies {
+    let client: HttpClient = Client::builder(TokioExecutor::new()).build_http();
+    let created = post_json(
+        &client,
+        base,
+        "/v1/sessions",
+        r#"{"shell":"/bin/sh"}"#.into(),
+    )
+    .await;
+    let id = serde_json::from_slice::<serde_json::Value>(&created).expect("session JSON")["id"]
+        .as_str()
+        .expect("session id")
+        .to_string();
+    let path = format!("/v1/sessions/{id}/run");
+    let body = serde_json::json!({ "command": command }).to_string();
+    let once = || async {
+        let started = Instant::now();
+        let answer = post_json(&client, base, &path, body.clone()).await;
+        assert!(
+            answer.windows(12).any(|window| window == b"\"exitCode\":0"),
+            "unexpected session run answer"
+        );
+        started.elapsed()
+    };
+    for _ in 0..100 {
+        once().await;
+    }
+    let started = Instant::now();
+    let mut all = Vec::with_capacity(EXEC_REQUESTS);
+    for _ in 0..EXEC_REQUESTS {
+        all.push(once().await);
+    }
+    let elapsed = started.elapsed();
+    let request = Request::builder()
+        .method(Method::DELETE)
+        .uri(format!("{base}/v1/sessions/{id}"))
+        .header("Authorization", format!("Bearer {TOKEN}"))
+        .body(full(""))
+        .unwrap();
+    client.request(request).await.expect("delete the session");
+    all.sort();
+    let at = |quantile: f64| all[((all.len() as f64 * quantile) as usize).min(all.len() - 1)];
+    Latencies {
+        p50: at(0.50),
+        p99: at(0.99),
+        per_second: all.len() as f64 / elapsed.as_secs_f64(),
+    }
+}
+
 async fn measure_files(base: &str) -> (f64, f64) {
     let client: HttpClient = Client::builder(TokioExecutor::new()).build_http();
     let chunk = Bytes::from(vec![0xA5u8; 1024 * 1024]);
@@ -392,6 +459,7 @@ fn main() {
     let (mut floor, mut floor_fork, mut round_trip) = (Vec::new(), Vec::new(), Vec::new());
     let (mut rust_1, mut rust_32, mut python_1, mut python_32) =
         (Vec::new(), Vec::new(), Vec::new(), Vec::new());
+    let (mut session_builtin, mut session_process) = (Vec::new(), Vec::new());
     for round in 0..ROUNDS {
         eprintln!("bench-agent: round {} of {ROUNDS}", round + 1);
         floor.push(direct_spawn_p50(&root, true));
@@ -400,6 +468,8 @@ fn main() {
             round_trip.push(measure_round_trip_p50(&agent.base).await);
             rust_1.push(measure_exec(&agent.base, 1).await);
             rust_32.push(measure_exec(&agent.base, 32).await);
+            session_builtin.push(measure_session_runs(&agent.base, "true").await);
+            session_process.push(measure_session_runs(&agent.base, "/bin/true").await);
             if let Some(server) = &fastapi {
                 python_1.push(measure_exec(&server.base, 1).await);
                 python_32.push(measure_exec(&server.base, 32).await);
@@ -470,6 +540,27 @@ fn main() {
         table.push_str(&format!(
             "| {name} | {} | {python_text} | {factor} |\n",
             latency(rust)
+        ));
+    }
+    // A session run beside a plain exec, same rounds.
+    let exec_p50 = secs(p50(&rust_1));
+    for (name, runs) in [
+        (
+            "session run `true` p50 (one `sh` session; a builtin, no process started)",
+            &session_builtin,
+        ),
+        (
+            "session run `/bin/true` p50 (one `sh` session; the shell starts the process)",
+            &session_process,
+        ),
+    ] {
+        let versus = match (secs(p50(runs)), exec_p50) {
+            (Some(run), Some(exec)) if exec > 0.0 => format!("{:.2}x exec `true` p50", run / exec),
+            _ => "n/a".into(),
+        };
+        table.push_str(&format!(
+            "| {name} | {} | | {versus} |\n",
+            latency(p50(runs))
         ));
     }
     table.push_str(&format!(
@@ -557,7 +648,9 @@ fn main() {
          kind of keep-alive connection, which runs no command) is the part any HTTP agent pays, and the\n\
          rest is the exec request's own handling (body, spawn bookkeeping, pipes, reaping, the JSON answer).\n\
          The fork + setsid row is how the agent started commands\n\
-         before (a `pre_exec` hook forces std to fork). Machine: {machine}.\n\n{table}\n"
+         before (a `pre_exec` hook forces std to fork). The session rows run the command in one `sh` shell\n\
+         session per round (`POST /v1/sessions/{{id}}/run`, one run at a time, {EXEC_REQUESTS} runs after 100\n\
+         warm-ups); their last column compares with the exec `true` p50 at concurrency 1. Machine: {machine}.\n\n{table}\n"
     );
     println!("{section}");
     if let Some(doc) = doc {

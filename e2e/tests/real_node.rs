@@ -873,3 +873,145 @@ async fn root_task_code_cannot_open_raw_sockets_to_sniff_the_agent_token() {
     assert!(out.contains("matches=0"), "{capture}");
     env.delete_namespace(&ns).await;
 }
+
+/// Reads the answer of an HTTP/1.0 `GET path` sent through a tunnel, until the server closes.
+async fn get_through(mut tunnel: tokio::net::TcpStream, path: &str) -> String {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    tunnel
+        .write_all(format!("GET {path} HTTP/1.0\r\n\r\n").as_bytes())
+        .await
+        .expect("send through the tunnel");
+    let mut answer = Vec::new();
+    tunnel
+        .read_to_end(&mut answer)
+        .await
+        .expect("read through the tunnel");
+    String::from_utf8_lossy(&answer).to_string()
+}
+
+/// The harness routes in real containers, through the gateway: a shell session (state carried over,
+/// a prompt answered, a run interrupted at its timeout) in the image's own shell (busybox `sh`, Debian
+/// `bash`), a command as another uid, a port tunnel to a server bound to the container's 127.0.0.1,
+/// and the container's usage.
+#[tokio::test]
+async fn sessions_users_tunnels_and_metrics_work_in_real_containers() {
+    use orchard_e2e::test_support::gateway::Tunnel;
+    let env = env();
+    let ns = env.namespace("harness").await;
+    let admin = Caller::user(env, "admin");
+    let images = [
+        (
+            "busybox",
+            "/bin/sh",
+            "mkdir -p /tmp/www && echo served > /tmp/www/index.html && exec httpd -f -p 127.0.0.1:8080 -h /tmp/www",
+        ),
+        (
+            "debian-python",
+            "/bin/bash",
+            "mkdir -p /tmp/www && echo served > /tmp/www/index.html && exec python3 -m http.server --bind 127.0.0.1 --directory /tmp/www 8080",
+        ),
+    ];
+    for (index, (image, shell, server)) in images.into_iter().enumerate() {
+        let name = format!("harness-{index}");
+        ready_sandbox(&ns, &name, &env.node.real().image(image), json!({})).await;
+        let at = |rest: &str| sandbox_path(&ns, &name, rest);
+
+        let session = admin.post(&at("/sessions"), json!({})).await;
+        assert_eq!(session.status, 201, "{image}: {session:?}");
+        assert_eq!(
+            session.body["shell"], shell,
+            "{image}: the image's own shell"
+        );
+        let id = session.body["id"].as_str().expect("session id").to_string();
+        let run = |command: &str, timeout_ms: u64| {
+            let (admin, path) = (admin.clone(), at(&format!("/sessions/{id}/run")));
+            let body = json!({"command": command, "timeoutMs": timeout_ms});
+            async move { admin.post(&path, body).await }
+        };
+        assert_eq!(
+            run("mkdir -p /tmp && cd /tmp && export X=42", 30_000)
+                .await
+                .status,
+            200
+        );
+        let carried = run("pwd; echo $X", 30_000).await;
+        assert_eq!(carried.body["output"], "/tmp\n42\n", "{image}: {carried:?}");
+        let answer_prompt = async {
+            let read = admin
+                .post(
+                    &at(&format!("/sessions/{id}/read")),
+                    json!({"until": "name? ", "timeoutMs": 30_000}),
+                )
+                .await;
+            assert_eq!(read.body["matched"], true, "{image}: {read:?}");
+            let input = admin
+                .post(
+                    &at(&format!("/sessions/{id}/input")),
+                    json!({"text": "bob\n"}),
+                )
+                .await;
+            assert_eq!(input.status, 200, "{image}: {input:?}");
+        };
+        let (prompted, ()) = tokio::join!(
+            run("printf 'name? '; read -r n; echo got:$n", 60_000),
+            answer_prompt
+        );
+        assert_eq!(
+            prompted.body["output"], "name? got:bob\n",
+            "{image}: {prompted:?}"
+        );
+        let slow = run("sleep 1000", 1_000).await;
+        assert_eq!(
+            (&slow.body["timedOut"], &slow.body["exitCode"]),
+            (&json!(true), &json!(130)),
+            "{image}: {slow:?}"
+        );
+        assert_eq!(
+            run("echo ok; pwd", 30_000).await.body["output"],
+            "ok\n/tmp\n"
+        );
+
+        let other = exec(
+            &admin,
+            &ns,
+            &name,
+            json!({"argv": ["id", "-u"], "user": "65534"}),
+        )
+        .await;
+        assert_eq!(stdout(&other), "65534\n", "{image}: {other}");
+
+        let started = admin
+            .post(
+                &at("/processes"),
+                json!({"argv": ["/bin/sh", "-c", server]}),
+            )
+            .await;
+        assert_eq!(started.status, 201, "{image}: {started:?}");
+        let deadline = std::time::Instant::now() + Duration::from_secs(30);
+        let page = loop {
+            match admin.tunnel(&ns, &name, "8080").await {
+                Tunnel::Open(stream) => break get_through(stream, "/index.html").await,
+                Tunnel::Refused(answer)
+                    if answer.status == 502 && std::time::Instant::now() < deadline =>
+                {
+                    tokio::time::sleep(Duration::from_millis(200)).await;
+                }
+                Tunnel::Refused(answer) => panic!("{image}: the server never came up: {answer:?}"),
+            }
+        };
+        assert!(
+            page.contains(" 200 ") && page.ends_with("served\n"),
+            "{image}: {page}"
+        );
+
+        let usage = admin.get(&at("/metrics")).await;
+        assert_eq!(usage.status, 200, "{image}: {usage:?}");
+        assert!(
+            usage.body["memoryBytes"]
+                .as_u64()
+                .is_some_and(|bytes| bytes > 0),
+            "{image}: {usage:?}"
+        );
+    }
+    env.delete_namespace(&ns).await;
+}

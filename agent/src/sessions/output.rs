@@ -92,6 +92,12 @@ impl ShellOutput {
             if let Some(status) = scanned.status {
                 let next = state.fresh_segment();
                 let output = std::mem::replace(&mut state.segment, next);
+                // What no read returned stays readable after the run ends (until the next run
+                // starts), so an expect-style read is the same whether it comes just before or just
+                // after the run's end; the run still answers its whole output.
+                let unread = &output.bytes()[state.cursor.min(output.bytes().len())..];
+                let unread = unread.to_vec();
+                state.segment.push(&unread);
                 state.cursor = 0;
                 state.finished = Some(FinishedRun { output, status });
                 state.segment.push(&scanned.after);
@@ -197,7 +203,8 @@ mod tests {
         let finished = output.take_finished().unwrap();
         assert_eq!(finished.status, 3);
         assert_eq!(finished.output.bytes(), b"one\ntwo\n");
-        assert_eq!(output.read_all().bytes, b"background\n");
+        // The run's output no read returned, then what came after the run.
+        assert_eq!(output.read_all().bytes, b"one\ntwo\nbackground\n");
         assert!(output.take_finished().is_none());
     }
 
@@ -213,6 +220,10 @@ mod tests {
             (&b"name? "[..], true)
         );
         output.accept(b"got bob\n__orchard_end_t2__:0\n");
+        // What was not read stays readable after the run ended, once.
+        let late = output.read(Some(b"got ")).unwrap();
+        assert_eq!((late.bytes.as_slice(), late.matched), (&b"got "[..], true));
+        assert_eq!(output.read_all().bytes, b"bob\n");
         assert_eq!(output.read_all().bytes, b"");
         // The run still gets all of its output.
         assert_eq!(

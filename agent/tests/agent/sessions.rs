@@ -174,7 +174,8 @@ async fn a_prompt_is_answered_through_input() {
         assert_eq!(result["output"], "name? got bob\n", "{shell}: {result}");
         assert_eq!(result["exitCode"], 0);
 
-        // A read that does not find its text returns what there is when it gives up.
+        // A read that does not find its text returns what there is when it gives up: here the
+        // ended run's output that no read returned.
         let started = Instant::now();
         let (_, read) = agent
             .json(
@@ -186,7 +187,8 @@ async fn a_prompt_is_answered_through_input() {
         assert!(started.elapsed() >= Duration::from_millis(300));
         assert_eq!(
             (read["output"].as_str(), read["matched"].as_bool()),
-            (Some(""), Some(false))
+            (Some("got bob\n"), Some(false)),
+            "{shell}"
         );
     }
 }
