@@ -221,6 +221,31 @@ def exec_body(
     return body
 
 
+def terminal_size(pty: tuple[int, int] | Sequence[int]) -> dict[str, int]:
+    """The ``pty`` field of a process request, or a ``resize`` body (pure): ``(rows, cols)``, each 1 to
+    1000; ``ValueError`` otherwise."""
+    size = tuple(pty)
+    if len(size) != 2 or not all(isinstance(n, int) and not isinstance(n, bool) and 1 <= n <= 1000 for n in size):
+        raise ValueError(f"a terminal size is (rows, cols), each an int from 1 to 1000, not {pty!r}")
+    return {"rows": size[0], "cols": size[1]}
+
+
+def stdin_body(data: str | bytes, close: bool) -> dict[str, Any]:
+    """The body of a write to a process's stdin (pure): text as ``data``, bytes as ``dataBase64``."""
+    body: dict[str, Any] = {}
+    if isinstance(data, bytes):
+        if data:
+            body["dataBase64"] = base64.b64encode(data).decode()
+    elif isinstance(data, str):
+        if data:
+            body["data"] = data
+    else:
+        raise TypeError(f"stdin data is str or bytes, not {type(data).__name__}")
+    if close:
+        body["close"] = True
+    return body
+
+
 def user_field(user: str | int) -> str:
     """The ``user`` field of an exec, process or session request (pure): a name, ``"user:group"`` or
     ``"uid:gid"`` as given, a uid (``int``) as its decimal string. A ``bool`` is a ``TypeError``."""

@@ -156,13 +156,18 @@ class Sandbox(_core.SandboxCore):
     def start_process(
         self, cmd: str | Sequence[str], *, id: str | None = None, timeout: float | None = None,
         cwd: str | None = None, env: Mapping[str, str] | None = None, stdin: str | bytes | None = None,
-        shell: str | None = None, user: str | int | None = None,
+        shell: str | None = None, user: str | int | None = None, keep_stdin: bool = False,
+        pty: tuple[int, int] | None = None,
     ) -> Process:
         """Starts a background process and returns its handle (:class:`Process`). It has no timeout unless
         ``timeout`` is given; ``id`` names it (else the agent picks one). Arguments as for :meth:`exec`
-        (``user`` too)."""
+        (``user`` too). ``keep_stdin=True`` keeps its stdin open for :meth:`Process.write_stdin`;
+        ``pty=(rows, cols)`` runs it on a pseudo-terminal of that size (for programs that need one: tmux,
+        top, REPLs), whose output is all ``stdout``, written with :meth:`Process.write_stdin` and resized
+        with :meth:`Process.resize`. Neither goes with ``stdin``."""
         return self._run(self._start_process_plan(
-            Process, cmd, id, timeout=timeout, cwd=cwd, env=env, stdin=stdin, shell=shell, user=user
+            Process, cmd, id, timeout=timeout, cwd=cwd, env=env, stdin=stdin, shell=shell, user=user,
+            keep_stdin=keep_stdin, pty=pty,
         ))
 
     def list_processes(self, *, output: bool = False) -> list[ProcessInfo]:
@@ -369,6 +374,23 @@ class Process(_core.ProcessCore):
     def kill(self) -> ProcessInfo:
         """SIGKILLs the process's group (if it runs), forgets the process and returns its final status."""
         return self._run(self._track(self.sandbox._kill_process_plan(self.id)))
+
+    def write_stdin(self, data: str | bytes, *, close: bool = False) -> ProcessInfo:
+        """Writes ``data`` (text, or bytes) to the process's stdin, in order with earlier writes, and returns
+        its status; with ``close=True`` closes the stdin afterwards (the process reads end of input; on a
+        terminal end-of-file is typed). Only for processes started with ``keep_stdin`` or ``pty``:
+        :class:`~orchard_env.Conflict` otherwise, once it is closed, or when the process has not taken the
+        bytes within 10 s. Never retried."""
+        return self._run(self._track(self.sandbox._process_stdin_plan(self.id, data, close)))
+
+    def close_stdin(self) -> ProcessInfo:
+        """Closes the process's stdin (see :meth:`write_stdin`) and returns its status."""
+        return self._run(self._track(self.sandbox._process_stdin_plan(self.id, b"", True)))
+
+    def resize(self, rows: int, cols: int) -> ProcessInfo:
+        """Sets the size of the process's terminal (it gets SIGWINCH) and returns its status; each 1 to
+        1000 (``ValueError``). :class:`~orchard_env.Conflict` for a process without a terminal."""
+        return self._run(self._track(self.sandbox._resize_process_plan(self.id, rows, cols)))
 
 
 class Session(_core.SessionCore):

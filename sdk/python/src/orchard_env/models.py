@@ -108,6 +108,10 @@ class ProcessInfo:
     """Number of the signal that ended it, if one did."""
     oom_killed: bool = False
     """True when the out-of-memory killer killed it."""
+    stdin_open: bool = False
+    """True while its stdin can be written (started with ``keep_stdin`` or ``pty``, not closed yet)."""
+    pty: bool = False
+    """True when it runs on a pseudo-terminal (its output is all ``stdout``)."""
     raw: dict[str, Any] = field(default_factory=dict, repr=False)
 
     @property
@@ -127,6 +131,8 @@ class ProcessInfo:
             timed_out=bool(data.get("timedOut")),
             signal=data.get("signal"),
             oom_killed=bool(data.get("oomKilled")),
+            stdin_open=bool(data.get("stdinOpen")),
+            pty=bool(data.get("pty")),
             raw=data,
         )
 

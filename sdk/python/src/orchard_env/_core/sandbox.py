@@ -318,9 +318,14 @@ class SandboxCore:
     def _start_process_plan(
         self, handle: Callable[..., T], cmd: str | Sequence[str], id: str | None, **fields: Any
     ) -> Plan[T]:
+        keep_stdin, pty = fields.pop("keep_stdin", False), fields.pop("pty", None)
         body = _ops.exec_body(cmd, **fields)
         if id is not None:
             body["id"] = id
+        if keep_stdin:
+            body["keepStdin"] = True
+        if pty is not None:
+            body["pty"] = _ops.terminal_size(pty)
         info = ProcessInfo.from_json((yield from self._agent("POST", "/processes", json_body=body)).json())
         return handle(self, info.id, info)
 
@@ -332,6 +337,16 @@ class SandboxCore:
         params = {"wait": f"{min(wait, _ops.MAX_SERVER_WAIT):.3f}"} if wait else None
         response = yield from self._agent("GET", f"/processes/{id}", params=params, timeout=(wait or 0) + 90.0)
         return ProcessInfo.from_json(response.json())
+
+    def _process_stdin_plan(self, id: str, data: str | bytes, close: bool) -> Plan[ProcessInfo]:
+        """Writes to a process's stdin; never retried (the bytes would be written twice)."""
+        body = _ops.stdin_body(data, close)
+        response = yield from self._agent("POST", f"/processes/{id}/stdin", json_body=body, retry=False)
+        return ProcessInfo.from_json(response.json())
+
+    def _resize_process_plan(self, id: str, rows: int, cols: int) -> Plan[ProcessInfo]:
+        body = _ops.terminal_size((rows, cols))
+        return ProcessInfo.from_json((yield from self._agent("POST", f"/processes/{id}/resize", json_body=body)).json())
 
     def _signal_process_plan(self, id: str, signal: str | int) -> Plan[ProcessInfo]:
         response = yield from self._agent("POST", f"/processes/{id}/signal", json_body={"signal": signal}, retry=False)
