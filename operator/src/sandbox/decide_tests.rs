@@ -368,6 +368,39 @@ fn a_sandbox_not_ready_comes_back_at_its_startup_deadline_and_a_failure_ends_it(
 }
 
 #[test]
+fn an_oom_kill_fails_the_sandbox_with_a_warning_named_oom_killed() {
+    use k8s_openapi::api::core::v1::{ContainerState, ContainerStateTerminated};
+    let settings = settings();
+    let killed = crate::pod::fixtures::with_task_state(
+        ready_pod(),
+        ContainerState {
+            terminated: Some(ContainerStateTerminated {
+                exit_code: 137,
+                reason: Some("OOMKilled".into()),
+                ..Default::default()
+            }),
+            ..Default::default()
+        },
+    );
+    let outcome = ChildOutcome {
+        pod: Some(killed),
+        ..ChildOutcome::default()
+    };
+    let plan = settled(plan_status(
+        &with_status(sandbox(), phase(SandboxPhase::Ready)),
+        &outcome,
+        &input(&settings, "2026-01-01T00:00:05Z"),
+    ));
+    assert_eq!(plan.then, Then::Terminal);
+    assert!(
+        matches!(&plan.notes[..], [Note::Failed { reason, message }]
+            if reason == "OOMKilled" && message.contains("spec.resources.memory")),
+        "{:?}",
+        plan.notes
+    );
+}
+
+#[test]
 fn a_trajectory_with_a_run_asks_for_its_runner() {
     let settings = settings();
     let mut s = with_status(sandbox(), phase(SandboxPhase::Ready));

@@ -248,6 +248,32 @@ fn a_crashed_agent_fails_the_sandbox() {
 }
 
 #[test]
+fn an_oom_killed_task_container_fails_the_sandbox_with_oom_killed() {
+    let p = with_task_state(
+        pod(Some("node-1"), Some("10.0.0.7"), false),
+        ContainerState {
+            terminated: Some(ContainerStateTerminated {
+                exit_code: 137,
+                reason: Some("OOMKilled".into()),
+                ..Default::default()
+            }),
+            ..Default::default()
+        },
+    );
+    let status = desired_status(&sandbox(), &observed(Some(&p), "2026-01-01T00:00:05Z"));
+    assert_eq!(status.phase, Some(SandboxPhase::Failed));
+    assert_eq!(status.reason.as_deref(), Some("OOMKilled"));
+    let ready = cond(&status, condition::READY);
+    assert_eq!(ready.reason, "OOMKilled");
+    assert!(
+        ready.message.contains("`sandbox`") && ready.message.contains("spec.resources.memory"),
+        "{}",
+        ready.message
+    );
+    assert_eq!(cond(&status, conditions::STALLED).reason, "OOMKilled");
+}
+
+#[test]
 fn containers_still_creating_are_not_failures() {
     let p = with_task_state(
         pod(Some("node-1"), None, false),
