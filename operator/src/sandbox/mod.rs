@@ -3,8 +3,8 @@
 //! (pure: observed Pod -> status), [`expiry`] (pure deadline arithmetic), [`apply`] (thin I/O) and
 //! [`reconcile`] (the loop that ties them together), and the trajectory [`runner`] of `spec.run`
 //! (its pure half: [`run_result`]). [`enforcement`] keeps the cluster-wide verdict on NetworkPolicy
-//! enforcement the sandboxes' policy waits tell. [`cluster_ranges`] keeps the cluster's own addresses that the
-//! egress policies protect (the API server's, the nodes' pod ranges) current.
+//! enforcement the sandboxes' policy waits tell. [`cluster_ranges`] keeps the cluster's own
+//! addresses that the egress policies protect (the API server's, the nodes' pod ranges) current.
 
 pub mod apply;
 pub mod blocked;
