@@ -141,6 +141,16 @@ pub async fn run(args: OperatorArgs) -> Result<()> {
         settings.sandbox.clone(),
         pool_book.clone(),
     ));
+    // The cluster-wide verdict on NetworkPolicy enforcement, from the sandboxes there before we
+    // started, then every resync (the reconciles tell it the rest).
+    tokio::spawn(sandbox::enforcement::shared::keep_folding(
+        sandbox_ctx.enforcement.clone(),
+        watches.caches.clone(),
+        watches.filled.clone(),
+        kube.key.clone(),
+        settings.resync,
+        shutdown.clone(),
+    ));
     let queue_ctx = Arc::new(QueueCtx {
         kube: kube.clone(),
         book: queue_book.clone(),

@@ -71,6 +71,9 @@ pub struct Metrics {
     pub pool_claims: IntCounterVec,
     /// `orchard_pool_members{pool_namespace, pool, state}`: unclaimed members of each pool, `ready` or `starting`.
     pub pool_members: IntGaugeVec,
+    /// `orchard_network_policy_enforcement{state}`: 1 for the cluster-wide verdict (`unknown`,
+    /// `missing`, `enforced`), 0 for the others.
+    pub network_policy_enforcement: IntGaugeVec,
 }
 
 fn gauge(
@@ -184,6 +187,12 @@ impl Metrics {
                 "orchard_pool_claims_total",
                 "Sandboxes naming a SandboxPool that claimed a warm member (start=warm) or started their own Pod (start=cold).",
                 &["start"],
+            )?,
+            network_policy_enforcement: gauge(
+                &registry,
+                "orchard_network_policy_enforcement",
+                "Whether NetworkPolicies are enforced in the cluster, as the sandboxes' agents tell: 1 for the current state (unknown, missing, enforced).",
+                &["state"],
             )?,
             pool_members: gauge(
                 &registry,

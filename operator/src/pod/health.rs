@@ -1,5 +1,5 @@
 //! What a sandbox Pod's status says (pure): whether it is scheduled and Ready, why it failed for good
-//! (image pulls, crashes, evictions), and a one-line summary of what it said last.
+//! (image pulls, crashes, OOM kills (`oom`), evictions), and a one-line summary of what it said last.
 
 use k8s_openapi::api::core::v1::{ContainerStatus, Pod};
 use k8s_openapi::jiff::Timestamp;
@@ -205,6 +205,9 @@ pub fn pod_failure(pod: &Pod) -> Option<Failure> {
     }
     if let Some(task) = task {
         if let Some(failure) = start_failure(pod, task, "task container") {
+            return Some(failure);
+        }
+        if let Some(failure) = crate::pod::oom::oom_failure(pod) {
             return Some(failure);
         }
         if let Some(exit) = exit_description(task) {

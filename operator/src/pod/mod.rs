@@ -1,7 +1,8 @@
 //! What a sandbox is made of, shared by the Sandbox and SandboxPool controllers and the gateway: its
-//! Pod ([`spec`]) and NetworkPolicies ([`policy`]), their names and labels ([`naming`]), its agent's token ([`token`]) and the operator's client of
-//! agents ([`agent_client`]), the placement policy ([`placement`]), CIDRs ([`cidr`]), the policy
-//! enforcement canaries ([`policy_canary`]) and the cluster's own ranges ([`cluster_ranges`]).
+//! Pod ([`spec`]) and NetworkPolicies ([`policy`]), their names and labels ([`naming`]), its agent's
+//! token ([`token`]), its OOM kills ([`oom`]) and the operator's client of agents ([`agent_client`]),
+//! the placement policy ([`placement`]), CIDRs ([`cidr`]), the policy enforcement canaries
+//! ([`policy_canary`]) and the cluster's own ranges ([`cluster_ranges`]).
 
 pub mod agent_client;
 pub mod agent_target;
@@ -14,6 +15,7 @@ pub mod fixtures;
 pub mod health;
 pub mod lookup;
 pub mod naming;
+pub mod oom;
 pub mod placement;
 pub mod policy;
 pub mod policy_canary;

@@ -1,6 +1,7 @@
 //! What a Sandbox reconcile and the trajectory runner use: the shared handles, the pods' settings,
 //! this controller's lifecycle defaults, its reconcile slots, the agent client, the running
-//! trajectory runs and the pools' state (a Sandbox of a pool claims a member).
+//! trajectory runs, the pools' state (a Sandbox of a pool claims a member) and the cluster-wide
+//! verdict on NetworkPolicy enforcement.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -11,6 +12,7 @@ use crate::plumbing::task_set::KeyedTasks;
 use crate::pod::agent_client::AgentClient;
 use crate::pod::context::PodCtx;
 use crate::pool::book::PoolBook;
+use crate::sandbox::enforcement::shared::SharedVerdict;
 
 /// How many trajectory runs one replica drives at once; more wait in line for a slot. A run is
 /// mostly an idle long poll, so the bound is generous; it keeps a burst of RolloutGroups from
@@ -64,10 +66,12 @@ pub struct SandboxCtx {
     pub runners: KeyedTasks,
     /// The pools' in-memory state (member reservations, claim counts, waiting Sandboxes).
     pub pools: Arc<PoolBook>,
+    /// Whether NetworkPolicies are enforced in the cluster, as the sandboxes tell.
+    pub enforcement: Arc<SharedVerdict>,
 }
 
 impl SandboxCtx {
-    /// A context with fresh slots, agent client and runners.
+    /// A context with fresh slots, agent client, runners and an `Unknown` enforcement verdict.
     pub fn new(
         kube: Arc<KubeCtx>,
         pods: Arc<PodCtx>,
@@ -75,6 +79,9 @@ impl SandboxCtx {
         pools: Arc<PoolBook>,
     ) -> Self {
         Self {
+            enforcement: Arc::new(SharedVerdict::new(
+                kube.metrics.network_policy_enforcement.clone(),
+            )),
             slots: ReconcileSlots::new(settings.concurrency),
             kube,
             pods,

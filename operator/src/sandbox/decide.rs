@@ -16,6 +16,7 @@ use std::time::Duration;
 use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::jiff::{SignedDuration, Timestamp};
 
+use crate::plumbing::kube_ctx::object_key;
 use crate::plumbing::operator_key::OperatorKey;
 use crate::plumbing::time::until;
 use crate::plumbing::writes::ChildState;
@@ -24,6 +25,7 @@ use crate::sandbox::blocked::Blocked;
 use crate::sandbox::claim::is_claimed_member;
 use crate::sandbox::coalesce::{first_status_can_wait, hold_back_transient};
 use crate::sandbox::context::SandboxSettings;
+use crate::sandbox::enforcement::{Evidence, Verdict, evidence_of};
 use crate::sandbox::expiry::{ExpiryCause, expiry_deadline, failed_deadline};
 use crate::sandbox::identity::{is_trajectory, rollout_group_of};
 use crate::sandbox::run_result::aborted;
@@ -142,6 +144,8 @@ pub struct StatusInput<'a> {
     pub key: &'a OperatorKey,
     /// Current time.
     pub now: Timestamp,
+    /// The cluster-wide verdict on NetworkPolicy enforcement.
+    pub enforcement: &'a Verdict,
 }
 
 /// A transition worth an Event, a log line or a metric.
@@ -198,6 +202,8 @@ pub struct Settle {
     pub notes: Vec<Note>,
     /// The sandbox runs `spec.run`: make sure its runner runs.
     pub run: bool,
+    /// What the status tells about NetworkPolicy enforcement in the cluster.
+    pub evidence: Option<Evidence>,
     /// What comes next.
     pub then: Then,
 }
@@ -221,12 +227,15 @@ pub fn plan_status(sandbox: &Sandbox, outcome: &ChildOutcome, input: &StatusInpu
         agent_port: input.agent_port,
         blocked: outcome.blocked.clone(),
         key: input.key,
+        enforcement: input.enforcement,
     };
     let status = desired_status(sandbox, &observed);
     let previous = sandbox.status.clone().unwrap_or_default();
     let changed = sandbox.status.as_ref() != Some(&status);
     let created = sandbox.metadata.creation_timestamp.as_ref().map(|t| t.0);
+    // Nothing enforces its policies: that needs outside help, so it is written at once.
     if changed
+        && !ready_reason_is(&status, POLICY_ENFORCEMENT_MISSING)
         && let Some(wait) = hold_back_transient(
             sandbox.status.as_ref(),
             &status,
@@ -266,8 +275,10 @@ pub fn plan_status(sandbox: &Sandbox, outcome: &ChildOutcome, input: &StatusInpu
     } else {
         next_deadline(sandbox, outcome.pod.as_ref(), &status, lifecycle, input)
     };
+    let evidence = evidence_of(&object_key(sandbox), &status, outcome.pod.as_ref());
     StatusPlan::Settle(Box::new(Settle {
         run: sandbox.spec.run.is_some(),
+        evidence,
         status,
         write: changed,
         announce_identity,
@@ -318,6 +329,14 @@ fn next_deadline(
     Then::Requeue(until(now, next).min(input.resync))
 }
 
+/// Whether `status`'s Ready condition has `reason` (pure).
+fn ready_reason_is(status: &SandboxStatus, reason: &str) -> bool {
+    status
+        .conditions
+        .iter()
+        .any(|c| c.type_ == condition::READY && c.reason == reason)
+}
+
 /// What a written transition from `previous` to `status` is worth telling (pure).
 fn transition_notes(
     created: Option<Timestamp>,
@@ -332,9 +351,7 @@ fn transition_notes(
             .map(|c| (c.reason.clone(), c.message.clone()))
     };
     let mut notes = Vec::new();
-    let missing = |s: &SandboxStatus| {
-        ready(s).is_some_and(|(reason, _)| reason == POLICY_ENFORCEMENT_MISSING)
-    };
+    let missing = |s: &SandboxStatus| ready_reason_is(s, POLICY_ENFORCEMENT_MISSING);
     if missing(status) && !missing(previous) {
         let message = ready(status).map(|(_, m)| m).unwrap_or_default();
         notes.push(Note::PolicyEnforcementMissing(message));

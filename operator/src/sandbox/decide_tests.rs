@@ -30,6 +30,7 @@ fn input<'a>(settings: &'a SandboxSettings, now: &str) -> StatusInput<'a> {
         resync: RESYNC,
         key: key(),
         now: t(now),
+        enforcement: &Verdict::Unknown,
     }
 }
 
@@ -364,6 +365,122 @@ fn a_sandbox_not_ready_comes_back_at_its_startup_deadline_and_a_failure_ends_it(
     assert_eq!(
         (plan.status.phase, plan.then),
         (Some(SandboxPhase::Failed), Then::Terminal)
+    );
+}
+
+#[test]
+fn an_oom_kill_fails_the_sandbox_with_a_warning_named_oom_killed() {
+    use k8s_openapi::api::core::v1::{ContainerState, ContainerStateTerminated};
+    let settings = settings();
+    let killed = crate::pod::fixtures::with_task_state(
+        ready_pod(),
+        ContainerState {
+            terminated: Some(ContainerStateTerminated {
+                exit_code: 137,
+                reason: Some("OOMKilled".into()),
+                ..Default::default()
+            }),
+            ..Default::default()
+        },
+    );
+    let outcome = ChildOutcome {
+        pod: Some(killed),
+        ..ChildOutcome::default()
+    };
+    let plan = settled(plan_status(
+        &with_status(sandbox(), phase(SandboxPhase::Ready)),
+        &outcome,
+        &input(&settings, "2026-01-01T00:00:05Z"),
+    ));
+    assert_eq!(plan.then, Then::Terminal);
+    assert!(
+        matches!(&plan.notes[..], [Note::Failed { reason, message }]
+            if reason == "OOMKilled" && message.contains("spec.resources.memory")),
+        "{:?}",
+        plan.notes
+    );
+}
+
+#[test]
+fn a_cluster_without_enforcement_is_written_at_once_and_each_settle_tells_the_evidence() {
+    use crate::sandbox::enforcement::Evidence;
+    use k8s_openapi::api::core::v1::{ContainerState, ContainerStateRunning, EnvVar};
+    let settings = settings();
+    let mut gated = crate::pod::fixtures::with_task_state(
+        pod(Some("node"), Some("10.0.0.7"), false),
+        ContainerState {
+            running: Some(ContainerStateRunning {
+                started_at: Some(Time(t(CREATED))),
+            }),
+            ..Default::default()
+        },
+    );
+    if let Some(spec) = gated.spec.as_mut() {
+        spec.containers[0].env = Some(vec![EnvVar {
+            name: crate::pod::policy_canary::CANARY_VARIABLE.into(),
+            value: Some("10.0.0.1:6443".into()),
+            ..Default::default()
+        }]);
+    }
+    let outcome = ChildOutcome {
+        pod: Some(gated.clone()),
+        ..ChildOutcome::default()
+    };
+    let young = with_status(sandbox(), phase(SandboxPhase::Pending));
+    let now = "2026-01-01T00:00:00.400Z";
+    // Within the coalescing window a Starting sandbox is held back...
+    assert!(matches!(
+        plan_status(&young, &outcome, &input(&settings, now)),
+        StatusPlan::HoldBack(_)
+    ));
+    // ...but not one the verdict tells that nothing enforces its policies.
+    let missing = Verdict::Missing {
+        since: t(CREATED),
+        sandbox: "ns/first".into(),
+    };
+    let told = StatusInput {
+        enforcement: &missing,
+        ..input(&settings, now)
+    };
+    let plan = settled(plan_status(&young, &outcome, &told));
+    assert!(plan.write);
+    assert!(
+        matches!(&plan.notes[..], [Note::PolicyEnforcementMissing(m)] if m.contains("ns/first")),
+        "{:?}",
+        plan.notes
+    );
+    assert_eq!(
+        plan.evidence, None,
+        "told by the verdict: no evidence of its own"
+    );
+
+    // Its own wait past 30 s is evidence; so is its agent passing the wait.
+    let plan = settled(plan_status(
+        &young,
+        &outcome,
+        &input(&settings, "2026-01-01T00:00:30Z"),
+    ));
+    assert!(
+        matches!(&plan.evidence, Some(Evidence::Missing { sandbox, .. }) if sandbox == "/s1"),
+        "{:?}",
+        plan.evidence
+    );
+    let mut passed = gated;
+    passed.status = ready_pod().status;
+    let ready = ChildOutcome {
+        pod: Some(passed),
+        ..ChildOutcome::default()
+    };
+    let plan = settled(plan_status(
+        &young,
+        &ready,
+        &input(&settings, "2026-01-01T00:00:03Z"),
+    ));
+    assert_eq!(
+        plan.evidence,
+        Some(Evidence::Enforced {
+            at: t("2026-01-01T00:00:03Z")
+        })
     );
 }
 

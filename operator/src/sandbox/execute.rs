@@ -169,6 +169,9 @@ pub async fn settle(
             tell(ctx, sandbox, &settle.status, note).await;
         }
     }
+    if let Some(evidence) = settle.evidence.clone() {
+        ctx.enforcement.observe(vec![evidence]);
+    }
     if settle.run {
         let current = Sandbox {
             status: Some(settle.status.clone()),

@@ -2,8 +2,9 @@
 //! [`policy_canary`] of enforcement), [`status`]
 //! (pure: observed Pod -> status), [`expiry`] (pure deadline arithmetic), [`apply`] (thin I/O) and
 //! [`reconcile`] (the loop that ties them together), and the trajectory [`runner`] of `spec.run`
-//! (its pure half: [`run_result`]). [`cluster_ranges`] keeps the cluster's own addresses that the
-//! egress policies protect (the API server's, the nodes' pod ranges) current.
+//! (its pure half: [`run_result`]). [`enforcement`] keeps the cluster-wide verdict on NetworkPolicy
+//! enforcement the sandboxes' policy waits tell. [`cluster_ranges`] keeps the cluster's own
+//! addresses that the egress policies protect (the API server's, the nodes' pod ranges) current.
 
 pub mod apply;
 pub mod blocked;
@@ -11,6 +12,7 @@ pub mod claim;
 pub mod coalesce;
 pub mod context;
 pub mod decide;
+pub mod enforcement;
 pub mod execute;
 pub mod expiry;
 #[cfg(test)]

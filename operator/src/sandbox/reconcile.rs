@@ -97,7 +97,9 @@ async fn reconcile_inner(queued: &Sandbox, ctx: &Arc<SandboxCtx>) -> Result<Opti
     if let Err(problem) = annotated_heartbeat(sandbox, now) {
         warn!(sandbox = %object_key(sandbox), %problem, "heartbeat annotation ignored");
     }
+    let enforcement = ctx.enforcement.current();
     let input = StatusInput {
+        enforcement: &enforcement,
         settings: &ctx.settings,
         agent_port: ctx.pods.settings.pod.agent_port,
         resync: ctx.kube.resync,

@@ -136,6 +136,7 @@ fn settled(mut s: Sandbox, pod: &Pod, ready_seconds_ago: i64) -> Sandbox {
         agent_port: settings.pod.pod.agent_port,
         blocked: None,
         key: &key,
+        enforcement: &crate::sandbox::enforcement::Verdict::Unknown,
     };
     s.status = Some(desired_status(&s, &observed));
     s

@@ -13,13 +13,18 @@ use crate::plumbing::time::floor_to_second;
 use crate::pod::agent_target::agent_endpoint;
 use crate::pod::health::{
     Failure, pod_condition, pod_failure, pod_ready, pod_state_summary, scheduling,
-    task_running_since,
 };
 use crate::pod::policy_canary::awaits_enforcement;
 use crate::sandbox::blocked::Blocked;
+use crate::sandbox::enforcement::Verdict;
 use crate::sandbox::identity::{is_trajectory, rollout_group_of};
 use orchard_api::Lifecycle;
 use orchard_api::{Sandbox, SandboxPhase, SandboxStatus};
+
+mod policy_wait;
+pub use policy_wait::{
+    POLICY_ENFORCEMENT_MISSING, POLICY_WAIT_WARNING, PolicyWait, policy_wait, policy_warning_at,
+};
 
 /// Condition types of a Sandbox.
 pub mod condition {
@@ -74,6 +79,8 @@ pub struct Observed<'a> {
     pub blocked: Option<Blocked>,
     /// The operator's key (a trajectory of a RolloutGroup is a Sandbox sealed for its group).
     pub key: &'a OperatorKey,
+    /// The cluster-wide verdict on NetworkPolicy enforcement.
+    pub enforcement: &'a Verdict,
 }
 
 /// The `StartupTimeout` message (pure): what the pod's status said last (`state`, from
@@ -101,32 +108,6 @@ fn startup_timeout_message(
         );
     }
     message
-}
-
-/// Reason of a sandbox whose agent has waited too long for its NetworkPolicies to be enforced.
-pub const POLICY_ENFORCEMENT_MISSING: &str = "PolicyEnforcementMissing";
-
-/// How long an agent may wait for its NetworkPolicies, after its container started, before the
-/// sandbox says that no enforcer may be programming them.
-pub const POLICY_WAIT_WARNING: SignedDuration = SignedDuration::from_secs(30);
-
-/// When a sandbox whose agent waits for its NetworkPolicies says that no enforcer may be programming
-/// them, if `pod` is such a pod and its task container runs (pure).
-pub fn policy_warning_at(pod: &Pod) -> Option<Timestamp> {
-    if !awaits_enforcement(pod) {
-        return None;
-    }
-    task_running_since(pod)?
-        .checked_add(POLICY_WAIT_WARNING)
-        .ok()
-}
-
-/// The `PolicyEnforcementMissing` message (pure; the same at every reconcile, so it costs one write).
-fn policy_enforcement_missing_message() -> String {
-    format!(
-        "the agent has waited more than {}s for the sandbox's NetworkPolicies to be enforced: nothing seems to enforce NetworkPolicies in this cluster (EKS without the VPC CNI's network policy agent, GKE without network policy enforcement); install an enforcer, or set Helm value sandboxEgress.awaitEnforcement=false (--await-policy-enforcement=false) to run sandboxes without network isolation",
-        POLICY_WAIT_WARNING.as_secs()
-    )
 }
 
 /// From when a sandbox's startup timeout counts, or `None` while it does not count (pure).
@@ -331,6 +312,8 @@ pub fn desired_status(sandbox: &Sandbox, observed: &Observed) -> SandboxStatus {
             ),
         },
     };
+    // Its agent waited too long for its policies: it needs outside help (Stalled).
+    let mut policy_stalled = false;
     let (agent_reason, agent_message) = if ready_now {
         ("AgentHealthy", String::new())
     } else if ready_time.is_some() {
@@ -339,13 +322,12 @@ pub fn desired_status(sandbox: &Sandbox, observed: &Observed) -> SandboxStatus {
             "the agent stopped answering its health probe".to_string(),
         )
     } else if let Some(pod) = observed.pod.filter(|pod| awaits_enforcement(pod)) {
-        let waited = task_running_since(pod).map(|since| now.duration_since(since));
-        match waited {
-            Some(waited) if waited >= POLICY_WAIT_WARNING => (
-                POLICY_ENFORCEMENT_MISSING,
-                policy_enforcement_missing_message(),
-            ),
-            _ => (
+        match policy_wait(pod, now, observed.enforcement) {
+            PolicyWait::Missing { message, stalled } => {
+                policy_stalled = stalled;
+                (POLICY_ENFORCEMENT_MISSING, message)
+            }
+            PolicyWait::Starting => (
                 "AgentStarting",
                 "waiting for the agent to answer /healthz (it answers once the sandbox's NetworkPolicies are enforced)"
                     .to_string(),
@@ -384,7 +366,7 @@ pub fn desired_status(sandbox: &Sandbox, observed: &Observed) -> SandboxStatus {
             Progress::Reconciling("Pending".into(), scheduled_message.clone())
         }
         // Without an enforcer it would wait until its startup timeout: it needs outside help now.
-        (Some(SandboxPhase::Starting), _) if agent_reason == POLICY_ENFORCEMENT_MISSING => {
+        (Some(SandboxPhase::Starting), _) if policy_stalled => {
             Progress::Stalled(agent_reason.to_string(), agent_message.clone())
         }
         (Some(SandboxPhase::Starting), _) => {

@@ -25,6 +25,7 @@ fn observed<'a>(pod: Option<&'a Pod>, now: &str) -> Observed<'a> {
         agent_port: 9090,
         blocked: None,
         key: key(),
+        enforcement: &Verdict::Unknown,
     }
 }
 
@@ -248,6 +249,32 @@ fn a_crashed_agent_fails_the_sandbox() {
 }
 
 #[test]
+fn an_oom_killed_task_container_fails_the_sandbox_with_oom_killed() {
+    let p = with_task_state(
+        pod(Some("node-1"), Some("10.0.0.7"), false),
+        ContainerState {
+            terminated: Some(ContainerStateTerminated {
+                exit_code: 137,
+                reason: Some("OOMKilled".into()),
+                ..Default::default()
+            }),
+            ..Default::default()
+        },
+    );
+    let status = desired_status(&sandbox(), &observed(Some(&p), "2026-01-01T00:00:05Z"));
+    assert_eq!(status.phase, Some(SandboxPhase::Failed));
+    assert_eq!(status.reason.as_deref(), Some("OOMKilled"));
+    let ready = cond(&status, condition::READY);
+    assert_eq!(ready.reason, "OOMKilled");
+    assert!(
+        ready.message.contains("`sandbox`") && ready.message.contains("spec.resources.memory"),
+        "{}",
+        ready.message
+    );
+    assert_eq!(cond(&status, conditions::STALLED).reason, "OOMKilled");
+}
+
+#[test]
 fn containers_still_creating_are_not_failures() {
     let p = with_task_state(
         pod(Some("node-1"), None, false),
@@ -412,6 +439,78 @@ fn a_sandbox_whose_policies_stay_unenforced_says_what_to_do_after_30_seconds() {
         ContainerState::default(),
     );
     assert_eq!(policy_warning_at(&ungated), None);
+}
+
+/// A gated pod whose task container runs since 00:00:05.
+fn gated_running() -> Pod {
+    awaiting_enforcement(with_task_state(
+        pod(Some("node-1"), Some("10.0.0.9"), false),
+        ContainerState {
+            running: Some(k8s_openapi::api::core::v1::ContainerStateRunning {
+                started_at: Some(Time(t("2026-01-01T00:00:05Z"))),
+            }),
+            ..Default::default()
+        },
+    ))
+}
+
+#[test]
+fn while_the_cluster_wide_verdict_is_missing_a_waiting_sandbox_says_so_at_once_without_stalling() {
+    let missing = Verdict::Missing {
+        since: t("2025-12-31T23:00:00Z"),
+        sandbox: "other/first".into(),
+    };
+    let with = |verdict: &Verdict, p: &Pod, now: &str| {
+        let obs = Observed {
+            enforcement: verdict,
+            ..observed(Some(p), now)
+        };
+        desired_status(&sandbox(), &obs)
+    };
+    let gated = gated_running();
+    let early = with(&missing, &gated, "2026-01-01T00:00:06Z");
+    let ready = cond(&early, condition::READY);
+    assert_eq!(ready.reason, POLICY_ENFORCEMENT_MISSING);
+    for part in [
+        "cluster-wide verdict",
+        "other/first",
+        "2025-12-31T23:00:00Z",
+        "sandboxEgress.awaitEnforcement=false",
+    ] {
+        assert!(ready.message.contains(part), "{part}: {}", ready.message);
+    }
+    assert_eq!(cond(&early, conditions::STALLED).status, "False");
+    assert_eq!(cond(&early, conditions::RECONCILING).status, "True");
+    assert_eq!(early.phase, Some(SandboxPhase::Starting));
+
+    // Its own wait past 30 s: its own message, stalled.
+    let own = with(&missing, &gated, "2026-01-01T00:00:35Z");
+    assert!(
+        !cond(&own, condition::READY)
+            .message
+            .contains("cluster-wide")
+    );
+    assert_eq!(cond(&own, conditions::STALLED).status, "True");
+
+    // Not yet running, or a verdict that is not Missing, or an agent that does not wait: nothing early.
+    let created = awaiting_enforcement(pod(Some("node-1"), None, false));
+    let plain = pod(Some("node-1"), Some("10.0.0.9"), false);
+    let enforced = Verdict::Enforced {
+        since: t("2025-12-31T23:00:00Z"),
+    };
+    for (case, verdict, p) in [
+        ("container not running", &missing, &created),
+        ("enforced", &enforced, &gated),
+        ("unknown", &Verdict::Unknown, &gated),
+        ("not gated", &missing, &plain),
+    ] {
+        let status = with(verdict, p, "2026-01-01T00:00:06Z");
+        assert_eq!(
+            cond(&status, condition::READY).reason,
+            "AgentStarting",
+            "{case}"
+        );
+    }
 }
 
 #[test]
