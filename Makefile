@@ -97,15 +97,15 @@ crds-check: ## fail if crds/ differs from what the Rust types generate
 		echo "crds/ is out of date: run 'make crds' and commit the result" >&2; rm -rf $$tmp; exit 1; fi; \
 	rm -rf $$tmp; echo "crds/ matches the Rust types"
 
-# Generated files the tests only compare (e2e/tests/docs_drift.rs, manifests_install.rs): the tests never
-# write them, these targets do, with the same generator functions (e2e/src/config_reference.rs, k8s_schemas.rs).
+# Generated files the tests only compare (e2e/tests/no_cluster/docs_drift.rs, manifests_install.rs): the tests never
+# write them, these targets do, with the same generator functions (xtask/src/config_reference.rs, k8s_schemas.rs).
 .PHONY: docs
 docs: ## regenerate the values reference of docs/CONFIGURATION.md from the `# --` comments of charts/orchard-env/values.yaml
-	$(CARGO) run -q -p orchard-e2e --bin gen-docs -j 2
+	$(CARGO) run -q -p xtask --bin gen-docs -j 2
 
 .PHONY: schemas
 schemas: k8s ## regenerate e2e/packaging-tools/schemas/kubernetes-v1.36.3 (kinds.txt) from a local kube-apiserver's /openapi/v2
-	$(CARGO) run -q -p orchard-e2e --bin gen-schemas -j 2
+	$(CARGO) run -q -p xtask --bin gen-schemas -j 2
 
 .PHONY: lint
 lint: ## rustfmt check, clippy with warnings as errors, and the layering check (no import cycles; the operator's layers import only downwards)
@@ -144,16 +144,16 @@ node-images: node-deps node-tools agent node-bins ## build the real node's image
 	@e2e/node-tools/images.sh agent=$(AGENT_BIN) pause=$(NODE_BIN_DIR)/orchard-pause probe=$(NODE_BIN_DIR)/orchard-probe
 
 .PHONY: test-unit
-test-unit: ## unit tests of the BAR engine and simulator, the API types (CEL rules, agent wire format), the operator (builders, status, reconciles against a scripted API server), the e2e harness and the benchmarks' shared discipline
+test-unit: ## unit tests of the BAR engine and simulator, the API types (CEL rules, agent wire format), the operator (builders, status, reconciles against a scripted API server), the local cluster harness (orchard-testcluster), the generators (xtask), the benchmarks (orchard-bench) and their shared discipline
 	$(CARGO) test -p orchard-bar --features sim -j 2
 	$(CARGO) test -p orchard-api -j 2
 	$(CARGO) test -p orchard-operator -j 2
-	$(CARGO) test -p orchard-e2e --lib --bins -j 2
+	$(CARGO) test -p orchard-testcluster -p xtask -p orchard-bench --lib --bins -j 2
 	$(CARGO) test -p orchard-bench-support -j 2
 
 .PHONY: e2e
 e2e: k8s agent node-images operator-image dist-release obs-tools ## end-to-end tests on the local cluster (real control plane; the hollow node, and the real node for real_node*)
-	$(CARGO) build -p orchard-operator -p orchard-e2e --bins -j 2
+	$(CARGO) build -p orchard-operator -p orchard-testcluster --bins -j 2
 	$(CARGO) test -p orchard-e2e --tests -j 2 -- --test-threads=2
 
 .PHONY: test
@@ -167,7 +167,7 @@ test: ## everything CI runs: lint, CRD drift, unit, agent and end-to-end tests
 .PHONY: demo
 demo: k8s agent ## the main job: samples on the real node (hollow node where it cannot run), kubectl get orchard, exec, a BAR group; then teardown
 	@$(MAKE) -s node-images || echo "make demo: the real node's parts could not be built here; the demo will use the hollow node"
-	$(CARGO) build -p orchard-operator -p orchard-e2e --bins -j 2
+	$(CARGO) build -p orchard-operator -p orchard-testcluster --bins -j 2
 	@scripts/demo.sh
 
 # Name churn for minutes (not part of `make test`): docs/RELIABILITY.md.
@@ -176,7 +176,7 @@ SOAK_NAMES ?= 50
 
 .PHONY: soak
 soak: k8s agent ## churn 50 Sandbox and 50 RolloutGroup names for 10 min (SOAK_SECONDS, SOAK_NAMES): stuck objects, leaks, operator memory
-	$(CARGO) build -p orchard-operator -p orchard-e2e --bins -j 2
+	$(CARGO) build -p orchard-operator -p orchard-testcluster -p orchard-bench --bins -j 2
 	$(TARGET_DIR)/debug/soak --seconds $(SOAK_SECONDS) --names $(SOAK_NAMES)
 
 .PHONY: sdk-venv
@@ -192,13 +192,13 @@ sdk-aio: ## regenerate the SDK's asyncio client (aio.py) from the sync client (c
 .PHONY: test-sdk
 test-sdk: k8s agent sdk-venv ## Python SDK tests (pytest) against the local cluster with the real operator
 	$(CARGO) build -p orchard-operator -j 2
-	ORCHARD_AGENT_BIN=$(abspath $(AGENT_BIN)) hack/selected-tests.sh 1 $(CARGO) test -p orchard-e2e --test python_sdk -j 2 -- --nocapture
+	ORCHARD_AGENT_BIN=$(abspath $(AGENT_BIN)) hack/selected-tests.sh 1 $(CARGO) test -p orchard-e2e --test hollow_shared -j 2 -- python_sdk:: --nocapture
 
 .PHONY: bench-gateway
 bench-gateway: k8s agent sdk-venv ## gateway vs direct exec latency (p50/p99 at concurrency 1 and 64), SDK create->Ready; writes docs/BENCHMARKS.md
 	$(CARGO) build --release -p orchard-operator -j 2
 	ORCHARD_AGENT_BIN=$(abspath $(AGENT_BIN)) ORCHARD_OPERATOR_BIN=$(abspath $(TARGET_DIR))/release/orchard-operator \
-		$(CARGO) run --release -p orchard-e2e --example bench_gateway -j 2 -- --write-doc $(abspath docs/BENCHMARKS.md)
+		$(CARGO) run --release -p orchard-bench --example bench_gateway -j 2 -- --write-doc $(abspath docs/BENCHMARKS.md)
 
 # ---------------------------------------------------------------------------------------------------
 # Packaging: Helm chart, kustomize, images and real clusters (docs/INSTALL.md).
@@ -325,11 +325,11 @@ bench-callgrind: k8s agent ## instructions per agent exec, gateway exec and Sand
 	@e2e/node-tools/debs.sh valgrind=1:3.19.0-1
 	$(CARGO) build --release -p orchard-operator -j 2
 	ORCHARD_AGENT_BIN=$(abspath $(AGENT_BIN)) ORCHARD_OPERATOR_BIN=$(abspath $(TARGET_DIR))/release/orchard-operator \
-		$(CARGO) run --release -p orchard-e2e --example bench_callgrind -j 2 -- --write-doc $(abspath docs/BENCHMARKS.md)
+		$(CARGO) run --release -p orchard-bench --example bench_callgrind -j 2 -- --write-doc $(abspath docs/BENCHMARKS.md)
 
 .PHONY: bench-scale
 bench-scale: k8s agent ## 1,000 sandboxes through create -> Ready -> 4 execs -> delete on the local cluster, 3 rounds; writes docs/BENCHMARKS.md
-	$(CARGO) build --release -p orchard-operator -p orchard-e2e --bins -j 2
+	$(CARGO) build --release -p orchard-operator -p orchard-testcluster -p orchard-bench --bins -j 2
 	ORCHARD_OPERATOR_BIN=$(abspath $(TARGET_DIR))/release/orchard-operator \
 		$(TARGET_DIR)/release/bench-scale --sandboxes $(BENCH_SANDBOXES) --concurrency $(BENCH_CONCURRENCY) \
 		--rounds $(BENCH_ROUNDS) --write-doc docs/BENCHMARKS.md
@@ -343,27 +343,27 @@ COMPARE_A_DRIVER ?=
 COMPARE_B_DRIVER ?=
 .PHONY: bench-scale-compare
 bench-scale-compare: k8s agent ## bench-scale for operator flags COMPARE_A against COMPARE_B, 3 alternating rounds; prints a Markdown table
-	$(CARGO) build --release -p orchard-operator -p orchard-e2e --bins -j 2
+	$(CARGO) build --release -p orchard-operator -p orchard-testcluster -p orchard-bench --bins -j 2
 	ORCHARD_OPERATOR_BIN=$(abspath $(TARGET_DIR))/release/orchard-operator BENCH_SCALE=$(TARGET_DIR)/release/bench-scale \
-		python3 e2e/examples/bench-scale-compare.py --rounds $(BENCH_ROUNDS) --a="$(COMPARE_A)" --b="$(COMPARE_B)" \
+		python3 bench/examples/bench-scale-compare.py --rounds $(BENCH_ROUNDS) --a="$(COMPARE_A)" --b="$(COMPARE_B)" \
 		--a-driver="$(COMPARE_A_DRIVER)" --b-driver="$(COMPARE_B_DRIVER)" \
 		-- --sandboxes $(BENCH_SANDBOXES) --concurrency $(BENCH_CONCURRENCY)
 
 .PHONY: bench-queue
 bench-queue: k8s agent ## 64 RolloutGroups at once, without and with a RolloutQueue of 128, 3 alternating rounds (time to the last group, sandbox-seconds per group); writes docs/BENCHMARKS.md
-	$(CARGO) build --release -p orchard-operator -p orchard-e2e --bins -j 2
+	$(CARGO) build --release -p orchard-operator -p orchard-testcluster -p orchard-bench --bins -j 2
 	ORCHARD_OPERATOR_BIN=$(abspath $(TARGET_DIR))/release/orchard-operator \
 		$(TARGET_DIR)/release/bench-queue --write-doc docs/BENCHMARKS.md
 
 .PHONY: bench-lifecycle
 bench-lifecycle: k8s agent ## heartbeat expiry lateness of 100 sandboxes at once, leader takeover after a kill and a cut, operator writes per sandbox; 3 rounds on the hollow node; writes docs/BENCHMARKS.md
-	$(CARGO) build --release -p orchard-operator -p orchard-e2e --bins -j 2
+	$(CARGO) build --release -p orchard-operator -p orchard-testcluster -p orchard-bench --bins -j 2
 	ORCHARD_OPERATOR_BIN=$(abspath $(TARGET_DIR))/release/orchard-operator \
 		$(TARGET_DIR)/release/bench-lifecycle --write-doc docs/BENCHMARKS.md
 
 .PHONY: bench-real
 bench-real: k8s agent node-images ## the hollow and the real node side by side (1 at a time, 50 at once, 200 with execs; 3 rounds, setups rotating), then warm-pool claims against cold starts (bench-pool); writes docs/BENCHMARKS.md
-	$(CARGO) build --release -p orchard-operator -p orchard-e2e --bins -j 2
+	$(CARGO) build --release -p orchard-operator -p orchard-testcluster -p orchard-bench --bins -j 2
 	ORCHARD_OPERATOR_BIN=$(abspath $(TARGET_DIR))/release/orchard-operator \
 		$(TARGET_DIR)/release/bench-real --write-doc docs/BENCHMARKS.md
 	ORCHARD_OPERATOR_BIN=$(abspath $(TARGET_DIR))/release/orchard-operator \

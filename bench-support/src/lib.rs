@@ -1,5 +1,5 @@
 //! Benchmark discipline shared by `make bench-agent` (`agent/benches/agent.rs`) and `make
-//! bench-gateway` (`e2e/examples/bench_gateway.rs`): wait (bounded) for a quiet machine or say loudly
+//! bench-gateway` (`bench/examples/bench_gateway.rs`): wait (bounded) for a quiet machine or say loudly
 //! that it was not, record the load average and the CPU steal around the run, and report each figure
 //! as the median over alternating rounds with its spread. No dependencies, so the agent's benchmark
 //! can use it without pulling the operator's.

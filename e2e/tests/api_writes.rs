@@ -9,12 +9,12 @@ use std::time::Duration;
 
 use k8s_openapi::api::core::v1::Pod;
 use kube::api::{Api, DeleteParams, ListParams, PostParams};
-use orchard_e2e::env::TestEnv;
-use orchard_e2e::operator_process::metric_sum;
-use orchard_e2e::test_support::gateway::Caller;
-use orchard_e2e::test_support::sandboxes::{is_ready, sandbox};
-use orchard_e2e::wait;
 use orchard_operator::api::Sandbox;
+use orchard_testcluster::env::TestEnv;
+use orchard_testcluster::operator_process::metric_sum;
+use orchard_testcluster::test_support::gateway::Caller;
+use orchard_testcluster::test_support::sandboxes::{is_ready, sandbox};
+use orchard_testcluster::wait;
 use serde_json::json;
 
 const SANDBOXES: usize = 10;

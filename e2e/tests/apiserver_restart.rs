@@ -4,10 +4,10 @@
 use std::time::Duration;
 
 use kube::api::{Api, PostParams};
-use orchard_e2e::env::TestEnv;
-use orchard_e2e::test_support::sandboxes::{is_ready, sandbox};
-use orchard_e2e::wait;
 use orchard_operator::api::Sandbox;
+use orchard_testcluster::env::TestEnv;
+use orchard_testcluster::test_support::sandboxes::{is_ready, sandbox};
+use orchard_testcluster::wait;
 use serde_json::json;
 
 #[tokio::test]

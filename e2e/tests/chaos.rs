@@ -9,14 +9,14 @@ use futures::StreamExt;
 use k8s_openapi::api::core::v1::Pod;
 use kube::ResourceExt;
 use kube::api::{Api, DeleteParams, ListParams, PostParams};
-use orchard_e2e::env::TestEnv;
-use orchard_e2e::test_support::rollouts::{
+use orchard_operator::api::{RolloutGroup, Sandbox, Selection};
+use orchard_testcluster::env::TestEnv;
+use orchard_testcluster::test_support::rollouts::{
     GROUP_TIMEOUT, Recorded, assert_matches_engine, assert_recorded, check_outcomes, children,
     group, is_complete, reward_script, template,
 };
-use orchard_e2e::test_support::sandboxes::{is_ready, sandbox};
-use orchard_e2e::wait;
-use orchard_operator::api::{RolloutGroup, Sandbox, Selection};
+use orchard_testcluster::test_support::sandboxes::{is_ready, sandbox};
+use orchard_testcluster::wait;
 use serde_json::json;
 
 const SANDBOXES: usize = 40;

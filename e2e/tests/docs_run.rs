@@ -12,10 +12,10 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use orchard_e2e::binaries::{packaging_tools_dir, workspace_root};
-use orchard_e2e::doc_blocks::{Block, blocks};
-use orchard_e2e::env::TestEnv;
-use orchard_e2e::real_node::layout::IMAGE_HOST;
+use orchard_testcluster::binaries::{packaging_tools_dir, workspace_root};
+use orchard_testcluster::doc_blocks::{Block, blocks};
+use orchard_testcluster::env::TestEnv;
+use orchard_testcluster::real_node::layout::IMAGE_HOST;
 
 fn env() -> &'static TestEnv {
     TestEnv::shared_in_cluster()
@@ -114,7 +114,7 @@ fn fresh_venv(dir: &Path) -> (PathBuf, Vec<(String, String)>) {
         .status()
         .expect("python3 -m venv");
     assert!(status.success(), "python3 -m venv: {status}");
-    let wheels = orchard_e2e::test_support::sdk::wheelhouse();
+    let wheels = orchard_testcluster::test_support::sdk::wheelhouse();
     let envs = vec![
         ("PIP_NO_INDEX".to_string(), "1".to_string()),
         ("PIP_FIND_LINKS".to_string(), wheels.display().to_string()),

@@ -11,9 +11,9 @@ use k8s_openapi::jiff::Timestamp;
 use kube::ResourceExt;
 use kube::api::{Api, PostParams};
 use kube::runtime::watcher;
-use orchard_e2e::env::TestEnv;
-use orchard_e2e::test_support::sandboxes::sandbox;
 use orchard_operator::api::Sandbox;
+use orchard_testcluster::env::TestEnv;
+use orchard_testcluster::test_support::sandboxes::sandbox;
 use serde_json::json;
 
 const SANDBOXES: usize = 100;

@@ -18,13 +18,13 @@ use std::time::Duration;
 
 use k8s_openapi::api::coordination::v1::Lease;
 use kube::api::{Api, Patch, PatchParams, PostParams};
-use orchard_e2e::env::{EnvOptions, TestEnv};
-use orchard_e2e::now_rfc3339;
-use orchard_e2e::operator_process::{OperatorProcess, metric_sum};
-use orchard_e2e::test_support::gateway::{Answer, Caller, sandbox_path, scoped_operator};
-use orchard_e2e::test_support::sandboxes::{is_ready, sandbox};
-use orchard_e2e::wait;
 use orchard_operator::api::Sandbox;
+use orchard_testcluster::env::{EnvOptions, TestEnv};
+use orchard_testcluster::now_rfc3339;
+use orchard_testcluster::operator_process::{OperatorProcess, metric_sum};
+use orchard_testcluster::test_support::gateway::{Answer, Caller, sandbox_path, scoped_operator};
+use orchard_testcluster::test_support::sandboxes::{is_ready, sandbox};
+use orchard_testcluster::wait;
 use serde_json::{Value, json};
 
 const TIMEOUT: Duration = Duration::from_secs(60);

@@ -8,9 +8,9 @@
 use std::time::{Duration, Instant};
 
 use kube::api::Api;
-use orchard_e2e::env::TestEnv;
-use orchard_e2e::test_support::gateway::{Caller, sandbox_path};
 use orchard_operator::api::{Sandbox, SandboxPhase};
+use orchard_testcluster::env::TestEnv;
+use orchard_testcluster::test_support::gateway::{Caller, sandbox_path};
 use serde_json::json;
 
 /// The `sleep` argument that marks the command killed mid-exec (unique on this machine).
@@ -103,7 +103,7 @@ async fn frozen_and_dead_agents_give_retryable_gateway_errors() {
         nix::sys::signal::Signal::SIGKILL,
     )
     .expect("kill agent");
-    orchard_e2e::wait::poll("the agent dead", Duration::from_secs(10), || async {
+    orchard_testcluster::wait::poll("the agent dead", Duration::from_secs(10), || async {
         dead(pid).then_some(())
     })
     .await;
@@ -120,7 +120,7 @@ async fn frozen_and_dead_agents_give_retryable_gateway_errors() {
 
     env.node.hollow().resume().await.expect("resume node");
     let sandboxes: Api<Sandbox> = Api::namespaced(env.client().await, &ns);
-    orchard_e2e::wait::until(
+    orchard_testcluster::wait::until(
         &sandboxes,
         &name,
         "phase Failed once the resumed node reports the dead agent",
@@ -149,7 +149,7 @@ async fn frozen_and_dead_agents_give_retryable_gateway_errors() {
                 .await
         })
     };
-    orchard_e2e::wait::poll(
+    orchard_testcluster::wait::poll(
         "the long exec to start",
         Duration::from_secs(20),
         || async { (!processes_running(&["sleep", MID_EXEC_SLEEP]).is_empty()).then_some(()) },
@@ -173,7 +173,7 @@ async fn frozen_and_dead_agents_give_retryable_gateway_errors() {
         broken.message().contains("may have run"),
         "the message says what is unknown: {broken:?}"
     );
-    orchard_e2e::wait::poll(
+    orchard_testcluster::wait::poll(
         "the killed agent's command to be gone",
         Duration::from_secs(10),
         || async {
@@ -183,7 +183,7 @@ async fn frozen_and_dead_agents_give_retryable_gateway_errors() {
         },
     )
     .await;
-    orchard_e2e::wait::until(
+    orchard_testcluster::wait::until(
         &sandboxes,
         &doomed,
         "phase Failed",
@@ -208,7 +208,7 @@ async fn frozen_and_dead_agents_give_retryable_gateway_errors() {
     let metrics = env.operator().metrics().await.expect("metrics");
     for kind in ["timeout", "unreachable"] {
         assert!(
-            orchard_e2e::operator_process::metric_sum(
+            orchard_testcluster::operator_process::metric_sum(
                 &metrics,
                 "orchard_gateway_agent_errors_total",
                 &[("kind", kind)]

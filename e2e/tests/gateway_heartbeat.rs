@@ -15,11 +15,11 @@ use std::time::{Duration, Instant};
 use futures::StreamExt;
 use kube::api::Api;
 use kube::runtime::watcher;
-use orchard_e2e::env::TestEnv;
-use orchard_e2e::operator_process::{OperatorProcess, metric_sum};
-use orchard_e2e::test_support::gateway::{Caller, sandbox_path};
-use orchard_e2e::wait;
 use orchard_operator::api::{HEARTBEAT_ANNOTATION, Sandbox};
+use orchard_testcluster::env::TestEnv;
+use orchard_testcluster::operator_process::{OperatorProcess, metric_sum};
+use orchard_testcluster::test_support::gateway::{Caller, sandbox_path};
+use orchard_testcluster::wait;
 use serde_json::json;
 
 /// Counts the distinct heartbeat annotation values `name` carries while the returned guard lives.
@@ -219,7 +219,7 @@ async fn gateway_activity_keeps_sandboxes_alive_with_coalesced_writes() {
 
     // Silence: it expires within its timeout (plus one coalescing interval).
     let quiet = Instant::now();
-    orchard_e2e::wait::deleted(&api, &fast, Duration::from_secs(15)).await;
+    orchard_testcluster::wait::deleted(&api, &fast, Duration::from_secs(15)).await;
     println!("expired {:?} after the last activity", quiet.elapsed());
     env.delete_namespace(&ns).await;
 }

@@ -17,9 +17,9 @@ use k8s_openapi::api::authentication::v1::{TokenRequest, TokenRequestSpec};
 use k8s_openapi::api::core::v1::ServiceAccount;
 use k8s_openapi::api::rbac::v1::RoleBinding;
 use kube::api::{Api, DeleteParams, PostParams};
-use orchard_e2e::env::{EnvOptions, TestEnv};
-use orchard_e2e::operator_process::{OperatorProcess, metric_sum};
-use orchard_e2e::test_support::gateway::{
+use orchard_testcluster::env::{EnvOptions, TestEnv};
+use orchard_testcluster::operator_process::{OperatorProcess, metric_sum};
+use orchard_testcluster::test_support::gateway::{
     Caller, TickingStream, Tunnel, audited_requests, grant, sandbox_path, scoped_operator,
     trainer_rules,
 };
@@ -169,7 +169,7 @@ async fn slow_and_silent_clients_are_disconnected_after_the_header_timeout() {
     eprintln!("silent closed after {silent_closed:?}, trickling after {trickle_closed:?}");
 
     // A prompt client is served as before.
-    let (status, _) = orchard_e2e::http_get(&addr, "/healthz")
+    let (status, _) = orchard_testcluster::http_get(&addr, "/healthz")
         .await
         .expect("healthz");
     assert_eq!(status, 200);
@@ -333,7 +333,7 @@ async fn a_flood_of_bogus_tokens_stays_within_the_review_budget_and_starves_nobo
             let base = operator.gateway_url();
             let list = list.clone();
             tokio::spawn(async move {
-                let http = orchard_e2e::gateway_http();
+                let http = orchard_testcluster::gateway_http();
                 let (mut refused, mut throttled, mut n) = (0u32, 0u32, 0u32);
                 while started.elapsed() < flood_for {
                     n += 1;
@@ -664,7 +664,7 @@ fn opened(tunnel: Tunnel) -> TcpStream {
     }
 }
 
-fn refused(tunnel: Tunnel) -> orchard_e2e::test_support::gateway::Answer {
+fn refused(tunnel: Tunnel) -> orchard_testcluster::test_support::gateway::Answer {
     match tunnel {
         Tunnel::Open(_) => panic!("a tunnel opened that should have been refused"),
         Tunnel::Refused(answer) => answer,

@@ -27,12 +27,12 @@ use futures::StreamExt;
 use k8s_openapi::api::core::v1::ResourceQuota;
 use kube::api::{Api, ApiResource, DynamicObject, PostParams};
 use kube::runtime::watcher;
-use orchard_e2e::binaries::{observability_tool, workspace_root};
-use orchard_e2e::env::{EnvOptions, TestEnv};
-use orchard_e2e::test_support::rollouts::{GROUP_TIMEOUT, group, reward_script, template};
-use orchard_e2e::test_support::sandboxes::sandbox;
-use orchard_e2e::wait;
 use orchard_operator::api::{RolloutGroup, RolloutQueue, Sandbox, SandboxPool};
+use orchard_testcluster::binaries::{observability_tool, workspace_root};
+use orchard_testcluster::env::{EnvOptions, TestEnv};
+use orchard_testcluster::test_support::rollouts::{GROUP_TIMEOUT, group, reward_script, template};
+use orchard_testcluster::test_support::sandboxes::sandbox;
+use orchard_testcluster::wait;
 use serde_json::{Value, json};
 
 const TIMEOUT: Duration = Duration::from_secs(60);

@@ -17,14 +17,16 @@ use k8s_openapi::api::core::v1::Pod;
 use kube::ResourceExt;
 use kube::api::{Api, DeleteParams, PostParams};
 use kube::runtime::watcher;
-use orchard_e2e::chart_install::{ChartRelease, DistRelease, ReleaseOptions, ReleaseSource};
-use orchard_e2e::env::TestEnv;
-use orchard_e2e::test_support::gateway::{Caller, grant};
-use orchard_e2e::test_support::rollouts::{
+use orchard_operator::api::{RolloutGroup, RolloutPhase, Sandbox, SandboxPool};
+use orchard_testcluster::chart_install::{
+    ChartRelease, DistRelease, ReleaseOptions, ReleaseSource,
+};
+use orchard_testcluster::env::TestEnv;
+use orchard_testcluster::test_support::gateway::{Caller, grant};
+use orchard_testcluster::test_support::rollouts::{
     GROUP_TIMEOUT, expected, group, is_complete, reward_script,
 };
-use orchard_e2e::wait;
-use orchard_operator::api::{RolloutGroup, RolloutPhase, Sandbox, SandboxPool};
+use orchard_testcluster::wait;
 use serde_json::{Value, json};
 use tokio::sync::{OnceCell, RwLock};
 
@@ -63,7 +65,7 @@ fn admin_at(env: &TestEnv, base: String) -> Caller {
     Caller {
         base,
         token: Some(env.control_plane.tokens["admin"].clone()),
-        http: orchard_e2e::gateway_http(),
+        http: orchard_testcluster::gateway_http(),
     }
 }
 
@@ -193,7 +195,7 @@ async fn the_standby_finishes_a_rollout_group_when_the_leader_pod_is_killed() {
     // Seed 1: trajectories 0 and 1 both pass, so the first stride cannot make a balanced group and
     // the second stride is launched by whoever leads after the kill.
     let (seed, pass) = (1, 50);
-    let mut template = orchard_e2e::test_support::rollouts::template(
+    let mut template = orchard_testcluster::test_support::rollouts::template(
         &reward_script(seed, pass, None, Some(3)),
         60,
     );
@@ -247,12 +249,12 @@ async fn the_standby_finishes_a_rollout_group_when_the_leader_pod_is_killed() {
     let done = wait::until(&groups, "failover", "Complete", GROUP_TIMEOUT, is_complete).await;
     let status = done.status.clone().expect("status");
     assert_eq!(status.phase, Some(RolloutPhase::Complete), "{status:?}");
-    orchard_e2e::test_support::rollouts::assert_matches_engine(&done);
+    orchard_testcluster::test_support::rollouts::assert_matches_engine(&done);
     // Recorded from a run of this test for its fixed seed (`Recorded`): a change means BAR's choice
     // changed.
-    orchard_e2e::test_support::rollouts::assert_recorded(
+    orchard_testcluster::test_support::rollouts::assert_recorded(
         &done,
-        &orchard_e2e::test_support::rollouts::Recorded {
+        &orchard_testcluster::test_support::rollouts::Recorded {
             selection: orchard_operator::api::Selection::Balanced,
             positives: 1,
             members: &["failover-0", "failover-3"],
@@ -1043,7 +1045,7 @@ async fn python_sdk_tests_pass_against_the_in_cluster_gateway() {
     let release = release().await;
     let client = env.client().await;
     let image = env.node.real().image("debian-python");
-    let target = orchard_e2e::test_support::sdk::SdkTarget {
+    let target = orchard_testcluster::test_support::sdk::SdkTarget {
         gateway: release.gateway_url(&client).await.expect("gateway URL"),
         metrics: format!(
             "{}/metrics",
@@ -1057,7 +1059,7 @@ async fn python_sdk_tests_pass_against_the_in_cluster_gateway() {
         // Only the operator's pods reach agents here: this process is not one of them.
         direct: false,
     };
-    let run = orchard_e2e::test_support::sdk::run_sdk_tests(env, &target).await;
+    let run = orchard_testcluster::test_support::sdk::run_sdk_tests(env, &target).await;
     if let Some(status) = run.failure {
         panic!(
             "pytest failed ({status}); operator logs:\n{}",

@@ -9,14 +9,14 @@ use std::time::{Duration, Instant};
 use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::jiff::Timestamp;
 use kube::api::{Api, PostParams};
-use orchard_e2e::binaries::operator_bin;
-use orchard_e2e::env::{EnvOptions, TestEnv};
-use orchard_e2e::operator_process::{OperatorProcess, metric_sum};
-use orchard_e2e::tcp_proxy::{TcpProxy, kubeconfig_through, server_address};
-use orchard_e2e::test_support::sandboxes::{is_ready, sandbox};
-use orchard_e2e::wait;
 use orchard_operator::api::Sandbox;
 use orchard_operator::plumbing::leader::Timing;
+use orchard_testcluster::binaries::operator_bin;
+use orchard_testcluster::env::{EnvOptions, TestEnv};
+use orchard_testcluster::operator_process::{OperatorProcess, metric_sum};
+use orchard_testcluster::tcp_proxy::{TcpProxy, kubeconfig_through, server_address};
+use orchard_testcluster::test_support::sandboxes::{is_ready, sandbox};
+use orchard_testcluster::wait;
 use serde_json::json;
 
 const LEASE_SECONDS: u64 = 3;
@@ -103,10 +103,12 @@ async fn one_leader_writes_and_the_standby_takes_over() {
     assert!(writes(leader).await > 0.0, "the leader wrote");
     assert_eq!(writes(standby).await, 0.0, "the standby wrote nothing");
     for operator in [leader, standby] {
-        let (status, _) =
-            orchard_e2e::http_get(&format!("127.0.0.1:{}", operator.gateway_port), "/healthz")
-                .await
-                .expect("gateway answers");
+        let (status, _) = orchard_testcluster::http_get(
+            &format!("127.0.0.1:{}", operator.gateway_port),
+            "/healthz",
+        )
+        .await
+        .expect("gateway answers");
         assert_eq!(status, 200, "the gateway serves on every replica");
     }
 

@@ -20,18 +20,18 @@ use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::{Namespace, Pod, ServiceAccount};
 use k8s_openapi::api::networking::v1::NetworkPolicy;
 use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams};
-use orchard_e2e::binaries::{operator_bin, workspace_root};
-use orchard_e2e::env::{EnvOptions, TestEnv};
-use orchard_e2e::k8s_schemas;
-use orchard_e2e::operator_process::{OperatorProcess, metric_sum};
-use orchard_e2e::test_support::manifests::{
+use orchard_operator::api::{RolloutGroup, Sandbox};
+use orchard_testcluster::binaries::{operator_bin, workspace_root};
+use orchard_testcluster::env::{EnvOptions, TestEnv};
+use orchard_testcluster::operator_process::{OperatorProcess, metric_sum};
+use orchard_testcluster::test_support::manifests::{
     RELEASE_NAMESPACE, documents, env_map, helm_default, helm_full, helm_template, kustomize,
     one_of_kind, operator_flags, strings,
 };
-use orchard_e2e::test_support::sandboxes::{is_ready, token_of};
-use orchard_e2e::wait;
-use orchard_operator::api::{RolloutGroup, Sandbox};
+use orchard_testcluster::test_support::sandboxes::{is_ready, token_of};
+use orchard_testcluster::wait;
 use serde_json::{Value, json};
+use xtask::k8s_schemas;
 
 const READY_TIMEOUT: Duration = Duration::from_secs(90);
 /// The pod name the test gives the operator process (POD_NAME, its identity in the Lease).
@@ -395,7 +395,7 @@ async fn operator_under_service_account_runs_a_sandbox(
 /// timeout: the heartbeat patches it; TTL 3 s: the operator expires and deletes it), and a RolloutGroup
 /// created and deleted through it.
 async fn gateway_writes(env: &TestEnv, operator: &OperatorProcess, namespace: &str) {
-    let http = orchard_e2e::gateway_http();
+    let http = orchard_testcluster::gateway_http();
     let admin_token = env.control_plane.tokens["admin"].clone();
     let base = format!("{}/v1/namespaces/{namespace}", operator.gateway_url());
     let call = |method: reqwest::Method, path: &str, body: Option<Value>| {

@@ -17,11 +17,11 @@ use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::api::discovery::v1::EndpointSlice;
 use k8s_openapi::api::networking::v1::NetworkPolicy;
 use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams};
-use orchard_e2e::env::{EnvOptions, TestEnv};
-use orchard_e2e::test_support::gateway::scoped_operator;
-use orchard_e2e::test_support::sandboxes::sandbox;
-use orchard_e2e::wait;
 use orchard_operator::api::Sandbox;
+use orchard_testcluster::env::{EnvOptions, TestEnv};
+use orchard_testcluster::test_support::gateway::scoped_operator;
+use orchard_testcluster::test_support::sandboxes::sandbox;
+use orchard_testcluster::wait;
 use serde_json::json;
 
 const WAIT: Duration = Duration::from_secs(30);

@@ -8,16 +8,16 @@ use std::time::Duration;
 use k8s_openapi::api::core::v1::Pod;
 use kube::ResourceExt;
 use kube::api::{Api, DeleteParams, PostParams};
-use orchard_e2e::env::TestEnv;
-use orchard_e2e::test_support::gateway::{Caller, sandbox_path};
-use orchard_e2e::test_support::rollouts::{
-    GROUP_TIMEOUT, Recorded, assert_matches_engine, assert_recorded, check_outcomes, group,
-    is_complete, reward_script, wait_queue_idle, watch_pod_peak,
-};
-use orchard_e2e::wait;
 use orchard_operator::api::{
     RolloutGroup, RolloutPhase, RolloutQueue, Sandbox, SandboxPhase, Selection, TrajectoryStatus,
 };
+use orchard_testcluster::env::TestEnv;
+use orchard_testcluster::test_support::gateway::{Caller, sandbox_path};
+use orchard_testcluster::test_support::rollouts::{
+    GROUP_TIMEOUT, Recorded, assert_matches_engine, assert_recorded, check_outcomes, group,
+    is_complete, reward_script, wait_queue_idle, watch_pod_peak,
+};
+use orchard_testcluster::wait;
 use serde_json::{Value, json};
 
 const READY: Duration = Duration::from_secs(120);
@@ -61,7 +61,10 @@ async fn ready_sandbox(ns: &str, name: &str, image: &str, extra: Value) -> Sandb
 
 /// Waits until containerd runs no process of the containers labelled `label` (at once), and then
 /// holds no record of them (the kubelet's container garbage collection runs once a minute).
-async fn gone_from_containerd(node: &orchard_e2e::real_node::RealNode, label: (&str, &str)) {
+async fn gone_from_containerd(
+    node: &orchard_testcluster::real_node::RealNode,
+    label: (&str, &str),
+) {
     let ids = node.containers(Some(label)).expect("ctr containers");
     wait::poll("their processes gone", Duration::from_secs(30), || async {
         let tasks = node.tasks().ok()?;
@@ -384,8 +387,10 @@ async fn a_rollout_group_completes_on_real_containers() {
     let client = env.client().await;
     let groups: Api<RolloutGroup> = Api::namespaced(client.clone(), &ns);
     let image = env.node.real().image("busybox");
-    let mut template =
-        orchard_e2e::test_support::rollouts::template(&reward_script(7, 50, None, None), 60);
+    let mut template = orchard_testcluster::test_support::rollouts::template(
+        &reward_script(7, 50, None, None),
+        60,
+    );
     template["spec"]["image"] = json!(image);
     groups
         .create(
@@ -439,7 +444,7 @@ async fn a_rollout_queue_shares_two_slots_between_groups_of_real_containers() {
     let image = env.node.real().image("busybox");
     let (seeds, pass) = ([31_u64, 32, 33], 50);
     for (g, seed) in seeds.iter().enumerate() {
-        let mut spec = orchard_e2e::test_support::rollouts::template(
+        let mut spec = orchard_testcluster::test_support::rollouts::template(
             &reward_script(*seed, pass, None, None),
             60,
         );
@@ -561,7 +566,7 @@ async fn kubectl_exec_logs_and_port_forward_reach_a_sandbox_pod() {
     );
     assert!(!logs.stdout.is_empty(), "the agent logs at start");
 
-    let forward = orchard_e2e::port_forward::PortForward::start(
+    let forward = orchard_testcluster::port_forward::PortForward::start(
         &env.control_plane.kubeconfig,
         &ns,
         "pod/kc",
@@ -571,7 +576,9 @@ async fn kubectl_exec_logs_and_port_forward_reach_a_sandbox_pod() {
     .expect("kubectl port-forward");
     let address = format!("127.0.0.1:{}", forward.local_port);
     let answer = wait::poll("port-forward answers", Duration::from_secs(30), || async {
-        let (status, _) = orchard_e2e::http_get(&address, "/healthz").await.ok()?;
+        let (status, _) = orchard_testcluster::http_get(&address, "/healthz")
+            .await
+            .ok()?;
         (status == 200).then_some(status)
     })
     .await;
@@ -750,7 +757,8 @@ async fn task_code_cannot_find_the_agent_token() {
     ] {
         ready_sandbox(&ns, name, &image, extra).await;
         let token =
-            orchard_e2e::test_support::sandboxes::token_of(&env.client().await, &ns, name).await;
+            orchard_testcluster::test_support::sandboxes::token_of(&env.client().await, &ns, name)
+                .await;
         let seen = token_traces(&admin, &ns, name, &token).await;
         assert_eq!(
             seen, "files=0\nenviron=denied\nmem=denied\nmaps=denied\nsecret-mounts=0\ndone\n",
@@ -771,8 +779,9 @@ async fn task_code_cannot_find_the_agent_token() {
 async fn mini_swe_agent_drives_a_balanced_group_on_real_containers() {
     let env = env();
     let ns = env.namespace("swe").await;
-    let python = orchard_e2e::test_support::sdk::sdk_python();
-    let script = orchard_e2e::binaries::workspace_root().join("examples/minisweagent_rollout.py");
+    let python = orchard_testcluster::test_support::sdk::sdk_python();
+    let script =
+        orchard_testcluster::binaries::workspace_root().join("examples/minisweagent_rollout.py");
     let run = tokio::process::Command::new(python)
         .arg(&script)
         .arg(env.operator().gateway_url())
@@ -835,7 +844,8 @@ async fn root_task_code_cannot_open_raw_sockets_to_sniff_the_agent_token() {
     let image = env.node.real().image("debian-python");
     ready_sandbox(&ns, "as-root", &image, json!({})).await;
     let token =
-        orchard_e2e::test_support::sandboxes::token_of(&env.client().await, &ns, "as-root").await;
+        orchard_testcluster::test_support::sandboxes::token_of(&env.client().await, &ns, "as-root")
+            .await;
     // The Default profile's bounding set leaves out CAP_NET_RAW (bit 13).
     let status = sh(&admin, &ns, "as-root", "grep CapBnd /proc/self/status").await;
     let bounding = stdout(&status)
@@ -895,7 +905,7 @@ async fn get_through(mut tunnel: tokio::net::TcpStream, path: &str) -> String {
 /// and the container's usage.
 #[tokio::test]
 async fn sessions_users_tunnels_and_metrics_work_in_real_containers() {
-    use orchard_e2e::test_support::gateway::Tunnel;
+    use orchard_testcluster::test_support::gateway::Tunnel;
     let env = env();
     let ns = env.namespace("harness").await;
     let admin = Caller::user(env, "admin");

@@ -7,8 +7,8 @@ use std::path::PathBuf;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use orchard_e2e::binaries::target_dir;
-use orchard_e2e::real_node::namespaces::{remove_cgroups, stale_cgroup_roots};
+use orchard_testcluster::binaries::target_dir;
+use orchard_testcluster::real_node::namespaces::{remove_cgroups, stale_cgroup_roots};
 use serde_json::Value;
 
 /// What `program args` prints; fails the test if it does not run or exits non-zero (an empty

@@ -14,14 +14,14 @@ use k8s_openapi::api::rbac::v1::RoleBinding;
 use kube::ResourceExt;
 use kube::api::{Api, DeleteParams, PostParams};
 use kube::runtime::watcher;
-use orchard_e2e::env::{EnvOptions, NodeKind, TestEnv};
-use orchard_e2e::test_support::gateway::{Caller, TickingStream, grant, trainer_rules};
-use orchard_e2e::test_support::rollouts::{
+use orchard_operator::api::{RolloutGroup, Selection, TrajectoryStatus};
+use orchard_testcluster::env::{EnvOptions, NodeKind, TestEnv};
+use orchard_testcluster::test_support::gateway::{Caller, TickingStream, grant, trainer_rules};
+use orchard_testcluster::test_support::rollouts::{
     GROUP_TIMEOUT, Recorded, assert_each_trajectory_once, assert_matches_engine, assert_recorded,
     check_outcomes, children, group, is_complete, reward_script, template,
 };
-use orchard_e2e::wait;
-use orchard_operator::api::{RolloutGroup, Selection, TrajectoryStatus};
+use orchard_testcluster::wait;
 use serde_json::json;
 
 /// Seconds the gateway reuses an authorisation decision; streams re-check their caller this often.

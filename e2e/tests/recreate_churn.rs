@@ -6,12 +6,12 @@ use std::time::Duration;
 
 use kube::ResourceExt;
 use kube::api::{Api, DeleteParams, PostParams};
-use orchard_e2e::churn::{self, Churn, Kind};
-use orchard_e2e::env::TestEnv;
-use orchard_e2e::operator_process::metric_sum;
-use orchard_e2e::test_support::sandboxes::{is_ready, sandbox};
-use orchard_e2e::wait;
 use orchard_operator::api::Sandbox;
+use orchard_testcluster::churn::{self, Churn, Kind};
+use orchard_testcluster::env::TestEnv;
+use orchard_testcluster::operator_process::metric_sum;
+use orchard_testcluster::test_support::sandboxes::{is_ready, sandbox};
+use orchard_testcluster::wait;
 use serde_json::json;
 
 /// Operator writes one incarnation may cost on average (a Sandbox that reaches Ready and is deleted

@@ -14,13 +14,13 @@ use k8s_openapi::api::core::v1::ResourceQuota;
 use kube::ResourceExt;
 use kube::api::{Api, Patch, PatchParams, PostParams};
 use kube::runtime::watcher;
-use orchard_e2e::env::{EnvOptions, TestEnv};
-use orchard_e2e::test_support::rollouts::{
+use orchard_operator::api::{RolloutGroup, RolloutQueue, Sandbox, Selection, TrajectoryStatus};
+use orchard_testcluster::env::{EnvOptions, TestEnv};
+use orchard_testcluster::test_support::rollouts::{
     GROUP_TIMEOUT, Recorded, assert_matches_engine, assert_recorded, check_outcomes, group,
     is_complete, reward_script, template, wait_queue_idle, watch_pod_peak,
 };
-use orchard_e2e::wait;
-use orchard_operator::api::{RolloutGroup, RolloutQueue, Sandbox, Selection, TrajectoryStatus};
+use orchard_testcluster::wait;
 use serde_json::json;
 
 /// The startup timeout of this binary's operator: the quota test waits longer than this.

@@ -8,13 +8,13 @@ use std::time::Duration;
 use k8s_openapi::api::core::v1::Pod;
 use kube::ResourceExt;
 use kube::api::{Api, ListParams, Patch, PatchParams, PostParams};
-use orchard_e2e::env::TestEnv;
-use orchard_e2e::test_support::rollouts::{
+use orchard_operator::api::{RolloutGroup, RolloutQueue, Selection};
+use orchard_testcluster::env::TestEnv;
+use orchard_testcluster::test_support::rollouts::{
     GROUP_TIMEOUT, Recorded, assert_each_trajectory_once, assert_matches_engine, assert_recorded,
     check_outcomes, group, is_complete, reward_script, template, watch_pod_peak,
 };
-use orchard_e2e::wait;
-use orchard_operator::api::{RolloutGroup, RolloutQueue, Selection};
+use orchard_testcluster::wait;
 use serde_json::json;
 
 const LABEL: &str = "orchard.dev/rollout-queue=slots";

@@ -6,13 +6,13 @@ use std::time::Duration;
 
 use kube::ResourceExt;
 use kube::api::{Api, PostParams};
-use orchard_e2e::env::TestEnv;
-use orchard_e2e::test_support::rollouts::{
+use orchard_operator::api::{RolloutGroup, Selection};
+use orchard_testcluster::env::TestEnv;
+use orchard_testcluster::test_support::rollouts::{
     GROUP_TIMEOUT, Recorded, assert_each_trajectory_once, assert_matches_engine, assert_recorded,
     check_outcomes, children, group, is_complete, reward_script, template,
 };
-use orchard_e2e::wait;
-use orchard_operator::api::{RolloutGroup, Selection};
+use orchard_testcluster::wait;
 use serde_json::json;
 
 #[tokio::test]

@@ -13,13 +13,15 @@ use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::api::networking::v1::NetworkPolicy;
 use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
 use kube::{Resource, ResourceExt};
-use orchard_e2e::env::TestEnv;
-use orchard_e2e::test_support::gateway::Caller;
-use orchard_e2e::test_support::rollouts::{GROUP_TIMEOUT, group, is_complete, reward_script};
-use orchard_e2e::wait;
 use orchard_operator::api::{
     CLAIMED_FROM_LABEL, POOL_LABEL, RolloutGroup, SANDBOX_LABEL, Sandbox, SandboxPool,
 };
+use orchard_testcluster::env::TestEnv;
+use orchard_testcluster::test_support::gateway::Caller;
+use orchard_testcluster::test_support::rollouts::{
+    GROUP_TIMEOUT, group, is_complete, reward_script,
+};
+use orchard_testcluster::wait;
 use serde_json::{Value, json};
 
 const READY: Duration = Duration::from_secs(180);
@@ -334,12 +336,12 @@ async fn warm_pools_on_the_real_node() {
         .expect("create group");
     wait::until(&groups, "prompt-1", "Complete", GROUP_TIMEOUT, is_complete).await;
     let done = groups.get("prompt-1").await.expect("group");
-    orchard_e2e::test_support::rollouts::assert_matches_engine(&done);
+    orchard_testcluster::test_support::rollouts::assert_matches_engine(&done);
     // Recorded from a run for its fixed seed (`Recorded`): the same script, seed and names as
     // `real_node.rs`'s group, whose members are pinned there too.
-    orchard_e2e::test_support::rollouts::assert_recorded(
+    orchard_testcluster::test_support::rollouts::assert_recorded(
         &done,
-        &orchard_e2e::test_support::rollouts::Recorded {
+        &orchard_testcluster::test_support::rollouts::Recorded {
             selection: orchard_operator::api::Selection::Balanced,
             positives: 1,
             members: &["prompt-1-0", "prompt-1-1"],

@@ -73,7 +73,7 @@ Lease would both write (duplicate pods, racing status), so that combination is r
 {{/*
 RBAC rules on namespaced resources: exactly what the Sandbox and RolloutGroup controllers and the gateway
 call. Granted cluster-wide (ClusterRole) or, with watchNamespace, by a Role in that namespace.
-config/rbac/role.yaml holds the same rules (e2e/tests/manifests_rbac.rs compares them); no wildcards.
+config/rbac/role.yaml holds the same rules (e2e/tests/no_cluster/manifests_rbac.rs compares them); no wildcards.
 */}}
 {{- define "orchard-env.namespacedRules" -}}
 # Sandboxes: watched, created by RolloutGroups and the gateway, deleted at their deadline; heartbeats are

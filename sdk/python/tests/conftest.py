@@ -1,4 +1,4 @@
-"""Fixtures of the SDK tests. Cluster tests need the environment ``e2e/tests/python_sdk.rs`` sets
+"""Fixtures of the SDK tests. Cluster tests need the environment ``e2e/tests/hollow_shared/python_sdk.rs`` sets
 (a local cluster with the real operator, a namespace with RBAC for the test user); without it they are
 skipped, except under ``CI=true`` where they fail."""
 
@@ -35,7 +35,7 @@ def _need(name: str) -> str:
     value = os.environ.get(name)
     if value:
         return value
-    message = f"{name} is not set: run the SDK tests with `make test-sdk` (driven by e2e/tests/python_sdk.rs)"
+    message = f"{name} is not set: run the SDK tests with `make test-sdk` (driven by e2e/tests/hollow_shared/python_sdk.rs)"
     if os.environ.get("CI") == "true":
         pytest.fail(message)
     pytest.skip(message)

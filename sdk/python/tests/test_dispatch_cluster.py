@@ -110,7 +110,7 @@ async def test_async_dispatcher_with_a_rollout_queue(aclient: AsyncSandboxClient
             "apiVersion": "orchard.dev/v1alpha1", "kind": "RolloutQueue", "metadata": {"name": queue},
             "spec": {"maxRunningTrajectories": 2, "admission": "FIFO"},
         })
-        assert created.status_code != 403, "the test user may not create RolloutQueues (e2e/src/test_support/sdk.rs grants it)"
+        assert created.status_code != 403, "the test user may not create RolloutQueues (testcluster/src/test_support/sdk.rs grants it)"
         assert created.status_code != 404, "the RolloutQueue CRD is not installed"
         created.raise_for_status()
         peak_sandboxes = [0]
