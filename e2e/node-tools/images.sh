@@ -77,6 +77,8 @@ quiet() { "$@" > "$WORK/quiet.log" 2>&1 || { cat "$WORK/quiet.log" >&2; return 1
 # A throwaway registry on loopback: `crane mutate` works on a registry, not on files.
 registry() {
   [ -n "$REGISTRY_PID" ] && return
+  # The log exists before the first poll reads it (the background shell may not have opened it yet).
+  : > "$WORK/registry.log"
   "$CRANE" registry serve --address 127.0.0.1:0 > "$WORK/registry.log" 2>&1 &
   REGISTRY_PID=$!
   for _ in $(seq 100); do
