@@ -140,7 +140,7 @@ operator-image: node-tools agent node-bins static-operator ## the operator image
 		operator=$(STATIC_OPERATOR_BIN)
 
 .PHONY: node-images
-node-images: node-deps node-tools agent node-bins ## build the real node's images with crane (Debian+python3+git, busybox, a static probe, pause, the agent) into ~/.cache/orchard/images
+node-images: node-deps node-tools agent node-bins ## build the real node's images with crane (Debian+python3+git, Debian+chromium, busybox, a static probe, pause, the agent) into ~/.cache/orchard/images
 	@e2e/node-tools/images.sh agent=$(AGENT_BIN) pause=$(NODE_BIN_DIR)/orchard-pause probe=$(NODE_BIN_DIR)/orchard-probe
 
 .PHONY: test-unit
