@@ -140,7 +140,7 @@ operator-image: node-tools agent node-bins static-operator ## the operator image
 		operator=$(STATIC_OPERATOR_BIN)
 
 .PHONY: node-images
-node-images: node-deps node-tools agent node-bins ## build the real node's images with crane (Debian+python3+git, busybox, a static probe, pause, the agent) into ~/.cache/orchard/images
+node-images: node-deps node-tools agent node-bins ## build the real node's images with crane (Debian+python3+git, Debian+chromium, busybox, a static probe, pause, the agent) into ~/.cache/orchard/images
 	@e2e/node-tools/images.sh agent=$(AGENT_BIN) pause=$(NODE_BIN_DIR)/orchard-pause probe=$(NODE_BIN_DIR)/orchard-probe
 
 .PHONY: test-unit
@@ -180,7 +180,7 @@ soak: k8s agent ## churn 50 Sandbox and 50 RolloutGroup names for 10 min (SOAK_S
 	$(TARGET_DIR)/debug/soak --seconds $(SOAK_SECONDS) --names $(SOAK_NAMES)
 
 .PHONY: sdk-venv
-sdk-venv: ## create the Python SDK venv (~/.cache/orchard/sdk-venv: pinned httpx, pytest, pytest-asyncio, mini-swe-agent; SDK editable)
+sdk-venv: ## create the Python SDK venv (~/.cache/orchard/sdk-venv: pinned httpx, pytest, pytest-asyncio, mini-swe-agent, playwright; SDK editable)
 	@bash sdk/python/scripts/venv.sh
 
 # The asyncio client (sdk/python/src/orchard_env/aio.py) is generated from the sync one (client.py), the one
