@@ -21,6 +21,11 @@ build: agent ## build the operator, crdgen, bar-sim and the static agent
 	$(CARGO) build --release -p orchard-operator
 	$(CARGO) build --release -p orchard-bar --features sim --bin bar-sim
 
+.PHONY: plugin
+plugin: ## build the `kubectl orchard` plugin (target/release/kubectl-orchard; put it on PATH: docs/KUBECTL.md)
+	$(CARGO) build --release -p kubectl-orchard
+	@echo "kubectl-orchard: $(TARGET_DIR)/release/kubectl-orchard"
+
 .PHONY: agent
 agent: ## build the static orchard-agent binary (glibc crt-static)
 	RUSTFLAGS="-C target-feature=+crt-static" $(CARGO) build --profile agent -p orchard-agent --target $(HOST_TRIPLE)
@@ -153,7 +158,7 @@ test-unit: ## unit tests of the BAR engine and simulator, the API types (CEL rul
 
 .PHONY: e2e
 e2e: k8s agent node-images operator-image dist-release obs-tools ## end-to-end tests on the local cluster (real control plane; the hollow node, and the real node for real_node*)
-	$(CARGO) build -p orchard-operator -p orchard-e2e --bins -j 2
+	$(CARGO) build -p orchard-operator -p orchard-e2e -p kubectl-orchard --bins -j 2
 	$(CARGO) test -p orchard-e2e --tests -j 2 -- --test-threads=2
 
 .PHONY: test
