@@ -20,8 +20,8 @@ use kube::api::{Api, DeleteParams, PostParams};
 use orchard_e2e::env::{EnvOptions, TestEnv};
 use orchard_e2e::operator_process::{OperatorProcess, metric_sum};
 use orchard_e2e::test_support::gateway::{
-    Caller, TickingStream, Tunnel, audited_requests, grant, sandbox_path, scoped_operator,
-    trainer_rules,
+    Caller, TickingStream, Tunnel, audited_requests, get_through, grant, sandbox_path,
+    scoped_operator, trainer_rules,
 };
 use serde_json::json;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -644,17 +644,8 @@ socketserver.ThreadingTCPServer(('127.0.0.1', int(sys.argv[1])), Echo).serve_for
 ";
 
 /// Sends a `GET /hello.txt` through `tunnel` and reads the answer until the server closes.
-async fn fetch_hello(mut tunnel: TcpStream) -> String {
-    tunnel
-        .write_all(b"GET /hello.txt HTTP/1.0\r\n\r\n")
-        .await
-        .expect("send through the tunnel");
-    let mut answer = Vec::new();
-    tunnel
-        .read_to_end(&mut answer)
-        .await
-        .expect("read through the tunnel");
-    String::from_utf8_lossy(&answer).to_string()
+async fn fetch_hello(tunnel: TcpStream) -> String {
+    get_through(tunnel, "/hello.txt").await
 }
 
 fn opened(tunnel: Tunnel) -> TcpStream {

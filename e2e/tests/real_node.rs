@@ -926,28 +926,13 @@ async fn root_task_code_cannot_open_raw_sockets_to_sniff_the_agent_token() {
     env.delete_namespace(&ns).await;
 }
 
-/// Reads the answer of an HTTP/1.0 `GET path` sent through a tunnel, until the server closes.
-async fn get_through(mut tunnel: tokio::net::TcpStream, path: &str) -> String {
-    use tokio::io::{AsyncReadExt, AsyncWriteExt};
-    tunnel
-        .write_all(format!("GET {path} HTTP/1.0\r\n\r\n").as_bytes())
-        .await
-        .expect("send through the tunnel");
-    let mut answer = Vec::new();
-    tunnel
-        .read_to_end(&mut answer)
-        .await
-        .expect("read through the tunnel");
-    String::from_utf8_lossy(&answer).to_string()
-}
-
 /// The harness routes in real containers, through the gateway: a shell session (state carried over,
 /// a prompt answered, a run interrupted at its timeout) in the image's own shell (busybox `sh`, Debian
 /// `bash`), a command as another uid, a port tunnel to a server bound to the container's 127.0.0.1,
 /// and the container's usage.
 #[tokio::test]
 async fn sessions_users_tunnels_and_metrics_work_in_real_containers() {
-    use orchard_e2e::test_support::gateway::Tunnel;
+    use orchard_e2e::test_support::gateway::{Tunnel, get_through};
     let env = env();
     let ns = env.namespace("harness").await;
     let admin = Caller::user(env, "admin");
