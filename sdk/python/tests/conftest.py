@@ -9,6 +9,7 @@ import inspect
 import os
 from collections.abc import AsyncIterator, Callable, Iterator
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -109,3 +110,23 @@ async def sandbox_of(mode: str, handler: Callable[[httpx.Request], httpx.Respons
 async def done(value: Any) -> Any:
     """The result of a sync call, or of an async call's awaitable."""
     return await value if inspect.isawaitable(value) else value
+
+
+def run_sdk_doc_block(section: str, cluster: Cluster, monkeypatch: pytest.MonkeyPatch,
+                      replacements: dict[str, str] | None = None) -> None:
+    """Runs the first Python block under ``## {section}`` of docs/SDK.md as it is written there (after the
+    literal ``replacements``), its client configured by the environment for ``cluster``; closes a
+    ``client`` it left open."""
+    doc = (Path(__file__).resolve().parents[3] / "docs" / "SDK.md").read_text()
+    block = doc.split(f"## {section}\n", 1)[1].split("```python\n", 1)[1].split("```", 1)[0]
+    for old, new in (replacements or {}).items():
+        block = block.replace(old, new)
+    monkeypatch.setenv("ORCHARD_GATEWAY_URL", cluster.gateway)
+    monkeypatch.setenv("ORCHARD_TOKEN", cluster.token)
+    monkeypatch.setenv("ORCHARD_NAMESPACE", cluster.namespace)
+    scope: dict[str, Any] = {}
+    try:
+        exec(compile(block, "docs/SDK.md", "exec"), scope)
+    finally:
+        if isinstance(scope.get("client"), SandboxClient):
+            scope["client"].close()

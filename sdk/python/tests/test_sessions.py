@@ -10,7 +10,6 @@ from __future__ import annotations
 import asyncio
 import json
 import threading
-from pathlib import Path
 from typing import Any
 
 import httpx
@@ -31,7 +30,7 @@ from orchard_env import (
 )
 from orchard_env import _ops
 
-from conftest import DRIVERS, Cluster, done, sandbox_of
+from conftest import DRIVERS, Cluster, done, run_sdk_doc_block, sandbox_of
 
 BASE = "/v1/namespaces/ns/sandboxes/s1"
 READY = {"metadata": {"name": "s1"}, "spec": {"image": "x"},
@@ -352,18 +351,7 @@ async def test_async_sessions(aclient: AsyncSandboxClient, cluster: Cluster) -> 
 @pytest.mark.cluster
 def test_the_shell_sessions_block_of_the_docs_runs(cluster: Cluster, monkeypatch: pytest.MonkeyPatch,
                                                    capsys: pytest.CaptureFixture[str]) -> None:
-    """The "Shell sessions" block of docs/SDK.md, as it is written there (its client configured by the
-    environment)."""
-    doc = (Path(__file__).resolve().parents[3] / "docs" / "SDK.md").read_text()
-    block = doc.split("## Shell sessions", 1)[1].split("```python\n", 1)[1].split("```", 1)[0]
-    monkeypatch.setenv("ORCHARD_GATEWAY_URL", cluster.gateway)
-    monkeypatch.setenv("ORCHARD_TOKEN", cluster.token)
-    monkeypatch.setenv("ORCHARD_NAMESPACE", cluster.namespace)
-    scope: dict[str, Any] = {}
-    try:
-        exec(compile(block.replace('"busybox"', repr(cluster.image)), "docs/SDK.md", "exec"), scope)
-    finally:
-        if isinstance(scope.get("client"), SandboxClient):
-            scope["client"].close()
+    """The "Shell sessions" block of docs/SDK.md, as it is written there."""
+    run_sdk_doc_block("Shell sessions", cluster, monkeypatch, {'"busybox"': repr(cluster.image)})
     out = capsys.readouterr().out.splitlines()
     assert out == ["/tmp", "hello", "True", "name? hi bob", "True 130", "ok", "65534"], out
