@@ -21,6 +21,11 @@ build: agent ## build the operator, crdgen, bar-sim and the static agent
 	$(CARGO) build --release -p orchard-operator
 	$(CARGO) build --release -p orchard-bar --features sim --bin bar-sim
 
+.PHONY: plugin
+plugin: ## build the `kubectl orchard` plugin (target/release/kubectl-orchard; put it on PATH: docs/KUBECTL.md)
+	$(CARGO) build --release -p kubectl-orchard
+	@echo "kubectl-orchard: $(TARGET_DIR)/release/kubectl-orchard"
+
 .PHONY: agent
 agent: ## build the static orchard-agent binary (glibc crt-static)
 	RUSTFLAGS="-C target-feature=+crt-static" $(CARGO) build --profile agent -p orchard-agent --target $(HOST_TRIPLE)
@@ -140,7 +145,7 @@ operator-image: node-tools agent node-bins static-operator ## the operator image
 		operator=$(STATIC_OPERATOR_BIN)
 
 .PHONY: node-images
-node-images: node-deps node-tools agent node-bins ## build the real node's images with crane (Debian+python3+git, busybox, a static probe, pause, the agent) into ~/.cache/orchard/images
+node-images: node-deps node-tools agent node-bins ## build the real node's images with crane (Debian+python3+git, Debian+chromium, busybox, a static probe, pause, the agent) into ~/.cache/orchard/images
 	@e2e/node-tools/images.sh agent=$(AGENT_BIN) pause=$(NODE_BIN_DIR)/orchard-pause probe=$(NODE_BIN_DIR)/orchard-probe
 
 .PHONY: test-unit
@@ -153,7 +158,7 @@ test-unit: ## unit tests of the BAR engine and simulator, the API types (CEL rul
 
 .PHONY: e2e
 e2e: k8s agent node-images operator-image dist-release obs-tools ## end-to-end tests on the local cluster (real control plane; the hollow node, and the real node for real_node*)
-	$(CARGO) build -p orchard-operator -p orchard-testcluster --bins -j 2
+	$(CARGO) build -p orchard-operator -p orchard-testcluster -p kubectl-orchard --bins -j 2
 	$(CARGO) test -p orchard-e2e --tests -j 2 -- --test-threads=2
 
 .PHONY: test
@@ -180,7 +185,7 @@ soak: k8s agent ## churn 50 Sandbox and 50 RolloutGroup names for 10 min (SOAK_S
 	$(TARGET_DIR)/debug/soak --seconds $(SOAK_SECONDS) --names $(SOAK_NAMES)
 
 .PHONY: sdk-venv
-sdk-venv: ## create the Python SDK venv (~/.cache/orchard/sdk-venv: pinned httpx, pytest, pytest-asyncio, mini-swe-agent; SDK editable)
+sdk-venv: ## create the Python SDK venv (~/.cache/orchard/sdk-venv: pinned httpx, pytest, pytest-asyncio, mini-swe-agent, playwright; SDK editable)
 	@bash sdk/python/scripts/venv.sh
 
 # The asyncio client (sdk/python/src/orchard_env/aio.py) is generated from the sync one (client.py), the one

@@ -134,6 +134,19 @@ struct Latencies {
     per_second: f64,
 }
 
+impl Latencies {
+    /// The quantiles and rate of `all`, the latencies of requests that took `elapsed` together.
+    fn of(mut all: Vec<Duration>, elapsed: Duration) -> Self {
+        all.sort();
+        let at = |quantile: f64| all[((all.len() as f64 * quantile) as usize).min(all.len() - 1)];
+        Self {
+            p50: at(0.50),
+            p99: at(0.99),
+            per_second: all.len() as f64 / elapsed.as_secs_f64(),
+        }
+    }
+}
+
 async fn measure_exec(base: &str, concurrency: usize) -> Latencies {
     let client: HttpClient = Client::builder(TokioExecutor::new())
         .pool_max_idle_per_host(64)
@@ -160,14 +173,7 @@ async fn measure_exec(base: &str, concurrency: usize) -> Latencies {
     for task in tasks {
         all.extend(task.await.unwrap());
     }
-    let elapsed = started.elapsed();
-    all.sort();
-    let at = |quantile: f64| all[((all.len() as f64 * quantile) as usize).min(all.len() - 1)];
-    Latencies {
-        p50: at(0.50),
-        p99: at(0.99),
-        per_second: all.len() as f64 / elapsed.as_secs_f64(),
-    }
+    Latencies::of(all, started.elapsed())
 }
 
 /// p50 of `GET /healthz` at concurrency 1 on a keep-alive connection: the HTTP round trip to the agent
@@ -258,13 +264,7 @@ async fn measure_session_runs(base: &str, command: &str) -> Latencies {
         .body(full(""))
         .unwrap();
     client.request(request).await.expect("delete the session");
-    all.sort();
-    let at = |quantile: f64| all[((all.len() as f64 * quantile) as usize).min(all.len() - 1)];
-    Latencies {
-        p50: at(0.50),
-        p99: at(0.99),
-        per_second: all.len() as f64 / elapsed.as_secs_f64(),
-    }
+    Latencies::of(all, elapsed)
 }
 
 async fn measure_files(base: &str) -> (f64, f64) {

@@ -10,6 +10,7 @@
 #
 # Images (name: what is in it):
 #   debian-python  a Debian trixie root filesystem (mmdebstrap, minbase) with python3 and git
+#   debian-chromium  the same kind of root filesystem with chromium, fonts-dejavu-core and python3
 #   busybox        only Debian's static busybox and its applet links
 #   probe          only one static binary, /orchard-probe: no shell, no libc
 #   pause          only /pause: the pod sandbox process (orchard-pause)
@@ -61,6 +62,7 @@ CRANE="$TOOLS/crane"
 IMAGES=${ORCHARD_IMAGES:-$HOME/.cache/orchard/images}
 DEBIAN_SUITE=trixie
 DEBIAN_PACKAGES=python3,git,ca-certificates
+DEBIAN_CHROMIUM_PACKAGES=chromium,fonts-dejavu-core,python3
 DEBIAN_MIRROR=${ORCHARD_DEBIAN_MIRROR:-http://deb.debian.org/debian}
 mkdir -p "$IMAGES"
 WORK=$(mktemp -d)
@@ -77,6 +79,8 @@ quiet() { "$@" > "$WORK/quiet.log" 2>&1 || { cat "$WORK/quiet.log" >&2; return 1
 # A throwaway registry on loopback: `crane mutate` works on a registry, not on files.
 registry() {
   [ -n "$REGISTRY_PID" ] && return
+  # The log exists before the first poll reads it (the background shell may not have opened it yet).
+  : > "$WORK/registry.log"
   "$CRANE" registry serve --address 127.0.0.1:0 > "$WORK/registry.log" 2>&1 &
   REGISTRY_PID=$!
   for _ in $(seq 100); do
@@ -205,15 +209,26 @@ if [ ! -f "$IMAGES/busybox/$key/index.json" ]; then
 fi
 build busybox "$key" "$WORK/busybox.tar" --entrypoint /bin/sh -e PATH=/bin
 
-# debian-python: mmdebstrap from Debian's mirror (the slow one: ~1-2 min, once per package list).
-key=$(printf '%s %s %s %s' "$DEBIAN_SUITE" "$DEBIAN_PACKAGES" "$(mmdebstrap --version 2>/dev/null)" v1 | sha256sum | cut -c1-16)
-if [ ! -f "$IMAGES/debian-python/$key/index.json" ]; then
-  command -v mmdebstrap >/dev/null || { echo "images.sh: mmdebstrap is not installed (make node-deps)" >&2; exit 1; }
-  echo "images.sh: building the Debian image with mmdebstrap ($DEBIAN_SUITE + $DEBIAN_PACKAGES)" >&2
-  mmdebstrap --quiet --variant=minbase --include="$DEBIAN_PACKAGES" \
-    --dpkgopt='path-exclude=/usr/share/man/*' --dpkgopt='path-exclude=/usr/share/doc/*' \
-    --dpkgopt='path-exclude=/usr/share/locale/*' \
-    "$DEBIAN_SUITE" "$WORK/debian.tar" "$DEBIAN_MIRROR" >&2
-fi
-build debian-python "$key" "$WORK/debian.tar" --entrypoint /bin/bash \
-  -e PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin -e LANG=C.UTF-8
+# debian_image NAME PACKAGES: a Debian root filesystem from Debian's mirror (mmdebstrap, minbase, no
+# Recommends, without docs, man pages and locales); the key covers the suite, the package list and
+# mmdebstrap's version. The slow kind: minutes, once per package list.
+debian_image() {
+  local name=$1 packages=$2 key
+  key=$(printf '%s %s %s %s' "$DEBIAN_SUITE" "$packages" "$(mmdebstrap --version 2>/dev/null)" v1 | sha256sum | cut -c1-16)
+  if [ ! -f "$IMAGES/$name/$key/index.json" ]; then
+    command -v mmdebstrap >/dev/null || { echo "images.sh: mmdebstrap is not installed (make node-deps)" >&2; exit 1; }
+    echo "images.sh: building $name with mmdebstrap ($DEBIAN_SUITE + $packages)" >&2
+    mmdebstrap --quiet --variant=minbase --include="$packages" \
+      --dpkgopt='path-exclude=/usr/share/man/*' --dpkgopt='path-exclude=/usr/share/doc/*' \
+      --dpkgopt='path-exclude=/usr/share/locale/*' \
+      "$DEBIAN_SUITE" "$WORK/$name.tar" "$DEBIAN_MIRROR" >&2
+  fi
+  build "$name" "$key" "$WORK/$name.tar" --entrypoint /bin/bash \
+    -e PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin -e LANG=C.UTF-8
+}
+
+# debian-python: python3 and git (~1-2 min cold).
+debian_image debian-python "$DEBIAN_PACKAGES"
+# debian-chromium: Chromium for GUI agents driven over the DevTools protocol (examples/playwright_gui.py),
+# one font for text, python3 to serve pages.
+debian_image debian-chromium "$DEBIAN_CHROMIUM_PACKAGES"

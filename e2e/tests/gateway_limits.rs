@@ -20,8 +20,8 @@ use kube::api::{Api, DeleteParams, PostParams};
 use orchard_testcluster::env::{EnvOptions, TestEnv};
 use orchard_testcluster::operator_process::{OperatorProcess, metric_sum};
 use orchard_testcluster::test_support::gateway::{
-    Caller, TickingStream, Tunnel, audited_requests, grant, sandbox_path, scoped_operator,
-    trainer_rules,
+    Caller, TickingStream, Tunnel, audited_requests, get_through, grant, sandbox_path,
+    scoped_operator, trainer_rules,
 };
 use serde_json::json;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -515,15 +515,24 @@ async fn with_audiences_only_tokens_issued_for_them_are_accepted() {
     env.delete_namespace(&ns).await;
 }
 
+/// The auth cache TTL of the revocation tests' operators: calls re-check their caller every second.
+const TTL_SECONDS: u64 = 2;
+
+/// A namespace named after `prefix` with an operator of its own whose auth cache lasts
+/// [`TTL_SECONDS`], and alice granted a trainer's Role (RoleBinding `trainer`) in it.
+async fn short_ttl_operator(env: &TestEnv, prefix: &str) -> (String, OperatorProcess) {
+    let ns = env.namespace(prefix).await;
+    let ttl_flag = format!("--gateway-auth-cache-ttl-seconds={TTL_SECONDS}");
+    let operator = scoped_operator(env, &ns, prefix, &[&ttl_flag]).await;
+    grant(env, &ns, "alice", "trainer", trainer_rules()).await;
+    (ns, operator)
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_exec_stream_and_a_wait_end_soon_after_access_is_revoked() {
-    const TTL_SECONDS: u64 = 2;
     let _one = ONE_AT_A_TIME.lock().await;
     let env = env();
-    let ns = env.namespace("gwl-revoke").await;
-    let ttl_flag = format!("--gateway-auth-cache-ttl-seconds={TTL_SECONDS}");
-    let operator = scoped_operator(env, &ns, "gwl-revoke", &[&ttl_flag]).await;
-    grant(env, &ns, "alice", "trainer", trainer_rules()).await;
+    let (ns, operator) = short_ttl_operator(env, "gwl-revoke").await;
     let token = env.control_plane.tokens["alice"].clone();
     let alice = Caller::at(&operator.gateway_url(), Some(&token));
     let name = ready_sandbox(&alice, &ns).await;
@@ -644,17 +653,8 @@ socketserver.ThreadingTCPServer(('127.0.0.1', int(sys.argv[1])), Echo).serve_for
 ";
 
 /// Sends a `GET /hello.txt` through `tunnel` and reads the answer until the server closes.
-async fn fetch_hello(mut tunnel: TcpStream) -> String {
-    tunnel
-        .write_all(b"GET /hello.txt HTTP/1.0\r\n\r\n")
-        .await
-        .expect("send through the tunnel");
-    let mut answer = Vec::new();
-    tunnel
-        .read_to_end(&mut answer)
-        .await
-        .expect("read through the tunnel");
-    String::from_utf8_lossy(&answer).to_string()
+async fn fetch_hello(tunnel: TcpStream) -> String {
+    get_through(tunnel, "/hello.txt").await
 }
 
 fn opened(tunnel: Tunnel) -> TcpStream {
@@ -673,13 +673,9 @@ fn refused(tunnel: Tunnel) -> orchard_testcluster::test_support::gateway::Answer
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn port_forward_reaches_a_loopback_server_and_ends_on_revocation() {
-    const TTL_SECONDS: u64 = 2;
     let _one = ONE_AT_A_TIME.lock().await;
     let env = env();
-    let ns = env.namespace("gwl-tunnel").await;
-    let ttl_flag = format!("--gateway-auth-cache-ttl-seconds={TTL_SECONDS}");
-    let operator = scoped_operator(env, &ns, "gwl-tunnel", &[&ttl_flag]).await;
-    grant(env, &ns, "alice", "trainer", trainer_rules()).await;
+    let (ns, operator) = short_ttl_operator(env, "gwl-tunnel").await;
     // Everything a trainer may do but forward ports.
     let mut rules = trainer_rules();
     rules[1]["resources"]

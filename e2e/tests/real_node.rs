@@ -805,6 +805,58 @@ async fn mini_swe_agent_drives_a_balanced_group_on_real_containers() {
     env.delete_namespace(&ns).await;
 }
 
+/// The GUI setup: `examples/playwright_gui.py` runs Chromium headless in a sandbox of the
+/// `debian-chromium` image and drives it from this machine with Playwright for Python
+/// (`connect_over_cdp`) through the SDK's port forward: it opens a page the sandbox serves, types,
+/// clicks, reads the DOM and takes a screenshot, and prints them as one JSON line.
+#[tokio::test]
+async fn playwright_drives_chromium_in_a_sandbox_through_the_port_forward() {
+    let env = env();
+    let ns = env.namespace("gui").await;
+    let python = orchard_testcluster::test_support::sdk::sdk_python();
+    let root = orchard_testcluster::binaries::workspace_root();
+    let run = tokio::process::Command::new(python)
+        .arg(root.join("examples/playwright_gui.py"))
+        // This checkout's SDK, whichever checkout the shared venv's editable install points at.
+        .env("PYTHONPATH", root.join("sdk/python/src"))
+        .arg(env.operator().gateway_url())
+        .arg(&env.control_plane.tokens["admin"])
+        .arg(&ns)
+        .arg(env.node.real().image("debian-chromium"))
+        .kill_on_drop(true)
+        .output();
+    let output = tokio::time::timeout(Duration::from_secs(300), run)
+        .await
+        .expect("the example finished within 5 minutes")
+        .expect("the example runs");
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    eprintln!("{stdout}");
+    assert!(
+        output.status.success(),
+        "the example failed ({}):\n{stdout}\n{stderr}",
+        output.status
+    );
+    let result: Value = stdout
+        .lines()
+        .rev()
+        .find_map(|line| serde_json::from_str(line).ok())
+        .unwrap_or_else(|| panic!("no JSON line in the output:\n{stdout}\n{stderr}"));
+    assert_eq!(result["out"], "hello from the trainer", "{result}");
+    assert!(
+        result["screenshot_bytes"]
+            .as_u64()
+            .is_some_and(|n| n > 1000),
+        "{result}"
+    );
+    assert_eq!(
+        (result["width"].as_u64(), result["height"].as_u64()),
+        (Some(1024), Some(640)),
+        "the screenshot is not the viewport: {result}"
+    );
+    env.delete_namespace(&ns).await;
+}
+
 /// A root task in a Default sandbox tries to sniff its pod's traffic with a raw packet socket while
 /// the gateway calls its agent: it prints how opening the socket went, then how many captured packets
 /// held the agent's token (the token goes in as two halves, so its own request never holds it whole).
@@ -884,28 +936,13 @@ async fn root_task_code_cannot_open_raw_sockets_to_sniff_the_agent_token() {
     env.delete_namespace(&ns).await;
 }
 
-/// Reads the answer of an HTTP/1.0 `GET path` sent through a tunnel, until the server closes.
-async fn get_through(mut tunnel: tokio::net::TcpStream, path: &str) -> String {
-    use tokio::io::{AsyncReadExt, AsyncWriteExt};
-    tunnel
-        .write_all(format!("GET {path} HTTP/1.0\r\n\r\n").as_bytes())
-        .await
-        .expect("send through the tunnel");
-    let mut answer = Vec::new();
-    tunnel
-        .read_to_end(&mut answer)
-        .await
-        .expect("read through the tunnel");
-    String::from_utf8_lossy(&answer).to_string()
-}
-
 /// The harness routes in real containers, through the gateway: a shell session (state carried over,
 /// a prompt answered, a run interrupted at its timeout) in the image's own shell (busybox `sh`, Debian
 /// `bash`), a command as another uid, a port tunnel to a server bound to the container's 127.0.0.1,
 /// and the container's usage.
 #[tokio::test]
 async fn sessions_users_tunnels_and_metrics_work_in_real_containers() {
-    use orchard_testcluster::test_support::gateway::Tunnel;
+    use orchard_testcluster::test_support::gateway::{Tunnel, get_through};
     let env = env();
     let ns = env.namespace("harness").await;
     let admin = Caller::user(env, "admin");

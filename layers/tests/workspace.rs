@@ -23,7 +23,14 @@ const OPERATOR_LAYERS: Layers<'static> = &[
 ];
 
 /// Crates whose files must not import each other in a circle.
-const CRATES: &[&str] = &["operator", "agent", "api", "bar", "bench-support"];
+const CRATES: &[&str] = &[
+    "operator",
+    "agent",
+    "api",
+    "bar",
+    "bench-support",
+    "kubectl-orchard",
+];
 
 fn src(krate: &str) -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR"))

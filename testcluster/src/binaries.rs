@@ -169,3 +169,19 @@ pub fn agent_bin() -> Result<PathBuf> {
     candidates.push(target.join("debug/orchard-agent"));
     first_existing(&candidates, "orchard-agent", "build it with `make agent`")
 }
+
+/// The `kubectl-orchard` plugin (`ORCHARD_KUBECTL_PLUGIN_BIN`, or the debug/release build).
+pub fn kubectl_orchard_bin() -> Result<PathBuf> {
+    let target = target_dir();
+    let mut candidates: Vec<PathBuf> = std::env::var("ORCHARD_KUBECTL_PLUGIN_BIN")
+        .map(PathBuf::from)
+        .into_iter()
+        .collect();
+    candidates.push(target.join("debug/kubectl-orchard"));
+    candidates.push(target.join("release/kubectl-orchard"));
+    first_existing(
+        &candidates,
+        "kubectl-orchard",
+        "build it with `cargo build -p kubectl-orchard` (make e2e does)",
+    )
+}

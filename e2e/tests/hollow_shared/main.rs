@@ -14,6 +14,7 @@
 mod expiry;
 mod faults;
 mod gateway_api;
+mod kubectl_plugin;
 mod name_conflicts;
 mod python_sdk;
 mod rollout_group;

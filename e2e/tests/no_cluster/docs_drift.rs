@@ -142,6 +142,7 @@ const USER_DOCS: &[&str] = &[
     "docs/TRAINERS.md",
     "docs/INSTALL.md",
     "docs/POOLS.md",
+    "docs/KUBECTL.md",
 ];
 
 /// The documents a test runs whole, block by block (they need no markers), and that test.

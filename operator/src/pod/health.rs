@@ -4,6 +4,7 @@
 use k8s_openapi::api::core::v1::{ContainerStatus, Pod};
 use k8s_openapi::jiff::Timestamp;
 
+pub use crate::pod::failure::Failure;
 use crate::pod::naming::{INSTALL_CONTAINER, TASK_CONTAINER};
 
 /// Container waiting reasons that mean the container will not start without outside help.
@@ -73,25 +74,6 @@ pub fn pod_state_summary(pod: &Pod) -> String {
         return format!("container {} running, not Ready", container.name);
     }
     String::new()
-}
-
-/// Why a sandbox failed: a machine-readable reason and a message a user can act on.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Failure {
-    /// CamelCase reason, e.g. `ImagePullBackOff`.
-    pub reason: String,
-    /// What happened and what to do.
-    pub message: String,
-}
-
-impl Failure {
-    /// A failure with `reason` and `message`.
-    pub fn new(reason: impl Into<String>, message: impl Into<String>) -> Self {
-        Self {
-            reason: reason.into(),
-            message: message.into(),
-        }
-    }
 }
 
 fn container_status<'a>(

@@ -8,7 +8,7 @@
 
 use k8s_openapi::api::core::v1::{ContainerState, ContainerStateTerminated, ContainerStatus, Pod};
 
-use crate::pod::health::Failure;
+use crate::pod::failure::Failure;
 use crate::pod::naming::TASK_CONTAINER;
 
 /// The container status reason (and the sandbox's failure reason) of a container the OOM killer ended.

@@ -4,13 +4,18 @@ skipped, except under ``CI=true`` where they fail."""
 
 from __future__ import annotations
 
+import contextlib
+import inspect
 import os
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
 
+import httpx
 import pytest
 
-from orchard_env import AsyncSandboxClient, SandboxClient, _cleanup
+from orchard_env import AsyncSandboxClient, RetryPolicy, SandboxClient, _cleanup
 
 
 @dataclass(frozen=True)
@@ -79,3 +84,49 @@ def _forget_handles_of_fake_gateways() -> Iterator[None]:
     for handle in list(_cleanup.OPEN):
         if handle.client.settings.base_url != cluster:
             _cleanup.forget(handle)
+
+
+# -- unit tests on a fake gateway, run as is on both clients ------------------------------------------
+
+#: Retries without waiting, for fake gateways.
+FAST = RetryPolicy(attempts=3, backoff=0.001, max_backoff=0.002)
+#: Runs a test once per client.
+DRIVERS = pytest.mark.parametrize("mode", ["sync", "async"])
+
+
+@contextlib.asynccontextmanager
+async def sandbox_of(mode: str, handler: Callable[[httpx.Request], httpx.Response]) -> AsyncIterator[Any]:
+    """A handle on sandbox ``ns/s1`` of either client (``mode``: ``sync`` or ``async``) on a fake gateway
+    answering with ``handler``; with :func:`done` a test runs as is on both."""
+    transport = httpx.MockTransport(handler)
+    if mode == "sync":
+        with SandboxClient("http://gw", "t", namespace="ns", transport=transport, retry=FAST) as client:
+            yield client.connect("s1", auto_heartbeat=False)
+    else:
+        async with AsyncSandboxClient("http://gw", "t", namespace="ns", transport=transport, retry=FAST) as aclient:
+            yield await aclient.connect("s1", auto_heartbeat=False)
+
+
+async def done(value: Any) -> Any:
+    """The result of a sync call, or of an async call's awaitable."""
+    return await value if inspect.isawaitable(value) else value
+
+
+def run_sdk_doc_block(section: str, cluster: Cluster, monkeypatch: pytest.MonkeyPatch,
+                      replacements: dict[str, str] | None = None) -> None:
+    """Runs the first Python block under ``## {section}`` of docs/SDK.md as it is written there (after the
+    literal ``replacements``), its client configured by the environment for ``cluster``; closes a
+    ``client`` it left open."""
+    doc = (Path(__file__).resolve().parents[3] / "docs" / "SDK.md").read_text()
+    block = doc.split(f"## {section}\n", 1)[1].split("```python\n", 1)[1].split("```", 1)[0]
+    for old, new in (replacements or {}).items():
+        block = block.replace(old, new)
+    monkeypatch.setenv("ORCHARD_GATEWAY_URL", cluster.gateway)
+    monkeypatch.setenv("ORCHARD_TOKEN", cluster.token)
+    monkeypatch.setenv("ORCHARD_NAMESPACE", cluster.namespace)
+    scope: dict[str, Any] = {}
+    try:
+        exec(compile(block, "docs/SDK.md", "exec"), scope)
+    finally:
+        if isinstance(scope.get("client"), SandboxClient):
+            scope["client"].close()

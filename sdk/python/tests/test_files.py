@@ -4,20 +4,16 @@ object, ``download`` answers bytes, ``download_file`` writes to a local path or 
 
 from __future__ import annotations
 
-import contextlib
 import inspect
 import io
-from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
 
-from orchard_env import AsyncSandboxClient, RetryPolicy, SandboxClient
+from conftest import DRIVERS, sandbox_of
 
-FAST = RetryPolicy(attempts=3, backoff=0.001, max_backoff=0.002)
-DRIVERS = pytest.mark.parametrize("mode", ["sync", "async"])
 FILES = "/v1/namespaces/ns/sandboxes/s1/files"
 READY = {"metadata": {"name": "s1"}, "spec": {"image": "x"},
          "status": {"phase": "Ready", "conditions": [{"type": "Ready", "status": "True"}]}}
@@ -48,19 +44,10 @@ class Agent:
         return httpx.Response(404, json={"code": "NotFound", "message": request.url.path})
 
 
-@contextlib.asynccontextmanager
-async def sandbox_of(mode: str, agent: Agent) -> AsyncIterator[Any]:
-    """A handle on ``s1`` of either driver; with :func:`done` a test runs as is on both."""
-    transport = httpx.MockTransport(agent)
-    if mode == "sync":
-        with SandboxClient("http://gw", "t", namespace="ns", transport=transport, retry=FAST) as client:
-            yield client.connect("s1", auto_heartbeat=False)
-    else:
-        async with AsyncSandboxClient("http://gw", "t", namespace="ns", transport=transport, retry=FAST) as aclient:
-            yield await aclient.connect("s1", auto_heartbeat=False)
-
 
 async def done(value: Any) -> Any:
+    """The result of a sync call, or of an async call's awaitable. Here, not in conftest: the deprecation
+    warnings point at the frame that makes the call, which the tests check is this file."""
     return await value if inspect.isawaitable(value) else value
 
 

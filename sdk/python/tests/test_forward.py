@@ -16,14 +16,13 @@ import threading
 import time
 import urllib.request
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
 
 from orchard_env import AsyncSandboxClient, RetryPolicy, SandboxClient
 
-from conftest import Cluster
+from conftest import Cluster, run_sdk_doc_block
 
 FAST = RetryPolicy(attempts=2, backoff=0.001, max_backoff=0.002)
 BASE = "/v1/namespaces/ns/sandboxes/s1"
@@ -244,19 +243,8 @@ async def test_the_async_forward_reaches_the_sandbox(aclient: AsyncSandboxClient
 @pytest.mark.cluster
 def test_the_port_forwarding_block_of_the_docs_runs(cluster: Cluster, monkeypatch: pytest.MonkeyPatch,
                                                     capsys: pytest.CaptureFixture[str]) -> None:
-    """The "Port forwarding" block of docs/SDK.md, as written there (its client configured by the
-    environment; port 8000 becomes a free one, since sandboxes of the local cluster share this machine's
-    loopback)."""
-    doc = (Path(__file__).resolve().parents[3] / "docs" / "SDK.md").read_text()
-    block = doc.split("## Port forwarding", 1)[1].split("```python\n", 1)[1].split("```", 1)[0]
-    monkeypatch.setenv("ORCHARD_GATEWAY_URL", cluster.gateway)
-    monkeypatch.setenv("ORCHARD_TOKEN", cluster.token)
-    monkeypatch.setenv("ORCHARD_NAMESPACE", cluster.namespace)
-    code = block.replace("8000", str(free_port())).replace('"python:3.11"', repr(cluster.python_image))
-    scope: dict[str, Any] = {}
-    try:
-        exec(compile(code, "docs/SDK.md", "exec"), scope)
-    finally:
-        if isinstance(scope.get("client"), SandboxClient):
-            scope["client"].close()
+    """The "Port forwarding" block of docs/SDK.md, as written there (port 8000 becomes a free one, since
+    sandboxes of the local cluster share this machine's loopback)."""
+    replacements = {"8000": str(free_port()), '"python:3.11"': repr(cluster.python_image)}
+    run_sdk_doc_block("Port forwarding", cluster, monkeypatch, replacements)
     assert capsys.readouterr().out == "<h1>from the sandbox</h1>\n"

@@ -6,22 +6,17 @@ asked size answering a prompt."""
 
 from __future__ import annotations
 
-import contextlib
-import inspect
 import json
 import time
-from collections.abc import AsyncIterator
 from typing import Any
 
 import httpx
 import pytest
 
-from orchard_env import AsyncSandboxClient, Conflict, RetryPolicy, SandboxClient
+from orchard_env import Conflict, SandboxClient
 
-from conftest import Cluster
+from conftest import DRIVERS, FAST, Cluster, done, sandbox_of
 
-FAST = RetryPolicy(attempts=3, backoff=0.001, max_backoff=0.002)
-DRIVERS = pytest.mark.parametrize("mode", ["sync", "async"])
 BASE = "/v1/namespaces/ns/sandboxes/s1"
 READY = {"metadata": {"name": "s1"}, "spec": {"image": "x"},
          "status": {"phase": "Ready", "conditions": [{"type": "Ready", "status": "True"}]}}
@@ -48,21 +43,6 @@ class Agent:
 
     def bodies(self, route: str) -> list[Any]:
         return [body for _, r, body in self.calls if r == route]
-
-
-@contextlib.asynccontextmanager
-async def sandbox_of(mode: str, agent: Agent) -> AsyncIterator[Any]:
-    transport = httpx.MockTransport(agent)
-    if mode == "sync":
-        with SandboxClient("http://gw", "t", namespace="ns", transport=transport, retry=FAST) as client:
-            yield client.connect("s1", auto_heartbeat=False)
-    else:
-        async with AsyncSandboxClient("http://gw", "t", namespace="ns", transport=transport, retry=FAST) as aclient:
-            yield await aclient.connect("s1", auto_heartbeat=False)
-
-
-async def done(value: Any) -> Any:
-    return await value if inspect.isawaitable(value) else value
 
 
 @DRIVERS

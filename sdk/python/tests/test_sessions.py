@@ -8,12 +8,8 @@ docs/SDK.md as it is written there."""
 from __future__ import annotations
 
 import asyncio
-import contextlib
-import inspect
 import json
 import threading
-from collections.abc import AsyncIterator
-from pathlib import Path
 from typing import Any
 
 import httpx
@@ -26,7 +22,6 @@ from orchard_env import (
     Conflict,
     Forbidden,
     InvalidRequest,
-    RetryPolicy,
     SandboxClient,
     Session,
     SessionInfo,
@@ -35,10 +30,8 @@ from orchard_env import (
 )
 from orchard_env import _ops
 
-from conftest import Cluster
+from conftest import DRIVERS, Cluster, done, run_sdk_doc_block, sandbox_of
 
-FAST = RetryPolicy(attempts=3, backoff=0.001, max_backoff=0.002)
-DRIVERS = pytest.mark.parametrize("mode", ["sync", "async"])
 BASE = "/v1/namespaces/ns/sandboxes/s1"
 READY = {"metadata": {"name": "s1"}, "spec": {"image": "x"},
          "status": {"phase": "Ready", "conditions": [{"type": "Ready", "status": "True"}]}}
@@ -102,23 +95,6 @@ class Agent:
 
 def error(status: int, code: str, message: str, retryable: bool = False) -> httpx.Response:
     return httpx.Response(status, json={"code": code, "message": message, "retryable": retryable})
-
-
-@contextlib.asynccontextmanager
-async def sandbox_of(mode: str, agent: Agent) -> AsyncIterator[Any]:
-    """A handle on ``s1`` of either driver; with :func:`done` a test runs as is on both."""
-    transport = httpx.MockTransport(agent)
-    if mode == "sync":
-        with SandboxClient("http://gw", "t", namespace="ns", transport=transport, retry=FAST) as client:
-            yield client.connect("s1", auto_heartbeat=False)
-    else:
-        async with AsyncSandboxClient("http://gw", "t", namespace="ns", transport=transport, retry=FAST) as aclient:
-            yield await aclient.connect("s1", auto_heartbeat=False)
-
-
-async def done(value: Any) -> Any:
-    """The result of a sync call, or of an async call's awaitable."""
-    return await value if inspect.isawaitable(value) else value
 
 
 # -- user= on exec, streamed exec and processes ------------------------------------------------------
@@ -375,18 +351,7 @@ async def test_async_sessions(aclient: AsyncSandboxClient, cluster: Cluster) -> 
 @pytest.mark.cluster
 def test_the_shell_sessions_block_of_the_docs_runs(cluster: Cluster, monkeypatch: pytest.MonkeyPatch,
                                                    capsys: pytest.CaptureFixture[str]) -> None:
-    """The "Shell sessions" block of docs/SDK.md, as it is written there (its client configured by the
-    environment)."""
-    doc = (Path(__file__).resolve().parents[3] / "docs" / "SDK.md").read_text()
-    block = doc.split("## Shell sessions", 1)[1].split("```python\n", 1)[1].split("```", 1)[0]
-    monkeypatch.setenv("ORCHARD_GATEWAY_URL", cluster.gateway)
-    monkeypatch.setenv("ORCHARD_TOKEN", cluster.token)
-    monkeypatch.setenv("ORCHARD_NAMESPACE", cluster.namespace)
-    scope: dict[str, Any] = {}
-    try:
-        exec(compile(block.replace('"busybox"', repr(cluster.image)), "docs/SDK.md", "exec"), scope)
-    finally:
-        if isinstance(scope.get("client"), SandboxClient):
-            scope["client"].close()
+    """The "Shell sessions" block of docs/SDK.md, as it is written there."""
+    run_sdk_doc_block("Shell sessions", cluster, monkeypatch, {'"busybox"': repr(cluster.image)})
     out = capsys.readouterr().out.splitlines()
     assert out == ["/tmp", "hello", "True", "name? hi bob", "True 130", "ok", "65534"], out

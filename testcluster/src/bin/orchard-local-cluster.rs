@@ -85,6 +85,7 @@ async fn main() {
                 "kind": "real",
                 "images": {
                     "debian-python": node.image("debian-python"),
+                    "debian-chromium": node.image("debian-chromium"),
                     "busybox": node.image("busybox"),
                     "probe": node.image("probe"),
                 },

@@ -15,7 +15,8 @@ use crate::error::{E2eError, Result};
 /// An image built by `images.sh`: its name and OCI layout directory.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Built {
-    /// `debian-python`, `busybox`, `probe`, `pause`, `orchard-agent`, `orchard-operator`.
+    /// `debian-python`, `debian-chromium`, `busybox`, `probe`, `pause`, `orchard-agent`,
+    /// `orchard-operator`.
     pub name: String,
     /// OCI image layout.
     pub layout: PathBuf,
@@ -24,7 +25,7 @@ pub struct Built {
 /// The tag each image is pushed under (pure).
 pub fn tag_of(name: &str) -> &'static str {
     match name {
-        "debian-python" => "trixie",
+        "debian-python" | "debian-chromium" => "trixie",
         "busybox" => "1.35",
         "pause" => "3.10",
         "probe" => "1",

@@ -284,7 +284,8 @@ impl RealNode {
             .map(|c| c.name().to_string())
     }
 
-    /// The image reference of a built image (`debian-python`, `busybox`, `probe`, `orchard-agent`).
+    /// The image reference of a built image (`debian-python`, `debian-chromium`, `busybox`, `probe`,
+    /// `orchard-agent`).
     pub fn image(&self, name: &str) -> String {
         self.images.reference(name)
     }

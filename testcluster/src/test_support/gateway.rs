@@ -394,6 +394,21 @@ impl Caller {
     }
 }
 
+/// Sends an HTTP/1.0 `GET path` through an open tunnel and reads the answer until the server closes.
+pub async fn get_through(mut tunnel: tokio::net::TcpStream, path: &str) -> String {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    tunnel
+        .write_all(format!("GET {path} HTTP/1.0\r\n\r\n").as_bytes())
+        .await
+        .expect("send through the tunnel");
+    let mut answer = Vec::new();
+    tunnel
+        .read_to_end(&mut answer)
+        .await
+        .expect("read through the tunnel");
+    String::from_utf8_lossy(&answer).to_string()
+}
+
 /// The data of a chunked HTTP/1.1 body (`raw` ends with the last chunk).
 fn dechunk(raw: &[u8]) -> Vec<u8> {
     let mut data = Vec::new();

@@ -2,7 +2,7 @@
 //! (agent/src/policy_gate.rs) open in this cluster, learnt from the sandboxes themselves.
 //!
 //! Evidence comes from a sandbox's status and Pod ([`evidence_of`]): a sandbox whose agent waited
-//! past [`POLICY_WAIT_WARNING`](crate::sandbox::status::POLICY_WAIT_WARNING) for its policies
+//! past the policy wait warning (30 s, `sandbox::status::POLICY_WAIT_WARNING`) for its policies
 //! (`Stalled=True`, reason `PolicyEnforcementMissing`) says they are `Missing`; one whose gated agent
 //! became Ready says they are `Enforced`. The latest evidence wins ([`next`]), so the verdict follows
 //! an enforcer installed or removed while the operator runs. Sandboxes told early by the verdict
@@ -14,8 +14,10 @@ use k8s_openapi::jiff::Timestamp;
 
 use crate::plumbing::conditions::STALLED;
 use crate::pod::policy_canary::awaits_enforcement;
-use crate::sandbox::status::POLICY_ENFORCEMENT_MISSING;
 use orchard_api::SandboxStatus;
+
+/// Reason of a sandbox whose agent waits for NetworkPolicies nothing seems to enforce.
+pub const POLICY_ENFORCEMENT_MISSING: &str = "PolicyEnforcementMissing";
 
 pub mod shared;
 

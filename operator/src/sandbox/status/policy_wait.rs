@@ -9,10 +9,8 @@ use k8s_openapi::jiff::{SignedDuration, Timestamp};
 
 use crate::pod::health::task_running_since;
 use crate::pod::policy_canary::awaits_enforcement;
+pub use crate::sandbox::enforcement::POLICY_ENFORCEMENT_MISSING;
 use crate::sandbox::enforcement::Verdict;
-
-/// Reason of a sandbox whose agent waits for NetworkPolicies nothing seems to enforce.
-pub const POLICY_ENFORCEMENT_MISSING: &str = "PolicyEnforcementMissing";
 
 /// How long an agent may wait for its NetworkPolicies, after its container started, before the
 /// sandbox says that no enforcer may be programming them.

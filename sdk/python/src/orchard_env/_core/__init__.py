@@ -11,8 +11,8 @@ writes, and running the episodes of ``drive``.
 One module per resource, as the public classes: :mod:`.steps` (steps, the runner, retries and
 long-polls), :mod:`.client` (:class:`ClientCore`), :mod:`.sandbox` (:class:`SandboxCore` and the pure
 helpers of exec streams and file transfers), :mod:`.process` (:class:`ProcessCore`), :mod:`.session`
-(:class:`SessionCore`), :mod:`.group` (:class:`GroupCore`) and :mod:`.drive` (trainer-driven groups).
-Everything is re-exported here.
+(:class:`SessionCore`; both on :mod:`.handle`'s :class:`HandleCore`), :mod:`.group` (:class:`GroupCore`)
+and :mod:`.drive` (trainer-driven groups). Everything is re-exported here.
 
 Nothing here does I/O, so plans can be driven step by step in tests.
 """

@@ -4,35 +4,20 @@ and close (docs/AGENT.md, "Shell sessions")."""
 from __future__ import annotations
 
 import contextlib
-from typing import Any
 
 from .. import _ops
 from ..errors import CommandFailed, NotFound
 from ..models import SessionInfo, SessionReadResult, SessionRunResult
-from .steps import Plan, T
+from .handle import HandleCore
+from .steps import Plan
 
 
-class SessionCore:
+class SessionCore(HandleCore[SessionInfo]):
     """State and plans of a shell session handle; the plans that answer the session's status keep
     :attr:`info` up to date."""
 
-    def __init__(self, sandbox: Any, id: str, info: SessionInfo | None) -> None:
-        self.sandbox = sandbox
-        self.id = id
-        self.info = info
-
-    def __repr__(self) -> str:
-        return f"{type(self).__name__}({self.id}, state={self.info.state if self.info else '?'})"
-
-    def _run(self, plan: Plan[T]) -> Any:
-        return self.sandbox._run(plan)
-
     def _path(self, rest: str = "") -> str:
         return f"/sessions/{self.id}{rest}"
-
-    def _track(self, plan: Plan[SessionInfo]) -> Plan[SessionInfo]:
-        self.info = yield from plan
-        return self.info
 
     def _status_plan(self) -> Plan[SessionInfo]:
         return SessionInfo.from_json((yield from self.sandbox._agent("GET", self._path())).json())
