@@ -1051,6 +1051,58 @@ async fn sessions_users_tunnels_and_metrics_work_in_real_containers() {
             "{image}: {page}"
         );
 
+        // A directory out as a tar stream and back in elsewhere (mode and symlink kept), stat, rename.
+        let made = sh(
+            &admin,
+            &ns,
+            &name,
+            "mkdir -p /tmp/d/e && echo hi > /tmp/d/e/run.sh && chmod 0755 /tmp/d/e/run.sh && ln -s e/run.sh /tmp/d/link",
+        )
+        .await;
+        assert_eq!(made["exitCode"], 0, "{image}: {made}");
+        let tar = admin
+            .request(reqwest::Method::GET, &at("/files/tar?path=/tmp/d"))
+            .send()
+            .await
+            .expect("tar download");
+        assert_eq!(tar.status(), 200, "{image}");
+        let tar = tar.bytes().await.expect("tar bytes");
+        let extracted = admin
+            .send(
+                admin
+                    .request(reqwest::Method::PUT, &at("/files/tar?path=/tmp/copy"))
+                    .body(tar),
+            )
+            .await;
+        assert_eq!(extracted.status, 201, "{image}: {extracted:?}");
+        let script = admin.get(&at("/files/stat?path=/tmp/copy/e/run.sh")).await;
+        let link = admin.get(&at("/files/stat?path=/tmp/copy/link")).await;
+        assert_eq!(script.body["mode"], json!(0o755), "{image}: {script:?}");
+        assert_eq!(
+            (&link.body["type"], &link.body["target"]),
+            (&json!("symlink"), &json!("e/run.sh")),
+            "{image}: {link:?}"
+        );
+        let renamed = admin
+            .post(
+                &at("/files/rename"),
+                json!({"from": "/tmp/copy/e/run.sh", "to": "/tmp/copy/moved.sh"}),
+            )
+            .await;
+        assert_eq!(renamed.status, 200, "{image}: {renamed:?}");
+        let moved = sh(&admin, &ns, &name, "cat /tmp/copy/moved.sh").await;
+        assert_eq!(stdout(&moved), "hi\n", "{image}: {moved}");
+
+        // The lifetime, set from now.
+        let extended = admin
+            .post(&at("/timeout"), json!({"timeoutSeconds": 900}))
+            .await;
+        assert_eq!(extended.status, 200, "{image}: {extended:?}");
+        assert!(
+            extended.body["ttlEndsAt"].is_string(),
+            "{image}: {extended:?}"
+        );
+
         let usage = admin.get(&at("/metrics")).await;
         assert_eq!(usage.status, 200, "{image}: {usage:?}");
         assert!(
