@@ -30,6 +30,9 @@ const CRATES: &[&str] = &[
     "bar",
     "bench-support",
     "kubectl-orchard",
+    "testcluster",
+    "bench",
+    "xtask",
 ];
 
 fn src(krate: &str) -> PathBuf {

@@ -14,9 +14,9 @@ mod ip_pool;
 pub mod mounts;
 pub mod pod_status;
 mod pod_worker;
+mod shared;
 
-use std::collections::{BTreeMap, HashMap};
-use std::path::PathBuf;
+use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::sync::{Arc, Mutex};
 
@@ -32,38 +32,8 @@ use tracing::{debug, warn};
 use crate::error::Result;
 use ip_pool::IpPool;
 use pod_worker::{PodCommand, PodWorker};
-
-/// How the local node behaves.
-#[derive(Debug, Clone)]
-pub struct NodeConfig {
-    /// Node name.
-    pub name: String,
-    /// Where per-pod directories (volumes, root) are created.
-    pub work_dir: PathBuf,
-    /// Root filesystem of the agent injector image: a directory holding `orchard-agent`.
-    pub agent_image_root: PathBuf,
-    /// Images whose reference contains this string use `agent_image_root`.
-    pub agent_image_pattern: String,
-    /// Labels of the Node (pods' `nodeSelector` must match them).
-    pub labels: BTreeMap<String, String>,
-}
-
-impl NodeConfig {
-    /// A node named `name` working under `work_dir`, with the agent image rooted at `agent_image_root`.
-    pub fn new(name: &str, work_dir: PathBuf, agent_image_root: PathBuf) -> Self {
-        Self {
-            name: name.to_string(),
-            work_dir,
-            agent_image_root,
-            agent_image_pattern: "orchard-agent".to_string(),
-            labels: BTreeMap::from([
-                ("kubernetes.io/hostname".to_string(), name.to_string()),
-                ("kubernetes.io/os".to_string(), "linux".to_string()),
-                ("orchard.dev/local-node".to_string(), "true".to_string()),
-            ]),
-        }
-    }
-}
+pub use shared::NodeConfig;
+use shared::NodeShared;
 
 struct PodHandle {
     namespace: String,
@@ -73,23 +43,19 @@ struct PodHandle {
 }
 
 pub(crate) struct Inner {
-    client: Client,
-    config: NodeConfig,
+    /// What the pod workers share with the node (its fields read through `Deref`).
+    shared: Arc<NodeShared>,
     pods: Mutex<HashMap<String, PodHandle>>,
     unschedulable_reported: Mutex<std::collections::HashSet<String>>,
-    unpullable: Mutex<Option<String>>,
-    paused: AtomicBool,
-    ip_pool: Mutex<IpPool>,
     bind_slots: Semaphore,
-    /// Secrets from a watch, like a kubelet's watch-based secret manager (no GET per pod).
-    secrets: kube::runtime::reflector::Store<k8s_openapi::api::core::v1::Secret>,
-    /// Woken on every Secret change.
-    secret_changed: tokio::sync::Notify,
-    /// Uids of pods removed since the last sweep for processes that escaped their agent.
-    finished_pods: Mutex<std::collections::HashSet<String>>,
-    /// Uids of pods this node sent its final DELETE for, until the watch reports them gone: a late
-    /// update of such a pod must not start a second worker (whose DELETE would only get a 404).
-    terminated_pods: Mutex<std::collections::HashSet<String>>,
+}
+
+impl std::ops::Deref for Inner {
+    type Target = NodeShared;
+
+    fn deref(&self) -> &NodeShared {
+        &self.shared
+    }
 }
 
 /// Handle to a running local node.
@@ -104,18 +70,20 @@ impl HollowNode {
         std::fs::create_dir_all(&config.work_dir)?;
         let (secrets, secret_writer) = kube::runtime::reflector::store();
         let inner = Arc::new(Inner {
-            client,
-            config,
+            shared: Arc::new(NodeShared {
+                client,
+                config,
+                paused: AtomicBool::new(false),
+                secrets,
+                secret_changed: tokio::sync::Notify::new(),
+                unpullable: Mutex::new(None),
+                ip_pool: Mutex::new(IpPool::for_this_process()),
+                finished_pods: Mutex::new(Default::default()),
+                terminated_pods: Mutex::new(Default::default()),
+            }),
             pods: Mutex::new(HashMap::new()),
             unschedulable_reported: Mutex::new(Default::default()),
-            unpullable: Mutex::new(None),
-            paused: AtomicBool::new(false),
-            ip_pool: Mutex::new(IpPool::for_this_process()),
             bind_slots: Semaphore::new(64),
-            secrets,
-            secret_changed: tokio::sync::Notify::new(),
-            finished_pods: Mutex::new(Default::default()),
-            terminated_pods: Mutex::new(Default::default()),
         });
         tokio::spawn(sweep_finished_pods(inner.clone()));
         {
@@ -217,7 +185,7 @@ impl HollowNode {
                 }
                 let inner = self.inner.clone();
                 tokio::spawn(async move {
-                    PodWorker::new(inner.clone(), pod, rx, agent_pid)
+                    PodWorker::new(inner.shared.clone(), pod, rx, agent_pid)
                         .run()
                         .await;
                     inner

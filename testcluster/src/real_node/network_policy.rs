@@ -12,8 +12,8 @@ use kube::Client;
 use kube::api::{Api, Patch, PatchParams};
 use serde_json::json;
 
-use super::NODE_NAME;
 use super::layout::Layout;
+use super::layout::NODE_NAME;
 use super::namespaces::exec_in_node;
 use crate::error::{E2eError, Result};
 

@@ -16,9 +16,9 @@ use nix::sys::signal::Signal;
 use tokio::sync::mpsc;
 use tracing::debug;
 
-use super::Inner;
 use super::mounts::image_matches;
 use super::pod_status::{ContainerState, ContainerView, PodView, status_patch};
+use super::shared::NodeShared;
 use crate::now_rfc3339;
 use crate::supervise::{Child, Exit, SIGKILL, kill_marked};
 
@@ -64,7 +64,7 @@ struct ProbeTarget {
 }
 
 pub(crate) struct PodWorker {
-    inner: Arc<Inner>,
+    inner: Arc<NodeShared>,
     pod: Pod,
     commands: mpsc::UnboundedReceiver<PodCommand>,
     dir: PathBuf,
@@ -92,7 +92,7 @@ fn waiting(reason: &str, message: Option<String>) -> ContainerState {
 
 impl PodWorker {
     pub(crate) fn new(
-        inner: Arc<Inner>,
+        inner: Arc<NodeShared>,
         pod: Pod,
         commands: mpsc::UnboundedReceiver<PodCommand>,
         agent_pid: Arc<AtomicU32>,
