@@ -127,6 +127,7 @@ pub async fn run(args: OperatorArgs) -> Result<()> {
         ),
         client: controller_client,
         caches: watches.caches.clone(),
+        filled: watches.filled.clone(),
         metrics: metrics.clone(),
         backoff: memory.backoff.clone(),
         own_writes: memory.own_writes.clone(),

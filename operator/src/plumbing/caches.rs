@@ -63,4 +63,20 @@ impl CacheFill {
         .iter()
         .all(|flag| flag.load(Ordering::Relaxed))
     }
+
+    /// Flags that say every cache is filled (tests whose caches are filled by hand).
+    pub fn all_set() -> Self {
+        let fill = Self::default();
+        for flag in [
+            &fill.sandboxes,
+            &fill.pods,
+            &fill.policies,
+            &fill.rollout_groups,
+            &fill.rollout_queues,
+            &fill.sandbox_pools,
+        ] {
+            flag.store(true, Ordering::Relaxed);
+        }
+        fill
+    }
 }

@@ -11,7 +11,7 @@ use kube::runtime::controller::Action;
 use kube::runtime::events::Recorder;
 
 use crate::plumbing::backoff::ReconcileBackoff;
-use crate::plumbing::caches::Caches;
+use crate::plumbing::caches::{CacheFill, Caches};
 use crate::plumbing::error::Error;
 use crate::plumbing::leader::Leadership;
 use crate::plumbing::metrics::Metrics;
@@ -27,6 +27,9 @@ pub struct KubeCtx {
     pub client: Client,
     /// Watch caches.
     pub caches: Caches,
+    /// Which caches have their first full list: no reconcile decides before all have (a decision
+    /// on a half-listed cache, e.g. a queue that sees no running trajectory yet, would be wrong).
+    pub filled: CacheFill,
     /// Metrics registry.
     pub metrics: Metrics,
     /// Event recorder (one for the whole process).

@@ -236,6 +236,7 @@ pub fn scripted(caches: &TestCaches, script: Vec<Expect>) -> Scripted {
         ),
         client,
         caches: caches.caches.clone(),
+        filled: crate::plumbing::caches::CacheFill::all_set(),
         metrics: Metrics::new().unwrap_or_else(|err| panic!("metrics: {err}")),
         backoff: Arc::new(ReconcileBackoff::new(
             Duration::from_millis(100),

@@ -1,4 +1,5 @@
-//! What every reconcile does around its own work, once: a slot (FIFO, bounded), the duration metric,
+//! What every reconcile does around its own work, once: waiting for the watch caches' first lists, a
+//! slot (FIFO, bounded), the duration metric,
 //! leadership as a cancellation signal, the object's freshest version, success bookkeeping and the
 //! next requeue, and per-object backoff on failure.
 
@@ -15,6 +16,9 @@ use crate::plumbing::kube_ctx::{KubeCtx, object_key};
 use crate::plumbing::metrics::ReconcileTimer;
 use crate::plumbing::reconcile_slots::ReconcileSlots;
 use crate::plumbing::writes;
+
+/// How soon a reconcile that came before the caches were filled is tried again.
+const CACHE_FILL_RETRY: Duration = Duration::from_millis(200);
 
 /// One controller's reconcile of one object.
 pub struct Reconcile<'a, K: kube::Resource<DynamicType = ()> + 'static> {
@@ -45,6 +49,10 @@ where
             Some(slots) => Some(slots.acquire().await),
             None => None,
         };
+        if !self.kube.filled.all_filled() {
+            // Started moments ago: decide nothing on caches that have not listed everything yet.
+            return Ok(Action::requeue(CACHE_FILL_RETRY));
+        }
         let _timer = ReconcileTimer::start(&self.kube.metrics, self.controller);
         let next = self
             .kube

@@ -58,6 +58,11 @@ pub async fn run(
                 pending.extend(all_queues(&ctx));
             }
         }
+        if !ctx.kube.filled.all_filled() {
+            // Counts from half-listed caches would be wrong: wait for the first lists (the sweep
+            // brings every queue back).
+            continue;
+        }
         let keys = std::mem::take(&mut pending);
         for key in keys {
             if let Some(retry_in) = pass(&ctx, &key, &mut last_write).await {

@@ -208,6 +208,38 @@ async fn a_new_group_launches_its_first_stride_then_records_it() {
 }
 
 #[tokio::test]
+async fn nothing_is_decided_before_every_cache_has_its_first_list() {
+    use std::sync::atomic::Ordering;
+    let g = group();
+    let mut caches = TestCaches::default();
+    cache(&mut caches.rollout_groups, g.clone());
+    // The same script as a first stride's: the early reconcile must send none of it.
+    let script = scripted(
+        &caches,
+        vec![
+            trajectory_create(0),
+            trajectory_create(1),
+            Expect::create(EVENTS, "uid-event"),
+            status_write(&g, |_| {}),
+        ],
+    );
+    // Just restarted: the Pod cache has not listed yet, so trajectories that run are not seen.
+    script.kube.filled.pods.store(false, Ordering::Relaxed);
+    let early = reconcile(Arc::new(g.clone()), ctx(&script))
+        .await
+        .expect("reconcile");
+    assert_eq!(
+        early,
+        kube::runtime::controller::Action::requeue(std::time::Duration::from_millis(200))
+    );
+    script.kube.filled.pods.store(true, Ordering::Relaxed);
+    reconcile(Arc::new(g), ctx(&script))
+        .await
+        .expect("reconcile");
+    script.finish().await;
+}
+
+#[tokio::test]
 async fn a_balanced_stride_completes_the_group_and_deletes_its_trajectories_by_uid() {
     let g = launched(group());
     let mut caches = TestCaches::default();
