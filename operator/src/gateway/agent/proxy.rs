@@ -264,13 +264,9 @@ impl AgentProxy {
                 request.headers_mut().insert(name.clone(), value.clone());
             }
         }
-        let authorization =
-            HeaderValue::from_str(&format!("Bearer {}", target.token)).map_err(|_| {
-                ApiError::internal("the sandbox's agent token is not valid header text")
-            })?;
         request
             .headers_mut()
-            .insert(header::AUTHORIZATION, authorization);
+            .insert(header::AUTHORIZATION, bearer(target)?);
 
         let answer = self.client.request(request);
         tokio::pin!(answer);
@@ -293,6 +289,12 @@ impl AgentProxy {
             }
         }
     }
+}
+
+/// The `Authorization` header of a call to `target`'s agent: the sandbox's own token.
+pub(super) fn bearer(target: &Target) -> Result<HeaderValue, ApiError> {
+    HeaderValue::from_str(&format!("Bearer {}", target.token))
+        .map_err(|_| ApiError::internal("the sandbox's agent token is not valid header text"))
 }
 
 /// The agent's answer as the gateway passes it back: status, body and end-to-end headers.

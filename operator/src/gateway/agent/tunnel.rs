@@ -22,7 +22,7 @@ use tokio::sync::OwnedSemaphorePermit;
 use utoipa::IntoParams;
 
 use super::proxy::{
-    AgentFailure, AgentProxy, NotifyOnEnd, Target, agent_error, classify, passed_through,
+    AgentFailure, AgentProxy, NotifyOnEnd, Target, agent_error, bearer, classify, passed_through,
 };
 use crate::gateway::auth::access::{Access, Operation};
 use crate::gateway::auth::revalidate::Guard;
@@ -193,15 +193,11 @@ impl AgentProxy {
                     target.sandbox, target.endpoint
                 ))
             })?;
-        let authorization =
-            HeaderValue::from_str(&format!("Bearer {}", target.token)).map_err(|_| {
-                ApiError::internal("the sandbox's agent token is not valid header text")
-            })?;
         let (body, _sent) = NotifyOnEnd::new(Body::empty());
         let request = axum::http::Request::builder()
             .method(Method::GET)
             .uri(uri)
-            .header(header::AUTHORIZATION, authorization)
+            .header(header::AUTHORIZATION, bearer(target)?)
             .header(header::CONNECTION, "Upgrade")
             .header(header::UPGRADE, TUNNEL_PROTOCOL)
             .body(body)
