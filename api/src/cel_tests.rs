@@ -90,6 +90,102 @@ fn allow_list_egress_needs_a_rule() {
     );
 }
 
+fn allow_list(allow: Value) -> Value {
+    sandbox(json!({"image": "i", "network": {"egress": "AllowList", "allow": allow}}))
+}
+
+#[test]
+fn egress_host_patterns_are_names_wildcards_or_any() {
+    for host in [
+        "pypi.org",
+        "*.github.com",
+        "*",
+        "files.pythonhosted.org",
+        "a-b.example",
+        "localhost",
+    ] {
+        let ok = allow_list(json!([{"host": host, "ports": [{"port": 443}]}]));
+        assert_eq!(
+            violations::<Sandbox>(ok, None),
+            Vec::<String>::new(),
+            "{host}"
+        );
+    }
+    for host in [
+        "https://pypi.org",
+        "pypi.org/simple",
+        "pypi.org:443",
+        "PyPI.org",
+        "*github.com",
+        "a.*.com",
+        "10.0.0.1",
+        "*.10.0.0.1",
+        "-bad.example",
+        "two..dots",
+        "",
+    ] {
+        let bad = allow_list(json!([{"host": host}]));
+        assert_rejects(
+            violations::<Sandbox>(bad, None),
+            "network.allow[].host must be a host name such as pypi.org",
+        );
+    }
+    let bad = sandbox(
+        json!({"image": "i", "network": {"egress": "AllowList", "allow": [{"host": "*"}], "deny": [{"host": "http://huggingface.co"}]}}),
+    );
+    assert_rejects(
+        violations::<Sandbox>(bad, None),
+        "network.deny[].host must be a host name",
+    );
+}
+
+#[test]
+fn an_allow_entry_names_a_cidr_or_a_host() {
+    for entry in [
+        json!({"cidr": "10.0.0.0/8", "host": "pypi.org"}),
+        json!({"ports": [{"port": 443}]}),
+    ] {
+        assert_rejects(
+            violations::<Sandbox>(allow_list(json!([entry])), None),
+            "names exactly one of cidr",
+        );
+    }
+    let udp = allow_list(json!([{"host": "pypi.org", "ports": [{"port": 53, "protocol": "UDP"}]}]));
+    assert_rejects(violations::<Sandbox>(udp, None), "carries TCP only");
+    let tcp =
+        allow_list(json!([{"host": "pypi.org", "ports": [{"port": 443, "protocol": "TCP"}]}]));
+    assert!(violations::<Sandbox>(tcp, None).is_empty());
+}
+
+#[test]
+fn deny_needs_host_allows() {
+    let ok = sandbox(
+        json!({"image": "i", "network": {"egress": "AllowList", "allow": [{"host": "*"}], "deny": [{"host": "huggingface.co"}, {"host": "*.github.com"}]}}),
+    );
+    assert_eq!(violations::<Sandbox>(ok, None), Vec::<String>::new());
+    for network in [
+        json!({"egress": "AllowAll", "deny": [{"host": "huggingface.co"}]}),
+        json!({"egress": "AllowList", "allow": [{"cidr": "10.0.0.0/8"}], "deny": [{"host": "huggingface.co"}]}),
+    ] {
+        let bad = sandbox(json!({"image": "i", "network": network}));
+        assert_rejects(
+            violations::<Sandbox>(bad, None),
+            "network.deny needs egress AllowList with at least one allow[].host entry",
+        );
+    }
+}
+
+#[test]
+fn network_may_change_on_a_running_sandbox() {
+    let old = sandbox(
+        json!({"image": "i", "network": {"egress": "AllowList", "allow": [{"host": "pypi.org"}]}}),
+    );
+    let new = sandbox(
+        json!({"image": "i", "network": {"egress": "AllowList", "allow": [{"host": "*.github.com"}]}}),
+    );
+    assert_eq!(violations::<Sandbox>(new, Some(old)), Vec::<String>::new());
+}
+
 #[test]
 fn egress_cidr_must_be_a_cidr() {
     let ok = sandbox(

@@ -297,19 +297,36 @@ pub struct EnvVar {
 
 /// Network isolation of one sandbox. The namespace baseline denies all egress of sandbox pods; this adds
 /// only what the sandbox asks for, never a broad allow that would widen a user's own default-deny.
+/// It may change while the sandbox runs (`kubectl patch`, the gateway's `PUT .../network`): new
+/// NetworkPolicies and host rules apply within seconds, and connections to hosts no longer allowed
+/// are cut.
 #[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq, Default)]
 #[x_kube(validation = Rule::new("self.egress == 'AllowList' || !has(self.allow) || size(self.allow) == 0").message("network.allow may only be set when network.egress is AllowList"))]
 #[x_kube(validation = Rule::new("self.egress != 'AllowList' || (has(self.allow) && size(self.allow) > 0)").message("network.egress AllowList needs at least one network.allow rule"))]
+#[x_kube(validation = Rule::new("!has(self.deny) || size(self.deny) == 0 || (self.egress == 'AllowList' && self.allow.exists(r, has(r.host)))").message("network.deny needs egress AllowList with at least one allow[].host entry (AllowAll connects directly, where host names cannot be checked); for every host but some, write allow: [{host: '*'}] and the deny list"))]
 #[serde(rename_all = "camelCase")]
 pub struct NetworkSpec {
     /// Egress policy: `Deny` (default: no egress at all, not even DNS), `AllowAll` (any destination), or `AllowList` (only `allow`, plus DNS to the cluster resolver).
     #[serde(default)]
     pub egress: EgressPolicy,
 
-    /// Destinations the sandbox may reach when `egress` is `AllowList`.
+    /// Destinations the sandbox may reach when `egress` is `AllowList`: address ranges (`cidr`, reached directly) and host names (`host`, reached through the operator's egress proxy by the name the client asks for).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     #[schemars(length(max = 64))]
     pub allow: Vec<EgressRule>,
+
+    /// Host names the sandbox may not reach even when an `allow[].host` entry matches them (deny wins). Needs `egress: AllowList` with host entries: `allow: [{host: "*"}]` plus this list is "every host but these".
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = 64))]
+    pub deny: Vec<HostDeny>,
+}
+
+impl NetworkSpec {
+    /// Whether these rules name hosts (`allow[].host` or `deny`): they are enforced by the egress
+    /// proxy, which a sandbox must have in force before it is Ready.
+    pub fn names_hosts(&self) -> bool {
+        !self.deny.is_empty() || self.allow.iter().any(|rule| rule.host.is_some())
+    }
 }
 
 /// Egress policy of a sandbox.
@@ -324,18 +341,56 @@ pub enum EgressPolicy {
     AllowList,
 }
 
-/// One allowed egress destination.
+/// The CEL rule "`host` of `self`, when set, is a host-name pattern": `*`, `name` or `*.name`, lowercase
+/// labels of letters, digits and hyphens, no IP address.
+macro_rules! host_pattern {
+    () => {
+        "!has(self.host) || (size(self.host) <= 253 && self.host.matches('^(\\\\*|(\\\\*\\\\.)?([a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?\\\\.)*[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?)$') && !isIP(self.host.replace('*.', '')))"
+    };
+}
+
+/// The message of a bad host pattern (one text for allow and deny entries).
+macro_rules! host_pattern_message {
+    ($list:literal) => {
+        concat!(
+            "network.",
+            $list,
+            "[].host must be a host name such as pypi.org, a wildcard such as *.github.com (its subdomains), or * (any host): lowercase, no scheme (https://), port, path or IP address (write an IP range as cidr)"
+        )
+    };
+}
+
+/// One allowed egress destination: an address range (`cidr`) or a host name (`host`), with optional ports.
 #[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq, Eq)]
-#[x_kube(validation = Rule::new("isCIDR(self.cidr)").message("network.allow[].cidr must be a CIDR such as 10.0.0.0/8 or 2001:db8::/32"))]
+#[x_kube(validation = Rule::new("has(self.cidr) != has(self.host)").message("each network.allow[] entry names exactly one of cidr (an address range) or host (a host name)"))]
+#[x_kube(validation = Rule::new("!has(self.cidr) || isCIDR(self.cidr)").message("network.allow[].cidr must be a CIDR such as 10.0.0.0/8 or 2001:db8::/32"))]
+#[x_kube(validation = Rule::new(host_pattern!()).message(host_pattern_message!("allow")))]
+#[x_kube(validation = Rule::new("!has(self.host) || !has(self.ports) || self.ports.all(p, !has(p.protocol) || p.protocol == 'TCP')").message("network.allow[].host entries are reached through the egress proxy, which carries TCP only: leave out ports[].protocol or write TCP"))]
+#[serde(rename_all = "camelCase")]
 pub struct EgressRule {
-    /// Destination network in CIDR notation, e.g. `203.0.113.0/24` or `10.1.2.3/32`.
+    /// Destination network in CIDR notation, e.g. `203.0.113.0/24` or `10.1.2.3/32`; reached directly (a NetworkPolicy IP block).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(length(min = 1, max = 64))]
-    pub cidr: String,
+    pub cidr: Option<String>,
+
+    /// Destination host name: exactly `pypi.org`, `*.github.com` for every subdomain of github.com (not github.com itself), or `*` for any host name. Reached through the operator's egress proxy (the task container's `HTTP_PROXY`/`HTTPS_PROXY`), which checks the name the client asks for (HTTP request target or `CONNECT` host), resolves it itself and connects; TLS is not intercepted.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(min = 1, max = 253))]
+    pub host: Option<String>,
 
     /// Destination ports; all ports when empty.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     #[schemars(length(max = 32))]
     pub ports: Vec<EgressPort>,
+}
+
+/// A host name the sandbox may not reach.
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq, Eq)]
+#[x_kube(validation = Rule::new(host_pattern!()).message(host_pattern_message!("deny")))]
+pub struct HostDeny {
+    /// Host name pattern, as in `allow[].host`: `huggingface.co`, `*.github.com` or `*`.
+    #[schemars(length(min = 1, max = 253))]
+    pub host: String,
 }
 
 /// One destination port of an egress rule.
@@ -491,11 +546,29 @@ pub struct SandboxStatus {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub result: Option<TrajectoryResult>,
 
+    /// Which host rules the egress proxy enforces for this sandbox, written by the proxy (not the operator); absent until a sandbox that names hosts has them in force.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub egress: Option<EgressStatus>,
+
     /// Machine-readable reason of the current phase, e.g. `ImagePullBackOff`, `Evicted`, `AgentUnhealthy`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub reason: Option<String>,
 
     /// Human-readable detail of the current phase.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub message: Option<String>,
+}
+
+/// What the egress proxy enforces for a sandbox.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq, Default, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct EgressStatus {
+    /// The `metadata.generation` whose `spec.network` the proxy enforces.
+    pub observed_generation: i64,
+    /// The pod IP the proxy knows the sandbox's connections by.
+    #[serde(rename = "podIP")]
+    pub pod_ip: String,
+    /// Why the latest `spec.network` is not enforced (the generation in `observedGeneration` stays in force); absent when it is.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub message: Option<String>,
 }

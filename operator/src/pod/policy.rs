@@ -144,8 +144,9 @@ pub fn refused_allow_rules(sandbox: &Sandbox, shape: &PolicyShape) -> Vec<String
     network
         .allow
         .iter()
-        .filter(|rule| guarded_block(&rule.cidr, shape).is_none())
-        .map(|rule| rule.cidr.clone())
+        .filter_map(|rule| rule.cidr.as_ref())
+        .filter(|cidr| guarded_block(cidr, shape).is_none())
+        .cloned()
         .collect()
 }
 
@@ -206,7 +207,9 @@ pub fn desired_egress_policy(
                 .allow
                 .iter()
                 .filter_map(|rule| {
-                    let peer = guarded_block(&rule.cidr, shape)?;
+                    // Host entries go through the egress proxy, which the baseline lets every
+                    // sandbox reach; only address ranges become IP blocks.
+                    let peer = guarded_block(rule.cidr.as_deref()?, shape)?;
                     Some(NetworkPolicyEgressRule {
                         to: Some(vec![peer]),
                         ports: (!rule.ports.is_empty()).then(|| {
@@ -304,6 +307,7 @@ mod tests {
             network: Some(NetworkSpec {
                 egress: EgressPolicy::AllowAll,
                 allow: vec![],
+                ..NetworkSpec::default()
             }),
             ..SandboxSpec::default()
         });
@@ -359,7 +363,8 @@ mod tests {
     #[test]
     fn allow_list_never_covers_a_protected_range() {
         let rule = |cidr: &str| EgressRule {
-            cidr: cidr.into(),
+            cidr: Some(cidr.into()),
+            host: None,
             ports: vec![],
         };
         let s = sandbox(SandboxSpec {
@@ -371,6 +376,7 @@ mod tests {
                     rule("169.254.169.254/32"),
                     rule("10.244.7.0/24"),
                 ],
+                ..NetworkSpec::default()
             }),
             ..SandboxSpec::default()
         });
@@ -408,17 +414,20 @@ mod tests {
                 egress: EgressPolicy::AllowList,
                 allow: vec![
                     EgressRule {
-                        cidr: "203.0.113.0/24".into(),
+                        cidr: Some("203.0.113.0/24".into()),
+                        host: None,
                         ports: vec![EgressPort {
                             port: 443,
                             protocol: PortProtocol::TCP,
                         }],
                     },
                     EgressRule {
-                        cidr: "10.1.2.3/32".into(),
+                        cidr: Some("10.1.2.3/32".into()),
+                        host: None,
                         ports: vec![],
                     },
                 ],
+                ..NetworkSpec::default()
             }),
             ..SandboxSpec::default()
         });

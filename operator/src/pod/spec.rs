@@ -729,6 +729,7 @@ mod tests {
         allow_all.spec.network = Some(NetworkSpec {
             egress: EgressPolicy::AllowAll,
             allow: vec![],
+            ..NetworkSpec::default()
         });
         let policy = desired_egress_policy(&allow_all, &owner(), &policy_shape(), &k)
             .expect("AllowAll has a policy");

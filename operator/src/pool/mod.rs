@@ -69,6 +69,7 @@ mod tests {
         Some(NetworkSpec {
             egress,
             allow: vec![],
+            ..NetworkSpec::default()
         })
     }
 

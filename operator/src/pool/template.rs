@@ -171,6 +171,7 @@ mod tests {
             network: Some(NetworkSpec {
                 egress: EgressPolicy::AllowAll,
                 allow: vec![],
+                ..NetworkSpec::default()
             }),
             lifecycle: Some(LifecycleSpec {
                 ttl_seconds: Some(600),
