@@ -174,6 +174,10 @@ pub struct SandboxDefaults {
     )]
     pub discover_pod_cidrs: bool,
 
+    /// Service (in the operator's namespace) of the egress proxy that enforces `network.allow[].host` and `network.deny` (Helm `egress.enabled`); empty: no egress proxy, and sandboxes naming hosts fail with reason `EgressProxyMissing`. At start the operator reads the Service: sandboxes get `HTTP_PROXY`/`HTTPS_PROXY` set to its cluster IP and port `proxy`, and the namespace baseline NetworkPolicy lets them reach the pods it selects on that port.
+    #[arg(long, env = "ORCHARD_EGRESS_PROXY_SERVICE", default_value = "")]
+    pub egress_proxy_service: String,
+
     /// Let `AllowAll` sandboxes reach pods in the operator's namespace.
     #[arg(
         long,

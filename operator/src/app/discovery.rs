@@ -49,6 +49,29 @@ pub async fn termination_signal() {
     }
 }
 
+/// The egress proxy behind Service `service` in `namespace` (`--egress-proxy-service`), read once at
+/// start; `None` when no Service is named.
+pub async fn egress_proxy(
+    client: &Client,
+    namespace: &str,
+    service: &str,
+) -> Result<Option<crate::pod::egress_proxy::EgressProxy>> {
+    if service.is_empty() {
+        return Ok(None);
+    }
+    let services: kube::Api<k8s_openapi::api::core::v1::Service> =
+        kube::Api::namespaced(client.clone(), namespace);
+    let found = services.get(service).await.map_err(|err| {
+        Error::Startup(format!(
+            "cannot read the egress proxy's Service {namespace}/{service} (--egress-proxy-service, Helm egress.enabled): {err}; the operator needs `get` on services in its namespace"
+        ))
+    })?;
+    let proxy = crate::pod::egress_proxy::egress_proxy(&found)
+        .map_err(|why| Error::Startup(format!("--egress-proxy-service: {why}")))?;
+    tracing::info!(url = %proxy.url, "sandboxes reach hosts through the egress proxy");
+    Ok(Some(proxy))
+}
+
 /// Reads the cluster's own ranges once, before anything is reconciled (see `cluster_ranges`), with
 /// a message naming the permission when they cannot be read.
 pub async fn observe_ranges(client: &Client, use_: &RangeUse) -> Result<Observations> {

@@ -153,6 +153,7 @@ impl Settings {
                 default_security_profile: defaults.default_security_profile,
                 // From the API server's endpoints while the operator runs (`PodSettings::pod_shape`).
                 policy_canaries: PolicyCanaries::default(),
+                egress_proxy_url: None,
             },
             policy: PolicyShape {
                 agent_port: defaults.agent_port,
@@ -175,6 +176,8 @@ impl Settings {
                     protected
                 },
                 protect_operator_namespace: !defaults.egress_allow_operator_namespace,
+                // From the proxy's Service at start (`app::discovery::egress_proxy`).
+                egress_proxy: None,
             },
             placement: Placement::from_policy(&args.placement),
             ranges: RangeUse {

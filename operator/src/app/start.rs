@@ -15,7 +15,9 @@ use tracing::info;
 
 use crate::app::admin::{self, AdminState};
 use crate::app::config::OperatorArgs;
-use crate::app::discovery::{client_config, default_identity, observe_ranges, termination_signal};
+use crate::app::discovery::{
+    client_config, default_identity, egress_proxy, observe_ranges, termination_signal,
+};
 use crate::app::settings::Settings;
 use crate::app::token_key;
 use crate::app::watches;
@@ -47,7 +49,7 @@ const UNLIMITED: u16 = 0;
 
 /// Runs the operator until a termination signal.
 pub async fn run(args: OperatorArgs) -> Result<()> {
-    let settings = Settings::from_args(&args)?;
+    let mut settings = Settings::from_args(&args)?;
     let identity = args
         .leader
         .identity
@@ -56,6 +58,16 @@ pub async fn run(args: OperatorArgs) -> Result<()> {
     let config = client_config(&identity).await?;
     let client = api_client::client_builder(&config, api_client::POOL_IDLE_TIMEOUT)?.build();
     let observed_ranges = observe_ranges(&client, &settings.pod.ranges).await?;
+    if let Some(proxy) = egress_proxy(
+        &client,
+        &args.sandbox.operator_namespace,
+        &args.sandbox.egress_proxy_service,
+    )
+    .await?
+    {
+        settings.pod.pod.egress_proxy_url = Some(proxy.url);
+        settings.pod.policy.egress_proxy = Some(proxy.peer);
+    }
     let key = Arc::new(load_key(&client, &args.sandbox.operator_namespace).await?);
     let metrics = Metrics::new().map_err(|e| Error::Startup(format!("metrics registry: {e}")))?;
     let shutdown = CancellationToken::new();

@@ -73,6 +73,7 @@ pub fn shape() -> PodShape {
         termination_grace_seconds: 5,
         default_security_profile: SecurityProfile::Default,
         policy_canaries: PolicyCanaries::default(),
+        egress_proxy_url: None,
     }
 }
 
@@ -92,6 +93,7 @@ pub fn policy_shape() -> PolicyShape {
             Cidr::parse("10.244.0.0/16").expect("cidr"),
         ],
         protect_operator_namespace: true,
+        egress_proxy: None,
     }
 }
 

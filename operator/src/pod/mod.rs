@@ -10,6 +10,7 @@ pub mod apply;
 pub mod cidr;
 pub mod cluster_ranges;
 pub mod context;
+pub mod egress_proxy;
 pub mod failure;
 #[cfg(test)]
 pub mod fixtures;

@@ -42,6 +42,20 @@ pub struct PolicyShape {
     /// `AllowAll` reaches pods through a namespace selector that leaves out the operator's namespace
     /// (false: every namespace).
     pub protect_operator_namespace: bool,
+    /// The egress proxy's pods, which every sandbox may reach (they enforce each sandbox's own
+    /// rules); `None` without one.
+    pub egress_proxy: Option<ProxyPeer>,
+}
+
+/// Where the egress proxy's pods are, for the baseline's one egress rule.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ProxyPeer {
+    /// Namespace of the proxy's pods (the operator's).
+    pub namespace: String,
+    /// Labels selecting them (the proxy Service's selector).
+    pub pod_labels: BTreeMap<String, String>,
+    /// Their TCP port (the Service port's target port).
+    pub port: i32,
 }
 
 fn labels_selector(labels: &BTreeMap<String, String>) -> LabelSelector {
@@ -83,7 +97,20 @@ pub fn baseline_policy(namespace: &str, shape: &PolicyShape) -> NetworkPolicy {
             // `policyTypes: [Egress]` with no rules denies all egress. Written as absent, not `[]`: the
             // API server drops empty lists, and a desired spec must equal the stored one, or every
             // sandbox in the namespace would re-apply the baseline once the memory of the write ends.
-            egress: None,
+            // With an egress proxy, its pods are the one destination every sandbox reaches.
+            egress: shape.egress_proxy.as_ref().map(|proxy| {
+                vec![NetworkPolicyEgressRule {
+                    to: Some(vec![NetworkPolicyPeer {
+                        namespace_selector: Some(labels_selector(&BTreeMap::from([(
+                            "kubernetes.io/metadata.name".to_string(),
+                            proxy.namespace.clone(),
+                        )]))),
+                        pod_selector: Some(labels_selector(&proxy.pod_labels)),
+                        ..NetworkPolicyPeer::default()
+                    }]),
+                    ports: Some(vec![tcp_port(proxy.port)]),
+                }]
+            }),
         }),
     }
 }
@@ -468,5 +495,56 @@ mod tests {
         );
         // No rule may be the empty (allow-everything) rule.
         assert!(egress.iter().all(|r| r.to.is_some()));
+    }
+
+    #[test]
+    fn with_an_egress_proxy_the_baseline_lets_sandboxes_reach_only_its_pods() {
+        let shape = PolicyShape {
+            egress_proxy: Some(ProxyPeer {
+                namespace: "orchard-system".into(),
+                pod_labels: BTreeMap::from([(
+                    "app.kubernetes.io/name".into(),
+                    "orchard-egress".into(),
+                )]),
+                port: 3128,
+            }),
+            ..policy_shape()
+        };
+        let spec = baseline_policy("ns", &shape).spec.unwrap();
+        let egress = spec.egress.unwrap();
+        assert_eq!(egress.len(), 1);
+        let peer = &egress[0].to.as_ref().unwrap()[0];
+        assert!(peer.ip_block.is_none());
+        assert_eq!(
+            peer.pod_selector
+                .as_ref()
+                .unwrap()
+                .match_labels
+                .as_ref()
+                .unwrap()["app.kubernetes.io/name"],
+            "orchard-egress"
+        );
+        assert_eq!(
+            egress[0].ports.as_ref().unwrap()[0].port,
+            Some(IntOrString::Int(3128))
+        );
+    }
+
+    #[test]
+    fn host_entries_open_no_ip_block() {
+        let mut sandbox = minimal();
+        sandbox.spec.network = Some(NetworkSpec {
+            egress: EgressPolicy::AllowList,
+            allow: vec![EgressRule {
+                cidr: None,
+                host: Some("pypi.org".into()),
+                ports: vec![],
+            }],
+            ..NetworkSpec::default()
+        });
+        let policy = desired_egress_policy(&sandbox, &owner(), &policy_shape(), &key()).unwrap();
+        let rules = policy.spec.unwrap().egress.unwrap();
+        assert_eq!(rules.len(), 1, "DNS only: {rules:?}");
+        assert!(rules[0].to.as_ref().unwrap()[0].ip_block.is_none());
     }
 }

@@ -56,6 +56,25 @@ pub struct PodShape {
     pub default_security_profile: SecurityProfile,
     /// What the agent must find closed before it serves (`--await-policy-enforcement`).
     pub policy_canaries: PolicyCanaries,
+    /// URL of the egress proxy (`http://<cluster IP>:<port>`) the task container's proxy variables
+    /// name; `None` without one (`--egress-proxy-service`).
+    pub egress_proxy_url: Option<String>,
+}
+
+/// Hosts every sandbox reaches without the egress proxy (its own loopback: servers a task starts).
+pub const NO_PROXY: &str = "localhost,127.0.0.1,::1";
+
+/// The proxy variables of a task container with egress proxy `url` (pure): both spellings, because
+/// curl reads only the lower-case `http_proxy` and Python and Go read either.
+pub fn proxy_env(url: &str) -> [(&'static str, String); 6] {
+    [
+        ("HTTP_PROXY", url.to_string()),
+        ("HTTPS_PROXY", url.to_string()),
+        ("http_proxy", url.to_string()),
+        ("https_proxy", url.to_string()),
+        ("NO_PROXY", NO_PROXY.to_string()),
+        ("no_proxy", NO_PROXY.to_string()),
+    ]
 }
 
 /// Resource requirements with requests equal to limits, from the spec or the defaults.
@@ -119,6 +138,15 @@ fn task_env(sandbox: &Sandbox, name: &str, shape: &PodShape, verifier: &str) -> 
     let egress = spec.network.as_ref().map(|n| n.egress).unwrap_or_default();
     if let Some(canaries) = canary_value(canaries_for(egress, &shape.policy_canaries)) {
         push(CANARY_VARIABLE, canaries);
+    }
+    if let Some(url) = &shape.egress_proxy_url {
+        // The user's own value wins (e.g. a NO_PROXY naming an allowed address range).
+        let user_set = |key: &str| spec.env.iter().any(|v| v.name == key);
+        for (key, value) in proxy_env(url) {
+            if !user_set(key) {
+                push(key, value);
+            }
+        }
     }
     if let Some(startup) = &spec.startup {
         push(
@@ -875,5 +903,34 @@ mod tests {
             .spec
             .expect("spec");
         assert_eq!(spec.security_context.and_then(|c| c.run_as_non_root), None);
+    }
+
+    #[test]
+    fn the_task_container_names_the_egress_proxy_unless_the_user_did() {
+        let with_proxy = PodShape {
+            egress_proxy_url: Some("http://10.0.0.40:3128".into()),
+            ..shape()
+        };
+        let mut sandbox = minimal();
+        sandbox.spec.env.push(SandboxEnv {
+            name: "NO_PROXY".into(),
+            value: "localhost,10.9.0.0/16".into(),
+        });
+        let pod = desired_pod(&sandbox, &owner(), &with_proxy, &credentials(), &key());
+        for name in ["HTTP_PROXY", "HTTPS_PROXY", "http_proxy", "https_proxy"] {
+            assert_eq!(
+                env_value(&pod, name).as_deref(),
+                Some("http://10.0.0.40:3128"),
+                "{name}"
+            );
+        }
+        assert_eq!(env_value(&pod, "no_proxy").as_deref(), Some(NO_PROXY));
+        assert_eq!(
+            env_value(&pod, "NO_PROXY").as_deref(),
+            Some("localhost,10.9.0.0/16"),
+            "the user's own"
+        );
+        let without = desired_pod(&minimal(), &owner(), &shape(), &credentials(), &key());
+        assert_eq!(env_value(&without, "HTTPS_PROXY"), None);
     }
 }

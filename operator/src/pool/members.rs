@@ -224,6 +224,7 @@ pub mod fixtures {
             termination_grace_seconds: 5,
             default_security_profile: orchard_api::SecurityProfile::Default,
             policy_canaries: crate::pod::policy_canary::PolicyCanaries::default(),
+            egress_proxy_url: None,
         }
     }
 }

@@ -146,6 +146,8 @@ pub struct StatusInput<'a> {
     pub now: Timestamp,
     /// The cluster-wide verdict on NetworkPolicy enforcement.
     pub enforcement: &'a Verdict,
+    /// The operator knows an egress proxy.
+    pub egress_proxy: bool,
 }
 
 /// A transition worth an Event, a log line or a metric.
@@ -228,6 +230,7 @@ pub fn plan_status(sandbox: &Sandbox, outcome: &ChildOutcome, input: &StatusInpu
         blocked: outcome.blocked.clone(),
         key: input.key,
         enforcement: input.enforcement,
+        egress_proxy: input.egress_proxy,
     };
     let status = desired_status(sandbox, &observed);
     let previous = sandbox.status.clone().unwrap_or_default();

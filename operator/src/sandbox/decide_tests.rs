@@ -31,6 +31,7 @@ fn input<'a>(settings: &'a SandboxSettings, now: &str) -> StatusInput<'a> {
         key: key(),
         now: t(now),
         enforcement: &Verdict::Unknown,
+        egress_proxy: false,
     }
 }
 

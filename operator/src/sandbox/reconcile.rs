@@ -100,6 +100,7 @@ async fn reconcile_inner(queued: &Sandbox, ctx: &Arc<SandboxCtx>) -> Result<Opti
     let enforcement = ctx.enforcement.current();
     let input = StatusInput {
         enforcement: &enforcement,
+        egress_proxy: ctx.pods.settings.pod.egress_proxy_url.is_some(),
         settings: &ctx.settings,
         agent_port: ctx.pods.settings.pod.agent_port,
         resync: ctx.kube.resync,

@@ -137,6 +137,7 @@ fn settled(mut s: Sandbox, pod: &Pod, ready_seconds_ago: i64) -> Sandbox {
         blocked: None,
         key: &key,
         enforcement: &crate::sandbox::enforcement::Verdict::Unknown,
+        egress_proxy: false,
     };
     s.status = Some(desired_status(&s, &observed));
     s

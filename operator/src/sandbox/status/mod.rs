@@ -21,7 +21,9 @@ use crate::sandbox::identity::{is_trajectory, rollout_group_of};
 use orchard_api::Lifecycle;
 use orchard_api::{Sandbox, SandboxPhase, SandboxStatus};
 
+mod egress;
 mod policy_wait;
+pub use egress::{EGRESS_PROXY_MISSING, HOST_EGRESS, HostEgress, host_egress};
 pub use policy_wait::{
     POLICY_ENFORCEMENT_MISSING, POLICY_WAIT_WARNING, PolicyWait, policy_wait, policy_warning_at,
 };
@@ -81,6 +83,8 @@ pub struct Observed<'a> {
     pub key: &'a OperatorKey,
     /// The cluster-wide verdict on NetworkPolicy enforcement.
     pub enforcement: &'a Verdict,
+    /// The operator knows an egress proxy (`--egress-proxy-service`).
+    pub egress_proxy: bool,
 }
 
 /// The `StartupTimeout` message (pure): what the pod's status said last (`state`, from
@@ -205,6 +209,8 @@ pub fn desired_status(sandbox: &Sandbox, observed: &Observed) -> SandboxStatus {
         result: previous.result.clone(),
         pod_name: previous.pod_name.clone(),
         ready_time: previous.ready_time.clone(),
+        // The egress proxy's member: carried over, never computed here.
+        egress: previous.egress.clone(),
         ..SandboxStatus::default()
     };
 
@@ -243,7 +249,25 @@ pub fn desired_status(sandbox: &Sandbox, observed: &Observed) -> SandboxStatus {
         }
     }
 
-    let ready_now = observed.pod.is_some_and(pod_ready) && status.pod_ip.is_some();
+    let host_egress = host_egress(
+        sandbox,
+        status.egress.as_ref(),
+        status.pod_ip.as_deref(),
+        observed.egress_proxy,
+    );
+    if host_egress == HostEgress::ProxyMissing && status.ready_time.is_none() {
+        let failure = Failure::new(EGRESS_PROXY_MISSING, egress::proxy_missing_message());
+        return failed_status(sandbox, status, failure, now, observed.key);
+    }
+    let agent_up = observed.pod.is_some_and(pod_ready) && status.pod_ip.is_some();
+    // A new sandbox is Ready only once its host rules are in force (a running one keeps serving
+    // while a change is applied: the previous rules stay in force until then).
+    let egress_waits = status.ready_time.is_none()
+        && matches!(
+            host_egress,
+            HostEgress::Pending(_) | HostEgress::NotEnforced(_)
+        );
+    let ready_now = agent_up && !egress_waits;
     if ready_now && status.ready_time.is_none() {
         status.ready_time = Some(Time(floor_to_second(now)));
     }
@@ -314,7 +338,7 @@ pub fn desired_status(sandbox: &Sandbox, observed: &Observed) -> SandboxStatus {
     };
     // Its agent waited too long for its policies: it needs outside help (Stalled).
     let mut policy_stalled = false;
-    let (agent_reason, agent_message) = if ready_now {
+    let (agent_reason, agent_message) = if agent_up {
         ("AgentHealthy", String::new())
     } else if ready_time.is_some() {
         (
@@ -374,8 +398,11 @@ pub fn desired_status(sandbox: &Sandbox, observed: &Observed) -> SandboxStatus {
         }
         _ => Progress::Settled,
     };
+    let egress_condition = host_egress.condition();
     let (ready_reason, ready_message) = if ready_now {
         ("SandboxReady".to_string(), String::new())
+    } else if agent_up && let Some((_, reason, message)) = &egress_condition {
+        (reason.to_string(), message.clone())
     } else if !scheduled {
         // The Scheduled condition's own reason (`WaitingForPoolMember`, `QuotaExceeded`, the
         // scheduler's `Unschedulable`, ...) says more than "not scheduled".
@@ -394,7 +421,7 @@ pub fn desired_status(sandbox: &Sandbox, observed: &Observed) -> SandboxStatus {
             ),
             Desired::new(
                 condition::AGENT_READY,
-                ready_now,
+                agent_up,
                 agent_reason,
                 agent_message,
             ),
@@ -402,6 +429,10 @@ pub fn desired_status(sandbox: &Sandbox, observed: &Observed) -> SandboxStatus {
             Desired::new(condition::EXPIRED, false, "NotExpired", ""),
         ]
         .into_iter()
+        .chain(
+            egress_condition
+                .map(|(ok, reason, message)| Desired::new(HOST_EGRESS, ok, reason, message)),
+        )
         .chain(conditions::kstatus(&progress))
         .collect(),
         sandbox.metadata.generation,

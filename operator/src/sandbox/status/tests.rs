@@ -26,6 +26,7 @@ fn observed<'a>(pod: Option<&'a Pod>, now: &str) -> Observed<'a> {
         blocked: None,
         key: key(),
         enforcement: &Verdict::Unknown,
+        egress_proxy: false,
     }
 }
 
@@ -659,4 +660,66 @@ fn kstatus_conditions_follow_the_phase() {
         is(&timed_out, conditions::STALLED).map(|c| (c.0, c.1)),
         Some(("True".into(), "StartupTimeout".into()))
     );
+}
+
+fn naming_hosts() -> Sandbox {
+    let mut s = sandbox();
+    s.spec.network = Some(orchard_api::NetworkSpec {
+        egress: orchard_api::EgressPolicy::AllowList,
+        allow: vec![orchard_api::EgressRule {
+            cidr: None,
+            host: Some("pypi.org".into()),
+            ports: vec![],
+        }],
+        deny: vec![],
+    });
+    s
+}
+
+#[test]
+fn a_sandbox_naming_hosts_is_ready_only_once_the_proxy_enforces_them() {
+    let p = pod(Some("node-1"), Some("10.0.0.7"), true);
+    let with_proxy = |now| Observed {
+        egress_proxy: true,
+        ..observed(Some(&p), now)
+    };
+    let mut s = naming_hosts();
+    let waiting = desired_status(&s, &with_proxy("2026-01-01T00:00:02Z"));
+    assert_eq!(waiting.phase, Some(SandboxPhase::Starting));
+    assert!(conditions::is_true(&waiting.conditions, "AgentReady"));
+    assert_eq!(cond(&waiting, "Ready").reason, "EgressPending");
+    assert_eq!(cond(&waiting, "HostEgress").status, "False");
+    assert!(waiting.ready_time.is_none());
+
+    // The proxy reports the generation for the pod's IP: Ready, and the report is kept.
+    s.status = Some(SandboxStatus {
+        egress: Some(orchard_api::EgressStatus {
+            observed_generation: 1,
+            pod_ip: "10.0.0.7".into(),
+            message: None,
+        }),
+        ..waiting
+    });
+    let ready = desired_status(&s, &with_proxy("2026-01-01T00:00:03Z"));
+    assert_eq!(ready.phase, Some(SandboxPhase::Ready));
+    assert_eq!(cond(&ready, "HostEgress").reason, "InForce");
+    assert_eq!(ready.egress, s.status.as_ref().unwrap().egress);
+
+    // A later change the proxy has not applied yet leaves it Ready, and says so.
+    s.metadata.generation = Some(2);
+    s.status = Some(ready);
+    let changed = desired_status(&s, &with_proxy("2026-01-01T00:00:04Z"));
+    assert_eq!(changed.phase, Some(SandboxPhase::Ready));
+    assert_eq!(cond(&changed, "HostEgress").reason, "EgressPending");
+}
+
+#[test]
+fn a_sandbox_naming_hosts_fails_without_an_egress_proxy() {
+    let p = pod(Some("node-1"), Some("10.0.0.7"), true);
+    let status = desired_status(&naming_hosts(), &observed(Some(&p), "2026-01-01T00:00:02Z"));
+    assert_eq!(status.phase, Some(SandboxPhase::Failed));
+    assert_eq!(status.reason.as_deref(), Some("EgressProxyMissing"));
+    // One without hosts has no HostEgress condition at all.
+    let plain = desired_status(&sandbox(), &observed(Some(&p), "2026-01-01T00:00:02Z"));
+    assert!(plain.conditions.iter().all(|c| c.type_ != "HostEgress"));
 }
