@@ -25,7 +25,7 @@ use crate::gateway::http::errors::ApiError;
 use crate::gateway::http::in_flight::{InFlight, PoolLimits};
 use crate::gateway::http::metrics::GatewayMetrics;
 use crate::gateway::http::server::ConnectionLimits;
-use crate::gateway::routes::{rollout_groups, sandboxes, system};
+use crate::gateway::routes::{network, rollout_groups, sandboxes, system};
 use crate::gateway::state::{CachesFilled, GatewayState, State};
 use crate::gateway::{agent, auth, http, objects};
 
@@ -97,6 +97,7 @@ fn api_routes() -> OpenApiRouter<State> {
         .routes(routes!(sandboxes::wait_sandbox))
         .routes(routes!(sandboxes::heartbeat))
         .routes(routes!(sandboxes::set_timeout))
+        .routes(routes!(network::set_network))
         .routes(routes!(sandboxes::agent_token))
         .routes(routes!(sandboxes::record_result))
         .merge(agent::table::router())
@@ -358,6 +359,10 @@ mod tests {
             (
                 "/v1/namespaces/{namespace}/sandboxes/{name}/timeout",
                 &["post"],
+            ),
+            (
+                "/v1/namespaces/{namespace}/sandboxes/{name}/network",
+                &["put"],
             ),
             (
                 "/v1/namespaces/{namespace}/sandboxes/{name}/result",

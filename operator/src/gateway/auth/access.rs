@@ -43,6 +43,8 @@ pub enum Operation {
     WriteFiles,
     /// `POST heartbeat`.
     Heartbeat,
+    /// `PUT network`: replace `spec.network` of a running sandbox.
+    SetNetwork,
     /// `POST result`.
     RecordResult,
     /// `GET token`: the agent's address and token, for direct calls.
@@ -64,7 +66,7 @@ pub struct Access {
     pub verb: &'static str,
     /// Resource.
     pub resource: Resource,
-    /// Subresource (`exec`, `portforward`, `files`, `heartbeat`, `result`, `token`) or empty.
+    /// Subresource (`exec`, `portforward`, `files`, `heartbeat`, `network`, `result`, `token`) or empty.
     pub subresource: &'static str,
     /// Namespace of the request.
     pub namespace: String,
@@ -86,6 +88,7 @@ impl Access {
             ReadFiles => ("get", Resource::Sandboxes, "files"),
             WriteFiles => ("create", Resource::Sandboxes, "files"),
             Heartbeat => ("create", Resource::Sandboxes, "heartbeat"),
+            SetNetwork => ("update", Resource::Sandboxes, "network"),
             RecordResult => ("create", Resource::Sandboxes, "result"),
             AgentToken => ("get", Resource::Sandboxes, "token"),
             CreateRolloutGroup => ("create", Resource::RolloutGroups, ""),
@@ -187,6 +190,7 @@ mod tests {
                 "s",
             ),
             (Operation::AgentToken, "get", "sandboxes", "token", "s"),
+            (Operation::SetNetwork, "update", "sandboxes", "network", "s"),
             (
                 Operation::CreateRolloutGroup,
                 "create",

@@ -47,6 +47,11 @@ crd_schema!(
     "Spec of a Sandbox (see `kubectl explain sandbox.spec`)."
 );
 crd_schema!(
+    NetworkSpecSchema,
+    "NetworkSpec",
+    "Network isolation of a sandbox (see `kubectl explain sandbox.spec.network`): `egress`, `allow` (`cidr` or `host` entries with `ports`) and `deny` (`host` entries)."
+);
+crd_schema!(
     TrajectoryResultSchema,
     "TrajectoryResult",
     "Outcome of one trajectory, recorded once in `status.result`."
@@ -210,6 +215,19 @@ pub struct TimeoutResponse {
     ttl_ends_at: String,
     /// The operator's `--max-ttl-seconds`.
     max_ttl_seconds: i64,
+}
+
+/// Answer of `PUT .../network`.
+#[derive(ToSchema)]
+#[serde(rename_all = "camelCase")]
+#[allow(dead_code)]
+pub struct NetworkResponse {
+    /// The sandbox's `metadata.generation` holding the new `spec.network`.
+    generation: i64,
+    /// Whether the egress proxy enforces this generation (`status.egress`); `null` when the rules name no hosts (NetworkPolicies carry them; the operator applies them within a reconcile).
+    host_rules_in_force: Option<bool>,
+    /// Why the egress proxy does not enforce it, when it says so (the previous rules stay in force).
+    message: Option<String>,
 }
 
 /// Answer of `POST .../result`.

@@ -2,6 +2,7 @@
 //! [`agent`] (calls proxied to the sandbox's agent), [`rollout_groups`], and [`system`] (health and the
 //! OpenAPI document). Every handler authorises first, then reads caches, then acts.
 
+pub mod network;
 pub mod objects;
 pub mod rollout_groups;
 pub mod sandboxes;
