@@ -11,6 +11,7 @@
 pub use orchard_api as api;
 
 pub mod app;
+pub mod egress;
 pub mod gateway;
 pub mod plumbing;
 pub mod pod;

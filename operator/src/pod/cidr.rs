@@ -95,6 +95,16 @@ impl Cidr {
             && other.prefix >= self.prefix
             && other.network_bits() & self.mask() == self.network_bits()
     }
+
+    /// Whether `ip` lies inside this range. Families must match: an IPv4-mapped IPv6 address is not
+    /// inside an IPv4 range (callers canonicalise first when they mean the IPv4 address).
+    pub fn contains_ip(&self, ip: IpAddr) -> bool {
+        let prefix = if ip.is_ipv4() { 32 } else { 128 };
+        self.contains(&Cidr {
+            address: ip,
+            prefix,
+        })
+    }
 }
 
 impl std::fmt::Display for Cidr {
@@ -172,6 +182,30 @@ mod tests {
         assert!(!c("10.0.0.0/8").contains(&c("11.0.0.0/8")));
         assert!(!c("::/0").contains(&c("10.0.0.0/8")));
         assert!(c("::/0").contains(&c("fd00::1/128")));
+    }
+
+    #[test]
+    fn addresses_fall_inside_ranges_of_their_own_family() {
+        let ip = |text: &str| text.parse::<IpAddr>().expect(text);
+        let cases = [
+            ("10.0.0.0/8", "10.255.1.2", true),
+            ("10.0.0.0/8", "11.0.0.1", false),
+            ("127.0.0.1/32", "127.0.0.1", true),
+            ("127.0.0.1/32", "127.0.0.2", false),
+            ("0.0.0.0/0", "203.0.113.9", true),
+            ("0.0.0.0/0", "::1", false),
+            ("fe80::/10", "fe80::1", true),
+            ("fe80::/10", "fec0::1", false),
+            ("::/0", "2001:db8::1", true),
+            ("127.0.0.0/8", "::ffff:127.0.0.1", false),
+        ];
+        for (range, address, inside) in cases {
+            assert_eq!(
+                c(range).contains_ip(ip(address)),
+                inside,
+                "{address} in {range}"
+            );
+        }
     }
 
     #[test]
