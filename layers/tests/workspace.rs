@@ -14,10 +14,11 @@ const OPERATOR_LAYERS: Layers<'static> = &[
     ("queue", &["plumbing"]),
     ("rollout", &["plumbing", "queue"]),
     ("gateway", &["plumbing", "pod"]),
+    ("egress", &["plumbing", "pod"]),
     (
         "app",
         &[
-            "plumbing", "pod", "pool", "sandbox", "queue", "rollout", "gateway",
+            "plumbing", "pod", "pool", "sandbox", "queue", "rollout", "gateway", "egress",
         ],
     ),
 ];

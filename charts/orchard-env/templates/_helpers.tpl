@@ -153,3 +153,42 @@ config/rbac/role.yaml holds the same rules (e2e/tests/no_cluster/manifests_rbac.
   resources: ["secrets"]
   verbs: ["create"]
 {{- end -}}
+
+{{/* Labels that select the egress proxy's pods (never the operator's: only operator pods reach agents). */}}
+{{- define "orchard-env.egressSelectorLabels" -}}
+app.kubernetes.io/name: orchard-egress
+app.kubernetes.io/instance: {{ .Release.Name }}
+{{- end -}}
+
+{{/* Labels of the egress proxy's objects. */}}
+{{- define "orchard-env.egressLabels" -}}
+{{ include "orchard-env.egressSelectorLabels" . }}
+app.kubernetes.io/component: egress-proxy
+app.kubernetes.io/part-of: orchard-env
+app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
+app.kubernetes.io/managed-by: {{ .Release.Service }}
+helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" }}
+{{- end -}}
+
+{{/* RBAC of the egress proxy: Sandboxes read and their status.egress patched (JSON patches), denials
+recorded as events, and the API server's endpoints and the nodes' pod ranges watched (never connected to). */}}
+{{- define "orchard-env.egressRules" -}}
+- apiGroups: ["orchard.dev"]
+  resources: ["sandboxes"]
+  verbs: ["get", "list", "watch"]
+- apiGroups: ["orchard.dev"]
+  resources: ["sandboxes/status"]
+  verbs: ["patch"]
+- apiGroups: ["events.k8s.io"]
+  resources: ["events"]
+  verbs: ["create", "patch"]
+- apiGroups: ["discovery.k8s.io"]
+  resources: ["endpointslices"]
+  verbs: ["get", "list", "watch"]
+- apiGroups: [""]
+  resources: ["nodes"]
+  verbs: ["list", "watch"]
+- apiGroups: ["networking.k8s.io"]
+  resources: ["servicecidrs"]
+  verbs: ["list"]
+{{- end -}}

@@ -5,6 +5,8 @@
 pub mod admin;
 pub mod config;
 pub mod discovery;
+pub mod egress_args;
+pub mod egress_proxy;
 pub mod settings;
 pub mod start;
 pub mod telemetry;

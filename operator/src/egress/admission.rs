@@ -9,7 +9,7 @@ use tokio::net::TcpStream;
 
 use super::audit::{Record, Via};
 use super::connections::{Open, still_allows};
-use super::proxy::Shared;
+use super::deps::Shared;
 use super::refusal::Refusal;
 use super::rules::{Decision, Target};
 use super::table::{PolicyTable, SandboxPolicy};
@@ -78,9 +78,10 @@ pub(super) async fn admit(
         return Err(Refusal::denied(reason.clone()));
     }
     let deps = &shared.deps;
+    let protected = deps.protected.borrow().clone();
     let found = upstream::addresses(
         deps.resolver.as_ref(),
-        &deps.protected,
+        &protected,
         &target,
         port,
         deps.connect_timeout,

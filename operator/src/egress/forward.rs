@@ -18,7 +18,7 @@ use tokio_util::sync::WaitForCancellationFutureOwned;
 use super::admission::{Admitted, admit};
 use super::audit::Via;
 use super::connections::Open;
-use super::proxy::Shared;
+use super::deps::Shared;
 use super::refusal::{ProxyBody, Refusal};
 use super::rules::Target;
 

@@ -33,52 +33,10 @@ use tokio_util::task::TaskTracker;
 use super::audit::Audit;
 use super::connections::Connections;
 use super::refusal::{ProxyBody, Refusal};
-use super::resolve::{Protected, Resolve};
+pub use super::deps::{DEFAULT_CONNECT_TIMEOUT, DEFAULT_HEADER_READ_TIMEOUT, ProxyDeps};
+use super::deps::Shared;
 use super::table::PolicyTable;
 use super::{forward, tunnel};
-
-/// The usual [`ProxyDeps::connect_timeout`].
-pub const DEFAULT_CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
-
-/// The usual [`ProxyDeps::header_read_timeout`] (the gateway's default too).
-pub const DEFAULT_HEADER_READ_TIMEOUT: Duration = Duration::from_secs(10);
-
-/// Everything the proxy needs.
-#[derive(Clone)]
-pub struct ProxyDeps {
-    /// The current policy table; every new value cuts the connections it no longer allows.
-    pub table: watch::Receiver<Arc<PolicyTable>>,
-    /// Resolves host names.
-    pub resolver: Arc<dyn Resolve>,
-    /// Addresses never connected to.
-    pub protected: Arc<Protected>,
-    /// Receives every decision and cut.
-    pub audit: Arc<dyn Audit>,
-    /// Longest wait for one upstream TCP connect (and for resolving a name).
-    pub connect_timeout: Duration,
-    /// How long a client has to send a request's headers (idle kept-alive connections close after
-    /// it too).
-    pub header_read_timeout: Duration,
-}
-
-/// What every connection's requests share.
-pub(super) struct Shared {
-    /// The proxy's dependencies.
-    pub(super) deps: ProxyDeps,
-    /// The open connections.
-    pub(super) connections: Arc<Connections>,
-    /// Every task the proxy spawns (connections, tunnels, upstream connections).
-    pub(super) tasks: TaskTracker,
-    /// Cancelled at shutdown.
-    pub(super) shutdown: CancellationToken,
-}
-
-impl Shared {
-    /// The current policy table.
-    pub(super) fn table(&self) -> Arc<PolicyTable> {
-        self.deps.table.borrow().clone()
-    }
-}
 
 /// Serves the proxy on `listener` until `shutdown` is cancelled, then closes every connection and
 /// waits for their tasks to end. Also runs the watcher that cuts, on every new table, the open

@@ -119,7 +119,7 @@ async fn start_with(
     let deps = ProxyDeps {
         table: receiver,
         resolver: Arc::new(resolver()),
-        protected: Arc::new(protected),
+        protected: watch::channel(Arc::new(protected)).1,
         audit: audit.clone(),
         connect_timeout: Duration::from_secs(2),
         header_read_timeout,
@@ -771,7 +771,7 @@ async fn fifty_sandboxes_each_reach_only_their_own_host() {
         ProxyDeps {
             table: receiver,
             resolver: Arc::new(resolver),
-            protected: Arc::new(Protected::none()),
+            protected: watch::channel(Arc::new(Protected::none())).1,
             audit: Arc::new(RecordingAudit::default()),
             connect_timeout: Duration::from_secs(2),
             header_read_timeout: WAIT,

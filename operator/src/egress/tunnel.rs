@@ -11,7 +11,7 @@ use hyper_util::rt::TokioIo;
 
 use super::admission::{Admitted, admit};
 use super::audit::Via;
-use super::proxy::Shared;
+use super::deps::Shared;
 use super::refusal::{ProxyBody, Refusal, text_body};
 use super::rules::Target;
 
