@@ -5,6 +5,7 @@ from __future__ import annotations
 import base64
 import contextlib
 import io
+import ipaddress
 import math
 import os
 import socket
@@ -13,7 +14,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from .errors import OrchardError
+from .errors import InvalidRequest, OrchardError
 from .models import TrajectoryResult
 
 #: Seconds added to a command's own timeout for the gateway's answer timeout and the HTTP read timeout.
@@ -44,6 +45,8 @@ SESSION_READ_DEFAULT_WAIT = 10.0
 SESSION_READ_MAX_WAIT = 300.0
 #: Phases a sandbox does not leave by itself without becoming Ready.
 FINAL_PHASES = frozenset({"Failed", "Succeeded", "Expired"})
+#: Longest wait of ``PUT .../network`` for the egress proxy (the gateway clamps ``timeoutSeconds`` to it).
+NETWORK_MAX_WAIT = 60.0
 
 
 def tar_of_directory(local: str | os.PathLike[str]) -> bytes:
@@ -79,6 +82,130 @@ def timeout_seconds(seconds: float) -> int:
     return math.ceil(seconds)
 
 
+def is_ip(text: str) -> bool:
+    """Whether ``text`` is an IPv4 or IPv6 address (brackets allowed) (pure)."""
+    try:
+        ipaddress.ip_address(text.strip("[]"))
+    except ValueError:
+        return False
+    return True
+
+
+def host_pattern(value: Any, where: str) -> str:
+    """A host-name pattern of ``network.allow[]`` or ``network.deny[]`` (``where``), checked only for what
+    is plainly not a host name (pure): a scheme, a path, a port, an IP address, spaces. An
+    :class:`~orchard_env.InvalidRequest` says what to write instead, before any request; the API server's
+    CEL rule stays the authority on the rest (lowercase labels, length...)."""
+    if not isinstance(value, str):
+        raise TypeError(f"a network.{where}[] host is a str such as 'pypi.org', not {type(value).__name__}")
+    host = value.strip()
+    said = f"network.{where}[] host {value!r}"
+    if not host or any(c.isspace() for c in host):
+        raise InvalidRequest(f"{said} is not a host name: write one such as 'pypi.org', '*.github.com' or '*'")
+    if "://" in host:
+        bare = host.split("://", 1)[1].split("/", 1)[0].rsplit("@", 1)[-1].split(":", 1)[0]
+        raise InvalidRequest(
+            f"{said} has a scheme: write the host name alone ({bare!r}); the proxy carries http and https alike"
+        )
+    if "/" in host:
+        head = host.split("/", 1)[0]
+        if is_ip(head):
+            if where == "allow":
+                try:
+                    ipaddress.ip_network(host, strict=False)
+                except ValueError as error:
+                    raise InvalidRequest(f"network.allow[] {value!r} is not an address range: {error}") from None
+            raise InvalidRequest(f"{said} is an address range: deny takes host names only (leave the range out of allow)")
+        raise InvalidRequest(f"{said} has a path: host rules name a host ({head!r}), never a URL path")
+    if is_ip(host) or (":" in host and is_ip(host.rsplit(":", 1)[0])):
+        address = host if is_ip(host) else host.rsplit(":", 1)[0]
+        address = address.strip("[]")
+        raise InvalidRequest(
+            f"{said} is an IP address, which host rules never match: "
+            + (f"allow it as an address range, '{address}/{128 if ':' in address else 32}'"
+               if where == "allow" else "leave its address range out of allow instead")
+        )
+    if ":" in host:
+        name, port = host.rsplit(":", 1)
+        raise InvalidRequest(
+            f"{said} has a port: write the host alone and the port apart, "
+            + (f"{{'host': {name!r}, 'ports': [{{'port': {port}}}]}}" if where == "allow" and port.isdigit()
+               else f"{name!r}")
+        )
+    return value
+
+
+def allow_rule(entry: str | Mapping[str, Any]) -> dict[str, Any]:
+    """One ``network.allow[]`` entry (pure): a mapping as given (``{"host": ..., "ports": [...]}``,
+    ``{"cidr": ...}``); a string with a ``/`` that is an address range, ``{"cidr": s}``; any other string
+    a host-name pattern, ``{"host": s}`` (``pypi.org``, ``*.github.com``, ``*``), checked by
+    :func:`host_pattern`."""
+    if isinstance(entry, Mapping):
+        return dict(entry)
+    if isinstance(entry, str) and "/" in entry and "://" not in entry:
+        try:
+            ipaddress.ip_network(entry.strip(), strict=False)
+        except ValueError:
+            pass
+        else:
+            return {"cidr": entry.strip()}
+    return {"host": host_pattern(entry, "allow")}
+
+
+def deny_rule(entry: str | Mapping[str, Any]) -> dict[str, Any]:
+    """One ``network.deny[]`` entry (pure): a mapping as given, a string ``{"host": s}`` (checked by
+    :func:`host_pattern`)."""
+    if isinstance(entry, Mapping):
+        return dict(entry)
+    return {"host": host_pattern(entry, "deny")}
+
+
+def rule_list(entries: Any, name: str) -> list[Any]:
+    """The entries of ``allow``/``deny`` as a list; a lone string or mapping is a ``TypeError`` (a str
+    would be read letter by letter)."""
+    if isinstance(entries, (str, bytes, Mapping)) or not isinstance(entries, (Sequence, set, frozenset)):
+        raise TypeError(f"{name} takes a list of entries such as ['pypi.org'], not {type(entries).__name__}")
+    return list(entries)
+
+
+def network_body(
+    egress: str, allow: Sequence[str | Mapping[str, Any]] = (), deny: Sequence[str | Mapping[str, Any]] = ()
+) -> dict[str, Any]:
+    """A whole ``spec.network`` (pure): the body of ``PUT .../network``, and what ``create(network=...)``
+    sends. ``allow`` strings become host or cidr entries (:func:`allow_rule`), ``deny`` strings host
+    entries (:func:`deny_rule`); empty lists are left out (the network is replaced whole either way)."""
+    if not isinstance(egress, str):
+        raise TypeError(f"egress is 'Deny', 'AllowAll' or 'AllowList', not {egress!r}")
+    body: dict[str, Any] = {"egress": egress}
+    if rules := [allow_rule(e) for e in rule_list(allow, "allow=")]:
+        body["allow"] = rules
+    if denied := [deny_rule(e) for e in rule_list(deny, "deny=")]:
+        body["deny"] = denied
+    return body
+
+
+def network_field(network: str | Mapping[str, Any]) -> dict[str, Any]:
+    """``spec.network`` of ``create(network=...)`` (pure): an egress mode (``"AllowAll"``), or the spec's
+    object whose ``allow``/``deny`` lists may hold plain strings as in :func:`network_body`; its other
+    members pass as given (the gateway refuses unknown ones)."""
+    if isinstance(network, str):
+        return {"egress": network}
+    spec = dict(network)
+    for key, convert in (("allow", allow_rule), ("deny", deny_rule)):
+        if spec.get(key) is not None:
+            spec[key] = [convert(e) for e in rule_list(spec[key], f"network[{key!r}]")]
+    return spec
+
+
+def network_wait(seconds: float) -> str:
+    """``timeoutSeconds`` of ``PUT .../network`` (pure): a number of seconds from 0 (do not wait), as
+    plain decimal text; the gateway caps it at :data:`NETWORK_MAX_WAIT`. Anything else is a
+    ``ValueError`` before any request."""
+    if isinstance(seconds, bool) or not isinstance(seconds, (int, float)) or not 0 <= seconds < float("inf"):
+        raise ValueError(f"set_network(wait=) needs a number of seconds from 0, not {seconds!r}")
+    return f"{min(float(seconds), NETWORK_MAX_WAIT):.3f}".rstrip("0").rstrip(".")
+
+
 def camel(name: str) -> str:
     """``working_dir`` -> ``workingDir`` (names already in camelCase stay)."""
     head, *rest = name.split("_")
@@ -103,7 +230,8 @@ def sandbox_body(
 ) -> dict[str, Any]:
     """The body of ``POST .../sandboxes``: shorthand fields, or a full ``spec``.
 
-    ``network`` may be an egress mode (``"Deny"``, ``"AllowAll"``) or the spec's object; ``extra``
+    ``network`` may be an egress mode (``"Deny"``, ``"AllowAll"``) or the spec's object, whose ``allow``
+    and ``deny`` may list plain strings (:func:`network_field`); ``extra``
     holds any other spec field in snake_case or camelCase (``working_dir``, ``run``, ``startup``...).
     """
     body: dict[str, Any] = {}
@@ -129,7 +257,7 @@ def sandbox_body(
     if heartbeat_timeout_seconds is not None:
         fields["heartbeatTimeoutSeconds"] = int(heartbeat_timeout_seconds)
     if network is not None:
-        fields["network"] = {"egress": network} if isinstance(network, str) else dict(network)
+        fields["network"] = network_field(network)
     for key, value in (extra or {}).items():
         if value is not None:
             fields[camel(key)] = value

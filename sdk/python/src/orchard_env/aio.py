@@ -105,6 +105,33 @@ class AsyncSandbox(_core.SandboxCore):
         (code ``TtlBeyondMaximum``, naming the most still allowed) past the operator's maximum TTL."""
         return await self._run(self._set_timeout_plan(seconds))
 
+    async def set_network(
+        self, *, egress: str = "AllowList", allow: Sequence[str | Mapping[str, Any]] = (),
+        deny: Sequence[str | Mapping[str, Any]] = (), wait: float = 5.0,
+    ) -> dict[str, Any]:
+        """Replaces the sandbox's whole ``spec.network`` (``PUT .../network``, RBAC ``update
+        sandboxes/network``), e.g. between an agent phase and a verifier phase, and waits up to ``wait``
+        seconds (at most 60; 0: not at all) until the egress proxy enforces the new host rules.
+
+        ``egress`` is ``"AllowList"`` (only ``allow``), ``"Deny"`` (nothing) or ``"AllowAll"``. In
+        ``allow`` a string is a host-name pattern (``"pypi.org"``; ``"*.github.com"``, its subdomains;
+        ``"*"``, any host name), or an address range when it has a ``/`` and parses as one
+        (``"10.0.0.0/8"``); a mapping is an entry as the API spells it (``{"host": "pypi.org", "ports":
+        [{"port": 443}]}``). ``deny`` lists host-name patterns refused even when allowed (deny wins; it
+        needs ``AllowList`` with a host entry, e.g. ``allow=["*"]``). Host entries are reached through the
+        proxy the sandbox's ``HTTPS_PROXY``/``HTTP_PROXY`` variables name; connections to hosts no longer
+        allowed are cut.
+
+        Answers ``{"generation", "hostRulesInForce", "message"}``: ``hostRulesInForce`` is None when the
+        rules name no hosts and never did (address ranges and the mode are NetworkPolicies, rewritten
+        within a reconcile), False when the proxy does not enforce them yet at the end of the wait (a
+        sandbox that is not Ready is not waited for; the previous rules stay in force until then) or
+        refused them (``message`` says why). A host that is plainly not one (a scheme, a path, a port,
+        an IP address) raises :class:`~orchard_env.InvalidRequest` before any request, a ``wait`` that is
+        not a number from 0 ``ValueError``; the API server's rules refuse the rest (422, also
+        :class:`~orchard_env.InvalidRequest`, with the rule's message)."""
+        return await self._run(self._set_network_plan(egress, allow, deny, wait))
+
     def _beat_in_background(self, loop: _core.Plan[None]) -> Heartbeats:
         return Heartbeats(self, loop)
 

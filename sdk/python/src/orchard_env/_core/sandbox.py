@@ -252,6 +252,15 @@ class SandboxCore:
         body = {"timeoutSeconds": _ops.timeout_seconds(seconds)}
         return _ops.json_object((yield from self._gateway("POST", "/timeout", json_body=body)).json())
 
+    def _set_network_plan(
+        self, egress: str, allow: Sequence[str | Mapping[str, Any]], deny: Sequence[str | Mapping[str, Any]], wait: float
+    ) -> Plan[dict[str, Any]]:
+        body = _ops.network_body(egress, allow, deny)
+        params = {"timeoutSeconds": _ops.network_wait(wait)}
+        timeout = min(float(wait), _ops.NETWORK_MAX_WAIT) + _ops.ANSWER_MARGIN
+        response = yield from self._gateway("PUT", "/network", json_body=body, params=params, timeout=timeout)
+        return _ops.json_object(response.json())
+
     def _start_heartbeats(self) -> None:
         if self.auto_heartbeat and self._heartbeats is None and not self._closed:
             self._heartbeats = self._beat_in_background(self._heartbeat_loop(_ops.spec_heartbeat_timeout(self.raw)))
