@@ -28,7 +28,7 @@ use super::discovery::{client_config, termination_signal};
 use super::egress_args::EgressArgs;
 use crate::egress::metrics::EgressMetrics;
 use crate::egress::proxy::{self, ProxyDeps};
-use crate::egress::resolve::{Protected, SystemResolver};
+use crate::egress::resolve::{DnsResolver, Protected};
 use crate::egress::sandboxes::TableBuilder;
 use crate::egress::sink::{Sink, publish_notes};
 use crate::egress::table::PolicyTable;
@@ -327,7 +327,7 @@ pub async fn run(args: EgressArgs) -> Result<()> {
     info!(addr = %args.listen, "egress proxy listening");
     let deps = ProxyDeps {
         table: tables,
-        resolver: Arc::new(SystemResolver),
+        resolver: Arc::new(DnsResolver::from_system().map_err(Error::Startup)?),
         protected: protected_rx,
         audit: Arc::new(sink),
         connect_timeout: Duration::from_secs(args.connect_timeout_seconds.max(1)),

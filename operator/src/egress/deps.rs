@@ -56,4 +56,3 @@ impl Shared {
         self.deps.table.borrow().clone()
     }
 }
-

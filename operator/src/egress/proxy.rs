@@ -32,9 +32,9 @@ use tokio_util::task::TaskTracker;
 
 use super::audit::Audit;
 use super::connections::Connections;
-use super::refusal::{ProxyBody, Refusal};
-pub use super::deps::{DEFAULT_CONNECT_TIMEOUT, DEFAULT_HEADER_READ_TIMEOUT, ProxyDeps};
 use super::deps::Shared;
+pub use super::deps::{DEFAULT_CONNECT_TIMEOUT, DEFAULT_HEADER_READ_TIMEOUT, ProxyDeps};
+use super::refusal::{ProxyBody, Refusal};
 use super::table::PolicyTable;
 use super::{forward, tunnel};
 

@@ -33,6 +33,39 @@ impl Resolve for SystemResolver {
     }
 }
 
+/// A DNS stub resolver in Rust (hickory) configured from `/etc/resolv.conf` (nameservers, search
+/// domains, `ndots`) and `/etc/hosts`: what the egress proxy runs with. The operator's image is a
+/// static binary in an empty root, where glibc's `getaddrinfo` has no NSS modules to load.
+#[derive(Clone)]
+pub struct DnsResolver {
+    inner: hickory_resolver::TokioResolver,
+}
+
+impl DnsResolver {
+    /// The resolver the system configuration describes, or why there is none.
+    pub fn from_system() -> Result<Self, String> {
+        let inner = hickory_resolver::TokioResolver::builder_tokio()
+            .and_then(|builder| builder.build())
+            .map_err(|err| {
+                format!("cannot read the DNS configuration (/etc/resolv.conf): {err}")
+            })?;
+        Ok(Self { inner })
+    }
+}
+
+impl Resolve for DnsResolver {
+    fn resolve(&self, host: &str, port: u16) -> BoxFuture<'static, io::Result<Vec<SocketAddr>>> {
+        let (resolver, host) = (self.inner.clone(), host.to_string());
+        Box::pin(async move {
+            let found = resolver
+                .lookup_ip(host.as_str())
+                .await
+                .map_err(|err| io::Error::new(io::ErrorKind::NotFound, err.to_string()))?;
+            Ok(found.iter().map(|ip| SocketAddr::new(ip, port)).collect())
+        })
+    }
+}
+
 /// A fixed map of names to addresses, for tests; other names do not resolve.
 #[derive(Debug, Clone, Default)]
 pub struct StaticResolver {
