@@ -126,7 +126,7 @@ k8s: ## build kube-apiserver, kube-controller-manager, etcd, kubelet, kube-sched
 
 # The real node (docs/TESTING.md, "The real node"): Debian packages, containerd and crane, images.
 .PHONY: node-deps
-node-deps: ## install the real node's Debian packages (runc, CNI plugins, iptables, mmdebstrap, busybox-static; pinned, needs root)
+node-deps: ## install the real node's Debian packages (runc, CNI plugins, iptables, mmdebstrap, busybox-static, dnsmasq-base and openssl for the fake internet; pinned, needs root)
 	@e2e/node-tools/debs.sh
 
 .PHONY: node-tools
@@ -145,7 +145,7 @@ operator-image: node-tools agent node-bins static-operator ## the operator image
 		operator=$(STATIC_OPERATOR_BIN)
 
 .PHONY: node-images
-node-images: node-deps node-tools agent node-bins ## build the real node's images with crane (Debian+python3+git, Debian+chromium, busybox, a static probe, pause, the agent) into ~/.cache/orchard/images
+node-images: node-deps node-tools agent node-bins ## build the real node's images with crane (Debian+python3+git+curl+pip, Debian+chromium, busybox, a static probe, pause, the agent) into ~/.cache/orchard/images
 	@e2e/node-tools/images.sh agent=$(AGENT_BIN) pause=$(NODE_BIN_DIR)/orchard-pause probe=$(NODE_BIN_DIR)/orchard-probe
 
 .PHONY: test-unit

@@ -3,7 +3,8 @@
 # $HOME/.cache/orchard/apt so a reinstall needs no download:
 #   runc, containernetworking-plugins (bridge, host-local, loopback, portmap), iptables (kubelet and
 #   kube-proxy), ipset (kube-router's NetworkPolicy sets), mmdebstrap (the Debian task image),
-#   busybox-static (the busybox image).
+#   busybox-static (the busybox image), dnsmasq-base and openssl (the tests' fake internet: its DNS
+#   server and its CA; dnsmasq-base is the program alone, no system service).
 # With arguments (name=version ...), installs those instead (`make bench-callgrind`: valgrind).
 # Already installed at the pinned version: returns at once. A pinned version the mirror no longer has
 # (Debian replaces point releases) is reported and the mirror's version installed instead.
@@ -15,6 +16,8 @@ PACKAGES=(
   "ipset=7.17-1"
   "mmdebstrap=1.3.5-7"
   "busybox-static=1:1.35.0-4+deb12u1+b1"
+  "dnsmasq-base=2.90-4~deb12u2"
+  "openssl=3.0.22-1~deb12u2"
 )
 [ $# -gt 0 ] && PACKAGES=("$@")
 CACHE=${ORCHARD_APT_CACHE:-$HOME/.cache/orchard/apt}

@@ -9,7 +9,8 @@
 #   images.sh release=DIR agent=BIN operator=BIN              the release images, exported into DIR
 #
 # Images (name: what is in it):
-#   debian-python  a Debian trixie root filesystem (mmdebstrap, minbase) with python3 and git
+#   debian-python  a Debian trixie root filesystem (mmdebstrap, minbase) with python3, git,
+#                  ca-certificates, curl and python3-pip
 #   debian-chromium  the same kind of root filesystem with chromium, fonts-dejavu-core and python3
 #   busybox        only Debian's static busybox and its applet links
 #   probe          only one static binary, /orchard-probe: no shell, no libc
@@ -61,7 +62,7 @@ TOOLS=$(./build.sh | tail -n 1)
 CRANE="$TOOLS/crane"
 IMAGES=${ORCHARD_IMAGES:-$HOME/.cache/orchard/images}
 DEBIAN_SUITE=trixie
-DEBIAN_PACKAGES=python3,git,ca-certificates
+DEBIAN_PACKAGES=python3,git,ca-certificates,curl,python3-pip
 DEBIAN_CHROMIUM_PACKAGES=chromium,fonts-dejavu-core,python3
 DEBIAN_MIRROR=${ORCHARD_DEBIAN_MIRROR:-http://deb.debian.org/debian}
 mkdir -p "$IMAGES"
@@ -227,7 +228,7 @@ debian_image() {
     -e PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin -e LANG=C.UTF-8
 }
 
-# debian-python: python3 and git (~1-2 min cold).
+# debian-python: python3, git, ca-certificates, curl and python3-pip (~1-2 min cold).
 debian_image debian-python "$DEBIAN_PACKAGES"
 # debian-chromium: Chromium for GUI agents driven over the DevTools protocol (examples/playwright_gui.py),
 # one font for text, python3 to serve pages.

@@ -6,7 +6,8 @@
 //! kube-controller-manager, built from pinned Go modules) and a node: the hollow node of our own
 //! ([`hollow_node`]) that runs each pod's agent as a process on its own loopback address, or the real
 //! node ([`real_node`]: kubelet, containerd, runc). [`env::TestEnv`] puts it together with the CRDs and
-//! the operator process; [`test_support`] holds what several tests use, and `orchard-local-cluster`
+//! the operator process; [`test_support`] holds what several tests use, [`fake_internet`] gives
+//! real-node tests outside hosts under names of a DNS server of their own, and `orchard-local-cluster`
 //! starts the cluster by hand (`make demo`). See `docs/TESTING.md`.
 
 pub mod binaries;
@@ -18,6 +19,7 @@ pub mod crds;
 pub mod doc_blocks;
 pub mod env;
 pub mod error;
+pub mod fake_internet;
 pub mod hollow_node;
 pub mod operator_process;
 pub mod port_forward;

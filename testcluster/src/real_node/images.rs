@@ -37,7 +37,7 @@ pub fn tag_of(name: &str) -> &'static str {
 /// version the chart names by default (so a chart installed with only `image.repository` set pulls
 /// them), and stand-ins for the public images the user docs name, under their Docker Hub paths
 /// (`library/...`, which the node's containerd mirrors to its registry): busybox for
-/// `busybox:1.36`, the Debian image (python3 and git) for `python:3.11` and `python:3.12-slim`.
+/// `busybox:1.36`, the Debian image (python3, git, curl, pip) for `python:3.11` and `python:3.12-slim`.
 pub fn aliases(name: &str) -> Vec<String> {
     let version = env!("CARGO_PKG_VERSION");
     match name {

@@ -161,7 +161,7 @@ pub fn exec_in_node(init_pid: u32, what: &str, program: &str, args: &[&str]) -> 
 }
 
 /// The pid of the single child of `parent` (the namespace's PID 1, started by `unshare --fork`).
-fn only_child(parent: u32, timeout: Duration) -> Result<u32> {
+pub(crate) fn only_child(parent: u32, timeout: Duration) -> Result<u32> {
     let deadline = Instant::now() + timeout;
     while Instant::now() < deadline {
         let children = std::fs::read_to_string(format!("/proc/{parent}/task/{parent}/children"))
