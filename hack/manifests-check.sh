@@ -4,7 +4,8 @@
 #     the LICENSE copies in the chart and the Python SDK to LICENSE;
 #  2. `helm lint --strict` of the chart with default values and with ci/full-values.yaml;
 #  3. renders: helm template (default, full values), kubectl kustomize (config/default,
-#     config/overlays/ha, config/samples), written to $ORCHARD_MANIFESTS_OUT (default: a temp dir);
+#     config/overlays/ha, config/overlays/namespaced, config/samples), written to
+#     $ORCHARD_MANIFESTS_OUT (default: a temp dir);
 #  4. kubeconform -strict on every render against the committed Kubernetes v1.36.3 schemas
 #     (e2e/packaging-tools/schemas/, taken from the local test cluster's kube-apiserver) and schemas of
 #     our CRDs generated from crds/*.yaml now;
@@ -58,6 +59,7 @@ echo "--- render"
 "$helm" template orchard "$chart" --namespace orchard-system --set prometheusRule.enabled=true > "$out/helm-alerts.yaml"
 kubectl kustomize config/default > "$out/kustomize-default.yaml"
 kubectl kustomize config/overlays/ha > "$out/kustomize-ha.yaml"
+kubectl kustomize config/overlays/namespaced > "$out/kustomize-namespaced.yaml"
 kubectl kustomize config/samples > "$out/samples.yaml"
 wc -l "$out"/*.yaml | sed 's/^/  /'
 
@@ -70,6 +72,7 @@ crd_schemas="$out/schemas/crds"
   -schema-location "e2e/packaging-tools/schemas/kubernetes-v1.36.3/{{ .ResourceKind }}{{ .KindSuffix }}.json" \
   -schema-location "$crd_schemas/{{ .ResourceKind }}{{ .KindSuffix }}.json" \
   "$out"/helm-default.yaml "$out"/helm-full.yaml "$out"/kustomize-default.yaml "$out"/kustomize-ha.yaml \
+  "$out"/kustomize-namespaced.yaml \
   "$out"/samples.yaml "$out"/helm-alerts.yaml config/argocd/argocd-cm-patch.yaml
 
 echo "--- observability: dashlint, promtool check rules / test rules, the chart's copy of the alerts"

@@ -25,8 +25,8 @@ use orchard_testcluster::binaries::{operator_bin, workspace_root};
 use orchard_testcluster::env::{EnvOptions, TestEnv};
 use orchard_testcluster::operator_process::{OperatorProcess, metric_sum};
 use orchard_testcluster::test_support::manifests::{
-    RELEASE_NAMESPACE, documents, env_map, helm_default, helm_full, helm_template, kustomize,
-    one_of_kind, operator_flags, strings,
+    RELEASE_NAMESPACE, container, documents, env_map, grants_to, helm_default, helm_full,
+    helm_template, kustomize, operator_deployment, operator_flags, service_account_of, strings,
 };
 use orchard_testcluster::test_support::sandboxes::{is_ready, token_of};
 use orchard_testcluster::wait;
@@ -116,7 +116,7 @@ async fn service_account_token(env: &TestEnv, namespace: &str, service_account: 
 /// format) are left out.
 fn flags_from_deployment(deployment: &Value) -> Vec<String> {
     let flags = operator_flags();
-    let container = &deployment["spec"]["template"]["spec"]["containers"][0];
+    let container = container(deployment);
     let set_by_harness = [
         "ORCHARD_GATEWAY_LISTEN",
         "ORCHARD_METRICS_LISTEN",
@@ -159,10 +159,7 @@ async fn operator_under_service_account_runs_a_sandbox(
     sandbox_name: &str,
     namespace: &str,
 ) -> OperatorProcess {
-    let service_account = one_of_kind(rendered, "ServiceAccount")["metadata"]["name"]
-        .as_str()
-        .expect("ServiceAccount name")
-        .to_string();
+    let service_account = service_account_of(operator_deployment(rendered));
     let token = service_account_token(env, RELEASE_NAMESPACE, &service_account).await;
     let kubeconfig = env.dir.join(format!("kubeconfig-{service_account}"));
     env.control_plane
@@ -180,7 +177,7 @@ async fn operator_under_service_account_runs_a_sandbox(
         "the ServiceAccount must not read ConfigMaps"
     );
 
-    let args = flags_from_deployment(one_of_kind(rendered, "Deployment"));
+    let args = flags_from_deployment(operator_deployment(rendered));
     let log = env
         .dir
         .join(format!("logs/orchard-operator-{service_account}.log"));
@@ -198,8 +195,7 @@ async fn operator_under_service_account_runs_a_sandbox(
         )
     });
 
-    let deployment_env =
-        env_map(&one_of_kind(rendered, "Deployment")["spec"]["template"]["spec"]["containers"][0]);
+    let deployment_env = env_map(container(operator_deployment(rendered)));
     if deployment_env["ORCHARD_LEADER_ELECTION"] == "true" {
         // Leader election under the chart's RBAC: the Role in the release namespace lets it take the Lease.
         let leases: Api<Lease> = Api::namespaced(env.client().await, RELEASE_NAMESPACE);
@@ -524,7 +520,7 @@ fn writes_are_granted(
         .audit_log()
         .expect("the install tests run with the audit log");
     let text = std::fs::read_to_string(&path).expect("audit log");
-    let granted = granted_writes(rendered);
+    let granted = granted_writes(rendered, service_account);
     let mut seen = std::collections::BTreeSet::new();
     for line in text.lines() {
         let Ok(event) = serde_json::from_str::<Value>(line) else {
@@ -563,26 +559,17 @@ fn writes_are_granted(
     unseen
 }
 
-/// The (apiGroup, resource, verb) write permissions the rendered Roles and ClusterRoles grant.
-fn granted_writes(rendered: &[Value]) -> std::collections::BTreeSet<(String, String, String)> {
-    let mut grants = std::collections::BTreeSet::new();
-    for role in rendered
-        .iter()
-        .filter(|d| d["kind"] == "Role" || d["kind"] == "ClusterRole")
-    {
-        for rule in role["rules"].as_array().into_iter().flatten() {
-            for group in strings(&rule["apiGroups"]) {
-                for resource in strings(&rule["resources"]) {
-                    for verb in strings(&rule["verbs"]) {
-                        if ["create", "update", "patch", "delete"].contains(&verb.as_str()) {
-                            grants.insert((group.clone(), resource.clone(), verb));
-                        }
-                    }
-                }
-            }
-        }
-    }
-    grants
+/// The (apiGroup, resource, verb) write permissions the rendered Roles and ClusterRoles bound to the
+/// operator's ServiceAccount grant it (not the egress proxy's).
+fn granted_writes(
+    rendered: &[Value],
+    service_account: &str,
+) -> std::collections::BTreeSet<(String, String, String)> {
+    grants_to(rendered, RELEASE_NAMESPACE, service_account)
+        .into_iter()
+        .filter(|(.., verb)| ["create", "update", "patch", "delete"].contains(&verb.as_str()))
+        .map(|(_, _, _, group, resource, _, verb)| (group, resource, verb))
+        .collect()
 }
 
 /// Stops this test's node and control plane only: `TestEnv::stop` also kills every process this test
@@ -710,10 +697,7 @@ async fn helm_chart_with_watch_namespace_confines_the_operator_to_that_namespace
     apply(&env, &manifests, false);
     apply(&env, &kustomize("overlays/namespaced"), true);
     let rendered = documents(&manifests);
-    let service_account = one_of_kind(&rendered, "ServiceAccount")["metadata"]["name"]
-        .as_str()
-        .expect("ServiceAccount name")
-        .to_string();
+    let service_account = service_account_of(operator_deployment(&rendered));
     let user = format!("system:serviceaccount:{RELEASE_NAMESPACE}:{service_account}");
     for (verb, resource) in [
         ("create", "pods"),

@@ -170,9 +170,29 @@ app.kubernetes.io/managed-by: {{ .Release.Service }}
 helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" }}
 {{- end -}}
 
-{{/* RBAC of the egress proxy: Sandboxes read and their status.egress patched (JSON patches), denials
-recorded as events, and the API server's endpoints and the nodes' pod ranges watched (never connected to). */}}
-{{- define "orchard-env.egressRules" -}}
+{{/* Cluster-scoped RBAC of the egress proxy (a ClusterRole in both install modes): the ranges it never
+connects to, read as the operator reads them: the API server's endpoints (EndpointSlice
+default/kubernetes only, watched), the nodes' pod ranges (with sandboxEgress.discoverPodCidrs) and the
+service ranges (ServiceCIDR objects, listed every minute). */}}
+{{- define "orchard-env.egressClusterRules" -}}
+- apiGroups: ["discovery.k8s.io"]
+  resources: ["endpointslices"]
+  resourceNames: ["kubernetes"]
+  verbs: ["get", "list", "watch"]
+{{- if .Values.sandboxEgress.discoverPodCidrs }}
+- apiGroups: [""]
+  resources: ["nodes"]
+  verbs: ["list", "watch"]
+{{- end }}
+- apiGroups: ["networking.k8s.io"]
+  resources: ["servicecidrs"]
+  verbs: ["list"]
+{{- end -}}
+
+{{/* RBAC of the egress proxy on namespaced resources, where it serves Sandboxes (the ClusterRole when
+every namespace is watched, a Role in the one namespace with watchNamespace): Sandboxes watched (their
+rules and pod IPs), status.egress written with JSON patches, denials recorded as events. */}}
+{{- define "orchard-env.egressNamespacedRules" -}}
 - apiGroups: ["orchard.dev"]
   resources: ["sandboxes"]
   verbs: ["get", "list", "watch"]
@@ -182,13 +202,4 @@ recorded as events, and the API server's endpoints and the nodes' pod ranges wat
 - apiGroups: ["events.k8s.io"]
   resources: ["events"]
   verbs: ["create", "patch"]
-- apiGroups: ["discovery.k8s.io"]
-  resources: ["endpointslices"]
-  verbs: ["get", "list", "watch"]
-- apiGroups: [""]
-  resources: ["nodes"]
-  verbs: ["list", "watch"]
-- apiGroups: ["networking.k8s.io"]
-  resources: ["servicecidrs"]
-  verbs: ["list"]
 {{- end -}}

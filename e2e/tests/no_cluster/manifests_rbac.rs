@@ -1,65 +1,23 @@
-//! The operator's RBAC as the install manifests render it (Helm chart with default and full values,
-//! kustomize default and HA overlay), with no cluster: no wildcard anywhere, exactly the permissions
-//! docs/SECURITY.md documents, and the chart and kustomize grant the same rules, bind the same
-//! ServiceAccount, run the same Deployment and Services and install the generated CRDs unchanged.
-//! The exact rule table (which verbs, in which role, in both install modes) is asserted here, and the
-//! kustomize namespaced overlay grants what the chart grants with `watchNamespace`. That the rules are
-//! also sufficient is proved by `manifests_install.rs`, which also checks every write the operator
-//! sends (the API server's audit log) against them.
+//! The operator's and the egress proxy's RBAC as the install manifests render it (Helm chart with
+//! default and full values and `watchNamespace`, kustomize default, HA and namespaced overlays), with no
+//! cluster: no wildcard anywhere, exactly the permissions docs/SECURITY.md documents, each with its
+//! reason, granted to the right ServiceAccount, and the chart and kustomize grant the same rules, bind
+//! the same ServiceAccounts, run the same Deployments and Services and install the generated CRDs
+//! unchanged. The exact rule table (which verbs on which resources and names, in which role, in both
+//! install modes) is asserted here, and the kustomize namespaced overlay grants what the chart grants
+//! with `watchNamespace`. That the operator's rules are also sufficient is proved by
+//! `manifests_install.rs`, which also checks every write the operator sends (the API server's audit
+//! log) against them.
 
 use std::collections::{BTreeMap, BTreeSet};
 
 use orchard_testcluster::binaries::workspace_root;
 use orchard_testcluster::test_support::manifests::{
-    RELEASE_NAMESPACE, documents, env_map, helm_default, helm_full, helm_template, kustomize,
-    of_kind, one_of_kind, strings,
+    RELEASE_NAMESPACE, container, documents, egress_deployment, env_map, grants, grants_to,
+    helm_default, helm_full, helm_template, kustomize, of_kind, operator_deployment,
+    service_account_of, strings,
 };
 use serde_json::{Value, json};
-
-/// Every (role kind, role name, namespace, apiGroup, resource, verb) the rendered Roles and
-/// ClusterRoles grant.
-fn granted(docs: &[Value]) -> BTreeSet<(String, String, String, String, String, String)> {
-    let mut grants = BTreeSet::new();
-    for role in docs
-        .iter()
-        .filter(|d| d["kind"] == "Role" || d["kind"] == "ClusterRole")
-    {
-        let kind = role["kind"].as_str().unwrap_or_default().to_string();
-        let name = role["metadata"]["name"]
-            .as_str()
-            .unwrap_or_default()
-            .to_string();
-        let namespace = role["metadata"]["namespace"]
-            .as_str()
-            .unwrap_or_default()
-            .to_string();
-        for rule in role["rules"].as_array().expect("rules") {
-            for group in strings(&rule["apiGroups"]) {
-                for resource in strings(&rule["resources"]) {
-                    for verb in strings(&rule["verbs"]) {
-                        grants.insert((
-                            kind.clone(),
-                            name.clone(),
-                            namespace.clone(),
-                            group.clone(),
-                            resource.clone(),
-                            verb,
-                        ));
-                    }
-                }
-            }
-        }
-    }
-    grants
-}
-
-/// (apiGroup, resource, verb) regardless of which role grants it.
-fn permissions(docs: &[Value]) -> BTreeSet<(String, String, String)> {
-    granted(docs)
-        .into_iter()
-        .map(|(_, _, _, group, resource, verb)| (group, resource, verb))
-        .collect()
-}
 
 fn assert_no_wildcards(source: &str, docs: &[Value]) {
     let roles: Vec<_> = docs
@@ -93,116 +51,363 @@ fn assert_no_wildcards(source: &str, docs: &[Value]) {
     }
 }
 
-/// (apiGroup, resource, verb) triples.
-type Table = BTreeSet<(String, String, String)>;
+/// (apiGroup, resource, resourceNames joined by commas — empty: any —, verb).
+type Table = BTreeSet<(String, String, String, String)>;
 
-fn table(rules: &[(&str, &str, &[&str])]) -> Table {
+/// One row of the rule table: what is granted and why the code needs it.
+struct Rule {
+    group: &'static str,
+    resource: &'static str,
+    /// resourceNames; empty: any object.
+    names: Vec<String>,
+    verbs: &'static [&'static str],
+    why: &'static str,
+}
+
+/// A row on every object of the resource.
+fn rule(
+    group: &'static str,
+    resource: &'static str,
+    verbs: &'static [&'static str],
+    why: &'static str,
+) -> Rule {
+    Rule {
+        group,
+        resource,
+        names: Vec::new(),
+        verbs,
+        why,
+    }
+}
+
+/// A row on the named objects only.
+fn named_rule(
+    group: &'static str,
+    resource: &'static str,
+    names: &[&str],
+    verbs: &'static [&'static str],
+    why: &'static str,
+) -> Rule {
+    Rule {
+        group,
+        resource,
+        names: names.iter().map(|name| name.to_string()).collect(),
+        verbs,
+        why,
+    }
+}
+
+fn table(rules: &[Rule]) -> Table {
     let mut table = Table::new();
-    for (group, resource, verbs) in rules {
-        for verb in *verbs {
-            table.insert((group.to_string(), resource.to_string(), verb.to_string()));
+    for rule in rules {
+        assert!(
+            !rule.why.trim().is_empty() && !rule.verbs.is_empty(),
+            "every row of the rule table says why: {} {}",
+            rule.group,
+            rule.resource
+        );
+        for verb in rule.verbs {
+            table.insert((
+                rule.group.to_string(),
+                rule.resource.to_string(),
+                rule.names.join(","),
+                verb.to_string(),
+            ));
         }
     }
     table
 }
 
-/// Cluster-scoped rules (a ClusterRole in both modes): the gateway's reviews, the API server's
-/// addresses and the nodes' pod ranges.
+/// What the rendered bindings grant ServiceAccount `name` of the release namespace.
+fn permissions_of(docs: &[Value], name: &str) -> Table {
+    grants_to(docs, RELEASE_NAMESPACE, name)
+        .into_iter()
+        .map(|(_, _, _, group, resource, names, verb)| (group, resource, names, verb))
+        .collect()
+}
+
+/// The operator's cluster-scoped rules (a ClusterRole in both modes): the gateway's reviews, the API
+/// server's addresses and the nodes' pod ranges.
 fn cluster_rules() -> Table {
     table(&[
-        ("authentication.k8s.io", "tokenreviews", &["create"]),
-        ("authorization.k8s.io", "subjectaccessreviews", &["create"]),
-        (
+        rule(
+            "authentication.k8s.io",
+            "tokenreviews",
+            &["create"],
+            "the gateway authenticates callers' bearer tokens",
+        ),
+        rule(
+            "authorization.k8s.io",
+            "subjectaccessreviews",
+            &["create"],
+            "the gateway authorises each call for its caller",
+        ),
+        named_rule(
             "discovery.k8s.io",
             "endpointslices",
+            &["kubernetes"],
             &["get", "list", "watch"],
+            "the API server's addresses (default/kubernetes, watched), excepted from sandbox egress \
+             and probed as policy canaries",
         ),
-        ("", "nodes", &["list", "watch"]),
+        rule(
+            "",
+            "nodes",
+            &["list", "watch"],
+            "the nodes' pod ranges (spec.podCIDRs, watched), excepted from AllowAll's IP blocks",
+        ),
     ])
 }
 
 /// The controllers' and the gateway's rules in the watched namespaces (the ClusterRole when all are
 /// watched, a Role in the one namespace with `watchNamespace`). Every verb is one the code sends:
-/// status writes are JSON patches (no `get`/`update` on the status subresources), Pods are created
-/// with POST and never patched, RolloutGroups are never patched.
+/// status writes are JSON patches (no `get`/`update` on the status subresources), RolloutGroups are
+/// never patched.
 fn namespaced_rules() -> Table {
-    let crud: &[&str] = &["get", "list", "watch", "create", "patch", "delete"];
+    const CRUD: &[&str] = &["get", "list", "watch", "create", "patch", "delete"];
     table(&[
-        ("orchard.dev", "sandboxes", crud),
-        ("orchard.dev", "sandboxes/status", &["patch"]),
-        (
+        rule(
+            "orchard.dev",
+            "sandboxes",
+            CRUD,
+            "watched; created by RolloutGroups and the gateway, deleted at their deadline; \
+             heartbeats are merge patches of an annotation",
+        ),
+        rule(
+            "orchard.dev",
+            "sandboxes/status",
+            &["patch"],
+            "status written with JSON patches (never a PUT, never a read of the subresource)",
+        ),
+        rule(
             "orchard.dev",
             "rolloutgroups",
             &["get", "list", "watch", "create", "delete"],
+            "watched; created and deleted through the gateway; never patched",
         ),
-        ("orchard.dev", "rolloutgroups/status", &["patch"]),
-        ("orchard.dev", "rolloutqueues", &["get", "list", "watch"]),
-        ("orchard.dev", "rolloutqueues/status", &["patch"]),
-        ("orchard.dev", "sandboxpools", &["get", "list", "watch"]),
-        ("orchard.dev", "sandboxpools/status", &["patch"]),
-        (
+        rule(
+            "orchard.dev",
+            "rolloutgroups/status",
+            &["patch"],
+            "status written with JSON patches",
+        ),
+        rule(
+            "orchard.dev",
+            "rolloutqueues",
+            &["get", "list", "watch"],
+            "a queue's limits",
+        ),
+        rule(
+            "orchard.dev",
+            "rolloutqueues/status",
+            &["patch"],
+            "slots in use and the waiting strides (JSON patches)",
+        ),
+        rule(
+            "orchard.dev",
+            "sandboxpools",
+            &["get", "list", "watch"],
+            "a pool's size and template",
+        ),
+        rule(
+            "orchard.dev",
+            "sandboxpools/status",
+            &["patch"],
+            "members Ready and starting, claims (JSON patches)",
+        ),
+        rule(
             "",
             "pods",
-            &["get", "list", "watch", "create", "patch", "delete"],
+            CRUD,
+            "sandbox pods and pool members: created with POST, watched, deleted on failure or \
+             expiry; a member is patched once, when a Sandbox claims it",
         ),
-        ("events.k8s.io", "events", &["create", "patch"]),
-        ("networking.k8s.io", "networkpolicies", crud),
+        rule(
+            "events.k8s.io",
+            "events",
+            &["create", "patch"],
+            "events on transitions (the recorder patches repeats into series)",
+        ),
+        rule(
+            "networking.k8s.io",
+            "networkpolicies",
+            CRUD,
+            "the per-namespace baseline policy and per-sandbox egress policies",
+        ),
     ])
 }
 
-/// The release namespace (a Role): the leader-election Lease is read, created and renewed with PUT;
-/// the agent-token key Secret is read (by name only) and created by the first replica. No Secret
-/// permission anywhere else: agent tokens are derived, not stored per sandbox.
+/// The operator in the release namespace (a Role): the leader-election Lease is read, created and
+/// renewed with PUT; the agent-token key Secret is read (by name only) and created by the first
+/// replica. No Secret permission anywhere else: agent tokens are derived, not stored per sandbox.
 fn lease_rules() -> Table {
     table(&[
-        (
+        rule(
             "coordination.k8s.io",
             "leases",
             &["get", "create", "update"],
+            "leader election: the Lease is read, created and renewed with PUT, never patched",
         ),
-        ("", "secrets", &["get", "create"]),
+        named_rule(
+            "",
+            "secrets",
+            &["orchard-agent-token-key"],
+            &["get"],
+            "the agent-token key, read at start",
+        ),
+        rule(
+            "",
+            "secrets",
+            &["create"],
+            "the agent-token key, created by the first replica that finds none (`create` cannot \
+             be limited by resourceNames)",
+        ),
     ])
 }
 
-/// What the controllers and the gateway need: the contract of docs/SECURITY.md.
-fn expected_permissions() -> Table {
+/// The operator in the release namespace (a Role of the egress proxy's templates): the proxy's
+/// Service, read at start for its cluster IP, selector and port.
+fn egress_service_rules(fullname: &str) -> Table {
+    table(&[named_rule(
+        "",
+        "services",
+        &[&format!("{fullname}-egress")],
+        &["get"],
+        "the egress proxy's Service, read at start (ORCHARD_EGRESS_PROXY_SERVICE): its cluster IP \
+         goes to sandboxes as HTTP_PROXY, its selector and port into their NetworkPolicy",
+    )])
+}
+
+/// The egress proxy's cluster-scoped rules (its ClusterRole in both modes): the ranges it never
+/// connects to, read as the operator reads them.
+fn egress_cluster_rules() -> Table {
+    table(&[
+        named_rule(
+            "discovery.k8s.io",
+            "endpointslices",
+            &["kubernetes"],
+            &["get", "list", "watch"],
+            "the API server's addresses (default/kubernetes, watched): never connected to",
+        ),
+        rule(
+            "",
+            "nodes",
+            &["list", "watch"],
+            "the nodes' pod ranges (spec.podCIDRs, watched): never connected to",
+        ),
+        rule(
+            "networking.k8s.io",
+            "servicecidrs",
+            &["list"],
+            "the service ranges (ServiceCIDR objects, listed every minute): never connected to",
+        ),
+    ])
+}
+
+/// The egress proxy's rules where it serves Sandboxes (its ClusterRole when all namespaces are
+/// watched, a Role in the one namespace with `watchNamespace`).
+fn egress_namespaced_rules() -> Table {
+    table(&[
+        rule(
+            "orchard.dev",
+            "sandboxes",
+            &["get", "list", "watch"],
+            "watched: each sandbox's rules, keyed by its pod IP; never written",
+        ),
+        rule(
+            "orchard.dev",
+            "sandboxes/status",
+            &["patch"],
+            "status.egress (the generation enforced), JSON patches with a UID test",
+        ),
+        rule(
+            "events.k8s.io",
+            "events",
+            &["create", "patch"],
+            "EgressDenied and EgressCut events (the recorder patches repeats into series)",
+        ),
+    ])
+}
+
+/// What the operator's ServiceAccount is granted, whichever role grants it: the contract of
+/// docs/SECURITY.md.
+fn operator_permissions(fullname: &str) -> Table {
     cluster_rules()
         .into_iter()
         .chain(namespaced_rules())
         .chain(lease_rules())
+        .chain(egress_service_rules(fullname))
         .collect()
 }
 
-/// (role kind, namespace) -> what that role grants.
-fn by_role(docs: &[Value]) -> BTreeMap<(String, String), Table> {
-    let mut roles: BTreeMap<(String, String), Table> = BTreeMap::new();
-    for (kind, _, namespace, group, resource, verb) in granted(docs) {
+/// What the egress proxy's ServiceAccount is granted, whichever role grants it.
+fn egress_permissions() -> Table {
+    egress_cluster_rules()
+        .into_iter()
+        .chain(egress_namespaced_rules())
+        .collect()
+}
+
+/// (role kind, role name, namespace) -> what that role grants.
+fn by_role(docs: &[Value]) -> BTreeMap<(String, String, String), Table> {
+    let mut roles: BTreeMap<(String, String, String), Table> = BTreeMap::new();
+    for (kind, name, namespace, group, resource, names, verb) in grants(docs) {
         roles
-            .entry((kind, namespace))
+            .entry((kind, name, namespace))
             .or_default()
-            .insert((group, resource, verb));
+            .insert((group, resource, names, verb));
     }
     roles
 }
 
-/// The exact rule table of an install watching all namespaces, or only `watched`.
-fn expected_roles(watched: Option<&str>) -> BTreeMap<(String, String), Table> {
+/// The exact rule table of an install named `fullname` watching all namespaces, or only `watched`.
+fn expected_roles(
+    fullname: &str,
+    watched: Option<&str>,
+) -> BTreeMap<(String, String, String), Table> {
+    let key =
+        |kind: &str, name: String, namespace: &str| (kind.to_string(), name, namespace.to_string());
+    let egress = format!("{fullname}-egress");
     let mut roles = BTreeMap::new();
     roles.insert(
-        ("Role".to_string(), RELEASE_NAMESPACE.to_string()),
+        key(
+            "Role",
+            format!("{fullname}-leader-election"),
+            RELEASE_NAMESPACE,
+        ),
         lease_rules(),
+    );
+    roles.insert(
+        key(
+            "Role",
+            format!("{fullname}-egress-service"),
+            RELEASE_NAMESPACE,
+        ),
+        egress_service_rules(fullname),
     );
     match watched {
         None => {
             let all = cluster_rules().into_iter().chain(namespaced_rules());
-            roles.insert(("ClusterRole".to_string(), String::new()), all.collect());
+            roles.insert(key("ClusterRole", fullname.to_string(), ""), all.collect());
+            let all = egress_cluster_rules()
+                .into_iter()
+                .chain(egress_namespaced_rules());
+            roles.insert(key("ClusterRole", egress, ""), all.collect());
         }
         Some(namespace) => {
-            roles.insert(("ClusterRole".to_string(), String::new()), cluster_rules());
             roles.insert(
-                ("Role".to_string(), namespace.to_string()),
+                key("ClusterRole", fullname.to_string(), ""),
+                cluster_rules(),
+            );
+            roles.insert(
+                key("Role", fullname.to_string(), namespace),
                 namespaced_rules(),
             );
+            roles.insert(
+                key("ClusterRole", egress.clone(), ""),
+                egress_cluster_rules(),
+            );
+            roles.insert(key("Role", egress, namespace), egress_namespaced_rules());
         }
     }
     roles
@@ -211,13 +416,20 @@ fn expected_roles(watched: Option<&str>) -> BTreeMap<(String, String), Table> {
 /// The namespace config/overlays/namespaced watches.
 const KUSTOMIZE_WATCHED: &str = "orchard-sandboxes";
 
-#[test]
-fn every_render_grants_exactly_the_rule_table_in_the_right_role() {
-    let renders = [
-        ("helm default", documents(&helm_default()), None),
+/// Every render with its object-name prefix (`orchard-operator` for release `orchard`, the full
+/// values' `fullnameOverride`) and the namespace it watches (`None`: all).
+fn renders() -> Vec<(&'static str, Vec<Value>, &'static str, Option<&'static str>)> {
+    vec![
+        (
+            "helm default",
+            documents(&helm_default()),
+            "orchard-operator",
+            None,
+        ),
         (
             "helm full values",
             documents(&helm_full()),
+            "orchard-ha",
             Some("rl-sandboxes"),
         ),
         (
@@ -226,21 +438,90 @@ fn every_render_grants_exactly_the_rule_table_in_the_right_role() {
                 "--set",
                 &format!("watchNamespace={KUSTOMIZE_WATCHED}"),
             ])),
+            "orchard-operator",
             Some(KUSTOMIZE_WATCHED),
         ),
-        ("kustomize default", documents(&kustomize("default")), None),
-        ("kustomize ha", documents(&kustomize("overlays/ha")), None),
+        (
+            "kustomize default",
+            documents(&kustomize("default")),
+            "orchard-operator",
+            None,
+        ),
+        (
+            "kustomize ha",
+            documents(&kustomize("overlays/ha")),
+            "orchard-operator",
+            None,
+        ),
         (
             "kustomize namespaced",
             documents(&kustomize("overlays/namespaced")),
+            "orchard-operator",
             Some(KUSTOMIZE_WATCHED),
         ),
-    ];
-    for (source, docs, watched) in &renders {
+    ]
+}
+
+#[test]
+fn every_render_grants_exactly_the_rule_table_in_the_right_role() {
+    for (source, docs, fullname, watched) in &renders() {
         assert_eq!(
             by_role(docs),
-            expected_roles(*watched),
+            expected_roles(fullname, *watched),
             "{source}: the rules per role differ from the table"
+        );
+    }
+}
+
+#[test]
+fn no_wildcards_in_any_rendered_role_and_every_permission_is_accounted_for() {
+    for (source, docs, fullname, _) in &renders() {
+        assert_no_wildcards(source, docs);
+        // Cluster-wide (ClusterRole) or namespace-scoped (watchNamespace: Role), each ServiceAccount
+        // is granted exactly its documented permissions: nothing missing, nothing extra, and nothing
+        // of the other's.
+        let operator = service_account_of(operator_deployment(docs));
+        let egress = service_account_of(egress_deployment(docs));
+        assert_eq!(
+            permissions_of(docs, &operator),
+            operator_permissions(fullname),
+            "{source}: the operator's ServiceAccount {operator} is granted other permissions than \
+             the documented contract"
+        );
+        assert_eq!(
+            permissions_of(docs, &egress),
+            egress_permissions(),
+            "{source}: the egress proxy's ServiceAccount {egress} is granted other permissions \
+             than its rule table"
+        );
+        // Every role is bound to one of them (no role lies unused), and bindings name no one else.
+        let bound: BTreeSet<_> = grants_to(docs, RELEASE_NAMESPACE, &operator)
+            .into_iter()
+            .chain(grants_to(docs, RELEASE_NAMESPACE, &egress))
+            .collect();
+        assert_eq!(
+            bound,
+            grants(docs),
+            "{source}: a role is bound to neither ServiceAccount"
+        );
+        let mut subjects = BTreeSet::new();
+        for binding in of_kind(docs, "RoleBinding")
+            .into_iter()
+            .chain(of_kind(docs, "ClusterRoleBinding"))
+        {
+            for subject in binding["subjects"].as_array().expect("subjects") {
+                subjects.insert(
+                    json!([subject["kind"], subject["namespace"], subject["name"]]).to_string(),
+                );
+            }
+        }
+        let expected: BTreeSet<String> = [&operator, &egress]
+            .into_iter()
+            .map(|name| json!(["ServiceAccount", RELEASE_NAMESPACE, name]).to_string())
+            .collect();
+        assert_eq!(
+            subjects, expected,
+            "{source}: bindings name only the operator's and the egress proxy's ServiceAccounts"
         );
     }
 }
@@ -253,24 +534,53 @@ fn the_namespaced_overlay_matches_the_chart_with_watch_namespace() {
     ]));
     let kustomized = documents(&kustomize("overlays/namespaced"));
     assert_eq!(
-        granted(&chart),
-        granted(&kustomized),
+        grants(&chart),
+        grants(&kustomized),
         "config/overlays/namespaced and the chart with watchNamespace grant different rules"
     );
-    for kind in ["ClusterRoleBinding", "RoleBinding"] {
+    for kind in ["ClusterRoleBinding", "RoleBinding", "ServiceAccount"] {
         assert_eq!(
             identities(&chart, kind),
             identities(&kustomized, kind),
             "{kind}s differ"
         );
     }
-    let watch = |docs: &[Value]| {
-        env_map(&one_of_kind(docs, "Deployment")["spec"]["template"]["spec"]["containers"][0])
-            ["ORCHARD_WATCH_NAMESPACE"]
-            .clone()
-    };
-    assert_eq!(watch(&chart), KUSTOMIZE_WATCHED);
-    assert_eq!(watch(&kustomized), KUSTOMIZE_WATCHED);
+    for docs in [&chart, &kustomized] {
+        for deployment in [operator_deployment(docs), egress_deployment(docs)] {
+            assert_eq!(
+                env_map(container(deployment))["ORCHARD_WATCH_NAMESPACE"],
+                KUSTOMIZE_WATCHED,
+                "{} watches the one namespace",
+                deployment["metadata"]["name"]
+            );
+        }
+    }
+    // The overlay's patch moves ORCHARD_WATCH_NAMESPACE to the front of the list: compare by name.
+    assert_eq!(
+        env_by_name(operator_deployment(&chart)),
+        env_by_name(operator_deployment(&kustomized)),
+        "the operator's Deployment differs between config/overlays/namespaced and the chart with watchNamespace"
+    );
+    assert_eq!(
+        env_by_name(egress_deployment(&chart)),
+        env_by_name(egress_deployment(&kustomized)),
+        "the egress proxy's Deployment differs between config/overlays/namespaced and the chart with watchNamespace"
+    );
+}
+
+/// A Deployment's spec with each container's environment sorted by name (no variable of ours refers
+/// to another, so their order means nothing).
+fn env_by_name(deployment: &Value) -> Value {
+    let mut spec = deployment["spec"].clone();
+    for container in spec["template"]["spec"]["containers"]
+        .as_array_mut()
+        .expect("containers")
+    {
+        if let Some(env) = container["env"].as_array_mut() {
+            env.sort_by_key(|e| e["name"].as_str().unwrap_or_default().to_string());
+        }
+    }
+    spec
 }
 
 /// `doc` without labels and annotations, every number as a float: Helm re-serialises the CRDs
@@ -311,37 +621,13 @@ fn crd_files() -> BTreeMap<String, Value> {
 }
 
 #[test]
-fn no_wildcards_in_any_rendered_role_and_every_permission_is_accounted_for() {
-    let renders = [
-        ("helm default", documents(&helm_default())),
-        ("helm full values", documents(&helm_full())),
-        ("kustomize default", documents(&kustomize("default"))),
-        ("kustomize ha", documents(&kustomize("overlays/ha"))),
-        (
-            "kustomize namespaced",
-            documents(&kustomize("overlays/namespaced")),
-        ),
-    ];
-    for (source, docs) in &renders {
-        assert_no_wildcards(source, docs);
-        // Cluster-wide (ClusterRole) or namespace-scoped (watchNamespace: Role), the operator is
-        // granted exactly the documented permissions: nothing missing, nothing extra.
-        assert_eq!(
-            permissions(docs),
-            expected_permissions(),
-            "{source}: granted permissions differ from the documented contract"
-        );
-    }
-}
-
-#[test]
 fn chart_and_kustomize_grant_the_same_rules_and_run_the_same_pod() {
     let chart = documents(&helm_default());
     let kustomized = documents(&kustomize("default"));
     assert_eq!(
-        granted(&chart),
-        granted(&kustomized),
-        "config/rbac and the chart's RBAC templates differ"
+        grants(&chart),
+        grants(&kustomized),
+        "config/rbac and config/egress and the chart's RBAC templates differ"
     );
     for kind in ["ClusterRoleBinding", "RoleBinding", "ServiceAccount"] {
         assert_eq!(
@@ -350,11 +636,37 @@ fn chart_and_kustomize_grant_the_same_rules_and_run_the_same_pod() {
             "{kind}s differ"
         );
     }
-    // Same Deployment spec (pod template, probes, env, security) and Services.
+    // The same ServiceAccounts (the egress proxy's mounts no token by default).
+    let accounts = |docs: &[Value]| -> BTreeMap<String, Value> {
+        of_kind(docs, "ServiceAccount")
+            .into_iter()
+            .map(|a| {
+                (
+                    a["metadata"]["name"].as_str().unwrap().to_string(),
+                    without_labels(a.clone()),
+                )
+            })
+            .collect()
+    };
     assert_eq!(
-        one_of_kind(&chart, "Deployment")["spec"],
-        one_of_kind(&kustomized, "Deployment")["spec"],
+        accounts(&chart),
+        accounts(&kustomized),
+        "ServiceAccounts differ"
+    );
+    // Same Deployment specs (pod template, probes, env, security) and Services.
+    assert_eq!(
+        operator_deployment(&chart)["spec"],
+        operator_deployment(&kustomized)["spec"],
         "config/manager/manager.yaml and the chart's deployment.yaml (default values, release `orchard`) differ"
+    );
+    assert_eq!(
+        egress_deployment(&chart)["spec"],
+        egress_deployment(&kustomized)["spec"],
+        "config/egress/deployment.yaml and the chart's egress.yaml (default values, release `orchard`) differ"
+    );
+    assert_eq!(
+        of_kind(&chart, "Deployment").len(),
+        of_kind(&kustomized, "Deployment").len()
     );
     let services = |docs: &[Value]| -> BTreeMap<String, Value> {
         of_kind(docs, "Service")
