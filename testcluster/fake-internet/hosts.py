@@ -12,14 +12,23 @@ client asks for). Every answer is 200 with the body
 
     host=<name> path=<request target> sni=<server name the TLS client sent, or ->\n
 
-except `GET /big?bytes=N` (N bytes of `x`, for throughput) and `GET /slow` (`?seconds=S`, default 60:
+except `GET /big?bytes=N` (N bytes of `x`, for throughput), `GET /slow` (`?seconds=S`, default 60:
 one line a second, `host=<name> second=<i>\n`, with a Content-Length for all of them, so a client
-sees a cut connection as a short body). Writes the `ready` file once every listener is bound, then
+sees a cut connection as a short body), `GET /files/orchard_probe-1.0-py3-none-any.whl` (a valid
+one-module wheel, for pip) and `GET /repo.git/...` (a one-commit repository over git's dumb HTTP
+protocol, for `git clone`). Writes the `ready` file once every listener is bound, then
 serves until killed.
 """
 
+import base64
+import hashlib
 import http.server
+import io
 import json
+import os
+import subprocess
+import tempfile
+import zipfile
 import signal
 import socketserver
 import ssl
@@ -29,6 +38,46 @@ import time
 import urllib.parse
 
 CHUNK = 64 * 1024
+
+WHEEL_NAME = "orchard_probe-1.0-py3-none-any.whl"
+
+
+def wheel():
+    """A valid pure-Python wheel of one module (what `pip download` checks: name, version, tags)."""
+    files = {
+        "orchard_probe/__init__.py": b"VALUE = 'orchard'\n",
+        "orchard_probe-1.0.dist-info/METADATA": b"Metadata-Version: 2.1\nName: orchard-probe\nVersion: 1.0\n",
+        "orchard_probe-1.0.dist-info/WHEEL": b"Wheel-Version: 1.0\nGenerator: fake-internet\nRoot-Is-Purelib: true\nTag: py3-none-any\n",
+    }
+    record = []
+    for path, data in files.items():
+        digest = base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b"=").decode()
+        record.append(f"{path},sha256={digest},{len(data)}")
+    record.append("orchard_probe-1.0.dist-info/RECORD,,")
+    files["orchard_probe-1.0.dist-info/RECORD"] = ("\n".join(record) + "\n").encode()
+    out = io.BytesIO()
+    with zipfile.ZipFile(out, "w") as archive:
+        for path, data in files.items():
+            archive.writestr(path, data)
+    return out.getvalue()
+
+
+def bare_repository(under):
+    """A bare one-commit repository (README: `orchard`) ready for git's dumb HTTP protocol, in a new
+    directory under `under` (the run's directory, removed with it)."""
+    root = tempfile.mkdtemp(prefix="git-", dir=under)
+    work, bare = os.path.join(root, "work"), os.path.join(root, "repo.git")
+    env = dict(os.environ, GIT_AUTHOR_NAME="t", GIT_AUTHOR_EMAIL="t@t", GIT_COMMITTER_NAME="t",
+               GIT_COMMITTER_EMAIL="t@t", GIT_CONFIG_NOSYSTEM="1", HOME=root)
+    git = lambda *args: subprocess.run(["git", *args], check=True, env=env, capture_output=True)
+    git("init", "-q", "-b", "main", work)
+    with open(os.path.join(work, "README"), "w") as f:
+        f.write("orchard\n")
+    git("-C", work, "add", "README")
+    git("-C", work, "commit", "-q", "-m", "one")
+    git("clone", "-q", "--bare", "--no-local", work, bare)
+    git("-C", bare, "update-server-info")
+    return bare
 
 
 class Server(http.server.ThreadingHTTPServer):
@@ -58,7 +107,7 @@ class Server(http.server.ThreadingHTTPServer):
         sys.stderr.write(f"{self.server_address[0]}:{self.server_address[1]} {client_address[0]}: {kind.__name__}: {value}\n")
 
 
-def handler_for(name):
+def handler_for(name, files):
     class Handler(http.server.BaseHTTPRequestHandler):
         protocol_version = "HTTP/1.1"
         server_version = "fake-internet"
@@ -86,11 +135,28 @@ def handler_for(name):
                 self.big(int(query.get("bytes", ["0"])[0]))
             elif self.command == "GET" and url.path == "/slow":
                 self.slow(int(query.get("seconds", ["60"])[0]))
+            elif self.command == "GET" and url.path == "/files/" + WHEEL_NAME:
+                self.head(len(files["wheel"]), "application/octet-stream")
+                self.wfile.write(files["wheel"])
+            elif self.command == "GET" and url.path.startswith("/repo.git/"):
+                self.repository(url.path[len("/repo.git/"):])
             else:
                 body = f"host={name} path={self.path} sni={self.sni()}\n".encode()
                 self.head(len(body))
                 if send_body:
                     self.wfile.write(body)
+
+        def repository(self, relative):
+            path = os.path.realpath(os.path.join(files["git"], relative))
+            if not path.startswith(files["git"] + os.sep) or not os.path.isfile(path):
+                self.send_response(404)
+                self.send_header("Content-Length", "0")
+                self.end_headers()
+                return
+            with open(path, "rb") as f:
+                data = f.read()
+            self.head(len(data), "application/octet-stream")
+            self.wfile.write(data)
 
         def big(self, size):
             self.head(size, "application/octet-stream")
@@ -136,8 +202,9 @@ def main():
     with open(sys.argv[1]) as f:
         config = json.load(f)
     servers = []
+    files = {"wheel": wheel(), "git": os.path.realpath(bare_repository(os.path.dirname(config["ready"])))}
     for host in config["hosts"]:
-        handler = handler_for(host["name"])
+        handler = handler_for(host["name"], files)
         servers.append(Server((host["address"], 80), handler))
         servers.append(Server((host["address"], 443), handler, tls_context(host["cert"], host["key"])))
     for server in servers:

@@ -34,6 +34,9 @@ pub struct Note {
     pub object: ObjectReference,
     /// `EgressDenied` or `EgressCut`.
     pub reason: &'static str,
+    /// `Connect <host>:<port>` or `Cut <host>:<port>`: the Recorder folds repeats of one (reason,
+    /// action) into a series, so each destination keeps an event of its own.
+    pub action: String,
     /// One line for humans.
     pub note: String,
 }
@@ -100,10 +103,11 @@ impl Sink {
         true
     }
 
-    fn queue(&self, policy: &SandboxPolicy, reason: &'static str, note: String) {
+    fn queue(&self, policy: &SandboxPolicy, reason: &'static str, action: String, note: String) {
         let note = Note {
             object: reference(policy),
             reason,
+            action: action.chars().take(128).collect(),
             note,
         };
         if self.notes.try_send(note).is_err() {
@@ -131,7 +135,8 @@ impl Audit for Sink {
             && self.due(policy, record.host, record.port)
         {
             let note = denial_note(&record.via, record.host, record.port, reason);
-            self.queue(policy, "EgressDenied", note);
+            let action = format!("Connect {}:{}", record.host, record.port);
+            self.queue(policy, "EgressDenied", action, note);
         }
     }
 
@@ -147,7 +152,7 @@ impl Audit for Sink {
             "open connection to {host}:{port} cut: generation {} of spec.network does not allow it",
             sandbox.generation
         );
-        self.queue(sandbox, "EgressCut", note);
+        self.queue(sandbox, "EgressCut", format!("Cut {host}:{port}"), note);
     }
 }
 
@@ -158,7 +163,7 @@ pub async fn publish_notes(recorder: Recorder, mut notes: mpsc::Receiver<Note>) 
             type_: EventType::Warning,
             reason: note.reason.into(),
             note: Some(note.note.chars().take(1024).collect()),
-            action: "Connect".into(),
+            action: note.action,
             secondary: None,
         };
         if let Err(error) = recorder.publish(&event, &note.object).await {
@@ -208,6 +213,7 @@ mod tests {
             "CONNECT huggingface.co:443 refused: matches network.deny huggingface.co"
         );
         assert_eq!(note.object.uid.as_deref(), Some("u"));
+        assert_eq!(note.action, "Connect huggingface.co:443");
         assert!(
             notes.try_recv().is_err(),
             "repeats within a minute are not events"
