@@ -13,6 +13,8 @@
 //! `EgressDenied` events a task author reads.
 
 use std::collections::BTreeSet;
+
+use futures::StreamExt;
 use std::time::{Duration, Instant};
 
 use k8s_openapi::api::core::v1::Pod;
@@ -28,23 +30,29 @@ use orchard_testcluster::wait;
 use serde_json::{Value, json};
 use tokio::sync::OnceCell;
 
-/// The fake internet's names: a host, one of its subdomains, others.
-const NAMES: [&str; 8] = [
-    "allowed.test",
-    "files.allowed.test",
-    "other.test",
-    "verifier.test",
-    "h1.test",
-    "h2.test",
-    "h3.test",
-    "h4.test",
-];
+/// The fake internet's names: a host, one of its subdomains, others, and `h1.test`..`h50.test`.
+fn names() -> Vec<String> {
+    let mut names: Vec<String> = [
+        "allowed.test",
+        "files.allowed.test",
+        "other.test",
+        "verifier.test",
+    ]
+    .map(String::from)
+    .to_vec();
+    names.extend((1..=MANY).map(|n| format!("h{n}.test")));
+    names
+}
 
 /// Sandboxes with lists of their own at once (each allowed exactly one `hN.test`).
-const MANY: usize = 4;
+const MANY: usize = 50;
 
 /// The bound the docs promise for a policy change to be in force.
 const IN_FORCE_WITHIN: Duration = Duration::from_secs(2);
+
+/// Tests hold this shared; the one that restarts the proxy holds it alone (every sandbox loses its
+/// way out meanwhile).
+static PROXY: tokio::sync::RwLock<()> = tokio::sync::RwLock::const_new(());
 
 struct Setup {
     env: &'static TestEnv,
@@ -76,7 +84,9 @@ async fn setup() -> &'static Setup {
         .get_or_init(|| async {
             let env = env();
             env.on_env_runtime(async move {
-                let internet = FakeInternet::start(env.node.real(), &NAMES)
+                let names = names();
+                let names: Vec<&str> = names.iter().map(String::as_str).collect();
+                let internet = FakeInternet::start(env.node.real(), &names)
                     .await
                     .unwrap_or_else(|e| panic!("fake internet: {e}"));
                 let options = ReleaseOptions {
@@ -134,9 +144,7 @@ async fn sandbox(setup: &Setup, ns: &str, name: &str, network: Value) {
             .any(|c| c["type"] == "HostEgress" && c["status"] == "True")),
         "HostEgress True at Ready: {status}"
     );
-    let trust = format!(
-        "printf '%s' \"$CA\" > /usr/local/share/ca-certificates/orchard-test.crt && update-ca-certificates >/dev/null 2>&1 && echo trusted"
-    );
+    let trust = "printf '%s' \"$CA\" > /usr/local/share/ca-certificates/orchard-test.crt && update-ca-certificates >/dev/null 2>&1 && echo trusted";
     let answer = setup
         .admin
         .exec(
@@ -193,6 +201,7 @@ fn refused(result: &Result<String, String>) -> bool {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn allowed_names_pass_and_everything_else_is_refused() {
     let setup = setup().await;
+    let _shared = PROXY.read().await;
     let ns = setup.env.namespace("egress-basic").await;
     let network = json!({"egress": "AllowList", "allow": [
         {"host": "allowed.test"}, {"host": "*.allowed.test", "ports": [{"port": 443}]}]});
@@ -395,6 +404,7 @@ async fn egress_metrics(setup: &Setup) -> String {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_policy_switched_on_a_running_sandbox_is_in_force_within_two_seconds() {
     let setup = setup().await;
+    let _shared = PROXY.read().await;
     let ns = setup.env.namespace("egress-switch").await;
     // Harbor's agent phase: the task may fetch from allowed.test.
     sandbox(
@@ -507,8 +517,10 @@ async fn a_policy_switched_on_a_running_sandbox_is_in_force_within_two_seconds()
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sandboxes_at_once_get_exactly_their_own_lists() {
     let setup = setup().await;
+    let _shared = PROXY.read().await;
     let ns = setup.env.namespace("egress-many").await;
     let hosts: Vec<String> = (1..=MANY).map(|n| format!("h{n}.test")).collect();
+    // Created at once; each tries every host at once (urllib through the proxy variables).
     let created = futures::future::join_all(hosts.iter().enumerate().map(|(i, host)| {
         let ns = ns.clone();
         async move {
@@ -522,17 +534,44 @@ async fn sandboxes_at_once_get_exactly_their_own_lists() {
         }
     }));
     created.await;
+    let probe = format!(
+        r#"python3 - <<'EOF'
+import concurrent.futures, urllib.request
+def get(host):
+    try:
+        return host, urllib.request.urlopen("https://" + host + "/", timeout=10).status
+    except Exception as e:
+        return host, "refused:" + str(e).replace(" ", "_")
+with concurrent.futures.ThreadPoolExecutor(16) as pool:
+    for host, result in pool.map(get, {hosts:?}):
+        print(host, result)
+EOF"#
+    );
+    let answers = futures::stream::iter(1..=MANY)
+        .map(|i| {
+            let (ns, probe) = (ns.clone(), probe.clone());
+            async move { (i, sh(setup, &ns, &format!("s{i}"), &probe).await) }
+        })
+        .buffer_unordered(8)
+        .collect::<Vec<_>>()
+        .await;
     let mut reached = BTreeSet::new();
-    for i in 1..=MANY {
-        let tries = hosts
-            .iter()
-            .map(|host| format!("curl -s -o /dev/null -w '{host} %{{http_code}}\\n' --max-time 5 https://{host}/"))
-            .collect::<Vec<_>>()
-            .join("; ");
-        let (_, out, _) = sh(setup, &ns, &format!("s{i}"), &tries).await;
+    for (i, (_, out, err)) in answers {
+        assert_eq!(
+            out.lines().count(),
+            MANY,
+            "s{i} tried every host: {out}{err}"
+        );
         for line in out.lines() {
-            if let Some((host, "200")) = line.split_once(' ') {
-                reached.insert((format!("s{i}"), host.to_string()));
+            match line.split_once(' ') {
+                Some((host, "200")) => {
+                    reached.insert((format!("s{i}"), host.to_string()));
+                }
+                Some((_, refused)) => assert!(
+                    refused.starts_with("refused:") && refused.contains("403"),
+                    "s{i}: {line}"
+                ),
+                None => panic!("s{i}: {line}"),
             }
         }
     }
@@ -545,6 +584,7 @@ async fn sandboxes_at_once_get_exactly_their_own_lists() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_restarted_proxy_lets_nothing_through_while_down_and_the_same_rules_after() {
     let setup = setup().await;
+    let _alone = PROXY.write().await;
     let ns = setup.env.namespace("egress-restart").await;
     sandbox(
         setup,

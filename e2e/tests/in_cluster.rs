@@ -101,7 +101,7 @@ async fn the_chart_runs_two_replicas_as_non_root_with_one_leader() {
     let uids: Vec<u32> = env
         .node
         .real()
-        .processes("/orchard-operator")
+        .processes(&["/orchard-operator"], true)
         .into_iter()
         .map(|(_, uid)| uid)
         .collect();
@@ -114,6 +114,21 @@ async fn the_chart_runs_two_replicas_as_non_root_with_one_leader() {
         uids.iter().all(|&uid| uid == 65532),
         "the chart's runAsUser, not root: {uids:?}"
     );
+    // The egress proxy: the same image in its own mode, non-root too.
+    let egress = wait::poll(
+        "the egress proxy's process",
+        Duration::from_secs(60),
+        || async {
+            let found = env
+                .node
+                .real()
+                .processes(&["/orchard-operator", "egress-proxy"], false);
+            (!found.is_empty()).then_some(found)
+        },
+    )
+    .await;
+    assert_eq!(egress.len(), 1, "one egress proxy: {egress:?}");
+    assert_eq!(egress[0].1, 65532, "the chart's runAsUser: {egress:?}");
 }
 
 #[tokio::test]

@@ -291,8 +291,9 @@ impl RealNode {
     }
 
     /// Host pids and real uids of this node's processes (those in its cgroup) whose command line
-    /// starts with `program` (e.g. a container's `/orchard-operator`).
-    pub fn processes(&self, program: &str) -> Vec<(u32, u32)> {
+    /// starts with the words `argv` (e.g. a container's `["/orchard-operator"]`, or
+    /// `["/orchard-operator", "egress-proxy"]`); `exact` also requires no further words.
+    pub fn processes(&self, argv: &[&str], exact: bool) -> Vec<(u32, u32)> {
         let node_cgroup = format!("{}/", self.namespaces.layout.cgroup_root);
         let mut found = Vec::new();
         for entry in std::fs::read_dir("/proc").into_iter().flatten().flatten() {
@@ -305,9 +306,15 @@ impl RealNode {
             };
             let path = entry.path();
             let cmdline = std::fs::read(path.join("cmdline")).unwrap_or_default();
-            let first = cmdline.split(|b| *b == 0).next().unwrap_or_default();
+            let words: Vec<&[u8]> = cmdline
+                .strip_suffix(&[0])
+                .unwrap_or(&cmdline)
+                .split(|b| *b == 0)
+                .collect();
+            let starts = words.len() >= argv.len()
+                && argv.iter().zip(&words).all(|(a, w)| a.as_bytes() == *w);
             let cgroups = std::fs::read_to_string(path.join("cgroup")).unwrap_or_default();
-            if first != program.as_bytes() || !cgroups.contains(&node_cgroup) {
+            if !starts || (exact && words.len() != argv.len()) || !cgroups.contains(&node_cgroup) {
                 continue;
             }
             let status = std::fs::read_to_string(path.join("status")).unwrap_or_default();
