@@ -58,7 +58,20 @@ struct Setup {
     env: &'static TestEnv,
     internet: FakeInternet,
     release: ChartRelease,
-    admin: Caller,
+    /// The gateway through its Service.
+    gateway: String,
+}
+
+impl Setup {
+    /// The cluster admin at the gateway, with an HTTP client of the calling test's own runtime (a
+    /// pooled connection of a finished test's runtime is gone).
+    fn admin(&self) -> Caller {
+        Caller {
+            base: self.gateway.clone(),
+            token: Some(self.env.control_plane.tokens["admin"].clone()),
+            http: orchard_testcluster::gateway_http(),
+        }
+    }
 }
 
 fn env() -> &'static TestEnv {
@@ -104,16 +117,12 @@ async fn setup() -> &'static Setup {
                     .await
                     .unwrap_or_else(|e| panic!("helm install: {e}"));
                 let client = env.client().await;
-                let admin = Caller {
-                    base: release.gateway_url(&client).await.expect("gateway url"),
-                    token: Some(env.control_plane.tokens["admin"].clone()),
-                    http: orchard_testcluster::gateway_http(),
-                };
+                let gateway = release.gateway_url(&client).await.expect("gateway url");
                 Setup {
                     env,
                     internet,
                     release,
-                    admin,
+                    gateway,
                 }
             })
             .await
@@ -125,13 +134,13 @@ async fn setup() -> &'static Setup {
 async fn sandbox(setup: &Setup, ns: &str, name: &str, network: Value) {
     let image = setup.env.node.real().image("debian-python");
     setup
-        .admin
+        .admin()
         .create_sandbox(
             ns,
             json!({"name": name, "image": image, "network": network}),
         )
         .await;
-    let ready = setup.admin.wait_ready(ns, name).await;
+    let ready = setup.admin().wait_ready(ns, name).await;
     // Ready only once the proxy enforces its rules for its pod.
     let status = &ready["status"];
     assert_eq!(
@@ -146,7 +155,7 @@ async fn sandbox(setup: &Setup, ns: &str, name: &str, network: Value) {
     );
     let trust = "printf '%s' \"$CA\" > /usr/local/share/ca-certificates/orchard-test.crt && update-ca-certificates >/dev/null 2>&1 && echo trusted";
     let answer = setup
-        .admin
+        .admin()
         .exec(
             ns,
             name,
@@ -166,7 +175,7 @@ fn stdout(answer: &Answer) -> String {
 /// Runs `script` with `sh -c` in the sandbox; (exit code, stdout, stderr).
 async fn sh(setup: &Setup, ns: &str, name: &str, script: &str) -> (i64, String, String) {
     let answer = setup
-        .admin
+        .admin()
         .exec(ns, name, json!({"command": script, "timeoutSeconds": 30}))
         .await;
     assert_eq!(answer.status, 200, "{answer:?}");
@@ -425,7 +434,7 @@ async fn a_policy_switched_on_a_running_sandbox_is_in_force_within_two_seconds()
     // An open connection to allowed.test: one line a second for 30 s.
     // A background process of the agent (an exec's own process group ends with it).
     let started = setup
-        .admin
+        .admin()
         .post(
             &format!("/v1/namespaces/{ns}/sandboxes/phases/processes"),
             json!({"command": "curl -sSN --max-time 40 'https://allowed.test/slow?seconds=30' > /tmp/slow.out 2>/tmp/slow.err; echo $? > /tmp/slow.exit"}),
@@ -445,10 +454,10 @@ async fn a_policy_switched_on_a_running_sandbox_is_in_force_within_two_seconds()
     // The verifier phase: only verifier.test.
     let switched = Instant::now();
     let answer = setup
-        .admin
+        .admin()
         .send(
             setup
-                .admin
+                .admin()
                 .request(
                     reqwest::Method::PUT,
                     &format!("/v1/namespaces/{ns}/sandboxes/phases/network?timeoutSeconds=5"),
@@ -494,10 +503,10 @@ async fn a_policy_switched_on_a_running_sandbox_is_in_force_within_two_seconds()
 
     // A change the API server refuses loses nothing: the verifier rules stay in force.
     let bad = setup
-        .admin
+        .admin()
         .send(
             setup
-                .admin
+                .admin()
                 .request(
                     reqwest::Method::PUT,
                     &format!("/v1/namespaces/{ns}/sandboxes/phases/network"),

@@ -61,8 +61,10 @@ pub struct PodShape {
     pub egress_proxy_url: Option<String>,
 }
 
-/// Hosts every sandbox reaches without the egress proxy (its own loopback: servers a task starts).
-pub const NO_PROXY: &str = "localhost,127.0.0.1,::1";
+/// What a sandbox reaches without the egress proxy: its own loopback (servers a task starts) and
+/// in-cluster Service names, which the proxy never connects to (their addresses are protected) and
+/// which a sandbox's NetworkPolicies decide directly.
+pub const NO_PROXY: &str = "localhost,127.0.0.1,::1,.svc,.cluster.local";
 
 /// The proxy variables of a task container with egress proxy `url` (pure): both spellings, because
 /// curl reads only the lower-case `http_proxy` and Python and Go read either.
