@@ -205,6 +205,10 @@ bench-gateway: k8s agent sdk-venv ## gateway vs direct exec latency (p50/p99 at 
 	ORCHARD_AGENT_BIN=$(abspath $(AGENT_BIN)) ORCHARD_OPERATOR_BIN=$(abspath $(TARGET_DIR))/release/orchard-operator \
 		$(CARGO) run --release -p orchard-bench --example bench_gateway -j 2 -- --write-doc $(abspath docs/BENCHMARKS.md)
 
+.PHONY: bench-egress
+bench-egress: ## the egress proxy on loopback against direct HTTPS (512 MiB download MiB/s and CPU, fresh and kept-alive GET p50/p99, 3 alternating rounds) and its policy table at 1,000 and 10,000 sandboxes (build, memory, decide ns); no cluster; writes docs/BENCHMARKS.md
+	$(CARGO) run --release -p orchard-bench --bin bench-egress -j 2 -- --write-doc $(abspath docs/BENCHMARKS.md)
+
 # ---------------------------------------------------------------------------------------------------
 # Packaging: Helm chart, kustomize, images and real clusters (docs/INSTALL.md).
 # helm, kubeconform and openapi2schema are built from the pinned Go module in e2e/packaging-tools
@@ -375,7 +379,7 @@ bench-real: k8s agent node-images ## the hollow and the real node side by side (
 		$(TARGET_DIR)/release/bench-pool --write-doc docs/BENCHMARKS.md
 
 .PHONY: bench
-bench: bench-agent bench-gateway bench-callgrind bench-bar bench-scale bench-queue bench-lifecycle bench-real ## every benchmark (numbers go to docs/BENCHMARKS.md and docs/BAR.md)
+bench: bench-agent bench-gateway bench-egress bench-callgrind bench-bar bench-scale bench-queue bench-lifecycle bench-real ## every benchmark (numbers go to docs/BENCHMARKS.md and docs/BAR.md)
 
 # ---------------------------------------------------------------------------------------------------
 # GitOps and observability (issue 18, docs/OPERATIONS.md). kstatus (sigs.k8s.io/cli-utils), luahealth

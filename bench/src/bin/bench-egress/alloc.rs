@@ -1,0 +1,79 @@
+//! The benchmark's allocator: mimalloc, as in the operator's binary (`operator/src/main.rs`), which
+//! runs the egress proxy; while [`count`] is on, it also keeps the bytes allocated and not freed,
+//! so the policy table's heap is counted exactly. Off (the data path), it costs one relaxed load
+//! per allocation.
+
+use std::alloc::{GlobalAlloc, Layout};
+use std::sync::atomic::{AtomicBool, AtomicIsize, Ordering};
+
+use mimalloc::MiMalloc;
+
+static COUNTING: AtomicBool = AtomicBool::new(false);
+static LIVE: AtomicIsize = AtomicIsize::new(0);
+
+/// mimalloc, counting while asked to.
+pub struct Counting;
+
+fn add(bytes: isize) {
+    if COUNTING.load(Ordering::Relaxed) {
+        LIVE.fetch_add(bytes, Ordering::Relaxed);
+    }
+}
+
+// SAFETY: every call is passed on to mimalloc unchanged; the counter only observes.
+unsafe impl GlobalAlloc for Counting {
+    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
+        // SAFETY: as the caller promised for `layout`.
+        let pointer = unsafe { MiMalloc.alloc(layout) };
+        if !pointer.is_null() {
+            add(layout.size() as isize);
+        }
+        pointer
+    }
+
+    unsafe fn alloc_zeroed(&self, layout: Layout) -> *mut u8 {
+        // SAFETY: as the caller promised for `layout`.
+        let pointer = unsafe { MiMalloc.alloc_zeroed(layout) };
+        if !pointer.is_null() {
+            add(layout.size() as isize);
+        }
+        pointer
+    }
+
+    unsafe fn dealloc(&self, pointer: *mut u8, layout: Layout) {
+        // SAFETY: `pointer` came from this allocator with `layout`.
+        unsafe { MiMalloc.dealloc(pointer, layout) };
+        add(-(layout.size() as isize));
+    }
+
+    unsafe fn realloc(&self, pointer: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
+        // SAFETY: `pointer` came from this allocator with `layout`.
+        let moved = unsafe { MiMalloc.realloc(pointer, layout, new_size) };
+        if !moved.is_null() {
+            add(new_size as isize - layout.size() as isize);
+        }
+        moved
+    }
+}
+
+/// Starts or stops counting (the count stays).
+pub fn count(on: bool) {
+    COUNTING.store(on, Ordering::SeqCst);
+}
+
+/// Bytes allocated and not freed while counting was on.
+pub fn live() -> isize {
+    LIVE.load(Ordering::SeqCst)
+}
+
+unsafe extern "C" {
+    /// mimalloc's own: frees what it holds for later (`force`: all of it, now).
+    fn mi_collect(force: bool);
+}
+
+/// Returns the memory mimalloc keeps for later to the system, so the next RSS reading counts what
+/// is in use.
+pub fn collect() {
+    // SAFETY: mi_collect only releases memory mimalloc holds free.
+    unsafe { mi_collect(true) }
+}
