@@ -20,7 +20,6 @@ use std::convert::Infallible;
 use std::io;
 use std::net::IpAddr;
 use std::sync::Arc;
-use std::time::Duration;
 
 use hyper::body::Incoming;
 use hyper::{Method, Request, Response};
@@ -37,6 +36,7 @@ pub use super::deps::{DEFAULT_CONNECT_TIMEOUT, DEFAULT_HEADER_READ_TIMEOUT, Prox
 use super::refusal::{ProxyBody, Refusal};
 use super::table::PolicyTable;
 use super::{forward, tunnel};
+use crate::plumbing::accept::accept;
 
 /// Serves the proxy on `listener` until `shutdown` is cancelled, then closes every connection and
 /// waits for their tasks to end. Also runs the watcher that cuts, on every new table, the open
@@ -64,21 +64,9 @@ pub async fn serve(
         shutdown: shutdown.clone(),
     });
     loop {
-        let (stream, peer) = tokio::select! {
-            accepted = listener.accept() => match accepted {
-                Ok(accepted) => accepted,
-                Err(error) => {
-                    // Out of file descriptors and the like: back off instead of spinning.
-                    tracing::warn!(%error, "egress proxy cannot accept a connection");
-                    tokio::time::sleep(Duration::from_millis(100)).await;
-                    continue;
-                }
-            },
-            () = shutdown.cancelled() => break,
+        let Some((stream, peer)) = accept(&listener, &shutdown, "egress proxy").await else {
+            break;
         };
-        if let Err(error) = stream.set_nodelay(true) {
-            tracing::debug!(%error, "cannot set TCP_NODELAY on an egress proxy connection");
-        }
         let source = peer.ip().to_canonical();
         let for_requests = shared.clone();
         let service = hyper::service::service_fn(move |request: Request<Incoming>| {

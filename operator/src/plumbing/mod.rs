@@ -9,6 +9,7 @@
 //! ([`triggers`]); conditions and events ([`conditions`], [`events`]); metrics ([`metrics`]) and the
 //! error type ([`error`]).
 
+pub mod accept;
 pub mod api_client;
 pub mod backoff;
 pub mod caches;

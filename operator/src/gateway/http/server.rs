@@ -19,6 +19,8 @@ use hyper::body::Incoming;
 use hyper_util::rt::{TokioIo, TokioTimer};
 use tokio::net::TcpListener;
 use tokio::sync::Semaphore;
+
+use crate::plumbing::accept::accept;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 use tower::ServiceExt;
@@ -66,23 +68,9 @@ pub async fn serve_router(
             slot = slots.clone().acquire_owned() => slot.map_err(io::Error::other)?,
             () = shutdown.cancelled() => break,
         };
-        let (stream, peer) = tokio::select! {
-            accepted = listener.accept() => match accepted {
-                Ok(accepted) => accepted,
-                Err(err) => {
-                    // Out of file descriptors and the like: back off instead of spinning.
-                    tracing::warn!(%err, "gateway cannot accept a connection");
-                    tokio::time::sleep(Duration::from_millis(100)).await;
-                    continue;
-                }
-            },
-            () = shutdown.cancelled() => break,
+        let Some((stream, peer)) = accept(&listener, &shutdown, "gateway").await else {
+            break;
         };
-        // TCP_NODELAY: without it a response written in two parts waits for the client's delayed
-        // ACK (about 40 ms per call on Linux).
-        if let Err(err) = stream.set_nodelay(true) {
-            tracing::debug!(%err, "cannot set TCP_NODELAY on a gateway connection");
-        }
         let router = router.clone();
         let service = hyper::service::service_fn(move |request: hyper::Request<Incoming>| {
             let handled = router.clone().oneshot(request.map(Body::new));
