@@ -32,6 +32,18 @@ pub async fn client_config(identity: &str) -> Result<kube::Config> {
     Ok(config)
 }
 
+/// A token cancelled on the first SIGTERM or SIGINT: the one shutdown signal of a process.
+pub fn shutdown_on_signal() -> tokio_util::sync::CancellationToken {
+    let shutdown = tokio_util::sync::CancellationToken::new();
+    let cancel = shutdown.clone();
+    tokio::spawn(async move {
+        termination_signal().await;
+        tracing::info!("termination signal received, shutting down");
+        cancel.cancel();
+    });
+    shutdown
+}
+
 /// Resolves on SIGTERM or SIGINT.
 pub async fn termination_signal() {
     use tokio::signal::unix::{SignalKind, signal};

@@ -24,8 +24,9 @@ use tokio::sync::{Notify, watch};
 use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
 
-use super::discovery::{client_config, termination_signal};
+use super::discovery::{client_config, shutdown_on_signal};
 use super::egress_args::EgressArgs;
+use super::settings::cidr_list;
 use crate::egress::metrics::EgressMetrics;
 use crate::egress::proxy::{self, ProxyDeps};
 use crate::egress::resolve::{DnsResolver, Protected};
@@ -44,14 +45,6 @@ const SERVICE_RANGES_EVERY: Duration = Duration::from_secs(60);
 
 /// Most `status.egress` writes in flight at once.
 const REPORT_CONCURRENCY: usize = 16;
-
-fn cidr_list(text: &str, flag: &str) -> Result<Vec<Cidr>> {
-    text.split(',')
-        .map(str::trim)
-        .filter(|item| !item.is_empty())
-        .map(|item| Cidr::parse(item).map_err(|why| Error::Config(format!("{flag}: {why}"))))
-        .collect()
-}
 
 /// The ranges the proxy never connects to, from its flags and what the cluster says now (pure).
 fn protected(static_ranges: &[Cidr], ranges: &ClusterRanges, services: &[Cidr]) -> Protected {
@@ -196,15 +189,7 @@ pub async fn run(args: EgressArgs) -> Result<()> {
     let metrics = Arc::new(
         EgressMetrics::new().map_err(|e| Error::Startup(format!("metrics registry: {e}")))?,
     );
-    let shutdown = CancellationToken::new();
-    {
-        let shutdown = shutdown.clone();
-        tokio::spawn(async move {
-            termination_signal().await;
-            info!("termination signal received, shutting down");
-            shutdown.cancel();
-        });
-    }
+    let shutdown = shutdown_on_signal();
 
     // The protected ranges: flags, the API server, the nodes' pod ranges, the service ranges.
     let watched = Watched {

@@ -41,7 +41,8 @@ impl Settings {
 }
 
 /// A comma-separated CIDR list of flag `flag` (empty: none).
-fn cidr_list(text: &str, flag: &str) -> Result<Vec<Cidr>> {
+/// The CIDRs of a comma-separated flag value, or which part of `flag` is not one.
+pub fn cidr_list(text: &str, flag: &str) -> Result<Vec<Cidr>> {
     text.split(',')
         .map(str::trim)
         .filter(|part| !part.is_empty())

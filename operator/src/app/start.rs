@@ -16,7 +16,7 @@ use tracing::info;
 use crate::app::admin::{self, AdminState};
 use crate::app::config::OperatorArgs;
 use crate::app::discovery::{
-    client_config, default_identity, egress_proxy, observe_ranges, termination_signal,
+    client_config, default_identity, egress_proxy, observe_ranges, shutdown_on_signal,
 };
 use crate::app::settings::Settings;
 use crate::app::token_key;
@@ -70,15 +70,7 @@ pub async fn run(args: OperatorArgs) -> Result<()> {
     }
     let key = Arc::new(load_key(&client, &args.sandbox.operator_namespace).await?);
     let metrics = Metrics::new().map_err(|e| Error::Startup(format!("metrics registry: {e}")))?;
-    let shutdown = CancellationToken::new();
-    {
-        let shutdown = shutdown.clone();
-        tokio::spawn(async move {
-            termination_signal().await;
-            info!("termination signal received, shutting down");
-            shutdown.cancel();
-        });
-    }
+    let shutdown = shutdown_on_signal();
     let namespace = args.watch_namespace.clone();
     let sandboxes: Api<Sandbox> = scoped_api(&client, &namespace);
     if let Err(err) = sandboxes.list(&ListParams::default().limit(1)).await {
