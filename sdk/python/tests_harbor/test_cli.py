@@ -118,3 +118,22 @@ def test_harbor_run_stops_at_the_preflight_naming_what_is_missing(tmp_path: Path
     assert run.returncode != 0
     assert "Orchard Env preflight failed (gateway http://127.0.0.1:9, namespace ns)" in run.stdout + run.stderr
     assert not (tmp_path / "jobs").exists() or not any((tmp_path / "jobs").rglob("result.json"))
+
+
+def test_harbor_run_refuses_a_task_without_a_prebuilt_image(tmp_path: Path, served: tuple[FakeGateway, Task, str]) -> None:
+    gateway, _, url = served
+    task = write_task(tmp_path / "tasks")
+    toml = (task / "task.toml").read_text()
+    (task / "task.toml").write_text(toml.replace('docker_image = "registry.local/tasks/hello:1"\n', ""))
+    (task / "environment" / "Dockerfile").write_text("FROM debian:bookworm\n")
+    env = {**os.environ, "ORCHARD_GATEWAY_URL": url, "ORCHARD_TOKEN": "t", "ORCHARD_NAMESPACE": NS,
+           "HARBOR_TELEMETRY": "0", "HOME": str(tmp_path / "home"), "COLUMNS": "400"}
+    run = subprocess.run(
+        [str(HARBOR), "run", "-p", str(task), "-a", "oracle", "-e", "orchard_env.integrations.harbor:OrchardEnvironment",
+         "-o", str(tmp_path / "jobs"), "-y"],
+        env=env, cwd=tmp_path, capture_output=True, text=True, timeout=300, check=False,
+    )
+    output = " ".join((run.stdout + run.stderr).split())
+    assert run.returncode != 0
+    assert "DockerImageRequired: task hello has no docker_image" in output, output[-2000:]
+    assert not gateway.created, "refused before any sandbox exists"

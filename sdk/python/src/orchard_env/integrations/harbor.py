@@ -45,7 +45,6 @@ from __future__ import annotations
 
 import contextlib
 import io
-import logging
 import re
 import secrets
 import stat
@@ -79,8 +78,6 @@ from ..errors import (
     Unauthorized,
 )
 from ..models import ExecResult as SandboxExecResult
-
-log = logging.getLogger(__name__)
 
 #: What :meth:`OrchardEnvironment.type` answers (Harbor records it in trial results).
 ENVIRONMENT_TYPE = "orchard"
