@@ -188,6 +188,16 @@ soak: k8s agent ## churn 50 Sandbox and 50 RolloutGroup names for 10 min (SOAK_S
 sdk-venv: ## create the Python SDK venv (~/.cache/orchard/sdk-venv: pinned httpx, pytest, pytest-asyncio, mini-swe-agent, playwright; SDK editable)
 	@bash sdk/python/scripts/venv.sh
 
+.PHONY: harbor-venv
+harbor-venv: ## create the Harbor venv (~/.cache/orchard/harbor-venv, Python 3.12: harbor 0.25.0 and its dependencies pinned by sdk/python/scripts/harbor-constraints.txt, pytest; SDK editable)
+	@bash sdk/python/scripts/harbor-venv.sh
+
+# orchard_env.integrations.harbor against a fake gateway (no cluster), with Harbor's own classes; apart from
+# sdk/python/tests, which the SDK venv (Python 3.11, no Harbor) runs against the local cluster.
+.PHONY: test-harbor
+test-harbor: harbor-venv ## unit tests of the Harbor environment (sdk/python/tests_harbor, fake gateway, no cluster) in the Harbor venv
+	cd sdk/python && $(HOME)/.cache/orchard/harbor-venv/bin/python -m pytest tests_harbor -p no:cacheprovider -q
+
 # The asyncio client (sdk/python/src/orchard_env/aio.py) is generated from the sync one (client.py), the one
 # source of the public methods; sdk/python/tests/test_generated.py fails while the committed aio.py is stale.
 .PHONY: sdk-aio

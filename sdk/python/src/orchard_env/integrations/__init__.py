@@ -1,2 +1,3 @@
 """Adapters that let agent harnesses run their commands in Orchard Env sandboxes. Each module needs its
-harness installed (``pip install './sdk/python[minisweagent]'`` for :mod:`.minisweagent`)."""
+harness installed (``pip install './sdk/python[minisweagent]'`` for :mod:`.minisweagent`,
+``pip install './sdk/python[harbor]'`` on Python >= 3.12 for :mod:`.harbor`)."""
