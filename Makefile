@@ -162,11 +162,12 @@ e2e: k8s agent node-images operator-image dist-release obs-tools ## end-to-end t
 	$(CARGO) test -p orchard-e2e --tests -j 2 -- --test-threads=2
 
 .PHONY: test
-test: ## everything CI runs: lint, CRD drift, unit, agent and end-to-end tests
+test: ## everything CI runs: lint, CRD drift, unit, agent, Harbor environment and end-to-end tests
 	$(MAKE) lint
 	$(MAKE) crds-check
 	$(MAKE) test-unit
 	$(MAKE) test-agent
+	$(MAKE) test-harbor
 	$(MAKE) e2e
 
 .PHONY: demo
