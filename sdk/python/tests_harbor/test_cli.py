@@ -1,7 +1,7 @@
 """``harbor run`` itself (Harbor 0.25's CLI, a subprocess) with ``--env
 orchard_env.integrations.harbor:OrchardEnvironment`` and the ``oracle`` and ``nop`` agents over a local
 task directory, against the fake gateway served on the loopback: the exact command line of
-docs/HARNESSES-harbor.md, with its preflight and its job results. No Docker, no cluster."""
+docs/HARNESSES.md (Harbor), with its preflight and its job results. No Docker, no cluster."""
 
 from __future__ import annotations
 

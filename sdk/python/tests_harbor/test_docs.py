@@ -1,5 +1,4 @@
-"""The Python block of the Harbor section of the docs (docs/HARNESSES.md once merged, docs/HARNESSES-harbor.md
-until then) runs as written, against the fake gateway: Harbor's ``Trial`` with the ``oracle`` agent
+"""The Python block of the Harbor section of docs/HARNESSES.md runs as written, against the fake gateway: Harbor's ``Trial`` with the ``oracle`` agent
 prints the reward 1.0."""
 
 from __future__ import annotations
@@ -21,10 +20,9 @@ SECTION = "## Harbor (Terminal-Bench 2.0)\n"
 
 
 def harbor_section() -> str:
-    merged = DOCS / "HARNESSES.md"
-    if merged.exists() and SECTION in merged.read_text():
-        return SECTION + merged.read_text().split(SECTION, 1)[1].split("\n## ", 1)[0]
-    return (DOCS / "HARNESSES-harbor.md").read_text()
+    text = (DOCS / "HARNESSES.md").read_text()
+    assert SECTION in text, "docs/HARNESSES.md has a Harbor section"
+    return SECTION + text.split(SECTION, 1)[1].split("\n## ", 1)[0]
 
 
 def test_the_trial_block_of_the_docs_runs(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -45,6 +43,6 @@ def test_the_trial_block_of_the_docs_runs(tmp_path: Path, monkeypatch: pytest.Mo
     monkeypatch.chdir(tmp_path)
     printed = io.StringIO()
     with contextlib.redirect_stdout(printed):
-        exec(compile(block, "HARNESSES-harbor.md", "exec"), {"__name__": "docs"})
+        exec(compile(block, "HARNESSES.md", "exec"), {"__name__": "docs"})
     assert printed.getvalue().strip().splitlines()[-1] == "1.0"
     assert gateway.created[0]["ttlSeconds"] == 7200 and gateway.deleted

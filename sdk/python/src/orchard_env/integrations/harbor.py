@@ -9,7 +9,7 @@ Harbor picks it by import path::
 
 The gateway and the token come from ``ORCHARD_GATEWAY_URL`` and ``ORCHARD_TOKEN`` (or
 ``ORCHARD_TOKEN_FILE``), never from the environment's kwargs: Harbor writes those into every trial's
-``config.json``. What maps to what (docs/HARNESSES-harbor.md has the whole table):
+``config.json``. What maps to what (docs/HARNESSES.md, "Harbor", has the whole table):
 
 - ``start``: one Sandbox per trial from the task's prebuilt ``docker_image`` (Orchard builds no images:
   a task with only ``environment/Dockerfile`` is refused when the environment is made, naming
