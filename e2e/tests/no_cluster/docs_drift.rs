@@ -143,6 +143,7 @@ const USER_DOCS: &[&str] = &[
     "docs/INSTALL.md",
     "docs/POOLS.md",
     "docs/KUBECTL.md",
+    "docs/HARNESSES.md",
 ];
 
 /// The documents a test runs whole, block by block (they need no markers), and that test.
