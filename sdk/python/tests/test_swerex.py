@@ -170,9 +170,13 @@ class LocalShell:
 
     def status(self) -> dict[str, Any]:
         code = self.proc.poll()
+        # As the agent's: the run lock taken for a moment (a run starting meanwhile is refused).
+        free = self.run_lock.acquire(blocking=False)
+        if free:
+            self.run_lock.release()
         return {"id": self.id, "shell": self.shell, "pid": self.proc.pid,
                 "state": "running" if code is None else "exited", "exitCode": code,
-                "busy": self.run_lock.locked(), "startedAt": self.started_at}
+                "busy": not free, "startedAt": self.started_at}
 
     def _wait(self, deadline: float, done: Any) -> bool:
         with self.cond:
@@ -702,6 +706,24 @@ async def test_an_interactive_program_with_expect(runtime: OrchardRuntime, agent
     id = next(iter(agent.sessions))
     assert {"text": "print(6 * 7)\n"} in agent.sent("POST", f"/sessions/{id}/input"), "the line went to the program"
     assert {"until": ">>> ", "timeoutMs": 500} in agent.sent("POST", f"/sessions/{id}/read"), "a literal is the agent's until"
+
+
+async def test_a_background_command_answers_only_its_own_output(runtime: OrchardRuntime, agent: ShellAgent) -> None:
+    """A command started in the background (``expect``, interactive) answers its own output: not what the
+    previous run left readable at the agent, nor a ``set -x`` trace of the start; one that never starts
+    (a syntax error, unchecked for interactive commands) answers the shell's message."""
+    await runtime.create_session(CreateBashSessionRequest())
+    assert (await runtime.run_in_session(BashAction(command="echo previous"))).output == "previous\n"
+    asked = await runtime.run_in_session(BashAction(command="printf 'x: '; read -r x; echo got $x", expect=["x: "], timeout=30, check="silent"))
+    assert asked.output == "" and asked.expect_string == "x: ", asked
+    assert (await runtime.run_in_session(BashAction(command="1", is_interactive_command=True, timeout=30))).output == "got 1"
+    await runtime.run_in_session(BashAction(command="set -x"))
+    traced = await runtime.run_in_session(BashAction(command="echo hi; sleep 0.2", is_interactive_command=True, timeout=30))
+    assert "__swerex_start_" not in traced.output and "hi" in traced.output, traced
+    await runtime.run_in_session(BashAction(command="set +x", check="silent"))
+    broken = await runtime.run_in_session(BashAction(command="echo (", is_interactive_command=True, timeout=30))
+    assert broken.expect_string == PS1 and "syntax error" in broken.output, broken
+    assert (await runtime.run_in_session(BashAction(command="echo fine"))).output == "fine\n"
 
 
 async def test_interrupts_signal_the_shells_process_group(runtime: OrchardRuntime, agent: ShellAgent) -> None:

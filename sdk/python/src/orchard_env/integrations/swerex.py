@@ -20,8 +20,9 @@ a container, unless said otherwise):
   (``timeout`` becomes the run's timeout: the agent interrupts the command with SIGINT, the session stays
   usable, and :class:`~swerex.exceptions.CommandTimeoutError` is raised). With ``expect`` strings, with
   ``is_interactive_command``/``is_interactive_quit``, or while an earlier command still runs, the command
-  runs in the background (or its text is written to the running program with
-  :meth:`~orchard_env.Session.input`) and the output is read with :meth:`~orchard_env.Session.read` until
+  runs in the background, after a ``printf`` of a start token that is read away again (or its text is
+  written to the running program with :meth:`~orchard_env.Session.input`), and the output is read with
+  :meth:`~orchard_env.Session.read` until
   one of the ``expect`` patterns (regular expressions, as pexpect takes them) or the command's end (what
   SWE-ReX calls the PS1, answered as ``expect_string`` ``"SHELLPS1PREFIX"`` like theirs).
   :class:`~swerex.runtime.abstract.BashInterruptAction` stops a command still running: the session API has
@@ -62,6 +63,7 @@ import re
 import stat
 import threading
 import time
+import uuid
 from pathlib import Path
 from typing import Any, Literal
 
@@ -219,24 +221,39 @@ class _BashSession:
         return text
 
     def start(self, command: str) -> None:
-        """Starts ``command`` as a run that outlives this call (for ``expect`` and interactive programs)
-        and returns once the agent has begun it, so that later input reaches the command, not the shell."""
+        """Starts ``command`` as a run that outlives this call (for ``expect`` and interactive programs).
+
+        What an earlier run left readable at the agent (its whole output stays readable until the next
+        run starts) is read away first. The run then prints a token made fresh for it (in two halves, so a
+        ``set -x`` trace of the command line does not hold it whole), and this returns once the token was
+        read: later input reaches the command, not the shell, and later reads hold the command's output.
+        Not with status polls: the agent's status takes the session's run lock for a moment, which can
+        make the run's own start fail with 409."""
+        self.handle.read(timeout=0)
+        token = uuid.uuid4().hex
+        line = f"printf '%s%s\\n' '__swerex_start_' '{token}__'; {command}"
         future: concurrent.futures.Future[SessionRunResult] = concurrent.futures.Future()
         future.set_running_or_notify_cancel()
 
         def run() -> None:
             try:
-                future.set_result(self.handle.run(command, timeout=NO_TIMEOUT))
+                future.set_result(self.handle.run(line, timeout=NO_TIMEOUT))
             except BaseException as error:  # handed to whoever waits for the run
                 future.set_exception(error)
 
         threading.Thread(target=run, name=f"swerex-session-{self.name}", daemon=True).start()
         self.pending, self.pending_command = future, command
-        deadline = time.monotonic() + 30.0
-        while not future.done() and time.monotonic() < deadline:
-            if self.handle.status().busy:
+        needle = f"__swerex_start_{token}__\n"
+        early = ""
+        while True:
+            done = future.done()
+            read = self.handle.read(until=needle, timeout=0 if done else READ_SLICE)
+            if read.matched:
+                return  # what came before the token is not the command's output (a trace)
+            early += read.output
+            if done:
+                self.buffer += early  # it ended without printing the token (a syntax error): its output
                 return
-            time.sleep(0.005)
 
 
 class OrchardRuntime(AbstractRuntime):
@@ -307,7 +324,7 @@ class OrchardRuntime(AbstractRuntime):
                 return IsAliveResponse(
                     is_alive=False, message=f"{self._where()} is not Ready: phase {phase}, reason {reason}: {message}"
                 )
-            self.sandbox.list_sessions()  # the agent answers
+            self.sandbox.stat("/")  # the agent answers
         except OrchardError as error:
             return IsAliveResponse(is_alive=False, message=f"{self._where()}: {error}")
         return IsAliveResponse(is_alive=True)
