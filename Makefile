@@ -186,7 +186,7 @@ soak: k8s agent ## churn 50 Sandbox and 50 RolloutGroup names for 10 min (SOAK_S
 	$(TARGET_DIR)/debug/soak --seconds $(SOAK_SECONDS) --names $(SOAK_NAMES)
 
 .PHONY: sdk-venv
-sdk-venv: ## create the Python SDK venv (~/.cache/orchard/sdk-venv: pinned httpx, pytest, pytest-asyncio, mini-swe-agent, playwright; SDK editable)
+sdk-venv: ## create the Python SDK venv (~/.cache/orchard/sdk-venv: pinned httpx, pytest, pytest-asyncio, mini-swe-agent, swe-rex, playwright; SDK editable)
 	@bash sdk/python/scripts/venv.sh
 
 .PHONY: harbor-venv

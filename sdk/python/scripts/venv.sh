@@ -2,8 +2,9 @@
 # Creates the Python venv of the SDK's tests ($HOME/.cache/orchard/sdk-venv): pinned httpx, pytest and
 # pytest-asyncio (and setuptools to build it) from PyPI, plus the SDK itself installed editable from sdk/python. Cached: a second run
 # with the same pins only refreshes the editable install.
-# The integrations' harnesses (mini-swe-agent, the `minisweagent` extra; Playwright for Python, which
-# examples/playwright_gui.py drives a sandbox's Chromium with over CDP) are pinned separately and
+# The integrations' harnesses (mini-swe-agent, the `minisweagent` extra; SWE-ReX, the `swerex` extra;
+# Playwright for Python, which examples/playwright_gui.py drives a sandbox's Chromium with over CDP) are
+# pinned separately and
 # added to an existing venv without recreating it (recorded in .extras), so checkouts without them
 # sharing the venv keep it.
 set -euo pipefail
@@ -12,8 +13,9 @@ venv="${ORCHARD_SDK_VENV:-$HOME/.cache/orchard/sdk-venv}"
 pins=(httpx==0.28.1 pytest==9.2.0 pytest-asyncio==1.5.0 setuptools==84.2.1)
 # Playwright's own browser downloads are never fetched (no `playwright install`): connect_over_cdp
 # drives the Chromium inside the sandbox.
-extras=(mini-swe-agent==2.4.6 playwright==1.65.2)
-# Every transitive dependency pinned too (mini-swe-agent pulls litellm, openai, ...).
+extras=(mini-swe-agent==2.4.6 playwright==1.65.2 swe-rex==1.4.0)
+# Every transitive dependency pinned too (mini-swe-agent pulls litellm, openai, ...; swe-rex fastapi,
+# uvicorn, pexpect, bashlex, ...).
 constraints="$here/scripts/test-constraints.txt"
 extras_marker="${extras[*]} $(sha256sum "$constraints" | cut -c1-16)"
 python="${PYTHON:-python3.11}"
