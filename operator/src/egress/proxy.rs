@@ -36,7 +36,7 @@ pub use super::deps::{DEFAULT_CONNECT_TIMEOUT, DEFAULT_HEADER_READ_TIMEOUT, Prox
 use super::refusal::{ProxyBody, Refusal};
 use super::table::PolicyTable;
 use super::{forward, tunnel};
-use crate::plumbing::accept::accept;
+use crate::plumbing::accept::{accept, serve_until_stopped};
 
 /// Serves the proxy on `listener` until `shutdown` is cancelled, then closes every connection and
 /// waits for their tasks to end. Also runs the watcher that cuts, on every new table, the open
@@ -78,16 +78,8 @@ pub async fn serve(
             .with_upgrades();
         let stop = shutdown.clone();
         tasks.spawn(async move {
-            tokio::pin!(connection);
-            let ended = tokio::select! {
-                ended = connection.as_mut() => ended,
-                () = stop.cancelled() => {
-                    // No new requests; the one in progress is cut by its token.
-                    connection.as_mut().graceful_shutdown();
-                    connection.await
-                }
-            };
-            if let Err(error) = ended {
+            // At shutdown: no new requests; the one in progress is cut by its token.
+            if let Err(error) = serve_until_stopped(connection, stop).await {
                 tracing::debug!(%error, %source, "egress proxy connection ended with an error");
             }
         });

@@ -1,7 +1,8 @@
-//! Accepting TCP connections the one way every server of the process does (the gateway, the egress
-//! proxy): until shutdown, backing off instead of spinning when accept fails (out of file
+//! Accepting and serving TCP connections the one way every server of the process does (the gateway,
+//! the egress proxy): until shutdown, backing off instead of spinning when accept fails (out of file
 //! descriptors and the like), with `TCP_NODELAY` on each connection (without it a response written
-//! in two parts waits for the client's delayed ACK, about 40 ms per call on Linux).
+//! in two parts waits for the client's delayed ACK, about 40 ms per call on Linux), and each HTTP/1
+//! connection ended gracefully at shutdown.
 
 use std::net::SocketAddr;
 use std::time::Duration;
@@ -38,6 +39,32 @@ pub async fn accept(
                     () = shutdown.cancelled() => return None,
                 }
             }
+        }
+    }
+}
+
+/// Serves `connection` until it ends or `stop` is cancelled; then it takes no new request and the
+/// one in progress ends (a server's own tokens cut long ones: streams, tunnels). hyper-util's
+/// `GracefulShutdown` does not take upgradeable connections, hence this.
+pub async fn serve_until_stopped<S, B>(
+    connection: hyper::server::conn::http1::UpgradeableConnection<
+        hyper_util::rt::TokioIo<TcpStream>,
+        S,
+    >,
+    stop: CancellationToken,
+) -> hyper::Result<()>
+where
+    S: hyper::service::HttpService<hyper::body::Incoming, ResBody = B>,
+    S::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
+    B: hyper::body::Body + 'static,
+    B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
+{
+    tokio::pin!(connection);
+    tokio::select! {
+        ended = connection.as_mut() => ended,
+        () = stop.cancelled() => {
+            connection.as_mut().graceful_shutdown();
+            connection.await
         }
     }
 }

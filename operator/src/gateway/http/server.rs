@@ -20,7 +20,7 @@ use hyper_util::rt::{TokioIo, TokioTimer};
 use tokio::net::TcpListener;
 use tokio::sync::Semaphore;
 
-use crate::plumbing::accept::accept;
+use crate::plumbing::accept::{accept, serve_until_stopped};
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 use tower::ServiceExt;
@@ -86,16 +86,8 @@ pub async fn serve_router(
         open.inc();
         let stop = shutdown.clone();
         connections.spawn(async move {
-            tokio::pin!(connection);
-            let ended = tokio::select! {
-                ended = connection.as_mut() => ended,
-                () = stop.cancelled() => {
-                    // Shutting down: no new requests on this connection; the one in progress ends.
-                    connection.as_mut().graceful_shutdown();
-                    connection.await
-                }
-            };
-            if let Err(err) = ended {
+            // At shutdown: no new requests on this connection; the one in progress ends.
+            if let Err(err) = serve_until_stopped(connection, stop).await {
                 tracing::debug!(%err, "gateway connection ended with an error");
             }
             open.dec();
