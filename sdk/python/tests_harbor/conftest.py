@@ -10,6 +10,7 @@ from __future__ import annotations
 import io
 import json
 import posixpath
+import shlex
 import tarfile
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -63,6 +64,7 @@ class FakeGateway:
     fs: dict[str, Node] = field(default_factory=lambda: {"/": Node("directory", mode=0o755)})
     requests: list[tuple[str, str, dict[str, str], Any]] = field(default_factory=list)
     execs: list[dict[str, Any]] = field(default_factory=list)
+    setup_execs: list[dict[str, Any]] = field(default_factory=list)
     created: list[dict[str, Any]] = field(default_factory=list)
     deleted: list[str] = field(default_factory=list)
     networks: list[dict[str, Any]] = field(default_factory=list)
@@ -89,7 +91,7 @@ class FakeGateway:
     def shell(self, body: dict[str, Any]) -> dict[str, Any]:
         """A few commands, enough for Harbor's own helpers: ``test -d``/``test -f``, ``pwd``, ``mkdir -p``."""
         script = body["argv"][-1]
-        words = script.split()
+        words = shlex.split(script.split("&&")[0]) if script.startswith("mkdir") else script.split()
         if words[:1] == ["test"] and len(words) == 3:
             node = self.fs.get(posixpath.normpath(words[2].strip("'")))
             kind = {"-d": "directory", "-f": "file"}[words[1]]
@@ -98,9 +100,8 @@ class FakeGateway:
             return exec_answer(f"{body.get('cwd') or self.cwd}\n")
         if words[:2] == ["mkdir", "-p"]:
             for path in words[2:]:
-                if path == "&&":
-                    break
-                self.put(path.strip("'"), Node("directory", mode=0o755))
+                if path != "--":
+                    self.put(path, Node("directory", mode=0o755))
         return exec_answer()
 
     # -- the handler ---------------------------------------------------------------------------------
@@ -138,8 +139,11 @@ class FakeGateway:
                                              "hostRulesInForce": True if names_hosts else None, "message": None}
             return httpx.Response(200, json=answer)
         if route in ("exec", "exec/stream"):
-            self.execs.append(body)
-            answer = (self.exec or self.shell)(body)
+            # Directory set-up at start (the workdir, the mount targets) is the file system's own business:
+            # a test's exec handler and ``execs`` see the commands after it (``setup_execs`` has these).
+            setup = body["argv"][-1].startswith("mkdir -p ")
+            (self.setup_execs if setup else self.execs).append(body)
+            answer = (self.shell if setup or self.exec is None else self.exec)(body)
             if isinstance(answer, httpx.Response):
                 return answer
             if route == "exec":

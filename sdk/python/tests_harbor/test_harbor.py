@@ -174,6 +174,15 @@ async def test_the_environment_dir_is_uploaded_into_the_workdir_for_a_prebuilt_t
     assert gateway.fs["/app/data.txt"].data == b"payload"
 
 
+async def test_start_creates_the_workdir_first_from_the_root(tmp_path: Path, client: Any, gateway: FakeGateway) -> None:
+    # A prebuilt image need not have the task's workdir (a Dockerfile's WORKDIR would have made it), and
+    # every command runs there: the first command makes it, from /.
+    await started(tmp_path, client, config={"workdir": "/srv/my task"})
+    first = gateway.setup_execs[0]
+    assert first["argv"] == ["bash", "-c", "mkdir -p -- '/srv/my task'"] and first["cwd"] == "/"
+    assert gateway.fs["/srv/my task"].type == "directory"
+
+
 @pytest.mark.parametrize(("status", "reason"), [
     ({"phase": "Failed", "reason": "PlacementRefused",
       "message": "resources.cpu 64 is beyond the operator's maximum of 16 (--max-sandbox-cpu)",

@@ -12,6 +12,7 @@ pub mod layout;
 pub mod namespaces;
 pub mod network_policy;
 
+use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
@@ -40,6 +41,9 @@ pub struct RealNode {
     pub namespaces: NodeNamespaces,
     /// Images pushed into the node's registry: name (`debian-python`) -> pod image reference.
     pub images: images::Pushed,
+    /// The OCI image layouts the images were pushed from: name -> directory (for a test that runs an
+    /// image's root filesystem outside the node, e.g. the Harbor task set's local equivalence run).
+    pub layouts: BTreeMap<String, PathBuf>,
     /// Log directory of the node's components.
     pub logs: PathBuf,
     components: Mutex<Vec<Child>>,
@@ -88,6 +92,10 @@ impl RealNode {
         let node = Self {
             namespaces,
             images: images::Pushed::default(),
+            layouts: images
+                .iter()
+                .map(|built| (built.name.clone(), built.layout.clone()))
+                .collect(),
             logs: logs.to_path_buf(),
             components: Mutex::new(Vec::new()),
         };

@@ -47,6 +47,7 @@ import contextlib
 import io
 import re
 import secrets
+import shlex
 import stat
 from collections.abc import Mapping
 from ipaddress import ip_address
@@ -429,10 +430,23 @@ class OrchardEnvironment(BaseEnvironment):
                 reason=error.code, condition_message=error.message,
             ) from error
         self.logger.debug("sandbox %s/%s is Ready", self._sandbox.namespace, self._sandbox.name)
+        await self._make_workdir()
         result = await self.ensure_dirs(self._mount_targets(writable_only=True))
         if result is not None and result.return_code != 0:
             raise OrchardEnvironmentError(f"could not create the mount targets: {result.stderr or result.stdout}")
         await self._upload_environment_dir_after_start()
+
+    async def _make_workdir(self) -> None:
+        """The task's ``workdir``, created when the image lacks it (as a Dockerfile's ``WORKDIR`` would be):
+        every command runs there, so a missing one would fail them all."""
+        workdir = self.task_env_config.workdir
+        if not workdir:
+            return
+        result = await self.exec(f"mkdir -p -- {shlex.quote(workdir)}", cwd="/")
+        if result.return_code != 0:
+            raise OrchardEnvironmentError(
+                f"could not create the task's workdir {workdir}: {result.stderr or result.stdout}"
+            )
 
     async def stop(self, delete: bool) -> None:
         """Deletes the sandbox, or with ``delete=False`` (``--no-delete``) leaves it to its TTL and heartbeat

@@ -1,0 +1,3 @@
+#!/bin/bash
+set -euo pipefail
+echo started > /app/status.txt
