@@ -22,10 +22,11 @@ use k8s_openapi::api::events::v1::Event;
 use kube::ResourceExt;
 use kube::api::{Api, DeleteParams, ListParams};
 use orchard_operator::api::Sandbox;
-use orchard_testcluster::chart_install::{ChartRelease, ReleaseOptions};
+use orchard_testcluster::chart_install::ChartRelease;
 use orchard_testcluster::env::{EnvOptions, NodeKind, TestEnv};
 use orchard_testcluster::fake_internet::FakeInternet;
 use orchard_testcluster::test_support::gateway::{Answer, Caller};
+use orchard_testcluster::test_support::internet::{self, InternetRelease};
 use orchard_testcluster::wait;
 use serde_json::{Value, json};
 use tokio::sync::OnceCell;
@@ -99,25 +100,11 @@ async fn setup() -> &'static Setup {
             env.on_env_runtime(async move {
                 let names = names();
                 let names: Vec<&str> = names.iter().map(String::as_str).collect();
-                let internet = FakeInternet::start(env.node.real(), &names)
-                    .await
-                    .unwrap_or_else(|e| panic!("fake internet: {e}"));
-                let options = ReleaseOptions {
-                    replicas: 1,
-                    values: vec![
-                        ("egress.dnsPolicy".into(), "None".into()),
-                        (
-                            "egress.dnsConfig.nameservers[0]".into(),
-                            internet.dns().to_string(),
-                        ),
-                    ],
-                    ..ReleaseOptions::default()
-                };
-                let release = ChartRelease::install(env, &options)
-                    .await
-                    .unwrap_or_else(|e| panic!("helm install: {e}"));
-                let client = env.client().await;
-                let gateway = release.gateway_url(&client).await.expect("gateway url");
+                let InternetRelease {
+                    release,
+                    internet,
+                    gateway,
+                } = internet::install(env, &names).await;
                 Setup {
                     env,
                     internet,

@@ -26,12 +26,12 @@ use kube::api::{Api, PostParams};
 use kube::runtime::{WatchStreamExt, watcher};
 use orchard_operator::api::Sandbox;
 use orchard_testcluster::binaries::workspace_root;
-use orchard_testcluster::chart_install::{ChartRelease, ReleaseOptions};
 use orchard_testcluster::env::{EnvOptions, NodeKind, TestEnv};
 use orchard_testcluster::fake_internet::FakeInternet;
 use orchard_testcluster::test_support::gateway::grant;
+use orchard_testcluster::test_support::internet::{self, InternetRelease};
 use orchard_testcluster::test_support::sandboxes::is_ready;
-use orchard_testcluster::test_support::sdk::sdk_python;
+use orchard_testcluster::test_support::sdk::{harbor_bin, sdk_python};
 use serde_json::{Value, json};
 
 /// The task set: directory name -> what the oracle's trial ends with besides reward 1.
@@ -66,24 +66,6 @@ fn env() -> &'static TestEnv {
             },
         )
     })
-}
-
-/// The Harbor venv's `harbor` (made by `sdk/python/scripts/harbor-venv.sh`, as `make test-harbor`).
-fn harbor_bin() -> PathBuf {
-    let script = workspace_root().join("sdk/python/scripts/harbor-venv.sh");
-    let output = std::process::Command::new("bash")
-        .arg(&script)
-        .output()
-        .unwrap_or_else(|e| panic!("cannot run {}: {e}", script.display()));
-    assert!(
-        output.status.success(),
-        "{} failed:\n{}{}",
-        script.display(),
-        String::from_utf8_lossy(&output.stdout),
-        String::from_utf8_lossy(&output.stderr)
-    );
-    let home = std::env::var_os("HOME").expect("HOME");
-    PathBuf::from(home).join(".cache/orchard/harbor-venv/bin/harbor")
 }
 
 /// The rules `OrchardEnvironment.preflight` checks (`REQUIRED_ACCESS`), and nothing else.
@@ -327,25 +309,12 @@ async fn local_rewards(
 async fn harbor_runs_the_task_set_on_orchard_like_a_local_run() {
     let env = env();
     env.on_env_runtime(async move {
-        let internet = FakeInternet::start(env.node.real(), &["allowed.test", "other.test"])
-            .await
-            .unwrap_or_else(|e| panic!("fake internet: {e}"));
-        let options = ReleaseOptions {
-            replicas: 1,
-            values: vec![
-                ("egress.dnsPolicy".into(), "None".into()),
-                (
-                    "egress.dnsConfig.nameservers[0]".into(),
-                    internet.dns().to_string(),
-                ),
-            ],
-            ..ReleaseOptions::default()
-        };
-        let release = ChartRelease::install(env, &options)
-            .await
-            .unwrap_or_else(|e| panic!("helm install: {e}"));
+        let InternetRelease {
+            release,
+            internet,
+            gateway,
+        } = internet::install(env, &["allowed.test", "other.test"]).await;
         let client = env.client().await;
-        let gateway = release.gateway_url(&client).await.expect("gateway url");
         assert_eq!(env.node.real().image("debian-python"), TASK_IMAGE);
 
         let ns = env.namespace("harbor").await;

@@ -2,6 +2,7 @@
 //! and their RBAC, the Python SDK's pytest driver, and rendering the chart and kustomize manifests.
 
 pub mod gateway;
+pub mod internet;
 pub mod manifests;
 pub mod rollouts;
 pub mod sandboxes;

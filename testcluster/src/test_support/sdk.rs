@@ -27,28 +27,59 @@ pub struct SdkTarget {
     pub direct: bool,
 }
 
-/// The SDK's venv (pinned httpx, pytest, pytest-asyncio, mini-swe-agent), created or refreshed by its script.
-pub fn sdk_python() -> PathBuf {
-    let root = workspace_root();
-    let script = root.join("sdk/python/scripts/venv.sh");
+/// Runs a venv script of `sdk/python/scripts` (it creates or refreshes the venv; `what` says what it
+/// installs, for the failure message) and answers `bin/<program>` of the venv at `$<variable>`, else
+/// `~/.cache/orchard/<default_dir>`.
+fn venv_program(
+    script: &str,
+    what: &str,
+    variable: &str,
+    default_dir: &str,
+    program: &str,
+) -> PathBuf {
+    let script = workspace_root().join("sdk/python/scripts").join(script);
     let output = std::process::Command::new("bash")
         .arg(&script)
         .output()
         .unwrap_or_else(|e| panic!("cannot run {}: {e}", script.display()));
     assert!(
         output.status.success(),
-        "{} failed (it installs httpx, pytest, pytest-asyncio and mini-swe-agent from PyPI):\n{}{}",
+        "{} failed (it installs {what} from PyPI):\n{}{}",
         script.display(),
         String::from_utf8_lossy(&output.stdout),
         String::from_utf8_lossy(&output.stderr)
     );
-    let venv = std::env::var("ORCHARD_SDK_VENV")
+    let venv = std::env::var(variable)
         .map(PathBuf::from)
         .unwrap_or_else(|_| {
             PathBuf::from(std::env::var("HOME").unwrap_or_else(|_| "/root".into()))
-                .join(".cache/orchard/sdk-venv")
+                .join(".cache/orchard")
+                .join(default_dir)
         });
-    venv.join("bin/python")
+    venv.join("bin").join(program)
+}
+
+/// The SDK's venv (pinned httpx, pytest, pytest-asyncio, mini-swe-agent), created or refreshed by its script.
+pub fn sdk_python() -> PathBuf {
+    venv_program(
+        "venv.sh",
+        "httpx, pytest, pytest-asyncio and mini-swe-agent",
+        "ORCHARD_SDK_VENV",
+        "sdk-venv",
+        "python",
+    )
+}
+
+/// Harbor's `harbor` command in the Harbor venv (Python 3.12, harbor 0.25.0 pinned, the SDK editable),
+/// created or refreshed by its script (`make harbor-venv`).
+pub fn harbor_bin() -> PathBuf {
+    venv_program(
+        "harbor-venv.sh",
+        "harbor 0.25.0 and its pinned dependencies",
+        "ORCHARD_HARBOR_VENV",
+        "harbor-venv",
+        "harbor",
+    )
 }
 
 /// The wheels of the SDK's dependencies and build backend that `venv.sh` keeps (after running it), for
