@@ -181,15 +181,26 @@ pub fn node_values(images: Vec<String>, layout: &Layout, options: &ReleaseOption
 }
 
 /// The `--set-json` values of [`node_values`]: the chart's default gateway peers (every pod but
-/// sandbox pods) and the host's address, where the test process calls the gateway from (pure).
-pub fn node_json_values(layout: &Layout) -> Vec<String> {
-    let peers = serde_json::json!([
+/// sandbox pods) and the host's address, where the test process calls the gateway from (pure). With
+/// more than one node, also the first node's address: the host reaches the gateway's Service through
+/// the first node, whose kube-proxy masquerades a connection from outside the pod range to its own
+/// address when the gateway pod it picks is on another node (`layouts`: the first node first).
+pub fn node_json_values(layouts: &[&Layout]) -> Vec<String> {
+    let mut peers = vec![serde_json::json!(
         {"namespaceSelector": {},
          "podSelector": {"matchExpressions": [
-             {"key": "orchard.dev/sandbox-pod", "operator": "DoesNotExist"}]}},
-        {"ipBlock": {"cidr": format!("{}/32", layout.host_ip)}},
-    ]);
-    vec![format!("networkPolicy.gatewayFrom={peers}")]
+             {"key": "orchard.dev/sandbox-pod", "operator": "DoesNotExist"}]}}
+    )];
+    if let Some(first) = layouts.first() {
+        peers.push(serde_json::json!({"ipBlock": {"cidr": format!("{}/32", first.host_ip)}}));
+        if layouts.len() > 1 {
+            peers.push(serde_json::json!({"ipBlock": {"cidr": format!("{}/32", first.node_ip)}}));
+        }
+    }
+    vec![format!(
+        "networkPolicy.gatewayFrom={}",
+        serde_json::Value::Array(peers)
+    )]
 }
 
 impl ChartRelease {
@@ -256,7 +267,13 @@ impl ChartRelease {
             args.push("--set".into());
             args.push(value);
         }
-        for value in node_json_values(layout) {
+        let layouts: Vec<&Layout> = env
+            .node
+            .reals()
+            .iter()
+            .map(|node| &node.namespaces.layout)
+            .collect();
+        for value in node_json_values(&layouts) {
             args.push("--set-json".into());
             args.push(value);
         }
@@ -453,7 +470,7 @@ mod tests {
         assert!(values.contains(
             &"sandboxEgress.exceptCidrs={169.254.169.254/32,fd00:ec2::254/128,168.63.129.16/32,100.100.100.200/32,fe80::/10,10.251.3.2/32}".into()
         ));
-        let json = node_json_values(&layout);
+        let json = node_json_values(&[&layout]);
         assert!(
             json[0].starts_with("networkPolicy.gatewayFrom=["),
             "{json:?}"
@@ -462,6 +479,17 @@ mod tests {
             json[0].contains(&format!("{}/32", layout.host_ip)),
             "{json:?}"
         );
+        assert!(
+            !json[0].contains(&format!("{}/32", layout.node_ip)),
+            "one node: the host only"
+        );
+        let second = Layout::member(1, 4, 1, Path::new("/m"), &layout);
+        let json = node_json_values(&[&layout, &second]);
+        assert!(
+            json[0].contains(&format!("{}/32", layout.node_ip)),
+            "two nodes: the first node's address too: {json:?}"
+        );
+        assert!(!json[0].contains(&format!("{}/32", second.node_ip)));
         assert!(values.contains(&"image.repository=localhost:5000/orchard-operator".into()));
         assert!(values.contains(&"agentImage.tag=dev".into()));
         assert!(values.contains(&"replicas=2".into()));

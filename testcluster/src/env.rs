@@ -19,7 +19,7 @@ use crate::control_plane::{ControlPlane, PlaneOptions};
 use crate::error::{E2eError, Result};
 use crate::hollow_node::{HollowNode, NodeConfig};
 use crate::operator_process::OperatorProcess;
-use crate::real_node::namespaces::{remove_cgroups, stale_cgroup_roots};
+use crate::real_node::namespaces::{cgroup_roots_of, remove_cgroups, stale_cgroup_roots};
 use crate::real_node::{NodeNamespaces, RealNode, images};
 use crate::supervise::{RUN_MARKER, kill_marked, run_marker, sweep_orphans};
 
@@ -37,7 +37,8 @@ pub enum NodeKind {
     /// Pods' agents as host processes (`hollow_node`).
     #[default]
     Hollow,
-    /// kubelet, containerd, runc and CNI in namespaces of their own (`real_node`).
+    /// kubelet, containerd, runc and CNI in namespaces of their own (`real_node`), as many nodes
+    /// as [`EnvOptions::real_nodes`] says.
     Real,
 }
 
@@ -50,6 +51,10 @@ pub struct EnvOptions {
     pub operator_args: Vec<String>,
     /// The node.
     pub node: NodeKind,
+    /// How many real nodes, with [`NodeKind::Real`] (at least 1): `orchard-node`, `orchard-node-2`,
+    /// ..., each with its own kubelet, containerd, registry and network namespace, pod traffic
+    /// between them over links of their own (`real_node::layout`). kube-scheduler runs once.
+    pub real_nodes: u8,
     /// Enforce NetworkPolicies on the real node (kube-router). Off by default: an operator running
     /// as a host process reaches agents from the host, which the sandboxes' policies do not allow.
     pub enforce_network_policies: bool,
@@ -63,18 +68,19 @@ impl Default for EnvOptions {
             operator: true,
             operator_args: Vec::new(),
             node: NodeKind::Hollow,
+            real_nodes: 1,
             enforce_network_policies: false,
             audit_log: false,
         }
     }
 }
 
-/// The cluster's node.
+/// The cluster's node (or real nodes).
 pub enum ClusterNode {
     /// The hollow node.
     Hollow(HollowNode),
-    /// A real node.
-    Real(Box<RealNode>),
+    /// The real nodes, the first (`orchard-node`) first; never empty.
+    Real(Vec<RealNode>),
 }
 
 impl ClusterNode {
@@ -86,18 +92,39 @@ impl ClusterNode {
         }
     }
 
-    /// The real node (panics on the hollow node).
+    /// The (first) real node, `orchard-node` (panics on the hollow node).
     pub fn real(&self) -> &RealNode {
+        match self.reals().first() {
+            Some(node) => node,
+            None => panic!("the cluster has no real node"),
+        }
+    }
+
+    /// Every real node, the first first (panics on the hollow node).
+    pub fn reals(&self) -> &[RealNode] {
         match self {
-            Self::Real(node) => node,
+            Self::Real(nodes) => nodes,
             Self::Hollow(_) => panic!("this test needs the real node"),
+        }
+    }
+
+    /// The real node named `name` (`orchard-node-2`; panics when there is none).
+    pub fn real_named(&self, name: &str) -> &RealNode {
+        match self.reals().iter().find(|node| node.name() == name) {
+            Some(node) => node,
+            None => panic!("the cluster has no real node {name}"),
         }
     }
 
     async fn stop(&self) {
         match self {
             Self::Hollow(node) => node.shutdown().await,
-            Self::Real(node) => node.stop().await,
+            // The others first: the first one runs the cluster's kube-scheduler.
+            Self::Real(nodes) => {
+                for node in nodes.iter().rev() {
+                    node.stop().await;
+                }
+            }
         }
     }
 }
@@ -117,11 +144,11 @@ pub struct TestEnv {
 
 extern "C" fn kill_own_children_at_exit() {
     kill_marked(RUN_MARKER, run_marker());
-    // A real node's processes are gone with its namespaces; the kernel keeps its (now empty) cgroup.
-    remove_cgroups(
-        &crate::real_node::Layout::for_this_process(Path::new("/")).cgroup_root,
-        Duration::from_secs(5),
-    );
+    // A real node's processes are gone with its namespaces; the kernel keeps its (now empty) cgroup,
+    // one per node.
+    for root in cgroup_roots_of(std::process::id()) {
+        remove_cgroups(&root, Duration::from_secs(5));
+    }
     // Pod directories on tmpfs hold memory: remove this run's.
     if let Ok(entries) = std::fs::read_dir("/dev/shm") {
         let suffix = format!("-{}", std::process::id());
@@ -218,30 +245,78 @@ impl TestEnv {
                     return Err(E2eError::Setup(format!("no real node here: {why}")));
                 }
                 let built = images::build()?;
-                let namespaces =
-                    NodeNamespaces::create(&dir.join("node"), &node_bin("orchard-pause")?)?;
+                let pause = node_bin("orchard-pause")?;
+                let count = options.real_nodes.max(1);
+                let first = NodeNamespaces::create(&dir.join("node"), &pause)?;
+                let mut namespaces = vec![first];
+                let mut joined = Ok(());
+                for ordinal in 1..count {
+                    let member = NodeNamespaces::create_member(
+                        &dir.join(format!("node-{}", u16::from(ordinal) + 1)),
+                        &pause,
+                        ordinal,
+                        &namespaces[0].layout,
+                    )
+                    .and_then(|member| {
+                        for other in &namespaces {
+                            other.peer(&member)?;
+                        }
+                        Ok(member)
+                    });
+                    match member {
+                        Ok(member) => namespaces.push(member),
+                        Err(err) => {
+                            joined = Err(err);
+                            break;
+                        }
+                    }
+                }
+                if let Err(err) = joined {
+                    for node in &namespaces {
+                        node.destroy().await;
+                    }
+                    return Err(err);
+                }
                 let plane_options = PlaneOptions {
-                    address: namespaces.layout.host_ip,
-                    service_cidr: namespaces.layout.service_cidr(),
+                    address: namespaces[0].layout.host_ip,
+                    service_cidr: namespaces[0].layout.service_cidr(),
                     real_node: true,
+                    real_nodes: count,
                     audit_log: options.audit_log,
                 };
                 let control_plane =
                     match ControlPlane::start(&dir, &bin_dir, &crds, plane_options).await {
                         Ok(plane) => plane,
                         Err(err) => {
-                            namespaces.destroy().await;
+                            for node in &namespaces {
+                                node.destroy().await;
+                            }
                             return Err(err);
                         }
                     };
-                let node = RealNode::start(
-                    namespaces,
-                    &control_plane,
-                    &built,
-                    &dir.join("logs/node"),
-                    options.enforce_network_policies,
-                )
-                .await?;
+                // One after the other: the first runs kube-scheduler, and the nodes' registries share
+                // one blob directory (a later node's push finds every blob there and writes none).
+                let mut nodes = Vec::new();
+                for namespaces in namespaces {
+                    let ordinal = namespaces.layout.ordinal;
+                    let logs = if ordinal == 0 {
+                        dir.join("logs/node")
+                    } else {
+                        dir.join(format!("logs/node-{}", u16::from(ordinal) + 1))
+                    };
+                    nodes.push(
+                        RealNode::start(
+                            namespaces,
+                            &control_plane,
+                            &built,
+                            &logs,
+                            options.enforce_network_policies,
+                            ordinal == 0,
+                        )
+                        .await?,
+                    );
+                }
+                let node = &nodes[0];
                 operator_args.push(format!("--agent-image={}", node.image("orchard-agent")));
                 // The node has this machine's two cores and the scheduler counts requests: a small
                 // default lets tests and benchmarks run many sandboxes at once.
@@ -253,7 +328,7 @@ impl TestEnv {
                         operator_args.push(format!("{flag}={value}"));
                     }
                 }
-                (control_plane, ClusterNode::Real(Box::new(node)))
+                (control_plane, ClusterNode::Real(nodes))
             }
         };
 

@@ -1,10 +1,10 @@
 //! `orchard-local-cluster`: runs the local test cluster (etcd, kube-apiserver,
 //! kube-controller-manager, the CRDs, a node and the operator) in the foreground until
 //! SIGINT/SIGTERM, for `make demo` and for trying things by hand. The node is the hollow node, or with
-//! `--real-node` a real one (kubelet, containerd, runc; root only).
+//! `--real-node` a real one (kubelet, containerd, runc; root only), or with `--real-nodes N` N of them.
 //!
 //! ```text
-//! orchard-local-cluster [--info-file PATH] [--no-operator] [--real-node] [--audit-log] [-- OPERATOR_FLAGS...]
+//! orchard-local-cluster [--info-file PATH] [--no-operator] [--real-node | --real-nodes N] [--audit-log] [-- OPERATOR_FLAGS...]
 //! ```
 //! Once everything is up it writes a JSON file (`--info-file`, default `target/local-cluster.json`)
 //! with the kubeconfig path, the gateway URL, the metrics URL and the admin token, and prints
@@ -17,7 +17,7 @@ use serde_json::json;
 
 fn usage() -> ! {
     eprintln!(
-        "usage: orchard-local-cluster [--info-file PATH] [--no-operator] [--real-node] [--audit-log] [-- OPERATOR_FLAGS...]"
+        "usage: orchard-local-cluster [--info-file PATH] [--no-operator] [--real-node | --real-nodes N] [--audit-log] [-- OPERATOR_FLAGS...]"
     );
     std::process::exit(2);
 }
@@ -32,6 +32,13 @@ async fn main() {
             "--info-file" => info_file = PathBuf::from(args.next().unwrap_or_else(|| usage())),
             "--no-operator" => options.operator = false,
             "--real-node" => options.node = NodeKind::Real,
+            "--real-nodes" => {
+                options.node = NodeKind::Real;
+                options.real_nodes = match args.next().and_then(|n| n.parse::<u8>().ok()) {
+                    Some(n) if n >= 1 => n,
+                    _ => usage(),
+                };
+            }
             "--audit-log" => options.audit_log = true,
             "--" => {
                 options.operator_args.extend(args.by_ref());
@@ -66,8 +73,8 @@ async fn main() {
         "orchard-operator": env.operator.as_ref().and_then(|o| o.pid()),
         "local-node": std::process::id(),
     });
-    if let ClusterNode::Real(node) = &env.node {
-        for (name, pid) in node.host_pids() {
+    if let ClusterNode::Real(_) = &env.node {
+        for (name, pid) in env.node.real().host_pids() {
             pids[name] = json!(pid);
         }
         pids["local-node"] = json!(null);
@@ -81,20 +88,23 @@ async fn main() {
         "logs": env.dir.join("logs"),
         "node": match &env.node {
             ClusterNode::Hollow(_) => json!({"kind": "hollow"}),
-            ClusterNode::Real(node) => json!({
+            ClusterNode::Real(nodes) => json!({
                 "kind": "real",
+                "nodes": nodes.iter().map(|n| n.name()).collect::<Vec<_>>(),
                 "images": {
-                    "debian-python": node.image("debian-python"),
-                    "debian-chromium": node.image("debian-chromium"),
-                    "busybox": node.image("busybox"),
-                    "probe": node.image("probe"),
+                    "debian-python": env.node.real().image("debian-python"),
+                    "debian-chromium": env.node.real().image("debian-chromium"),
+                    "busybox": env.node.real().image("busybox"),
+                    "probe": env.node.real().image("probe"),
                 },
             }),
         },
         "pid": std::process::id(),
         "pids": pids,
         "cpuUsageFiles": match &env.node {
-            ClusterNode::Real(node) => node
+            ClusterNode::Real(_) => env
+                .node
+                .real()
                 .cpu_usage_files()
                 .into_iter()
                 .map(|(label, file)| (label, json!(file)))

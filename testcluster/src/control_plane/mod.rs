@@ -62,15 +62,33 @@ fn gogc() -> String {
     std::env::var("ORCHARD_E2E_GOGC").unwrap_or_else(|_| "400".to_string())
 }
 
-/// Identities of the real node's components (token file users): the kubelet (Node authorizer), the
-/// users kube-proxy and kube-scheduler have default RBAC bindings for, and kube-router (the
-/// NetworkPolicy enforcer; the node binds its ClusterRole when it runs it).
+/// Identities of the real nodes' components shared by every node (token file users): the users
+/// kube-proxy and kube-scheduler have default RBAC bindings for, and kube-router (the NetworkPolicy
+/// enforcer; the node binds its ClusterRole when it runs it). Each kubelet has its own
+/// ([`node_users`]).
 pub const NODE_USERS: &[(&str, &str)] = &[
-    ("system:node:orchard-node", "system:nodes"),
     ("system:kube-proxy", ""),
     ("system:kube-scheduler", ""),
     ("system:kube-router", ""),
 ];
+
+/// The token file users (name, group) of a cluster of `nodes` real nodes: one kubelet identity per
+/// node (`system:node:<name>` in `system:nodes`, for the Node authorizer), then [`NODE_USERS`] (pure).
+pub fn node_users(nodes: u8) -> Vec<(String, String)> {
+    (0..nodes.max(1))
+        .map(|ordinal| {
+            (
+                format!("system:node:{}", crate::real_node::node_name(ordinal)),
+                "system:nodes".to_string(),
+            )
+        })
+        .chain(
+            NODE_USERS
+                .iter()
+                .map(|(user, group)| (user.to_string(), group.to_string())),
+        )
+        .collect()
+}
 
 /// The port kube-apiserver serves on with a real node (on that run's own host address).
 pub const REAL_NODE_API_PORT: u16 = 6443;
@@ -85,6 +103,8 @@ pub struct PlaneOptions {
     /// Serve a real node: Node authorization, kubelet client certificate, node component users,
     /// `kubernetes` Service endpoints, the EndpointSlice controller.
     pub real_node: bool,
+    /// How many real nodes (kubelet identities) the cluster has, with `real_node`.
+    pub real_nodes: u8,
     /// Write an audit log of every write request ([`ControlPlane::audit_log`]; off by default: it
     /// costs a file write per request).
     pub audit_log: bool,
@@ -106,6 +126,7 @@ impl Default for PlaneOptions {
             address: Ipv4Addr::LOCALHOST,
             service_cidr: "10.0.0.0/24".into(),
             real_node: false,
+            real_nodes: 1,
             audit_log: false,
         }
     }
@@ -237,6 +258,22 @@ async fn wait_etcd(port: u16, deadline: Instant) -> Result<()> {
     })
 }
 
+/// kube-controller-manager's `--controllers` for a control plane started with `options` (pure). With
+/// several real nodes also the pod garbage collector, which deletes the pods of a Node that is gone
+/// (as on any cluster once a reclaimed machine's Node object is deleted).
+pub fn controllers(options: &PlaneOptions) -> String {
+    let mut controllers = if options.real_node {
+        "--controllers=garbage-collector-controller,namespace-controller,node-lifecycle-controller,endpointslice-controller,serviceaccount-controller,root-ca-certificate-publisher-controller,deployment-controller,replicaset-controller,disruption-controller,resourcequota-controller"
+    } else {
+        "--controllers=garbage-collector-controller,namespace-controller,node-lifecycle-controller,resourcequota-controller"
+    }
+    .to_string();
+    if options.real_node && options.real_nodes > 1 {
+        controllers.push_str(",pod-garbage-collector-controller");
+    }
+    controllers
+}
+
 impl ControlPlane {
     /// Starts etcd, kube-apiserver and kube-controller-manager with binaries from `bin_dir`, keeping
     /// everything under `dir` (created). The CRDs in `crds_dir` are installed before the controller
@@ -260,22 +297,25 @@ impl ControlPlane {
         } else {
             ports[2]
         };
-        let mut users: Vec<(&str, &str)> = USERS
+        let mut users: Vec<(String, String)> = USERS
             .iter()
-            .map(|u| (*u, if *u == "admin" { "system:masters" } else { "" }))
+            .map(|u| {
+                let group = if *u == "admin" { "system:masters" } else { "" };
+                (u.to_string(), group.to_string())
+            })
             .collect();
         if options.real_node {
-            users.extend_from_slice(NODE_USERS);
+            users.extend(node_users(options.real_nodes));
             write_kubelet_client_certificate(&dir.join("pki"))?;
         }
         let tokens: BTreeMap<String, String> = users
             .iter()
-            .map(|(u, _)| (u.to_string(), random_hex(32)))
+            .map(|(u, _)| (u.clone(), random_hex(32)))
             .collect();
         let token_file: String = users
             .iter()
             .map(|(user, group)| {
-                let token = &tokens[*user];
+                let token = &tokens[user];
                 if group.is_empty() {
                     format!("{token},{user},{user}\n")
                 } else {
@@ -427,12 +467,7 @@ impl ControlPlane {
             )
             .args([
                 format!("--kubeconfig={}", self.kubeconfig.display()),
-                if self.options.real_node {
-                    "--controllers=garbage-collector-controller,namespace-controller,node-lifecycle-controller,endpointslice-controller,serviceaccount-controller,root-ca-certificate-publisher-controller,deployment-controller,replicaset-controller,disruption-controller,resourcequota-controller"
-                } else {
-                    "--controllers=garbage-collector-controller,namespace-controller,node-lifecycle-controller,resourcequota-controller"
-                }
-                .to_string(),
+                controllers(&self.options),
                 // The local node renews its Lease every second: notice a silent node within 5 s.
                 "--node-monitor-grace-period=5s".to_string(),
                 "--node-monitor-period=1s".to_string(),
@@ -559,5 +594,44 @@ impl ControlPlane {
 impl Drop for ControlPlane {
     fn drop(&mut self) {
         self.stop();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_real_node_has_a_kubelet_identity_of_its_own() {
+        let one = node_users(1);
+        assert_eq!(
+            one[0],
+            ("system:node:orchard-node".into(), "system:nodes".into())
+        );
+        assert_eq!(one.len(), 1 + NODE_USERS.len());
+        let two = node_users(2);
+        assert_eq!(
+            two[1],
+            ("system:node:orchard-node-2".into(), "system:nodes".into())
+        );
+        assert_eq!(two.len(), 2 + NODE_USERS.len());
+        assert_eq!(
+            node_users(0),
+            one,
+            "a real-node cluster has at least one node"
+        );
+    }
+
+    #[test]
+    fn only_a_cluster_of_several_real_nodes_collects_the_pods_of_deleted_nodes() {
+        let mut options = PlaneOptions {
+            real_node: true,
+            ..PlaneOptions::default()
+        };
+        assert!(!controllers(&options).contains("pod-garbage-collector"));
+        assert!(controllers(&options).contains("disruption-controller"));
+        options.real_nodes = 2;
+        assert!(controllers(&options).ends_with(",pod-garbage-collector-controller"));
+        assert!(!controllers(&PlaneOptions::default()).contains("pod-garbage-collector"));
     }
 }

@@ -5,12 +5,27 @@
 //! engine). It reaches the host through one veth pair in a /30 of 10.250.0.0/16; pods sit on a bridge in
 //! a /24 of 10.244.0.0/16. The node's namespace has no default route and no masquerading: pod traffic
 //! can reach the host's control plane and nothing beyond this machine.
+//!
+//! A cluster may have several real nodes (`orchard-node`, `orchard-node-2`, ...), each a layout of its
+//! own index. Pod traffic between two nodes goes over a veth pair joining their network namespaces
+//! directly ([`Layout::peer_link`], [`Layout::peer_routes`]), like a private link between two machines:
+//! the host forwards nothing, and a node that goes away takes the link and the routes through it along.
 
 use std::net::Ipv4Addr;
 use std::path::{Path, PathBuf};
 
-/// Name of the real node (the kubelet's `--hostname-override`).
+/// Name of the (first) real node (the kubelet's `--hostname-override`); the others are
+/// [`node_name`]`(1)` = `orchard-node-2`, ...
 pub const NODE_NAME: &str = "orchard-node";
+
+/// The name of node `ordinal` of a cluster (0-based): [`NODE_NAME`], then `orchard-node-2`, ... (pure).
+pub fn node_name(ordinal: u8) -> String {
+    if ordinal == 0 {
+        NODE_NAME.to_string()
+    } else {
+        format!("{NODE_NAME}-{}", u16::from(ordinal) + 1)
+    }
+}
 /// The registry inside the node's network namespace (its own loopback).
 pub const REGISTRY: &str = "127.0.0.1:5000";
 /// The name images carry in pod specs; containerd maps it to [`REGISTRY`] over plain HTTP.
@@ -23,6 +38,11 @@ pub const PAUSE_IMAGE: &str = "localhost:5000/pause:3.10";
 pub struct Layout {
     /// Index (0..=63) the subnets are derived from.
     pub index: u8,
+    /// The node's place in its cluster (0 for the first node, which the host routes the Service
+    /// range to and whose host address the API server listens on).
+    pub ordinal: u8,
+    /// The Node's name ([`node_name`] of the ordinal).
+    pub name: String,
     /// The host's end of the veth pair (kube-apiserver listens here).
     pub host_ip: Ipv4Addr,
     /// The node's end of the veth pair (`--node-ip`).
@@ -36,28 +56,63 @@ pub struct Layout {
     /// The pod subnet on the node's bridge (a /24).
     pub pod_subnet: Ipv4Addr,
     /// The cluster's Service addresses (a /24, kube-apiserver `--service-cluster-ip-range`), routed
-    /// from the host to the node: each live node has its own, so runs never share a route.
+    /// from the host to the cluster's first node: each live cluster has its own (its first node's
+    /// index), so runs never share a route; the other nodes of a cluster carry the first one's.
     pub service_subnet: Ipv4Addr,
     /// Host-side veth name.
     pub host_veth: String,
     /// Node-side veth name.
     pub node_veth: String,
-    /// The node's cgroup (created in every cgroup v1 hierarchy and removed after the run).
+    /// The node's cgroup (created in every cgroup v1 hierarchy and removed after the run):
+    /// [`cgroup_root`] of the harness pid and the ordinal.
     pub cgroup_root: String,
     /// Directory holding the node's configuration and state.
     pub dir: PathBuf,
 }
 
-/// Prefix of the node's cgroup directories (`<prefix><pid>`); the sweep removes those of dead runs.
+/// Prefix of the node's cgroup directories (`<prefix><pid>`, `<prefix><pid>-<n>`); the sweep removes
+/// those of dead runs.
 pub const CGROUP_PREFIX: &str = "orchard-node-";
 
+/// The cgroup of node `ordinal` of harness `pid`: `/orchard-node-<pid>` for the first node (as with a
+/// single node), `/orchard-node-<pid>-2`, ... for the others (pure).
+pub fn cgroup_root(pid: u32, ordinal: u8) -> String {
+    if ordinal == 0 {
+        format!("/{CGROUP_PREFIX}{pid}")
+    } else {
+        format!("/{CGROUP_PREFIX}{pid}-{}", u16::from(ordinal) + 1)
+    }
+}
+
+/// The harness pid owning a top-level cgroup directory named `name` ([`cgroup_root`] without its
+/// slash), or `None` when the name is not a node's (pure).
+pub fn cgroup_owner(name: &str) -> Option<u32> {
+    let rest = name.strip_prefix(CGROUP_PREFIX)?;
+    let (pid, node) = match rest.split_once('-') {
+        Some((pid, node)) => (pid, Some(node)),
+        None => (rest, None),
+    };
+    if let Some(node) = node
+        && (node.is_empty() || !node.bytes().all(|b| b.is_ascii_digit()))
+    {
+        return None;
+    }
+    if pid.is_empty() || !pid.bytes().all(|b| b.is_ascii_digit()) {
+        return None;
+    }
+    pid.parse().ok()
+}
+
 impl Layout {
-    /// The layout of node `index` for the harness process `pid`, keeping its files in `dir`.
+    /// The layout of the first node of a cluster, at `index`, for the harness process `pid`, keeping
+    /// its files in `dir`.
     pub fn new(index: u8, pid: u32, dir: &Path) -> Self {
         let index = index % 64;
         let quad = index * 4;
         Self {
             index,
+            ordinal: 0,
+            name: node_name(0),
             host_ip: Ipv4Addr::new(10, 250, 0, quad + 1),
             node_ip: Ipv4Addr::new(10, 250, 0, quad + 2),
             outside_ip: Ipv4Addr::new(10, 251, index, 1),
@@ -66,9 +121,88 @@ impl Layout {
             service_subnet: Ipv4Addr::new(10, 96, index, 0),
             host_veth: format!("orh{index}"),
             node_veth: format!("orn{index}"),
-            cgroup_root: format!("/{CGROUP_PREFIX}{pid}"),
+            cgroup_root: cgroup_root(pid, 0),
             dir: dir.to_path_buf(),
         }
+    }
+
+    /// The layout of node `ordinal` (1, 2, ...) of the cluster whose first node is `first`, at `index`:
+    /// its own addresses, links, name and cgroup, and the cluster's Service range.
+    pub fn member(ordinal: u8, index: u8, pid: u32, dir: &Path, first: &Layout) -> Self {
+        Self {
+            ordinal,
+            name: node_name(ordinal),
+            service_subnet: first.service_subnet,
+            cgroup_root: cgroup_root(pid, ordinal),
+            ..Self::new(index, pid, dir)
+        }
+    }
+
+    /// Whether this is the cluster's first node (the host routes the Service range to it).
+    pub fn is_first(&self) -> bool {
+        self.ordinal == 0
+    }
+
+    /// The device in this node's network namespace of the veth pair that joins it to node `other`
+    /// (`orp<other's index>`; the link exists only inside the two nodes' namespaces).
+    pub fn peer_link(&self, other: &Layout) -> String {
+        format!("orp{}", other.index)
+    }
+
+    /// The `ip` commands, run in this node's network namespace once the link to `other` exists, that
+    /// send pod traffic for `other` over it: the link carries this node's own address, `other`'s
+    /// address is on its far side, and `other`'s pod subnet is reached through it. Nothing else: no
+    /// default route, so a packet for neither node nor the host has nowhere to go (pure).
+    pub fn peer_routes(&self, other: &Layout) -> Vec<Vec<String>> {
+        let link = self.peer_link(other);
+        let own = self.node_ip.to_string();
+        let words = |args: &[&str]| args.iter().map(|a| a.to_string()).collect::<Vec<_>>();
+        vec![
+            words(&["addr", "add", &format!("{own}/32"), "dev", &link]),
+            words(&["link", "set", &link, "up"]),
+            words(&[
+                "route",
+                "add",
+                &format!("{}/32", other.node_ip),
+                "dev",
+                &link,
+                "scope",
+                "link",
+                "src",
+                &own,
+            ]),
+            words(&[
+                "route",
+                "add",
+                &other.pod_cidr(),
+                "via",
+                &other.node_ip.to_string(),
+                "dev",
+                &link,
+                "src",
+                &own,
+            ]),
+        ]
+    }
+
+    /// The route, in this node's namespace, to the API server's address `api` when it is not this
+    /// node's own host end (a node other than the first reaches it through its own veth: the host
+    /// answers on any of its addresses), or `None` (pure).
+    pub fn api_route(&self, api: Ipv4Addr) -> Option<Vec<String>> {
+        (api != self.host_ip).then(|| {
+            [
+                "route",
+                "add",
+                &format!("{api}/32"),
+                "via",
+                &self.host_ip.to_string(),
+                "dev",
+                &self.node_veth,
+            ]
+            .iter()
+            .map(|a| a.to_string())
+            .collect()
+        })
     }
 
     /// The Service range as a CIDR (`10.96.<index>.0/24`).
@@ -274,7 +408,7 @@ pub fn kube_proxy_config(layout: &Layout, kubeconfig: &Path) -> String {
         r#"apiVersion: kubeproxy.config.k8s.io/v1alpha1
 kind: KubeProxyConfiguration
 clientConnection: {{kubeconfig: {kubeconfig}}}
-hostnameOverride: {NODE_NAME}
+hostnameOverride: {name}
 mode: iptables
 clusterCIDR: 10.244.0.0/16
 detectLocalMode: ClusterCIDR
@@ -297,6 +431,7 @@ conntrack:
 "#,
         kubeconfig = kubeconfig.display(),
         node_ip = layout.node_ip,
+        name = layout.name,
     )
 }
 
@@ -348,6 +483,95 @@ mod tests {
         assert!(
             a.host_veth.len() <= 15 && a.node_veth.len() <= 15,
             "interface names fit IFNAMSIZ"
+        );
+    }
+
+    #[test]
+    fn nodes_are_named_and_given_cgroups_by_ordinal() {
+        assert_eq!(node_name(0), "orchard-node");
+        assert_eq!(node_name(1), "orchard-node-2");
+        assert_eq!(node_name(255), "orchard-node-256");
+        assert_eq!(cgroup_root(42, 0), "/orchard-node-42");
+        assert_eq!(cgroup_root(42, 1), "/orchard-node-42-2");
+        for ordinal in [0, 1, 7] {
+            let root = cgroup_root(4242, ordinal);
+            assert_eq!(
+                cgroup_owner(root.trim_start_matches('/')),
+                Some(4242),
+                "{root}"
+            );
+        }
+        for foreign in [
+            "orchard-node-",
+            "orchard-node-x",
+            "orchard-node-12-",
+            "orchard-node-12-a",
+            "orchard-node-12-2-3",
+            "orchard-nodes-12",
+            "kubepods",
+        ] {
+            assert_eq!(cgroup_owner(foreign), None, "{foreign}");
+        }
+    }
+
+    #[test]
+    fn a_member_node_has_its_own_addresses_and_the_clusters_services() {
+        let first = Layout::new(5, 77, Path::new("/r/node"));
+        let second = Layout::member(1, 6, 77, Path::new("/r/node-2"), &first);
+        assert!(first.is_first() && !second.is_first());
+        assert_eq!(second.name, "orchard-node-2");
+        assert_eq!(second.cgroup_root, "/orchard-node-77-2");
+        assert_eq!(
+            second.service_cidr(),
+            first.service_cidr(),
+            "one Service range"
+        );
+        assert_eq!(second.pod_cidr(), "10.244.6.0/24");
+        assert_ne!(second.node_ip, first.node_ip);
+        assert_ne!(second.host_veth, first.host_veth);
+        assert_eq!(second.dir, Path::new("/r/node-2"));
+        let proxy = kube_proxy_config(&second, Path::new("/kp"));
+        assert!(
+            proxy.contains("hostnameOverride: orchard-node-2"),
+            "{proxy}"
+        );
+        assert!(
+            kube_proxy_config(&first, Path::new("/kp"))
+                .contains("hostnameOverride: orchard-node\n")
+        );
+    }
+
+    #[test]
+    fn peers_route_each_others_pods_over_their_own_link_and_nothing_else() {
+        let a = Layout::new(5, 1, Path::new("/a"));
+        let b = Layout::member(1, 6, 1, Path::new("/b"), &a);
+        assert_eq!(a.peer_link(&b), "orp6");
+        assert_eq!(b.peer_link(&a), "orp5");
+        let routes = a.peer_routes(&b);
+        let text: Vec<String> = routes.iter().map(|r| r.join(" ")).collect();
+        assert_eq!(
+            text,
+            [
+                "addr add 10.250.0.22/32 dev orp6",
+                "link set orp6 up",
+                "route add 10.250.0.26/32 dev orp6 scope link src 10.250.0.22",
+                "route add 10.244.6.0/24 via 10.250.0.26 dev orp6 src 10.250.0.22",
+            ]
+        );
+        assert!(
+            !text
+                .iter()
+                .any(|r| r.contains("default") || r.contains("0.0.0.0")),
+            "no default route"
+        );
+        assert_eq!(
+            a.api_route(a.host_ip),
+            None,
+            "the first node's API server is its own host end"
+        );
+        assert_eq!(
+            b.api_route(a.host_ip).map(|r| r.join(" ")),
+            Some("route add 10.250.0.21/32 via 10.250.0.25 dev orn6".into())
         );
     }
 

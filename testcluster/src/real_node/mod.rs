@@ -6,7 +6,13 @@
 //! Start: [`NodeNamespaces::create`] (before the control plane, which listens on the host's end of
 //! the node's veth pair), then [`RealNode::start`]. Stop: [`RealNode::stop`] kills the namespaces and
 //! removes the node's cgroups; nothing is left on the host.
+//!
+//! A cluster may have several: [`NodeNamespaces::create_member`] for each further node and
+//! [`NodeNamespaces::peer`] to join every two (a link of their own, [`layout`]), then
+//! [`RealNode::start`] for each in turn, the first with kube-scheduler. [`drain`] cordons and drains a
+//! node; [`RealNode::reclaim`] takes one away as a spot reclaim does.
 
+pub mod drain;
 pub mod images;
 pub mod layout;
 pub mod namespaces;
@@ -21,7 +27,7 @@ use k8s_openapi::api::core::v1::Node;
 use kube::Client;
 use kube::api::Api;
 
-pub use self::layout::{IMAGE_HOST, Layout, NODE_NAME};
+pub use self::layout::{IMAGE_HOST, Layout, NODE_NAME, node_name};
 pub use self::namespaces::NodeNamespaces;
 use crate::binaries::{kubernetes_bin_dir, node_tools_dir};
 use crate::control_plane::ControlPlane;
@@ -73,14 +79,18 @@ impl RealNode {
         None
     }
 
-    /// Starts containerd, the kubelet and kube-proxy in `namespaces`, kube-scheduler on the host, and
-    /// waits until the node is Ready. `images` come from [`images::build`].
+    /// Starts containerd, the kubelet and kube-proxy in `namespaces`, kube-scheduler on the host (with
+    /// `scheduler`: once per cluster, with its first node), and waits until the node is Ready.
+    /// `images` come from [`images::build`]. A cluster's nodes start one after the other: their
+    /// registries keep their blobs in one directory ([`images::blob_dir`]), and a node's push of
+    /// blobs that are already there writes none.
     pub async fn start(
         namespaces: NodeNamespaces,
         plane: &ControlPlane,
         images: &[images::Built],
         logs: &Path,
         enforce_network_policies: bool,
+        scheduler: bool,
     ) -> Result<Self> {
         let k8s = kubernetes_bin_dir()?;
         let tools = node_tools_dir()?;
@@ -147,7 +157,7 @@ impl RealNode {
                     "--kubeconfig={}",
                     layout.path("kubelet/kubeconfig").display()
                 ),
-                format!("--hostname-override={NODE_NAME}"),
+                format!("--hostname-override={}", layout.name),
                 format!("--node-ip={}", layout.node_ip),
                 format!("--root-dir={}", layout.path("kubelet/root").display()),
                 format!("--cert-dir={}", layout.path("kubelet/pki").display()),
@@ -165,19 +175,21 @@ impl RealNode {
                 "--v=1".into(),
             ],
         )?)?;
-        node.spawn(
-            Spec::new(SCHEDULER, k8s.join("kube-scheduler"))
-                .args([
-                    format!(
-                        "--kubeconfig={}",
-                        layout.path("kube-scheduler.kubeconfig").display()
-                    ),
-                    "--leader-elect=false".to_string(),
-                    "--secure-port=0".to_string(),
-                    "--v=1".to_string(),
-                ])
-                .log(logs.join("kube-scheduler.log")),
-        )?;
+        if scheduler {
+            node.spawn(
+                Spec::new(SCHEDULER, k8s.join("kube-scheduler"))
+                    .args([
+                        format!(
+                            "--kubeconfig={}",
+                            layout.path("kube-scheduler.kubeconfig").display()
+                        ),
+                        "--leader-elect=false".to_string(),
+                        "--secure-port=0".to_string(),
+                        "--v=1".to_string(),
+                    ])
+                    .log(logs.join("kube-scheduler.log")),
+            )?;
+        }
         let node = Self {
             images: pushed,
             ..node
@@ -234,7 +246,7 @@ impl RealNode {
         let nodes: Api<Node> = Api::all(client.clone());
         nodes
             .patch(
-                NODE_NAME,
+                &self.namespaces.layout.name,
                 &kube::api::PatchParams::default(),
                 &kube::api::Patch::Merge(serde_json::json!({
                     "spec": {"podCIDR": cidr, "podCIDRs": [cidr]}
@@ -250,7 +262,7 @@ impl RealNode {
         let deadline = Instant::now() + timeout;
         let mut last = "not registered".to_string();
         while Instant::now() < deadline {
-            if let Some(node) = nodes.get_opt(NODE_NAME).await? {
+            if let Some(node) = nodes.get_opt(self.name()).await? {
                 let ready = node
                     .status
                     .as_ref()
@@ -277,7 +289,7 @@ impl RealNode {
             tokio::time::sleep(Duration::from_millis(250)).await;
         }
         Err(E2eError::NotReady {
-            component: format!("node {NODE_NAME}"),
+            component: format!("node {}", self.name()),
             seconds: timeout.as_secs(),
             detail: format!("{last} (logs: {})", self.logs.display()),
         })
@@ -290,6 +302,11 @@ impl RealNode {
             .iter()
             .find(|c| c.has_exited())
             .map(|c| c.name().to_string())
+    }
+
+    /// The Node's name (`orchard-node` for a cluster's first node, `orchard-node-2`, ...).
+    pub fn name(&self) -> &str {
+        &self.namespaces.layout.name
     }
 
     /// The image reference of a built image (`debian-python`, `debian-chromium`, `busybox`, `probe`,
@@ -485,6 +502,69 @@ impl RealNode {
         files
     }
 
+    /// Takes the node away as a spot reclaim does: every process of the node is SIGKILLed, the
+    /// kubelet, containerd, its shims, every container, kube-proxy, kube-router and the registry (all
+    /// that runs in the node's cgroup; kube-scheduler, the cluster's, keeps running), then the node's
+    /// network drops every packet (its INPUT, FORWARD and OUTPUT chains), so callers time out as
+    /// they would on a vanished machine. The node's
+    /// namespaces, links and routes stay (a dead machine still holds its addresses), so packets for
+    /// its pods are dropped there rather than routed anywhere else; [`RealNode::stop`] removes them.
+    /// The Node object is left to the control plane: it goes NotReady once its Lease expires.
+    pub async fn reclaim(&self) -> Result<()> {
+        let components: Vec<Child> = {
+            let mut all = self.components.lock().unwrap_or_else(|p| p.into_inner());
+            let (keep, gone): (Vec<Child>, Vec<Child>) =
+                all.drain(..).partition(|c| c.name() == SCHEDULER);
+            *all = keep;
+            gone
+        };
+        let deadline = Instant::now() + Duration::from_secs(20);
+        loop {
+            let left = self.cgroup_pids();
+            if left.is_empty() {
+                break;
+            }
+            if Instant::now() >= deadline {
+                return Err(E2eError::Setup(format!(
+                    "processes of node {} outlived SIGKILL: {left:?}",
+                    self.name()
+                )));
+            }
+            for pid in left {
+                let _ = nix::sys::signal::kill(
+                    nix::unistd::Pid::from_raw(i32::try_from(pid).unwrap_or(i32::MAX)),
+                    nix::sys::signal::Signal::SIGKILL,
+                );
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        for child in &components {
+            child.stop(Duration::from_secs(1)).await;
+        }
+        // After the kills, so that no kube-router sync puts its own rules back in front.
+        for chain in ["INPUT", "FORWARD", "OUTPUT"] {
+            self.exec("iptables", &["-w", "-I", chain, "1", "-j", "DROP"])?;
+        }
+        Ok(())
+    }
+
+    /// Host pids of every process in the node's cgroup (its components with what they start, and
+    /// every container).
+    fn cgroup_pids(&self) -> Vec<u32> {
+        let node_cgroup = format!("{}/", self.namespaces.layout.cgroup_root);
+        std::fs::read_dir("/proc")
+            .into_iter()
+            .flatten()
+            .flatten()
+            .filter_map(|entry| {
+                let pid = entry.file_name().to_str()?.parse::<u32>().ok()?;
+                let cgroups = std::fs::read_to_string(entry.path().join("cgroup")).ok()?;
+                cgroups.contains(&node_cgroup).then_some(pid)
+            })
+            .filter(|&pid| pid != self.namespaces.init_pid)
+            .collect()
+    }
+
     /// Stops everything: kube-scheduler, then the namespaces (every node process, container, mount and
     /// network device with them), then the node's cgroups and unpacked image layers.
     pub async fn stop(&self) {
@@ -576,7 +656,7 @@ fn write_configs(layout: &Layout, plane: &ControlPlane) -> Result<()> {
         layout::token_kubeconfig(
             &plane.server,
             &ca,
-            &token(&format!("system:node:{NODE_NAME}"))?,
+            &token(&format!("system:node:{}", layout.name))?,
         ),
     )?;
     write(

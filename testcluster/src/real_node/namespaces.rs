@@ -15,7 +15,7 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-use super::layout::{CGROUP_PREFIX, Layout};
+use super::layout::{Layout, cgroup_owner};
 use crate::error::{E2eError, Result};
 use crate::supervise::{Child, Spec};
 
@@ -183,14 +183,40 @@ pub(crate) fn only_child(parent: u32, timeout: Duration) -> Result<u32> {
 }
 
 impl NodeNamespaces {
-    /// Creates the namespaces and the host's link into them, trying the next subnet while one is
-    /// taken by another run. `pause` is the static `orchard-pause` binary.
+    /// Creates the namespaces and the host's link into them for a cluster's first node, trying the
+    /// next subnet while one is taken by another run. `pause` is the static `orchard-pause` binary.
     pub fn create(dir: &Path, pause: &Path) -> Result<Self> {
+        Self::create_trying(
+            dir,
+            |index| Layout::new(index, std::process::id(), dir),
+            pause,
+            None,
+        )
+    }
+
+    /// Creates the namespaces of node `ordinal` (1, 2, ...) of the cluster whose first node is
+    /// `first` (already created, so its subnet is taken), with routes to the API server on the first
+    /// node's host end. Join it to the cluster's other nodes with [`NodeNamespaces::peer`].
+    pub fn create_member(dir: &Path, pause: &Path, ordinal: u8, first: &Layout) -> Result<Self> {
+        Self::create_trying(
+            dir,
+            |index| Layout::member(ordinal, index, std::process::id(), dir, first),
+            pause,
+            Some(first.host_ip),
+        )
+    }
+
+    fn create_trying(
+        dir: &Path,
+        layout_at: impl Fn(u8) -> Layout,
+        pause: &Path,
+        api: Option<std::net::Ipv4Addr>,
+    ) -> Result<Self> {
         let first = Layout::for_this_process(dir);
         let mut last_error = None;
         for step in 0..8u8 {
-            let layout = Layout::new(first.index.wrapping_add(step), std::process::id(), dir);
-            match Self::create_with(layout, pause) {
+            let layout = layout_at(first.index.wrapping_add(step));
+            match Self::create_with(layout, pause, api) {
                 Ok(node) => return Ok(node),
                 Err(err) => last_error = Some(err),
             }
@@ -198,7 +224,7 @@ impl NodeNamespaces {
         Err(last_error.unwrap_or_else(|| E2eError::Setup("no node subnet was free".into())))
     }
 
-    fn create_with(layout: Layout, pause: &Path) -> Result<Self> {
+    fn create_with(layout: Layout, pause: &Path, api: Option<std::net::Ipv4Addr>) -> Result<Self> {
         let socket = layout.containerd_socket();
         if socket.as_os_str().len() > 100 {
             return Err(E2eError::Setup(format!(
@@ -246,14 +272,16 @@ impl NodeNamespaces {
             holder,
             init_pid,
         };
-        if let Err(err) = node.prepare() {
+        if let Err(err) = node.prepare(api) {
             node.holder.kill_now();
             return Err(err);
         }
         Ok(node)
     }
 
-    fn prepare(&self) -> Result<()> {
+    /// `api`: the API server's address when it is not this node's host end (a node other than the
+    /// cluster's first).
+    fn prepare(&self, api: Option<std::net::Ipv4Addr>) -> Result<()> {
         let layout = &self.layout;
         run(
             "preparing the node's mount namespace",
@@ -338,19 +366,59 @@ impl NodeNamespaces {
                 &layout.host_veth,
             ]),
         )?;
+        // The cluster's Service range goes to its first node (kube-proxy there translates it; the
+        // backend may be on another node, reached over the nodes' own link).
+        if layout.is_first() {
+            run(
+                "routing service addresses to the node",
+                Command::new("ip").args([
+                    "route",
+                    "add",
+                    &layout.service_cidr(),
+                    "via",
+                    &layout.node_ip.to_string(),
+                    "dev",
+                    &layout.host_veth,
+                ]),
+            )?;
+        }
+        if let Some(route) = api.and_then(|api| layout.api_route(api)) {
+            let args: Vec<&str> = route.iter().map(String::as_str).collect();
+            exec_in_node(self.init_pid, "route to the API server", "ip", &args)?;
+        }
+        create_cgroups(&layout.cgroup_root)?;
+        Ok(())
+    }
+
+    /// Joins this node and `other` (of the same cluster) by a veth pair created straight into their
+    /// two network namespaces (the host never holds either end), and routes each one's pod subnet
+    /// and address over it ([`Layout::peer_routes`]). The link goes away with either namespace, and
+    /// the routes through it with the link.
+    pub fn peer(&self, other: &NodeNamespaces) -> Result<()> {
+        let (a, b) = (&self.layout, &other.layout);
         run(
-            "routing service addresses to the node",
+            "joining two nodes' network namespaces",
             Command::new("ip").args([
-                "route",
+                "link",
                 "add",
-                &layout.service_cidr(),
-                "via",
-                &layout.node_ip.to_string(),
-                "dev",
-                &layout.host_veth,
+                &a.peer_link(b),
+                "netns",
+                &self.init_pid.to_string(),
+                "type",
+                "veth",
+                "peer",
+                "name",
+                &b.peer_link(a),
+                "netns",
+                &other.init_pid.to_string(),
             ]),
         )?;
-        create_cgroups(&layout.cgroup_root)?;
+        for (node, routes) in [(self, a.peer_routes(b)), (other, b.peer_routes(a))] {
+            for route in routes {
+                let args: Vec<&str> = route.iter().map(String::as_str).collect();
+                exec_in_node(node.init_pid, "routing to the other node", "ip", &args)?;
+            }
+        }
         Ok(())
     }
 
@@ -427,8 +495,9 @@ fn remove_tree(dir: &Path) {
     let _ = std::fs::remove_dir(dir);
 }
 
-/// Node cgroups of harness runs whose process is gone (an interrupted run); used by the sweep.
-pub fn stale_cgroup_roots() -> Vec<String> {
+/// Top-level node cgroups (`/orchard-node-<pid>`, `/orchard-node-<pid>-<n>`) of the harness
+/// processes for which `owned` holds, in any hierarchy.
+fn cgroup_roots_where(owned: impl Fn(u32) -> bool) -> Vec<String> {
     let mut roots = std::collections::BTreeSet::new();
     for hierarchy in hierarchies() {
         let Ok(entries) = std::fs::read_dir(&hierarchy) else {
@@ -436,16 +505,22 @@ pub fn stale_cgroup_roots() -> Vec<String> {
         };
         for entry in entries.flatten() {
             let name = entry.file_name().to_string_lossy().to_string();
-            if let Some(pid) = name
-                .strip_prefix(CGROUP_PREFIX)
-                .and_then(|p| p.parse::<u32>().ok())
-                && !Path::new(&format!("/proc/{pid}")).exists()
-            {
+            if cgroup_owner(&name).is_some_and(&owned) {
                 roots.insert(format!("/{name}"));
             }
         }
     }
     roots.into_iter().collect()
+}
+
+/// Node cgroups of harness runs whose process is gone (an interrupted run); used by the sweep.
+pub fn stale_cgroup_roots() -> Vec<String> {
+    cgroup_roots_where(|pid| !Path::new(&format!("/proc/{pid}")).exists())
+}
+
+/// The node cgroups of harness process `pid` (every node of its cluster).
+pub fn cgroup_roots_of(pid: u32) -> Vec<String> {
+    cgroup_roots_where(|owner| owner == pid)
 }
 
 #[cfg(test)]

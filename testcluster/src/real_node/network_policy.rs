@@ -13,7 +13,6 @@ use kube::api::{Api, Patch, PatchParams};
 use serde_json::json;
 
 use super::layout::Layout;
-use super::layout::NODE_NAME;
 use super::namespaces::exec_in_node;
 use crate::error::{E2eError, Result};
 
@@ -32,7 +31,7 @@ pub fn kube_router_args(layout: &Layout) -> Vec<String> {
             "--kubeconfig={}",
             layout.path("kube-router/kubeconfig").display()
         ),
-        format!("--hostname-override={NODE_NAME}"),
+        format!("--hostname-override={}", layout.name),
         format!("--service-cluster-ip-range={}", layout.service_cidr()),
         "--health-port=0".into(),
         "--metrics-port=0".into(),
@@ -122,5 +121,13 @@ mod tests {
         }
         assert!(args.contains(&"--service-cluster-ip-range=10.96.3.0/24".to_string()));
         assert!(args.contains(&"--kubeconfig=/n/kube-router/kubeconfig".to_string()));
+        assert!(args.contains(&"--hostname-override=orchard-node".to_string()));
+        let second = Layout::member(1, 4, 42, Path::new("/m"), &layout);
+        let args = kube_router_args(&second);
+        assert!(args.contains(&"--hostname-override=orchard-node-2".to_string()));
+        assert!(
+            args.contains(&"--service-cluster-ip-range=10.96.3.0/24".to_string()),
+            "the cluster's Service range, not one of its own"
+        );
     }
 }

@@ -1,0 +1,610 @@
+//! Two real nodes (`orchard-node`, `orchard-node-2`: two kubelets, each with its own containerd,
+//! registry, kube-proxy, kube-router and network namespace on this machine, pod traffic between them
+//! over a link of their own) with the operator installed by its chart and NetworkPolicies enforced,
+//! so that multi-node behaviour is tested rather than assumed. One test, in phases that build on each
+//! other (it drains and then loses a node): sandboxes placed on each node, NetworkPolicies enforced
+//! across nodes (egress on the source node, ingress on the destination node), a SandboxPool spread
+//! over both, a drain, and a spot reclaim (the node's every process killed).
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::OnceLock;
+use std::time::{Duration, Instant};
+
+use k8s_openapi::api::core::v1::{Node, Pod};
+use kube::ResourceExt;
+use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
+use orchard_operator::api::{POOL_LABEL, Sandbox, SandboxPool};
+use orchard_testcluster::chart_install::{ChartRelease, ReleaseOptions};
+use orchard_testcluster::env::{EnvOptions, NodeKind, TestEnv};
+use orchard_testcluster::real_node::drain::{cordon, drain};
+use orchard_testcluster::test_support::gateway::Caller;
+use orchard_testcluster::wait;
+use serde_json::{Value, json};
+
+const FIRST: &str = "orchard-node";
+const SECOND: &str = "orchard-node-2";
+const HOSTNAME: &str = "kubernetes.io/hostname";
+
+/// The host's IPv4 forwarding settings (they must not change: the nodes route between themselves).
+fn host_forwarding() -> (String, String) {
+    let read = |path: &str| std::fs::read_to_string(path).unwrap_or_default();
+    (
+        read("/proc/sys/net/ipv4/ip_forward"),
+        read("/proc/sys/net/ipv4/conf/all/forwarding"),
+    )
+}
+
+fn env() -> &'static TestEnv {
+    static ENV: OnceLock<TestEnv> = OnceLock::new();
+    ENV.get_or_init(|| {
+        TestEnv::start_named_on_own_thread(
+            "multi_node",
+            EnvOptions {
+                operator: false,
+                node: NodeKind::Real,
+                real_nodes: 2,
+                enforce_network_policies: true,
+                ..EnvOptions::default()
+            },
+        )
+    })
+}
+
+fn admin_at(env: &TestEnv, base: String) -> Caller {
+    Caller {
+        base,
+        token: Some(env.control_plane.tokens["admin"].clone()),
+        http: orchard_testcluster::gateway_http(),
+    }
+}
+
+/// Prints a phase with the time since the test started.
+fn phase(started: Instant, what: &str) {
+    eprintln!("[{:>6.1} s] {what}", started.elapsed().as_secs_f64());
+}
+
+fn is_ready(conditions: Option<&Vec<k8s_openapi::api::core::v1::NodeCondition>>) -> bool {
+    conditions.is_some_and(|c| c.iter().any(|c| c.type_ == "Ready" && c.status == "True"))
+}
+
+fn node_ready(node: Option<&Node>) -> bool {
+    is_ready(node.and_then(|n| n.status.as_ref()?.conditions.as_ref()))
+}
+
+fn pod_ready(pod: &Pod) -> bool {
+    pod.status
+        .as_ref()
+        .and_then(|s| s.conditions.as_ref())
+        .is_some_and(|c| c.iter().any(|c| c.type_ == "Ready" && c.status == "True"))
+}
+
+fn node_of(pod: &Pod) -> String {
+    pod.spec
+        .as_ref()
+        .and_then(|s| s.node_name.clone())
+        .unwrap_or_default()
+}
+
+/// The sandbox's phase, reason and message, as one line.
+fn sandbox_state(sandbox: Option<&Sandbox>) -> String {
+    let Some(status) = sandbox.and_then(|s| s.status.as_ref()) else {
+        return "no status".into();
+    };
+    let ready = status
+        .conditions
+        .iter()
+        .find(|c| c.type_ == "Ready")
+        .map(|c| format!("Ready={} ({}: {})", c.status, c.reason, c.message))
+        .unwrap_or_default();
+    format!(
+        "phase {:?}, reason {:?}, {ready}",
+        status.phase,
+        status.reason.as_deref().unwrap_or_default()
+    )
+}
+
+/// A Python one-liner: TCP connect to `ip:port` within 3 s; prints `open` or `closed <error>`.
+fn tcp_probe(ip: &str, port: u16) -> Vec<String> {
+    let code = format!(
+        "import socket\ntry:\n    socket.create_connection(('{ip}', {port}), 3).close(); print('open')\nexcept OSError as e:\n    print('closed', type(e).__name__)"
+    );
+    vec!["python3".into(), "-c".into(), code]
+}
+
+/// A Python program accepting (and closing) connections on ports 8080 and 8081.
+const TWO_PORTS: &str = "import socket, threading\ndef serve(port):\n    s = socket.socket(); s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)\n    s.bind(('0.0.0.0', port)); s.listen(64)\n    while True:\n        c, _ = s.accept(); c.close()\nfor port in (8080, 8081):\n    threading.Thread(target=serve, args=(port,)).start()";
+
+/// Runs `argv` in sandbox `name` through the gateway and returns its stdout, trimmed.
+async fn run_in(caller: &Caller, ns: &str, name: &str, argv: Vec<String>) -> String {
+    let answer = caller
+        .exec(ns, name, json!({"argv": argv, "timeoutSeconds": 20}))
+        .await;
+    assert_eq!(answer.status, 200, "exec in {name}: {answer:?}");
+    answer.body["stdout"]
+        .as_str()
+        .unwrap_or_default()
+        .trim()
+        .to_string()
+}
+
+/// A plain Pod (no sandbox) of the Debian image on node `node` running `command`; waits until it runs
+/// and returns its IP.
+async fn plain_pod(env: &TestEnv, ns: &str, name: &str, node: &str, command: &str) -> String {
+    let api: Api<Pod> = Api::namespaced(env.client().await, ns);
+    let pod: Pod = serde_json::from_value(json!({
+        "metadata": {"name": name, "labels": {"app": name}},
+        "spec": {
+            "automountServiceAccountToken": false,
+            "terminationGracePeriodSeconds": 0,
+            "nodeSelector": {HOSTNAME: node},
+            "containers": [{
+                "name": "main", "image": env.node.real().image("debian-python"),
+                "command": ["python3", "-c", command],
+                "resources": {"requests": {"cpu": "5m", "memory": "32Mi"}},
+            }],
+        },
+    }))
+    .expect("pod JSON");
+    api.create(&PostParams::default(), &pod)
+        .await
+        .expect("create pod");
+    let running = wait::until(
+        &api,
+        name,
+        "Running",
+        Duration::from_secs(120),
+        |p: Option<&Pod>| {
+            p.and_then(|p| p.status.as_ref())
+                .is_some_and(|s| s.phase.as_deref() == Some("Running") && s.pod_ip.is_some())
+        },
+    )
+    .await;
+    assert_eq!(node_of(&running), node, "{name} placed by its nodeSelector");
+    running.status.and_then(|s| s.pod_ip).expect("pod IP")
+}
+
+/// Creates sandboxes `(name, node, spec)` through the gateway, each pinned to its node by
+/// `nodeSelector`, and waits until all are Ready; returns each one's pod IP.
+async fn sandboxes_on(
+    caller: &Caller,
+    client: &kube::Client,
+    ns: &str,
+    specs: &[(&str, &str, Value)],
+) -> BTreeMap<String, String> {
+    for (name, node, spec) in specs {
+        let mut body = spec.clone();
+        body["name"] = json!(name);
+        body["nodeSelector"] = json!({HOSTNAME: node});
+        caller.create_sandbox(ns, body).await;
+    }
+    let api: Api<Sandbox> = Api::namespaced(client.clone(), ns);
+    let mut ips = BTreeMap::new();
+    for (name, node, _) in specs {
+        caller.wait_ready(ns, name).await;
+        let sandbox = api.get(name).await.expect("sandbox");
+        let status = sandbox.status.unwrap_or_default();
+        assert_eq!(
+            status.node_name.as_deref(),
+            Some(*node),
+            "{name} runs on the node its nodeSelector names"
+        );
+        ips.insert(
+            name.to_string(),
+            status.pod_ip.expect("a Ready sandbox has a pod IP"),
+        );
+    }
+    ips
+}
+
+/// Name -> (node, uid) of the pods on `node` (all namespaces).
+async fn pods_on(client: &kube::Client, node: &str) -> BTreeMap<String, (String, String)> {
+    Api::<Pod>::all(client.clone())
+        .list(&ListParams::default().fields(&format!("spec.nodeName={node}")))
+        .await
+        .expect("list pods")
+        .items
+        .into_iter()
+        .map(|p| {
+            (
+                format!("{}/{}", p.namespace().unwrap_or_default(), p.name_any()),
+                (node_of(&p), p.uid().unwrap_or_default()),
+            )
+        })
+        .collect()
+}
+
+/// The nodes of pool `pool`'s member pods that are Ready, once there are `count` of them, all on
+/// nodes in `allowed`.
+async fn members_ready(
+    pods: &Api<Pod>,
+    pool: &str,
+    count: usize,
+    allowed: &[&str],
+    timeout: Duration,
+) -> Vec<String> {
+    let selector = format!("{POOL_LABEL}={pool}");
+    wait::poll(
+        &format!("{count} Ready members of pool {pool} on {allowed:?}"),
+        timeout,
+        || async {
+            let members = pods
+                .list(&ListParams::default().labels(&selector))
+                .await
+                .ok()?
+                .items;
+            let live: Vec<&Pod> = members
+                .iter()
+                .filter(|p| p.metadata.deletion_timestamp.is_none())
+                .collect();
+            let nodes: Vec<String> = live.iter().map(|p| node_of(p)).collect();
+            (live.len() == count
+                && live.iter().all(|p| pod_ready(p))
+                && nodes.iter().all(|n| allowed.contains(&n.as_str())))
+            .then_some(nodes)
+        },
+    )
+    .await
+}
+
+#[tokio::test]
+async fn two_nodes_place_enforce_drain_and_lose_a_node() {
+    let forwarding_before = host_forwarding();
+    let started = Instant::now();
+    let env = env();
+    phase(started, "two real nodes Ready");
+    let client = env.client().await;
+    let nodes: Api<Node> = Api::all(client.clone());
+
+    // Two Nodes, each with its own pod range; the host forwards nothing for them.
+    let names: Vec<&str> = env.node.reals().iter().map(|n| n.name()).collect();
+    assert_eq!(names, [FIRST, SECOND]);
+    let mut ranges = BTreeSet::new();
+    for name in [FIRST, SECOND] {
+        let node = nodes.get(name).await.expect("Node");
+        assert!(node_ready(Some(&node)), "{name} Ready");
+        let range = node.spec.and_then(|s| s.pod_cidr).expect("a pod range");
+        assert!(
+            ranges.insert(range.clone()),
+            "{name} has a range of its own"
+        );
+    }
+    assert_eq!(
+        host_forwarding(),
+        forwarding_before,
+        "the host's forwarding settings are untouched"
+    );
+    let host_links = std::fs::read_dir("/sys/class/net")
+        .expect("links")
+        .flatten()
+        .map(|e| e.file_name().to_string_lossy().to_string())
+        .filter(|n| n.starts_with("orp"))
+        .collect::<Vec<_>>();
+    assert!(
+        host_links.is_empty(),
+        "the nodes' own link is not on the host: {host_links:?}"
+    );
+
+    // The chart: one operator replica per node (a topology spread), a PodDisruptionBudget keeping one.
+    let release = env
+        .on_env_runtime(async {
+            let options = ReleaseOptions {
+                values: vec![
+                    ("podDisruptionBudget.enabled".into(), "true".into()),
+                    (
+                        "topologySpreadConstraints[0].maxSkew".into(),
+                        "1".into(),
+                    ),
+                    (
+                        "topologySpreadConstraints[0].topologyKey".into(),
+                        HOSTNAME.into(),
+                    ),
+                    (
+                        "topologySpreadConstraints[0].whenUnsatisfiable".into(),
+                        "ScheduleAnyway".into(),
+                    ),
+                    (
+                        "topologySpreadConstraints[0].labelSelector.matchLabels.app\\.kubernetes\\.io/name"
+                            .into(),
+                        "orchard-operator".into(),
+                    ),
+                ],
+                ..ReleaseOptions::default()
+            };
+            ChartRelease::install(env, &options)
+                .await
+                .unwrap_or_else(|e| panic!("helm install: {e}"))
+        })
+        .await;
+    let operators = release.pods(&client).await.expect("operator pods");
+    let operator_nodes: BTreeSet<String> = operators.iter().map(node_of).collect();
+    phase(
+        started,
+        &format!("chart installed, operator pods on {operator_nodes:?}"),
+    );
+    assert_eq!(
+        operator_nodes,
+        BTreeSet::from([FIRST.to_string(), SECOND.to_string()]),
+        "one replica per node (the topology spread)"
+    );
+    let caller = admin_at(env, release.gateway_url(&client).await.expect("url"));
+    let ns = env.namespace("multi").await;
+    let debian = env.node.real().image("debian-python");
+
+    // Scheduling across nodes: a sandbox pinned to each, both Ready, each agent answering exec
+    // through the gateway (whichever replica serves it reaches both nodes' agents).
+    let ips = sandboxes_on(
+        &caller,
+        &client,
+        &ns,
+        &[
+            ("on-first", FIRST, json!({"image": debian})),
+            ("on-second", SECOND, json!({"image": debian})),
+        ],
+    )
+    .await;
+    for (name, node) in [("on-first", FIRST), ("on-second", SECOND)] {
+        let hostname = run_in(&caller, &ns, name, vec!["hostname".into()]).await;
+        assert_eq!(hostname, name, "{name}'s own container on {node}");
+        for _ in 0..4 {
+            assert_eq!(run_in(&caller, &ns, name, vec!["true".into()]).await, "");
+        }
+    }
+    phase(
+        started,
+        "a sandbox Ready on each node, exec through the gateway",
+    );
+
+    // NetworkPolicies across nodes. A server pod on each node (ports 8080 and 8081); sandboxes on
+    // the other node whose AllowList names one port of it, and the other node's sandbox's agent.
+    let server_first = plain_pod(env, &ns, "server-first", FIRST, TWO_PORTS).await;
+    let server_second = plain_pod(env, &ns, "server-second", SECOND, TWO_PORTS).await;
+    let allow = |server: &str, agent: &str| {
+        json!({"image": debian, "network": {"egress": "AllowList", "allow": [
+            {"cidr": format!("{server}/32"), "ports": [{"port": 8080}]},
+            {"cidr": format!("{agent}/32"), "ports": [{"port": 9090}]},
+        ]}})
+    };
+    sandboxes_on(
+        &caller,
+        &client,
+        &ns,
+        &[
+            (
+                "listed-first",
+                FIRST,
+                allow(&server_second, &ips["on-second"]),
+            ),
+            (
+                "listed-second",
+                SECOND,
+                allow(&server_first, &ips["on-first"]),
+            ),
+            ("closed-first", FIRST, json!({"image": debian})),
+        ],
+    )
+    .await;
+    for (from, server, agent) in [
+        ("listed-first", &server_second, &ips["on-second"]),
+        ("listed-second", &server_first, &ips["on-first"]),
+    ] {
+        assert_eq!(
+            run_in(&caller, &ns, from, tcp_probe(server, 8080)).await,
+            "open",
+            "{from} reaches the listed port of the server on the other node"
+        );
+        let other_port = run_in(&caller, &ns, from, tcp_probe(server, 8081)).await;
+        assert!(
+            other_port.starts_with("closed"),
+            "{from}: the egress policy on the source node drops an unlisted port: {other_port}"
+        );
+        // Egress allows the other sandbox's agent port (the rule above); the agent's ingress
+        // baseline, enforced on the destination node, admits only operator pods.
+        let agent_port = run_in(&caller, &ns, from, tcp_probe(agent, 9090)).await;
+        assert!(
+            agent_port.starts_with("closed"),
+            "{from}: the destination node's ingress policy drops a sandbox at an agent: {agent_port}"
+        );
+    }
+    let denied = run_in(
+        &caller,
+        &ns,
+        "closed-first",
+        tcp_probe(&server_second, 8080),
+    )
+    .await;
+    assert!(
+        denied.starts_with("closed"),
+        "a Deny sandbox reaches the other node's server: {denied}"
+    );
+    phase(started, "NetworkPolicies enforced across nodes");
+
+    // A SandboxPool over both nodes: 4 members of 300m CPU each, spread by the scheduler's default
+    // scoring (least allocated: each member goes to the node with more CPU left).
+    let busybox = env.node.real().image("busybox");
+    let pools: Api<SandboxPool> = Api::namespaced(client.clone(), &ns);
+    let pool: SandboxPool = serde_json::from_value(json!({
+        "apiVersion": "orchard.dev/v1alpha1", "kind": "SandboxPool",
+        "metadata": {"name": "spread"},
+        "spec": {"replicas": 4, "template": {
+            "image": busybox, "resources": {"cpu": "300m", "memory": "64Mi"}}},
+    }))
+    .expect("pool JSON");
+    pools
+        .create(&PostParams::default(), &pool)
+        .await
+        .expect("create pool");
+    let pods: Api<Pod> = Api::namespaced(client.clone(), &ns);
+    let member_nodes = members_ready(
+        &pods,
+        "spread",
+        4,
+        &[FIRST, SECOND],
+        Duration::from_secs(120),
+    )
+    .await;
+    phase(started, &format!("pool members on {member_nodes:?}"));
+    assert!(
+        member_nodes.iter().any(|n| n == FIRST) && member_nodes.iter().any(|n| n == SECOND),
+        "pool members on both nodes: {member_nodes:?}"
+    );
+
+    // A drain of the second node (cordon, evictions through the Eviction API, honouring the
+    // operator's PodDisruptionBudget): the first node's pods stay as they are; the pool refills
+    // there; the sandbox pinned to the drained node is failed, not moved (a sandbox is one pod).
+    let first_before = pods_on(&client, FIRST).await;
+    let evicted = drain(&client, SECOND, Duration::from_secs(120))
+        .await
+        .unwrap_or_else(|e| panic!("drain: {e}"));
+    phase(started, &format!("{SECOND} drained: evicted {evicted:?}"));
+    let first_after = pods_on(&client, FIRST).await;
+    for (pod, before) in &first_before {
+        assert_eq!(
+            first_after.get(pod),
+            Some(before),
+            "{pod} on {FIRST} untouched by the drain of {SECOND}"
+        );
+    }
+    assert!(
+        pods_on(&client, SECOND).await.is_empty(),
+        "nothing left on the drained node"
+    );
+    let refilled = members_ready(&pods, "spread", 4, &[FIRST], Duration::from_secs(120)).await;
+    phase(started, &format!("pool refilled on {refilled:?}"));
+    let sandboxes: Api<Sandbox> = Api::namespaced(client.clone(), &ns);
+    let drained = wait::until(
+        &sandboxes,
+        "on-second",
+        "the drained node's sandbox Failed",
+        Duration::from_secs(60),
+        |s: Option<&Sandbox>| {
+            s.and_then(|s| s.status.as_ref())
+                .is_some_and(|st| st.phase == Some(orchard_operator::api::SandboxPhase::Failed))
+        },
+    )
+    .await;
+    eprintln!(
+        "on-second after the drain: {}",
+        sandbox_state(Some(&drained))
+    );
+    let operators = wait::poll(
+        "two operator replicas Ready again",
+        Duration::from_secs(90),
+        || async {
+            let pods = release.pods(&client).await.ok()?;
+            (pods.len() == 2 && pods.iter().all(pod_ready)).then_some(pods)
+        },
+    )
+    .await;
+    assert!(
+        operators.iter().all(|p| node_of(p) == FIRST),
+        "the evicted operator replica moved to {FIRST}"
+    );
+    assert_eq!(
+        run_in(&caller, &ns, "on-first", vec!["true".into()]).await,
+        ""
+    );
+
+    // A spot reclaim of the second node: back in service, a sandbox on it, then its every process
+    // killed (kubelet, containerd, the containers). The Node goes NotReady within the node-monitor
+    // grace period (5 s here); the operator reports the sandbox not Ready but cannot fail it while
+    // its pod still exists. The cloud deletes the Node of a reclaimed machine: then the pod
+    // garbage collector deletes its pods and the sandbox fails.
+    cordon(&client, SECOND, false).await.expect("uncordon");
+    sandboxes_on(
+        &caller,
+        &client,
+        &ns,
+        &[("doomed", SECOND, json!({"image": busybox}))],
+    )
+    .await;
+    let reclaimed = Instant::now();
+    env.on_env_runtime(async {
+        crate::env()
+            .node
+            .real_named(SECOND)
+            .reclaim()
+            .await
+            .unwrap_or_else(|e| panic!("reclaim: {e}"))
+    })
+    .await;
+    phase(started, &format!("{SECOND} reclaimed"));
+    wait::until(
+        &nodes,
+        SECOND,
+        "the reclaimed Node NotReady",
+        Duration::from_secs(60),
+        |n: Option<&Node>| !node_ready(n),
+    )
+    .await;
+    let not_ready_after = reclaimed.elapsed();
+    let unready = wait::until(
+        &sandboxes,
+        "doomed",
+        "the reclaimed node's sandbox not Ready",
+        Duration::from_secs(60),
+        |s: Option<&Sandbox>| {
+            !s.and_then(|s| s.status.as_ref()).is_some_and(|st| {
+                st.conditions
+                    .iter()
+                    .any(|c| c.type_ == "Ready" && c.status == "True")
+            })
+        },
+    )
+    .await;
+    let sandbox_unready_after = reclaimed.elapsed();
+    eprintln!(
+        "Node NotReady {:.1} s after the reclaim; doomed not Ready after {:.1} s: {}",
+        not_ready_after.as_secs_f64(),
+        sandbox_unready_after.as_secs_f64(),
+        sandbox_state(Some(&unready))
+    );
+    let exec = caller
+        .exec(
+            &ns,
+            "doomed",
+            json!({"argv": ["true"], "timeoutSeconds": 5}),
+        )
+        .await;
+    eprintln!(
+        "exec in doomed after the reclaim: {} {}",
+        exec.status, exec.body
+    );
+    assert_ne!(exec.status, 200, "nothing runs on a reclaimed node");
+    assert_eq!(
+        run_in(&caller, &ns, "on-first", vec!["true".into()]).await,
+        "",
+        "the surviving node's sandbox still answers"
+    );
+    nodes
+        .delete(SECOND, &DeleteParams::default())
+        .await
+        .expect("delete the reclaimed Node");
+    let failed = wait::until(
+        &sandboxes,
+        "doomed",
+        "the reclaimed node's sandbox Failed once its Node is deleted",
+        Duration::from_secs(120),
+        |s: Option<&Sandbox>| {
+            s.and_then(|s| s.status.as_ref())
+                .is_some_and(|st| st.phase == Some(orchard_operator::api::SandboxPhase::Failed))
+        },
+    )
+    .await;
+    phase(
+        started,
+        &format!(
+            "doomed after its Node's deletion ({:.1} s after the reclaim): {}",
+            reclaimed.elapsed().as_secs_f64(),
+            sandbox_state(Some(&failed))
+        ),
+    );
+    let _ = pools
+        .patch(
+            "spread",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"spec": {"replicas": 0}})),
+        )
+        .await;
+    env.delete_namespace(&ns).await;
+    phase(started, "done");
+}
