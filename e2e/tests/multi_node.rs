@@ -5,15 +5,20 @@
 //! other (it drains and then loses a node): sandboxes placed on each node, NetworkPolicies enforced
 //! across nodes (egress on the source node, ingress on the destination node), a SandboxPool spread
 //! over both, a drain, and a spot reclaim (the node's every process killed).
+//!
+//! An `AllowList` cannot name a pod address (the operator leaves the cluster's pod ranges out of
+//! it), so a sandbox reaches a pod on another node by `AllowAll` (a namespace selector), and a
+//! NetworkPolicy of the server's own names which sandbox it admits.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
 use k8s_openapi::api::core::v1::{Node, Pod};
+use k8s_openapi::api::networking::v1::NetworkPolicy;
 use kube::ResourceExt;
 use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
-use orchard_operator::api::{POOL_LABEL, Sandbox, SandboxPool};
+use orchard_operator::api::{POOL_LABEL, SANDBOX_LABEL, Sandbox, SandboxPool};
 use orchard_testcluster::chart_install::{ChartRelease, ReleaseOptions};
 use orchard_testcluster::env::{EnvOptions, NodeKind, TestEnv};
 use orchard_testcluster::real_node::drain::{cordon, drain};
@@ -354,68 +359,103 @@ async fn two_nodes_place_enforce_drain_and_lose_a_node() {
         "a sandbox Ready on each node, exec through the gateway",
     );
 
-    // NetworkPolicies across nodes. A server pod on each node (ports 8080 and 8081); sandboxes on
-    // the other node whose AllowList names one port of it, and the other node's sandbox's agent.
+    // NetworkPolicies across nodes, on real packets. A server pod on each node (ports 8080 and
+    // 8081); the one on the second node admits, by an ingress policy, only the sandbox `open-first`
+    // and only on 8080. Sandboxes on each node with each egress mode. Ingress is enforced by the
+    // destination node's kube-router, which must know the source pod on the other node; egress by the
+    // source node's.
     let server_first = plain_pod(env, &ns, "server-first", FIRST, TWO_PORTS).await;
     let server_second = plain_pod(env, &ns, "server-second", SECOND, TWO_PORTS).await;
-    let allow = |server: &str, agent: &str| {
-        json!({"image": debian, "network": {"egress": "AllowList", "allow": [
-            {"cidr": format!("{server}/32"), "ports": [{"port": 8080}]},
-            {"cidr": format!("{agent}/32"), "ports": [{"port": 9090}]},
-        ]}})
-    };
+    let policy: NetworkPolicy = serde_json::from_value(json!({
+        "metadata": {"name": "server-second-ingress"},
+        "spec": {
+            "podSelector": {"matchLabels": {"app": "server-second"}},
+            "policyTypes": ["Ingress"],
+            "ingress": [{
+                "from": [{"podSelector": {"matchLabels": {SANDBOX_LABEL: "open-first"}}}],
+                "ports": [{"protocol": "TCP", "port": 8080}],
+            }],
+        },
+    }))
+    .expect("policy JSON");
+    Api::<NetworkPolicy>::namespaced(client.clone(), &ns)
+        .create(&PostParams::default(), &policy)
+        .await
+        .expect("create the server's ingress policy");
+    let allow_all = json!({"image": debian, "network": {"egress": "AllowAll"}});
     sandboxes_on(
         &caller,
         &client,
         &ns,
         &[
-            (
-                "listed-first",
-                FIRST,
-                allow(&server_second, &ips["on-second"]),
-            ),
+            ("open-first", FIRST, allow_all.clone()),
+            ("other-first", FIRST, allow_all.clone()),
+            ("open-second", SECOND, allow_all.clone()),
+            ("closed-second", SECOND, json!({"image": debian})),
             (
                 "listed-second",
                 SECOND,
-                allow(&server_first, &ips["on-first"]),
+                json!({"image": debian, "network": {"egress": "AllowList", "allow": [
+                    {"cidr": format!("{server_first}/32"), "ports": [{"port": 8080}]},
+                ]}}),
             ),
-            ("closed-first", FIRST, json!({"image": debian})),
         ],
     )
     .await;
-    for (from, server, agent) in [
-        ("listed-first", &server_second, &ips["on-second"]),
-        ("listed-second", &server_first, &ips["on-first"]),
+    let probe = |from: &'static str, ip: &str, port: u16| {
+        let caller = &caller;
+        let ns = &ns;
+        let ip = ip.to_string();
+        async move { run_in(caller, ns, from, tcp_probe(&ip, port)).await }
+    };
+    // Ingress on the destination node.
+    assert_eq!(
+        probe("open-first", &server_second, 8080).await,
+        "open",
+        "the sandbox the server's policy admits reaches it across nodes"
+    );
+    for (from, port, why) in [
+        (
+            "open-first",
+            8081,
+            "a port the server's ingress policy does not admit",
+        ),
+        (
+            "other-first",
+            8080,
+            "a sandbox the server's ingress policy does not name",
+        ),
     ] {
-        assert_eq!(
-            run_in(&caller, &ns, from, tcp_probe(server, 8080)).await,
-            "open",
-            "{from} reaches the listed port of the server on the other node"
-        );
-        let other_port = run_in(&caller, &ns, from, tcp_probe(server, 8081)).await;
+        let answer = probe(from, &server_second, port).await;
         assert!(
-            other_port.starts_with("closed"),
-            "{from}: the egress policy on the source node drops an unlisted port: {other_port}"
-        );
-        // Egress allows the other sandbox's agent port (the rule above); the agent's ingress
-        // baseline, enforced on the destination node, admits only operator pods.
-        let agent_port = run_in(&caller, &ns, from, tcp_probe(agent, 9090)).await;
-        assert!(
-            agent_port.starts_with("closed"),
-            "{from}: the destination node's ingress policy drops a sandbox at an agent: {agent_port}"
+            answer.starts_with("closed"),
+            "{from} -> server-second:{port} ({why}) got through: {answer}"
         );
     }
-    let denied = run_in(
-        &caller,
-        &ns,
-        "closed-first",
-        tcp_probe(&server_second, 8080),
-    )
-    .await;
+    let agent = probe("open-first", &ips["on-second"], 9090).await;
     assert!(
-        denied.starts_with("closed"),
-        "a Deny sandbox reaches the other node's server: {denied}"
+        agent.starts_with("closed"),
+        "AllowAll egress, but the agent's ingress baseline on the other node admits only operator pods: {agent}"
     );
+    // Egress on the source node.
+    assert_eq!(
+        probe("open-second", &server_first, 8080).await,
+        "open",
+        "AllowAll reaches a pod on the other node"
+    );
+    for (from, why) in [
+        ("closed-second", "Deny"),
+        (
+            "listed-second",
+            "an AllowList naming a pod address (the operator leaves the cluster's pod ranges out)",
+        ),
+    ] {
+        let answer = probe(from, &server_first, 8080).await;
+        assert!(
+            answer.starts_with("closed"),
+            "{from} ({why}) reaches the other node's server: {answer}"
+        );
+    }
     phase(started, "NetworkPolicies enforced across nodes");
 
     // A SandboxPool over both nodes: 4 members of 300m CPU each, spread by the scheduler's default
