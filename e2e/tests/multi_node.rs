@@ -609,7 +609,21 @@ async fn two_nodes_place_enforce_drain_and_lose_a_node() {
         "exec in doomed after the reclaim: {} {}",
         exec.status, exec.body
     );
-    assert_ne!(exec.status, 200, "nothing runs on a reclaimed node");
+    let reason = unready
+        .status
+        .as_ref()
+        .and_then(|st| st.conditions.iter().find(|c| c.type_ == "Ready"))
+        .map(|c| c.reason.clone())
+        .unwrap_or_default();
+    assert_eq!(
+        reason, "AgentNotResponding",
+        "the node-lifecycle controller marked the pod not ready"
+    );
+    assert_eq!(
+        (exec.status, exec.code()),
+        (409, "NotReady"),
+        "the gateway refuses calls to a sandbox of a lost node: {exec:?}"
+    );
     assert_eq!(
         run_in(&caller, &ns, "on-first", vec!["true".into()]).await,
         "",
