@@ -1,14 +1,17 @@
 //! A run on the real node leaves nothing behind on this machine, even when it is interrupted: the
 //! harness is SIGKILLed while a sandbox runs (no cleanup code runs at all), and afterwards there is no
 //! process, mount, network device, route, iptables rule or container of it left; its cgroups, the only
-//! thing the kernel keeps, are removed by the next run's sweep.
+//! thing the kernel keeps, are removed by the next run's sweep. The same for a run of two real nodes
+//! with a sandbox on each (their own link, both cgroups).
 
 use std::path::PathBuf;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use orchard_testcluster::binaries::target_dir;
+use orchard_testcluster::real_node::layout::cgroup_root;
 use orchard_testcluster::real_node::namespaces::{remove_cgroups, stale_cgroup_roots};
+use orchard_testcluster::real_node::node_name;
 use serde_json::Value;
 
 /// What `program args` prints; fails the test if it does not run or exits non-zero (an empty
@@ -82,8 +85,24 @@ fn wait_for(what: &str, timeout: Duration, mut check: impl FnMut() -> Option<Str
     panic!("after {timeout:?}, {what}: {last}");
 }
 
+/// The runs compare the host's networking before and after: one at a time.
+static ONE_RUN: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
 #[test]
 fn an_interrupted_real_node_run_leaves_nothing_behind() {
+    let _alone = ONE_RUN.lock().unwrap_or_else(|p| p.into_inner());
+    interrupted_run_leaves_nothing(1);
+}
+
+#[test]
+fn an_interrupted_run_of_two_real_nodes_leaves_nothing_behind() {
+    let _alone = ONE_RUN.lock().unwrap_or_else(|p| p.into_inner());
+    interrupted_run_leaves_nothing(2);
+}
+
+/// Starts `orchard-local-cluster` with `nodes` real nodes and a sandbox on each, SIGKILLs it, and
+/// checks what is left.
+fn interrupted_run_leaves_nothing(nodes: u8) {
     // A real node of the previous test binary may still be going away (its links vanish with its
     // namespaces a moment after its process exited).
     wait_for(
@@ -99,7 +118,7 @@ fn an_interrupted_real_node_run_leaves_nothing_behind() {
     let _ = std::fs::remove_file(&info);
     let binary: PathBuf = target_dir().join("debug/orchard-local-cluster");
     let mut cluster = Command::new(&binary)
-        .args(["--real-node", "--info-file"])
+        .args(["--real-nodes", &nodes.to_string(), "--info-file"])
         .arg(&info)
         .stdout(Stdio::null())
         .stderr(Stdio::null())
@@ -135,36 +154,40 @@ fn an_interrupted_real_node_run_leaves_nothing_behind() {
         .expect("run directory")
         .to_path_buf();
 
-    // A running sandbox: a real container, a pod network namespace, overlay mounts.
-    let manifest = format!(
-        "apiVersion: orchard.dev/v1alpha1\nkind: Sandbox\nmetadata: {{name: victim, namespace: default}}\nspec: {{image: \"{image}\"}}\n"
-    );
-    let mut apply = Command::new("kubectl")
-        .args(["apply", "-f", "-"])
-        .env("KUBECONFIG", &kubeconfig)
-        .stdin(Stdio::piped())
-        .spawn()
-        .expect("kubectl");
-    if let Some(stdin) = apply.stdin.as_mut() {
-        use std::io::Write;
-        stdin.write_all(manifest.as_bytes()).expect("manifest");
+    // A running sandbox on each node: a real container, a pod network namespace, overlay mounts.
+    for ordinal in 0..nodes {
+        let node = node_name(ordinal);
+        let victim = format!("victim-{}", ordinal + 1);
+        let manifest = format!(
+            "apiVersion: orchard.dev/v1alpha1\nkind: Sandbox\nmetadata: {{name: {victim}, namespace: default}}\nspec: {{image: \"{image}\", nodeSelector: {{kubernetes.io/hostname: {node}}}}}\n"
+        );
+        let mut apply = Command::new("kubectl")
+            .args(["apply", "-f", "-"])
+            .env("KUBECONFIG", &kubeconfig)
+            .stdin(Stdio::piped())
+            .spawn()
+            .expect("kubectl");
+        if let Some(stdin) = apply.stdin.as_mut() {
+            use std::io::Write;
+            stdin.write_all(manifest.as_bytes()).expect("manifest");
+        }
+        assert!(apply.wait().expect("kubectl").success());
+        let waited = Command::new("kubectl")
+            .args([
+                "wait",
+                "--for=condition=Ready",
+                &format!("sandbox/{victim}"),
+                "--timeout=120s",
+            ])
+            .env("KUBECONFIG", &kubeconfig)
+            .output()
+            .expect("kubectl wait");
+        assert!(
+            waited.status.success(),
+            "{victim} on {node}: {}",
+            String::from_utf8_lossy(&waited.stderr)
+        );
     }
-    assert!(apply.wait().expect("kubectl").success());
-    let waited = Command::new("kubectl")
-        .args([
-            "wait",
-            "--for=condition=Ready",
-            "sandbox/victim",
-            "--timeout=120s",
-        ])
-        .env("KUBECONFIG", &kubeconfig)
-        .output()
-        .expect("kubectl wait");
-    assert!(
-        waited.status.success(),
-        "{}",
-        String::from_utf8_lossy(&waited.stderr)
-    );
     let mounts_during = std::fs::read_to_string("/proc/self/mountinfo").unwrap_or_default();
     assert!(
         !mounts_during.contains(run_dir.to_string_lossy().as_ref()),
@@ -197,13 +220,15 @@ fn an_interrupted_real_node_run_leaves_nothing_behind() {
         !mounts.contains(run_dir.to_string_lossy().as_ref()),
         "no mount of the run is left on the host"
     );
-    // The kernel keeps empty cgroups; the next run's sweep removes those of dead runs.
-    let root = format!("/orchard-node-{pid}");
-    assert!(
-        stale_cgroup_roots().contains(&root),
-        "the dead run's cgroup is found"
-    );
-    remove_cgroups(&root, Duration::from_secs(10));
-    assert!(!stale_cgroup_roots().contains(&root), "and removed");
+    // The kernel keeps empty cgroups, one per node; the next run's sweep removes those of dead runs.
+    for ordinal in 0..nodes {
+        let root = cgroup_root(pid, ordinal);
+        assert!(
+            stale_cgroup_roots().contains(&root),
+            "the dead run's cgroup {root} is found"
+        );
+        remove_cgroups(&root, Duration::from_secs(10));
+        assert!(!stale_cgroup_roots().contains(&root), "and {root} removed");
+    }
     let _ = std::fs::remove_file(&info);
 }
