@@ -30,12 +30,14 @@ const FIRST: &str = "orchard-node";
 const SECOND: &str = "orchard-node-2";
 const HOSTNAME: &str = "kubernetes.io/hostname";
 
-/// The host's IPv4 forwarding settings (they must not change: the nodes route between themselves).
-fn host_forwarding() -> (String, String) {
+/// The host's IPv4 forwarding settings (they must not change: the nodes route between themselves)
+/// and its TCP orphan retries (a reclaimed node sets its own).
+fn host_forwarding() -> (String, String, String) {
     let read = |path: &str| std::fs::read_to_string(path).unwrap_or_default();
     (
         read("/proc/sys/net/ipv4/ip_forward"),
         read("/proc/sys/net/ipv4/conf/all/forwarding"),
+        read("/proc/sys/net/ipv4/tcp_orphan_retries"),
     )
 }
 
@@ -659,6 +661,11 @@ async fn two_nodes_place_enforce_drain_and_lose_a_node() {
             &Patch::Merge(json!({"spec": {"replicas": 0}})),
         )
         .await;
+    assert_eq!(
+        host_forwarding(),
+        forwarding_before,
+        "the host's settings are untouched after the reclaim"
+    );
     env.delete_namespace(&ns).await;
     phase(started, "done");
 }

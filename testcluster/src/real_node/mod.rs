@@ -511,6 +511,13 @@ impl RealNode {
     /// its pods are dropped there rather than routed anywhere else; [`RealNode::stop`] removes them.
     /// The Node object is left to the control plane: it goes NotReady once its Lease expires.
     pub async fn reclaim(&self) -> Result<()> {
+        // The sockets the kills orphan would otherwise retransmit into the dropped network for minutes,
+        // and an orphaned socket keeps the node's network namespace (and its links) alive after the
+        // harness exits. One retry (per network namespace: the host's setting is untouched).
+        self.exec(
+            "/bin/sh",
+            &["-c", "echo 1 > /proc/sys/net/ipv4/tcp_orphan_retries"],
+        )?;
         let components: Vec<Child> = {
             let mut all = self.components.lock().unwrap_or_else(|p| p.into_inner());
             let (keep, gone): (Vec<Child>, Vec<Child>) =
