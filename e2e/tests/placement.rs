@@ -12,9 +12,9 @@
 //! taint `nvidia.com/gpu=present:NoSchedule`), the operator knows types `h100` and `a100`. A sandbox
 //! asking for one GPU of type `H100` or `a100` is Ready with the GPU request and limit, the toleration
 //! and one node-affinity term per type; one asking for `a100` only, or for 3 GPUs, or for a GPU the
-//! node no longer has free, stays Pending, `Unschedulable`, with a message naming the GPUs; `v100`
-//! fails `PlacementRefused` naming it, the known types and `--gpu-type`; with `--gpu-toleration=false`
-//! the taint keeps a GPU sandbox off the node.
+//! node no longer has free, stays Pending, `Unschedulable`, with a message naming the GPUs, until a
+//! GPU is given back; `v100` fails `PlacementRefused` naming it, the known types and `--gpu-type`;
+//! with `--gpu-toleration=false` the taint keeps a GPU sandbox off the node.
 
 use std::time::Duration;
 
@@ -477,14 +477,22 @@ async fn gpu_sandboxes_get_their_gpus_on_a_node_of_a_listed_type() {
         &["\"v100\"", "known: a100, h100", "--gpu-type", "gpu.types"],
     )
     .await;
-    operator.kill();
 
-    // Without the toleration the GPU pool's taint keeps GPU sandboxes off (one GPU is freed first).
+    // A GPU given back goes to the sandbox waiting for one.
     sandboxes
         .delete("gpu-second", &Default::default())
         .await
         .expect("delete a GPU sandbox");
-    wait::deleted(&pods, "gpu-second", TIMEOUT).await;
+    wait::until(&sandboxes, "gpu-third", "Ready", TIMEOUT, is_ready).await;
+    operator.kill();
+
+    // Without the toleration the GPU pool's taint keeps GPU sandboxes off (a GPU is freed first, so
+    // the taint is the only reason).
+    sandboxes
+        .delete("gpu-third", &Default::default())
+        .await
+        .expect("delete a GPU sandbox");
+    wait::deleted(&pods, "gpu-third", TIMEOUT).await;
     let untolerating = operator_with(&env, "gpu-no-toleration", &["--gpu-toleration=false"]).await;
     sandboxes
         .create(
@@ -495,7 +503,8 @@ async fn gpu_sandboxes_get_their_gpus_on_a_node_of_a_listed_type() {
         .expect("create the sandbox");
     let message = unschedulable(&sandboxes, "gpu-untolerated").await;
     assert!(
-        message.contains("untolerated taint {nvidia.com/gpu: present}"),
+        message.contains("untolerated taint {nvidia.com/gpu: present}")
+            && !message.contains("Insufficient"),
         "{message}"
     );
     let pod = pods.get("gpu-untolerated").await.expect("its pod");

@@ -50,7 +50,13 @@ pub(crate) struct Inner {
     /// What the pod workers share with the node (its fields read through `Deref`).
     shared: Arc<NodeShared>,
     pods: Mutex<HashMap<String, PodHandle>>,
-    unschedulable_reported: Mutex<std::collections::HashSet<String>>,
+    /// The `Unschedulable` message last reported for each pod, by uid (reported again only when it
+    /// changes).
+    unschedulable_reported: Mutex<HashMap<String, String>>,
+    /// Unbound pods that did not fit when last looked at, by uid: tried again when the Node changes
+    /// (a taint removed, GPUs advertised) or a pod gives back extended resources, as kube-scheduler
+    /// requeues them.
+    unscheduled: Mutex<HashMap<String, Pod>>,
     bind_slots: Semaphore,
     /// The node's own Node object as last seen (labels, taints, allocatable extended resources
     /// another party may have patched in, as a device plugin would).
@@ -94,6 +100,7 @@ impl HollowNode {
             }),
             pods: Mutex::new(HashMap::new()),
             unschedulable_reported: Mutex::new(Default::default()),
+            unscheduled: Mutex::new(HashMap::new()),
             bind_slots: Semaphore::new(64),
             node_object,
             extended_in_use: Mutex::new(HashMap::new()),
@@ -114,23 +121,29 @@ impl HollowNode {
                 }
             });
         }
+        register(&inner, true).await?;
+        register_witness(&inner).await?;
+        tokio::spawn(heartbeat(inner.clone()));
+        let node = Self { inner };
         {
-            // Only this node's object: its labels, taints and allocatable decide what fits.
-            let api: Api<Node> = Api::all(inner.client.clone());
-            let config =
-                watcher::Config::default().fields(&format!("metadata.name={}", inner.config.name));
+            // Only this node's object: its labels, taints and allocatable decide what fits, and each
+            // change of it is a new chance for the pods that did not fit.
+            let api: Api<Node> = Api::all(node.inner.client.clone());
+            let config = watcher::Config::default()
+                .fields(&format!("metadata.name={}", node.inner.config.name));
+            let node = node.clone();
             tokio::spawn(async move {
                 let mut events = watcher(api, config)
                     .default_backoff()
                     .reflect(node_writer)
                     .boxed();
-                while events.next().await.is_some() {}
+                while let Some(event) = events.next().await {
+                    if event.is_ok() && !node.inner.paused.load(Ordering::SeqCst) {
+                        node.retry_unscheduled();
+                    }
+                }
             });
         }
-        register(&inner, true).await?;
-        register_witness(&inner).await?;
-        tokio::spawn(heartbeat(inner.clone()));
-        let node = Self { inner };
         let watcher_node = node.clone();
         tokio::spawn(async move { watcher_node.watch_pods().await });
         Ok(node)
@@ -175,6 +188,9 @@ impl HollowNode {
         }
         let node_name = pod.spec.as_ref().and_then(|s| s.node_name.clone());
         let deleting = pod.metadata.deletion_timestamp.is_some();
+        if node_name.is_some() {
+            self.forget_unscheduled(&uid);
+        }
         if node_name.as_deref() == Some(self.inner.config.name.as_str()) {
             self.account(&uid, &pod);
         }
@@ -230,6 +246,7 @@ impl HollowNode {
 
     fn on_deleted(&self, pod: &Pod) {
         let uid = pod.uid().unwrap_or_default();
+        self.forget_unscheduled(&uid);
         self.release(&uid);
         self.inner
             .terminated_pods
@@ -273,17 +290,52 @@ impl HollowNode {
         }
     }
 
+    /// Gives back what pod `uid` held; pods waiting for it are tried again.
     fn release(&self, uid: &str) {
-        self.inner
+        let held = self
+            .inner
             .extended_in_use
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .remove(uid);
+        if held.is_some() {
+            self.retry_unscheduled();
+        }
+    }
+
+    fn forget_unscheduled(&self, uid: &str) {
+        self.inner
+            .unscheduled
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .remove(uid);
+        self.inner
+            .unschedulable_reported
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .remove(uid);
     }
 
+    /// Looks again at every unbound pod that did not fit.
+    fn retry_unscheduled(&self) {
+        let waiting: Vec<Pod> = self
+            .inner
+            .unscheduled
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .values()
+            .cloned()
+            .collect();
+        for pod in waiting {
+            self.schedule(pod);
+        }
+    }
+
     /// Binds `pod` to this node if it fits (taking its extended resources at once, so that pods
-    /// decided one after another never share a device), or reports it `Unschedulable` once with
-    /// kube-scheduler's wording. An unschedulable pod is looked at again only when it changes.
+    /// decided one after another never share a device), or reports it `Unschedulable` with
+    /// kube-scheduler's wording (again only when the reason changes). A pod that does not fit is
+    /// tried again when it changes, when the Node changes and when a pod gives back extended
+    /// resources.
     fn schedule(&self, pod: Pod) {
         let uid = pod.uid().unwrap_or_default();
         let why = {
@@ -302,9 +354,18 @@ impl HollowNode {
                 Ok(wanted) => unfit(&pod, &wanted, &self.offer(), &in_use).ok_or(wanted),
                 Err(why) => Ok(format!("0/1 nodes are available: {why}.")),
             };
+            let mut unscheduled = self
+                .inner
+                .unscheduled
+                .lock()
+                .unwrap_or_else(|p| p.into_inner());
             match verdict {
-                Ok(why) => Some(why),
+                Ok(why) => {
+                    unscheduled.insert(uid.clone(), pod.clone());
+                    Some(why)
+                }
                 Err(wanted) => {
+                    unscheduled.remove(&uid);
                     if !wanted.is_empty() {
                         in_use_by_pod.insert(uid.clone(), wanted);
                     }
@@ -322,12 +383,13 @@ impl HollowNode {
             let name = pod.name_any();
             let api: Api<Pod> = Api::namespaced(inner.client.clone(), &namespace);
             if let Some(why) = why {
-                if !inner
+                let said_already = inner
                     .unschedulable_reported
                     .lock()
                     .unwrap_or_else(|p| p.into_inner())
-                    .insert(uid)
-                {
+                    .insert(uid, why.clone())
+                    .is_some_and(|said| said == why);
+                if said_already {
                     return;
                 }
                 let patch = json!({"status": {"conditions": [{
