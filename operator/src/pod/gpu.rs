@@ -3,10 +3,11 @@
 //! request and limit, a toleration of GPU nodes' taint, a required node affinity with one term per
 //! GPU type (terms are ORed: any listed type will do), and the refusal of a type the map does not know.
 //!
-//! GPU node pools are usually tainted `<resource>:NoSchedule` (GKE and AKS taint them
-//! `nvidia.com/gpu=present:NoSchedule`, EKS's GPU AMIs with the NVIDIA device plugin too), so a GPU
-//! sandbox tolerates that taint by default; the toleration is the operator's own, not the user's, so the
-//! toleration allow-list (`--allowed-toleration-keys`) does not apply to it.
+//! GPU node pools are usually tainted `<resource>:NoSchedule` (GKE taints its GPU node pools
+//! `nvidia.com/gpu=present:NoSchedule` itself; on EKS and AKS it is the usual taint of GPU node groups,
+//! set by whoever creates them), so a GPU sandbox tolerates that taint by default; the toleration is the
+//! operator's own, not the user's, so the toleration allow-list (`--allowed-toleration-keys`) does not
+//! apply to it. A pool tainted with another key needs that toleration in the spec.
 
 use std::collections::BTreeMap;
 
@@ -26,7 +27,7 @@ pub struct GpuFlags {
     #[arg(long = "gpu-type", env = "ORCHARD_GPU_TYPES", value_delimiter = ',')]
     pub gpu_types: Vec<String>,
 
-    /// Give every GPU sandbox's Pod a toleration of the GPU resource's taint (`key: <gpu-resource>, operator: Exists, effect: NoSchedule`), which GPU node pools usually carry (GKE, AKS, EKS). `--gpu-toleration=false` leaves it out.
+    /// Give every GPU sandbox's Pod a toleration of the GPU resource's taint (`key: <gpu-resource>, operator: Exists, effect: NoSchedule`), which GPU node pools usually carry (GKE adds it itself; EKS and AKS GPU node groups are commonly tainted so). `--gpu-toleration=false` leaves it out.
     #[arg(
         long,
         env = "ORCHARD_GPU_TOLERATION",
