@@ -542,3 +542,93 @@ fn a_group_template_may_not_use_the_operators_keys() {
         "template.metadata.annotations may not use keys under orchard.dev/",
     );
 }
+
+fn with_gpu(gpu: Value) -> Value {
+    sandbox(json!({"image": "a", "resources": {"cpu": "2", "gpu": gpu}}))
+}
+
+#[test]
+fn a_gpu_request_is_a_count_and_optional_types() {
+    for gpu in [
+        json!({"count": 1}),
+        json!({"count": 64}),
+        json!({"count": 2, "types": []}),
+        json!({"count": 1, "types": ["h100", "a100-80gb", "L4", "gb200_nvl.72"]}),
+        json!({"count": 8, "types": ["a".repeat(63)]}),
+        json!({"count": 1, "types": ["t1", "t2", "t3", "t4", "t5", "t6", "t7", "t8"]}),
+    ] {
+        assert_eq!(
+            violations::<Sandbox>(with_gpu(gpu.clone()), None),
+            Vec::<String>::new(),
+            "{gpu}"
+        );
+    }
+}
+
+#[test]
+fn a_gpu_count_is_between_1_and_64() {
+    for count in [0, 65, 1000] {
+        assert_rejects(
+            violations::<Sandbox>(with_gpu(json!({"count": count})), None),
+            "resources.gpu.count must be between 1 and 64",
+        );
+    }
+}
+
+#[test]
+fn gpu_type_names_are_label_like_unique_and_few() {
+    for name in [
+        "",
+        "-h100",
+        ".h100",
+        "h100 80gb",
+        "nvidia.com/gpu",
+        "h100=1",
+        "ä100",
+        &"a".repeat(64),
+    ] {
+        assert_rejects(
+            violations::<Sandbox>(with_gpu(json!({"count": 1, "types": [name]})), None),
+            "resources.gpu.types[] must be GPU type names such as h100",
+        );
+    }
+    for twice in [json!(["h100", "h100"]), json!(["H100", "a100", "h100"])] {
+        assert_rejects(
+            violations::<Sandbox>(with_gpu(json!({"count": 1, "types": twice})), None),
+            "resources.gpu.types must not list a type twice",
+        );
+    }
+    let nine: Vec<String> = (1..=9).map(|i| format!("t{i}")).collect();
+    assert_rejects(
+        violations::<Sandbox>(with_gpu(json!({"count": 1, "types": nine})), None),
+        "resources.gpu.types lists at most 8 GPU types",
+    );
+}
+
+#[test]
+fn gpu_rules_apply_inside_a_group_and_a_pool_template_and_gpus_are_immutable() {
+    let bad =
+        group(json!({"template": {"spec": {"image": "i", "resources": {"gpu": {"count": 0}}}}}));
+    assert_rejects(
+        violations::<RolloutGroup>(bad, None),
+        "resources.gpu.count must be between 1 and 64",
+    );
+    let pool = |gpu: Value| {
+        json!({"apiVersion": "orchard.dev/v1alpha1", "kind": "SandboxPool", "metadata": {"name": "p"},
+               "spec": {"replicas": 1, "template": {"image": "i", "resources": {"gpu": gpu}}}})
+    };
+    assert!(
+        violations::<SandboxPool>(pool(json!({"count": 1, "types": ["h100"]})), None).is_empty()
+    );
+    assert_rejects(
+        violations::<SandboxPool>(pool(json!({"count": 1, "types": ["h 100"]})), None),
+        "resources.gpu.types[] must be GPU type names",
+    );
+    let old = with_gpu(json!({"count": 1}));
+    let more = with_gpu(json!({"count": 2}));
+    assert_rejects(
+        violations::<Sandbox>(more, Some(old.clone())),
+        "spec.resources is immutable",
+    );
+    assert!(violations::<Sandbox>(old.clone(), Some(old)).is_empty());
+}
