@@ -37,6 +37,23 @@ pub struct RunOutcome {
     pub duration: Duration,
 }
 
+/// Marks a run in progress while it lives (also when the run's future is dropped).
+struct RunClaim<'a> {
+    active: &'a Mutex<bool>,
+}
+
+impl Drop for RunClaim<'_> {
+    fn drop(&mut self) {
+        *lock(self.active) = false;
+    }
+}
+
+fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    mutex
+        .lock()
+        .unwrap_or_else(|poisoned| poisoned.into_inner())
+}
+
 /// What waiting for a run's end gave.
 enum RunEnd {
     Marker(FinishedRun),
@@ -53,8 +70,9 @@ pub struct Session {
     started_at: SystemTime,
     pub(super) sequence: u64,
     shell: Mutex<Arc<ShellProcess>>,
-    /// Held by the run in progress.
-    running: tokio::sync::Mutex<()>,
+    /// Whether a run is in progress. A plain flag under a lock held only to read or swap it, never for
+    /// a run's length: status only looks at it, so it neither waits for a run nor makes one fail.
+    active: Mutex<bool>,
 }
 
 impl Session {
@@ -73,7 +91,7 @@ impl Session {
             started_at: SystemTime::now(),
             sequence,
             shell: Mutex::new(Arc::new(shell)),
-            running: tokio::sync::Mutex::new(()),
+            active: Mutex::new(false),
         })
     }
 
@@ -82,12 +100,24 @@ impl Session {
     }
 
     fn shell(&self) -> Arc<ShellProcess> {
-        Arc::clone(
-            &self
-                .shell
-                .lock()
-                .unwrap_or_else(|poisoned| poisoned.into_inner()),
-        )
+        Arc::clone(&lock(&self.shell))
+    }
+
+    /// Whether a run is in progress.
+    pub fn busy(&self) -> bool {
+        *lock(&self.active)
+    }
+
+    /// Marks a run in progress; `None` when one already is.
+    fn claim(&self) -> Option<RunClaim<'_>> {
+        let mut active = lock(&self.active);
+        if *active {
+            return None;
+        }
+        *active = true;
+        Some(RunClaim {
+            active: &self.active,
+        })
     }
 
     pub fn status(&self) -> SessionStatus {
@@ -102,7 +132,7 @@ impl Session {
                 ProcessState::Running
             },
             exit_code: shell.exit_code(),
-            busy: self.running.try_lock().is_err(),
+            busy: self.busy(),
             started_at: rfc3339(self.started_at),
         }
     }
@@ -121,14 +151,14 @@ impl Session {
 
     /// Runs `command` in the shell and waits for its end marker; at `timeout` it is interrupted.
     pub async fn run(&self, command: &str, timeout: Duration) -> Result<RunOutcome, AgentError> {
-        let Ok(_running) = self.running.try_lock() else {
+        let started = Instant::now();
+        let shell = self.shell();
+        let Some(_claim) = self.claim() else {
             return Err(AgentError::conflict(format!(
                 "a run is already in progress in session `{}`; wait for it to end (runs of one shell cannot overlap), or use another session",
                 self.id
             )));
         };
-        let started = Instant::now();
-        let shell = self.shell();
         if shell.exited() {
             return Err(self.ended(&shell));
         }
@@ -206,13 +236,7 @@ impl Session {
             self.context.budget.clone(),
         )
         .await?;
-        let old = std::mem::replace(
-            &mut *self
-                .shell
-                .lock()
-                .unwrap_or_else(|poisoned| poisoned.into_inner()),
-            Arc::new(fresh),
-        );
+        let old = std::mem::replace(&mut *lock(&self.shell), Arc::new(fresh));
         old.signal_group(libc::SIGKILL);
         Ok(())
     }
@@ -280,5 +304,77 @@ async fn wait_for_end(shell: &ShellProcess, deadline: tokio::time::Instant) -> R
                 .take_finished()
                 .map_or(RunEnd::Deadline, RunEnd::Marker);
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::path::PathBuf;
+    use std::sync::atomic::{AtomicBool, Ordering};
+
+    use super::*;
+
+    async fn bash() -> Arc<Session> {
+        let launch = ShellLaunch {
+            shell: PathBuf::from("/bin/bash"),
+            cwd: std::env::temp_dir(),
+            env: Vec::new(),
+            scrubbed_env: Vec::new(),
+            max_output_bytes: 1 << 20,
+            user: None,
+        };
+        let context = SessionContext {
+            groups: Arc::new(ProcessGroups::default()),
+            budget: None,
+        };
+        Arc::new(
+            Session::start("s-test".into(), 0, launch, context)
+                .await
+                .expect("bash starts"),
+        )
+    }
+
+    /// Status polls never make a run fail: status only looks at the run flag. (It used to `try_lock`
+    /// the run's lock, holding it for a moment, so a run starting then was refused with 409.)
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn status_polls_never_make_a_run_fail_and_see_it_busy() {
+        let session = bash().await;
+        let stop = Arc::new(AtomicBool::new(false));
+        let poller = std::thread::spawn({
+            let session = Arc::clone(&session);
+            let stop = Arc::clone(&stop);
+            move || {
+                let mut polls = 0u64;
+                while !stop.load(Ordering::Relaxed) {
+                    let _ = session.status();
+                    polls += 1;
+                }
+                polls
+            }
+        });
+        for round in 0..300 {
+            let outcome = session.run("true", Duration::from_secs(10)).await;
+            assert!(
+                outcome.is_ok(),
+                "run {round} failed while status was polled: {:?}",
+                outcome.err()
+            );
+        }
+        stop.store(true, Ordering::Relaxed);
+        assert!(poller.join().expect("the poller ends") > 0);
+
+        let running = tokio::spawn({
+            let session = Arc::clone(&session);
+            async move { session.run("sleep 1", Duration::from_secs(10)).await }
+        });
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        for _ in 0..20 {
+            assert!(session.status().busy, "a run is in progress");
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        let outcome = running.await.expect("the run's task").expect("the run");
+        assert_eq!(outcome.exit_code, Some(0));
+        assert!(!session.status().busy);
+        session.end(Duration::from_secs(5)).await;
     }
 }
