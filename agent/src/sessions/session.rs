@@ -1,5 +1,6 @@
 //! One shell session: running a command to its end marker (one run at a time), interrupting it at its
-//! time-out and getting the shell back in step, writing input, reading output as it comes, ending.
+//! time-out and getting the shell back in step, signalling the running command on request, writing
+//! input, reading output as it comes, ending.
 
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime};
@@ -37,14 +38,44 @@ pub struct RunOutcome {
     pub duration: Duration,
 }
 
+/// The run in progress, as the status and signal routes see it (they never wait for the run).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+struct ActiveRun {
+    /// The shell's children when the run started: its `&` jobs from before, which a signal for the
+    /// run's command leaves alone. `None` when the kernel does not list children.
+    earlier: Option<Vec<i32>>,
+}
+
+/// Where a signal for the running command goes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SignalTarget {
+    /// The shell's whole process group, the shell included: SIGINT, which the shell traps to abandon
+    /// the whole command (the rest of a `;` list, a loop) while its processes die of it; the shell's
+    /// `&` jobs ignore it. What the time-out sends first.
+    Group,
+    /// The processes below the shell that the run started, never the shell: every other signal (the
+    /// command runs in the shell's own process group, job control being off, so SIGKILL, SIGTERM or
+    /// SIGSTOP to the group would reach the shell too).
+    Command,
+}
+
+/// Where `signal` goes (see [`SignalTarget`]).
+pub fn signal_target(signal: i32) -> SignalTarget {
+    if signal == libc::SIGINT {
+        SignalTarget::Group
+    } else {
+        SignalTarget::Command
+    }
+}
+
 /// Marks a run in progress while it lives (also when the run's future is dropped).
 struct RunClaim<'a> {
-    active: &'a Mutex<bool>,
+    active: &'a Mutex<Option<ActiveRun>>,
 }
 
 impl Drop for RunClaim<'_> {
     fn drop(&mut self) {
-        *lock(self.active) = false;
+        *lock(self.active) = None;
     }
 }
 
@@ -70,9 +101,9 @@ pub struct Session {
     started_at: SystemTime,
     pub(super) sequence: u64,
     shell: Mutex<Arc<ShellProcess>>,
-    /// Whether a run is in progress. A plain flag under a lock held only to read or swap it, never for
-    /// a run's length: status only looks at it, so it neither waits for a run nor makes one fail.
-    active: Mutex<bool>,
+    /// The run in progress. A plain flag under a lock held only to read or swap it, never for a run's
+    /// length: status and signal only look at it, so they neither wait for a run nor make one fail.
+    active: Mutex<Option<ActiveRun>>,
 }
 
 impl Session {
@@ -91,7 +122,7 @@ impl Session {
             started_at: SystemTime::now(),
             sequence,
             shell: Mutex::new(Arc::new(shell)),
-            active: Mutex::new(false),
+            active: Mutex::new(None),
         })
     }
 
@@ -105,16 +136,16 @@ impl Session {
 
     /// Whether a run is in progress.
     pub fn busy(&self) -> bool {
-        *lock(&self.active)
+        lock(&self.active).is_some()
     }
 
-    /// Marks a run in progress; `None` when one already is.
-    fn claim(&self) -> Option<RunClaim<'_>> {
+    /// Marks a run in progress (`earlier`: the shell's children now); `None` when one already is.
+    fn claim(&self, earlier: Option<Vec<i32>>) -> Option<RunClaim<'_>> {
         let mut active = lock(&self.active);
-        if *active {
+        if active.is_some() {
             return None;
         }
-        *active = true;
+        *active = Some(ActiveRun { earlier });
         Some(RunClaim {
             active: &self.active,
         })
@@ -153,7 +184,7 @@ impl Session {
     pub async fn run(&self, command: &str, timeout: Duration) -> Result<RunOutcome, AgentError> {
         let started = Instant::now();
         let shell = self.shell();
-        let Some(_claim) = self.claim() else {
+        let Some(_claim) = self.claim(shell.children()) else {
             return Err(AgentError::conflict(format!(
                 "a run is already in progress in session `{}`; wait for it to end (runs of one shell cannot overlap), or use another session",
                 self.id
@@ -225,6 +256,28 @@ impl Session {
             RunEnd::Marker(finished) => Some(finished),
             RunEnd::Closed | RunEnd::Deadline => None,
         }
+    }
+
+    /// Sends `signal` to the command of the run in progress (see [`signal_target`]) without waiting for
+    /// the run; the run answers once its command has ended. Answers whether a run was in progress:
+    /// without one nothing is signalled (a SIGINT would reach the idle shell's trap). 409 when the shell
+    /// has exited.
+    pub fn signal(&self, signal: i32) -> Result<bool, AgentError> {
+        let shell = self.shell();
+        if shell.exited() {
+            return Err(self.ended(&shell));
+        }
+        let Some(run) = lock(&self.active).clone() else {
+            return Ok(false);
+        };
+        match signal_target(signal) {
+            SignalTarget::Group => shell.signal_group(signal),
+            SignalTarget::Command => {
+                let signalled = shell.signal_command(signal, run.earlier.as_deref());
+                tracing::debug!(session = %self.id, signal, signalled, "signalled the running command");
+            }
+        }
+        Ok(true)
     }
 
     /// Replaces the shell with a fresh one (the old one's group is SIGKILLed when it is dropped).
@@ -334,6 +387,20 @@ mod tests {
         )
     }
 
+    #[test]
+    fn sigint_goes_to_the_group_and_every_other_signal_below_the_shell() {
+        assert_eq!(signal_target(libc::SIGINT), SignalTarget::Group);
+        for signal in [
+            libc::SIGKILL,
+            libc::SIGTERM,
+            libc::SIGQUIT,
+            libc::SIGSTOP,
+            libc::SIGHUP,
+        ] {
+            assert_eq!(signal_target(signal), SignalTarget::Command, "{signal}");
+        }
+    }
+
     /// Status polls never make a run fail: status only looks at the run flag. (It used to `try_lock`
     /// the run's lock, holding it for a moment, so a run starting then was refused with 409.)
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -376,5 +443,30 @@ mod tests {
         assert_eq!(outcome.exit_code, Some(0));
         assert!(!session.status().busy);
         session.end(Duration::from_secs(5)).await;
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_signal_without_a_run_is_a_no_op_and_one_to_an_ended_shell_is_a_conflict() {
+        let session = bash().await;
+        assert_eq!(session.signal(libc::SIGINT).ok(), Some(false));
+        assert_eq!(session.signal(libc::SIGKILL).ok(), Some(false));
+        let outcome = session
+            .run("echo still here", Duration::from_secs(10))
+            .await
+            .expect("the run");
+        assert_eq!(
+            outcome.output.bytes(),
+            b"still here\n",
+            "nothing reached the shell"
+        );
+        let outcome = session
+            .run("exit 4", Duration::from_secs(10))
+            .await
+            .expect("the run");
+        assert!(outcome.shell_exited);
+        assert!(matches!(
+            session.signal(libc::SIGINT),
+            Err(AgentError::Conflict { .. })
+        ));
     }
 }
