@@ -479,7 +479,8 @@ async fn output_is_capped_and_sessions_are_capped() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_interrupt_stops_the_running_command_and_the_session_carries_on() {
     let agent = Agent::start();
-    for shell in ["bash", "/bin/sh"] {
+    let scratch = TempDir::new("shells");
+    for shell in shells(&scratch) {
         let id = start_session(&agent, json!({"shell": shell})).await;
         run(&agent, &id, "KEPT=yes", 10_000).await;
         let python = run(
@@ -568,7 +569,8 @@ async fn status_during_a_run_says_busy() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn other_signals_reach_the_command_but_neither_the_shell_nor_its_earlier_jobs() {
     let agent = Agent::start();
-    for shell in ["bash", "/bin/sh"] {
+    let scratch = TempDir::new("shells");
+    for shell in shells(&scratch) {
         let id = start_session(&agent, json!({"shell": shell})).await;
         run(&agent, &id, "KEPT=yes", 10_000).await;
         let started = run(&agent, &id, "sleep 300 & echo $!", 10_000).await;
