@@ -40,6 +40,7 @@ from .models import (
     SessionInfo,
     SessionReadResult,
     SessionRunResult,
+    SessionSignalResult,
     Trajectory,
     TrajectoryResult,
 )
@@ -84,6 +85,7 @@ __all__ = [
     "SessionInfo",
     "SessionReadResult",
     "SessionRunResult",
+    "SessionSignalResult",
     "Timeout",
     "TooManyRequests",
     "Trajectory",

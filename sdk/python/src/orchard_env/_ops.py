@@ -438,6 +438,14 @@ def session_read_body(until: str | None = None, timeout: float | None = None) ->
     return body
 
 
+def session_signal_body(signal: str | int) -> dict[str, Any]:
+    """The body of ``POST .../sessions/{id}/signal``: a signal name (``"INT"``, ``"SIGKILL"``) or number,
+    checked by the agent (an unknown one is 400)."""
+    if isinstance(signal, bool) or not isinstance(signal, (str, int)):
+        raise TypeError(f"signal() takes a signal name (str) or number (int), not {signal!r}")
+    return {"signal": signal}
+
+
 def read_answer_timeout(wait: float | None) -> float:
     """Seconds the gateway should wait for a session ``read``'s answer: its wait (the agent's default
     10 s, at most 300 s) plus the margin."""

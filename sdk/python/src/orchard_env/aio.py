@@ -33,6 +33,7 @@ from .models import (
     SessionInfo,
     SessionReadResult,
     SessionRunResult,
+    SessionSignalResult,
     TrajectoryResult,
 )
 from collections.abc import Awaitable
@@ -442,6 +443,25 @@ class AsyncSession(_core.SessionCore):
         (that is what they are for). With ``check=True`` a non-zero exit or a timeout raises
         :class:`~orchard_env.CommandFailed`. Never retried."""
         return await self._run(self._run_plan(command, timeout, check))
+
+    async def interrupt(self) -> SessionSignalResult:
+        """Interrupts the command of the run in progress, as Ctrl-C does: SIGINT to the shell's process group
+        (docs/AGENT.md, "Shell sessions"). Answers at once, without waiting for the run, which then answers
+        on its own (``exit_code`` 130, ``timed_out`` False); the session stays as it was. Meant for another
+        thread or task than the one waiting in :meth:`run`. ``running`` in the answer is False when no run
+        was in progress (nothing was signalled). A command that ignores SIGINT keeps running: follow with
+        ``signal("KILL")``. Never retried."""
+        return await self._run(self._signal_plan("INT"))
+
+    async def signal(self, signal: str | int = "INT") -> SessionSignalResult:
+        """Sends ``signal`` (a name such as ``"KILL"`` or ``"SIGTERM"``, or a number) to the command of the run
+        in progress and answers at once, like :meth:`interrupt` (which is ``signal("INT")``). SIGINT goes to
+        the shell's process group; any other signal only to the processes the run started below the shell,
+        never to the shell itself nor to ``&`` jobs of earlier runs, so ``signal("KILL")`` stops a command
+        that ignores SIGINT and the session survives. An unknown signal raises
+        :class:`~orchard_env.InvalidRequest`, a session whose shell has exited :class:`~orchard_env.Conflict`.
+        Never retried."""
+        return await self._run(self._signal_plan(signal))
 
     async def input(self, text: str) -> SessionInfo:
         """Writes ``text`` as given to the shell's stdin (end a line with a newline), to answer a prompt of

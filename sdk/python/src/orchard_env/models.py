@@ -224,6 +224,26 @@ class SessionRunResult:
 
 
 @dataclass(frozen=True)
+class SessionSignalResult:
+    """What :meth:`Session.signal` and :meth:`Session.interrupt` answer, at once (the run answers on its own
+    once its command has ended)."""
+
+    running: bool
+    """Whether a run was in progress, so its command got the signal; False: nothing was signalled."""
+    session: SessionInfo
+    """The session's status just after the signal (``busy`` stays True until the run has answered)."""
+    raw: dict[str, Any] = field(default_factory=dict, repr=False)
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> SessionSignalResult:
+        return cls(
+            running=bool(data.get("running")),
+            session=SessionInfo.from_json(data.get("session") or {}),
+            raw=data,
+        )
+
+
+@dataclass(frozen=True)
 class SessionReadResult:
     """What :meth:`Session.read` got: the session's output not read before, up to and including ``until``
     when it came."""
