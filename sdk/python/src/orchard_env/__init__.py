@@ -29,6 +29,8 @@ from .errors import (
     Unauthorized,
 )
 from .models import (
+    DriveResult,
+    EpisodeOutcome,
     ExecEvent,
     ExecResult,
     FileEntry,
@@ -57,6 +59,8 @@ __all__ = [
     "DispatchResult",
     "DispatchStats",
     "Dispatcher",
+    "DriveResult",
+    "EpisodeOutcome",
     "ExecEvent",
     "ExecResult",
     "FileEntry",
