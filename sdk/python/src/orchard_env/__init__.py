@@ -45,10 +45,12 @@ from .models import (
     Trajectory,
     TrajectoryResult,
 )
+from .pipeline import AsyncPipeline, Pipeline, PipelineResult, PipelineStats, Stage, StageFailed
 
 __all__ = [
     "AgentUnavailable",
     "AsyncDispatcher",
+    "AsyncPipeline",
     "AsyncProcess",
     "AsyncRolloutGroup",
     "AsyncSandbox",
@@ -75,6 +77,9 @@ __all__ = [
     "OrchardError",
     "PatchConflict",
     "PatchResult",
+    "Pipeline",
+    "PipelineResult",
+    "PipelineStats",
     "Process",
     "ProcessInfo",
     "RetryPolicy",
@@ -88,6 +93,8 @@ __all__ = [
     "SessionInfo",
     "SessionReadResult",
     "SessionRunResult",
+    "Stage",
+    "StageFailed",
     "Timeout",
     "TooManyRequests",
     "Trajectory",

@@ -45,15 +45,15 @@ import dataclasses
 import sys
 import time
 from collections import Counter
-from collections.abc import AsyncIterable, AsyncIterator, Iterable, Iterator, Mapping
+from collections.abc import AsyncIterable, AsyncIterator, Callable, Iterable, Iterator, Mapping
 from dataclasses import KW_ONLY, dataclass, field
 from typing import Any
 
 # CLOSE_GRACE: seconds ``close`` waits for create requests under way (to delete what they created) and,
 # in the sync dispatcher, for the worker threads to notice that their groups are gone.
 from ._flow import CLOSE_GRACE, NOTHING, AsyncFlow, Slot, Step, ThreadFlow, log  # noqa: F401
-from .aio import AsyncRolloutGroup, AsyncSandboxClient
-from .client import RolloutGroup, SandboxClient
+from .aio import AsyncRolloutGroup, AsyncSandbox, AsyncSandboxClient
+from .client import RolloutGroup, Sandbox, SandboxClient
 from .models import GroupResult
 
 #: Least seconds between two renders of the progress line (the last one is always rendered).
@@ -186,10 +186,19 @@ class _Dispatching:
     line."""
 
     _noun = "dispatcher"
-    client: Any
-    timeout: float | None
-    stats: DispatchStats
-    _progress: _Progress
+
+    def _configure(
+        self, client: Any, timeout: float | None, progress: bool | None, episode: Callable[[Any], Any] | None,
+        episode_concurrency: int | None, poll_interval: float,
+    ) -> None:
+        self.client = client
+        self.timeout = timeout
+        #: With an episode, each group is driven (``drive``) rather than waited for.
+        self.episode = episode
+        self.episode_concurrency = episode_concurrency
+        self.poll_interval = poll_interval
+        self.stats = DispatchStats()
+        self._progress = _Progress(progress)
 
     def _steps(self) -> list[Step]:
         return [Step("create", self._create, acquires=True), Step("wait", self._wait)]
@@ -251,16 +260,17 @@ class AsyncDispatcher(_Dispatching, AsyncFlow):
                 ...
 
     ``timeout`` bounds each group's wait (then a ``Timeout`` error result); ``progress``: see above.
-    Each group is a task: create, then ``AsyncRolloutGroup.wait``. One ``run`` at a time."""
+    Each group is a task: create, then ``AsyncRolloutGroup.wait``, or, with ``episode``, ``await
+    group.drive(episode, concurrency=episode_concurrency, timeout=timeout, poll_interval=poll_interval)``
+    (trainer-driven groups: the results are :class:`~orchard_env.DriveResult` values, with the episodes'
+    payloads). One ``run`` at a time."""
 
     def __init__(
         self, client: AsyncSandboxClient, *, max_in_flight: int = 16, timeout: float | None = None,
-        progress: bool | None = None,
+        progress: bool | None = None, episode: Callable[[AsyncSandbox], Any] | None = None,
+        episode_concurrency: int | None = None, poll_interval: float = 1.0,
     ) -> None:
-        self.client = client
-        self.timeout = timeout
-        self.stats = DispatchStats()
-        self._progress = _Progress(progress)
+        self._configure(client, timeout, progress, episode, episode_concurrency, poll_interval)
         AsyncFlow.__init__(self, max_in_flight, self._steps())
 
     def run(self, requests: Iterable[GroupRequest] | AsyncIterable[GroupRequest]) -> AsyncIterator[DispatchResult]:
@@ -271,6 +281,9 @@ class AsyncDispatcher(_Dispatching, AsyncFlow):
         return await self.client.create_rollout_group(slot.item.template, **slot.item.create_kwargs())
 
     async def _wait(self, slot: Slot) -> GroupResult:
+        if self.episode is not None:
+            return await slot.resource.drive(
+                self.episode, concurrency=self.episode_concurrency, timeout=self.timeout, poll_interval=self.poll_interval)
         return await slot.resource.wait(self.timeout)
 
     async def _dispose(self, slot: Slot) -> None:
@@ -310,16 +323,15 @@ class Dispatcher(_Dispatching, ThreadFlow):
     second, async client. Threads cannot be cancelled: on close the dispatcher deletes the groups not
     yielded, which ends their threads' waits (the gateway answers 404 at once), and a thread still
     creating a group deletes it as soon as its create request returns. ``close`` waits up to
-    ``CLOSE_GRACE`` seconds for that."""
+    ``CLOSE_GRACE`` seconds for that. With ``episode``, each thread drives its group
+    (``RolloutGroup.drive``, whose episodes run in threads of their own) instead of waiting for it."""
 
     def __init__(
         self, client: SandboxClient, *, max_in_flight: int = 16, timeout: float | None = None,
-        progress: bool | None = None,
+        progress: bool | None = None, episode: Callable[[Sandbox], Any] | None = None,
+        episode_concurrency: int | None = None, poll_interval: float = 1.0,
     ) -> None:
-        self.client = client
-        self.timeout = timeout
-        self.stats = DispatchStats()
-        self._progress = _Progress(progress)
+        self._configure(client, timeout, progress, episode, episode_concurrency, poll_interval)
         ThreadFlow.__init__(self, max_in_flight, self._steps())
 
     def run(self, requests: Iterable[GroupRequest]) -> Iterator[DispatchResult]:
@@ -330,6 +342,9 @@ class Dispatcher(_Dispatching, ThreadFlow):
         return self.client.create_rollout_group(slot.item.template, **slot.item.create_kwargs())
 
     def _wait(self, slot: Slot) -> GroupResult:
+        if self.episode is not None:
+            return slot.resource.drive(
+                self.episode, concurrency=self.episode_concurrency, timeout=self.timeout, poll_interval=self.poll_interval)
         return slot.resource.wait(self.timeout)
 
     def _dispose(self, slot: Slot) -> None:
