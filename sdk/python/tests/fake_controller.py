@@ -249,8 +249,9 @@ class FakeController:
         group["object"]["status"] = {"phase": "Generating"}
         for index in range(group["launched"], min(group["launched"] + spec["stride"], spec["maxTrajectories"])):
             trajectory = f"{name}-{index}"
+            labels = ((spec.get("template") or {}).get("metadata") or {}).get("labels") or {}
             self.sandboxes[trajectory] = _ready({"name": trajectory, "namespace": NS, "uid": f"uid-{trajectory}",
-                                                 "labels": {GROUP_LABEL: name}})
+                                                 "labels": {**labels, GROUP_LABEL: name}})
         group["launched"] = min(group["launched"] + spec["stride"], spec["maxTrajectories"])
 
     @staticmethod

@@ -1,10 +1,12 @@
 """The staged pipelines (``Pipeline`` with threads, ``AsyncPipeline`` with tasks): per-stage bounds, items
 flowing on without lockstep, errors per item, release and clean-up on every way out (against the fake
 controller's sandboxes), lazy reading, and ``episode`` with ``drive()`` and the dispatchers (BAR groups with
-payloads). No cluster. Most tests run for both pipelines."""
+payloads). No cluster, except the block of docs/SDK.md ("Staged rollouts"), which runs as written on the
+fake controller and, marked ``cluster``, against the local cluster. Most tests run for both pipelines."""
 
 from __future__ import annotations
 
+import ast
 import asyncio
 import threading
 import time
@@ -14,6 +16,8 @@ from typing import Any
 import httpx
 import pytest
 
+import orchard_env
+from conftest import Cluster, run_sdk_doc_block, sdk_doc_block
 from fake_controller import FakeController
 from orchard_env import (
     AsyncDispatcher,
@@ -558,3 +562,32 @@ def test_a_dispatcher_with_a_pipeline_episode_hands_back_bar_groups_with_payload
     assert not two_strides.episodes["p0-3"].in_group and two_strides.episodes["p0-3"].payload["tokens"] == [3] * 3, "kept, flagged"
     assert meter.peak["run"] == 3, "one bound for the run stage across both groups (8 trajectories Ready at once)"
     assert sorted(fake.groups_deleted) == ["p0", "p1"], "handed-over groups are deleted (delete_on_exit)"
+
+
+# -- the block of docs/SDK.md -------------------------------------------------------------------------
+
+DOC_SECTION = "Staged rollouts: `Pipeline`"
+
+
+def test_the_pipeline_block_of_the_docs_runs_on_the_fake_controller(monkeypatch: pytest.MonkeyPatch,
+                                                                      capsys: pytest.CaptureFixture[str]) -> None:
+    fake = FakeController()
+    monkeypatch.setattr(orchard_env, "SandboxClient", lambda: SandboxClient(
+        "http://gw", "t", namespace="ns", transport=httpx.MockTransport(fake.handle), retry=FAST))
+    within_limit(lambda: exec(compile(sdk_doc_block(DOC_SECTION), "docs/SDK.md", "exec"), {}))
+    lines = capsys.readouterr().out.splitlines()
+    assert sorted(lines[:-1], key=lambda line: int(line.split()[0])) == [
+        f"{i} {2 * i + i % 2} {1.0 if i % 2 == 0 else 0.0}" for i in range(6)]
+    completed, peaks = lines[-1].split(" ", 1)
+    assert completed == "6" and all(peak <= bound for peak, bound in zip(ast.literal_eval(peaks).values(), (4, 2, 4)))
+    assert len(fake.created) == 6 and sorted(fake.deleted) == sorted(fake.created), "each task's sandbox deleted"
+
+
+@pytest.mark.cluster
+def test_the_pipeline_block_of_the_docs_runs(cluster: Cluster, monkeypatch: pytest.MonkeyPatch,
+                                              capsys: pytest.CaptureFixture[str]) -> None:
+    run_sdk_doc_block(DOC_SECTION, cluster, monkeypatch, {'"busybox"': repr(cluster.image)})
+    lines = capsys.readouterr().out.splitlines()
+    assert sorted(lines[:-1], key=lambda line: int(line.split()[0])) == [
+        f"{i} {2 * i + i % 2} {1.0 if i % 2 == 0 else 0.0}" for i in range(6)]
+    assert lines[-1].startswith("6 ")

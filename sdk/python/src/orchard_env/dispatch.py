@@ -37,6 +37,13 @@ The rules, the same for :class:`AsyncDispatcher` and :class:`Dispatcher`:
 
 ``max_in_flight`` bounds groups; to bound the trajectory sandboxes across all groups, name a
 RolloutQueue with ``queue=`` in the requests.
+
+**Trainer-driven groups.** With ``episode=`` (groups whose template has no ``run``), each group is driven
+with ``drive(episode, concurrency=episode_concurrency, timeout=timeout, poll_interval=poll_interval)``
+instead of waited for, and its result is a :class:`~orchard_env.DriveResult` with the episodes' payloads.
+Give it a pipeline's ``episode`` (:mod:`orchard_env.pipeline`) to bound each stage of the trajectories'
+work across every group in flight. The dispatchers and the pipelines share their engine and its clean-up
+(``orchard_env._flow``).
 """
 
 from __future__ import annotations
