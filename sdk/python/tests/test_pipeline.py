@@ -277,6 +277,17 @@ def test_items_are_read_lazily_and_at_most_max_in_flight_are_held(kind: str) -> 
     assert pipeline.stats.peak_in_flight == 2
 
 
+def test_a_system_exit_in_a_sync_worker_ends_its_item_not_the_pipeline() -> None:
+    def run(item: int, state: Any) -> int:
+        if item == 1:
+            raise SystemExit(3)  # a worker thread: nothing but the pipeline would see it
+        return item
+
+    by_item = {r.item: r for r in consume("sync", Pipeline(run=Stage(run, 2)), range(3))}
+    assert isinstance(by_item[1].error, SystemExit) and by_item[1].stage == "run"
+    assert by_item[0].ok and by_item[2].ok
+
+
 def test_the_stages_are_checked() -> None:
     with pytest.raises(TypeError, match="AsyncPipeline"):
         Pipeline(run=Stage(asyncio.sleep, 1))

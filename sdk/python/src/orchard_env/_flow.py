@@ -63,7 +63,7 @@ class Slot:
         self.values: dict[str, Any] = {}
         self.resource: Any = NOTHING
         #: The exception that ended it, and the step that raised it.
-        self.error: Exception | None = None
+        self.error: BaseException | None = None
         self.stage: str | None = None
         #: Seconds spent in each step it entered (the wait for the step's gate not included).
         self.seconds: dict[str, float] = {}
@@ -417,6 +417,12 @@ class ThreadFlow(Flow):
                 try:
                     value = step.call(slot)
                 except Exception as error:
+                    slot.error, slot.stage = error, step.name
+                    return True
+                except BaseException as error:
+                    if threading.current_thread() is threading.main_thread():
+                        raise  # KeyboardInterrupt where the caller is
+                    # SystemExit and the like in a worker thread: nothing above it would notice.
                     slot.error, slot.stage = error, step.name
                     return True
                 finally:

@@ -81,8 +81,9 @@ class PipelineResult:
     """What ``run`` returned (tokens, logprobs, messages); None when it did not return."""
     reward: Any = None
     """What ``reward`` returned; None without a reward stage or when it did not return."""
-    error: Exception | None = None
-    """The exception that ended the item; None when every stage returned."""
+    error: BaseException | None = None
+    """The exception that ended the item (an ``Exception``; in a sync pipeline's worker thread also
+    ``SystemExit`` and the like); None when every stage returned."""
     stage: str | None = None
     """The stage that raised ``error`` (``init``, ``run`` or ``reward``)."""
     seconds: Mapping[str, float] = field(default_factory=dict)
