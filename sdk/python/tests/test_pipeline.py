@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import ast
 import asyncio
+import inspect
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -286,6 +287,20 @@ def test_a_system_exit_in_a_sync_worker_ends_its_item_not_the_pipeline() -> None
     by_item = {r.item: r for r in consume("sync", Pipeline(run=Stage(run, 2)), range(3))}
     assert isinstance(by_item[1].error, SystemExit) and by_item[1].stage == "run"
     assert by_item[0].ok and by_item[2].ok
+
+
+def test_the_sync_and_async_pipelines_have_the_same_surface() -> None:
+    def surface(cls: type) -> dict[str, Any]:
+        return {name: member for name in dir(cls) if not name.startswith("_")
+                and (callable(member := inspect.getattr_static(cls, name)) or isinstance(member, property))}
+
+    sync, aio = surface(Pipeline), surface(AsyncPipeline)
+    assert set(sync) - {"close"} == set(aio) - {"aclose"}, "close is aclose in asyncio, as for the dispatchers"
+    for name in ("run", "episode"):
+        assert list(inspect.signature(sync[name]).parameters) == list(inspect.signature(aio[name]).parameters)
+    assert inspect.signature(Pipeline.__init__) == inspect.signature(AsyncPipeline.__init__)
+    assert inspect.iscoroutinefunction(AsyncPipeline.episode) and inspect.iscoroutinefunction(AsyncPipeline.aclose)
+    assert not inspect.iscoroutinefunction(Pipeline.episode)
 
 
 def test_the_stages_are_checked() -> None:
