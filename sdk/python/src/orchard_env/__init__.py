@@ -29,6 +29,8 @@ from .errors import (
     Unauthorized,
 )
 from .models import (
+    DriveResult,
+    EpisodeOutcome,
     ExecEvent,
     ExecResult,
     FileEntry,
@@ -44,10 +46,12 @@ from .models import (
     Trajectory,
     TrajectoryResult,
 )
+from .pipeline import AsyncPipeline, Pipeline, PipelineResult, PipelineStats, Stage, StageFailed
 
 __all__ = [
     "AgentUnavailable",
     "AsyncDispatcher",
+    "AsyncPipeline",
     "AsyncProcess",
     "AsyncRolloutGroup",
     "AsyncSandbox",
@@ -58,6 +62,8 @@ __all__ = [
     "DispatchResult",
     "DispatchStats",
     "Dispatcher",
+    "DriveResult",
+    "EpisodeOutcome",
     "ExecEvent",
     "ExecResult",
     "FileEntry",
@@ -72,6 +78,9 @@ __all__ = [
     "OrchardError",
     "PatchConflict",
     "PatchResult",
+    "Pipeline",
+    "PipelineResult",
+    "PipelineStats",
     "Process",
     "ProcessInfo",
     "RetryPolicy",
@@ -86,6 +95,8 @@ __all__ = [
     "SessionReadResult",
     "SessionRunResult",
     "SessionSignalResult",
+    "Stage",
+    "StageFailed",
     "Timeout",
     "TooManyRequests",
     "Trajectory",

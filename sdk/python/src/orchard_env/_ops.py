@@ -661,6 +661,15 @@ def trajectory_index(group: str, name: str) -> int | None:
     return int(rest) if rest.isdigit() else None
 
 
+def split_episode_value(value: Any) -> tuple[Any, Any]:
+    """What an episode returned, as ``(result, payload)``: a ``(result, payload)`` pair (a 2-tuple) is
+    split, anything else is a result alone (payload None). The payload stays with the trainer: only the
+    result is ever sent (:func:`result_body`)."""
+    if isinstance(value, tuple) and len(value) == 2:
+        return value[0], value[1]
+    return value, None
+
+
 def result_body(value: Any) -> dict[str, Any]:
     """The result body of what an episode returned: a number is the reward of a ``completed``
     trajectory (``True``/``False`` count as 1.0/0.0); a :class:`~orchard_env.models.TrajectoryResult`
