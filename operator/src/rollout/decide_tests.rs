@@ -23,6 +23,13 @@ fn now() -> Timestamp {
 
 const RESYNC: Duration = Duration::from_secs(300);
 
+fn defaults() -> ResourceDefaults {
+    ResourceDefaults {
+        cpu: "1".into(),
+        memory: "2Gi".into(),
+    }
+}
+
 /// Group `g`: N = 2 of at most 4, strides of 2, exactly one positive wanted.
 fn group(early_stop: EarlyStop, cleanup: CleanupPolicy) -> RolloutGroup {
     let mut g = RolloutGroup::new(
@@ -41,6 +48,7 @@ fn group(early_stop: EarlyStop, cleanup: CleanupPolicy) -> RolloutGroup {
             trajectory_timeout_seconds: None,
             cleanup,
             queue: None,
+            retry: None,
             active_deadline_seconds: None,
         },
     );
@@ -87,6 +95,8 @@ fn record(index: u32, outcome: Option<(TrajectoryStatus, f64)>) -> TrajectoryRec
         length: outcome.map(|_| 10 + i64::from(index)),
         artifact: None,
         reason: None,
+        attempts: 1,
+        previous_attempts: Vec::new(),
     }
 }
 
@@ -115,7 +125,7 @@ fn observed(records: Vec<TrajectoryRecord>) -> Observation {
                 (index, r)
             })
             .collect(),
-        unseen: Vec::new(),
+        ..Observation::default()
     }
 }
 
@@ -129,7 +139,8 @@ fn entry_word(entry: &Entry) -> String {
         Entry::Cleanup(targets) => format!("cleanup {targets:?}"),
         Entry::Invalid(failure) => format!("invalid {}", failure.reason),
         Entry::Failed => "failed".into(),
-        Entry::Run(_) => "run".into(),
+        Entry::Run(_, None) => "run".into(),
+        Entry::Run(_, Some(retry)) => format!("run, {} attempts", retry.max_attempts),
     }
 }
 
@@ -197,16 +208,20 @@ fn the_entry_follows_the_phase_and_the_spec() {
         ),
     ];
     for (case, g, expected) in cases {
-        assert_eq!(entry_word(&plan_entry(&g, now())), expected, "{case}");
+        assert_eq!(
+            entry_word(&plan_entry(&g, &defaults(), now())),
+            expected,
+            "{case}"
+        );
     }
 
-    let Entry::Invalid(failure) = plan_entry(&invalid, now()) else {
+    let Entry::Invalid(failure) = plan_entry(&invalid, &defaults(), now()) else {
         panic!("an invalid spec fails");
     };
     assert!(failure.message.contains("divide"), "{}", failure.message);
     assert_eq!(failure.status.phase, Some(RolloutPhase::Failed));
     assert_eq!(failure.status.message.as_deref(), Some(&*failure.message));
-    let Entry::Run(run) = plan_entry(&plain(), now()) else {
+    let Entry::Run(run, None) = plan_entry(&plain(), &defaults(), now()) else {
         panic!("a valid group runs");
     };
     assert_eq!(run, params());
@@ -240,7 +255,12 @@ fn targets_pick_by_name() {
 
 #[test]
 fn a_short_latest_stride_is_repaired() {
-    let launch = |index, stride| Launch { index, stride };
+    let launch = |index, stride| Launch {
+        index,
+        stride,
+        attempt: 1,
+        resources: None,
+    };
     let cases: Vec<(&str, Vec<TrajectoryRecord>, Vec<Launch>)> = vec![
         ("nothing launched", vec![], vec![]),
         ("a whole stride", vec![running(0), running(1)], vec![]),
@@ -263,7 +283,7 @@ fn a_short_latest_stride_is_repaired() {
     ];
     for (case, records, expected) in cases {
         assert_eq!(
-            plan_repair(&observed(records), &params()),
+            plan_repair(&observed(records), &params(), None),
             expected,
             "{case}"
         );
@@ -417,11 +437,15 @@ fn a_stride_names_and_launches_its_trajectories() {
         [
             Launch {
                 index: 2,
-                stride: 1
+                stride: 1,
+                attempt: 1,
+                resources: None,
             },
             Launch {
                 index: 3,
-                stride: 1
+                stride: 1,
+                attempt: 1,
+                resources: None,
             }
         ]
     );
@@ -555,6 +579,7 @@ fn the_queue_verdict_becomes_the_standing_and_the_launch() {
 fn input(params: &Params, queued: bool, deadline: Option<Timestamp>) -> StatusInput<'_> {
     StatusInput {
         params,
+        retry: None,
         queued,
         deadline,
         resync: RESYNC,
@@ -1114,16 +1139,28 @@ fn the_observation_and_the_repair_agree_with_the_children() {
     let previous = phase(RolloutPhase::Generating, vec![done(0, 0.0)]);
     let child = |index: u32| crate::rollout::observe::ChildView {
         name: format!("g-{index}"),
+        uid: format!("uid-{index}"),
         stride: index / 2,
+        attempt: 1,
         result: None,
+        failure: None,
+        resources: None,
         deleting: false,
     };
-    let observation = observe("g", &previous, &[child(0), child(2)], &BTreeSet::new());
+    let observation = observe(
+        "g",
+        &previous,
+        &[child(0), child(2)],
+        &BTreeSet::new(),
+        None,
+    );
     assert_eq!(
-        plan_repair(&observation, &params()),
+        plan_repair(&observation, &params(), None),
         [Launch {
             index: 3,
-            stride: 1
+            stride: 1,
+            attempt: 1,
+            resources: None,
         }]
     );
 }

@@ -49,6 +49,7 @@ fn group() -> RolloutGroup {
             trajectory_timeout_seconds: None,
             cleanup: CleanupPolicy::Delete,
             queue: None,
+            retry: None,
             active_deadline_seconds: None,
         },
     );
@@ -73,6 +74,8 @@ fn launched(mut g: RolloutGroup) -> RolloutGroup {
                 length: None,
                 artifact: None,
                 reason: None,
+                attempts: 1,
+                previous_attempts: Vec::new(),
             })
             .collect(),
         ..RolloutGroupStatus::default()
@@ -83,7 +86,7 @@ fn launched(mut g: RolloutGroup) -> RolloutGroup {
 /// Trajectory `index` of stride 0, finished with `reward`.
 fn finished(g: &RolloutGroup, index: u32, reward: f64) -> orchard_api::Sandbox {
     let owner = g.controller_owner_ref(&()).expect("owner");
-    let mut s = desired_trajectory(g, &owner, index, 0, &test_token_key());
+    let mut s = desired_trajectory(g, &owner, index, 0, 1, None, &test_token_key());
     s.metadata.uid = Some(format!("uid-t{index}"));
     s.status = Some(SandboxStatus {
         result: Some(TrajectoryResult {
@@ -177,6 +180,10 @@ fn ctx(script: &Scripted) -> Arc<RolloutCtx> {
             kube: script.kube.clone(),
             book: Arc::default(),
         }),
+        defaults: crate::rollout::retry::ResourceDefaults {
+            cpu: "1".into(),
+            memory: "2Gi".into(),
+        },
     })
 }
 
