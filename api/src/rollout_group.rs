@@ -227,7 +227,7 @@ pub struct RetryPolicy {
     #[serde(rename = "onOOM", default, skip_serializing_if = "Option::is_none")]
     pub on_oom: Option<OomEscalation>,
 
-    /// Retry a trajectory whose pod was evicted or deleted under it (reasons Evicted, PodDeleted, NodeLost) with the same resources. An eviction because the node was low on memory counts as running out of memory (onOOM) instead. Default false.
+    /// Retry a trajectory whose pod was evicted or deleted under it (reasons Evicted, PodDeleted, NodeLost) with the same resources. An eviction because the node was low on memory gets more memory when onOOM allows it, and the same otherwise. Default false.
     #[serde(default)]
     pub on_eviction: bool,
 }

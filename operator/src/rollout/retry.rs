@@ -39,8 +39,11 @@ const MIB: u64 = 1 << 20;
 /// Why an attempt may be retried.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Cause {
-    /// It ran out of memory: retried with more (`onOOM`).
+    /// It was OOM-killed: retried with more memory (`onOOM`).
     OutOfMemory,
+    /// Its pod was evicted because the node was low on memory: retried with more memory (`onOOM`),
+    /// or, without `onOOM` or at `maxMemory`, as it was (`onEviction`).
+    MemoryEviction,
     /// Its pod was evicted or deleted under it: retried as it was (`onEviction`).
     Eviction,
 }
@@ -49,7 +52,7 @@ pub enum Cause {
 pub fn cause_of(reason: &str, message: &str) -> Option<Cause> {
     match reason {
         OOM_KILLED => Some(Cause::OutOfMemory),
-        EVICTED if message.contains(LOW_ON_MEMORY) => Some(Cause::OutOfMemory),
+        EVICTED if message.contains(LOW_ON_MEMORY) => Some(Cause::MemoryEviction),
         EVICTED | POD_DELETED | NODE_LOST => Some(Cause::Eviction),
         _ => None,
     }
@@ -421,17 +424,28 @@ impl RetryParams {
         })
     }
 
+    /// What a retry of an attempt that ended with `cause` having run with `ran` gets (pure), if
+    /// the policy retries it: more memory for an OOM kill (none at `maxMemory`), more memory for an
+    /// eviction for memory where possible and the same otherwise (with `onEviction`), the same for
+    /// an eviction.
+    fn grant(&self, cause: Cause, ran: Amounts) -> Option<Amounts> {
+        let escalated = || self.on_oom.as_ref()?.escalate(ran);
+        let same = || self.on_eviction.then_some(ran);
+        match cause {
+            Cause::OutOfMemory => escalated(),
+            Cause::MemoryEviction => escalated().or_else(same),
+            Cause::Eviction => same(),
+        }
+    }
+
     /// What attempt `attempt + 1` runs with after attempt `attempt` ended with `cause` having run
-    /// with `ran` (pure); `None`: no retry (no attempts left, the cause is not retried, or the
-    /// memory is at `maxMemory` already).
+    /// with `ran` (pure); `None`: no retry (no attempts left, the cause is not retried, or an OOM
+    /// kill at `maxMemory` already).
     pub fn next(&self, cause: Cause, attempt: u32, ran: Amounts) -> Option<Amounts> {
         if attempt >= self.max_attempts {
             return None;
         }
-        match cause {
-            Cause::OutOfMemory => self.on_oom.as_ref()?.escalate(ran),
-            Cause::Eviction => self.on_eviction.then_some(ran),
-        }
+        self.grant(cause, ran)
     }
 
     /// What the attempt after the recorded `last` one runs with (pure), as [`Self::next`] decided
@@ -441,10 +455,10 @@ impl RetryParams {
             memory: bytes(&last.memory.as_ref()?.0).ok()?,
             cpu: millicores(&last.cpu.as_ref()?.0).ok()?,
         };
-        match cause_of(&last.reason, last.message.as_deref().unwrap_or_default())? {
-            Cause::OutOfMemory => self.on_oom.as_ref()?.escalate(ran),
-            Cause::Eviction => Some(ran),
-        }
+        self.grant(
+            cause_of(&last.reason, last.message.as_deref().unwrap_or_default())?,
+            ran,
+        )
     }
 
     /// The `resources` of an attempt that runs with `amounts` (pure): `None` (the template's, as

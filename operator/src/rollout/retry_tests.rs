@@ -82,7 +82,7 @@ fn result(reason: &str, message: &str) -> TrajectoryResult {
 
 #[test]
 fn endings_are_classified_into_retry_causes() {
-    use Cause::{Eviction, OutOfMemory};
+    use Cause::{Eviction, MemoryEviction, OutOfMemory};
     let evicted_for_memory =
         "The node was low on resource: memory. Threshold quantity: 100Mi, available: 10Mi.";
     let cases: Vec<(
@@ -107,7 +107,7 @@ fn endings_are_classified_into_retry_causes() {
             "evicted for memory",
             result("SandboxFailed", "Evicted: ..."),
             Some(("Evicted", evicted_for_memory)),
-            Some((OutOfMemory, "Evicted")),
+            Some((MemoryEviction, "Evicted")),
         ),
         (
             "evicted for disk",
@@ -495,7 +495,7 @@ fn params(on_oom: Option<Escalation>, on_eviction: bool) -> RetryParams {
 
 #[test]
 fn the_next_attempt_follows_the_cause_and_the_attempts_left() {
-    use Cause::{Eviction, OutOfMemory};
+    use Cause::{Eviction, MemoryEviction, OutOfMemory};
     let both = params(Some(escalation(2.0, None, 256 * MI, None)), true);
     let oom_only = params(Some(escalation(2.0, None, 256 * MI, None)), false);
     let eviction_only = params(None, true);
@@ -652,7 +652,7 @@ fn a_record_keeps_the_start_of_the_message() {
     assert_eq!(record.cpu, Some(Quantity("250m".into())));
     assert_eq!(
         cause_of(&record.reason, &message),
-        Some(Cause::OutOfMemory),
+        Some(Cause::MemoryEviction),
         "the kept message still says why"
     );
 }
