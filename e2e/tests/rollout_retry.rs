@@ -22,7 +22,13 @@ fn env() -> &'static TestEnv {
 /// A group of one trajectory (no filter: its one member is the group) whose run allocates
 /// `allocate_mib` MiB in python3 and then writes reward 1, starting at 64Mi and retried on OOM with
 /// memory doubled up to `max_memory`, at most `max_attempts` times.
-fn allocating(name: &str, image: &str, allocate_mib: u32, max_attempts: i32, max_memory: &str) -> RolloutGroup {
+fn allocating(
+    name: &str,
+    image: &str,
+    allocate_mib: u32,
+    max_attempts: i32,
+    max_memory: &str,
+) -> RolloutGroup {
     let program = format!(
         "b = bytearray({allocate_mib} * 1024 * 1024)\n\
          open('/tmp/result.json', 'w').write('{{\"reward\": 1.0, \"length\": %d}}' % (len(b) >> 20))\n"
@@ -65,14 +71,25 @@ async fn a_task_over_its_memory_succeeds_on_its_second_attempt_with_twice_the_me
     let done = wait::until(&groups, "grow", "Complete", GROUP_TIMEOUT, is_complete).await;
     let status = done.status.clone().expect("status");
     println!("status: {status:?}");
-    assert_eq!(status.trajectories_launched, 1, "a retry is not a new trajectory");
+    assert_eq!(
+        status.trajectories_launched, 1,
+        "a retry is not a new trajectory"
+    );
     let [trajectory] = status.trajectories.as_slice() else {
         panic!("one trajectory: {status:?}");
     };
     assert_eq!(trajectory.attempts, 2, "{trajectory:?}");
-    assert_eq!(trajectory.status, Some(TrajectoryStatus::Completed), "{trajectory:?}");
+    assert_eq!(
+        trajectory.status,
+        Some(TrajectoryStatus::Completed),
+        "{trajectory:?}"
+    );
     assert_eq!(trajectory.reward, Some(1.0));
-    assert_eq!(trajectory.length, Some(96), "the second attempt allocated its 96 MiB");
+    assert_eq!(
+        trajectory.length,
+        Some(96),
+        "the second attempt allocated its 96 MiB"
+    );
     let [first] = trajectory.previous_attempts.as_slice() else {
         panic!("one earlier attempt: {trajectory:?}");
     };
@@ -124,8 +141,16 @@ async fn a_task_that_always_runs_out_of_memory_stops_at_max_attempts_aborted_oom
         panic!("one trajectory: {status:?}");
     };
     assert_eq!(trajectory.attempts, 3, "{trajectory:?}");
-    assert_eq!(trajectory.status, Some(TrajectoryStatus::Aborted), "{trajectory:?}");
-    assert_eq!(trajectory.reason.as_deref(), Some("OOMKilled"), "{trajectory:?}");
+    assert_eq!(
+        trajectory.status,
+        Some(TrajectoryStatus::Aborted),
+        "{trajectory:?}"
+    );
+    assert_eq!(
+        trajectory.reason.as_deref(),
+        Some("OOMKilled"),
+        "{trajectory:?}"
+    );
     assert_eq!(
         trajectory
             .previous_attempts
@@ -139,7 +164,11 @@ async fn a_task_that_always_runs_out_of_memory_stops_at_max_attempts_aborted_oom
     );
     assert_eq!(status.backfill_trajectories, 1);
     let sandbox = sandboxes.get("hog-0").await.expect("hog-0");
-    assert_eq!(memory_of(&sandbox).as_deref(), Some("256Mi"), "the last attempt");
+    assert_eq!(
+        memory_of(&sandbox).as_deref(),
+        Some("256Mi"),
+        "the last attempt"
+    );
     let result = sandbox.status.as_ref().and_then(|s| s.result.as_ref());
     assert_eq!(
         result.and_then(|r| r.reason.as_deref()),

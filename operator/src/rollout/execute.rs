@@ -165,7 +165,7 @@ pub async fn record(
             .inc();
     }
     for message in record.retries {
-        info!(group = %object_key(group), %message, "trajectory attempt ended, retrying");
+        info!(group = %object_key(group), retry = %message, "trajectory attempt ended, retrying");
         publish(
             &ctx.kube,
             group,
