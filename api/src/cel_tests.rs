@@ -632,3 +632,113 @@ fn gpu_rules_apply_inside_a_group_and_a_pool_template_and_gpus_are_immutable() {
     );
     assert!(violations::<Sandbox>(old.clone(), Some(old)).is_empty());
 }
+
+fn retry(on_oom: Value, resources: Value) -> Value {
+    group(json!({
+        "retry": {"maxAttempts": 3, "onOOM": on_oom},
+        "template": {"spec": {"image": "i", "resources": resources}}
+    }))
+}
+
+#[test]
+fn a_retry_policy_escalates_within_its_limits() {
+    for (on_oom, resources) in [
+        (json!({"maxMemory": "8Gi"}), json!({})),
+        (
+            json!({"memoryFactor": 2, "maxMemory": "8Gi"}),
+            json!({"memory": "1Gi"}),
+        ),
+        (
+            json!({"memoryFactor": 1.5, "maxMemory": "1Gi"}),
+            json!({"memory": "1Gi"}),
+        ),
+        (
+            json!({"memoryFactor": 2.0, "cpuFactor": 1.5, "maxMemory": "4Gi", "maxCpu": 4}),
+            json!({"memory": "512Mi", "cpu": "500m"}),
+        ),
+        (
+            json!({"maxMemory": 17179869184_u64, "maxCpu": "2"}),
+            json!({"memory": "16Gi", "cpu": 2}),
+        ),
+    ] {
+        let ok = retry(on_oom.clone(), resources.clone());
+        assert_eq!(
+            violations::<RolloutGroup>(ok, None),
+            Vec::<String>::new(),
+            "{on_oom} {resources}"
+        );
+    }
+    let eviction_only = group(json!({"retry": {"onEviction": true}}));
+    assert!(violations::<RolloutGroup>(eviction_only, None).is_empty());
+}
+
+#[test]
+fn a_retry_policy_refuses_factors_that_do_not_grow() {
+    for factor in [json!(1), json!(1.0), json!(0.5), json!(0), json!(-2)] {
+        let bad = retry(
+            json!({"memoryFactor": factor, "maxMemory": "8Gi"}),
+            json!({}),
+        );
+        assert_rejects(
+            violations::<RolloutGroup>(bad, None),
+            "retry.onOOM.memoryFactor must be greater than 1",
+        );
+        let bad = retry(json!({"cpuFactor": factor, "maxMemory": "8Gi"}), json!({}));
+        assert_rejects(
+            violations::<RolloutGroup>(bad, None),
+            "retry.onOOM.cpuFactor must be greater than 1 when set",
+        );
+    }
+}
+
+#[test]
+fn a_retry_policy_needs_positive_limits() {
+    for bad_amount in [json!("0"), json!("-1Gi"), json!("lots"), json!(0)] {
+        let bad = retry(json!({"maxMemory": bad_amount}), json!({}));
+        assert_rejects(
+            violations::<RolloutGroup>(bad, None),
+            "retry.onOOM.maxMemory must be a quantity greater than 0",
+        );
+        let bad = retry(json!({"maxMemory": "1Gi", "maxCpu": bad_amount}), json!({}));
+        assert_rejects(
+            violations::<RolloutGroup>(bad, None),
+            "retry.onOOM.maxCpu must be a quantity greater than 0",
+        );
+    }
+}
+
+#[test]
+fn a_retry_limit_below_what_the_template_starts_with_is_refused() {
+    let bad = retry(json!({"maxMemory": "512Mi"}), json!({"memory": "1Gi"}));
+    assert_rejects(
+        violations::<RolloutGroup>(bad, None),
+        "retry.onOOM.maxMemory must not be below template.spec.resources.memory",
+    );
+    // Compared as quantities, not as text: 950Mi is below 1G (953.67Mi), 960Mi is not.
+    let ok = retry(json!({"maxMemory": "960Mi"}), json!({"memory": "1G"}));
+    assert!(violations::<RolloutGroup>(ok, None).is_empty());
+    let bad = retry(json!({"maxMemory": "950Mi"}), json!({"memory": "1G"}));
+    assert_rejects(
+        violations::<RolloutGroup>(bad, None),
+        "retry.onOOM.maxMemory must not be below template.spec.resources.memory",
+    );
+    let bad = retry(
+        json!({"maxMemory": "8Gi", "cpuFactor": 2, "maxCpu": "1"}),
+        json!({"cpu": "1500m"}),
+    );
+    assert_rejects(
+        violations::<RolloutGroup>(bad, None),
+        "retry.onOOM.maxCpu must not be below template.spec.resources.cpu",
+    );
+    // An unparsable template amount is refused by its own rule, not this one.
+    let bad = retry(json!({"maxMemory": "8Gi"}), json!({"memory": "lots"}));
+    let found = violations::<RolloutGroup>(bad, None);
+    assert_rejects(
+        found.clone(),
+        "resources.memory must be a quantity greater than 0",
+    );
+    assert!(
+        !found.iter().any(|m| m.contains("must not be below")),
+        "{found:?}"
+    );
+}

@@ -12,22 +12,6 @@ use kube::{CustomResource, KubeSchema};
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
-/// The CEL rule "field `$field` of `self`, when set, is a quantity above zero". A Quantity field is
-/// `x-kubernetes-int-or-string`: `string()` turns a number (`cpu: 2`) into its quantity text.
-macro_rules! positive_quantity {
-    ($field:literal) => {
-        concat!(
-            "!has(self.",
-            $field,
-            ") || (isQuantity(string(self.",
-            $field,
-            ")) && quantity(string(self.",
-            $field,
-            ")).isGreaterThan(quantity('0')))"
-        )
-    };
-}
-
 /// Desired state of a Sandbox: which image to run and how it is isolated, sized and expired.
 // Each printer column repeats `type_ = ...`; clippy mistakes the repeats for duplicated attributes.
 #[allow(clippy::duplicated_attributes)]
