@@ -222,7 +222,7 @@ mod tests {
                 "spec": {"queue": queue, "template": {"spec": {"image": "i"}}},
             }))
             .expect("a group");
-            g.spec.retry = retry.then(|| RetryPolicy {
+            g.spec.retry = retry.then_some(RetryPolicy {
                 max_attempts: 3,
                 on_oom: None,
                 on_eviction: true,

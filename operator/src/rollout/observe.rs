@@ -625,14 +625,15 @@ mod tests {
             let a1 = || ended("OOMKilled", "64Mi");
             let mut deleting = oom(1, "64Mi");
             deleting.deleting = true;
-            let cases: Vec<(
-                &str,
+            type Row<'a> = (
+                &'a str,
                 Option<TrajectoryRecord>,
                 Vec<ChildView>,
-                &[&str],
-                Option<&RetryParams>,
+                &'a [&'a str],
+                Option<&'a RetryParams>,
                 Seen,
-            )> = vec![
+            );
+            let cases: Vec<Row> = vec![
                 (
                     "attempt 1 OOM-killed: recorded as a previous attempt, its child deleted",
                     Some(record(1, vec![])),

@@ -85,12 +85,13 @@ fn endings_are_classified_into_retry_causes() {
     use Cause::{Eviction, MemoryEviction, OutOfMemory};
     let evicted_for_memory =
         "The node was low on resource: memory. Threshold quantity: 100Mi, available: 10Mi.";
-    let cases: Vec<(
-        &str,
+    type Row<'a> = (
+        &'a str,
         TrajectoryResult,
-        Option<(&str, &str)>,
-        Option<(Cause, &str)>,
-    )> = vec![
+        Option<(&'a str, &'a str)>,
+        Option<(Cause, &'a str)>,
+    );
+    let cases: Vec<Row> = vec![
         (
             "the run's command OOM-killed",
             result("OOMKilled", "killed at 64Mi"),
@@ -572,6 +573,38 @@ fn the_next_attempt_follows_the_cause_and_the_attempts_left() {
             3,
             ran,
             None,
+        ),
+        (
+            "evicted for memory: more memory",
+            &both,
+            MemoryEviction,
+            1,
+            ran,
+            Some(amounts(128 * MI, 1000)),
+        ),
+        (
+            "evicted for memory at the cap: the same with onEviction",
+            &both,
+            MemoryEviction,
+            2,
+            amounts(256 * MI, 1000),
+            Some(amounts(256 * MI, 1000)),
+        ),
+        (
+            "evicted for memory at the cap without onEviction",
+            &oom_only,
+            MemoryEviction,
+            2,
+            amounts(256 * MI, 1000),
+            None,
+        ),
+        (
+            "evicted for memory without onOOM: the same",
+            &eviction_only,
+            MemoryEviction,
+            1,
+            ran,
+            Some(ran),
         ),
     ];
     for (case, params, cause, attempt, ran, expected) in cases {
