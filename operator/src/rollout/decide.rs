@@ -139,7 +139,7 @@ pub enum Entry {
     /// Failed before: nothing to do.
     Failed,
     /// Run BAR with these parameters, retrying trajectories under this policy (if any).
-    Run(Params, Option<RetryParams>),
+    Run(Params, Option<Box<RetryParams>>),
 }
 
 /// Whether `group` runs (pure), given the operator's default resources `defaults` (what a template
@@ -162,7 +162,7 @@ pub fn plan_entry(group: &RolloutGroup, defaults: &ResourceDefaults, now: Timest
     if previous.phase == Some(RolloutPhase::Failed) {
         return Entry::Failed;
     }
-    Entry::Run(params, retry)
+    Entry::Run(params, retry.map(Box::new))
 }
 
 /// One trajectory to create.

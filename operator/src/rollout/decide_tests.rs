@@ -1197,7 +1197,7 @@ mod retries {
 
     fn policy() -> RetryParams {
         match plan_entry(&retrying(), &defaults(), now()) {
-            Entry::Run(_, Some(retry)) => retry,
+            Entry::Run(_, Some(retry)) => *retry,
             other => panic!("a retrying group runs: {other:?}"),
         }
     }

@@ -79,7 +79,7 @@ async fn reconcile_inner(queued: &RolloutGroup, ctx: &Arc<RolloutCtx>) -> Result
             return Ok(None);
         }
         Entry::Failed => return Ok(None),
-        Entry::Run(params, retry) => (params, retry),
+        Entry::Run(params, retry) => (params, retry.map(|r| *r)),
     };
     let owner = group.controller_owner_ref(&()).ok_or(Error::MissingField {
         kind: "RolloutGroup",

@@ -333,6 +333,7 @@ fn resources(memory: Option<&str>, cpu: Option<&str>) -> Option<SandboxResources
         memory: memory.map(|q| Quantity(q.into())),
         cpu: cpu.map(|q| Quantity(q.into())),
         ephemeral_storage: Some(Quantity("1Gi".into())),
+        gpu: None,
     })
 }
 
