@@ -208,7 +208,15 @@ fn tolerates(toleration: &Toleration, taint: &Taint) -> bool {
     effect_ok && key_ok && value_ok
 }
 
-/// The first taint of the node that keeps the pod off (`NoSchedule` or `NoExecute`, not tolerated).
+/// Taints the control plane puts on a node whose heartbeat it lost (`unreachable`, `not-ready`).
+/// The hollow node is its own kubelet and scheduler, and its pods are host processes that do not
+/// depend on that heartbeat: after a paused node or a restarted API server the taint can outlive
+/// the node's recovery until the node lifecycle controller looks again, so these never keep a pod
+/// off (as before the hollow node checked taints at all).
+const LIFECYCLE_TAINT_PREFIX: &str = "node.kubernetes.io/";
+
+/// The first taint of the node that keeps the pod off (`NoSchedule` or `NoExecute`, not tolerated,
+/// not a lifecycle taint).
 fn untolerated<'a>(pod: &Pod, offer: &'a NodeOffer) -> Option<&'a Taint> {
     let tolerations = pod
         .spec
@@ -216,7 +224,8 @@ fn untolerated<'a>(pod: &Pod, offer: &'a NodeOffer) -> Option<&'a Taint> {
         .and_then(|s| s.tolerations.as_deref())
         .unwrap_or_default();
     offer.taints.iter().find(|taint| {
-        matches!(taint.effect.as_str(), "NoSchedule" | "NoExecute")
+        !taint.key.starts_with(LIFECYCLE_TAINT_PREFIX)
+            && matches!(taint.effect.as_str(), "NoSchedule" | "NoExecute")
             && !tolerations.iter().any(|t| tolerates(t, taint))
     })
 }

@@ -172,6 +172,14 @@ fn taints_keep_off_pods_that_do_not_tolerate_them() {
         json!({}),
     );
     assert_eq!(check(&untolerating, &soft, &none), None);
+    // The control plane's view of the node's heartbeat keeps nothing off the hollow node.
+    let lost = node(
+        json!({}),
+        json!([{"key": "node.kubernetes.io/unreachable", "effect": "NoSchedule"},
+               {"key": "node.kubernetes.io/not-ready", "effect": "NoExecute"}]),
+        json!({}),
+    );
+    assert_eq!(check(&untolerating, &lost, &none), None);
 }
 
 #[test]
