@@ -53,8 +53,11 @@ def test_drive_records_the_trainers_rewards_over_two_strides(client: SandboxClie
         ran.append(sandbox.name)
         return scored(sandbox.name)
 
+    # cleanup Keep: the trajectories' Sandboxes outlive the group's completion, so they can be searched for
+    # the payload below (with Delete the operator may already have removed them: a 404 on the real node).
     with client.create_rollout_group(
-        {"image": cluster.image}, group_size=4, max_trajectories=8, stride=4, positive_fraction=(0.25, 0.75)
+        {"image": cluster.image}, group_size=4, max_trajectories=8, stride=4, positive_fraction=(0.25, 0.75),
+        cleanup="Keep",
     ) as group:
         result = group.drive(episode, concurrency=3, timeout=240)
         check(result, group.name, ran)
@@ -84,8 +87,11 @@ def test_drive_hands_back_payloads_matched_by_trajectory_and_never_stores_them(c
         said = sandbox.exec(["echo", sandbox.name], check=True).stdout.strip()
         return scored(sandbox.name), {"said": said, "marker": f"PAYLOAD-SECRET-{sandbox.name}"}
 
+    # cleanup Keep: the trajectories' Sandboxes outlive the group's completion, so they can be searched for
+    # the payload below (with Delete the operator may already have removed them: a 404 on the real node).
     with client.create_rollout_group(
-        {"image": cluster.image}, group_size=4, max_trajectories=8, stride=4, positive_fraction=(0.25, 0.75)
+        {"image": cluster.image}, group_size=4, max_trajectories=8, stride=4, positive_fraction=(0.25, 0.75),
+        cleanup="Keep",
     ) as group:
         result = group.drive(episode, concurrency=3, timeout=240)
         check(result, group.name, list(result.episodes))
