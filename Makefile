@@ -389,8 +389,15 @@ bench-real: k8s agent node-images ## the hollow and the real node side by side (
 	ORCHARD_OPERATOR_BIN=$(abspath $(TARGET_DIR))/release/orchard-operator \
 		$(TARGET_DIR)/release/bench-pool --write-doc docs/BENCHMARKS.md
 
+# The staged pipeline against bounded batches on simulated stage costs (init 2 s CPU, run 10 s GPU, reward 3 s
+# CPU, scaled by 1/100): no cluster, about half a minute. The SDK from this checkout (PYTHONPATH), in the SDK venv.
+.PHONY: bench-pipeline
+bench-pipeline: sdk-venv ## orchard_env.AsyncPipeline vs bounded batches (64 items, 8 GPU and 16 CPU slots, 3 rounds): makespan and simulated GPU idle; no cluster; writes docs/BENCHMARKS.md
+	PYTHONPATH=$(abspath sdk/python/src) $(HOME)/.cache/orchard/sdk-venv/bin/python sdk/python/bench/bench_pipeline.py \
+		--items 64 --scale 0.01 --gpu 8 --cpu 16 --rounds 3 --write-doc $(abspath docs/BENCHMARKS.md)
+
 .PHONY: bench
-bench: bench-agent bench-gateway bench-egress bench-callgrind bench-bar bench-scale bench-queue bench-lifecycle bench-real ## every benchmark (numbers go to docs/BENCHMARKS.md and docs/BAR.md)
+bench: bench-agent bench-gateway bench-egress bench-callgrind bench-bar bench-scale bench-queue bench-lifecycle bench-real bench-pipeline ## every benchmark (numbers go to docs/BENCHMARKS.md and docs/BAR.md)
 
 # ---------------------------------------------------------------------------------------------------
 # GitOps and observability (issue 18, docs/OPERATIONS.md). kstatus (sigs.k8s.io/cli-utils), luahealth

@@ -143,6 +143,7 @@ pub fn router(state: AppState) -> Router {
             get(sessions::routes::status).delete(sessions::routes::remove),
         )
         .route("/v1/sessions/{id}/run", post(sessions::routes::run))
+        .route("/v1/sessions/{id}/signal", post(sessions::routes::signal))
         .route("/v1/sessions/{id}/input", post(sessions::routes::input))
         .route("/v1/sessions/{id}/read", post(sessions::routes::read))
         .route(

@@ -542,3 +542,203 @@ fn a_group_template_may_not_use_the_operators_keys() {
         "template.metadata.annotations may not use keys under orchard.dev/",
     );
 }
+
+fn with_gpu(gpu: Value) -> Value {
+    sandbox(json!({"image": "a", "resources": {"cpu": "2", "gpu": gpu}}))
+}
+
+#[test]
+fn a_gpu_request_is_a_count_and_optional_types() {
+    for gpu in [
+        json!({"count": 1}),
+        json!({"count": 64}),
+        json!({"count": 2, "types": []}),
+        json!({"count": 1, "types": ["h100", "a100-80gb", "L4", "gb200_nvl.72"]}),
+        json!({"count": 8, "types": ["a".repeat(63)]}),
+        json!({"count": 1, "types": ["t1", "t2", "t3", "t4", "t5", "t6", "t7", "t8"]}),
+    ] {
+        assert_eq!(
+            violations::<Sandbox>(with_gpu(gpu.clone()), None),
+            Vec::<String>::new(),
+            "{gpu}"
+        );
+    }
+}
+
+#[test]
+fn a_gpu_count_is_between_1_and_64() {
+    for count in [0, 65, 1000] {
+        assert_rejects(
+            violations::<Sandbox>(with_gpu(json!({"count": count})), None),
+            "resources.gpu.count must be between 1 and 64",
+        );
+    }
+}
+
+#[test]
+fn gpu_type_names_are_label_like_unique_and_few() {
+    for name in [
+        "",
+        "-h100",
+        ".h100",
+        "h100 80gb",
+        "nvidia.com/gpu",
+        "h100=1",
+        "ä100",
+        &"a".repeat(64),
+    ] {
+        assert_rejects(
+            violations::<Sandbox>(with_gpu(json!({"count": 1, "types": [name]})), None),
+            "resources.gpu.types[] must be GPU type names such as h100",
+        );
+    }
+    for twice in [json!(["h100", "h100"]), json!(["H100", "a100", "h100"])] {
+        assert_rejects(
+            violations::<Sandbox>(with_gpu(json!({"count": 1, "types": twice})), None),
+            "resources.gpu.types must not list a type twice",
+        );
+    }
+    let nine: Vec<String> = (1..=9).map(|i| format!("t{i}")).collect();
+    assert_rejects(
+        violations::<Sandbox>(with_gpu(json!({"count": 1, "types": nine})), None),
+        "resources.gpu.types lists at most 8 GPU types",
+    );
+}
+
+#[test]
+fn gpu_rules_apply_inside_a_group_and_a_pool_template_and_gpus_are_immutable() {
+    let bad =
+        group(json!({"template": {"spec": {"image": "i", "resources": {"gpu": {"count": 0}}}}}));
+    assert_rejects(
+        violations::<RolloutGroup>(bad, None),
+        "resources.gpu.count must be between 1 and 64",
+    );
+    let pool = |gpu: Value| {
+        json!({"apiVersion": "orchard.dev/v1alpha1", "kind": "SandboxPool", "metadata": {"name": "p"},
+               "spec": {"replicas": 1, "template": {"image": "i", "resources": {"gpu": gpu}}}})
+    };
+    assert!(
+        violations::<SandboxPool>(pool(json!({"count": 1, "types": ["h100"]})), None).is_empty()
+    );
+    assert_rejects(
+        violations::<SandboxPool>(pool(json!({"count": 1, "types": ["h 100"]})), None),
+        "resources.gpu.types[] must be GPU type names",
+    );
+    let old = with_gpu(json!({"count": 1}));
+    let more = with_gpu(json!({"count": 2}));
+    assert_rejects(
+        violations::<Sandbox>(more, Some(old.clone())),
+        "spec.resources is immutable",
+    );
+    assert!(violations::<Sandbox>(old.clone(), Some(old)).is_empty());
+}
+
+fn retry(on_oom: Value, resources: Value) -> Value {
+    group(json!({
+        "retry": {"maxAttempts": 3, "onOOM": on_oom},
+        "template": {"spec": {"image": "i", "resources": resources}}
+    }))
+}
+
+#[test]
+fn a_retry_policy_escalates_within_its_limits() {
+    for (on_oom, resources) in [
+        (json!({"maxMemory": "8Gi"}), json!({})),
+        (
+            json!({"memoryFactor": 2, "maxMemory": "8Gi"}),
+            json!({"memory": "1Gi"}),
+        ),
+        (
+            json!({"memoryFactor": 1.5, "maxMemory": "1Gi"}),
+            json!({"memory": "1Gi"}),
+        ),
+        (
+            json!({"memoryFactor": 2.0, "cpuFactor": 1.5, "maxMemory": "4Gi", "maxCpu": 4}),
+            json!({"memory": "512Mi", "cpu": "500m"}),
+        ),
+        (
+            json!({"maxMemory": 17179869184_u64, "maxCpu": "2"}),
+            json!({"memory": "16Gi", "cpu": 2}),
+        ),
+    ] {
+        let ok = retry(on_oom.clone(), resources.clone());
+        assert_eq!(
+            violations::<RolloutGroup>(ok, None),
+            Vec::<String>::new(),
+            "{on_oom} {resources}"
+        );
+    }
+    let eviction_only = group(json!({"retry": {"onEviction": true}}));
+    assert!(violations::<RolloutGroup>(eviction_only, None).is_empty());
+}
+
+#[test]
+fn a_retry_policy_refuses_factors_that_do_not_grow() {
+    for factor in [json!(1), json!(1.0), json!(0.5), json!(0), json!(-2)] {
+        let bad = retry(
+            json!({"memoryFactor": factor, "maxMemory": "8Gi"}),
+            json!({}),
+        );
+        assert_rejects(
+            violations::<RolloutGroup>(bad, None),
+            "retry.onOOM.memoryFactor must be greater than 1",
+        );
+        let bad = retry(json!({"cpuFactor": factor, "maxMemory": "8Gi"}), json!({}));
+        assert_rejects(
+            violations::<RolloutGroup>(bad, None),
+            "retry.onOOM.cpuFactor must be greater than 1 when set",
+        );
+    }
+}
+
+#[test]
+fn a_retry_policy_needs_positive_limits() {
+    for bad_amount in [json!("0"), json!("-1Gi"), json!("lots"), json!(0)] {
+        let bad = retry(json!({"maxMemory": bad_amount}), json!({}));
+        assert_rejects(
+            violations::<RolloutGroup>(bad, None),
+            "retry.onOOM.maxMemory must be a quantity greater than 0",
+        );
+        let bad = retry(json!({"maxMemory": "1Gi", "maxCpu": bad_amount}), json!({}));
+        assert_rejects(
+            violations::<RolloutGroup>(bad, None),
+            "retry.onOOM.maxCpu must be a quantity greater than 0",
+        );
+    }
+}
+
+#[test]
+fn a_retry_limit_below_what_the_template_starts_with_is_refused() {
+    let bad = retry(json!({"maxMemory": "512Mi"}), json!({"memory": "1Gi"}));
+    assert_rejects(
+        violations::<RolloutGroup>(bad, None),
+        "retry.onOOM.maxMemory must not be below template.spec.resources.memory",
+    );
+    // Compared as quantities, not as text: 950Mi is below 1G (953.67Mi), 960Mi is not.
+    let ok = retry(json!({"maxMemory": "960Mi"}), json!({"memory": "1G"}));
+    assert!(violations::<RolloutGroup>(ok, None).is_empty());
+    let bad = retry(json!({"maxMemory": "950Mi"}), json!({"memory": "1G"}));
+    assert_rejects(
+        violations::<RolloutGroup>(bad, None),
+        "retry.onOOM.maxMemory must not be below template.spec.resources.memory",
+    );
+    let bad = retry(
+        json!({"maxMemory": "8Gi", "cpuFactor": 2, "maxCpu": "1"}),
+        json!({"cpu": "1500m"}),
+    );
+    assert_rejects(
+        violations::<RolloutGroup>(bad, None),
+        "retry.onOOM.maxCpu must not be below template.spec.resources.cpu",
+    );
+    // An unparsable template amount is refused by its own rule, not this one.
+    let bad = retry(json!({"maxMemory": "8Gi"}), json!({"memory": "lots"}));
+    let found = violations::<RolloutGroup>(bad, None);
+    assert_rejects(
+        found.clone(),
+        "resources.memory must be a quantity greater than 0",
+    );
+    assert!(
+        !found.iter().any(|m| m.contains("must not be below")),
+        "{found:?}"
+    );
+}

@@ -7,6 +7,24 @@
 //! `openapi` adds utoipa schemas to the agent's wire types.
 
 pub mod agent;
+
+/// The CEL rule "field `$field` of `self`, when set, is a quantity above zero". A Quantity field is
+/// `x-kubernetes-int-or-string`: `string()` turns a number (`cpu: 2`) into its quantity text.
+#[cfg(feature = "crd")]
+macro_rules! positive_quantity {
+    ($field:literal) => {
+        concat!(
+            "!has(self.",
+            $field,
+            ") || (isQuantity(string(self.",
+            $field,
+            ")) && quantity(string(self.",
+            $field,
+            ")).isGreaterThan(quantity('0')))"
+        )
+    };
+}
+
 #[cfg(feature = "crd")]
 mod rollout_group;
 #[cfg(feature = "crd")]
@@ -40,6 +58,11 @@ pub const ROLLOUT_GROUP_LABEL: &str = "orchard.dev/rollout-group";
 
 /// Label on trajectory Sandboxes holding the stride index (0-based) they were launched in.
 pub const STRIDE_LABEL: &str = "orchard.dev/stride";
+
+/// Label on trajectory Sandboxes holding their attempt (1-based): a retried trajectory is created
+/// again under the same name with the next number, so an old attempt still being removed is never
+/// taken for the new one. Absent means 1.
+pub const ATTEMPT_LABEL: &str = "orchard.dev/attempt";
 
 /// Label on trajectory Sandboxes (and their Pods) of a group that names a RolloutQueue, holding the
 /// queue's name: the queue's accounting counts what carries it.

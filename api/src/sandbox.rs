@@ -12,22 +12,6 @@ use kube::{CustomResource, KubeSchema};
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
-/// The CEL rule "field `$field` of `self`, when set, is a quantity above zero". A Quantity field is
-/// `x-kubernetes-int-or-string`: `string()` turns a number (`cpu: 2`) into its quantity text.
-macro_rules! positive_quantity {
-    ($field:literal) => {
-        concat!(
-            "!has(self.",
-            $field,
-            ") || (isQuantity(string(self.",
-            $field,
-            ")) && quantity(string(self.",
-            $field,
-            ")).isGreaterThan(quantity('0')))"
-        )
-    };
-}
-
 /// Desired state of a Sandbox: which image to run and how it is isolated, sized and expired.
 // Each printer column repeats `type_ = ...`; clippy mistakes the repeats for duplicated attributes.
 #[allow(clippy::duplicated_attributes)]
@@ -127,7 +111,7 @@ pub struct SandboxSpec {
     #[schemars(length(max = 16))]
     pub image_pull_secrets: Vec<SecretName>,
 
-    /// CPU, memory and ephemeral storage of the task container. Requests equal limits; unset values take the operator's defaults.
+    /// CPU, memory, ephemeral storage and GPUs of the task container. Requests equal limits; unset values take the operator's defaults (no GPU by default).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub resources: Option<SandboxResources>,
 
@@ -281,6 +265,32 @@ pub struct SandboxResources {
     /// Ephemeral storage (container writable layer, logs and the agent's emptyDir), e.g. `10Gi`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub ephemeral_storage: Option<Quantity>,
+    /// GPUs of the task container: `count` of the operator's GPU extended resource (`--gpu-resource`, default `nvidia.com/gpu`) as request and limit, on a node of one of `types` when given (a required node affinity from the operator's GPU type map, `--gpu-type`), with a toleration of that resource's `NoSchedule` taint unless the operator turns it off (`--gpu-toleration=false`). A type the operator does not know fails the sandbox with reason `PlacementRefused`. Unset: no GPU.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub gpu: Option<GpuRequest>,
+}
+
+/// GPUs of a sandbox: how many, and optionally which types any one of which will do.
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq, Eq, Default)]
+#[x_kube(validation = Rule::new("self.count >= 1 && self.count <= 64").message("resources.gpu.count must be between 1 and 64"))]
+#[x_kube(validation = Rule::new("!has(self.types) || size(self.types) <= 8").message("resources.gpu.types lists at most 8 GPU types"))]
+#[x_kube(validation = Rule::new("!has(self.types) || self.types.all(t, t.matches('^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$'))").message("resources.gpu.types[] must be GPU type names such as h100 or a100-80gb: 1 to 63 letters, digits, '-', '.' or '_', starting with a letter or digit"))]
+#[x_kube(validation = Rule::new("!has(self.types) || self.types.all(t, self.types.filter(u, u.lowerAscii() == t.lowerAscii()).size() == 1)").message("resources.gpu.types must not list a type twice (names are matched case-insensitively)"))]
+pub struct GpuRequest {
+    /// Number of GPUs (1 to 64): the request and limit of the operator's GPU extended resource (`--gpu-resource`, default `nvidia.com/gpu`) on the task container. All of them are on one node.
+    pub count: u32,
+
+    /// GPU types any one of which will do, e.g. `h100` or `a100-80gb`, as named in the operator's GPU type map (`--gpu-type NAME=LABEL=VALUE`, Helm value `gpu.types`); matched case-insensitively. Each type becomes one term of a required node affinity (the Pod lands on a node carrying the label of any listed type). Empty: any node with the GPU resource.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = 8), inner(length(min = 1, max = 63)))]
+    pub types: Vec<String>,
+}
+
+impl GpuRequest {
+    /// The listed types as the operator matches them (pure): lower-cased, sorted, each once.
+    pub fn type_names(&self) -> std::collections::BTreeSet<String> {
+        self.types.iter().map(|t| t.to_ascii_lowercase()).collect()
+    }
 }
 
 /// One environment variable.

@@ -6,13 +6,22 @@
 //! whose template is refused starts no member (`Stalled`, reason `PlacementRefused`). Restarted with
 //! `--allow-control-plane-placement` and `--allowed-priority-classes`, the operator lets the same specs
 //! become Ready.
+//!
+//! GPUs (operator/src/pod/gpu.rs): the hollow node is made a GPU node as a device plugin and GPU
+//! feature discovery would (Node status `nvidia.com/gpu: 2`, label `nvidia.com/gpu.product=FAKE-H100`,
+//! taint `nvidia.com/gpu=present:NoSchedule`), the operator knows types `h100` and `a100`. A sandbox
+//! asking for one GPU of type `H100` or `a100` is Ready with the GPU request and limit, the toleration
+//! and one node-affinity term per type; one asking for `a100` only, or for 3 GPUs, or for a GPU the
+//! node no longer has free, stays Pending, `Unschedulable`, with a message naming the GPUs, until a
+//! GPU is given back; `v100` fails `PlacementRefused` naming it, the known types and `--gpu-type`;
+//! with `--gpu-toleration=false` the taint keeps a GPU sandbox off the node.
 
 use std::time::Duration;
 
-use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::api::core::v1::{Node, Pod};
 use k8s_openapi::api::networking::v1::NetworkPolicy;
 use k8s_openapi::api::scheduling::v1::PriorityClass;
-use kube::api::{Api, ListParams, PostParams};
+use kube::api::{Api, ListParams, Patch, PatchParams, PostParams};
 use orchard_operator::api::{RolloutGroup, RolloutPhase, Sandbox, SandboxPool, TrajectoryStatus};
 use orchard_testcluster::binaries::operator_bin;
 use orchard_testcluster::env::{EnvOptions, TestEnv};
@@ -252,6 +261,261 @@ async fn refused_placement_fails_the_sandbox_and_the_operator_setting_allows_it(
     let still = sandboxes.get("control-plane").await.expect("get");
     assert!(is_failed(Some(&still)), "{:?}", still.status);
     allowing.kill();
+    env.node.hollow().shutdown().await;
+    env.control_plane.stop();
+}
+
+fn gpu_sandbox(gpu: Value) -> Value {
+    json!({"image": "busybox", "resources": {"cpu": "100m", "gpu": gpu}})
+}
+
+/// Waits until sandbox `name` is Pending with `Scheduled` and `Ready` False for reason
+/// `Unschedulable`, and returns the Ready condition's message.
+async fn unschedulable(sandboxes: &Api<Sandbox>, name: &str) -> String {
+    let pending = wait::until(
+        sandboxes,
+        name,
+        "Pending, Unschedulable",
+        TIMEOUT,
+        |s: Option<&Sandbox>| {
+            s.and_then(|s| s.status.as_ref()).is_some_and(|st| {
+                st.conditions.iter().any(|c| {
+                    c.type_ == "Scheduled" && c.status == "False" && c.reason == "Unschedulable"
+                })
+            })
+        },
+    )
+    .await;
+    let status = pending.status.expect("status");
+    assert_eq!(
+        status.phase,
+        Some(orchard_operator::api::SandboxPhase::Pending),
+        "{status:?}"
+    );
+    let ready = status
+        .conditions
+        .iter()
+        .find(|c| c.type_ == "Ready")
+        .expect("a Ready condition");
+    assert_eq!(
+        (ready.status.as_str(), ready.reason.as_str()),
+        ("False", "Unschedulable"),
+        "{status:?}"
+    );
+    eprintln!("{name}: {}", ready.message);
+    ready.message.clone()
+}
+
+#[tokio::test]
+async fn gpu_sandboxes_get_their_gpus_on_a_node_of_a_listed_type() {
+    let env = TestEnv::start(
+        "placement-gpu",
+        EnvOptions {
+            operator: false,
+            ..EnvOptions::default()
+        },
+    )
+    .await
+    .expect("local cluster");
+    let client = env.client().await;
+    // The hollow node becomes a GPU node the way a device plugin (status), GPU feature discovery
+    // (label) and a managed GPU pool (taint) make one.
+    let nodes: Api<Node> = Api::all(client.clone());
+    let node_name = env.node.hollow().name().to_string();
+    nodes
+        .patch(
+            &node_name,
+            &PatchParams::default(),
+            &Patch::Merge(json!({
+                "metadata": {"labels": {"nvidia.com/gpu.product": "FAKE-H100"}},
+                "spec": {"taints": [{"key": "nvidia.com/gpu", "value": "present", "effect": "NoSchedule"}]},
+            })),
+        )
+        .await
+        .expect("label and taint the node");
+    nodes
+        .patch_status(
+            &node_name,
+            &PatchParams::default(),
+            &Patch::Merge(json!({"status": {
+                "capacity": {"nvidia.com/gpu": "2"}, "allocatable": {"nvidia.com/gpu": "2"},
+            }})),
+        )
+        .await
+        .expect("advertise two GPUs");
+    // The node's scheduler reads its Node object through a watch: wait until it sees all three.
+    let hollow = env.node.hollow().clone();
+    wait::poll(
+        "the hollow node sees its GPUs, label and taint",
+        TIMEOUT,
+        || {
+            let offer = hollow.offer();
+            async move {
+                let gpus = offer.extended.get("nvidia.com/gpu") == Some(&2);
+                let label = offer
+                    .labels
+                    .get("nvidia.com/gpu.product")
+                    .map(String::as_str)
+                    == Some("FAKE-H100");
+                (gpus && label && !offer.taints.is_empty()).then_some(())
+            }
+        },
+    )
+    .await;
+    let ns = env.namespace("gpu").await;
+    let sandboxes: Api<Sandbox> = Api::namespaced(client.clone(), &ns);
+    let pods: Api<Pod> = Api::namespaced(client.clone(), &ns);
+
+    let operator = operator_with(
+        &env,
+        "gpu",
+        &[
+            "--gpu-type",
+            "h100=nvidia.com/gpu.product=FAKE-H100",
+            "--gpu-type",
+            "a100=nvidia.com/gpu.product=FAKE-A100",
+        ],
+    )
+    .await;
+
+    // Any of two types, one of which the node has.
+    sandboxes
+        .create(
+            &PostParams::default(),
+            &sandbox(
+                "gpu-any-of",
+                gpu_sandbox(json!({"count": 1, "types": ["H100", "a100"]})),
+            ),
+        )
+        .await
+        .expect("create the sandbox");
+    wait::until(&sandboxes, "gpu-any-of", "Ready", TIMEOUT, is_ready).await;
+    let pod = pods.get("gpu-any-of").await.expect("its pod");
+    let spec = serde_json::to_value(pod.spec.expect("pod spec")).expect("JSON");
+    let task = &spec["containers"][0]["resources"];
+    assert_eq!(task["requests"]["nvidia.com/gpu"], json!("1"), "{task}");
+    assert_eq!(task["limits"]["nvidia.com/gpu"], json!("1"), "{task}");
+    // The API server's DefaultTolerationSeconds adds the not-ready and unreachable ones after it.
+    assert_eq!(
+        spec["tolerations"][0],
+        json!({"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}),
+        "{}",
+        spec["tolerations"]
+    );
+    assert_eq!(
+        spec["affinity"],
+        json!({"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [
+            {"matchExpressions": [{"key": "nvidia.com/gpu.product", "operator": "In", "values": ["FAKE-A100"]}]},
+            {"matchExpressions": [{"key": "nvidia.com/gpu.product", "operator": "In", "values": ["FAKE-H100"]}]}
+        ]}}})
+    );
+    assert_eq!(spec["nodeName"], json!(node_name));
+
+    // A type the node does not have: not scheduled, and the sandbox says which GPUs it waits for.
+    sandboxes
+        .create(
+            &PostParams::default(),
+            &sandbox(
+                "gpu-a100",
+                gpu_sandbox(json!({"count": 1, "types": ["a100"]})),
+            ),
+        )
+        .await
+        .expect("create the sandbox");
+    let message = unschedulable(&sandboxes, "gpu-a100").await;
+    assert!(
+        message.contains("didn't match Pod's node affinity/selector")
+            && message.contains("1 GPU on one node of GPU type a100"),
+        "{message}"
+    );
+
+    // More GPUs than the node has.
+    sandboxes
+        .create(
+            &PostParams::default(),
+            &sandbox("gpu-three", gpu_sandbox(json!({"count": 3}))),
+        )
+        .await
+        .expect("create the sandbox");
+    let message = unschedulable(&sandboxes, "gpu-three").await;
+    assert!(
+        message.contains("Insufficient nvidia.com/gpu") && message.contains("3 GPUs on one node"),
+        "{message}"
+    );
+
+    // The node's second GPU, then none left.
+    sandboxes
+        .create(
+            &PostParams::default(),
+            &sandbox("gpu-second", gpu_sandbox(json!({"count": 1}))),
+        )
+        .await
+        .expect("create the sandbox");
+    wait::until(&sandboxes, "gpu-second", "Ready", TIMEOUT, is_ready).await;
+    sandboxes
+        .create(
+            &PostParams::default(),
+            &sandbox(
+                "gpu-third",
+                gpu_sandbox(json!({"count": 1, "types": ["h100"]})),
+            ),
+        )
+        .await
+        .expect("create the sandbox");
+    let message = unschedulable(&sandboxes, "gpu-third").await;
+    assert!(
+        message.contains("Insufficient nvidia.com/gpu") && message.contains("GPU type h100"),
+        "{message}"
+    );
+
+    // A type the operator does not know.
+    assert_refused(
+        &env,
+        &ns,
+        "gpu-v100",
+        gpu_sandbox(json!({"count": 1, "types": ["v100"]})),
+        &["\"v100\"", "known: a100, h100", "--gpu-type", "gpu.types"],
+    )
+    .await;
+
+    // A GPU given back goes to the sandbox waiting for one.
+    sandboxes
+        .delete("gpu-second", &Default::default())
+        .await
+        .expect("delete a GPU sandbox");
+    wait::until(&sandboxes, "gpu-third", "Ready", TIMEOUT, is_ready).await;
+    operator.kill();
+
+    // Without the toleration the GPU pool's taint keeps GPU sandboxes off (a GPU is freed first, so
+    // the taint is the only reason).
+    sandboxes
+        .delete("gpu-third", &Default::default())
+        .await
+        .expect("delete a GPU sandbox");
+    wait::deleted(&pods, "gpu-third", TIMEOUT).await;
+    let untolerating = operator_with(&env, "gpu-no-toleration", &["--gpu-toleration=false"]).await;
+    sandboxes
+        .create(
+            &PostParams::default(),
+            &sandbox("gpu-untolerated", gpu_sandbox(json!({"count": 1}))),
+        )
+        .await
+        .expect("create the sandbox");
+    let message = unschedulable(&sandboxes, "gpu-untolerated").await;
+    assert!(
+        message.contains("untolerated taint {nvidia.com/gpu: present}")
+            && !message.contains("Insufficient"),
+        "{message}"
+    );
+    let pod = pods.get("gpu-untolerated").await.expect("its pod");
+    let tolerations = pod.spec.and_then(|s| s.tolerations).unwrap_or_default();
+    assert!(
+        tolerations
+            .iter()
+            .all(|t| t.key.as_deref() != Some("nvidia.com/gpu")),
+        "{tolerations:?}"
+    );
+    untolerating.kill();
     env.node.hollow().shutdown().await;
     env.control_plane.stop();
 }

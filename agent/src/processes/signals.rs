@@ -1,4 +1,5 @@
-//! Signal names and numbers accepted by `POST /v1/processes/{id}/signal`.
+//! Signal names and numbers accepted by `POST /v1/processes/{id}/signal` and
+//! `POST /v1/sessions/{id}/signal`.
 
 /// `"TERM"`, `"SIGTERM"` or a number (the shared wire type).
 pub use orchard_api::agent::SignalSpec;

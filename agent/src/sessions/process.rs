@@ -14,7 +14,7 @@ use tokio::process::{ChildStdin, Command};
 use tokio::sync::watch;
 
 use super::output::ShellOutput;
-use super::process_tree::descendants_of;
+use super::process_tree::{children_of, command_processes};
 use super::shell::PRELUDE;
 use crate::error::AgentError;
 use crate::exec::budget::OutputBudget;
@@ -196,10 +196,24 @@ impl ShellProcess {
 
     /// SIGKILLs every process below the shell, not the shell.
     pub fn kill_descendants(&self) {
-        for pid in descendants_of(self.pid as i32) {
+        self.signal_command(libc::SIGKILL, None);
+    }
+
+    /// The shell's children now (`None` when the kernel does not list them): taken when a run starts,
+    /// these are its `&` jobs from before, not the run's.
+    pub fn children(&self) -> Option<Vec<i32>> {
+        children_of(self.pid as i32)
+    }
+
+    /// Sends `signal` to every process below the shell except the `earlier` children (see
+    /// [`ShellProcess::children`]) and theirs; never to the shell. Answers how many were signalled.
+    pub fn signal_command(&self, signal: i32, earlier: Option<&[i32]>) -> usize {
+        let targets = command_processes(self.pid as i32, earlier);
+        for pid in &targets {
             // SAFETY: plain syscall on a pid found below the shell.
-            unsafe { libc::kill(pid, libc::SIGKILL) };
+            unsafe { libc::kill(*pid, signal) };
         }
+        targets.len()
     }
 }
 

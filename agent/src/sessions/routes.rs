@@ -1,5 +1,5 @@
 //! HTTP routes of shell sessions: `POST/GET /v1/sessions`, `GET/DELETE /v1/sessions/{id}`,
-//! `POST /v1/sessions/{id}/run`, `/input` and `/read`.
+//! `POST /v1/sessions/{id}/run`, `/signal`, `/input` and `/read`.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -12,7 +12,7 @@ use axum::response::Response;
 use http_body_util::BodyExt;
 use orchard_api::agent::{
     SessionInputRequest, SessionList, SessionReadRequest, SessionReadResponse, SessionRequest,
-    SessionRunRequest, SessionRunResponse,
+    SessionRunRequest, SessionRunResponse, SessionSignalRequest, SessionSignalResponse,
 };
 
 use super::process::ShellLaunch;
@@ -22,6 +22,7 @@ use crate::error::{AgentError, json_response};
 use crate::exec::output::CapturedOutput;
 use crate::exec::request::{DEFAULT_EXEC_TIMEOUT, output_cap, resolve_cwd, validate_env};
 use crate::json_body::JsonBody;
+use crate::processes::signals::SignalNumber;
 use crate::state::AppState;
 use crate::users::{add_account_env, resolve_user};
 
@@ -162,6 +163,28 @@ pub async fn run(
         frame
     });
     Ok(Response::from_parts(parts, Body::new(body)))
+}
+
+/// `POST /v1/sessions/{id}/signal`: signals the command of the run in progress (SIGINT by default)
+/// without waiting for the run, which answers on its own once the command has ended.
+pub async fn signal(
+    State(state): State<AppState>,
+    id: Result<Path<String>, PathRejection>,
+    JsonBody(request): JsonBody<SessionSignalRequest>,
+) -> Result<Response, AgentError> {
+    let session = find(&state, id)?;
+    let number = match &request.signal {
+        Some(signal) => signal.number().map_err(AgentError::BadRequest)?,
+        None => libc::SIGINT,
+    };
+    let running = session.signal(number)?;
+    Ok(json_response(
+        StatusCode::OK,
+        &SessionSignalResponse {
+            running,
+            session: session.status(),
+        },
+    ))
 }
 
 pub async fn input(

@@ -1,5 +1,6 @@
 //! One shell session: running a command to its end marker (one run at a time), interrupting it at its
-//! time-out and getting the shell back in step, writing input, reading output as it comes, ending.
+//! time-out and getting the shell back in step, signalling the running command on request, writing
+//! input, reading output as it comes, ending.
 
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime};
@@ -37,6 +38,53 @@ pub struct RunOutcome {
     pub duration: Duration,
 }
 
+/// The run in progress, as the status and signal routes see it (they never wait for the run).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+struct ActiveRun {
+    /// The shell's children when the run started: its `&` jobs from before, which a signal for the
+    /// run's command leaves alone. `None` when the kernel does not list children.
+    earlier: Option<Vec<i32>>,
+}
+
+/// Where a signal for the running command goes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SignalTarget {
+    /// The shell's whole process group, the shell included: SIGINT, which the shell traps to abandon
+    /// the whole command (the rest of a `;` list, a loop) while its processes die of it; the shell's
+    /// `&` jobs ignore it. What the time-out sends first.
+    Group,
+    /// The processes below the shell that the run started, never the shell: every other signal (the
+    /// command runs in the shell's own process group, job control being off, so SIGKILL, SIGTERM or
+    /// SIGSTOP to the group would reach the shell too).
+    Command,
+}
+
+/// Where `signal` goes (see [`SignalTarget`]).
+pub fn signal_target(signal: i32) -> SignalTarget {
+    if signal == libc::SIGINT {
+        SignalTarget::Group
+    } else {
+        SignalTarget::Command
+    }
+}
+
+/// Marks a run in progress while it lives (also when the run's future is dropped).
+struct RunClaim<'a> {
+    active: &'a Mutex<Option<ActiveRun>>,
+}
+
+impl Drop for RunClaim<'_> {
+    fn drop(&mut self) {
+        *lock(self.active) = None;
+    }
+}
+
+fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    mutex
+        .lock()
+        .unwrap_or_else(|poisoned| poisoned.into_inner())
+}
+
 /// What waiting for a run's end gave.
 enum RunEnd {
     Marker(FinishedRun),
@@ -53,8 +101,9 @@ pub struct Session {
     started_at: SystemTime,
     pub(super) sequence: u64,
     shell: Mutex<Arc<ShellProcess>>,
-    /// Held by the run in progress.
-    running: tokio::sync::Mutex<()>,
+    /// The run in progress. A plain flag under a lock held only to read or swap it, never for a run's
+    /// length: status and signal only look at it, so they neither wait for a run nor make one fail.
+    active: Mutex<Option<ActiveRun>>,
 }
 
 impl Session {
@@ -73,7 +122,7 @@ impl Session {
             started_at: SystemTime::now(),
             sequence,
             shell: Mutex::new(Arc::new(shell)),
-            running: tokio::sync::Mutex::new(()),
+            active: Mutex::new(None),
         })
     }
 
@@ -82,12 +131,24 @@ impl Session {
     }
 
     fn shell(&self) -> Arc<ShellProcess> {
-        Arc::clone(
-            &self
-                .shell
-                .lock()
-                .unwrap_or_else(|poisoned| poisoned.into_inner()),
-        )
+        Arc::clone(&lock(&self.shell))
+    }
+
+    /// Whether a run is in progress.
+    pub fn busy(&self) -> bool {
+        lock(&self.active).is_some()
+    }
+
+    /// Marks a run in progress (`earlier`: the shell's children now); `None` when one already is.
+    fn claim(&self, earlier: Option<Vec<i32>>) -> Option<RunClaim<'_>> {
+        let mut active = lock(&self.active);
+        if active.is_some() {
+            return None;
+        }
+        *active = Some(ActiveRun { earlier });
+        Some(RunClaim {
+            active: &self.active,
+        })
     }
 
     pub fn status(&self) -> SessionStatus {
@@ -102,7 +163,7 @@ impl Session {
                 ProcessState::Running
             },
             exit_code: shell.exit_code(),
-            busy: self.running.try_lock().is_err(),
+            busy: self.busy(),
             started_at: rfc3339(self.started_at),
         }
     }
@@ -121,14 +182,14 @@ impl Session {
 
     /// Runs `command` in the shell and waits for its end marker; at `timeout` it is interrupted.
     pub async fn run(&self, command: &str, timeout: Duration) -> Result<RunOutcome, AgentError> {
-        let Ok(_running) = self.running.try_lock() else {
+        let started = Instant::now();
+        let shell = self.shell();
+        let Some(_claim) = self.claim(shell.children()) else {
             return Err(AgentError::conflict(format!(
                 "a run is already in progress in session `{}`; wait for it to end (runs of one shell cannot overlap), or use another session",
                 self.id
             )));
         };
-        let started = Instant::now();
-        let shell = self.shell();
         if shell.exited() {
             return Err(self.ended(&shell));
         }
@@ -197,6 +258,28 @@ impl Session {
         }
     }
 
+    /// Sends `signal` to the command of the run in progress (see [`signal_target`]) without waiting for
+    /// the run; the run answers once its command has ended. Answers whether a run was in progress:
+    /// without one nothing is signalled (a SIGINT would reach the idle shell's trap). 409 when the shell
+    /// has exited.
+    pub fn signal(&self, signal: i32) -> Result<bool, AgentError> {
+        let shell = self.shell();
+        if shell.exited() {
+            return Err(self.ended(&shell));
+        }
+        let Some(run) = lock(&self.active).clone() else {
+            return Ok(false);
+        };
+        match signal_target(signal) {
+            SignalTarget::Group => shell.signal_group(signal),
+            SignalTarget::Command => {
+                let signalled = shell.signal_command(signal, run.earlier.as_deref());
+                tracing::debug!(session = %self.id, signal, signalled, "signalled the running command");
+            }
+        }
+        Ok(true)
+    }
+
     /// Replaces the shell with a fresh one (the old one's group is SIGKILLed when it is dropped).
     async fn restart(&self) -> Result<(), AgentError> {
         tracing::info!(session = %self.id, "the interrupted command did not stop; restarting the session's shell");
@@ -206,13 +289,7 @@ impl Session {
             self.context.budget.clone(),
         )
         .await?;
-        let old = std::mem::replace(
-            &mut *self
-                .shell
-                .lock()
-                .unwrap_or_else(|poisoned| poisoned.into_inner()),
-            Arc::new(fresh),
-        );
+        let old = std::mem::replace(&mut *lock(&self.shell), Arc::new(fresh));
         old.signal_group(libc::SIGKILL);
         Ok(())
     }
@@ -280,5 +357,116 @@ async fn wait_for_end(shell: &ShellProcess, deadline: tokio::time::Instant) -> R
                 .take_finished()
                 .map_or(RunEnd::Deadline, RunEnd::Marker);
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::path::PathBuf;
+    use std::sync::atomic::{AtomicBool, Ordering};
+
+    use super::*;
+
+    async fn bash() -> Arc<Session> {
+        let launch = ShellLaunch {
+            shell: PathBuf::from("/bin/bash"),
+            cwd: std::env::temp_dir(),
+            env: Vec::new(),
+            scrubbed_env: Vec::new(),
+            max_output_bytes: 1 << 20,
+            user: None,
+        };
+        let context = SessionContext {
+            groups: Arc::new(ProcessGroups::default()),
+            budget: None,
+        };
+        Arc::new(
+            Session::start("s-test".into(), 0, launch, context)
+                .await
+                .expect("bash starts"),
+        )
+    }
+
+    #[test]
+    fn sigint_goes_to_the_group_and_every_other_signal_below_the_shell() {
+        assert_eq!(signal_target(libc::SIGINT), SignalTarget::Group);
+        for signal in [
+            libc::SIGKILL,
+            libc::SIGTERM,
+            libc::SIGQUIT,
+            libc::SIGSTOP,
+            libc::SIGHUP,
+        ] {
+            assert_eq!(signal_target(signal), SignalTarget::Command, "{signal}");
+        }
+    }
+
+    /// Status polls never make a run fail: status only looks at the run flag. (It used to `try_lock`
+    /// the run's lock, holding it for a moment, so a run starting then was refused with 409.)
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn status_polls_never_make_a_run_fail_and_see_it_busy() {
+        let session = bash().await;
+        let stop = Arc::new(AtomicBool::new(false));
+        let poller = std::thread::spawn({
+            let session = Arc::clone(&session);
+            let stop = Arc::clone(&stop);
+            move || {
+                let mut polls = 0u64;
+                while !stop.load(Ordering::Relaxed) {
+                    let _ = session.status();
+                    polls += 1;
+                }
+                polls
+            }
+        });
+        for round in 0..300 {
+            let outcome = session.run("true", Duration::from_secs(10)).await;
+            assert!(
+                outcome.is_ok(),
+                "run {round} failed while status was polled: {:?}",
+                outcome.err()
+            );
+        }
+        stop.store(true, Ordering::Relaxed);
+        assert!(poller.join().expect("the poller ends") > 0);
+
+        let running = tokio::spawn({
+            let session = Arc::clone(&session);
+            async move { session.run("sleep 1", Duration::from_secs(10)).await }
+        });
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        for _ in 0..20 {
+            assert!(session.status().busy, "a run is in progress");
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        let outcome = running.await.expect("the run's task").expect("the run");
+        assert_eq!(outcome.exit_code, Some(0));
+        assert!(!session.status().busy);
+        session.end(Duration::from_secs(5)).await;
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_signal_without_a_run_is_a_no_op_and_one_to_an_ended_shell_is_a_conflict() {
+        let session = bash().await;
+        assert_eq!(session.signal(libc::SIGINT).ok(), Some(false));
+        assert_eq!(session.signal(libc::SIGKILL).ok(), Some(false));
+        let outcome = session
+            .run("echo still here", Duration::from_secs(10))
+            .await
+            .expect("the run");
+        assert_eq!(
+            outcome.output.bytes(),
+            b"still here\n",
+            "nothing reached the shell"
+        );
+        let outcome = session
+            .run("exit 4", Duration::from_secs(10))
+            .await
+            .expect("the run");
+        assert!(outcome.shell_exited);
+        assert!(matches!(
+            session.signal(libc::SIGINT),
+            Err(AgentError::Conflict { .. })
+        ));
     }
 }

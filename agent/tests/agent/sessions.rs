@@ -1,6 +1,7 @@
 //! Shell sessions: state carried between runs, prompts answered through input, time-outs that leave
-//! the session usable, bash and sh (dash, busybox), unknown ids, overlapping runs, independence of
-//! sessions, the cap, and the end of sessions on DELETE and at shutdown.
+//! the session usable, signals for the running command (interrupts), status during a run, bash and sh
+//! (dash, busybox), unknown ids, overlapping runs, independence of sessions, the cap, and the end of
+//! sessions on DELETE and at shutdown.
 
 use std::time::{Duration, Instant};
 
@@ -26,6 +27,54 @@ async fn run(agent: &Agent, id: &str, command: &str, timeout_ms: u64) -> Value {
         .await;
     assert_eq!(status, StatusCode::OK, "{result}");
     result
+}
+
+async fn signal(agent: &Agent, id: &str, body: Value) -> Value {
+    let (status, answer) = agent
+        .json(Method::POST, &format!("/v1/sessions/{id}/signal"), body)
+        .await;
+    assert_eq!(status, StatusCode::OK, "{answer}");
+    answer
+}
+
+/// Runs `command` (up to 120 s) and answers its result and when it came.
+async fn timed_run(agent: &Agent, id: &str, command: &str) -> (Value, Instant) {
+    let result = run(agent, id, command, 120_000).await;
+    (result, Instant::now())
+}
+
+/// How long after a signal a run it interrupted may answer.
+const PROMPTLY: Duration = Duration::from_secs(5);
+
+/// Waits until the running command has printed `ready\n`, and a moment more (for what it starts next).
+async fn wait_ready(agent: &Agent, id: &str) {
+    wait_busy(agent, id).await;
+    let (_, ready) = agent
+        .json(
+            Method::POST,
+            &format!("/v1/sessions/{id}/read"),
+            json!({"until": "ready\n", "timeoutMs": 60_000}),
+        )
+        .await;
+    assert_eq!(ready["matched"], true, "{ready}");
+    tokio::time::sleep(Duration::from_millis(200)).await;
+}
+
+/// Waits until the session shows a run in progress.
+async fn wait_busy(agent: &Agent, id: &str) {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let (status, session) = agent.get(&format!("/v1/sessions/{id}")).await;
+        assert_eq!(status, StatusCode::OK, "{session}");
+        if session["busy"] == true {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the run never started: {session}"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
 }
 
 /// The shells to test: bash, dash as `/bin/sh`, and busybox's ash (through a symlink named `sh`,
@@ -210,6 +259,7 @@ async fn unknown_ids_are_404_and_bad_requests_are_refused() {
             json!({"text": "x"}),
         ),
         (Method::POST, "/v1/sessions/s-nope/read", json!({})),
+        (Method::POST, "/v1/sessions/s-nope/signal", json!({})),
     ] {
         let (status, error) = agent.json(method, path, body).await;
         assert_eq!(
@@ -424,4 +474,226 @@ async fn output_is_capped_and_sessions_are_capped() {
     // Shutdown ends every session.
     drop(agent);
     assert!(wait_dead(&pids, Duration::from_secs(5)).await.is_empty());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_interrupt_stops_the_running_command_and_the_session_carries_on() {
+    let agent = Agent::start();
+    let scratch = TempDir::new("shells");
+    for shell in shells(&scratch) {
+        let id = start_session(&agent, json!({"shell": shell})).await;
+        run(&agent, &id, "KEPT=yes", 10_000).await;
+        let python = run(
+            &agent,
+            &id,
+            "command -v python3 >/dev/null && echo yes",
+            10_000,
+        )
+        .await;
+        // Each command prints its first line once it runs: the interrupt comes after it.
+        let mut commands = vec![
+            "echo ready; sleep 100; echo after",
+            "echo ready; yes | head -c 100000000000 | wc -c",
+            "echo ready; while true; do sleep 1; done",
+        ];
+        if python["output"] == "yes\n" {
+            commands.push("python3 -c 'print(\"ready\", flush=True)\nwhile True: pass'");
+        }
+        for command in commands {
+            let interrupt = async {
+                wait_ready(&agent, &id).await;
+                let signalled = Instant::now();
+                let answer = signal(&agent, &id, json!({})).await;
+                assert_eq!(answer["running"], true, "{shell} {command}: {answer}");
+                assert_eq!(
+                    (
+                        answer["session"]["id"].as_str(),
+                        answer["session"]["state"].as_str()
+                    ),
+                    (Some(id.as_str()), Some("running")),
+                    "{answer}"
+                );
+                signalled
+            };
+            let ((result, ended), signalled) =
+                tokio::join!(timed_run(&agent, &id, command), interrupt);
+            let took = ended - signalled;
+            assert!(took < PROMPTLY, "{shell} {command}: {took:?}");
+            assert_eq!(
+                (
+                    result["exitCode"].as_i64(),
+                    result["timedOut"].as_bool(),
+                    result["shellRestarted"].as_bool(),
+                ),
+                (Some(130), Some(false), Some(false)),
+                "{shell} {command}: {result}"
+            );
+            // Python prints its KeyboardInterrupt traceback; the others print nothing more.
+            let output = result["output"].as_str().unwrap();
+            assert!(output.starts_with("ready\n"), "{shell} {command}: {result}");
+            assert!(!output.contains("after"), "{shell} {command}: {result}");
+            assert_eq!(
+                run(&agent, &id, "echo ok $KEPT", 10_000).await["output"],
+                "ok yes\n",
+                "{shell} {command}: the same shell runs the next command"
+            );
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn status_during_a_run_says_busy() {
+    let agent = Agent::start();
+    let id = start_session(&agent, json!({})).await;
+    let polls = async {
+        wait_busy(&agent, &id).await;
+        for _ in 0..20 {
+            let (status, session) = agent.get(&format!("/v1/sessions/{id}")).await;
+            assert_eq!(
+                (status, session["busy"].as_bool()),
+                (StatusCode::OK, Some(true)),
+                "{session}"
+            );
+            let (status, list) = agent.get("/v1/sessions").await;
+            assert_eq!(status, StatusCode::OK);
+            assert_eq!(list["sessions"][0]["busy"], true, "{list}");
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    };
+    let (result, ()) = tokio::join!(run(&agent, &id, "sleep 1.5; echo done", 10_000), polls);
+    assert_eq!(result["output"], "done\n");
+    let (_, session) = agent.get(&format!("/v1/sessions/{id}")).await;
+    assert_eq!(session["busy"], false);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn other_signals_reach_the_command_but_neither_the_shell_nor_its_earlier_jobs() {
+    let agent = Agent::start();
+    let scratch = TempDir::new("shells");
+    for shell in shells(&scratch) {
+        let id = start_session(&agent, json!({"shell": shell})).await;
+        run(&agent, &id, "KEPT=yes", 10_000).await;
+        let started = run(&agent, &id, "sleep 300 & echo $!", 10_000).await;
+        let job: u32 = started["output"].as_str().unwrap().trim().parse().unwrap();
+
+        // SIGINT is ignored by this command; SIGKILL then stops it, and the shell's trap of the
+        // SIGINT it got abandons the rest of the command line.
+        let command = "sh -c 'trap \"\" INT; echo ready; sleep 1000'; echo after";
+        let escalate = async {
+            wait_ready(&agent, &id).await;
+            assert_eq!(signal(&agent, &id, json!({})).await["running"], true);
+            tokio::time::sleep(Duration::from_millis(700)).await;
+            let (_, session) = agent.get(&format!("/v1/sessions/{id}")).await;
+            assert_eq!(session["busy"], true, "{shell}: SIGINT is ignored");
+            let signalled = Instant::now();
+            let answer = signal(&agent, &id, json!({"signal": "SIGKILL"})).await;
+            assert_eq!(answer["running"], true, "{answer}");
+            signalled
+        };
+        let ((result, ended), signalled) = tokio::join!(timed_run(&agent, &id, command), escalate);
+        assert!(
+            ended - signalled < PROMPTLY,
+            "{shell}: {:?}",
+            ended - signalled
+        );
+        assert_eq!(
+            (
+                result["exitCode"].as_i64(),
+                result["shellRestarted"].as_bool()
+            ),
+            (Some(130), Some(false)),
+            "{shell}: {result}"
+        );
+        // dash reports the kill ("Killed"), bash does not.
+        assert!(
+            !result["output"].as_str().unwrap().contains("after"),
+            "{shell}: {result}"
+        );
+
+        // Without an interrupt first, the shell carries on after its child died of the signal.
+        let terminate = async {
+            wait_ready(&agent, &id).await;
+            let answer = signal(&agent, &id, json!({"signal": 15})).await;
+            assert_eq!(answer["running"], true, "{answer}");
+        };
+        let ((result, _), ()) = tokio::join!(
+            timed_run(&agent, &id, "echo ready; sleep 1000; echo after $?"),
+            terminate
+        );
+        assert_eq!(result["exitCode"], 0, "{shell}: {result}");
+        assert!(
+            result["output"].as_str().unwrap().ends_with("after 143\n"),
+            "{shell}: {result}"
+        );
+
+        assert!(alive(job), "{shell}: the earlier `&` job is left alone");
+        let (_, session) = agent.get(&format!("/v1/sessions/{id}")).await;
+        assert_eq!(session["state"], "running");
+        assert_eq!(
+            run(&agent, &id, "echo $KEPT", 10_000).await["output"],
+            "yes\n",
+            "{shell}: the same shell"
+        );
+        agent
+            .json(Method::DELETE, &format!("/v1/sessions/{id}"), Value::Null)
+            .await;
+        assert!(wait_dead(&[job], Duration::from_secs(5)).await.is_empty());
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_signal_with_nothing_running_is_a_no_op_and_bad_signals_are_refused() {
+    let agent = Agent::start();
+    let id = start_session(&agent, json!({})).await;
+    for body in [
+        json!({}),
+        json!({"signal": "SIGINT"}),
+        json!({"signal": "KILL"}),
+        json!({"signal": 9}),
+    ] {
+        let answer = signal(&agent, &id, body.clone()).await;
+        assert_eq!(
+            (
+                answer["running"].as_bool(),
+                answer["session"]["busy"].as_bool(),
+                answer["session"]["state"].as_str()
+            ),
+            (Some(false), Some(false), Some("running")),
+            "{body}: {answer}"
+        );
+    }
+    let result = run(&agent, &id, "echo ok", 10_000).await;
+    assert_eq!(
+        (result["output"].as_str(), result["exitCode"].as_i64()),
+        (Some("ok\n"), Some(0)),
+        "the idle shell got nothing: {result}"
+    );
+    for (body, expected) in [
+        (json!({"signal": "BOGUS"}), StatusCode::BAD_REQUEST),
+        (json!({"signal": 0}), StatusCode::BAD_REQUEST),
+        (json!({"signal": 65}), StatusCode::BAD_REQUEST),
+        (json!({"sig": "INT"}), StatusCode::UNPROCESSABLE_ENTITY),
+    ] {
+        let (status, error) = agent
+            .json(
+                Method::POST,
+                &format!("/v1/sessions/{id}/signal"),
+                body.clone(),
+            )
+            .await;
+        assert_eq!(status, expected, "{body}: {error}");
+    }
+    run(&agent, &id, "exit 2", 10_000).await;
+    let (status, error) = agent
+        .json(
+            Method::POST,
+            &format!("/v1/sessions/{id}/signal"),
+            json!({}),
+        )
+        .await;
+    assert_eq!(
+        (status, error["code"].as_str()),
+        (StatusCode::CONFLICT, Some("Conflict")),
+        "{error}"
+    );
 }

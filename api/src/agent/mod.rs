@@ -141,6 +141,11 @@ mod tests {
         assert_eq!(signal.signal, SignalSpec::Name("TERM".into()));
         let signal: SignalRequest = serde_json::from_str(r#"{"signal":15}"#).unwrap();
         assert_eq!(signal.signal, SignalSpec::Number(15));
+        let session: SessionSignalRequest = serde_json::from_str("{}").unwrap();
+        assert_eq!(session.signal, None, "the agent sends SIGINT then");
+        let session: SessionSignalRequest = serde_json::from_str(r#"{"signal":"KILL"}"#).unwrap();
+        assert_eq!(session.signal, Some(SignalSpec::Name("KILL".into())));
+        assert!(serde_json::from_str::<SessionSignalRequest>(r#"{"sig":"INT"}"#).is_err());
     }
 
     #[test]

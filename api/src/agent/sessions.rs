@@ -4,7 +4,7 @@ use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
 
-use super::exec::{OutputEncoding, ProcessState};
+use super::exec::{OutputEncoding, ProcessState, SignalSpec};
 
 /// Body of `POST /v1/sessions`: starts a persistent shell (see docs/AGENT.md, "Shell sessions").
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
@@ -141,4 +141,26 @@ pub struct SessionReadResponse {
     pub output_encoding: OutputEncoding,
     /// Whether the shell has exited (no more output will come).
     pub shell_exited: bool,
+}
+
+/// Body of `POST /v1/sessions/{id}/signal`: a signal for the command the session runs (`{}` sends SIGINT,
+/// as Ctrl-C does).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+#[serde(deny_unknown_fields)]
+pub struct SessionSignalRequest {
+    /// Signal name (`INT`, `SIGKILL`, ...) or number; default `INT`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub signal: Option<SignalSpec>,
+}
+
+/// Answer of `POST /v1/sessions/{id}/signal`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+pub struct SessionSignalResponse {
+    /// Whether a run was in progress: its command got the signal. False: nothing was signalled.
+    pub running: bool,
+    /// The session's status just after the signal (what `GET /v1/sessions/{id}` answers); `busy` stays
+    /// true until the run has answered.
+    pub session: SessionStatus,
 }

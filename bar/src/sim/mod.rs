@@ -4,13 +4,16 @@
 //!
 //! This module owns the simulation and its report; the `bar-sim` binary only parses flags and writes files.
 //! Layout: [`rng`] (deterministic PRNG and samplers), [`scenario`] (distributions and draws), [`methods`]
-//! (the rollout methods on one prompt), [`metrics`] (per-method sums), [`report`] (JSON and markdown).
+//! (the rollout methods on one prompt), [`metrics`] (per-method sums), [`report`] (JSON and markdown),
+//! [`retries`] (what the operator's OOM retries do to the draws BAR sees, and the tests that they
+//! leave its groups unchanged).
 //! It is a benchmark, not a test: its numbers are reported, not asserted (the tests check the simulator
 //! itself against closed-form binomial expectations).
 
 pub mod methods;
 pub mod metrics;
 pub mod report;
+pub mod retries;
 pub mod rng;
 pub mod scenario;
 

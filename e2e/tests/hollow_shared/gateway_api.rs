@@ -848,8 +848,25 @@ async fn shell_sessions_directories_and_metrics_through_the_gateway() {
         )
         .await;
     assert_eq!(second.body["output"], "/tmp\n42\n", "{second:?}");
-    // Reading sessions needs exec: a viewer may not.
+    // An interrupt with nothing running signals nothing.
+    let idle = alice
+        .post(&at(&format!("/sessions/{id}/signal")), json!({}))
+        .await;
+    assert_eq!(
+        (
+            idle.status,
+            &idle.body["running"],
+            &idle.body["session"]["id"]
+        ),
+        (200, &json!(false), &json!(id)),
+        "{idle:?}"
+    );
+    // Reading sessions needs exec: a viewer may not, nor signal one.
     let refused = bob.post(&at("/sessions"), json!({})).await;
+    assert_eq!(refused.status, 403, "{refused:?}");
+    let refused = bob
+        .post(&at(&format!("/sessions/{id}/signal")), json!({}))
+        .await;
     assert_eq!(refused.status, 403, "{refused:?}");
     assert_eq!(
         alice.delete(&at(&format!("/sessions/{id}"))).await.status,

@@ -17,6 +17,7 @@ mod gateway_api;
 mod kubectl_plugin;
 mod name_conflicts;
 mod python_sdk;
+mod retries;
 mod rollout_group;
 mod sandbox_lifecycle;
 mod security;

@@ -44,6 +44,10 @@ pub struct OperatorArgs {
     /// Which placement fields (priority class, tolerations, runtime class, node selector) a Sandbox may set.
     #[command(flatten)]
     pub placement: crate::pod::placement::PlacementPolicy,
+
+    /// GPUs: the extended resource, the GPU type map and the GPU toleration.
+    #[command(flatten)]
+    pub gpu: crate::pod::gpu::GpuFlags,
 }
 
 /// Log output format.

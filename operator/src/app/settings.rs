@@ -9,6 +9,7 @@ use crate::gateway::deps::GatewaySettings;
 use crate::plumbing::error::{Error, Result};
 use crate::pod::cidr::Cidr;
 use crate::pod::context::{PodSettings, RangeUse};
+use crate::pod::gpu::shape_from_flags;
 use crate::pod::placement::Placement;
 use crate::pod::policy::PolicyShape;
 use crate::pod::policy_canary::PolicyCanaries;
@@ -141,6 +142,7 @@ impl Settings {
                 "10Gi, or empty for no limit",
             )?;
         }
+        let gpu = shape_from_flags(&args.gpu).map_err(Error::Config)?;
         let pod = PodSettings {
             pod: PodShape {
                 agent_image: defaults.agent_image.clone(),
@@ -155,6 +157,7 @@ impl Settings {
                 // From the API server's endpoints while the operator runs (`PodSettings::pod_shape`).
                 policy_canaries: PolicyCanaries::default(),
                 egress_proxy_url: None,
+                gpu: gpu.clone(),
             },
             policy: PolicyShape {
                 agent_port: defaults.agent_port,
@@ -180,7 +183,7 @@ impl Settings {
                 // From the proxy's Service at start (`app::discovery::egress_proxy`).
                 egress_proxy: None,
             },
-            placement: Placement::from_policy(&args.placement),
+            placement: Placement::from_policy(&args.placement).with_gpu_types(gpu.types),
             ranges: RangeUse {
                 protect_api_server: !defaults.egress_allow_api_server,
                 await_enforcement: defaults.await_policy_enforcement,
@@ -327,6 +330,39 @@ mod tests {
         assert!(err.contains("--dns-pod-selector"), "{err}");
         let args = OperatorArgs::parse_from(["orchard-operator", "--default-ttl-seconds", "0"]);
         assert!(Settings::from_args(&args).is_err());
+    }
+
+    #[test]
+    fn gpu_flags_shape_pods_and_placement_alike() {
+        let args = OperatorArgs::parse_from(["orchard-operator"]);
+        let settings = Settings::from_args(&args).unwrap();
+        assert_eq!(settings.pod.pod.gpu, crate::pod::gpu::GpuShape::default());
+        assert_eq!(settings.pod.pod.gpu.resource, "nvidia.com/gpu");
+        assert!(settings.pod.pod.gpu.toleration);
+        assert!(settings.pod.placement.gpu_types.is_empty());
+        let args = OperatorArgs::parse_from([
+            "orchard-operator",
+            "--gpu-resource=amd.com/gpu",
+            "--gpu-toleration=false",
+            "--gpu-type",
+            "MI300X=amd.com/gpu.product=MI300X",
+            "--gpu-type=mi250=amd.com/gpu.product=MI250,w7900=amd.com/gpu.product=W7900",
+        ]);
+        let settings = Settings::from_args(&args).unwrap();
+        let gpu = &settings.pod.pod.gpu;
+        assert_eq!(gpu.resource, "amd.com/gpu");
+        assert!(!gpu.toleration);
+        assert_eq!(
+            gpu.types.keys().collect::<Vec<_>>(),
+            ["mi250", "mi300x", "w7900"]
+        );
+        assert_eq!(settings.pod.placement.gpu_types, gpu.types);
+        let args = OperatorArgs::parse_from(["orchard-operator", "--gpu-type=h100"]);
+        let err = Settings::from_args(&args).unwrap_err().to_string();
+        assert!(
+            err.contains("--gpu-type") && err.contains("gpu.types"),
+            "{err}"
+        );
     }
 
     #[test]

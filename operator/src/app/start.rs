@@ -39,6 +39,7 @@ use crate::pool::context::PoolCtx;
 use crate::queue::book::QueueBook;
 use crate::queue::context::QueueCtx;
 use crate::rollout::context::RolloutCtx;
+use crate::rollout::retry::ResourceDefaults;
 use crate::sandbox::context::SandboxCtx;
 use crate::{pool, queue, rollout, sandbox};
 use orchard_api::Sandbox;
@@ -164,6 +165,10 @@ pub async fn run(args: OperatorArgs) -> Result<()> {
         kube: kube.clone(),
         slots: ReconcileSlots::new(settings.rollout_concurrency),
         queues: queue_ctx.clone(),
+        defaults: ResourceDefaults {
+            cpu: settings.pod.pod.default_cpu.clone(),
+            memory: settings.pod.pod.default_memory.clone(),
+        },
     });
     let pool_ctx = Arc::new(PoolCtx {
         kube: kube.clone(),

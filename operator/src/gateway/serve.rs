@@ -317,6 +317,10 @@ mod tests {
                 &["post"],
             ),
             (
+                "/v1/namespaces/{namespace}/sandboxes/{name}/sessions/{id}/signal",
+                &["post"],
+            ),
+            (
                 "/v1/namespaces/{namespace}/sandboxes/{name}/sessions/{id}/input",
                 &["post"],
             ),

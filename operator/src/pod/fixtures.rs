@@ -74,6 +74,7 @@ pub fn shape() -> PodShape {
         default_security_profile: SecurityProfile::Default,
         policy_canaries: PolicyCanaries::default(),
         egress_proxy_url: None,
+        gpu: crate::pod::gpu::GpuShape::default(),
     }
 }
 

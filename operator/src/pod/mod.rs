@@ -1,7 +1,7 @@
 //! What a sandbox is made of, shared by the Sandbox and SandboxPool controllers and the gateway: its
 //! Pod ([`spec`]) and NetworkPolicies ([`policy`]), their names and labels ([`naming`]), its agent's
 //! token ([`token`]), its OOM kills ([`oom`]) and the operator's client of agents ([`agent_client`]),
-//! the placement policy ([`placement`]), CIDRs ([`cidr`]), the policy enforcement canaries
+//! the placement policy ([`placement`]), GPUs ([`gpu`]), CIDRs ([`cidr`]), the policy enforcement canaries
 //! ([`policy_canary`]) and the cluster's own ranges ([`cluster_ranges`]).
 
 pub mod agent_client;
@@ -14,6 +14,7 @@ pub mod egress_proxy;
 pub mod failure;
 #[cfg(test)]
 pub mod fixtures;
+pub mod gpu;
 pub mod health;
 pub mod lookup;
 pub mod naming;

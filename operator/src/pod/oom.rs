@@ -26,7 +26,7 @@ fn oom_termination(status: &ContainerStatus) -> Option<&ContainerStateTerminated
 }
 
 /// The memory limit of `container` in `pod`'s spec, as written there (e.g. `2Gi`).
-fn memory_limit(pod: &Pod, container: &str) -> Option<String> {
+pub fn memory_limit(pod: &Pod, container: &str) -> Option<String> {
     pod.spec
         .as_ref()?
         .containers

@@ -1,5 +1,5 @@
-//! Placement allow-lists (pure): which priority class, tolerations, runtime class, node selector and
-//! image pull Secrets a Sandbox may ask for. The Pod inherits these fields as given, and the operator
+//! Placement allow-lists (pure): which priority class, tolerations, runtime class, node selector,
+//! image pull Secrets and GPU types a Sandbox may ask for. The Pod inherits these fields as given, and the operator
 //! (not the user) creates it, so without a check anyone allowed to create a Sandbox could schedule
 //! onto control-plane nodes, tolerate every taint, preempt other workloads with a high
 //! PriorityClass, or pull with a registry Secret of the namespace they could not name in a Pod of
@@ -10,6 +10,8 @@ use std::collections::BTreeSet;
 
 use k8s_openapi::api::core::v1::Toleration;
 use orchard_api::SandboxSpec;
+
+use crate::pod::gpu::{self, GpuTypes};
 
 /// What a Sandbox may ask of the scheduler. Checked before its Pod is created: a refused spec fails
 /// the Sandbox with reason `PlacementRefused` and nothing is created. Lists are comma-separated.
@@ -78,6 +80,9 @@ pub struct Placement {
     pub node_selector_keys: BTreeSet<String>,
     /// Secrets a sandbox may name in `spec.imagePullSecrets` (empty: none).
     pub image_pull_secrets: BTreeSet<String>,
+    /// GPU types a sandbox may name in `spec.resources.gpu.types` (the operator's GPU type map,
+    /// `--gpu-type`; empty: none).
+    pub gpu_types: GpuTypes,
 }
 
 /// The non-empty trimmed items of a comma-separated list.
@@ -100,6 +105,15 @@ impl Placement {
             runtime_classes: list(&policy.allowed_runtime_classes),
             node_selector_keys: list(&policy.allowed_node_selector_keys),
             image_pull_secrets: list(&policy.allowed_image_pull_secrets),
+            gpu_types: GpuTypes::new(),
+        }
+    }
+
+    /// This policy with the GPU type map `types`.
+    pub fn with_gpu_types(self, types: GpuTypes) -> Self {
+        Self {
+            gpu_types: types,
+            ..self
         }
     }
 }
@@ -269,12 +283,14 @@ pub fn refusals(spec: &SandboxSpec, placement: &Placement) -> Vec<String> {
         .iter()
         .enumerate()
         .filter_map(|(i, secret)| image_pull_secret(i, &secret.name, placement));
+    let gpu_types = gpu::refusal(spec, &placement.gpu_types);
     priority
         .into_iter()
         .chain(tolerations)
         .chain(runtime)
         .chain(selectors)
         .chain(pull_secrets)
+        .chain(gpu_types)
         .collect()
 }
 
@@ -447,6 +463,36 @@ mod tests {
         let refused = check(&spec, &listed).unwrap_err();
         assert!(refused.contains("spec.nodeSelector key \"zone\""));
         assert!(refused.contains("--allowed-node-selector-keys"));
+    }
+
+    #[test]
+    fn gpu_types_must_be_in_the_operators_map() {
+        let mut spec = spec();
+        spec.resources = serde_json::from_value(serde_json::json!({
+            "gpu": {"count": 1, "types": ["h100", "V100"]}
+        }))
+        .expect("resources JSON");
+        let map = crate::pod::gpu::shape_from_flags(&crate::pod::gpu::GpuFlags {
+            gpu_types: vec!["h100=nvidia.com/gpu.product=H100".into()],
+            ..Default::default()
+        })
+        .expect("flags")
+        .types;
+        let refused = check(&spec, &Placement::default().with_gpu_types(map.clone()))
+            .expect_err("v100 is unknown");
+        assert!(
+            refused.starts_with("the operator refuses this sandbox's placement: spec.resources.gpu.types: unknown GPU type \"v100\" (known: h100)"),
+            "{refused}"
+        );
+        assert!(refused.contains("--gpu-type"), "{refused}");
+        spec.resources = serde_json::from_value(serde_json::json!({
+            "gpu": {"count": 1, "types": ["H100"]}
+        }))
+        .expect("resources JSON");
+        assert_eq!(
+            check(&spec, &Placement::default().with_gpu_types(map)),
+            Ok(())
+        );
     }
 
     #[test]

@@ -15,6 +15,7 @@ use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 
 use crate::plumbing::operator_key::OperatorKey;
 use crate::plumbing::ownership::seal;
+use crate::pod::gpu::{self, GpuShape};
 use crate::pod::policy_canary::{CANARY_VARIABLE, PolicyCanaries, canaries_for, canary_value};
 use crate::pod::token::{PodCredentials, VERIFIER_VARIABLE};
 use orchard_api::{Sandbox, SandboxSpec, SecurityProfile};
@@ -59,6 +60,8 @@ pub struct PodShape {
     /// URL of the egress proxy (`http://<cluster IP>:<port>`) the task container's proxy variables
     /// name; `None` without one (`--egress-proxy-service`).
     pub egress_proxy_url: Option<String>,
+    /// How GPU sandboxes' Pods are shaped (`--gpu-resource`, `--gpu-type`, `--gpu-toleration`).
+    pub gpu: GpuShape,
 }
 
 /// What a sandbox reaches without the egress proxy: its own loopback (servers a task starts) and
@@ -79,7 +82,9 @@ pub fn proxy_env(url: &str) -> [(&'static str, String); 6] {
     ]
 }
 
-/// Resource requirements with requests equal to limits, from the spec or the defaults.
+/// Resource requirements of the task container with requests equal to limits, from the spec or the
+/// defaults: CPU, memory, ephemeral storage and, for a GPU sandbox, `resources.gpu.count` of the GPU
+/// extended resource.
 pub fn resource_requirements(spec: &SandboxSpec, shape: &PodShape) -> ResourceRequirements {
     let wanted = spec.resources.clone().unwrap_or_default();
     let mut amounts = BTreeMap::new();
@@ -100,6 +105,9 @@ pub fn resource_requirements(spec: &SandboxSpec, shape: &PodShape) -> ResourceRe
         .or_else(|| shape.default_ephemeral_storage.clone().map(Quantity))
     {
         amounts.insert("ephemeral-storage".to_string(), storage);
+    }
+    if let Some(gpus) = wanted.gpu {
+        amounts.insert(shape.gpu.resource.clone(), Quantity(gpus.count.to_string()));
     }
     ResourceRequirements {
         limits: Some(amounts.clone()),
@@ -316,8 +324,11 @@ pub fn desired_pod(
             termination_grace_period_seconds: Some(shape.termination_grace_seconds),
             security_context: Some(security.pod),
             runtime_class_name: spec.runtime_class_name.clone(),
+            // The spec's node selector as it is (Kubernetes ANDs it with the affinity).
             node_selector: (!spec.node_selector.is_empty()).then(|| spec.node_selector.clone()),
-            tolerations: (!spec.tolerations.is_empty()).then(|| spec.tolerations.clone()),
+            // Any one of the GPU types will do: one required term each.
+            affinity: gpu::require_any(None, gpu::type_terms(spec, &shape.gpu.types)),
+            tolerations: gpu::tolerations(spec, &shape.gpu),
             priority_class_name: spec.priority_class_name.clone(),
             image_pull_secrets: (!spec.image_pull_secrets.is_empty()).then(|| {
                 spec.image_pull_secrets
@@ -334,6 +345,21 @@ pub fn desired_pod(
     };
     seal(&mut pod, key);
     pod
+}
+
+/// `requirements` without resource `name` (pure).
+fn without_resource(requirements: &ResourceRequirements, name: &str) -> ResourceRequirements {
+    let drop = |amounts: &Option<BTreeMap<String, Quantity>>| {
+        amounts.clone().map(|mut amounts| {
+            amounts.remove(name);
+            amounts
+        })
+    };
+    ResourceRequirements {
+        limits: drop(&requirements.limits),
+        requests: drop(&requirements.requests),
+        ..requirements.clone()
+    }
 }
 
 /// The init container that installs the agent (none with an image volume), given the task container's
@@ -371,8 +397,9 @@ fn agent_injection(
                 // The task container's own budget: a pod reserves the larger of its init container
                 // and its app containers, so a fixed install budget above a small sandbox's would
                 // reserve more than the sandbox asked for (50m for a 5m sandbox: ten times fewer
-                // sandboxes per node).
-                resources: Some(task_resources.clone()),
+                // sandboxes per node). Without its GPUs: copying a file needs none, and a device
+                // plugin would otherwise allocate devices to it too.
+                resources: Some(without_resource(task_resources, &shape.gpu.resource)),
                 security_context: Some(SecurityContext {
                     allow_privilege_escalation: Some(false),
                     read_only_root_filesystem: Some(true),
@@ -585,6 +612,7 @@ mod tests {
                 cpu: Some(Quantity("250m".into())),
                 memory: None,
                 ephemeral_storage: Some(Quantity("5Gi".into())),
+                gpu: None,
             }),
             ..SandboxSpec::default()
         });
@@ -594,6 +622,99 @@ mod tests {
         assert_eq!(limits["cpu"], Quantity("250m".into()));
         assert_eq!(limits["memory"], Quantity("2Gi".into()));
         assert_eq!(limits["ephemeral-storage"], Quantity("5Gi".into()));
+    }
+
+    #[test]
+    fn a_gpu_sandbox_requests_its_gpus_tolerates_gpu_nodes_and_picks_any_listed_type() {
+        let gpu_shape = PodShape {
+            gpu: crate::pod::gpu::shape_from_flags(&crate::pod::gpu::GpuFlags {
+                gpu_types: vec![
+                    "h100=nvidia.com/gpu.product=NVIDIA-H100-80GB-HBM3".into(),
+                    "a100=nvidia.com/gpu.product=NVIDIA-A100-SXM4-80GB".into(),
+                ],
+                ..Default::default()
+            })
+            .expect("flags"),
+            ..shape()
+        };
+        let mut s = minimal();
+        s.spec.node_selector = BTreeMap::from([("pool".into(), "gpu".into())]);
+        s.spec.resources = serde_json::from_value(serde_json::json!({
+            "memory": "8Gi", "gpu": {"count": 2, "types": ["H100", "a100"]}
+        }))
+        .expect("resources JSON");
+        let pod = desired_pod(&s, &owner(), &gpu_shape, &credentials(), &key());
+        let spec = pod.spec.expect("spec");
+        let task = spec.containers[0].resources.clone().expect("resources");
+        assert_eq!(task.requests, task.limits);
+        let limits = task.limits.expect("limits");
+        assert_eq!(limits["nvidia.com/gpu"], Quantity("2".into()));
+        assert_eq!(limits["memory"], Quantity("8Gi".into()));
+        assert_eq!(limits["cpu"], Quantity("1".into()));
+        let install = spec.init_containers.clone().expect("install")[0]
+            .resources
+            .clone()
+            .expect("install resources");
+        for amounts in [
+            install.limits.expect("limits"),
+            install.requests.expect("requests"),
+        ] {
+            assert!(!amounts.contains_key("nvidia.com/gpu"), "{amounts:?}");
+            assert_eq!(amounts["memory"], Quantity("8Gi".into()));
+        }
+        assert_eq!(
+            serde_json::to_value(&spec.tolerations).expect("JSON"),
+            serde_json::json!([{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}])
+        );
+        assert_eq!(
+            serde_json::to_value(&spec.affinity).expect("JSON"),
+            serde_json::json!({"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [
+                {"matchExpressions": [{"key": "nvidia.com/gpu.product", "operator": "In", "values": ["NVIDIA-A100-SXM4-80GB"]}]},
+                {"matchExpressions": [{"key": "nvidia.com/gpu.product", "operator": "In", "values": ["NVIDIA-H100-80GB-HBM3"]}]}
+            ]}}})
+        );
+        assert_eq!(
+            spec.node_selector,
+            Some(BTreeMap::from([("pool".into(), "gpu".into())])),
+            "the node selector stays as it is"
+        );
+        // Without GPUs: none of it.
+        let plain = desired_pod(&minimal(), &owner(), &gpu_shape, &credentials(), &key())
+            .spec
+            .expect("spec");
+        assert_eq!(plain.affinity, None);
+        assert_eq!(plain.tolerations, None);
+        let limits = plain.containers[0]
+            .resources
+            .clone()
+            .expect("r")
+            .limits
+            .expect("l");
+        assert!(!limits.contains_key("nvidia.com/gpu"));
+        // Any type, another vendor's resource, no toleration.
+        let mut any = minimal();
+        any.spec.resources =
+            serde_json::from_value(serde_json::json!({"gpu": {"count": 1}})).expect("JSON");
+        let amd = PodShape {
+            gpu: crate::pod::gpu::GpuShape {
+                resource: "amd.com/gpu".into(),
+                toleration: false,
+                ..Default::default()
+            },
+            ..shape()
+        };
+        let spec = desired_pod(&any, &owner(), &amd, &credentials(), &key())
+            .spec
+            .expect("spec");
+        let limits = spec.containers[0]
+            .resources
+            .clone()
+            .expect("r")
+            .limits
+            .expect("l");
+        assert_eq!(limits["amd.com/gpu"], Quantity("1".into()));
+        assert_eq!(spec.affinity, None);
+        assert_eq!(spec.tolerations, None);
     }
 
     #[test]

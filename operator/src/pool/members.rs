@@ -225,6 +225,7 @@ pub mod fixtures {
             default_security_profile: orchard_api::SecurityProfile::Default,
             policy_canaries: crate::pod::policy_canary::PolicyCanaries::default(),
             egress_proxy_url: None,
+            gpu: crate::pod::gpu::GpuShape::default(),
         }
     }
 }

@@ -92,14 +92,21 @@ pub fn effective_spec(spec: &SandboxSpec, template: &SandboxSpec) -> SandboxSpec
 }
 
 /// The fields of `spec` that shape a sandbox's Pod (everything a running Pod cannot change); the
-/// others (`network`, `lifecycle`, `run`, `pool`, `whenPoolEmpty`) are cleared.
+/// others (`network`, `lifecycle`, `run`, `pool`, `whenPoolEmpty`) are cleared. GPU types are
+/// written as the Pod uses them (lower-case, sorted, each once): `[H100, a100]` and `[a100, h100]`
+/// make the same Pod.
 pub fn pod_shaping(spec: &SandboxSpec) -> SandboxSpec {
+    let mut resources = spec.resources.clone();
+    if let Some(gpu) = resources.as_mut().and_then(|r| r.gpu.as_mut()) {
+        gpu.types = gpu.type_names().into_iter().collect();
+    }
     SandboxSpec {
         network: None,
         lifecycle: None,
         run: None,
         pool: None,
         when_pool_empty: None,
+        resources,
         ..spec.clone()
     }
 }
@@ -223,6 +230,43 @@ mod tests {
             vec!["image", "security"]
         );
         assert_ne!(template_hash(&effective), template_hash(&template()));
+    }
+
+    #[test]
+    fn gpus_are_resources_and_the_types_spelling_and_order_do_not_matter() {
+        let with_gpu = |gpu: serde_json::Value| {
+            let mut spec = template();
+            spec.resources = serde_json::from_value(serde_json::json!({"cpu": "2", "gpu": gpu}))
+                .expect("resources JSON");
+            spec
+        };
+        let pool = with_gpu(serde_json::json!({"count": 1, "types": ["h100", "a100"]}));
+        let same = with_gpu(serde_json::json!({"count": 1, "types": ["A100", "H100"]}));
+        assert!(mismatches(&same, &pool).is_empty());
+        assert_eq!(template_hash(&same), template_hash(&pool));
+        for other in [
+            serde_json::json!({"count": 2, "types": ["h100", "a100"]}),
+            serde_json::json!({"count": 1, "types": ["h100"]}),
+            serde_json::json!({"count": 1}),
+        ] {
+            let differs = with_gpu(other.clone());
+            assert_eq!(mismatches(&differs, &pool), vec!["resources"], "{other}");
+            assert_ne!(template_hash(&differs), template_hash(&pool), "{other}");
+        }
+        let mut no_gpu = template();
+        no_gpu.resources = serde_json::from_value(serde_json::json!({"cpu": "2"})).expect("JSON");
+        assert_eq!(mismatches(&no_gpu, &pool), vec!["resources"]);
+        // A sandbox that leaves resources unset takes the template's, GPUs included.
+        let own = SandboxSpec {
+            pool: Some("p".into()),
+            ..SandboxSpec::default()
+        };
+        assert!(mismatches(&effective_spec(&own, &pool), &pool).is_empty());
+        // A template without GPUs hashes as before GPUs existed (members keep their hash).
+        assert_eq!(
+            serde_json::to_string(&pod_shaping(&no_gpu).resources).expect("JSON"),
+            r#"{"cpu":"2"}"#
+        );
     }
 
     #[test]

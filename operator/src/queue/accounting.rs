@@ -14,6 +14,12 @@
 //! trajectory, `pod::spec`).
 //!
 //! Slots admitted but not yet visible in the caches are the book's reservations (`book`).
+//!
+//! A group with a `retry` policy also holds a slot for each trajectory its status lists without an
+//! outcome ([`retrying`]): between an attempt that ran out of memory and its retry, the trajectory
+//! has no unfinished Sandbox and perhaps no Pod, but its slot must not go to another group, since
+//! the retry is created without asking the queue again. So such a trajectory's slot is held from
+//! admission until its group records its outcome (and its Pod is gone).
 
 use std::collections::BTreeSet;
 
@@ -21,7 +27,9 @@ use k8s_openapi::api::core::v1::Pod;
 
 use crate::plumbing::operator_key::OperatorKey;
 use crate::plumbing::ownership::sealed;
-use orchard_api::{ROLLOUT_QUEUE_LABEL, SANDBOX_LABEL, Sandbox, SandboxPhase};
+use orchard_api::{
+    ROLLOUT_QUEUE_LABEL, RolloutGroup, RolloutPhase, SANDBOX_LABEL, Sandbox, SandboxPhase,
+};
 
 /// Whether a Sandbox's trajectory is over (its pod may still be there).
 fn finished(sandbox: &Sandbox) -> bool {
@@ -73,6 +81,27 @@ pub fn holders<'a>(
             .filter_map(|p| p.metadata.labels.as_ref()?.get(SANDBOX_LABEL).cloned()),
     );
     names
+}
+
+/// Names of the trajectories that groups with a `retry` policy on queue `queue` in `namespace` list
+/// without an outcome (running, or between an attempt and its retry). A group that is complete,
+/// failed or being deleted holds nothing this way (its Sandboxes and Pods still count above).
+pub fn retrying<'a>(
+    namespace: &str,
+    queue: &str,
+    groups: impl IntoIterator<Item = &'a RolloutGroup>,
+) -> BTreeSet<String> {
+    groups
+        .into_iter()
+        .filter(|g| g.metadata.namespace.as_deref() == Some(namespace))
+        .filter(|g| g.spec.queue.as_deref() == Some(queue) && g.spec.retry.is_some())
+        .filter(|g| g.metadata.deletion_timestamp.is_none())
+        .filter_map(|g| g.status.as_ref())
+        .filter(|s| !matches!(s.phase, Some(RolloutPhase::Complete | RolloutPhase::Failed)))
+        .flat_map(|s| s.trajectories.iter())
+        .filter(|r| r.status.is_none() && r.reason.is_none())
+        .map(|r| r.name.clone())
+        .collect()
 }
 
 #[cfg(test)]
@@ -180,6 +209,69 @@ mod tests {
             held.into_iter().collect::<Vec<_>>(),
             ["g-0", "g-1", "g-9"],
             "g-2 and g-3 are finished with their pods gone; other queues and namespaces do not count"
+        );
+    }
+
+    #[test]
+    fn a_retrying_groups_unfinished_trajectories_hold_their_slots() {
+        use orchard_api::{RetryPolicy, RolloutGroupStatus, TrajectoryRecord};
+        let group = |name: &str, queue: &str, retry: bool, phase: RolloutPhase| {
+            let mut g: RolloutGroup = serde_json::from_value(serde_json::json!({
+                "apiVersion": "orchard.dev/v1alpha1", "kind": "RolloutGroup",
+                "metadata": {"name": name, "namespace": "rl"},
+                "spec": {"queue": queue, "template": {"spec": {"image": "i"}}},
+            }))
+            .expect("a group");
+            g.spec.retry = retry.then_some(RetryPolicy {
+                max_attempts: 3,
+                on_oom: None,
+                on_eviction: true,
+            });
+            let mut done = TrajectoryRecord::launched(format!("{name}-1"), 0);
+            done.status = Some(orchard_api::TrajectoryStatus::Completed);
+            let mut cancelled = TrajectoryRecord::launched(format!("{name}-2"), 0);
+            cancelled.reason = Some("Cancelled".into());
+            let mut waiting = TrajectoryRecord::launched(format!("{name}-3"), 0);
+            waiting.previous_attempts = vec![orchard_api::AttemptRecord {
+                reason: "PodDeleted".into(),
+                message: None,
+                memory: None,
+                cpu: None,
+            }];
+            g.status = Some(RolloutGroupStatus {
+                phase: Some(phase),
+                trajectories: vec![
+                    TrajectoryRecord::launched(format!("{name}-0"), 0),
+                    done,
+                    cancelled,
+                    waiting,
+                ],
+                ..RolloutGroupStatus::default()
+            });
+            g
+        };
+        let mut deleting = group("d", "q", true, RolloutPhase::Generating);
+        deleting.metadata.deletion_timestamp =
+            Some(k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(
+                k8s_openapi::jiff::Timestamp::UNIX_EPOCH,
+            ));
+        let mut elsewhere = group("e", "q", true, RolloutPhase::Generating);
+        elsewhere.metadata.namespace = Some("other".into());
+        let groups = [
+            group("a", "q", true, RolloutPhase::Generating),
+            group("b", "q", false, RolloutPhase::Generating),
+            group("c", "q", true, RolloutPhase::Complete),
+            group("f", "q", true, RolloutPhase::Failed),
+            group("o", "other", true, RolloutPhase::Generating),
+            deleting,
+            elsewhere,
+        ];
+        assert_eq!(
+            retrying("rl", "q", groups.iter())
+                .into_iter()
+                .collect::<Vec<_>>(),
+            ["a-0", "a-3"],
+            "running and waiting for a retry hold; finished, cancelled, no policy, done, failed, other queues, deleting and other namespaces do not"
         );
     }
 

@@ -7,7 +7,7 @@ use k8s_openapi::jiff::Timestamp;
 use kube::ResourceExt;
 use kube::runtime::reflector::ObjectRef;
 
-use super::accounting::{holders, in_queue};
+use super::accounting::{holders, in_queue, retrying};
 use super::book::{InUse, Limits, QueueKey, Verdict, WaitReason};
 use super::order::Request;
 use crate::queue::context::QueueCtx;
@@ -42,13 +42,19 @@ pub fn limits(ctx: &QueueCtx, key: &QueueKey) -> Option<Limits> {
 pub fn in_use(ctx: &QueueCtx, key: &QueueKey) -> (BTreeSet<String>, BTreeSet<String>) {
     let sandboxes = ctx.kube.caches.sandboxes.state();
     let pods = ctx.kube.caches.pods.state();
-    let held = holders(
+    let groups = ctx.kube.caches.rollout_groups.state();
+    let mut held = holders(
         &key.namespace,
         &key.name,
         sandboxes.iter().map(AsRef::as_ref),
         pods.iter().map(AsRef::as_ref),
         &ctx.kube.key,
     );
+    held.extend(retrying(
+        &key.namespace,
+        &key.name,
+        groups.iter().map(AsRef::as_ref),
+    ));
     let seen = sandboxes
         .iter()
         .filter(|s| in_queue(s.as_ref(), &key.namespace, &key.name, &ctx.kube.key))

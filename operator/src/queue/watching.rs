@@ -1,6 +1,8 @@
 //! What the watches tell the queues: a queue's slots may have changed when a Sandbox or Pod of a
 //! queued trajectory (label `orchard.dev/rollout-queue`) changes or goes, when a group that named
-//! the queue is deleted (it leaves the waiting list), or when the RolloutQueue itself changes.
+//! the queue is deleted (it leaves the waiting list) or, with a `retry` policy, records an outcome
+//! (its unfinished trajectories hold slots: `accounting::retrying`), or when the RolloutQueue itself
+//! changes.
 
 use std::sync::Arc;
 
@@ -42,10 +44,14 @@ impl Subscriber<Pod> for Arc<QueueBook> {
 
 impl Subscriber<RolloutGroup> for Arc<QueueBook> {
     fn notify(&mut self, event: &watcher::Event<RolloutGroup>) {
-        // A deleted group leaves its queue's waiting list.
-        if let watcher::Event::Delete(group) = event
-            && let Some(key) = queue_of(group)
-        {
+        // A deleted group leaves its queue's waiting list; a retrying group's status says which of
+        // its trajectories still hold slots.
+        let changed = match event {
+            watcher::Event::Delete(group) => Some(group),
+            watcher::Event::Apply(group) if group.spec.retry.is_some() => Some(group),
+            _ => None,
+        };
+        if let Some(key) = changed.and_then(queue_of) {
             self.mark_dirty(key);
         }
     }
@@ -105,9 +111,16 @@ mod tests {
         group.metadata.namespace = Some("ns".into());
         group.spec.queue = Some("q3".into());
         book.notify(&watcher::Event::Apply(group.clone()));
-        book.notify(&watcher::Event::Delete(group));
+        book.notify(&watcher::Event::Delete(group.clone()));
+        group.spec.queue = Some("q4".into());
+        group.spec.retry = Some(orchard_api::RetryPolicy {
+            max_attempts: 2,
+            on_oom: None,
+            on_eviction: true,
+        });
+        book.notify(&watcher::Event::Apply(group));
         let seen = dirty(&mut book);
-        assert_eq!(seen.len(), 3, "{seen:?}");
-        assert_eq!(seen, ["ns/q", "ns/q2", "ns/q3"]);
+        assert_eq!(seen.len(), 4, "{seen:?}");
+        assert_eq!(seen, ["ns/q", "ns/q2", "ns/q3", "ns/q4"]);
     }
 }

@@ -12,16 +12,17 @@ use kube::runtime::reflector::ObjectRef;
 use kube::{Resource, ResourceExt};
 use tracing::info;
 
-use super::build::desired_trajectory;
-use super::decide::Targets;
-use super::observe::{ChildView, Observation, observe as observe_children};
+use super::build::{attempt_of, desired_trajectory};
+use super::decide::{Launch, Targets};
+use super::observe::{ChildView, Observation, Superseded, observe as observe_children};
+use super::retry::RetryParams;
 use crate::plumbing::error::Result;
 use crate::plumbing::kube_ctx::object_key;
 use crate::plumbing::own_writes::child_key;
 use crate::plumbing::ownership::{Owner, sealed_for};
 use crate::plumbing::writes::{ChildState, create_owned, ensure_deleted, existing_state};
 use crate::rollout::context::RolloutCtx;
-use orchard_api::{RolloutGroup, STRIDE_LABEL, Sandbox};
+use orchard_api::{RolloutGroup, STRIDE_LABEL, Sandbox, SandboxPhase};
 
 /// The group's children as the Sandbox cache shows them: same namespace, sealed for this group's UID
 /// (a Sandbox somebody made with a controller reference to the group is not one), in name order (the
@@ -46,15 +47,29 @@ pub fn owned_children(ctx: &RolloutCtx, group: &RolloutGroup) -> Vec<Arc<Sandbox
 pub fn children_of(ctx: &RolloutCtx, group: &RolloutGroup) -> Vec<ChildView> {
     owned_children(ctx, group)
         .into_iter()
-        .map(|s| ChildView {
-            name: s.name_any(),
-            stride: s
-                .labels()
-                .get(STRIDE_LABEL)
-                .and_then(|v| v.parse().ok())
-                .unwrap_or(0),
-            result: s.status.as_ref().and_then(|st| st.result.clone()),
-            deleting: s.meta().deletion_timestamp.is_some(),
+        .map(|s| {
+            let status = s.status.as_ref();
+            ChildView {
+                name: s.name_any(),
+                uid: s.uid().unwrap_or_default(),
+                stride: s
+                    .labels()
+                    .get(STRIDE_LABEL)
+                    .and_then(|v| v.parse().ok())
+                    .unwrap_or(0),
+                attempt: attempt_of(&s),
+                result: status.and_then(|st| st.result.clone()),
+                failure: status
+                    .filter(|st| st.phase == Some(SandboxPhase::Failed))
+                    .map(|st| {
+                        (
+                            st.reason.clone().unwrap_or_default(),
+                            st.message.clone().unwrap_or_default(),
+                        )
+                    }),
+                resources: s.spec.resources.clone(),
+                deleting: s.meta().deletion_timestamp.is_some(),
+            }
         })
         .collect()
 }
@@ -89,33 +104,45 @@ pub async fn confirm_gone(
     Ok(gone)
 }
 
-/// The group's progress as its status and children show it: the children the cache shows and, for
-/// trajectories the status lists that the cache does not show, a live read of whether they are gone.
-pub async fn observe(ctx: &RolloutCtx, group: &RolloutGroup) -> Result<Observation> {
+/// The group's progress as its status and children show it, under its retry policy `retry`: the
+/// children the cache shows and, for trajectories the status lists that the cache does not show, a
+/// live read of whether they are gone.
+pub async fn observe(
+    ctx: &RolloutCtx,
+    group: &RolloutGroup,
+    retry: Option<&RetryParams>,
+) -> Result<Observation> {
     let name = group.name_any();
     let previous = group.status.clone().unwrap_or_default();
     let children = children_of(ctx, group);
-    let mut observation = observe_children(&name, &previous, &children, &BTreeSet::new());
+    let mut observation = observe_children(&name, &previous, &children, &BTreeSet::new(), retry);
     if !observation.unseen.is_empty() {
         let gone = confirm_gone(ctx, group, &observation.unseen).await?;
         if !gone.is_empty() {
-            observation = observe_children(&name, &previous, &children, &gone);
+            observation = observe_children(&name, &previous, &children, &gone, retry);
         }
     }
     Ok(observation)
 }
 
-/// Creates trajectory `index` of stride `stride`. A name held by a previous group's trajectory comes
-/// back as a wait (the stride is finished once it is gone), one held by anything else as a conflict;
-/// neither object is touched.
+/// Creates `launch` (an attempt of a trajectory). A name held by a previous group's trajectory, or
+/// by an earlier attempt of this one that is still being removed, comes back as a wait (it is
+/// created once that is gone), one held by anything else as a conflict; neither object is touched.
 pub async fn create_trajectory(
     ctx: &RolloutCtx,
     group: &RolloutGroup,
     owner: &OwnerReference,
-    index: u32,
-    stride: u32,
+    launch: &Launch,
 ) -> Result<ChildState<()>> {
-    let sandbox = desired_trajectory(group, owner, index, stride, &ctx.kube.key);
+    let sandbox = desired_trajectory(
+        group,
+        owner,
+        launch.index,
+        launch.stride,
+        launch.attempt,
+        launch.resources.as_ref(),
+        &ctx.kube.key,
+    );
     let namespace = group.namespace().unwrap_or_default();
     let name = sandbox.name_any();
     let uid = group.uid().unwrap_or_default();
@@ -131,23 +158,59 @@ pub async fn create_trajectory(
         .sandboxes
         .get(&ObjectRef::new(&name).within(&namespace));
     let state = match cached {
-        Some(existing) => existing_state((*existing).clone(), as_owner, &ctx.kube.key).unit(),
-        None if ctx.kube.own_writes.recorded(&uid, &key, "create") => ChildState::Ours(()),
-        None => create_owned(
-            &ctx.kube,
-            &ctx.kube.caches.sandboxes,
-            &sandbox,
-            as_owner,
-            "create",
-            false,
-        )
-        .await?
-        .unit(),
+        Some(existing) => existing_state((*existing).clone(), as_owner, &ctx.kube.key),
+        None if ctx.kube.own_writes.recorded(&uid, &key, "create") => {
+            ChildState::Ours(sandbox.clone())
+        }
+        None => {
+            create_owned(
+                &ctx.kube,
+                &ctx.kube.caches.sandboxes,
+                &sandbox,
+                as_owner,
+                "create",
+                false,
+            )
+            .await?
+        }
+    };
+    // Ours under the name, but another attempt (one still being removed): not the one asked for.
+    let state = match state {
+        ChildState::Ours(found) if attempt_of(&found) != launch.attempt.max(1) => {
+            ChildState::Waiting(format!(
+                "attempt {} of Sandbox {name} is still being removed",
+                attempt_of(&found)
+            ))
+        }
+        other => other.unit(),
     };
     if state != ChildState::Ours(()) {
         info!(group = %object_key(group), trajectory = %name, ?state, "trajectory name not available yet");
     }
     Ok(state)
+}
+
+/// Deletes the children of ended attempts, each only by its UID (never a new attempt under the same
+/// name).
+pub async fn delete_superseded(
+    ctx: &RolloutCtx,
+    group: &RolloutGroup,
+    superseded: &[Superseded],
+) -> Result<()> {
+    let namespace = group.namespace().unwrap_or_default();
+    let uid = group.uid().unwrap_or_default();
+    for child in superseded {
+        ensure_deleted(
+            &ctx.kube,
+            &ctx.kube.caches.sandboxes,
+            &uid,
+            &namespace,
+            &child.name,
+            &child.uid,
+        )
+        .await?;
+    }
+    Ok(())
 }
 
 /// Deletes the group's children (not already being deleted) that `targets` picks.

@@ -2,7 +2,8 @@
 //! launch order), the template's labels and annotations plus the group and stride labels, a
 //! controller owner reference to the group and the operator's seal for it, the queue label when the
 //! group names a RolloutQueue, and the template's spec with the group's trajectory timeout applied to
-//! `run`.
+//! `run`. A retried trajectory is the same Sandbox again under the same name, with its attempt label
+//! and the resources its retry gives it.
 
 use std::collections::BTreeMap;
 
@@ -11,8 +12,8 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference}
 use crate::plumbing::operator_key::OperatorKey;
 use crate::plumbing::ownership::seal;
 use orchard_api::{
-    MANAGED_BY, MANAGED_BY_LABEL, ROLLOUT_GROUP_LABEL, ROLLOUT_QUEUE_LABEL, RolloutGroup,
-    STRIDE_LABEL, Sandbox,
+    ATTEMPT_LABEL, MANAGED_BY, MANAGED_BY_LABEL, PoolFallback, ROLLOUT_GROUP_LABEL,
+    ROLLOUT_QUEUE_LABEL, RolloutGroup, STRIDE_LABEL, Sandbox, SandboxResources,
 };
 
 /// Name of trajectory `index` (0-based, launch order) of group `group`.
@@ -25,12 +26,29 @@ pub fn trajectory_index(group: &str, name: &str) -> Option<u32> {
     name.strip_prefix(group)?.strip_prefix('-')?.parse().ok()
 }
 
-/// The Sandbox of trajectory `index` in stride `stride`, sealed for `owner` under `key`.
+/// The attempt a trajectory Sandbox says it is (its label; 1 without one, as before retries).
+pub fn attempt_of(sandbox: &Sandbox) -> u32 {
+    sandbox
+        .metadata
+        .labels
+        .as_ref()
+        .and_then(|l| l.get(ATTEMPT_LABEL))
+        .and_then(|v| v.parse().ok())
+        .filter(|n| *n >= 1)
+        .unwrap_or(1)
+}
+
+/// The Sandbox of attempt `attempt` of trajectory `index` in stride `stride`, sealed for `owner`
+/// under `key`. `resources` replaces the template's (a retry's escalated memory and CPU); such an
+/// attempt never fits the members of the template's SandboxPool, so it starts its own Pod
+/// (`whenPoolEmpty: ColdStart`) rather than wait for one.
 pub fn desired_trajectory(
     group: &RolloutGroup,
     owner: &OwnerReference,
     index: u32,
     stride: u32,
+    attempt: u32,
+    resources: Option<&SandboxResources>,
     key: &OperatorKey,
 ) -> Sandbox {
     let group_name = group.metadata.name.clone().unwrap_or_default();
@@ -38,6 +56,7 @@ pub fn desired_trajectory(
     let mut labels: BTreeMap<String, String> = template.metadata.labels.clone();
     labels.insert(ROLLOUT_GROUP_LABEL.to_string(), group_name.clone());
     labels.insert(STRIDE_LABEL.to_string(), stride.to_string());
+    labels.insert(ATTEMPT_LABEL.to_string(), attempt.max(1).to_string());
     labels.insert(MANAGED_BY_LABEL.to_string(), MANAGED_BY.to_string());
     if let Some(queue) = group.spec.queue.as_ref().filter(|q| !q.is_empty()) {
         labels.insert(ROLLOUT_QUEUE_LABEL.to_string(), queue.clone());
@@ -45,6 +64,12 @@ pub fn desired_trajectory(
     let mut spec = template.spec.clone();
     if let (Some(run), Some(timeout)) = (spec.run.as_mut(), group.spec.trajectory_timeout_seconds) {
         run.timeout_seconds = timeout;
+    }
+    if let Some(resources) = resources {
+        spec.resources = Some(resources.clone());
+        if spec.pool.is_some() {
+            spec.when_pool_empty = Some(PoolFallback::ColdStart);
+        }
     }
     let mut sandbox = Sandbox {
         metadata: ObjectMeta {
@@ -100,6 +125,7 @@ mod tests {
                 trajectory_timeout_seconds: Some(90),
                 cleanup: CleanupPolicy::Delete,
                 queue: Some("batch".into()),
+                retry: None,
                 active_deadline_seconds: None,
             },
         );
@@ -129,7 +155,7 @@ mod tests {
     #[test]
     fn trajectories_carry_group_labels_owner_and_timeout() {
         let key = crate::plumbing::mock_api::test_token_key();
-        let sandbox = desired_trajectory(&group(), &owner(), 5, 1, &key);
+        let sandbox = desired_trajectory(&group(), &owner(), 5, 1, 1, None, &key);
         assert_eq!(
             crate::plumbing::ownership::sealed(&sandbox, &key),
             Some("uid-g"),
@@ -140,6 +166,7 @@ mod tests {
         let labels = sandbox.metadata.labels.unwrap();
         assert_eq!(labels[ROLLOUT_GROUP_LABEL], "prompt-7");
         assert_eq!(labels[STRIDE_LABEL], "1");
+        assert_eq!(labels[ATTEMPT_LABEL], "1");
         assert_eq!(labels["task"], "swe");
         assert_eq!(labels[ROLLOUT_QUEUE_LABEL], "batch");
         assert_eq!(sandbox.metadata.annotations.unwrap()["note"], "x");
@@ -150,5 +177,50 @@ mod tests {
             "trajectoryTimeoutSeconds wins"
         );
         assert_eq!(sandbox.spec.image, "python:3.11");
+        assert_eq!(sandbox.spec.resources, None, "the template's");
+    }
+
+    #[test]
+    fn a_retry_is_the_same_trajectory_with_its_attempt_and_resources() {
+        use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
+        let key = crate::plumbing::mock_api::test_token_key();
+        let grown = SandboxResources {
+            memory: Some(Quantity("128Mi".into())),
+            ..SandboxResources::default()
+        };
+        let sandbox = desired_trajectory(&group(), &owner(), 5, 1, 2, Some(&grown), &key);
+        assert_eq!(
+            sandbox.metadata.name.as_deref(),
+            Some("prompt-7-5"),
+            "the same name"
+        );
+        assert_eq!(attempt_of(&sandbox), 2);
+        assert_eq!(
+            sandbox.metadata.labels.as_ref().unwrap()[ATTEMPT_LABEL],
+            "2"
+        );
+        assert_eq!(sandbox.spec.resources, Some(grown.clone()));
+        assert_eq!(sandbox.spec.when_pool_empty, None, "no pool, no fallback");
+        assert_eq!(
+            crate::plumbing::ownership::sealed(&sandbox, &key),
+            Some("uid-g"),
+            "sealed for the group"
+        );
+
+        let mut pooled = group();
+        pooled.spec.template.spec.pool = Some("warm".into());
+        pooled.spec.template.spec.when_pool_empty = Some(PoolFallback::Wait);
+        let first = desired_trajectory(&pooled, &owner(), 5, 1, 1, None, &key);
+        assert_eq!(first.spec.when_pool_empty, Some(PoolFallback::Wait));
+        let escalated = desired_trajectory(&pooled, &owner(), 5, 1, 2, Some(&grown), &key);
+        assert_eq!(
+            escalated.spec.when_pool_empty,
+            Some(PoolFallback::ColdStart),
+            "no member fits the escalated resources: it starts its own Pod"
+        );
+
+        let mut unlabelled = first;
+        unlabelled.metadata.labels = None;
+        assert_eq!(attempt_of(&unlabelled), 1, "made before retries: attempt 1");
     }
 }

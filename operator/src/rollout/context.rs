@@ -6,6 +6,7 @@ use std::sync::Arc;
 use crate::plumbing::kube_ctx::KubeCtx;
 use crate::plumbing::reconcile_slots::ReconcileSlots;
 use crate::queue::context::QueueCtx;
+use crate::rollout::retry::ResourceDefaults;
 
 /// The RolloutGroup controller's context.
 pub struct RolloutCtx {
@@ -15,4 +16,7 @@ pub struct RolloutCtx {
     pub slots: ReconcileSlots,
     /// The RolloutQueues' admission (a group's stride may wait for its queue).
     pub queues: Arc<QueueCtx>,
+    /// The operator's default sandbox resources (what a retry of a template without them starts
+    /// from).
+    pub defaults: ResourceDefaults,
 }

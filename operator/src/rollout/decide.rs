@@ -2,11 +2,14 @@
 //! decision within one reconcile, so there are four decisions with the I/O between them:
 //!
 //! 1. [`plan_entry`]: from the group alone, whether it runs ([`Entry`]): a Complete group is cleaned
-//!    up, an invalid spec fails it, a Failed group is left alone; otherwise BAR's parameters.
+//!    up, an invalid spec (or retry policy) fails it, a Failed group is left alone; otherwise BAR's
+//!    parameters and the retry policy.
 //! 2. [`plan_repair`]: from the observation (`apply::observe`: the status, the children the cache
 //!    shows, a live read of those it does not), the rest of a latest stride that a crash or a name
-//!    still held left short ([`Launch`]); `execute::create` creates them (reserving their queue
-//!    slots) and reports the names it could not get. What it created counts as launched below.
+//!    still held left short, and the next attempts of retried trajectories whose previous attempt
+//!    is gone ([`Launch`]); `execute::create` creates them (reserving their queue slots: a retry
+//!    keeps its trajectory's slot and is never asked of the queue again) and reports the names it
+//!    could not get. What it created counts as launched below.
 //! 3. [`plan_step`]: from the observation after those creates, the group's deadline and the BAR
 //!    engine (`orchard_bar::{decide, next_step}`), what comes next ([`Next`]): finish, wait, or launch
 //!    a stride. A stride on a queue is asked of the queue first (`execute::ask_queue`: the book
@@ -27,15 +30,17 @@ use std::time::Duration;
 use k8s_openapi::jiff::Timestamp;
 
 use super::build::trajectory_name;
-use super::observe::{DEADLINE_EXCEEDED, Observation};
+use super::observe::{DEADLINE_EXCEEDED, Observation, Superseded};
 use super::params::bar_params;
+use super::retry::{ResourceDefaults, RetryParams, retry_params};
 use super::status::{ADMITTED, QueueStanding, failed_status, group_status};
 use crate::plumbing::time::until;
 use crate::plumbing::writes::ChildState;
 use crate::queue::admission::waiting_message;
 use crate::queue::book::{Limits, QueueKey, Verdict};
 use orchard_api::{
-    CleanupPolicy, EarlyStop, RolloutGroup, RolloutGroupStatus, RolloutPhase, TrajectoryStatus,
+    CleanupPolicy, EarlyStop, RolloutGroup, RolloutGroupStatus, RolloutPhase, SandboxResources,
+    TrajectoryStatus,
 };
 use orchard_bar::{GroupDecision, Params, Progress, Step, decide, next_step};
 
@@ -133,13 +138,15 @@ pub enum Entry {
     Invalid(Box<Failure>),
     /// Failed before: nothing to do.
     Failed,
-    /// Run BAR with these parameters.
-    Run(Params),
+    /// Run BAR with these parameters, retrying trajectories under this policy (if any).
+    Run(Params, Option<Box<RetryParams>>),
 }
 
-/// Whether `group` runs (pure). A Complete group is cleaned up before its spec is looked at; an
-/// invalid spec fails a group even if it failed before (the write is then a no-op).
-pub fn plan_entry(group: &RolloutGroup, now: Timestamp) -> Entry {
+/// Whether `group` runs (pure), given the operator's default resources `defaults` (what a template
+/// without memory starts with, which a retry's `maxMemory` must not be below). A Complete group is
+/// cleaned up before its spec is looked at; an invalid spec fails a group even if it failed before
+/// (the write is then a no-op).
+pub fn plan_entry(group: &RolloutGroup, defaults: &ResourceDefaults, now: Timestamp) -> Entry {
     let previous = group.status.clone().unwrap_or_default();
     if previous.phase == Some(RolloutPhase::Complete) {
         return Entry::Cleanup(cleanup(group, &previous));
@@ -148,30 +155,66 @@ pub fn plan_entry(group: &RolloutGroup, now: Timestamp) -> Entry {
         Ok(params) => params,
         Err(message) => return Entry::Invalid(failure(group, "InvalidSpec", message, now)),
     };
+    let retry = match retry_params(&group.spec, defaults) {
+        Ok(retry) => retry,
+        Err(message) => return Entry::Invalid(failure(group, "InvalidSpec", message, now)),
+    };
     if previous.phase == Some(RolloutPhase::Failed) {
         return Entry::Failed;
     }
-    Entry::Run(params)
+    Entry::Run(params, retry.map(Box::new))
 }
 
 /// One trajectory to create.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq)]
 pub struct Launch {
     /// Its index (launch order).
     pub index: u32,
     /// Its stride.
     pub stride: u32,
+    /// Its attempt (1 for a new trajectory).
+    pub attempt: u32,
+    /// Resources replacing the template's (a retry's escalated amounts); `None`: the template's.
+    pub resources: Option<SandboxResources>,
 }
 
 /// The trajectories missing from the latest stride (pure): a crash between creating a stride's
 /// children, or a name still held by a previous group's trajectory, may have left it short. Its
-/// queue admitted it before, so they are created without asking again.
-pub fn plan_repair(observation: &Observation, params: &Params) -> Vec<Launch> {
-    observation
+/// queue admitted it before, so they are created without asking again. Then the next attempts of
+/// retried trajectories whose name is free, with what their retry gives them (`retry::after`).
+pub fn plan_repair(
+    observation: &Observation,
+    params: &Params,
+    retry: Option<&RetryParams>,
+) -> Vec<Launch> {
+    let mut launches: Vec<Launch> = observation
         .incomplete_latest_stride(params.stride)
         .into_iter()
-        .map(|(index, stride)| Launch { index, stride })
-        .collect()
+        .map(|(index, stride)| Launch {
+            index,
+            stride,
+            attempt: 1,
+            resources: None,
+        })
+        .collect();
+    for &index in &observation.relaunch {
+        let Some(record) = observation.records.get(&index) else {
+            continue;
+        };
+        let resources = retry.and_then(|policy| {
+            let amounts = policy.after(record.previous_attempts.last()?)?;
+            policy.resources(amounts)
+        });
+        launches.push(Launch {
+            index,
+            stride: u32::try_from(record.stride).unwrap_or(0),
+            attempt: u32::try_from(record.previous_attempts.len())
+                .unwrap_or(u32::MAX)
+                .saturating_add(1),
+            resources,
+        });
+    }
+    launches
 }
 
 /// A stride the BAR engine asks for.
@@ -192,6 +235,8 @@ impl Stride {
             .map(|index| Launch {
                 index,
                 stride: self.index,
+                attempt: 1,
+                resources: None,
             })
             .collect()
     }
@@ -342,6 +387,8 @@ pub fn admit(stride: &Stride, verdict: Option<QueueVerdict>) -> Admission {
 pub struct StatusInput<'a> {
     /// The group's BAR parameters.
     pub params: &'a Params,
+    /// The group's retry policy.
+    pub retry: Option<&'a RetryParams>,
     /// The group names a queue.
     pub queued: bool,
     /// The group's own deadline, if it has one and started.
@@ -389,6 +436,10 @@ pub struct Record {
     pub new_outcomes: Vec<&'static str>,
     /// After the write: the group completed.
     pub completion: Option<Completion>,
+    /// After the write: attempts the status now records as retried, told as Events.
+    pub retries: Vec<String>,
+    /// After the write: the children of ended attempts to delete (by UID).
+    pub superseded: Vec<Superseded>,
     /// After that: children to delete (the clean-up of a completed group, the finished
     /// trajectories of a group on a queue).
     pub delete: Option<Targets>,
@@ -434,6 +485,8 @@ pub fn plan_status(
     let previous = group.status.clone().unwrap_or_default();
     let admission_event = admission_event(group.status.as_ref(), &status);
     let new_outcomes = new_outcomes(&previous, &status);
+    let retries = retried(&previous, &status, input.retry);
+    let superseded = observation.superseded.clone();
     let record = if let Some(decision) = decision {
         let seconds = group
             .metadata
@@ -443,6 +496,8 @@ pub fn plan_status(
         Record {
             admission_event,
             new_outcomes,
+            retries,
+            superseded,
             completion: Some(Completion {
                 selection: decision.selection.as_str(),
                 positives: decision.positives,
@@ -459,7 +514,9 @@ pub fn plan_status(
         // completes: its outcome is in the status just written, so it goes now.
         let delete = (input.queued && group.spec.cleanup == CleanupPolicy::Delete)
             .then(|| finished(&status));
-        let requeue = if blocked.is_empty() {
+        // A retry waits for its previous attempt's Sandbox to go: its deletion wakes the group, and
+        // so does this recheck if the watch misses it.
+        let requeue = if blocked.is_empty() && observation.awaiting_removal.is_empty() {
             let mut next = input.resync;
             if matches!(standing, QueueStanding::Waiting { .. }) {
                 next = next.min(QUEUE_RECHECK);
@@ -475,6 +532,8 @@ pub fn plan_status(
             status,
             admission_event,
             new_outcomes,
+            retries,
+            superseded,
             completion: None,
             delete,
             requeue,
@@ -504,6 +563,48 @@ pub fn new_outcomes(
             })
         })
         .collect()
+}
+
+/// What `status` records as retried that `previous` did not (pure), one message per retried attempt:
+/// how it ended, what it ran with, and what the next attempt gets under `retry`.
+pub fn retried(
+    previous: &RolloutGroupStatus,
+    status: &RolloutGroupStatus,
+    retry: Option<&RetryParams>,
+) -> Vec<String> {
+    let amounts = |memory: Option<&str>, cpu: Option<&str>| {
+        format!(
+            "memory {}, cpu {}",
+            memory.unwrap_or("?"),
+            cpu.unwrap_or("?")
+        )
+    };
+    let mut messages = Vec::new();
+    for record in &status.trajectories {
+        let known = previous
+            .trajectories
+            .iter()
+            .find(|p| p.name == record.name)
+            .map_or(0, |p| p.previous_attempts.len());
+        for (position, ended) in record.previous_attempts.iter().enumerate().skip(known) {
+            let next = retry.and_then(|policy| policy.after(ended)).map_or_else(
+                || "the same resources".to_string(),
+                |a| amounts(Some(&a.memory_quantity().0), Some(&a.cpu_quantity().0)),
+            );
+            messages.push(format!(
+                "trajectory {} attempt {} ended {} ({}); attempt {} gets {next}",
+                record.name,
+                position + 1,
+                ended.reason,
+                amounts(
+                    ended.memory.as_ref().map(|q| q.0.as_str()),
+                    ended.cpu.as_ref().map(|q| q.0.as_str())
+                ),
+                position + 2,
+            ));
+        }
+    }
+    messages
 }
 
 /// An Event when the queue's answer to the group changes (the `Admitted` condition's reason, pure):

@@ -23,6 +23,13 @@ fn now() -> Timestamp {
 
 const RESYNC: Duration = Duration::from_secs(300);
 
+fn defaults() -> ResourceDefaults {
+    ResourceDefaults {
+        cpu: "1".into(),
+        memory: "2Gi".into(),
+    }
+}
+
 /// Group `g`: N = 2 of at most 4, strides of 2, exactly one positive wanted.
 fn group(early_stop: EarlyStop, cleanup: CleanupPolicy) -> RolloutGroup {
     let mut g = RolloutGroup::new(
@@ -41,6 +48,7 @@ fn group(early_stop: EarlyStop, cleanup: CleanupPolicy) -> RolloutGroup {
             trajectory_timeout_seconds: None,
             cleanup,
             queue: None,
+            retry: None,
             active_deadline_seconds: None,
         },
     );
@@ -87,6 +95,8 @@ fn record(index: u32, outcome: Option<(TrajectoryStatus, f64)>) -> TrajectoryRec
         length: outcome.map(|_| 10 + i64::from(index)),
         artifact: None,
         reason: None,
+        attempts: 1,
+        previous_attempts: Vec::new(),
     }
 }
 
@@ -115,7 +125,7 @@ fn observed(records: Vec<TrajectoryRecord>) -> Observation {
                 (index, r)
             })
             .collect(),
-        unseen: Vec::new(),
+        ..Observation::default()
     }
 }
 
@@ -129,7 +139,8 @@ fn entry_word(entry: &Entry) -> String {
         Entry::Cleanup(targets) => format!("cleanup {targets:?}"),
         Entry::Invalid(failure) => format!("invalid {}", failure.reason),
         Entry::Failed => "failed".into(),
-        Entry::Run(_) => "run".into(),
+        Entry::Run(_, None) => "run".into(),
+        Entry::Run(_, Some(retry)) => format!("run, {} attempts", retry.max_attempts),
     }
 }
 
@@ -197,16 +208,20 @@ fn the_entry_follows_the_phase_and_the_spec() {
         ),
     ];
     for (case, g, expected) in cases {
-        assert_eq!(entry_word(&plan_entry(&g, now())), expected, "{case}");
+        assert_eq!(
+            entry_word(&plan_entry(&g, &defaults(), now())),
+            expected,
+            "{case}"
+        );
     }
 
-    let Entry::Invalid(failure) = plan_entry(&invalid, now()) else {
+    let Entry::Invalid(failure) = plan_entry(&invalid, &defaults(), now()) else {
         panic!("an invalid spec fails");
     };
     assert!(failure.message.contains("divide"), "{}", failure.message);
     assert_eq!(failure.status.phase, Some(RolloutPhase::Failed));
     assert_eq!(failure.status.message.as_deref(), Some(&*failure.message));
-    let Entry::Run(run) = plan_entry(&plain(), now()) else {
+    let Entry::Run(run, None) = plan_entry(&plain(), &defaults(), now()) else {
         panic!("a valid group runs");
     };
     assert_eq!(run, params());
@@ -240,7 +255,12 @@ fn targets_pick_by_name() {
 
 #[test]
 fn a_short_latest_stride_is_repaired() {
-    let launch = |index, stride| Launch { index, stride };
+    let launch = |index, stride| Launch {
+        index,
+        stride,
+        attempt: 1,
+        resources: None,
+    };
     let cases: Vec<(&str, Vec<TrajectoryRecord>, Vec<Launch>)> = vec![
         ("nothing launched", vec![], vec![]),
         ("a whole stride", vec![running(0), running(1)], vec![]),
@@ -263,7 +283,7 @@ fn a_short_latest_stride_is_repaired() {
     ];
     for (case, records, expected) in cases {
         assert_eq!(
-            plan_repair(&observed(records), &params()),
+            plan_repair(&observed(records), &params(), None),
             expected,
             "{case}"
         );
@@ -417,11 +437,15 @@ fn a_stride_names_and_launches_its_trajectories() {
         [
             Launch {
                 index: 2,
-                stride: 1
+                stride: 1,
+                attempt: 1,
+                resources: None,
             },
             Launch {
                 index: 3,
-                stride: 1
+                stride: 1,
+                attempt: 1,
+                resources: None,
             }
         ]
     );
@@ -555,6 +579,7 @@ fn the_queue_verdict_becomes_the_standing_and_the_launch() {
 fn input(params: &Params, queued: bool, deadline: Option<Timestamp>) -> StatusInput<'_> {
     StatusInput {
         params,
+        retry: None,
         queued,
         deadline,
         resync: RESYNC,
@@ -1114,16 +1139,349 @@ fn the_observation_and_the_repair_agree_with_the_children() {
     let previous = phase(RolloutPhase::Generating, vec![done(0, 0.0)]);
     let child = |index: u32| crate::rollout::observe::ChildView {
         name: format!("g-{index}"),
+        uid: format!("uid-{index}"),
         stride: index / 2,
+        attempt: 1,
         result: None,
+        failure: None,
+        resources: None,
         deleting: false,
     };
-    let observation = observe("g", &previous, &[child(0), child(2)], &BTreeSet::new());
+    let observation = observe(
+        "g",
+        &previous,
+        &[child(0), child(2)],
+        &BTreeSet::new(),
+        None,
+    );
     assert_eq!(
-        plan_repair(&observation, &params()),
+        plan_repair(&observation, &params(), None),
         [Launch {
             index: 3,
-            stride: 1
+            stride: 1,
+            attempt: 1,
+            resources: None,
         }]
     );
+}
+
+mod retries {
+    use super::*;
+    use crate::rollout::observe::{ChildView, Superseded};
+    use crate::rollout::retry::RetryParams;
+    use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
+    use orchard_api::{
+        AttemptRecord, OomEscalation, RetryPolicy, SandboxResources, TrajectoryResult,
+    };
+
+    /// `plain()` with a retry policy: 3 attempts, memory doubled up to 256Mi, evictions retried;
+    /// the template asks for 64Mi.
+    fn retrying() -> RolloutGroup {
+        let mut g = plain();
+        g.spec.template.spec.resources = Some(SandboxResources {
+            memory: Some(Quantity("64Mi".into())),
+            ..SandboxResources::default()
+        });
+        g.spec.retry = Some(RetryPolicy {
+            max_attempts: 3,
+            on_oom: Some(OomEscalation {
+                memory_factor: 2.0,
+                cpu_factor: None,
+                max_memory: Quantity("256Mi".into()),
+                max_cpu: None,
+            }),
+            on_eviction: true,
+        });
+        g
+    }
+
+    fn policy() -> RetryParams {
+        match plan_entry(&retrying(), &defaults(), now()) {
+            Entry::Run(_, Some(retry)) => *retry,
+            other => panic!("a retrying group runs: {other:?}"),
+        }
+    }
+
+    fn ended(reason: &str, memory: &str) -> AttemptRecord {
+        AttemptRecord {
+            reason: reason.into(),
+            message: Some(format!("{reason}!")),
+            memory: Some(Quantity(memory.into())),
+            cpu: Some(Quantity("1".into())),
+        }
+    }
+
+    /// Trajectory `index` after `previous` attempts ended, with `attempts` launched.
+    fn retried(index: u32, attempts: i32, previous: Vec<AttemptRecord>) -> TrajectoryRecord {
+        TrajectoryRecord {
+            attempts,
+            previous_attempts: previous,
+            ..running(index)
+        }
+    }
+
+    #[test]
+    fn the_entry_resolves_the_policy_or_fails_the_group() {
+        assert_eq!(
+            entry_word(&plan_entry(&retrying(), &defaults(), now())),
+            "run, 3 attempts"
+        );
+        let mut below_default = retrying();
+        below_default.spec.template.spec.resources = None;
+        let Entry::Invalid(failure) = plan_entry(&below_default, &defaults(), now()) else {
+            panic!("maxMemory below the operator's default memory fails the group");
+        };
+        assert_eq!(failure.reason, "InvalidSpec");
+        assert!(
+            failure
+                .message
+                .contains("retry.onOOM.maxMemory 256Mi is below the 2Gi")
+                && failure.message.contains("--default-memory"),
+            "{}",
+            failure.message
+        );
+        assert_eq!(failure.status.phase, Some(RolloutPhase::Failed));
+    }
+
+    #[test]
+    fn a_retry_is_created_again_under_its_name_with_what_its_retry_gives_it() {
+        let p = policy();
+        let mut observation = observed(vec![
+            retried(0, 1, vec![ended("OOMKilled", "64Mi")]),
+            retried(1, 1, vec![ended("PodDeleted", "64Mi")]),
+        ]);
+        observation.relaunch = vec![0, 1];
+        let launches = plan_repair(&observation, &params(), Some(&p));
+        let grown = SandboxResources {
+            memory: Some(Quantity("128Mi".into())),
+            ..SandboxResources::default()
+        };
+        assert_eq!(
+            launches,
+            [
+                Launch {
+                    index: 0,
+                    stride: 0,
+                    attempt: 2,
+                    resources: Some(grown),
+                },
+                Launch {
+                    index: 1,
+                    stride: 0,
+                    attempt: 2,
+                    resources: None,
+                },
+            ],
+            "OOM: twice the memory; a lost pod: the template's resources"
+        );
+        // The third attempt after a second OOM kill at 128Mi gets the cap.
+        let mut observation = observed(vec![
+            retried(
+                0,
+                2,
+                vec![ended("OOMKilled", "64Mi"), ended("OOMKilled", "128Mi")],
+            ),
+            running(1),
+        ]);
+        observation.relaunch = vec![0];
+        let launches = plan_repair(&observation, &params(), Some(&p));
+        assert_eq!(launches.len(), 1);
+        assert_eq!(launches[0].attempt, 3);
+        assert_eq!(
+            launches[0].resources,
+            Some(SandboxResources {
+                memory: Some(Quantity("256Mi".into())),
+                ..SandboxResources::default()
+            })
+        );
+    }
+
+    #[test]
+    fn a_retry_is_not_a_new_launch_and_bar_waits_for_its_last_attempt() {
+        let cases: Vec<(&str, Vec<TrajectoryRecord>, &str)> = vec![
+            (
+                "g-1 waits for its second attempt: the stride is not over",
+                vec![
+                    done(0, 0.0),
+                    retried(1, 1, vec![ended("OOMKilled", "64Mi")]),
+                ],
+                "wait",
+            ),
+            (
+                "g-1's second attempt runs",
+                vec![
+                    done(0, 0.0),
+                    retried(1, 2, vec![ended("OOMKilled", "64Mi")]),
+                ],
+                "wait",
+            ),
+            (
+                "g-1's second attempt balances the stride: one outcome per trajectory",
+                vec![
+                    done(0, 0.0),
+                    TrajectoryRecord {
+                        attempts: 2,
+                        previous_attempts: vec![ended("OOMKilled", "64Mi")],
+                        ..done(1, 1.0)
+                    },
+                ],
+                "finish Balanced with 1 positives",
+            ),
+            (
+                "g-1 ran out of attempts: backfill, and the next stride",
+                vec![
+                    done(0, 0.0),
+                    TrajectoryRecord {
+                        attempts: 3,
+                        previous_attempts: vec![
+                            ended("OOMKilled", "64Mi"),
+                            ended("OOMKilled", "128Mi"),
+                        ],
+                        reason: Some("OOMKilled".into()),
+                        ..record(1, Some((TrajectoryStatus::Aborted, 0.0)))
+                    },
+                ],
+                "launch stride 1 (2 from 2)",
+            ),
+        ];
+        for (case, records, expected) in cases {
+            let mut observation = observed(records);
+            assert_eq!(
+                observation.launched(),
+                2,
+                "{case}: two trajectories, whatever the attempts"
+            );
+            let next = plan_step(&params(), &mut observation, None, now());
+            assert_eq!(step_word(&next), expected, "{case}");
+        }
+    }
+
+    fn child(attempt: u32, memory: &str, result: TrajectoryResult) -> ChildView {
+        ChildView {
+            name: "g-1".into(),
+            uid: format!("uid-a{attempt}"),
+            stride: 0,
+            attempt,
+            result: Some(result),
+            failure: None,
+            resources: Some(SandboxResources {
+                memory: Some(Quantity(memory.into())),
+                ..SandboxResources::default()
+            }),
+            deleting: false,
+        }
+    }
+
+    fn oom_killed() -> TrajectoryResult {
+        TrajectoryResult {
+            reward: None,
+            status: TrajectoryStatus::Aborted,
+            length: None,
+            exit_code: None,
+            artifact: None,
+            reason: Some("OOMKilled".into()),
+            message: Some("killed at its limit".into()),
+        }
+    }
+
+    fn plan(g: &RolloutGroup, children: &[ChildView], retry: &RetryParams) -> Record {
+        let previous = g.status.clone().unwrap_or_default();
+        let observation = observe("g", &previous, children, &BTreeSet::new(), Some(retry));
+        let p = params();
+        let input = StatusInput {
+            retry: Some(retry),
+            ..input(&p, false, None)
+        };
+        match plan_status(g, &observation, None, &QueueStanding::NoQueue, &[], &input) {
+            StatusPlan::Record(record) => *record,
+            other => panic!("recorded: {other:?}"),
+        }
+    }
+
+    #[test]
+    fn an_ended_attempt_is_recorded_told_and_deleted_by_its_uid() {
+        let p = policy();
+        let g = with_status(
+            retrying(),
+            phase(RolloutPhase::Generating, vec![done(0, 0.0), running(1)]),
+        );
+        let record = plan(&g, &[child(1, "64Mi", oom_killed())], &p);
+        let trajectory = &record.status.trajectories[1];
+        assert_eq!(trajectory.status, None, "not an outcome");
+        assert_eq!(
+            trajectory.previous_attempts,
+            [AttemptRecord {
+                reason: "OOMKilled".into(),
+                message: Some("killed at its limit".into()),
+                memory: Some(Quantity("64Mi".into())),
+                cpu: Some(Quantity("1".into())),
+            }]
+        );
+        assert_eq!(record.status.running_trajectories, 1);
+        assert_eq!(record.status.trajectories_launched, 2);
+        assert_eq!(
+            record.superseded,
+            [Superseded {
+                name: "g-1".into(),
+                uid: "uid-a1".into()
+            }]
+        );
+        assert_eq!(
+            record.retries,
+            [
+                "trajectory g-1 attempt 1 ended OOMKilled (memory 64Mi, cpu 1); attempt 2 gets memory 128Mi, cpu 1"
+            ]
+        );
+        assert_eq!(
+            record.new_outcomes,
+            Vec::<&str>::new(),
+            "no outcome is counted"
+        );
+        assert_eq!(
+            record.requeue, PREVIOUS_INCARNATION_RECHECK,
+            "back soon for the next attempt"
+        );
+
+        // The next reconcile: the status says so already; nothing new is told, the deletion waits.
+        let mut deleting = child(1, "64Mi", oom_killed());
+        deleting.deleting = true;
+        let g = with_status(retrying(), record.status.clone());
+        let again = plan(&g, &[deleting], &p);
+        assert!(again.retries.is_empty() && again.superseded.is_empty());
+        assert_eq!(again.status.trajectories, record.status.trajectories);
+        assert_eq!(again.requeue, PREVIOUS_INCARNATION_RECHECK);
+    }
+
+    #[test]
+    fn exhausted_attempts_record_the_trajectory_aborted_oom_killed() {
+        let p = policy();
+        let g = with_status(
+            retrying(),
+            phase(
+                RolloutPhase::Generating,
+                vec![
+                    done(0, 0.0),
+                    retried(
+                        1,
+                        3,
+                        vec![ended("OOMKilled", "64Mi"), ended("OOMKilled", "128Mi")],
+                    ),
+                ],
+            ),
+        );
+        let record = plan(&g, &[child(3, "256Mi", oom_killed())], &p);
+        let trajectory = &record.status.trajectories[1];
+        assert_eq!(trajectory.status, Some(TrajectoryStatus::Aborted));
+        assert_eq!(trajectory.reason.as_deref(), Some("OOMKilled"));
+        assert_eq!(trajectory.attempts, 3);
+        assert_eq!(trajectory.previous_attempts.len(), 2);
+        assert_eq!(record.new_outcomes, ["aborted"]);
+        assert!(
+            record.superseded.is_empty(),
+            "the last attempt stays until clean-up"
+        );
+        assert!(record.retries.is_empty());
+        assert_eq!(record.status.backfill_trajectories, 1);
+        assert_eq!(record.requeue, RESYNC);
+    }
 }

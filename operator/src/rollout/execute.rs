@@ -8,7 +8,7 @@ use kube::ResourceExt;
 use kube::runtime::events::EventType;
 use tracing::{info, warn};
 
-use super::apply::{create_trajectory, delete_children};
+use super::apply::{create_trajectory, delete_children, delete_superseded};
 use super::decide::{AdmissionEvent, Completion, Failure, Launch, QueueVerdict, Record, Stride};
 use super::observe::Observation;
 use crate::plumbing::error::Result;
@@ -22,7 +22,8 @@ use orchard_api::RolloutGroup;
 
 /// Creates the trajectories `launches` of `group` and records those it got in `observation`;
 /// returns the names it could not get (waits and conflicts). With `queue`, each name is reserved
-/// first: its stride was admitted before (the rest of a stride a crash left short).
+/// first: its stride was admitted before (the rest of a stride a crash left short, or a retry, whose
+/// trajectory kept its slot).
 pub async fn create(
     ctx: &RolloutCtx,
     group: &RolloutGroup,
@@ -39,8 +40,13 @@ pub async fn create(
                 .book
                 .reserve(key, &[super::build::trajectory_name(&name, launch.index)]);
         }
-        match create_trajectory(ctx, group, owner, launch.index, launch.stride).await? {
-            ChildState::Ours(()) => observation.record_launch(&name, launch.index, launch.stride),
+        match create_trajectory(ctx, group, owner, launch).await? {
+            ChildState::Ours(()) => {
+                observation.record_launch(&name, launch.index, launch.stride, launch.attempt);
+                if launch.attempt > 1 {
+                    info!(group = %object_key(group), trajectory = %super::build::trajectory_name(&name, launch.index), attempt = launch.attempt, resources = ?launch.resources, "trajectory retried");
+                }
+            }
             other => blocked.push(other),
         }
     }
@@ -158,6 +164,18 @@ pub async fn record(
             .with_label_values(&[label])
             .inc();
     }
+    for message in record.retries {
+        info!(group = %object_key(group), retry = %message, "trajectory attempt ended, retrying");
+        publish(
+            &ctx.kube,
+            group,
+            EventType::Normal,
+            "TrajectoryRetry",
+            message,
+        )
+        .await;
+    }
+    delete_superseded(ctx, group, &record.superseded).await?;
     if let Some(completion) = record.completion {
         complete(ctx, group, completion).await;
     }

@@ -1,6 +1,7 @@
 //! The RolloutGroup controller: Balanced Adaptive Rollout (see `docs/BAR.md`) as a controller.
-//! [`params`] (spec -> BAR parameters), [`build`] (trajectory Sandboxes), [`observe`] (progress from
-//! status and children), [`status`] and [`decide`] (what a reconcile does, as plans) are pure;
+//! [`params`] (spec -> BAR parameters), [`retry`] (which failed attempts are retried, with what),
+//! [`build`] (trajectory Sandboxes), [`observe`] (progress from status and children), [`status`] and
+//! [`decide`] (what a reconcile does, as plans) are pure;
 //! [`apply`] is the thin I/O layer (children, creates, deletes), [`execute`] carries out the plans,
 //! and [`reconcile`] ties them together, as in the Sandbox controller.
 
@@ -12,6 +13,7 @@ pub mod execute;
 pub mod observe;
 pub mod params;
 pub mod reconcile;
+pub mod retry;
 pub mod status;
 
 #[cfg(test)]

@@ -6,14 +6,22 @@
 //! - Its outcome is the one recorded in the status, else the child's `status.result`.
 //! - A listed trajectory without an outcome whose child is gone (confirmed by the caller with a live
 //!   read, since the cache may lag) is aborted with reason `SandboxDeleted`; it is never launched again.
+//! - With a `retry` policy, an attempt that ran out of memory or lost its pod (`retry::attempt_end`)
+//!   is not an outcome while attempts are left: it is appended to the record's `previousAttempts`, its
+//!   child is deleted ([`Observation::superseded`]), and once the name is free the next attempt is
+//!   created under it ([`Observation::relaunch`]). The child's attempt label tells an old attempt still
+//!   being removed from the new one. A record with as many `previousAttempts` as `attempts` is waiting
+//!   for its next attempt; `attempts` grows when that attempt is created (children before status).
 
 use std::collections::{BTreeMap, BTreeSet};
 
 use k8s_openapi::jiff::{SignedDuration, Timestamp};
 
 use super::build::{trajectory_index, trajectory_name};
+use super::retry::{RetryParams, attempt_end};
 use orchard_api::{
-    RolloutGroupSpec, RolloutGroupStatus, TrajectoryRecord, TrajectoryResult, TrajectoryStatus,
+    RolloutGroupSpec, RolloutGroupStatus, SandboxResources, TrajectoryRecord, TrajectoryResult,
+    TrajectoryStatus,
 };
 
 /// Abort reason of the trajectories still unfinished when the group's own deadline passed.
@@ -32,12 +40,29 @@ use orchard_bar::{Outcome, Trajectory};
 pub struct ChildView {
     /// Sandbox name.
     pub name: String,
+    /// Its UID (an old attempt is deleted by it, never a new one under the same name).
+    pub uid: String,
     /// Stride label.
     pub stride: u32,
+    /// Attempt label (1 when absent).
+    pub attempt: u32,
     /// Recorded result, if any.
     pub result: Option<TrajectoryResult>,
+    /// Why the Sandbox failed (`status.reason`, `status.message`), if it is Failed.
+    pub failure: Option<(String, String)>,
+    /// The resources its spec asks for.
+    pub resources: Option<SandboxResources>,
     /// Being deleted.
     pub deleting: bool,
+}
+
+/// A child of an attempt that ended and was retried: deleted by its UID.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
+pub struct Superseded {
+    /// Sandbox name (the trajectory's).
+    pub name: String,
+    /// Its UID.
+    pub uid: String,
 }
 
 /// The group's trajectories as observed now.
@@ -47,15 +72,42 @@ pub struct Observation {
     pub records: BTreeMap<u32, TrajectoryRecord>,
     /// Listed trajectories without outcome whose child the cache does not show.
     pub unseen: Vec<String>,
+    /// Children of ended attempts, to delete (not already being deleted).
+    pub superseded: Vec<Superseded>,
+    /// Trajectories (indices) whose next attempt is due and whose name is free.
+    pub relaunch: Vec<u32>,
+    /// Trajectories whose next attempt waits for the previous attempt's Sandbox to be removed.
+    pub awaiting_removal: Vec<String>,
+}
+
+/// Whether `record` has an outcome (a status, or a reason such as `Cancelled`).
+fn settled(record: &TrajectoryRecord) -> bool {
+    record.status.is_some() || record.reason.is_some()
+}
+
+/// Attempts of `record` that ended and were retried.
+fn ended(record: &TrajectoryRecord) -> u32 {
+    u32::try_from(record.previous_attempts.len()).unwrap_or(u32::MAX)
+}
+
+/// Attempts of `record` launched.
+fn attempts(record: &TrajectoryRecord) -> u32 {
+    u32::try_from(record.attempts).unwrap_or(0).max(1)
+}
+
+/// Whether `record` waits for its next attempt: every attempt launched has ended and been retried.
+pub fn awaits_attempt(record: &TrajectoryRecord) -> bool {
+    !settled(record) && !record.previous_attempts.is_empty() && ended(record) >= attempts(record)
 }
 
 impl Observation {
-    /// Trajectories launched.
+    /// Trajectories launched (a retried trajectory counts once).
     pub fn launched(&self) -> u32 {
         u32::try_from(self.records.len()).unwrap_or(u32::MAX)
     }
 
-    /// Terminal trajectories as the BAR engine sees them.
+    /// Terminal trajectories as the BAR engine sees them (one outcome per trajectory: its last
+    /// attempt's).
     pub fn pool(&self) -> Vec<Trajectory> {
         self.records.values().filter_map(bar_trajectory).collect()
     }
@@ -64,7 +116,7 @@ impl Observation {
     pub fn running(&self) -> Vec<String> {
         self.records
             .values()
-            .filter(|r| r.status.is_none() && r.reason.is_none())
+            .filter(|r| !settled(r))
             .map(|r| r.name.clone())
             .collect()
     }
@@ -72,30 +124,27 @@ impl Observation {
     /// Marks every trajectory without an outcome aborted with `reason` (the group is being decided
     /// without them).
     pub fn abort_unfinished(&mut self, reason: &str) {
-        for record in self
-            .records
-            .values_mut()
-            .filter(|r| r.status.is_none() && r.reason.is_none())
-        {
+        for record in self.records.values_mut().filter(|r| !settled(r)) {
             record.status = Some(TrajectoryStatus::Aborted);
             record.reason = Some(reason.to_string());
         }
     }
 
-    /// Records trajectory `index` of stride `stride` of group `group` as launched (and running,
-    /// unless it is known already): its child was just created, or found to be ours.
-    pub fn record_launch(&mut self, group: &str, index: u32, stride: u32) {
-        self.records
-            .entry(index)
-            .or_insert_with(|| TrajectoryRecord {
-                name: trajectory_name(group, index),
-                stride: i32::try_from(stride).unwrap_or(i32::MAX),
-                status: None,
-                reward: None,
-                length: None,
-                artifact: None,
-                reason: None,
-            });
+    /// Records attempt `attempt` of trajectory `index` of stride `stride` of group `group` as
+    /// launched (and running, unless it is known already): its child was just created, or found to
+    /// be ours.
+    pub fn record_launch(&mut self, group: &str, index: u32, stride: u32, attempt: u32) {
+        let record = self.records.entry(index).or_insert_with(|| {
+            TrajectoryRecord::launched(
+                trajectory_name(group, index),
+                i32::try_from(stride).unwrap_or(i32::MAX),
+            )
+        });
+        let attempt = i32::try_from(attempt).unwrap_or(i32::MAX);
+        if attempt > record.attempts {
+            record.attempts = attempt;
+        }
+        self.relaunch.retain(|i| *i != index);
     }
 
     /// Indices of the latest stride that have no trajectory (a crash interrupted its launch).
@@ -138,13 +187,49 @@ fn record_result(record: &mut TrajectoryRecord, result: &TrajectoryResult) {
     record.reason = result.reason.clone();
 }
 
-/// Observes group `group` (stride size `stride_size`) from its previous status and its children; names
-/// in `gone` were confirmed deleted by a live read.
+/// What came of the current attempt of `record` whose child is `child`, which has a result.
+/// Without a policy, or for an ending no retry fixes, the result is the outcome; an ending a retry
+/// fixes, with attempts and room to grow left, becomes a previous attempt; one without is the
+/// outcome, with the ending's own reason (`OOMKilled` rather than `SandboxFailed`).
+fn settle_attempt(
+    record: &mut TrajectoryRecord,
+    child: &ChildView,
+    result: &TrajectoryResult,
+    retry: Option<&RetryParams>,
+) -> bool {
+    let failure = child
+        .failure
+        .as_ref()
+        .map(|(reason, message)| (reason.as_str(), message.as_str()));
+    let Some((policy, end)) = retry.and_then(|p| Some((p, attempt_end(result, failure)?))) else {
+        record_result(record, result);
+        return false;
+    };
+    let ran = policy.ran(child.resources.as_ref());
+    match ran.filter(|ran| policy.next(end.cause, child.attempt, *ran).is_some()) {
+        Some(ran) => {
+            record.attempts = i32::try_from(child.attempt).unwrap_or(i32::MAX);
+            record
+                .previous_attempts
+                .push(RetryParams::record(&end, ran));
+            true
+        }
+        None => {
+            record_result(record, result);
+            record.reason = Some(end.reason);
+            false
+        }
+    }
+}
+
+/// Observes group `group` from its previous status and its children under its retry policy
+/// `retry`; names in `gone` were confirmed deleted by a live read.
 pub fn observe(
     group: &str,
     previous: &RolloutGroupStatus,
     children: &[ChildView],
     gone: &BTreeSet<String>,
+    retry: Option<&RetryParams>,
 ) -> Observation {
     let mut records: BTreeMap<u32, TrajectoryRecord> = previous
         .trajectories
@@ -156,35 +241,57 @@ pub fn observe(
     for child in children {
         if let Some(index) = trajectory_index(group, &child.name) {
             records.entry(index).or_insert_with(|| TrajectoryRecord {
-                name: trajectory_name(group, index),
-                stride: i32::try_from(child.stride).unwrap_or(i32::MAX),
-                status: None,
-                reward: None,
-                length: None,
-                artifact: None,
-                reason: None,
+                attempts: i32::try_from(child.attempt).unwrap_or(i32::MAX),
+                ..TrajectoryRecord::launched(
+                    trajectory_name(group, index),
+                    i32::try_from(child.stride).unwrap_or(i32::MAX),
+                )
             });
         }
     }
-    let mut unseen = Vec::new();
-    for record in records.values_mut() {
-        if record.status.is_some() || record.reason.is_some() {
+    let mut observation = Observation::default();
+    for (&index, record) in &mut records {
+        if settled(record) {
             continue;
         }
+        let supersede = |observation: &mut Observation, child: &ChildView| {
+            if !child.deleting {
+                observation.superseded.push(Superseded {
+                    name: child.name.clone(),
+                    uid: child.uid.clone(),
+                });
+            }
+        };
         match by_name.get(record.name.as_str()) {
-            Some(child) => {
-                if let Some(result) = &child.result {
-                    record_result(record, result);
+            // An attempt that ended and was retried, still being removed: never the new one.
+            Some(child) if child.attempt <= ended(record) => {
+                supersede(&mut observation, child);
+                if awaits_attempt(record) {
+                    observation.awaiting_removal.push(record.name.clone());
                 }
             }
+            Some(child) => {
+                // Created before the status said so (a crash between the two): it is the current one.
+                if i32::try_from(child.attempt).unwrap_or(i32::MAX) > record.attempts {
+                    record.attempts = i32::try_from(child.attempt).unwrap_or(i32::MAX);
+                }
+                if let Some(result) = &child.result
+                    && settle_attempt(record, child, result, retry)
+                {
+                    supersede(&mut observation, child);
+                    observation.awaiting_removal.push(record.name.clone());
+                }
+            }
+            None if awaits_attempt(record) => observation.relaunch.push(index),
             None if gone.contains(&record.name) => {
                 record.status = Some(TrajectoryStatus::Aborted);
                 record.reason = Some("SandboxDeleted".into());
             }
-            None => unseen.push(record.name.clone()),
+            None => observation.unseen.push(record.name.clone()),
         }
     }
-    Observation { records, unseen }
+    observation.records = records;
+    observation
 }
 
 #[cfg(test)]
@@ -206,22 +313,18 @@ mod tests {
     fn child(index: u32, stride: u32, result: Option<TrajectoryResult>) -> ChildView {
         ChildView {
             name: trajectory_name("g", index),
+            uid: format!("uid-{index}"),
             stride,
+            attempt: 1,
             result,
+            failure: None,
+            resources: None,
             deleting: false,
         }
     }
 
     fn listed(index: u32, stride: i32) -> TrajectoryRecord {
-        TrajectoryRecord {
-            name: trajectory_name("g", index),
-            stride,
-            status: None,
-            reward: None,
-            length: None,
-            artifact: None,
-            reason: None,
-        }
+        TrajectoryRecord::launched(trajectory_name("g", index), stride)
     }
 
     #[test]
@@ -235,6 +338,7 @@ mod tests {
             &previous,
             &[child(0, 0, Some(result(1.0, 10))), child(1, 0, None)],
             &BTreeSet::new(),
+            None,
         );
         assert_eq!(obs.launched(), 2);
         assert_eq!(obs.running(), vec!["g-1".to_string()]);
@@ -254,7 +358,7 @@ mod tests {
             trajectories: vec![done],
             ..Default::default()
         };
-        let obs = observe("g", &previous, &[], &BTreeSet::new());
+        let obs = observe("g", &previous, &[], &BTreeSet::new(), None);
         assert_eq!(obs.pool().len(), 1);
         assert!(obs.unseen.is_empty());
     }
@@ -266,6 +370,7 @@ mod tests {
             &RolloutGroupStatus::default(),
             &[child(0, 0, None), child(1, 0, None)],
             &BTreeSet::new(),
+            None,
         );
         assert_eq!(obs.launched(), 2);
         assert_eq!(obs.incomplete_latest_stride(4), vec![(2, 0), (3, 0)]);
@@ -277,11 +382,11 @@ mod tests {
             trajectories: vec![listed(0, 0)],
             ..Default::default()
         };
-        let obs = observe("g", &previous, &[], &BTreeSet::new());
+        let obs = observe("g", &previous, &[], &BTreeSet::new(), None);
         assert_eq!(obs.unseen, vec!["g-0".to_string()]);
         assert_eq!(obs.running(), vec!["g-0".to_string()]);
         let gone = BTreeSet::from(["g-0".to_string()]);
-        let obs = observe("g", &previous, &[], &gone);
+        let obs = observe("g", &previous, &[], &gone, None);
         assert!(obs.unseen.is_empty());
         assert_eq!(obs.records[&0].reason.as_deref(), Some("SandboxDeleted"));
         assert_eq!(obs.pool()[0].outcome, Outcome::Aborted);
@@ -300,6 +405,7 @@ mod tests {
             &RolloutGroupStatus::default(),
             &children,
             &BTreeSet::new(),
+            None,
         );
         assert!(obs.incomplete_latest_stride(4).is_empty());
         assert!(
@@ -326,6 +432,7 @@ mod tests {
             trajectory_timeout_seconds: None,
             cleanup: Default::default(),
             queue: None,
+            retry: None,
             active_deadline_seconds: None,
         };
         let start = Timestamp::from_second(1_700_000_000).unwrap();
@@ -343,7 +450,7 @@ mod tests {
             trajectories: vec![done, listed(1, 0)],
             ..Default::default()
         };
-        let mut obs = observe("g", &previous, &[child(1, 0, None)], &BTreeSet::new());
+        let mut obs = observe("g", &previous, &[child(1, 0, None)], &BTreeSet::new(), None);
         obs.abort_unfinished(DEADLINE_EXCEEDED);
         assert_eq!(
             obs.records[&0].reason, None,
@@ -362,5 +469,407 @@ mod tests {
         assert_eq!(t.length, u64::MAX);
         assert_eq!(t.reward, 0.0);
         assert_eq!(bar_trajectory(&listed(4, 0)), None);
+    }
+
+    mod retries {
+        use super::*;
+        use crate::rollout::retry::{Amounts, Escalation, RetryParams};
+        use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
+        use orchard_api::{AttemptRecord, SandboxResources};
+        use orchard_bar::Fraction;
+
+        const MI: u64 = 1 << 20;
+
+        fn policy() -> RetryParams {
+            RetryParams {
+                max_attempts: 3,
+                on_oom: Some(Escalation {
+                    memory_factor: Fraction::from_f64(2.0).unwrap(),
+                    cpu_factor: None,
+                    max_memory: 256 * MI,
+                    max_cpu: None,
+                }),
+                on_eviction: true,
+                defaults: Amounts {
+                    memory: 2048 * MI,
+                    cpu: 1000,
+                },
+                template: Some(memory("64Mi")),
+                start: Amounts {
+                    memory: 64 * MI,
+                    cpu: 1000,
+                },
+            }
+        }
+
+        fn memory(amount: &str) -> SandboxResources {
+            SandboxResources {
+                memory: Some(Quantity(amount.into())),
+                ..SandboxResources::default()
+            }
+        }
+
+        fn aborted(reason: &str) -> TrajectoryResult {
+            TrajectoryResult {
+                reward: None,
+                status: TrajectoryStatus::Aborted,
+                length: None,
+                exit_code: None,
+                artifact: None,
+                reason: Some(reason.into()),
+                message: Some(format!("{reason}!")),
+            }
+        }
+
+        /// Attempt `attempt` of g-0 with `amount` of memory, ended with `result` (and `failure`).
+        fn attempt(
+            attempt: u32,
+            amount: &str,
+            result: Option<TrajectoryResult>,
+            failure: Option<(&str, &str)>,
+        ) -> ChildView {
+            ChildView {
+                uid: format!("uid-a{attempt}"),
+                attempt,
+                failure: failure.map(|(r, m)| (r.to_string(), m.to_string())),
+                resources: Some(memory(amount)),
+                ..child(0, 0, result)
+            }
+        }
+
+        fn oom(n: u32, amount: &str) -> ChildView {
+            attempt(n, amount, Some(aborted("OOMKilled")), None)
+        }
+
+        fn ended(reason: &str, amount: &str) -> AttemptRecord {
+            AttemptRecord {
+                reason: reason.into(),
+                message: Some(format!("{reason}!")),
+                memory: Some(Quantity(amount.into())),
+                cpu: Some(Quantity("1".into())),
+            }
+        }
+
+        /// g-0 with `attempts` launched and `previous` ended.
+        fn record(attempts: i32, previous: Vec<AttemptRecord>) -> TrajectoryRecord {
+            TrajectoryRecord {
+                attempts,
+                previous_attempts: previous,
+                ..listed(0, 0)
+            }
+        }
+
+        /// What a case observes of g-0.
+        #[derive(Debug, PartialEq)]
+        struct Seen {
+            attempts: i32,
+            previous: Vec<(String, String)>,
+            outcome: Option<(TrajectoryStatus, Option<String>)>,
+            superseded: Vec<String>,
+            relaunch: Vec<u32>,
+            awaiting: Vec<String>,
+            unseen: Vec<String>,
+        }
+
+        fn seen(
+            listed: Option<TrajectoryRecord>,
+            children: Vec<ChildView>,
+            gone: &[&str],
+            retry: Option<&RetryParams>,
+        ) -> Seen {
+            let previous = RolloutGroupStatus {
+                trajectories: listed.into_iter().collect(),
+                ..Default::default()
+            };
+            let gone: BTreeSet<String> = gone.iter().map(|g| g.to_string()).collect();
+            let obs = observe("g", &previous, &children, &gone, retry);
+            let record = obs.records[&0].clone();
+            Seen {
+                attempts: record.attempts,
+                previous: record
+                    .previous_attempts
+                    .iter()
+                    .map(|a| {
+                        (
+                            a.reason.clone(),
+                            a.memory.clone().map(|q| q.0).unwrap_or_default(),
+                        )
+                    })
+                    .collect(),
+                outcome: record.status.map(|s| (s, record.reason.clone())),
+                superseded: obs.superseded.iter().map(|s| s.uid.clone()).collect(),
+                relaunch: obs.relaunch.clone(),
+                awaiting: obs.awaiting_removal.clone(),
+                unseen: obs.unseen.clone(),
+            }
+        }
+
+        fn expect(attempts: i32, previous: &[(&str, &str)]) -> Seen {
+            Seen {
+                attempts,
+                previous: previous
+                    .iter()
+                    .map(|(r, m)| (r.to_string(), m.to_string()))
+                    .collect(),
+                outcome: None,
+                superseded: vec![],
+                relaunch: vec![],
+                awaiting: vec![],
+                unseen: vec![],
+            }
+        }
+
+        #[test]
+        fn attempts_are_retried_replaced_and_recorded_once() {
+            let p = policy();
+            let a1 = || ended("OOMKilled", "64Mi");
+            let mut deleting = oom(1, "64Mi");
+            deleting.deleting = true;
+            type Row<'a> = (
+                &'a str,
+                Option<TrajectoryRecord>,
+                Vec<ChildView>,
+                &'a [&'a str],
+                Option<&'a RetryParams>,
+                Seen,
+            );
+            let cases: Vec<Row> = vec![
+                (
+                    "attempt 1 OOM-killed: recorded as a previous attempt, its child deleted",
+                    Some(record(1, vec![])),
+                    vec![oom(1, "64Mi")],
+                    &[],
+                    Some(&p),
+                    Seen {
+                        superseded: vec!["uid-a1".into()],
+                        awaiting: vec!["g-0".into()],
+                        ..expect(1, &[("OOMKilled", "64Mi")])
+                    },
+                ),
+                (
+                    "found OOM-killed before the status listed it",
+                    None,
+                    vec![oom(1, "64Mi")],
+                    &[],
+                    Some(&p),
+                    Seen {
+                        superseded: vec!["uid-a1".into()],
+                        awaiting: vec!["g-0".into()],
+                        ..expect(1, &[("OOMKilled", "64Mi")])
+                    },
+                ),
+                (
+                    "the ended attempt not deleted yet (a crash after the status write): deleted now",
+                    Some(record(1, vec![a1()])),
+                    vec![oom(1, "64Mi")],
+                    &[],
+                    Some(&p),
+                    Seen {
+                        superseded: vec!["uid-a1".into()],
+                        awaiting: vec!["g-0".into()],
+                        ..expect(1, &[("OOMKilled", "64Mi")])
+                    },
+                ),
+                (
+                    "the ended attempt being deleted: awaited, never taken for the next one",
+                    Some(record(1, vec![a1()])),
+                    vec![deleting.clone()],
+                    &[],
+                    Some(&p),
+                    Seen {
+                        awaiting: vec!["g-0".into()],
+                        ..expect(1, &[("OOMKilled", "64Mi")])
+                    },
+                ),
+                (
+                    "the name free: the next attempt is due (not unseen, not deleted)",
+                    Some(record(1, vec![a1()])),
+                    vec![],
+                    &["g-0"],
+                    Some(&p),
+                    Seen {
+                        relaunch: vec![0],
+                        ..expect(1, &[("OOMKilled", "64Mi")])
+                    },
+                ),
+                (
+                    "the next attempt created before the status said so: it is the current one",
+                    Some(record(1, vec![a1()])),
+                    vec![attempt(2, "128Mi", None, None)],
+                    &[],
+                    Some(&p),
+                    expect(2, &[("OOMKilled", "64Mi")]),
+                ),
+                (
+                    "attempt 2 runs",
+                    Some(record(2, vec![a1()])),
+                    vec![attempt(2, "128Mi", None, None)],
+                    &[],
+                    Some(&p),
+                    expect(2, &[("OOMKilled", "64Mi")]),
+                ),
+                (
+                    "attempt 2 not in the cache yet: unseen, as any launched one",
+                    Some(record(2, vec![a1()])),
+                    vec![],
+                    &[],
+                    Some(&p),
+                    Seen {
+                        unseen: vec!["g-0".into()],
+                        ..expect(2, &[("OOMKilled", "64Mi")])
+                    },
+                ),
+                (
+                    "attempt 2 deleted from outside: SandboxDeleted, never relaunched",
+                    Some(record(2, vec![a1()])),
+                    vec![],
+                    &["g-0"],
+                    Some(&p),
+                    Seen {
+                        outcome: Some((TrajectoryStatus::Aborted, Some("SandboxDeleted".into()))),
+                        ..expect(2, &[("OOMKilled", "64Mi")])
+                    },
+                ),
+                (
+                    "attempt 2 completes: the trajectory's one outcome",
+                    Some(record(2, vec![a1()])),
+                    vec![attempt(2, "128Mi", Some(result(1.0, 7)), None)],
+                    &[],
+                    Some(&p),
+                    Seen {
+                        outcome: Some((TrajectoryStatus::Completed, None)),
+                        ..expect(2, &[("OOMKilled", "64Mi")])
+                    },
+                ),
+                (
+                    "attempt 2 OOM-killed too: retried at 256Mi next",
+                    Some(record(2, vec![a1()])),
+                    vec![oom(2, "128Mi")],
+                    &[],
+                    Some(&p),
+                    Seen {
+                        superseded: vec!["uid-a2".into()],
+                        awaiting: vec!["g-0".into()],
+                        ..expect(2, &[("OOMKilled", "64Mi"), ("OOMKilled", "128Mi")])
+                    },
+                ),
+                (
+                    "attempt 3 of 3 OOM-killed: aborted OOMKilled, the attempt stays",
+                    Some(record(3, vec![a1(), ended("OOMKilled", "128Mi")])),
+                    vec![oom(3, "256Mi")],
+                    &[],
+                    Some(&p),
+                    Seen {
+                        outcome: Some((TrajectoryStatus::Aborted, Some("OOMKilled".into()))),
+                        ..expect(3, &[("OOMKilled", "64Mi"), ("OOMKilled", "128Mi")])
+                    },
+                ),
+                (
+                    "OOM-killed at maxMemory: aborted OOMKilled with attempts left",
+                    Some(record(2, vec![a1()])),
+                    vec![oom(2, "256Mi")],
+                    &[],
+                    Some(&p),
+                    Seen {
+                        outcome: Some((TrajectoryStatus::Aborted, Some("OOMKilled".into()))),
+                        ..expect(2, &[("OOMKilled", "64Mi")])
+                    },
+                ),
+                (
+                    "a failed sandbox's OOM kill is named as such",
+                    Some(record(1, vec![])),
+                    vec![attempt(
+                        1,
+                        "256Mi",
+                        Some(aborted("SandboxFailed")),
+                        Some(("OOMKilled", "killed")),
+                    )],
+                    &[],
+                    Some(&p),
+                    Seen {
+                        outcome: Some((TrajectoryStatus::Aborted, Some("OOMKilled".into()))),
+                        ..expect(1, &[])
+                    },
+                ),
+                (
+                    "without a policy: the result as it is",
+                    Some(record(1, vec![])),
+                    vec![attempt(
+                        1,
+                        "64Mi",
+                        Some(aborted("SandboxFailed")),
+                        Some(("OOMKilled", "killed")),
+                    )],
+                    &[],
+                    None,
+                    Seen {
+                        outcome: Some((TrajectoryStatus::Aborted, Some("SandboxFailed".into()))),
+                        ..expect(1, &[])
+                    },
+                ),
+                (
+                    "a lost pod: retried with the same resources",
+                    Some(record(1, vec![])),
+                    vec![attempt(
+                        1,
+                        "64Mi",
+                        Some(aborted("SandboxFailed")),
+                        Some(("PodDeleted", "gone")),
+                    )],
+                    &[],
+                    Some(&p),
+                    Seen {
+                        superseded: vec!["uid-a1".into()],
+                        awaiting: vec!["g-0".into()],
+                        ..expect(1, &[("PodDeleted", "64Mi")])
+                    },
+                ),
+                (
+                    "an ending no retry fixes: the outcome",
+                    Some(record(1, vec![])),
+                    vec![attempt(1, "64Mi", Some(aborted("TimeExceeded")), None)],
+                    &[],
+                    Some(&p),
+                    Seen {
+                        outcome: Some((TrajectoryStatus::Aborted, Some("TimeExceeded".into()))),
+                        ..expect(1, &[])
+                    },
+                ),
+            ];
+            for (case, listed, children, gone, retry, expected) in cases {
+                assert_eq!(seen(listed, children, gone, retry), expected, "{case}");
+            }
+        }
+
+        #[test]
+        fn a_retried_trajectory_is_launched_once_and_runs_until_its_last_attempt() {
+            let p = policy();
+            let previous = RolloutGroupStatus {
+                trajectories: vec![record(1, vec![]), listed(1, 0)],
+                ..Default::default()
+            };
+            let mut other = child(1, 0, Some(result(0.0, 3)));
+            other.uid = "uid-other".into();
+            let obs = observe(
+                "g",
+                &previous,
+                &[oom(1, "64Mi"), other],
+                &BTreeSet::new(),
+                Some(&p),
+            );
+            assert_eq!(obs.launched(), 2, "a retry is not a new trajectory");
+            assert_eq!(
+                obs.running(),
+                ["g-0"],
+                "it runs until its last attempt ends"
+            );
+            assert_eq!(obs.pool().len(), 1, "only g-1 is in BAR's pool");
+            let mut relaunched = obs.clone();
+            relaunched.relaunch = vec![0];
+            relaunched.record_launch("g", 0, 0, 2);
+            assert_eq!(relaunched.records[&0].attempts, 2);
+            assert!(relaunched.relaunch.is_empty());
+            assert_eq!(relaunched.launched(), 2);
+        }
     }
 }

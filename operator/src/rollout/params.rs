@@ -64,6 +64,7 @@ mod tests {
             trajectory_timeout_seconds: None,
             cleanup: Default::default(),
             queue: None,
+            retry: None,
             active_deadline_seconds: None,
         }
     }

@@ -69,7 +69,7 @@ async fn reconcile_inner(queued: &RolloutGroup, ctx: &Arc<RolloutCtx>) -> Result
         field: "metadata.namespace",
     })?;
     let now = Timestamp::now();
-    let params = match plan_entry(group, now) {
+    let (params, retry) = match plan_entry(group, &ctx.defaults, now) {
         Entry::Cleanup(targets) => {
             delete_children(ctx, group, &targets).await?;
             return Ok(Some(ctx.kube.resync));
@@ -79,16 +79,16 @@ async fn reconcile_inner(queued: &RolloutGroup, ctx: &Arc<RolloutCtx>) -> Result
             return Ok(None);
         }
         Entry::Failed => return Ok(None),
-        Entry::Run(params) => params,
+        Entry::Run(params, retry) => (params, retry.map(|r| *r)),
     };
     let owner = group.controller_owner_ref(&()).ok_or(Error::MissingField {
         kind: "RolloutGroup",
         field: "metadata.uid",
     })?;
 
-    let mut observation = observe(ctx, group).await?;
+    let mut observation = observe(ctx, group, retry.as_ref()).await?;
     let queue = queue_of(group);
-    let repair = plan_repair(&observation, &params);
+    let repair = plan_repair(&observation, &params, retry.as_ref());
     let mut blocked = execute::create(
         ctx,
         group,
@@ -128,6 +128,7 @@ async fn reconcile_inner(queued: &RolloutGroup, ctx: &Arc<RolloutCtx>) -> Result
     };
     let input = StatusInput {
         params: &params,
+        retry: retry.as_ref(),
         queued: queue.is_some(),
         deadline,
         resync: ctx.kube.resync,

@@ -2,8 +2,10 @@
 //! (`plumbing::mock_api`): a new group launches its first stride, a balanced first stride completes the
 //! group and deletes its trajectories by UID, and a stride that cannot balance launches the next one;
 //! a forged trajectory is neither counted nor cleaned up; an invalid spec fails the group, a Complete
-//! group only cleans up, and a stride for a missing queue creates nothing. The decisions themselves
-//! are tabled in `decide_tests.rs`.
+//! group only cleans up, and a stride for a missing queue creates nothing. Retries: an OOM-killed
+//! attempt is recorded, told and deleted by its UID; while it is being removed nothing is created;
+//! once it is gone the next attempt is created under the same name with the attempt label and twice
+//! the memory. The decisions themselves are tabled in `decide_tests.rs`.
 
 use std::sync::Arc;
 
@@ -49,6 +51,7 @@ fn group() -> RolloutGroup {
             trajectory_timeout_seconds: None,
             cleanup: CleanupPolicy::Delete,
             queue: None,
+            retry: None,
             active_deadline_seconds: None,
         },
     );
@@ -73,6 +76,8 @@ fn launched(mut g: RolloutGroup) -> RolloutGroup {
                 length: None,
                 artifact: None,
                 reason: None,
+                attempts: 1,
+                previous_attempts: Vec::new(),
             })
             .collect(),
         ..RolloutGroupStatus::default()
@@ -83,7 +88,7 @@ fn launched(mut g: RolloutGroup) -> RolloutGroup {
 /// Trajectory `index` of stride 0, finished with `reward`.
 fn finished(g: &RolloutGroup, index: u32, reward: f64) -> orchard_api::Sandbox {
     let owner = g.controller_owner_ref(&()).expect("owner");
-    let mut s = desired_trajectory(g, &owner, index, 0, &test_token_key());
+    let mut s = desired_trajectory(g, &owner, index, 0, 1, None, &test_token_key());
     s.metadata.uid = Some(format!("uid-t{index}"));
     s.status = Some(SandboxStatus {
         result: Some(TrajectoryResult {
@@ -177,6 +182,10 @@ fn ctx(script: &Scripted) -> Arc<RolloutCtx> {
             kube: script.kube.clone(),
             book: Arc::default(),
         }),
+        defaults: crate::rollout::retry::ResourceDefaults {
+            cpu: "1".into(),
+            memory: "2Gi".into(),
+        },
     })
 }
 
@@ -435,6 +444,169 @@ async fn a_stride_for_a_missing_queue_creates_nothing_and_says_why() {
             }),
             status_write(&g, |patch| {
                 assert_eq!(patched(patch, "phase"), Some(&json!("Queued")), "{patch}");
+            }),
+        ],
+    );
+    reconcile(Arc::new(g), ctx(&script))
+        .await
+        .expect("reconcile");
+    script.finish().await;
+}
+
+/// `group()` retrying: 3 attempts, memory doubled up to 256Mi; the template asks for 64Mi.
+fn retrying() -> RolloutGroup {
+    use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
+    let mut g = group();
+    g.spec.template.spec.resources = Some(orchard_api::SandboxResources {
+        memory: Some(Quantity("64Mi".into())),
+        ..Default::default()
+    });
+    g.spec.retry = Some(orchard_api::RetryPolicy {
+        max_attempts: 3,
+        on_oom: Some(orchard_api::OomEscalation {
+            memory_factor: 2.0,
+            cpu_factor: None,
+            max_memory: Quantity("256Mi".into()),
+            max_cpu: None,
+        }),
+        on_eviction: false,
+    });
+    g
+}
+
+/// Attempt 1 of trajectory 1, whose run's command the OOM killer ended.
+fn oom_killed(g: &RolloutGroup) -> orchard_api::Sandbox {
+    let mut s = finished(g, 1, 0.0);
+    s.status = Some(SandboxStatus {
+        result: Some(TrajectoryResult {
+            reward: None,
+            status: TrajectoryStatus::Aborted,
+            length: None,
+            exit_code: None,
+            artifact: None,
+            reason: Some("OOMKilled".into()),
+            message: Some("the run's command was killed at its limit of 64Mi".into()),
+        }),
+        ..SandboxStatus::default()
+    });
+    s
+}
+
+/// The status after attempt 1 of g1-1 ended out of memory and was recorded for a retry.
+fn awaiting_attempt_2(mut g: RolloutGroup) -> RolloutGroup {
+    use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
+    if let Some(status) = g.status.as_mut() {
+        status.trajectories[1].previous_attempts = vec![orchard_api::AttemptRecord {
+            reason: "OOMKilled".into(),
+            message: Some("the run's command was killed at its limit of 64Mi".into()),
+            memory: Some(Quantity("64Mi".into())),
+            cpu: Some(Quantity("1".into())),
+        }];
+    }
+    g
+}
+
+#[tokio::test]
+async fn an_oom_killed_attempt_is_recorded_told_and_its_sandbox_deleted_by_uid() {
+    let g = launched(retrying());
+    let mut caches = TestCaches::default();
+    cache(&mut caches.rollout_groups, g.clone());
+    cache(&mut caches.sandboxes, finished(&g, 0, 1.0));
+    cache(&mut caches.sandboxes, oom_killed(&g));
+    let script = scripted(
+        &caches,
+        vec![
+            status_write(&g, |patch| {
+                assert_ne!(patched(patch, "phase"), Some(&json!("Complete")), "{patch}");
+                let text = patch.to_string();
+                assert!(
+                    text.contains(r#""previousAttempts":[{"cpu":"1","memory":"64Mi","message":"the run's command was killed at its limit of 64Mi","reason":"OOMKilled"}]"#),
+                    "the ended attempt is recorded: {patch}"
+                );
+                assert!(!text.contains(r#""status":"aborted""#), "no outcome: {patch}");
+            }),
+            Expect::create(EVENTS, "uid-event").body(|event| {
+                assert_eq!(event["reason"], "TrajectoryRetry");
+                assert_eq!(
+                    event["note"],
+                    "trajectory g1-1 attempt 1 ended OOMKilled (memory 64Mi, cpu 1); attempt 2 gets memory 128Mi, cpu 1"
+                );
+            }),
+            Expect::delete(format!("{SANDBOXES}/g1-1")).body(|delete| {
+                assert_eq!(
+                    delete["preconditions"]["uid"], "uid-t1",
+                    "only the ended attempt"
+                );
+            }),
+        ],
+    );
+    reconcile(Arc::new(g), ctx(&script))
+        .await
+        .expect("reconcile");
+    script.finish().await;
+}
+
+#[tokio::test]
+async fn an_ended_attempt_still_being_removed_is_waited_for() {
+    let g = awaiting_attempt_2(launched(retrying()));
+    let mut caches = TestCaches::default();
+    cache(&mut caches.rollout_groups, g.clone());
+    cache(&mut caches.sandboxes, finished(&g, 0, 1.0));
+    let mut old = oom_killed(&g);
+    old.metadata.deletion_timestamp = Some(Time(Timestamp::now()));
+    cache(&mut caches.sandboxes, old);
+    // No create under a name still held, no second delete; the status (filled in for this
+    // fixture) keeps the trajectory waiting.
+    let script = scripted(
+        &caches,
+        vec![status_write(&g, |patch| {
+            let text = patch.to_string();
+            assert!(!text.contains(r#""attempts":2"#), "{patch}");
+            assert!(!text.contains(r#""status":"aborted""#), "{patch}");
+        })],
+    );
+    let next = reconcile(Arc::new(g), ctx(&script))
+        .await
+        .expect("reconcile");
+    assert_eq!(
+        next,
+        kube::runtime::controller::Action::requeue(super::decide::PREVIOUS_INCARNATION_RECHECK)
+    );
+    script.finish().await;
+}
+
+#[tokio::test]
+async fn once_the_ended_attempt_is_gone_the_next_is_created_with_more_memory() {
+    let g = awaiting_attempt_2(launched(retrying()));
+    let mut caches = TestCaches::default();
+    cache(&mut caches.rollout_groups, g.clone());
+    cache(&mut caches.sandboxes, finished(&g, 0, 1.0));
+    let script = scripted(
+        &caches,
+        vec![
+            Expect::create(SANDBOXES, "uid-attempt-2").body(|sandbox| {
+                assert_eq!(sandbox["metadata"]["name"], "g1-1", "the same name");
+                assert_eq!(sandbox["metadata"]["labels"]["orchard.dev/attempt"], "2");
+                assert_eq!(sandbox["metadata"]["labels"]["orchard.dev/stride"], "0");
+                assert_eq!(sandbox["spec"]["resources"], json!({"memory": "128Mi"}));
+                assert_eq!(
+                    sandbox["metadata"]["annotations"]["orchard.dev/seal"],
+                    test_token_key().seal("Sandbox", "team", "g1-1", "uid-g1"),
+                    "sealed for the group"
+                );
+            }),
+            status_write(&g, |patch| {
+                let attempts = patched(patch, "trajectories")
+                    .and_then(|t| t.get(1))
+                    .map(|t| t["attempts"].clone())
+                    .or_else(|| {
+                        patch.as_array().and_then(|ops| {
+                            ops.iter()
+                                .find(|op| op["path"] == "/status/trajectories/1/attempts")
+                                .map(|op| op["value"].clone())
+                        })
+                    });
+                assert_eq!(attempts, Some(json!(2)), "{patch}");
             }),
         ],
     );

@@ -286,6 +286,7 @@ mod tests {
                 trajectory_timeout_seconds: None,
                 cleanup: CleanupPolicy::Delete,
                 queue: None,
+                retry: None,
                 active_deadline_seconds: None,
             },
         );
@@ -302,6 +303,8 @@ mod tests {
             length: status.map(|_| 10 + i64::from(index)),
             artifact: Some(format!("art-{index}")),
             reason: None,
+            attempts: 1,
+            previous_attempts: Vec::new(),
         }
     }
 
@@ -312,7 +315,7 @@ mod tests {
                 .enumerate()
                 .map(|(i, r)| (u32::try_from(i).unwrap(), r))
                 .collect(),
-            unseen: Vec::new(),
+            ..Observation::default()
         }
     }
 

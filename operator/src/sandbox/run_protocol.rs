@@ -60,12 +60,14 @@ impl AgentCallError {
     }
 }
 
-/// Drives `run` through `agent` until it has a result, or until `wanted()` says nobody needs one any
+/// Drives `run` through `agent` (in a task container with memory limit `memory_limit`, for the
+/// message of an OOM-killed run) until it has a result, or until `wanted()` says nobody needs one any
 /// more (`None`: the sandbox is gone, has a result, or this replica stopped leading). `deadline` is
 /// when the run must have ended (`timeoutSeconds` after Ready, plus [`DEADLINE_GRACE`]).
 pub async fn run_to_result(
     agent: &impl RunAgent,
     run: &RunSpec,
+    memory_limit: Option<&str>,
     deadline: Instant,
     wanted: impl Fn() -> bool,
     mut retry: Retry,
@@ -152,6 +154,7 @@ pub async fn run_to_result(
         file_ref,
         &run.result_path,
         run.timeout_seconds,
+        memory_limit,
     ))
 }
 
@@ -268,6 +271,7 @@ mod tests {
         run_to_result(
             agent,
             &run(),
+            Some("64Mi"),
             Instant::now() + deadline,
             || true,
             quick_retry(),
@@ -388,6 +392,7 @@ mod tests {
         let result = run_to_result(
             &agent,
             &run(),
+            None,
             Instant::now() + Duration::from_secs(600),
             || asked.fetch_add(1, Ordering::SeqCst) < 3,
             quick_retry(),

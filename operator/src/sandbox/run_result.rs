@@ -54,13 +54,20 @@ fn describe_exit(process: &ProcessStatus) -> String {
     }
 }
 
+/// Reason of a run whose command the kernel's out-of-memory killer ended before it wrote a valid
+/// result (the same word as the Sandbox failure of an OOM-killed task container, `pod/oom.rs`).
+pub const RUN_OOM_KILLED: &str = "OOMKilled";
+
 /// The result of a run that ended as `process`, whose result file read as `file` (`Ok(None)`: no
-/// file; `Err`: it could not be read). `timeout_seconds` is only used in messages.
+/// file; `Err`: it could not be read), in a task container whose memory limit is `memory_limit` (as
+/// its Pod says, e.g. `2Gi`; only used in messages, as is `timeout_seconds`). A command the OOM
+/// killer ended without a valid result file is `aborted/OOMKilled`; a valid file still counts.
 pub fn result_of_run(
     process: &ProcessStatus,
     file: Result<Option<&[u8]>, String>,
     result_path: &str,
     timeout_seconds: i64,
+    memory_limit: Option<&str>,
 ) -> TrajectoryResult {
     let exit_code = process.exit_code;
     if process.timed_out {
@@ -68,6 +75,19 @@ pub fn result_of_run(
             "TimeExceeded",
             format!(
                 "the run did not finish within timeoutSeconds={timeout_seconds} and was killed"
+            ),
+            exit_code,
+        );
+    }
+    if process.oom_killed && !matches!(&file, Ok(Some(bytes)) if parse_result(bytes).is_ok()) {
+        let limit = match memory_limit {
+            Some(limit) => format!("the sandbox's memory limit of {limit}"),
+            None => "the memory available to the sandbox".to_string(),
+        };
+        return aborted(
+            RUN_OOM_KILLED,
+            format!(
+                "the run's command was killed by the kernel's out-of-memory killer (signal 9) before it wrote a valid result file {result_path}: it used more than {limit}; raise `spec.resources.memory` (a RolloutGroup's `retry.onOOM` raises it on retry), or make the task use less memory"
             ),
             exit_code,
         );
@@ -183,7 +203,7 @@ mod tests {
     #[test]
     fn a_valid_result_file_is_recorded_with_the_exit_code() {
         let body = br#"{"reward": 0.5, "status": "truncated", "length": 812, "artifact": "s3://b/t7", "extra": 1}"#;
-        let result = result_of_run(&exited(0), Ok(Some(body)), "/r.json", 60);
+        let result = result_of_run(&exited(0), Ok(Some(body)), "/r.json", 60, None);
         assert_eq!(result.reward, Some(0.5));
         assert_eq!(result.status, TrajectoryStatus::Truncated);
         assert_eq!(result.length, Some(812));
@@ -194,7 +214,13 @@ mod tests {
 
     #[test]
     fn status_defaults_to_completed_and_a_nonzero_exit_with_a_result_counts() {
-        let result = result_of_run(&exited(3), Ok(Some(br#"{"reward": 1}"#)), "/r.json", 60);
+        let result = result_of_run(
+            &exited(3),
+            Ok(Some(br#"{"reward": 1}"#)),
+            "/r.json",
+            60,
+            None,
+        );
         assert_eq!(result.status, TrajectoryStatus::Completed);
         assert_eq!(result.reward, Some(1.0));
         assert_eq!(result.exit_code, Some(3));
@@ -202,7 +228,7 @@ mod tests {
 
     #[test]
     fn a_missing_file_is_aborted_no_result() {
-        let result = result_of_run(&exited(1), Ok(None), "/r.json", 60);
+        let result = result_of_run(&exited(1), Ok(None), "/r.json", 60, None);
         assert_eq!(result.status, TrajectoryStatus::Aborted);
         assert_eq!(result.reason.as_deref(), Some("NoResult"));
         assert!(result.message.unwrap().contains("exit code 1"));
@@ -212,7 +238,7 @@ mod tests {
     fn a_timeout_is_aborted_time_exceeded() {
         let mut process = exited(137);
         process.timed_out = true;
-        let result = result_of_run(&process, Ok(Some(br#"{"reward": 1}"#)), "/r.json", 5);
+        let result = result_of_run(&process, Ok(Some(br#"{"reward": 1}"#)), "/r.json", 5, None);
         assert_eq!(result.reason.as_deref(), Some("TimeExceeded"));
         assert!(result.message.unwrap().contains("timeoutSeconds=5"));
     }
@@ -237,11 +263,52 @@ mod tests {
                 "length must be a non-negative integer",
             ),
         ] {
-            let result = result_of_run(&exited(0), Ok(Some(body)), "/r.json", 60);
+            let result = result_of_run(&exited(0), Ok(Some(body)), "/r.json", 60, None);
             assert_eq!(result.reason.as_deref(), Some("InvalidResult"), "{body:?}");
             let message = result.message.unwrap();
             assert!(message.contains(problem), "{message}");
         }
+    }
+
+    #[test]
+    fn an_oom_killed_command_without_a_valid_result_is_aborted_oom_killed() {
+        let mut killed = exited(137);
+        killed.exit_code = None;
+        killed.signal = Some(9);
+        killed.oom_killed = true;
+        for file in [Ok(None), Ok(Some(&b"{\"rew"[..]))] {
+            let result = result_of_run(&killed, file, "/r.json", 60, Some("64Mi"));
+            assert_eq!(result.status, TrajectoryStatus::Aborted);
+            assert_eq!(result.reason.as_deref(), Some("OOMKilled"));
+            let message = result.message.unwrap();
+            for part in [
+                "out-of-memory killer",
+                "memory limit of 64Mi",
+                "/r.json",
+                "spec.resources.memory",
+            ] {
+                assert!(message.contains(part), "{part}: {message}");
+            }
+        }
+        let unknown = result_of_run(&killed, Ok(None), "/r.json", 60, None);
+        assert!(
+            unknown
+                .message
+                .unwrap()
+                .contains("the memory available to the sandbox")
+        );
+        // The task wrote its verdict before something it ran was killed: the verdict stands.
+        let written = result_of_run(
+            &killed,
+            Ok(Some(br#"{"reward": 1}"#)),
+            "/r.json",
+            60,
+            Some("64Mi"),
+        );
+        assert_eq!(written.status, TrajectoryStatus::Completed);
+        // Not OOM-killed: no result file is NoResult, as before.
+        let plain = result_of_run(&exited(137), Ok(None), "/r.json", 60, Some("64Mi"));
+        assert_eq!(plain.reason.as_deref(), Some("NoResult"));
     }
 
     #[test]

@@ -23,6 +23,8 @@ use crate::plumbing::status_patch::status_member_patch;
 use crate::pod::agent_client::{AgentCallError, AgentClient, AgentTarget};
 use crate::pod::agent_target::NoTarget;
 use crate::pod::lookup::cached_pod;
+use crate::pod::naming::TASK_CONTAINER;
+use crate::pod::oom::memory_limit;
 use crate::sandbox::context::SandboxCtx;
 use bytes::Bytes;
 use orchard_api::agent::ProcessStatus;
@@ -265,10 +267,15 @@ async fn drive(
         client: &ctx.agent,
         target,
     };
+    // What an OOM-killed run's message names: the limit the Pod has, not what the spec asked for.
+    let memory_limit = still_wanted(ctx, key, uid)
+        .and_then(|sandbox| cached_pod(&ctx.kube.caches.pods, &sandbox, &ctx.kube.key))
+        .and_then(|pod| memory_limit(&pod, TASK_CONTAINER));
     info!(sandbox = %key, "trajectory run starting");
     run_to_result(
         &agent,
         run,
+        memory_limit.as_deref(),
         deadline,
         || still_wanted(ctx, key, uid).is_some(),
         retry,

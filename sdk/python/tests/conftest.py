@@ -112,13 +112,18 @@ async def done(value: Any) -> Any:
     return await value if inspect.isawaitable(value) else value
 
 
+def sdk_doc_block(section: str) -> str:
+    """The first Python block under ``## {section}`` of docs/SDK.md, as it is written there."""
+    doc = (Path(__file__).resolve().parents[3] / "docs" / "SDK.md").read_text()
+    return doc.split(f"## {section}\n", 1)[1].split("```python\n", 1)[1].split("```", 1)[0]
+
+
 def run_sdk_doc_block(section: str, cluster: Cluster, monkeypatch: pytest.MonkeyPatch,
                       replacements: dict[str, str] | None = None) -> None:
     """Runs the first Python block under ``## {section}`` of docs/SDK.md as it is written there (after the
     literal ``replacements``), its client configured by the environment for ``cluster``; closes a
     ``client`` it left open."""
-    doc = (Path(__file__).resolve().parents[3] / "docs" / "SDK.md").read_text()
-    block = doc.split(f"## {section}\n", 1)[1].split("```python\n", 1)[1].split("```", 1)[0]
+    block = sdk_doc_block(section)
     for old, new in (replacements or {}).items():
         block = block.replace(old, new)
     monkeypatch.setenv("ORCHARD_GATEWAY_URL", cluster.gateway)

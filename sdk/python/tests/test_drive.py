@@ -17,7 +17,9 @@ import pytest
 from orchard_env import (
     AsyncSandbox,
     AsyncSandboxClient,
+    DriveResult,
     Forbidden,
+    GroupResult,
     RetryPolicy,
     Sandbox,
     SandboxClient,
@@ -55,6 +57,12 @@ class FakeGateway:
         self.launched = 0
         self.interrupt: Callable[[], bool] = lambda: False
         self.forbid_results = False
+        #: The balanced group the fake records at completion (trajectory names, in rank order).
+        self.members: list[str] = []
+        #: Every request's method, URL, headers and body, to check what left the trainer.
+        self.sent: list[str] = []
+        #: When set, the group completes once this answers True (else once every trajectory has a result).
+        self.complete_when: Callable[[], bool] | None = None
 
     def group(self, complete: bool = False) -> dict[str, Any]:
         template: dict[str, Any] = {"spec": {"image": "x"}}
@@ -67,6 +75,7 @@ class FakeGateway:
                 "selection": "Balanced",
                 "conditions": [{"type": "Complete", "status": "True"}],
                 "trajectories": [{"name": n, "stride": 0, **r} for n, r in sorted(self.results.items())],
+                "group": [{"name": n, **self.results[n]} for n in self.members],
             }
         return {"metadata": {"name": GROUP, "namespace": NS}, "spec": {"groupSize": 4, "template": template}, "status": status}
 
@@ -97,12 +106,15 @@ class FakeGateway:
             self._launch()
 
     def complete(self) -> bool:
+        if self.complete_when is not None:
+            return self.complete_when()
         return self.launched == self.total and len(self.results) == self.total
 
     def __call__(self, request: httpx.Request) -> httpx.Response:
         path = request.url.path
         with self.lock:
             self.calls.append((request.method, path))
+            self.sent.append(f"{request.method} {request.url} {dict(request.headers)} {request.content!r}")
             base = f"/v1/namespaces/{NS}"
             if path == f"{base}/rolloutgroups/{GROUP}":
                 return httpx.Response(200, json=self.group())
@@ -170,6 +182,17 @@ EXPECTED = {
 
 def sync_client(fake: FakeGateway) -> SandboxClient:
     return SandboxClient("http://gw", "t", namespace=NS, transport=httpx.MockTransport(fake), retry=FAST)
+
+
+def async_transport(fake: FakeGateway) -> httpx.MockTransport:
+    """``fake`` for the async client: a group wait takes a moment, so the episodes' tasks get to run."""
+
+    async def gateway(request: httpx.Request) -> httpx.Response:
+        if request.url.path.endswith("/wait"):
+            await asyncio.sleep(0.005)
+        return fake(request)
+
+    return httpx.MockTransport(gateway)
 
 
 def test_drive_runs_each_ready_trajectory_once_over_strides_and_records_its_result() -> None:
@@ -312,6 +335,107 @@ def test_drive_times_out_and_cleans_up() -> None:
     with sync_client(fake) as client, pytest.raises(Exception, match="not complete after"):
         client.rollout_group(GROUP).drive(lambda s: time.sleep(0.3) or 1.0, timeout=0.1, poll_interval=0.01)
     assert fake.deleted, "the unfinished trajectories are deleted"
+
+
+# -- payloads back to the trainer -------------------------------------------------------------------
+
+
+def payload_of(index: int) -> dict[str, Any]:
+    """A payload as a policy would return it; its marker must never reach the gateway."""
+    return {"tokens": [index, index + 1], "logprobs": [-0.5, -0.25], "marker": f"PAYLOAD-SECRET-{index}"}
+
+
+def paid(index: int, fake: FakeGateway) -> Any:
+    """What the episode of trajectory ``index`` returns in the payload tests: ``(result, payload)`` pairs
+    of every result form, a result alone (1), a raise (3); trajectory 6's result is recorded by "the
+    controller" (aborted, TimeExceeded) while its episode runs, so drive's post gets 409."""
+    if index == 6:
+        with fake.lock:
+            fake.results["g-6"] = {"status": "aborted", "reason": "TimeExceeded"}
+            fake.sandboxes["g-6"]["status"]["result"] = fake.results["g-6"]
+    value = outcome(index)
+    return value if index == 1 else (value, payload_of(index))
+
+
+def check_payloads(result: Any, fake: FakeGateway) -> None:
+    assert isinstance(result, DriveResult) and isinstance(result, GroupResult), "a GroupResult, as before"
+    assert result.complete and result.selection == "Balanced"
+    # BAR's group (rank order): 4 and 0 positive, 2 an aborted backfill (no episode ran), 7 negative.
+    assert [m.name for m in result.group] == ["g-4", "g-0", "g-2", "g-7"]
+    assert result.rewards == [1.0, 1.0, 0.0, 0.0]
+    assert result.payloads == [payload_of(4), payload_of(0), None, payload_of(7)], "in group order, as rewards"
+    episodes = result.episodes
+    assert sorted(episodes) == ["g-0", "g-1", "g-3", "g-4", "g-6", "g-7"], "one per episode run, by name"
+    assert [e.index for e in episodes.values()] == [0, 1, 3, 4, 6, 7]
+    assert {n for n, e in episodes.items() if e.in_group} == {"g-0", "g-4", "g-7"}
+    kept = episodes["g-1"]  # not in the group: kept all the same, flagged
+    assert not kept.in_group and kept.payload is None, "a result alone has no payload"
+    assert kept.result == TrajectoryResult(reward=0, length=3) and kept.recorded and kept.error is None
+    assert kept.trajectory is not None and kept.trajectory.reward == 0
+    failed = episodes["g-3"]
+    assert failed.payload is None and isinstance(failed.error, RuntimeError) and failed.recorded
+    assert failed.result == TrajectoryResult(status="aborted", reason="EpisodeFailed", message="RuntimeError: episode 3 broke")
+    refused = episodes["g-6"]  # the controller recorded another result first: the payload stays
+    assert refused.payload == payload_of(6) and not refused.recorded and refused.error is None
+    assert refused.result == TrajectoryResult(reward=1.0)
+    assert refused.trajectory is not None and refused.trajectory.reason == "TimeExceeded"
+    member = episodes["g-4"]
+    assert member.in_group and member.member is not None and member.member.reward == 1.0
+    assert member.payload == payload_of(4) and member.result == TrajectoryResult(reward=1.0, length=5)
+    assert "PAYLOAD-SECRET" not in "".join(fake.sent), "payloads never leave the trainer"
+    assert fake.results["g-4"] == {"reward": 1.0, "status": "completed", "length": 5}, "only the result is posted"
+    assert "PAYLOAD-SECRET" not in repr(result), "payloads stay out of reprs (they may be large)"
+
+
+def test_drive_hands_back_each_episodes_payload_by_trajectory_and_never_sends_it() -> None:
+    fake = FakeGateway(fates={2: "fail", 5: "vanish"})
+    fake.members = ["g-4", "g-0", "g-2", "g-7"]
+    with sync_client(fake) as client:
+        result = client.rollout_group(GROUP).drive(
+            lambda sandbox: paid(int(sandbox.name.rsplit("-", 1)[1]), fake), concurrency=3, poll_interval=0.01)
+    check_payloads(result, fake)
+
+
+async def test_async_drive_hands_back_each_episodes_payload_by_trajectory_and_never_sends_it() -> None:
+    fake = FakeGateway(fates={2: "fail", 5: "vanish"})
+    fake.members = ["g-4", "g-0", "g-2", "g-7"]
+
+    async def episode(sandbox: AsyncSandbox) -> Any:
+        await asyncio.sleep(0.001)
+        return paid(int(sandbox.name.rsplit("-", 1)[1]), fake)
+
+    async with AsyncSandboxClient("http://gw", "t", namespace=NS, transport=async_transport(fake), retry=FAST) as client:
+        result = await client.rollout_group(GROUP).drive(episode, concurrency=3, poll_interval=0.01)
+    check_payloads(result, fake)
+
+
+async def test_an_episode_cancelled_when_the_group_completes_has_no_result_and_no_payload() -> None:
+    fake = FakeGateway(total=4, stride=4)
+    fake.members = ["g-0", "g-1"]
+    fake.complete_when = lambda: {"g-0", "g-1", "g-2"} <= set(fake.results)  # as with earlyStop: Eager
+
+    async def episode(sandbox: AsyncSandbox) -> Any:
+        if sandbox.name == "g-3":
+            await asyncio.sleep(60)
+        return 1.0, payload_of(int(sandbox.name[-1]))
+
+    async with AsyncSandboxClient("http://gw", "t", namespace=NS, transport=async_transport(fake), retry=FAST) as client:
+        result = await client.rollout_group(GROUP).drive(episode, poll_interval=0.01, timeout=10)
+    assert result.payloads == [payload_of(0), payload_of(1)]
+    cancelled = result.episodes["g-3"]
+    assert isinstance(cancelled.error, asyncio.CancelledError)
+    assert cancelled.result is None and cancelled.payload is None and not cancelled.recorded and not cancelled.in_group
+    assert not result.episodes["g-2"].in_group and result.episodes["g-2"].payload == payload_of(2)
+
+
+def test_a_group_result_without_episodes_has_no_payloads() -> None:
+    group = GroupResult.from_json({"metadata": {"name": "g"}, "status": {"phase": "Complete", "group": [{"name": "g-0", "reward": 1}]}})
+    driven = DriveResult.of(group, [])
+    assert driven.payloads == [None] and driven.episodes == {}
+    assert driven.group == group.group and driven.raw is group.raw and driven.complete
+    assert _ops.split_episode_value((1.0, "p")) == (1.0, "p")
+    assert _ops.split_episode_value({"reward": 1}) == ({"reward": 1}, None)
+    assert _ops.split_episode_value((1.0, 2, 3)) == ((1.0, 2, 3), None), "only a pair is split"
 
 
 # -- the pure parts ----------------------------------------------------------------------------------

@@ -5,6 +5,7 @@ balanced group from those rewards (sync, async, and the mini-swe-agent example).
 from __future__ import annotations
 
 import importlib.util
+import json
 import os
 import sys
 from pathlib import Path
@@ -52,8 +53,11 @@ def test_drive_records_the_trainers_rewards_over_two_strides(client: SandboxClie
         ran.append(sandbox.name)
         return scored(sandbox.name)
 
+    # cleanup Keep: the trajectories' Sandboxes outlive the group's completion, so they can be searched for
+    # the payload below (with Delete the operator may already have removed them: a 404 on the real node).
     with client.create_rollout_group(
-        {"image": cluster.image}, group_size=4, max_trajectories=8, stride=4, positive_fraction=(0.25, 0.75)
+        {"image": cluster.image}, group_size=4, max_trajectories=8, stride=4, positive_fraction=(0.25, 0.75),
+        cleanup="Keep",
     ) as group:
         result = group.drive(episode, concurrency=3, timeout=240)
         check(result, group.name, ran)
@@ -76,6 +80,27 @@ async def test_async_drive_records_the_trainers_rewards_over_two_strides(
     ) as group:
         result = await group.drive(episode, concurrency=2, timeout=240)
         check(result, group.name, ran)
+
+
+def test_drive_hands_back_payloads_matched_by_trajectory_and_never_stores_them(client: SandboxClient, cluster: Cluster) -> None:
+    def episode(sandbox: Sandbox) -> tuple[dict[str, Any], dict[str, Any]]:
+        said = sandbox.exec(["echo", sandbox.name], check=True).stdout.strip()
+        return scored(sandbox.name), {"said": said, "marker": f"PAYLOAD-SECRET-{sandbox.name}"}
+
+    # cleanup Keep: the trajectories' Sandboxes outlive the group's completion, so they can be searched for
+    # the payload below (with Delete the operator may already have removed them: a 404 on the real node).
+    with client.create_rollout_group(
+        {"image": cluster.image}, group_size=4, max_trajectories=8, stride=4, positive_fraction=(0.25, 0.75),
+        cleanup="Keep",
+    ) as group:
+        result = group.drive(episode, concurrency=3, timeout=240)
+        check(result, group.name, list(result.episodes))
+        assert [p["said"] for p in result.payloads] == [m.name for m in result.group], "in group order, by trajectory"
+        members = {m.name for m in result.group}
+        assert {n for n, e in result.episodes.items() if e.in_group} == members
+        assert all(e.payload["said"] == n and e.recorded and e.error is None for n, e in result.episodes.items())
+        stored = json.dumps([group.get().raw, *(client.get(n) for n in result.episodes)])
+        assert "PAYLOAD-SECRET" not in stored, "no payload in any status, annotation or label"
 
 
 def load_example() -> ModuleType:

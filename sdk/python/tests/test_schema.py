@@ -10,7 +10,17 @@ from typing import Any
 import httpx
 import pytest
 
-from orchard_env.models import ExecEvent, ExecResult, FileEntry, PatchResult, ProcessInfo
+from orchard_env.models import (
+    ExecEvent,
+    ExecResult,
+    FileEntry,
+    PatchResult,
+    ProcessInfo,
+    SessionInfo,
+    SessionReadResult,
+    SessionRunResult,
+    SessionSignalResult,
+)
 
 from conftest import Cluster
 
@@ -67,6 +77,10 @@ def document(cluster: Cluster) -> dict[str, Any]:
         (ProcessInfo, "ProcessStatus"),
         (FileEntry, "FileEntry"),
         (PatchResult, "PatchResult"),
+        (SessionInfo, "SessionStatus"),
+        (SessionRunResult, "SessionRunResponse"),
+        (SessionReadResult, "SessionReadResponse"),
+        (SessionSignalResult, "SessionSignalResponse"),
     ],
 )
 def test_models_read_only_fields_of_the_wire_protocol(document: dict[str, Any], model: Any, schema: str) -> None:

@@ -1,15 +1,17 @@
 """Shell sessions and ``user=`` (sync and async). Without a cluster, against a fake agent behind a fake
-gateway: the request bodies sent (``user`` as a string, ``timeout`` seconds as ``timeoutMs``), the answers
-parsed, ``check=True``, closing at the end of a ``with`` block, closing twice, the agent's refusals. On the
-local cluster (marked ``cluster``): state carrying over between runs, a prompt answered with ``input`` and
-``read``, a run interrupted by its timeout, commands as another uid, and the "Shell sessions" block of
-docs/SDK.md as it is written there."""
+gateway: the request bodies sent (``user`` as a string, ``timeout`` seconds as ``timeoutMs``, signals), the
+answers parsed, ``check=True``, closing at the end of a ``with`` block, closing twice, the agent's refusals.
+On the local cluster (marked ``cluster``): state carrying over between runs, a prompt answered with
+``input`` and ``read``, a run interrupted by its timeout and by ``interrupt()`` from another thread or
+task, ``signal("KILL")`` for a command that ignores SIGINT, commands as another uid, and the "Shell
+sessions" block of docs/SDK.md as it is written there."""
 
 from __future__ import annotations
 
 import asyncio
 import json
 import threading
+import time
 from typing import Any
 
 import httpx
@@ -27,6 +29,7 @@ from orchard_env import (
     SessionInfo,
     SessionReadResult,
     SessionRunResult,
+    SessionSignalResult,
 )
 from orchard_env import _ops
 
@@ -79,6 +82,8 @@ class Agent:
             return httpx.Response(200, json=RUN_OK)
         if route == "/sessions/s-3f9c/input":
             return httpx.Response(200, json={**STATUS, "busy": True})
+        if route == "/sessions/s-3f9c/signal":
+            return httpx.Response(200, json={"running": True, "session": {**STATUS, "busy": True}})
         if route == "/sessions/s-3f9c/read":
             return httpx.Response(200, json={"output": "got:", "matched": True, "outputTruncated": False,
                                              "outputLossy": False, "outputEncoding": "text", "shellExited": False})
@@ -190,6 +195,37 @@ async def test_a_session_sends_the_agents_fields_and_parses_its_answers(mode: st
     assert headers["/sessions/s-3f9c/input"] is None
 
 
+@DRIVERS
+async def test_interrupt_and_signal_send_the_signal_and_keep_the_status(mode: str) -> None:
+    idle = {"running": False, "session": STATUS}
+    agent = Agent(**{"POST /sessions/s-3f9c/signal": [
+        httpx.Response(200, json={"running": True, "session": {**STATUS, "busy": True}}),
+        httpx.Response(200, json=idle), httpx.Response(200, json=idle),
+        error(400, "BadRequest", "unknown signal `BOGUS`; use one of HUP, INT, ... or a number"),
+        error(503, "AgentUnavailable", "agent restarting", retryable=True),
+        error(409, "Conflict", "the shell of session `s-3f9c` has exited with code 0")]})
+    async with sandbox_of(mode, agent) as sbx:
+        sh = await done(sbx.session())
+        answer = await done(sh.interrupt())
+        assert isinstance(answer, SessionSignalResult) and answer.running
+        assert answer.session.busy and sh.info is answer.session, "the status answered is kept"
+        quiet = await done(sh.signal("KILL"))
+        assert not quiet.running and not quiet.session.busy and quiet.raw == idle
+        await done(sh.signal(9))
+        with pytest.raises(InvalidRequest, match="unknown signal"):
+            await done(sh.signal("BOGUS"))
+        with pytest.raises(Exception, match="agent restarting"):
+            await done(sh.interrupt())
+        with pytest.raises(Conflict, match="has exited"):
+            await done(sh.interrupt())
+        for wrong in (True, 2.0, None):
+            with pytest.raises(TypeError, match="signal"):
+                await done(sh.signal(wrong))  # type: ignore[arg-type]
+    assert agent.sent("POST", "/sessions/s-3f9c/signal") == [
+        {"signal": "INT"}, {"signal": "KILL"}, {"signal": 9}, {"signal": "BOGUS"}, {"signal": "INT"}, {"signal": "INT"}
+    ], "never retried, nothing sent for a wrong type"
+
+
 def test_session_bodies_are_checked_before_any_request() -> None:
     assert _ops.session_body() == {}
     assert _ops.session_run_body("ls", 0.0001) == {"command": "ls", "timeoutMs": 1}, "rounded up, never 0"
@@ -277,6 +313,9 @@ def test_session_models_read_an_exited_shell() -> None:
     assert SessionRunResult.from_json({}).output_encoding == "text"
     read = SessionReadResult.from_json({"output": "x", "matched": False, "shellExited": True})
     assert (read.matched, read.shell_exited, read.output_encoding) == (False, True, "text")
+    signalled = SessionSignalResult.from_json({"running": True, "session": {**STATUS, "busy": True}})
+    assert signalled.running and signalled.session == SessionInfo.from_json({**STATUS, "busy": True})
+    assert not SessionSignalResult.from_json({}).running
 
 
 # -- on the local cluster -------------------------------------------------------------------------------
@@ -317,6 +356,36 @@ def test_a_session_keeps_its_state_answers_prompts_and_survives_a_timeout(client
 
 
 @pytest.mark.cluster
+def test_interrupt_stops_a_run_from_another_thread_and_kill_one_that_ignores_it(client: SandboxClient,
+                                                                                cluster: Cluster) -> None:
+    with client.create(image=cluster.image, ttl_seconds=600) as sbx, sbx.session() as sh:
+        sh.run("cd /tmp; X=kept")
+        assert not sh.interrupt().running, "nothing runs: nothing is signalled"
+        for command in ("echo started; sleep 1000", "echo started; yes | head -c 100000000000 | wc -c",
+                        "sh -c 'trap \"\" INT; echo started; sleep 1000'; echo after"):
+            answers: list[SessionRunResult] = []
+            runner = threading.Thread(target=lambda: answers.append(sh.run(command, timeout=300)))
+            runner.start()
+            try:
+                assert sh.read(until="started", timeout=30).matched, command
+                time.sleep(0.2)
+                signalled = sh.interrupt()
+                assert signalled.running and signalled.session.busy, signalled
+                runner.join(5)
+                if runner.is_alive():  # only the command that ignores SIGINT is still running
+                    assert "trap" in command
+                    assert sh.signal("KILL").running
+                    runner.join(5)
+                assert not runner.is_alive(), f"{command!r} still runs"
+            finally:
+                runner.join(60)
+            result = answers[0]
+            assert (result.exit_code, result.timed_out, result.shell_restarted) == (130, False, False), result
+            assert "after" not in result.output, result
+            assert sh.run("echo $X; pwd").output == "kept\n/tmp\n", "the same shell carries on"
+
+
+@pytest.mark.cluster
 def test_commands_and_sessions_run_as_another_uid(client: SandboxClient, cluster: Cluster) -> None:
     with client.create(image=cluster.image, ttl_seconds=600) as sbx:
         assert sbx.exec("id -u", user=65534).stdout == "65534\n"
@@ -342,6 +411,12 @@ async def test_async_sessions(aclient: AsyncSandboxClient, cluster: Cluster) -> 
             assert (await sh.read(until="got:", timeout=30)).matched
             assert (await pending).output == "line? got:bob\n"
             assert (await sh.run("sleep 1000", timeout=1)).timed_out
+            pending = asyncio.create_task(sh.run("echo started; sleep 1000", timeout=300))
+            assert (await sh.read(until="started", timeout=30)).matched
+            await asyncio.sleep(0.2)
+            assert (await sh.interrupt()).running
+            interrupted = await asyncio.wait_for(pending, 10)
+            assert (interrupted.exit_code, interrupted.timed_out) == (130, False), interrupted
             assert (await sh.run("echo ok")).output == "ok\n"
             assert (await sbx.exec("id -u", user=65534)).stdout == "65534\n"
         assert sh.id not in [s.id for s in await sbx.list_sessions()]
@@ -354,4 +429,4 @@ def test_the_shell_sessions_block_of_the_docs_runs(cluster: Cluster, monkeypatch
     """The "Shell sessions" block of docs/SDK.md, as it is written there."""
     run_sdk_doc_block("Shell sessions", cluster, monkeypatch, {'"busybox"': repr(cluster.image)})
     out = capsys.readouterr().out.splitlines()
-    assert out == ["/tmp", "hello", "True", "name? hi bob", "True 130", "ok", "65534"], out
+    assert out == ["/tmp", "hello", "True", "name? hi bob", "True 130", "True", "130", "ok", "65534"], out

@@ -3,7 +3,8 @@
 Without a cluster, against a fake gateway whose agent (:class:`ShellAgent`, an ``httpx.MockTransport``
 handler like the SDK's other fakes) answers the agent's session, exec and file routes with real local
 processes: each session is a local bash run the way the agent runs it (docs/AGENT.md, "Shell sessions":
-the same prelude, SIGINT trap, end marker, expect-style reads and interrupt at a run's timeout), each exec
+the same prelude, SIGINT trap, end marker, expect-style reads, interrupt at a run's timeout and session
+signals), each exec
 a local process of its own group. So SWE-ReX's own runtime behaviours run for real: cwd and variables
 carrying over, an interactive program driven with ``expect``, interrupts, ``check``, timeouts, ``execute``,
 files, directory upload, session errors; error types and messages are compared with SWE-ReX's
@@ -97,6 +98,41 @@ def error(status: int, code: str, message: str) -> httpx.Response:
     return httpx.Response(status, json={"code": code, "message": message, "retryable": False})
 
 
+#: The signal names the agent takes (agent/src/processes/signals.rs), with or without ``SIG``.
+SIGNALS = {name: getattr(signal, f"SIG{name}") for name in
+           ("HUP", "INT", "QUIT", "KILL", "USR1", "USR2", "TERM", "CONT", "STOP", "ALRM", "WINCH")}
+
+
+def signal_number(spec: Any) -> int | None:
+    """The number of a signal given as the agent takes it (a name or 1-64), else None."""
+    if isinstance(spec, int) and not isinstance(spec, bool):
+        return spec if 1 <= spec <= 64 else None
+    if isinstance(spec, str):
+        name = spec.strip().upper()
+        return SIGNALS.get(name.removeprefix("SIG"))
+    return None
+
+
+def children_of(pid: int) -> list[int] | None:
+    """The children of single-threaded process ``pid`` (None where the kernel does not list them)."""
+    try:
+        return [int(p) for p in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()]
+    except OSError:
+        return None
+
+
+def processes() -> dict[int, int]:
+    """Every process now, pid -> parent."""
+    found = {}
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                found[int(entry.name)] = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
+            except (OSError, IndexError, ValueError):
+                continue
+    return found
+
+
 class LocalShell:
     """One session of :class:`ShellAgent`: a local shell in a process group of its own, fed commands the
     way the agent feeds them (agent/src/sessions: marker.rs, output.rs, session.rs)."""
@@ -104,7 +140,8 @@ class LocalShell:
     def __init__(self, id: str, shell: str, cwd: str | None, env: dict[str, str]) -> None:
         self.id, self.shell, self.cwd, self.env = id, shell, cwd, env
         self.cond = threading.Condition()
-        self.run_lock = threading.Lock()
+        #: The run in progress, as the agent keeps it: the shell's children when it started (None: no run).
+        self.active: list[int] | None = None
         self._spawn()
 
     def _spawn(self) -> None:
@@ -170,13 +207,33 @@ class LocalShell:
 
     def status(self) -> dict[str, Any]:
         code = self.proc.poll()
-        # As the agent's: the run lock taken for a moment (a run starting meanwhile is refused).
-        free = self.run_lock.acquire(blocking=False)
-        if free:
-            self.run_lock.release()
         return {"id": self.id, "shell": self.shell, "pid": self.proc.pid,
                 "state": "running" if code is None else "exited", "exitCode": code,
-                "busy": not free, "startedAt": self.started_at}
+                "busy": self.active is not None, "startedAt": self.started_at}
+
+    def signal(self, number: int) -> httpx.Response:
+        """As the agent's ``POST /v1/sessions/{id}/signal``: SIGINT to the shell's process group, any other
+        signal to the processes below the shell but the run's earlier children (and theirs); nothing
+        without a run in progress."""
+        if self.proc.poll() is not None:
+            return error(409, "Conflict", f"the shell of session `{self.id}` has exited")
+        earlier = self.active
+        if earlier is not None:
+            if number == signal.SIGINT:
+                os.killpg(self.proc.pid, number)
+            else:
+                tree = processes()
+                below, queue = [], [self.proc.pid]
+                while queue:
+                    parent = queue.pop()
+                    for pid, of in tree.items():
+                        if of == parent and pid not in earlier and pid not in below:
+                            below.append(pid)
+                            queue.append(pid)
+                for pid in below:
+                    with contextlib.suppress(OSError):
+                        os.kill(pid, number)
+        return httpx.Response(200, json={"running": earlier is not None, "session": self.status()})
 
     def _wait(self, deadline: float, done: Any) -> bool:
         with self.cond:
@@ -188,8 +245,11 @@ class LocalShell:
             return True
 
     def run(self, command: str, timeout: float) -> httpx.Response:
-        if self.proc.poll() is not None or not self.run_lock.acquire(blocking=False):
-            return error(409, "Conflict", f"a run is in progress in session `{self.id}`, or its shell has exited")
+        earlier = children_of(self.proc.pid) or []
+        with self.cond:
+            if self.proc.poll() is not None or self.active is not None:
+                return error(409, "Conflict", f"a run is in progress in session `{self.id}`, or its shell has exited")
+            self.active = earlier
         try:
             started = time.monotonic()
             token = uuid.uuid4().hex
@@ -230,7 +290,8 @@ class LocalShell:
             answer.update(output=output.decode(errors="replace"), durationMs=int((time.monotonic() - started) * 1000))
             return httpx.Response(200, json=answer)
         finally:
-            self.run_lock.release()
+            with self.cond:
+                self.active = None
 
     def read(self, until: str | None, timeout: float) -> dict[str, Any]:
         deadline = time.monotonic() + timeout
@@ -335,6 +396,11 @@ class ShellAgent:
                 return httpx.Response(200, json=shell.status())
             if action == "read":
                 return httpx.Response(200, json=shell.read(body.get("until"), min(body.get("timeoutMs", 10_000), 300_000) / 1000))
+            if action == "signal":
+                number = signal_number((body or {}).get("signal", "INT"))
+                if number is None:
+                    return error(400, "BadRequest", f"unknown signal `{(body or {}).get('signal')}`")
+                return shell.signal(number)
             if request.method == "DELETE":
                 del self.sessions[id]
                 return httpx.Response(200, json=shell.close())
@@ -697,7 +763,8 @@ async def test_a_timeout_then_the_interrupt_swe_agent_sends(runtime: OrchardRunt
     await scenario_timeout_then_interrupt(runtime, workdir)
     runs = agent.sent("POST", f"/sessions/{next(iter(agent.sessions))}/run")
     assert {"command": "echo started; sleep 100", "timeoutMs": 1000} in runs, "the timeout is the run's"
-    assert not [b for b in agent.sent("POST", "/exec") if "kill" in str(b)], "the agent interrupted it: no signal sent"
+    signals = [r for m, r, _ in agent.calls if r.endswith("/signal")]
+    assert not signals, "the agent interrupted it: no signal sent"
 
 
 async def test_an_interactive_program_with_expect(runtime: OrchardRuntime, agent: ShellAgent) -> None:
@@ -726,13 +793,17 @@ async def test_a_background_command_answers_only_its_own_output(runtime: Orchard
     assert (await runtime.run_in_session(BashAction(command="echo fine"))).output == "fine\n"
 
 
-async def test_interrupts_signal_the_shells_process_group(runtime: OrchardRuntime, agent: ShellAgent) -> None:
+async def test_interrupts_are_the_sessions_signals(runtime: OrchardRuntime, agent: ShellAgent) -> None:
     await runtime.create_session(CreateBashSessionRequest())
+    await runtime.run_in_session(BashAction(command="sleep 300 & echo $! > /dev/null", timeout=30))
     await scenario_interrupts(runtime)
-    pid = next(iter(agent.sessions.values())).proc.pid
-    scripts = [b["argv"] for b in agent.sent("POST", "/exec") if b.get("argv", [""])[-1] == str(pid)]
-    kinds = [s[2].split()[0] for s in scripts]
-    assert kinds == ["kill", "kill", "kill", "group=$1;"], "SIGINT for each; SIGKILL below the shell for the one ignoring it"
+    id = next(iter(agent.sessions))
+    assert agent.sent("POST", f"/sessions/{id}/signal") == [{"signal": "INT"}] * 3 + [{"signal": "KILL"}], (
+        "SIGINT for each; SIGKILL below the shell for the one ignoring it")
+    assert not [b for b in agent.sent("POST", "/exec") if "kill" in str(b)], "no exec of kill any more"
+    # The `&` job of an earlier run got neither signal.
+    shell = agent.sessions[id].proc.pid
+    assert any(parent == shell for parent in processes().values()), "the shell's `&` job still runs"
 
 
 async def test_sessions(runtime: OrchardRuntime, workdir: str) -> None:

@@ -55,6 +55,40 @@ def test_shorthand_body() -> None:
         _ops.sandbox_body(None)
 
 
+GPU_RESOURCES = {"memory": "16Gi", "gpu": {"count": 2, "types": ["H100", "a100"]}}
+
+
+def gpu_gateway(bodies: list[dict[str, Any]]):  # type: ignore[no-untyped-def]
+    """A gateway that records each create body and answers Ready at once."""
+    def gateway(request: httpx.Request) -> httpx.Response:
+        if request.method == "POST" and request.url.path.endswith("/sandboxes"):
+            bodies.append(json.loads(request.content))
+            return httpx.Response(201, json={"metadata": {"name": "s1"}})
+        if request.url.path.endswith("/wait"):
+            return httpx.Response(200, json=SANDBOX)
+        if request.method == "DELETE":
+            return httpx.Response(200, json={"deleted": True})
+        return httpx.Response(404, json={"code": "NotFound", "message": "?"})
+    return httpx.MockTransport(gateway)
+
+
+def test_resources_with_gpus_pass_through_create_unchanged() -> None:
+    bodies: list[dict[str, Any]] = []
+    with SandboxClient("http://gw", "t", namespace="ns", transport=gpu_gateway(bodies), retry=FAST) as client:
+        with client.create("x", cpu=4, resources=GPU_RESOURCES, auto_heartbeat=False):
+            pass
+    assert bodies[0]["resources"] == GPU_RESOURCES
+    assert bodies[0]["cpu"] == "4"
+
+
+async def test_resources_with_gpus_pass_through_the_async_create_unchanged() -> None:
+    bodies: list[dict[str, Any]] = []
+    async with AsyncSandboxClient("http://gw", "t", namespace="ns", transport=gpu_gateway(bodies), retry=FAST) as client:
+        async with client.create("x", resources=GPU_RESOURCES, auto_heartbeat=False):
+            pass
+    assert bodies[0]["resources"] == GPU_RESOURCES
+
+
 def test_a_pool_stands_in_for_the_image() -> None:
     body = _ops.sandbox_body(None, extra={"pool": "py", "when_pool_empty": "Wait"})
     assert body == {"pool": "py", "whenPoolEmpty": "Wait"}

@@ -23,7 +23,6 @@ from orchard_env.integrations import harbor as integration
 from orchard_env.integrations.harbor import (
     NO_TIMEOUT_SECONDS,
     DockerImageRequired,
-    GpuNotSupported,
     OrchardEnvironment,
     OrchardEnvironmentError,
     SandboxStartError,
@@ -85,6 +84,9 @@ def test_resources_are_kubernetes_quantities() -> None:
     assert sandbox_resources(2, 4096, 10240) == {"cpu": "2", "memory": "4096Mi", "ephemeralStorage": "10240Mi"}
     assert sandbox_resources(0.5, None, None) == {"cpu": "500m"}
     assert sandbox_resources(None, None, None) == {}, "unset: the operator's defaults"
+    assert sandbox_resources(None, None, None, 2, ["H100", "A100"]) == {"gpu": {"count": 2, "types": ["H100", "A100"]}}
+    assert sandbox_resources(1, None, None, 1, []) == {"cpu": "1", "gpu": {"count": 1}}, "no types: any GPU"
+    assert sandbox_resources(1, None, None, 0, ["H100"]) == {"cpu": "1"}, "no GPUs: types mean nothing"
     assert cpu_quantity(1.0) == "1" and cpu_quantity(1.25) == "1250m"
 
 
@@ -97,7 +99,8 @@ def test_harbor_finds_the_environment_by_import_path(tmp_path: Path) -> None:
     assert isinstance(environment, OrchardEnvironment) and environment.type() == "orchard"
     capabilities = environment.capabilities
     assert capabilities.dynamic_network_policy and capabilities.disable_internet and capabilities.network_allowlist
-    assert not capabilities.gpus and not capabilities.docker_compose and not capabilities.mounted
+    assert capabilities.gpus, "Harbor's _validate_gpu_support lets GPU tasks through"
+    assert not capabilities.tpus and not capabilities.docker_compose and not capabilities.mounted
     resources = EnvironmentFactory.resource_capabilities(None, IMPORT_PATH)
     assert resources is not None and resources.fractional_cpus and resources.cpu_limit and resources.memory_request
 
@@ -119,11 +122,25 @@ def test_a_multi_container_task_is_refused(tmp_path: Path) -> None:
         make(tmp_path, files=("docker-compose.yaml",))
 
 
-def test_gpus_are_refused_clearly_until_the_sandbox_spec_has_them(tmp_path: Path) -> None:
-    with pytest.raises(GpuNotSupported) as refused:
-        make(tmp_path, config={"gpus": 1, "gpu_types": ["H100"]})
-    assert "1 GPU(s) of type H100" in str(refused.value) and "no GPU field" in str(refused.value)
-    assert make(tmp_path, override_gpus=0).task_env_config.gpus == 0, "--override-gpus 0 lets it run"
+async def test_a_gpu_task_asks_for_its_gpus_of_any_listed_type(tmp_path: Path, client: Any,
+                                                               gateway: FakeGateway) -> None:
+    await started(tmp_path, client, config={"gpus": 2, "gpu_types": ["H100", "A100-80GB"]})
+    assert gateway.created[0]["resources"] == {
+        "cpu": "2", "memory": "4096Mi", "ephemeralStorage": "10240Mi",
+        "gpu": {"count": 2, "types": ["H100", "A100-80GB"]},
+    }
+
+
+async def test_a_gpu_task_without_types_takes_any_gpu_and_override_gpus_0_asks_for_none(
+        tmp_path: Path, client: Any, gateway: FakeGateway) -> None:
+    await started(tmp_path, client, config={"gpus": 1})
+    assert gateway.created[0]["resources"]["gpu"] == {"count": 1}
+    await started(tmp_path, client, config={"gpus": 1, "gpu_types": ["H100"]}, override_gpus=0)
+    assert "gpu" not in gateway.created[1]["resources"], "--override-gpus 0 runs it without"
+    # Harbor's own CPU/memory modes leave the GPUs alone: they are not optional.
+    await started(tmp_path, client, config={"gpus": 1}, cpu_enforcement_policy="ignore",
+                  memory_enforcement_policy="ignore")
+    assert gateway.created[2]["resources"] == {"ephemeralStorage": "10240Mi", "gpu": {"count": 1}}
 
 
 # -- start --------------------------------------------------------------------------------------------
@@ -204,6 +221,20 @@ async def test_a_sandbox_that_cannot_start_fails_start_with_its_own_reason(
     assert reason in str(failed.value) and "cpu=64" in str(failed.value)
     assert failed.value.condition_message and failed.value.condition_message in str(failed.value)
     assert gateway.deleted == ["hello-abc12-env-x0001"], "the SDK deletes the sandbox that did not start"
+
+
+async def test_an_unknown_gpu_type_fails_start_with_the_operators_refusal(tmp_path: Path, client: Any,
+                                                                         gateway: FakeGateway) -> None:
+    refusal = ("the operator refuses this sandbox's placement: spec.resources.gpu.types: unknown GPU type \"v100\" "
+               "(known: a100, h100); the operator's GPU type map gets a type with --gpu-type NAME=LABEL=VALUE "
+               "(env ORCHARD_GPU_TYPES, Helm value gpu.types)")
+    gateway.outcome = {"phase": "Failed", "reason": "PlacementRefused", "message": refusal,
+                       "conditions": [{"type": "Ready", "status": "False", "reason": "PlacementRefused"}]}
+    environment = make(tmp_path, client, config={"gpus": 1, "gpu_types": ["V100"]})
+    with pytest.raises(SandboxStartError) as failed:
+        await environment.start(force_build=False)
+    assert failed.value.reason == "PlacementRefused" and failed.value.condition_message == refusal
+    assert "gpu=1 (V100)" in str(failed.value) and "known: a100, h100" in str(failed.value)
 
 
 async def test_a_spec_the_api_server_refuses_fails_start_with_its_rule(tmp_path: Path, client: Any,

@@ -1,5 +1,7 @@
 //! The local node: a Ready `Node` that stands in for a scheduler and a kubelet on a machine without a
-//! container engine. It binds unscheduled pods to itself (honouring `nodeSelector`), and for each pod
+//! container engine. It binds unscheduled pods to itself (honouring `nodeSelector`, required node
+//! affinity, the Node's taints and its extended resources as its Node object shows them: see
+//! [`scheduling`]), and for each pod
 //! runs the init containers for real (the agent injector's `orchard-agent install`), starts the task
 //! container's agent as a process on the pod's own loopback address, reports `podIP`, container
 //! statuses and readiness from the pod's HTTP readiness probe, and on deletion kills the process tree
@@ -14,9 +16,10 @@ mod ip_pool;
 pub mod mounts;
 pub mod pod_status;
 mod pod_worker;
+pub mod scheduling;
 mod shared;
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::sync::{Arc, Mutex};
 
@@ -32,6 +35,7 @@ use tracing::{debug, warn};
 use crate::error::Result;
 use ip_pool::IpPool;
 use pod_worker::{PodCommand, PodWorker};
+use scheduling::{NodeOffer, extended_requests, unfit};
 pub use shared::NodeConfig;
 use shared::NodeShared;
 
@@ -46,8 +50,20 @@ pub(crate) struct Inner {
     /// What the pod workers share with the node (its fields read through `Deref`).
     shared: Arc<NodeShared>,
     pods: Mutex<HashMap<String, PodHandle>>,
-    unschedulable_reported: Mutex<std::collections::HashSet<String>>,
+    /// The `Unschedulable` message last reported for each pod, by uid (reported again only when it
+    /// changes).
+    unschedulable_reported: Mutex<HashMap<String, String>>,
+    /// Unbound pods that did not fit when last looked at, by uid: tried again when the Node changes
+    /// (a taint removed, GPUs advertised) or a pod gives back extended resources, as kube-scheduler
+    /// requeues them.
+    unscheduled: Mutex<HashMap<String, Pod>>,
     bind_slots: Semaphore,
+    /// The node's own Node object as last seen (labels, taints, allocatable extended resources
+    /// another party may have patched in, as a device plugin would).
+    node_object: kube::runtime::reflector::Store<Node>,
+    /// Extended resources (e.g. `nvidia.com/gpu`) held by each pod bound (or being bound) to the node
+    /// and not finished, by pod uid; only pods holding some are listed.
+    extended_in_use: Mutex<HashMap<String, BTreeMap<String, i64>>>,
 }
 
 impl std::ops::Deref for Inner {
@@ -69,6 +85,7 @@ impl HollowNode {
     pub async fn start(client: Client, config: NodeConfig) -> Result<Self> {
         std::fs::create_dir_all(&config.work_dir)?;
         let (secrets, secret_writer) = kube::runtime::reflector::store();
+        let (node_object, node_writer) = kube::runtime::reflector::store();
         let inner = Arc::new(Inner {
             shared: Arc::new(NodeShared {
                 client,
@@ -83,7 +100,10 @@ impl HollowNode {
             }),
             pods: Mutex::new(HashMap::new()),
             unschedulable_reported: Mutex::new(Default::default()),
+            unscheduled: Mutex::new(HashMap::new()),
             bind_slots: Semaphore::new(64),
+            node_object,
+            extended_in_use: Mutex::new(HashMap::new()),
         });
         tokio::spawn(sweep_finished_pods(inner.clone()));
         {
@@ -105,6 +125,25 @@ impl HollowNode {
         register_witness(&inner).await?;
         tokio::spawn(heartbeat(inner.clone()));
         let node = Self { inner };
+        {
+            // Only this node's object: its labels, taints and allocatable decide what fits, and each
+            // change of it is a new chance for the pods that did not fit.
+            let api: Api<Node> = Api::all(node.inner.client.clone());
+            let config = watcher::Config::default()
+                .fields(&format!("metadata.name={}", node.inner.config.name));
+            let node = node.clone();
+            tokio::spawn(async move {
+                let mut events = watcher(api, config)
+                    .default_backoff()
+                    .reflect(node_writer)
+                    .boxed();
+                while let Some(event) = events.next().await {
+                    if event.is_ok() && !node.inner.paused.load(Ordering::SeqCst) {
+                        node.retry_unscheduled();
+                    }
+                }
+            });
+        }
         let watcher_node = node.clone();
         tokio::spawn(async move { watcher_node.watch_pods().await });
         Ok(node)
@@ -149,6 +188,12 @@ impl HollowNode {
         }
         let node_name = pod.spec.as_ref().and_then(|s| s.node_name.clone());
         let deleting = pod.metadata.deletion_timestamp.is_some();
+        if node_name.is_some() {
+            self.forget_unscheduled(&uid);
+        }
+        if node_name.as_deref() == Some(self.inner.config.name.as_str()) {
+            self.account(&uid, &pod);
+        }
         match node_name {
             None if !deleting => self.schedule(pod),
             Some(node) if node == self.inner.config.name => {
@@ -201,6 +246,8 @@ impl HollowNode {
 
     fn on_deleted(&self, pod: &Pod) {
         let uid = pod.uid().unwrap_or_default();
+        self.forget_unscheduled(&uid);
+        self.release(&uid);
         self.inner
             .terminated_pods
             .lock()
@@ -217,14 +264,117 @@ impl HollowNode {
         }
     }
 
+    /// What the node offers pods now: its Node object as last seen, else its configuration.
+    pub fn offer(&self) -> NodeOffer {
+        let key = kube::runtime::reflector::ObjectRef::new(&self.inner.config.name);
+        match self.inner.node_object.get(&key) {
+            Some(node) => NodeOffer::from_node(&node),
+            None => NodeOffer::from_config(&self.inner.config),
+        }
+    }
+
+    /// Records the extended resources `pod`, bound to this node, holds (released when it finishes).
+    fn account(&self, uid: &str, pod: &Pod) {
+        let phase = pod.status.as_ref().and_then(|s| s.phase.as_deref());
+        if matches!(phase, Some("Failed" | "Succeeded")) {
+            self.release(uid);
+            return;
+        }
+        let wanted = extended_requests(pod).unwrap_or_default();
+        if !wanted.is_empty() {
+            self.inner
+                .extended_in_use
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .insert(uid.to_string(), wanted);
+        }
+    }
+
+    /// Gives back what pod `uid` held; pods waiting for it are tried again.
+    fn release(&self, uid: &str) {
+        let held = self
+            .inner
+            .extended_in_use
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .remove(uid);
+        if held.is_some() {
+            self.retry_unscheduled();
+        }
+    }
+
+    fn forget_unscheduled(&self, uid: &str) {
+        self.inner
+            .unscheduled
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .remove(uid);
+        self.inner
+            .unschedulable_reported
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .remove(uid);
+    }
+
+    /// Looks again at every unbound pod that did not fit.
+    fn retry_unscheduled(&self) {
+        let waiting: Vec<Pod> = self
+            .inner
+            .unscheduled
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .values()
+            .cloned()
+            .collect();
+        for pod in waiting {
+            self.schedule(pod);
+        }
+    }
+
+    /// Binds `pod` to this node if it fits (taking its extended resources at once, so that pods
+    /// decided one after another never share a device), or reports it `Unschedulable` with
+    /// kube-scheduler's wording (again only when the reason changes). A pod that does not fit is
+    /// tried again when it changes, when the Node changes and when a pod gives back extended
+    /// resources.
     fn schedule(&self, pod: Pod) {
-        let labels = &self.inner.config.labels;
-        let fits = pod
-            .spec
-            .as_ref()
-            .and_then(|s| s.node_selector.as_ref())
-            .is_none_or(|selector| selector.iter().all(|(k, v)| labels.get(k) == Some(v)));
+        let uid = pod.uid().unwrap_or_default();
+        let why = {
+            let mut in_use_by_pod = self
+                .inner
+                .extended_in_use
+                .lock()
+                .unwrap_or_else(|p| p.into_inner());
+            let mut in_use: BTreeMap<String, i64> = BTreeMap::new();
+            for (_, held) in in_use_by_pod.iter().filter(|(holder, _)| **holder != uid) {
+                for (name, units) in held {
+                    *in_use.entry(name.clone()).or_default() += units;
+                }
+            }
+            let verdict = match extended_requests(&pod) {
+                Ok(wanted) => unfit(&pod, &wanted, &self.offer(), &in_use).ok_or(wanted),
+                Err(why) => Ok(format!("0/1 nodes are available: {why}.")),
+            };
+            let mut unscheduled = self
+                .inner
+                .unscheduled
+                .lock()
+                .unwrap_or_else(|p| p.into_inner());
+            match verdict {
+                Ok(why) => {
+                    unscheduled.insert(uid.clone(), pod.clone());
+                    Some(why)
+                }
+                Err(wanted) => {
+                    unscheduled.remove(&uid);
+                    if !wanted.is_empty() {
+                        in_use_by_pod.insert(uid.clone(), wanted);
+                    }
+                    None
+                }
+            }
+        };
         let inner = self.inner.clone();
+        let node = self.clone();
         tokio::spawn(async move {
             let Ok(_slot) = inner.bind_slots.acquire().await else {
                 return;
@@ -232,19 +382,19 @@ impl HollowNode {
             let namespace = pod.namespace().unwrap_or_default();
             let name = pod.name_any();
             let api: Api<Pod> = Api::namespaced(inner.client.clone(), &namespace);
-            if !fits {
-                let uid = pod.uid().unwrap_or_default();
-                if !inner
+            if let Some(why) = why {
+                let said_already = inner
                     .unschedulable_reported
                     .lock()
                     .unwrap_or_else(|p| p.into_inner())
-                    .insert(uid)
-                {
+                    .insert(uid, why.clone())
+                    .is_some_and(|said| said == why);
+                if said_already {
                     return;
                 }
                 let patch = json!({"status": {"conditions": [{
                     "type": "PodScheduled", "status": "False", "reason": "Unschedulable",
-                    "message": format!("0/1 nodes are available: 1 node(s) didn't match Pod's node affinity/selector ({})", inner.config.name),
+                    "message": why,
                     "lastTransitionTime": crate::now_rfc3339(),
                 }]}});
                 if let Err(err) = api
@@ -270,6 +420,11 @@ impl HollowNode {
                 .await
             {
                 warn!(%err, pod = %name, "bind failed");
+                // A conflict is a pod bound already (by an earlier decision): it keeps what it holds.
+                let bound = matches!(&err, kube::Error::Api(status) if status.code == 409);
+                if !bound {
+                    node.release(&uid);
+                }
             }
         });
     }

@@ -595,7 +595,19 @@ mod tests {
             assert!(!route.answers.is_empty(), "{}", route.path);
             assert!(!route.operation_id.is_empty() && !route.summary.is_empty());
         }
-        assert_eq!(seen.len(), 27);
+        assert_eq!(seen.len(), 28);
+    }
+
+    #[test]
+    fn a_session_signal_needs_what_a_run_needs() {
+        let run = route(Verb::Post, sandbox_path!("/sessions/{id}/run"));
+        let signal = route(Verb::Post, sandbox_path!("/sessions/{id}/signal"));
+        assert_eq!(signal.operation, run.operation);
+        assert_eq!(signal.operation, Operation::Exec);
+        assert_eq!(
+            signal.agent_target("/v1/namespaces/ns/sandboxes/s/sessions/s-1/signal", None),
+            Some("/v1/sessions/s-1/signal".to_string())
+        );
     }
 
     #[test]

@@ -6,7 +6,8 @@ use orchard_api::agent::{
     FileStat, FileWritten, MkdirRequest, PatchRequest, PatchResult, ProcessList, ProcessStatus,
     ProcessStdinRequest, RenameRequest, Renamed, SessionInputRequest, SessionList,
     SessionReadRequest, SessionReadResponse, SessionRequest, SessionRunRequest, SessionRunResponse,
-    SessionStatus, SignalRequest, TarExtracted, TerminalSize,
+    SessionSignalRequest, SessionSignalResponse, SessionStatus, SignalRequest, TarExtracted,
+    TerminalSize,
 };
 
 use crate::gateway::auth::access::Operation;
@@ -343,6 +344,29 @@ pub static ROUTES: &[AgentRoute] = &[
             error(404, "Unknown session id"),
             error(409, "Another run is in progress in this session"),
         ],
+    },
+    AgentRoute {
+        method: Verb::Post,
+        path: sandbox_path!("/sessions/{id}/signal"),
+        agent_path: "/v1/sessions/{id}/signal",
+        operation: Operation::Exec,
+        operation_id: "signal_session",
+        summary: "Signals the command of the session's run in progress (`{}`: SIGINT, as Ctrl-C) and answers at once; the shell survives and the run answers when its command has ended.",
+        request: Some(json(named::<SessionSignalRequest>)),
+        answers: &[
+            answer(
+                200,
+                "`running`: whether a run was in progress (false: nothing was signalled); `session`: the status",
+                json(named::<SessionSignalResponse>),
+            ),
+            error(400, "Unknown signal"),
+            error(404, "Unknown session id"),
+            error(
+                409,
+                "The session's shell has exited, or the sandbox is not ready",
+            ),
+        ],
+        ..DEFAULTS
     },
     AgentRoute {
         method: Verb::Post,

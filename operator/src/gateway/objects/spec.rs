@@ -352,6 +352,35 @@ mod tests {
     }
 
     #[test]
+    fn gpus_pass_through_in_both_forms_and_join_the_cpu_shorthand() {
+        let gpu = json!({"count": 2, "types": ["H100", "a100"]});
+        for request in [
+            json!({"image": "i", "resources": {"gpu": gpu}}),
+            json!({"spec": {"image": "i", "resources": {"gpu": gpu}}}),
+            json!({"image": "i", "cpu": 4, "resources": {"gpu": gpu}}),
+        ] {
+            let sandbox = sandbox_from_request("ns", request.clone(), "alice").expect("accepted");
+            let resources = sandbox.spec.resources.expect("resources");
+            assert_eq!(
+                resources.gpu,
+                Some(orchard_api::GpuRequest {
+                    count: 2,
+                    types: vec!["H100".into(), "a100".into()],
+                }),
+                "{request}"
+            );
+        }
+        let sandbox = sandbox_from_request(
+            "ns",
+            json!({"image": "i", "cpu": 4, "resources": {"gpu": gpu}}),
+            "alice",
+        )
+        .expect("accepted");
+        let cpu = sandbox.spec.resources.and_then(|r| r.cpu);
+        assert_eq!(cpu.map(|q| q.0).as_deref(), Some("4"));
+    }
+
+    #[test]
     fn shorthand_becomes_a_full_spec() {
         let sandbox = sandbox_from_request(
             "ns",

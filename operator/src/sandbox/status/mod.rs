@@ -193,6 +193,26 @@ fn failed_status(
     status
 }
 
+/// `scheduling` (bound, reason, message) of a Pod, its message followed by what a GPU sandbox waits
+/// for when the scheduler found no node (pure): the scheduler's own words ("Insufficient
+/// nvidia.com/gpu", "didn't match Pod's node affinity/selector") do not say which GPUs were asked for.
+fn with_gpu_hint(
+    (scheduled, reason, message): (bool, String, String),
+    spec: &orchard_api::SandboxSpec,
+) -> (bool, String, String) {
+    match crate::pod::gpu::unschedulable_hint(spec) {
+        Some(hint) if !scheduled && reason == "Unschedulable" => {
+            let message = if message.is_empty() {
+                hint
+            } else {
+                format!("{} ({hint})", message.trim_end())
+            };
+            (scheduled, reason, message)
+        }
+        _ => (scheduled, reason, message),
+    }
+}
+
 /// The status the sandbox should have given what is observed now.
 pub fn desired_status(sandbox: &Sandbox, observed: &Observed) -> SandboxStatus {
     let previous = sandbox.status.clone().unwrap_or_default();
@@ -318,7 +338,7 @@ pub fn desired_status(sandbox: &Sandbox, observed: &Observed) -> SandboxStatus {
         expiry_deadline(ready_time, heartbeat, observed.lifecycle).map(|(at, _)| Time(at));
 
     let (scheduled, scheduled_reason, scheduled_message) = match observed.pod {
-        Some(pod) => scheduling(pod),
+        Some(pod) => with_gpu_hint(scheduling(pod), &sandbox.spec),
         None => match &observed.blocked {
             Some(Blocked::PreviousIncarnation(message)) => {
                 (false, "PreviousIncarnation".into(), message.clone())

@@ -64,6 +64,38 @@ fn unscheduled_pod_is_pending_with_the_schedulers_reason() {
 }
 
 #[test]
+fn an_unscheduled_gpu_sandbox_says_which_gpus_it_waits_for() {
+    let mut p = pod(None, None, false);
+    p.status.as_mut().unwrap().conditions = Some(vec![PodCondition {
+        type_: "PodScheduled".into(),
+        status: "False".into(),
+        reason: Some("Unschedulable".into()),
+        message: Some("0/1 nodes are available: 1 Insufficient nvidia.com/gpu. ".into()),
+        ..Default::default()
+    }]);
+    let mut gpu = sandbox();
+    gpu.spec.resources = serde_json::from_value(serde_json::json!({
+        "gpu": {"count": 3, "types": ["H100"]}
+    }))
+    .expect("resources JSON");
+    let status = desired_status(&gpu, &observed(Some(&p), "2026-01-01T00:00:01Z"));
+    assert_eq!(status.phase, Some(SandboxPhase::Pending));
+    let expected = "0/1 nodes are available: 1 Insufficient nvidia.com/gpu. (the sandbox asks for 3 GPUs on one node of GPU type h100)";
+    assert_eq!(cond(&status, "Scheduled").reason, "Unschedulable");
+    assert_eq!(cond(&status, "Scheduled").message, expected);
+    assert_eq!(cond(&status, "Ready").reason, "Unschedulable");
+    assert_eq!(cond(&status, "Ready").message, expected);
+    // Waiting for the scheduler (no verdict yet) adds nothing.
+    let waiting = pod(None, None, false);
+    let status = desired_status(&gpu, &observed(Some(&waiting), "2026-01-01T00:00:01Z"));
+    assert_eq!(cond(&status, "Scheduled").reason, "PodPending");
+    assert_eq!(
+        cond(&status, "Scheduled").message,
+        "waiting for the scheduler"
+    );
+}
+
+#[test]
 fn running_but_not_ready_is_starting() {
     let p = pod(Some("node-1"), Some("10.0.0.7"), false);
     let status = desired_status(&sandbox(), &observed(Some(&p), "2026-01-01T00:00:01Z"));

@@ -29,6 +29,8 @@ from .errors import (
     Unauthorized,
 )
 from .models import (
+    DriveResult,
+    EpisodeOutcome,
     ExecEvent,
     ExecResult,
     FileEntry,
@@ -40,13 +42,16 @@ from .models import (
     SessionInfo,
     SessionReadResult,
     SessionRunResult,
+    SessionSignalResult,
     Trajectory,
     TrajectoryResult,
 )
+from .pipeline import AsyncPipeline, Pipeline, PipelineResult, PipelineStats, Stage, StageFailed
 
 __all__ = [
     "AgentUnavailable",
     "AsyncDispatcher",
+    "AsyncPipeline",
     "AsyncProcess",
     "AsyncRolloutGroup",
     "AsyncSandbox",
@@ -57,6 +62,8 @@ __all__ = [
     "DispatchResult",
     "DispatchStats",
     "Dispatcher",
+    "DriveResult",
+    "EpisodeOutcome",
     "ExecEvent",
     "ExecResult",
     "FileEntry",
@@ -71,6 +78,9 @@ __all__ = [
     "OrchardError",
     "PatchConflict",
     "PatchResult",
+    "Pipeline",
+    "PipelineResult",
+    "PipelineStats",
     "Process",
     "ProcessInfo",
     "RetryPolicy",
@@ -84,6 +94,9 @@ __all__ = [
     "SessionInfo",
     "SessionReadResult",
     "SessionRunResult",
+    "SessionSignalResult",
+    "Stage",
+    "StageFailed",
     "Timeout",
     "TooManyRequests",
     "Trajectory",

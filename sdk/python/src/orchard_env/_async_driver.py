@@ -23,6 +23,7 @@ from ._core import CHUNK
 
 if TYPE_CHECKING:
     from .aio import AsyncRolloutGroup, AsyncSandbox
+    from .models import EpisodeOutcome
 
 T = TypeVar("T")
 
@@ -162,8 +163,8 @@ class EpisodeRunner:
         value = self._episode(sandbox)
         return await value if inspect.isawaitable(value) else value
 
-    async def start(self, sandbox: AsyncSandbox) -> None:
-        plan = self._group._episode_plan(sandbox, self._call)
+    async def start(self, sandbox: AsyncSandbox, record: Callable[[EpisodeOutcome], None]) -> None:
+        plan = self._group._episode_plan(sandbox, self._call, record)
         self._tasks.add(asyncio.create_task(self._group.client._run(plan), name=f"orchard-episode-{sandbox.name}"))
 
     async def running(self) -> int:

@@ -438,6 +438,14 @@ def session_read_body(until: str | None = None, timeout: float | None = None) ->
     return body
 
 
+def session_signal_body(signal: str | int) -> dict[str, Any]:
+    """The body of ``POST .../sessions/{id}/signal``: a signal name (``"INT"``, ``"SIGKILL"``) or number,
+    checked by the agent (an unknown one is 400)."""
+    if isinstance(signal, bool) or not isinstance(signal, (str, int)):
+        raise TypeError(f"signal() takes a signal name (str) or number (int), not {signal!r}")
+    return {"signal": signal}
+
+
 def read_answer_timeout(wait: float | None) -> float:
     """Seconds the gateway should wait for a session ``read``'s answer: its wait (the agent's default
     10 s, at most 300 s) plus the margin."""
@@ -651,6 +659,15 @@ def trajectory_index(group: str, name: str) -> int | None:
     """Index of trajectory ``name`` (``<group>-<index>``) of ``group``, None if it is not one."""
     rest = name[len(group) + 1:] if name.startswith(group + "-") else ""
     return int(rest) if rest.isdigit() else None
+
+
+def split_episode_value(value: Any) -> tuple[Any, Any]:
+    """What an episode returned, as ``(result, payload)``: a ``(result, payload)`` pair (a 2-tuple) is
+    split, anything else is a result alone (payload None). The payload stays with the trainer: only the
+    result is ever sent (:func:`result_body`)."""
+    if isinstance(value, tuple) and len(value) == 2:
+        return value[0], value[1]
+    return value, None
 
 
 def result_body(value: Any) -> dict[str, Any]:

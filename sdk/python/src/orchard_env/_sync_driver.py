@@ -25,6 +25,7 @@ from ._core import CHUNK
 
 if TYPE_CHECKING:
     from .client import RolloutGroup, Sandbox
+    from .models import EpisodeOutcome
 
 T = TypeVar("T")
 
@@ -134,9 +135,9 @@ class EpisodeRunner:
         self._futures: set[concurrent.futures.Future[Any]] = set()
         self._sandboxes: builtins.list[Sandbox] = []
 
-    def start(self, sandbox: Sandbox) -> None:
+    def start(self, sandbox: Sandbox, record: Callable[[EpisodeOutcome], None]) -> None:
         self._sandboxes.append(sandbox)
-        plan = self._group._episode_plan(sandbox, self._episode)
+        plan = self._group._episode_plan(sandbox, self._episode, record)
         self._futures.add(self._pool.submit(self._group.client._run, plan))
 
     def running(self) -> int:

@@ -23,6 +23,7 @@ from ._core import Content, LocalFile
 from ._retry import RetryPolicy  # noqa: F401  (importable from here, as before)
 from ._async_driver import Driver, EpisodeRunner, Heartbeats, PortForward, read_path, read_stream, write_blocks
 from .models import (
+    DriveResult,
     ExecEvent,
     ExecResult,
     FileEntry,
@@ -33,13 +34,18 @@ from .models import (
     SessionInfo,
     SessionReadResult,
     SessionRunResult,
+    SessionSignalResult,
     TrajectoryResult,
 )
 from collections.abc import Awaitable
 from ._async_driver import Creating as _Creating
 
-#: What an episode returns: a reward, a result dict (the API's keys) or a :class:`TrajectoryResult`.
-EpisodeResult = float | int | Mapping[str, Any] | TrajectoryResult
+#: A trajectory's result as an episode gives it: a reward, a result dict (the API's keys) or a
+#: :class:`TrajectoryResult`.
+ResultValue = float | int | Mapping[str, Any] | TrajectoryResult
+#: What an episode returns: a result, or a ``(result, payload)`` pair whose payload (tokens, logprobs...)
+#: ``drive`` hands back to the trainer and never sends.
+EpisodeResult = ResultValue | tuple[ResultValue, Any]
 
 #: Open sandbox handles of both clients (``_cleanup``): at interpreter exit and on SIGTERM the sandboxes
 #: of those with ``delete_on_exit`` are deleted (best effort; heartbeat expiry is the safety net when the
@@ -443,6 +449,25 @@ class AsyncSession(_core.SessionCore):
         :class:`~orchard_env.CommandFailed`. Never retried."""
         return await self._run(self._run_plan(command, timeout, check))
 
+    async def interrupt(self) -> SessionSignalResult:
+        """Interrupts the command of the run in progress, as Ctrl-C does: SIGINT to the shell's process group
+        (docs/AGENT.md, "Shell sessions"). Answers at once, without waiting for the run, which then answers
+        on its own (``exit_code`` 130, ``timed_out`` False); the session stays as it was. Meant for another
+        thread or task than the one waiting in :meth:`run`. ``running`` in the answer is False when no run
+        was in progress (nothing was signalled). A command that ignores SIGINT keeps running: follow with
+        ``signal("KILL")``. Never retried."""
+        return await self._run(self._signal_plan("INT"))
+
+    async def signal(self, signal: str | int = "INT") -> SessionSignalResult:
+        """Sends ``signal`` (a name such as ``"KILL"`` or ``"SIGTERM"``, or a number) to the command of the run
+        in progress and answers at once, like :meth:`interrupt` (which is ``signal("INT")``). SIGINT goes to
+        the shell's process group; any other signal only to the processes the run started below the shell,
+        never to the shell itself nor to ``&`` jobs of earlier runs, so ``signal("KILL")`` stops a command
+        that ignores SIGINT and the session survives. An unknown signal raises
+        :class:`~orchard_env.InvalidRequest`, a session whose shell has exited :class:`~orchard_env.Conflict`.
+        Never retried."""
+        return await self._run(self._signal_plan(signal))
+
     async def input(self, text: str) -> SessionInfo:
         """Writes ``text`` as given to the shell's stdin (end a line with a newline), to answer a prompt of
         the running command; keeps and returns the session's status. Send it once the command waits for it
@@ -496,23 +521,27 @@ class AsyncRolloutGroup(_core.GroupCore):
     async def drive(
         self, episode: Callable[[AsyncSandbox], Awaitable[EpisodeResult] | EpisodeResult], *, concurrency: int | None = None,
         timeout: float | None = None, poll_interval: float = 1.0,
-    ) -> GroupResult:
+    ) -> DriveResult:
         """Drives a trainer-driven group (its template has no ``run``): runs ``await episode(sandbox)`` (a
         coroutine function, or a plain one) as a task for every trajectory Sandbox the controller launches,
         later strides included, as each becomes Ready, at most ``concurrency`` at once (None: no limit but the
         stride), and records what it returns with :meth:`AsyncSandbox.record_result`: a number is the reward
         of a ``completed`` trajectory, a dict has the result's keys (``reward``, ``status``, ``length``,
-        ``artifact``, ``exitCode``, ``reason``, ``message``), or a :class:`~orchard_env.TrajectoryResult`. An
-        episode that raises becomes ``{"status": "aborted", "reason": "EpisodeFailed", "message": <the
-        exception>}``. Episodes run at most once per Sandbox UID and are never retried; a Sandbox that fails
-        or disappears before its episode starts is skipped (the controller records it aborted). The handle
-        given to ``episode`` heartbeats while the episode runs and is not deleted after it.
+        ``artifact``, ``exitCode``, ``reason``, ``message``), or a :class:`~orchard_env.TrajectoryResult`; or
+        a ``(result, payload)`` pair of one of those and anything else (tokens, logprobs, messages), whose
+        payload is kept for the trainer and never sent. An episode that raises becomes ``{"status": "aborted",
+        "reason": "EpisodeFailed", "message": <the exception>}``. Episodes run at most once per Sandbox UID
+        and are never retried; a Sandbox that fails or disappears before its episode starts is skipped (the
+        controller records it aborted). The handle given to ``episode`` heartbeats while the episode runs and
+        is not deleted after it.
 
-        Returns the recorded group once it is ``Complete`` (or ``Failed``); the episodes still running then
-        are cancelled (with ``earlyStop: Eager`` the controller deletes their Sandboxes, so their calls fail
-        fast). On any exception (cancelling the task, :class:`~orchard_env.Timeout` after ``timeout``
-        seconds, a result that cannot be posted) deletes the group's trajectory Sandboxes that have no result
-        yet, then raises it."""
+        Returns the recorded group once it is ``Complete`` (or ``Failed``), as a
+        :class:`~orchard_env.DriveResult`: a :class:`~orchard_env.GroupResult` whose ``episodes`` hold every
+        episode it ran by trajectory name (result, payload, error, whether BAR put it in the group) and whose
+        ``payloads`` are the members' payloads in group order. The episodes still running then are cancelled
+        (with ``earlyStop: Eager`` the controller deletes their Sandboxes, so their calls fail fast). On any
+        exception (cancelling the task, :class:`~orchard_env.Timeout` after ``timeout`` seconds, a result that
+        cannot be posted) deletes the group's trajectory Sandboxes that have no result yet, then raises it."""
         episodes = EpisodeRunner(self, episode, concurrency)
         return await self._run(self._drive_plan(episodes, concurrency, timeout, poll_interval))
 

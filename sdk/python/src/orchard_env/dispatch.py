@@ -37,31 +37,32 @@ The rules, the same for :class:`AsyncDispatcher` and :class:`Dispatcher`:
 
 ``max_in_flight`` bounds groups; to bound the trajectory sandboxes across all groups, name a
 RolloutQueue with ``queue=`` in the requests.
+
+**Trainer-driven groups.** With ``episode=`` (groups whose template has no ``run``), each group is driven
+with ``drive(episode, concurrency=episode_concurrency, timeout=timeout, poll_interval=poll_interval)``
+instead of waited for, and its result is a :class:`~orchard_env.DriveResult` with the episodes' payloads.
+Give it a pipeline's ``episode`` (:mod:`orchard_env.pipeline`) to bound each stage of the trajectories'
+work across every group in flight. The dispatchers and the pipelines share their engine and its clean-up
+(``orchard_env._flow``).
 """
 
 from __future__ import annotations
 
-import asyncio
-import concurrent.futures
-import contextlib
 import dataclasses
-import queue
 import sys
-import threading
 import time
 from collections import Counter
-from collections.abc import AsyncGenerator, AsyncIterable, AsyncIterator, Generator, Iterable, Iterator, Mapping
+from collections.abc import AsyncIterable, AsyncIterator, Callable, Iterable, Iterator, Mapping
 from dataclasses import KW_ONLY, dataclass, field
 from typing import Any
 
-from ._core import log
-from .aio import AsyncRolloutGroup, AsyncSandboxClient
-from .client import RolloutGroup, SandboxClient
+# CLOSE_GRACE: seconds ``close`` waits for create requests under way (to delete what they created) and,
+# in the sync dispatcher, for the worker threads to notice that their groups are gone.
+from ._flow import CLOSE_GRACE, NOTHING, AsyncFlow, Slot, Step, ThreadFlow, log  # noqa: F401
+from .aio import AsyncRolloutGroup, AsyncSandbox, AsyncSandboxClient
+from .client import RolloutGroup, Sandbox, SandboxClient
 from .models import GroupResult
 
-#: Seconds ``close`` waits for create requests under way (to delete what they created) and, in the sync
-#: dispatcher, for the worker threads to notice that their groups are gone.
-CLOSE_GRACE = 60.0
 #: Least seconds between two renders of the progress line (the last one is always rendered).
 PROGRESS_INTERVAL = 0.1
 
@@ -178,68 +179,76 @@ class _Progress:
             self._width = 0
 
 
-class _Slot:
-    """One request in flight: its group handle once created, and its outcome."""
+class _GroupSlot(Slot):
+    """A group in flight: the slot of its request, and the namespace it goes to."""
 
-    def __init__(self, request: GroupRequest, namespace: str) -> None:
-        self.request = request
+    def __init__(self, request: GroupRequest, index: int, namespace: str) -> None:
+        super().__init__(request, index)
         self.namespace = namespace
-        self.group: Any = None
-        self.result: GroupResult | None = None
-        self.error: Exception | None = None
-        #: The worker (a task or a thread's future) and, async only, the create request's own task.
-        self.worker: Any = None
-        self.creating: asyncio.Future[Any] | None = None
-
-    def outcome(self) -> DispatchResult:
-        name = self.group.name if self.group is not None else None
-        return DispatchResult(self.request, None if self.error else self.result, self.error, name, self.namespace)
 
 
-class _Book:
-    """What both dispatchers share: the slots not yet yielded, the counts and the progress line."""
+class _Dispatching:
+    """What both dispatchers add to their engine (:mod:`._flow`): each group is an item whose first step
+    creates it (the resource) and whose second waits for it (or drives it); the counts and the progress
+    line."""
 
-    def __init__(self, max_in_flight: int, timeout: float | None, progress: bool | None) -> None:
-        if max_in_flight < 1:
-            raise ValueError("max_in_flight must be at least 1")
-        self.max_in_flight = max_in_flight
+    _noun = "dispatcher"
+
+    def _configure(
+        self, client: Any, timeout: float | None, progress: bool | None, episode: Callable[[Any], Any] | None,
+        episode_concurrency: int | None, poll_interval: float,
+    ) -> None:
+        self.client = client
         self.timeout = timeout
+        #: With an episode, each group is driven (``drive``) rather than waited for.
+        self.episode = episode
+        self.episode_concurrency = episode_concurrency
+        self.poll_interval = poll_interval
         self.stats = DispatchStats()
         self._progress = _Progress(progress)
-        self._slots: dict[int, _Slot] = {}
 
-    def _has_room(self) -> bool:
-        return len(self._slots) < self.max_in_flight
+    def _steps(self) -> list[Step]:
+        return [Step("create", self._create, acquires=True), Step("wait", self._wait)]
 
-    def _open(self, request: Any, namespace: str) -> _Slot:
-        if not isinstance(request, GroupRequest):
-            raise TypeError(f"a dispatcher takes GroupRequest values, not {type(request).__name__}")
-        slot = _Slot(request, request.namespace or namespace)
-        self._slots[id(slot)] = slot
+    def _create(self, slot: Slot) -> Any:
+        raise NotImplementedError
+
+    def _wait(self, slot: Slot) -> Any:
+        raise NotImplementedError
+
+    def _admit(self, item: Any, index: int) -> Slot:
+        if not isinstance(item, GroupRequest):
+            raise TypeError(f"a dispatcher takes GroupRequest values, not {type(item).__name__}")
+        return _GroupSlot(item, index, item.namespace or self.client.namespace)
+
+    def _outcome(self, slot: _GroupSlot) -> DispatchResult:  # type: ignore[override]
+        group = None if slot.resource is NOTHING else slot.resource
+        result = None if slot.error else slot.values.get("wait")
+        return DispatchResult(slot.item, result, slot.error, group.name if group is not None else None, slot.namespace)
+
+    def _dispose_after_hand_over(self, slot: Slot) -> bool:
+        return bool(slot.item.delete_on_exit)
+
+    def _opened(self, slot: Slot) -> None:
         self.stats.submitted += 1
-        self.stats.in_flight = len(self._slots)
+        self.stats.in_flight = self.in_flight  # type: ignore[attr-defined]
         self.stats.peak_in_flight = max(self.stats.peak_in_flight, self.stats.in_flight)
         self._progress.update(self.stats)
-        return slot
 
-    def _hand_over(self, slot: _Slot) -> DispatchResult:
-        """``slot`` is being yielded: it leaves the slots and is counted."""
-        self._slots.pop(id(slot), None)
-        done = slot.outcome()
-        self.stats.in_flight = len(self._slots)
-        if done.ok:
+    def _handed(self, slot: Slot, outcome: DispatchResult) -> None:
+        self.stats.in_flight = self.in_flight  # type: ignore[attr-defined]
+        if outcome.ok:
             self.stats.completed += 1
-            self.stats.selections[done.result.selection or "Unknown"] += 1  # type: ignore[union-attr]
+            self.stats.selections[outcome.result.selection or "Unknown"] += 1  # type: ignore[union-attr]
         else:
             self.stats.failed += 1
-        self._progress.update(self.stats, force=not self._slots)
-        return done
+        self._progress.update(self.stats, force=not self.stats.in_flight)
 
-    def _take_unyielded(self) -> list[_Slot]:
-        slots = list(self._slots.values())
-        self._slots.clear()
+    def _emptied(self) -> None:
         self.stats.in_flight = 0
-        return slots
+
+    def _finished(self) -> None:
+        self._progress.close(self.stats)
 
 
 def _log_delete_failure(group: Any, error: Exception) -> None:
@@ -249,16 +258,7 @@ def _log_delete_failure(group: Any, error: Exception) -> None:
 # -- asyncio ---------------------------------------------------------------------------------------
 
 
-async def _requests_of(requests: Iterable[GroupRequest] | AsyncIterable[GroupRequest]) -> AsyncIterator[GroupRequest]:
-    if isinstance(requests, AsyncIterable):
-        async for request in requests:
-            yield request
-    else:
-        for request in requests:
-            yield request
-
-
-class AsyncDispatcher(_Book):
+class AsyncDispatcher(_Dispatching, AsyncFlow):
     """Submits RolloutGroups with at most ``max_in_flight`` in flight and yields each as it completes
     (see the module's documentation for back-pressure, errors, deletion and cancellation)::
 
@@ -267,107 +267,43 @@ class AsyncDispatcher(_Book):
                 ...
 
     ``timeout`` bounds each group's wait (then a ``Timeout`` error result); ``progress``: see above.
-    Each group is a task: create, then ``AsyncRolloutGroup.wait``. One ``run`` at a time."""
+    Each group is a task: create, then ``AsyncRolloutGroup.wait``, or, with ``episode``, ``await
+    group.drive(episode, concurrency=episode_concurrency, timeout=timeout, poll_interval=poll_interval)``
+    (trainer-driven groups: the results are :class:`~orchard_env.DriveResult` values, with the episodes'
+    payloads). One ``run`` at a time."""
 
     def __init__(
         self, client: AsyncSandboxClient, *, max_in_flight: int = 16, timeout: float | None = None,
-        progress: bool | None = None,
+        progress: bool | None = None, episode: Callable[[AsyncSandbox], Any] | None = None,
+        episode_concurrency: int | None = None, poll_interval: float = 1.0,
     ) -> None:
-        super().__init__(max_in_flight, timeout, progress)
-        self.client = client
-        self._active: AsyncGenerator[DispatchResult, None] | None = None
+        self._configure(client, timeout, progress, episode, episode_concurrency, poll_interval)
+        AsyncFlow.__init__(self, max_in_flight, self._steps())
 
     def run(self, requests: Iterable[GroupRequest] | AsyncIterable[GroupRequest]) -> AsyncIterator[DispatchResult]:
         """The results, in completion order, of the groups of ``requests`` (read lazily)."""
-        if self._active is not None:
-            raise RuntimeError("this dispatcher is already running; one run() at a time")
-        self._active = self._run(requests)
-        return self._active
+        return self._start(requests)
 
-    async def _run(self, requests: Iterable[GroupRequest] | AsyncIterable[GroupRequest]) -> AsyncGenerator[DispatchResult, None]:
-        source = _requests_of(requests)
-        finished: asyncio.Queue[_Slot] = asyncio.Queue()
-        handed: _Slot | None = None
-        try:
-            exhausted = False
-            while True:
-                while not exhausted and self._has_room():
-                    try:
-                        request = await anext(source)
-                    except StopAsyncIteration:
-                        exhausted = True
-                        break
-                    slot = self._open(request, self.client.namespace)
-                    slot.worker = asyncio.create_task(self._work(slot, finished), name="orchard-dispatch")
-                if not self._slots:
-                    break
-                handed = await finished.get()
-                yield self._hand_over(handed)
-                await self._release(handed)
-                handed = None
-        finally:
-            self._active = None
-            if handed is not None:
-                await self._release(handed)
-            await self._abort()
-            await source.aclose()  # type: ignore[attr-defined]
-            self._progress.close(self.stats)
+    async def _create(self, slot: Slot) -> AsyncRolloutGroup:
+        return await self.client.create_rollout_group(slot.item.template, **slot.item.create_kwargs())
 
-    async def _work(self, slot: _Slot, finished: asyncio.Queue[_Slot]) -> None:
-        try:
-            # Its own task, shielded: a cancellation while the create request is under way must not lose
-            # the name of a group the gateway created anyway (_abort waits for it and deletes the group).
-            slot.creating = asyncio.ensure_future(
-                self.client.create_rollout_group(slot.request.template, **slot.request.create_kwargs())
-            )
-            slot.group = await asyncio.shield(slot.creating)
-            slot.result = await slot.group.wait(self.timeout)
-        except Exception as error:
-            slot.error = error
-        finished.put_nowait(slot)
+    async def _wait(self, slot: Slot) -> GroupResult:
+        if self.episode is not None:
+            return await slot.resource.drive(
+                self.episode, concurrency=self.episode_concurrency, timeout=self.timeout, poll_interval=self.poll_interval)
+        return await slot.resource.wait(self.timeout)
 
-    async def _release(self, slot: _Slot) -> None:
-        if slot.request.delete_on_exit and slot.group is not None:
-            await self._delete(slot.group)
-
-    async def _delete(self, group: AsyncRolloutGroup) -> None:
+    async def _dispose(self, slot: Slot) -> None:
+        group = slot.resource
         try:
             await group.delete()
         except Exception as error:
             _log_delete_failure(group, error)
 
-    async def _abort(self) -> None:
-        """Cancels the groups not yielded and deletes those that exist (best effort)."""
-        slots = self._take_unyielded()
-        if not slots:
-            return
-        for slot in slots:
-            slot.worker.cancel()
-        await asyncio.gather(*(slot.worker for slot in slots), return_exceptions=True)
-        await asyncio.gather(*(self._abort_slot(slot) for slot in slots))
-
-    async def _abort_slot(self, slot: _Slot) -> None:
-        group = slot.group
-        if group is None and slot.creating is not None:
-            try:
-                group = await asyncio.wait_for(asyncio.shield(slot.creating), CLOSE_GRACE)
-            except TimeoutError:
-                log.warning("a rollout group of %s was still being created after %ss; not deleted", slot.namespace, CLOSE_GRACE)
-                return
-            except Exception:
-                return  # never created
-        if group is not None:
-            await self._delete(group)
-
     async def aclose(self) -> None:
         """Ends the run under way: deletes the groups not yielded (and the last yielded one with
         ``delete_on_exit``)."""
-        active = self._active
-        if active is not None:
-            with contextlib.suppress(RuntimeError):  # running in another task: it cleans up when it ends
-                await active.aclose()
-            self._active = None
-        await self._abort()
+        await AsyncFlow.aclose(self)
 
     async def __aenter__(self) -> AsyncDispatcher:
         return self
@@ -379,7 +315,7 @@ class AsyncDispatcher(_Book):
 # -- threads ---------------------------------------------------------------------------------------
 
 
-class Dispatcher(_Book):
+class Dispatcher(_Dispatching, ThreadFlow):
     """The synchronous :class:`AsyncDispatcher`, with the same rules::
 
         with Dispatcher(client, max_in_flight=16) as dispatcher:
@@ -394,107 +330,41 @@ class Dispatcher(_Book):
     second, async client. Threads cannot be cancelled: on close the dispatcher deletes the groups not
     yielded, which ends their threads' waits (the gateway answers 404 at once), and a thread still
     creating a group deletes it as soon as its create request returns. ``close`` waits up to
-    ``CLOSE_GRACE`` seconds for that."""
+    ``CLOSE_GRACE`` seconds for that. With ``episode``, each thread drives its group
+    (``RolloutGroup.drive``, whose episodes run in threads of their own) instead of waiting for it."""
 
     def __init__(
         self, client: SandboxClient, *, max_in_flight: int = 16, timeout: float | None = None,
-        progress: bool | None = None,
+        progress: bool | None = None, episode: Callable[[Sandbox], Any] | None = None,
+        episode_concurrency: int | None = None, poll_interval: float = 1.0,
     ) -> None:
-        super().__init__(max_in_flight, timeout, progress)
-        self.client = client
-        self._active: Generator[DispatchResult, None, None] | None = None
-        self._lock = threading.Lock()
-        self._closing = False
-        self._pool: concurrent.futures.ThreadPoolExecutor | None = None
+        self._configure(client, timeout, progress, episode, episode_concurrency, poll_interval)
+        ThreadFlow.__init__(self, max_in_flight, self._steps())
 
     def run(self, requests: Iterable[GroupRequest]) -> Iterator[DispatchResult]:
         """The results, in completion order, of the groups of ``requests`` (read lazily)."""
-        if self._active is not None:
-            raise RuntimeError("this dispatcher is already running; one run() at a time")
-        self._active = self._run(requests)
-        return self._active
+        return self._start(requests)
 
-    def _run(self, requests: Iterable[GroupRequest]) -> Generator[DispatchResult, None, None]:
-        source = iter(requests)
-        finished: queue.SimpleQueue[_Slot] = queue.SimpleQueue()
-        self._closing = False
-        self._pool = concurrent.futures.ThreadPoolExecutor(self.max_in_flight, thread_name_prefix="orchard-dispatch")
-        handed: _Slot | None = None
-        try:
-            exhausted = False
-            while True:
-                while not exhausted and self._has_room():
-                    try:
-                        request = next(source)
-                    except StopIteration:
-                        exhausted = True
-                        break
-                    with self._lock:
-                        slot = self._open(request, self.client.namespace)
-                    slot.worker = self._pool.submit(self._work, slot, finished)
-                if not self._slots:
-                    break
-                handed = finished.get()
-                with self._lock:
-                    done = self._hand_over(handed)
-                yield done
-                self._release(handed)
-                handed = None
-        finally:
-            self._active = None
-            if handed is not None:
-                self._release(handed)
-            self._abort()
-            self._pool.shutdown(wait=False, cancel_futures=True)
-            self._pool = None
-            self._progress.close(self.stats)
+    def _create(self, slot: Slot) -> RolloutGroup:
+        return self.client.create_rollout_group(slot.item.template, **slot.item.create_kwargs())
 
-    def _work(self, slot: _Slot, finished: queue.SimpleQueue[_Slot]) -> None:
-        try:
-            group = self.client.create_rollout_group(slot.request.template, **slot.request.create_kwargs())
-            with self._lock:
-                slot.group = group
-                closing = self._closing
-            if closing:  # the dispatcher closed while the group was being created: nobody else knows it
-                self._delete(group)
-                return
-            slot.result = group.wait(self.timeout)
-        except Exception as error:
-            slot.error = error
-        finished.put(slot)
+    def _wait(self, slot: Slot) -> GroupResult:
+        if self.episode is not None:
+            return slot.resource.drive(
+                self.episode, concurrency=self.episode_concurrency, timeout=self.timeout, poll_interval=self.poll_interval)
+        return slot.resource.wait(self.timeout)
 
-    def _release(self, slot: _Slot) -> None:
-        if slot.request.delete_on_exit and slot.group is not None:
-            self._delete(slot.group)
-
-    def _delete(self, group: RolloutGroup) -> None:
+    def _dispose(self, slot: Slot) -> None:
+        group = slot.resource
         try:
             group.delete()
         except Exception as error:
             _log_delete_failure(group, error)
 
-    def _abort(self) -> None:
-        """Deletes the groups not yielded (best effort) and waits for their threads."""
-        with self._lock:
-            self._closing = True
-            slots = self._take_unyielded()
-            groups = [slot.group for slot in slots if slot.group is not None]
-        for group in groups:
-            self._delete(group)
-        workers = [slot.worker for slot in slots if slot.worker is not None]
-        _, stuck = concurrent.futures.wait(workers, timeout=CLOSE_GRACE)
-        if stuck:
-            log.warning("%d dispatcher threads still busy %ss after close", len(stuck), CLOSE_GRACE)
-
     def close(self) -> None:
         """Ends the run under way: deletes the groups not yielded (and the last yielded one with
         ``delete_on_exit``)."""
-        active = self._active
-        if active is not None:
-            with contextlib.suppress(ValueError):  # running in another thread: it cleans up when it ends
-                active.close()
-            self._active = None
-        self._abort()
+        ThreadFlow.close(self)
 
     def __enter__(self) -> Dispatcher:
         return self

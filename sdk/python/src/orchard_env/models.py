@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+import dataclasses
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 
@@ -219,6 +220,26 @@ class SessionRunResult:
             duration=float(data.get("durationMs") or 0) / 1000.0,
             shell_exited=bool(data.get("shellExited")),
             shell_restarted=bool(data.get("shellRestarted")),
+            raw=data,
+        )
+
+
+@dataclass(frozen=True)
+class SessionSignalResult:
+    """What :meth:`Session.signal` and :meth:`Session.interrupt` answer, at once (the run answers on its own
+    once its command has ended)."""
+
+    running: bool
+    """Whether a run was in progress, so its command got the signal; False: nothing was signalled."""
+    session: SessionInfo
+    """The session's status just after the signal (``busy`` stays True until the run has answered)."""
+    raw: dict[str, Any] = field(default_factory=dict, repr=False)
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> SessionSignalResult:
+        return cls(
+            running=bool(data.get("running")),
+            session=SessionInfo.from_json(data.get("session") or {}),
             raw=data,
         )
 
@@ -469,3 +490,68 @@ class GroupResult:
             queue_position=status.get("queuePosition"),
             raw=data,
         )
+
+
+@dataclass(frozen=True)
+class EpisodeOutcome:
+    """One episode that :meth:`~orchard_env.RolloutGroup.drive` ran, as the trainer keeps it: what it
+    posted, the payload the episode returned beside its result (kept in this process only: never sent to
+    the gateway), and where BAR put the trajectory."""
+
+    name: str
+    """The trajectory Sandbox's name, ``<group>-<index>`` (the name in ``group`` and ``trajectories``)."""
+    index: int
+    """The trajectory's index."""
+    result: TrajectoryResult | None
+    """What ``drive`` posted for it (``aborted``/``EpisodeFailed`` when the episode raised); None when it
+    posted nothing (the episode was cancelled: the group completed first, async client)."""
+    payload: Any = field(default=None, repr=False)
+    """The second item of a ``(result, payload)`` pair the episode returned (tokens, logprobs, messages);
+    None when it returned a result alone, raised or was cancelled."""
+    error: BaseException | None = None
+    """The exception the episode raised (or ``CancelledError``); None when it returned."""
+    recorded: bool = False
+    """Whether the gateway recorded ``result``. False when the Sandbox was gone or already had a result
+    (the controller had aborted it): then ``trajectory`` holds what was recorded instead."""
+    member: GroupMember | None = None
+    """Its entry in the balanced group when BAR selected it; None otherwise."""
+    trajectory: Trajectory | None = None
+    """Its entry in the group's ``trajectories`` (the outcome the operator recorded)."""
+
+    @property
+    def in_group(self) -> bool:
+        """Whether BAR put the trajectory in the recorded group."""
+        return self.member is not None
+
+
+@dataclass(frozen=True)
+class DriveResult(GroupResult):
+    """What :meth:`~orchard_env.RolloutGroup.drive` returns: the recorded group (a :class:`GroupResult`,
+    so ``selection``, ``group``, ``rewards``... work as before) plus every episode it ran, by trajectory
+    name, with its payload."""
+
+    episodes: dict[str, EpisodeOutcome] = field(default_factory=dict, repr=False)
+    """Every episode ``drive`` started, by trajectory name (``<group>-<index>``), whether BAR selected the
+    trajectory or not (see :attr:`EpisodeOutcome.in_group`). Trajectories whose Sandbox failed or vanished
+    before an episode could start have none (they are in ``trajectories``)."""
+
+    @property
+    def payloads(self) -> list[Any]:
+        """The payloads of the group's members, in group order (as ``rewards`` and ``artifacts``); None
+        for a member without one (an aborted backfill member, or an episode that returned no payload)."""
+        return [
+            outcome.payload if (outcome := self.episodes.get(member.name)) is not None else None
+            for member in self.group
+        ]
+
+    @classmethod
+    def of(cls, group: GroupResult, outcomes: list[EpisodeOutcome]) -> DriveResult:
+        """``group`` with ``outcomes``, each told its group member and recorded trajectory (pure)."""
+        members = {m.name: m for m in group.group}
+        trajectories = {t.name: t for t in group.trajectories}
+        episodes = {
+            o.name: replace(o, member=members.get(o.name), trajectory=trajectories.get(o.name))
+            for o in sorted(outcomes, key=lambda o: o.index)
+        }
+        fields = {f.name: getattr(group, f.name) for f in dataclasses.fields(GroupResult)}
+        return cls(**fields, episodes=episodes)

@@ -15,7 +15,7 @@ from ..errors import (
     OrchardError,
     Timeout,
 )
-from ..models import GroupResult
+from ..models import DriveResult, EpisodeOutcome, GroupResult, TrajectoryResult
 from .steps import NOW, Call, Plan, log
 
 # -- trainer-driven rollout groups ----------------------------------------------------------------
@@ -25,8 +25,9 @@ class Episodes(Protocol):
     """The driver's side of :meth:`GroupCore._drive_plan`: runs episode plans concurrently (threads or
     tasks). Every method is a :class:`Call` hook (a coroutine function for the async driver)."""
 
-    def start(self, sandbox: Any) -> Any:
-        """Starts running ``GroupCore._episode_plan`` for ``sandbox`` in the background."""
+    def start(self, sandbox: Any, record: Callable[[EpisodeOutcome], None]) -> Any:
+        """Starts running ``GroupCore._episode_plan`` for ``sandbox`` in the background; the plan hands
+        its :class:`EpisodeOutcome` to ``record`` when it ends (cancelled included)."""
 
     def running(self) -> Any:
         """How many started episodes have not ended."""
@@ -85,11 +86,11 @@ class Driving:
 
     def _drive_plan(
         self, episodes: Episodes, concurrency: int | None, timeout: float | None, poll_interval: float
-    ) -> Plan[GroupResult]:
+    ) -> Plan[DriveResult]:
         """Runs an episode for every trajectory Sandbox of the group as it becomes Ready (later strides
-        included), at most ``concurrency`` at once, until the group is recorded; answers the group. On
-        any exception (a cancellation included), deletes the group's trajectory Sandboxes that have no
-        result yet, then raises it."""
+        included), at most ``concurrency`` at once, until the group is recorded; answers the group with
+        every episode's outcome and payload. On any exception (a cancellation included), deletes the
+        group's trajectory Sandboxes that have no result yet, then raises it."""
         if concurrency is not None and concurrency < 1:
             raise ValueError("concurrency must be at least 1 (or None: no limit)")
         if not (self.raw.get("spec") or {}).get("template"):
@@ -100,6 +101,7 @@ class Driving:
                 "trajectory and records its result; drive() is for groups whose template has no run"
             )
         book = DriveBook(self.name)
+        outcomes: list[EpisodeOutcome] = []
         selector = f"{_ops.ROLLOUT_GROUP_LABEL}={self.name}"
         deadline = None if timeout is None else (yield NOW) + timeout
         try:
@@ -111,7 +113,7 @@ class Driving:
                 slots = None if concurrency is None else concurrency - (yield Call(episodes.running))
                 for raw in book.select(items, slots):
                     sandbox = self.client._handle(raw["metadata"]["name"], self.namespace, raw, False, True, None)
-                    yield Call(functools.partial(episodes.start, sandbox))
+                    yield Call(functools.partial(episodes.start, sandbox, outcomes.append))
                 wait = poll_interval
                 if deadline is not None:
                     remaining = deadline - (yield NOW)
@@ -124,7 +126,7 @@ class Driving:
                 if done:
                     self.raw = answer
                     yield Call(episodes.settle)
-                    return GroupResult.from_json(self.raw)
+                    return DriveResult.of(GroupResult.from_json(self.raw), outcomes)
         except BaseException:
             yield Call(episodes.abandon)
             yield from self._delete_unfinished_plan(selector)
@@ -151,22 +153,42 @@ class Driving:
             except OrchardError as error:
                 log.warning("cannot delete trajectory %s/%s: %s", self.namespace, name, error)
 
-    def _episode_plan(self, sandbox: Any, episode: Callable[[Any], Any]) -> Plan[dict[str, Any]]:
+    def _episode_plan(
+        self, sandbox: Any, episode: Callable[[Any], Any], record: Callable[[EpisodeOutcome], None]
+    ) -> Plan[dict[str, Any]]:
         """Runs ``episode(sandbox)`` once (a :class:`Call`: never retried) while heartbeating the sandbox,
-        and records its outcome: what it returned (:func:`_ops.result_body`), or ``aborted`` with the
-        exception when it raised. A sandbox already gone, or a result already recorded (the controller
-        aborted the trajectory meanwhile), is logged, not raised. Answers the body it posted."""
+        and records its outcome: what it returned (:func:`_ops.result_body` of the result, the payload of a
+        ``(result, payload)`` pair kept aside, never sent), or ``aborted`` with the exception when it raised.
+        A sandbox already gone, or a result already recorded (the controller aborted the trajectory
+        meanwhile), is logged, not raised. Hands the :class:`EpisodeOutcome` to ``record`` however the plan
+        ends (a cancellation included); answers the body it posted."""
         sandbox._start_heartbeats()
+        index = _ops.trajectory_index(self.name, sandbox.name)
+        body: dict[str, Any] | None = None
+        payload: Any = None
+        failure: BaseException | None = None
+        recorded = False
         try:
             try:
-                body = _ops.result_body((yield Call(functools.partial(episode, sandbox))))
+                result, payload = _ops.split_episode_value((yield Call(functools.partial(episode, sandbox))))
+                body = _ops.result_body(result)
             except Exception as error:
                 log.warning("episode of %s/%s failed: %r", sandbox.namespace, sandbox.name, error)
+                failure, payload = error, None
                 body = _ops.aborted_body(error)
             try:
                 yield from sandbox._gateway("POST", "/result", json_body=body)
+                recorded = True
             except (NotFound, Conflict) as error:
                 log.info("result of %s/%s not recorded: %s", sandbox.namespace, sandbox.name, error)
+        except BaseException as error:  # cancelled (async), or the post failed otherwise: drive stops
+            failure = failure or error
+            raise
         finally:
+            record(EpisodeOutcome(
+                name=sandbox.name, index=-1 if index is None else index,
+                result=None if body is None else TrajectoryResult.from_json(body), payload=payload,
+                error=failure, recorded=recorded,
+            ))
             yield Call(sandbox.stop_heartbeats)
         return body

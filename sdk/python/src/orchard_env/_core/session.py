@@ -1,5 +1,5 @@
-"""The plans of a shell session handle (:class:`SessionCore`): runs, input, expect-style reads, status
-and close (docs/AGENT.md, "Shell sessions")."""
+"""The plans of a shell session handle (:class:`SessionCore`): runs, signals for the running command,
+input, expect-style reads, status and close (docs/AGENT.md, "Shell sessions")."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import contextlib
 
 from .. import _ops
 from ..errors import CommandFailed, NotFound
-from ..models import SessionInfo, SessionReadResult, SessionRunResult
+from ..models import SessionInfo, SessionReadResult, SessionRunResult, SessionSignalResult
 from .handle import HandleCore
 from .steps import Plan
 
@@ -34,6 +34,15 @@ class SessionCore(HandleCore[SessionInfo]):
         if check and not result.ok:
             why = " (timed out)" if result.timed_out else " (the shell exited)" if result.shell_exited else ""
             raise CommandFailed(f"{command!r} exited with {result.exit_code}{why}: {result.output[-500:]}", result)
+        return result
+
+    def _signal_plan(self, signal: str | int) -> Plan[SessionSignalResult]:
+        """Signals the command of the run in progress and keeps the status answered; never retried (the
+        signal would be sent twice)."""
+        body = _ops.session_signal_body(signal)
+        response = yield from self.sandbox._agent("POST", self._path("/signal"), json_body=body, retry=False)
+        result = SessionSignalResult.from_json(response.json())
+        self.info = result.session
         return result
 
     def _input_plan(self, text: str) -> Plan[SessionInfo]:

@@ -15,10 +15,12 @@ The gateway and the token come from ``ORCHARD_GATEWAY_URL`` and ``ORCHARD_TOKEN`
   a task with only ``environment/Dockerfile`` is refused when the environment is made, naming
   ``docker_image`` and how to prebuild it), or a claim from the SandboxPool named by ``pool``;
   ``cpus``/``memory_mb``/``storage_mb`` become ``resources`` (``cpu``, ``memory``, ``ephemeralStorage``;
-  requests equal limits); the network policy becomes ``spec.network``. A sandbox that cannot start
+  requests equal limits), and ``gpus > 0`` becomes ``resources.gpu``: ``count`` GPUs, with ``gpu_types``
+  as ``types`` when the task lists any (any one of them will do; the operator's GPU type map, Helm value
+  ``gpu.types``, says which node label each name selects, and an unknown name fails the sandbox with
+  reason ``PlacementRefused``); the network policy becomes ``spec.network``. A sandbox that cannot start
   (placement refused, quota exceeded, image pull, startup timeout) raises :class:`SandboxStartError`
-  with the sandbox's own phase, reason and message. ``gpus > 0`` is refused: the Sandbox spec has no GPU
-  field yet.
+  with the sandbox's own phase, reason and message.
 - ``exec``: ``bash -c <command>`` through the agent, with ``cwd`` (else the task's ``workdir``, else the
   image's), ``env`` (Harbor's persistent and scoped variables merged in), ``user`` (the agent switches
   users: it must run as root for any other user) and ``timeout_sec``, after which the agent SIGKILLs the
@@ -49,7 +51,7 @@ import re
 import secrets
 import shlex
 import stat
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from ipaddress import ip_address
 from pathlib import Path, PurePosixPath
 from typing import Any
@@ -122,10 +124,6 @@ class DockerImageRequired(OrchardEnvironmentError):
     (docker-compose) task: Orchard Env runs one prebuilt image per sandbox and builds nothing."""
 
 
-class GpuNotSupported(OrchardEnvironmentError):
-    """The task asks for GPUs: the Sandbox spec has no GPU field yet."""
-
-
 class SandboxStartError(OrchardEnvironmentError):
     """The sandbox did not become Ready. :attr:`phase`, :attr:`reason` and :attr:`condition_message`
     are the sandbox's own (``PlacementRefused``, ``QuotaExceeded``, ``ImagePullBackOff``,
@@ -176,17 +174,35 @@ def cpu_quantity(cpus: int | float) -> str:
     return f"{round(float(cpus) * 1000)}m"
 
 
-def sandbox_resources(cpus: int | float | None, memory_mb: int | None, storage_mb: int | None) -> dict[str, str]:
+def sandbox_resources(cpus: int | float | None, memory_mb: int | None, storage_mb: int | None,
+                      gpus: int | None = None, gpu_types: Sequence[str] | None = None) -> dict[str, Any]:
     """The Sandbox's ``spec.resources`` (requests equal limits) for a task's ``cpus``, ``memory_mb`` and
-    ``storage_mb`` (MiB, as Harbor's GKE backend reads them); what is unset takes the operator's default."""
-    resources: dict[str, str] = {}
+    ``storage_mb`` (MiB, as Harbor's GKE backend reads them); what is unset takes the operator's default.
+    ``gpus > 0`` adds ``gpu``: ``{"count": gpus}``, plus ``"types": gpu_types`` when it lists any (names
+    as the task gives them: the operator matches them case-insensitively)."""
+    resources: dict[str, Any] = {}
     if cpus is not None:
         resources["cpu"] = cpu_quantity(cpus)
     if memory_mb:
         resources["memory"] = f"{int(memory_mb)}Mi"
     if storage_mb:
         resources["ephemeralStorage"] = f"{int(storage_mb)}Mi"
+    if gpus:
+        gpu: dict[str, Any] = {"count": int(gpus)}
+        if gpu_types:
+            gpu["types"] = list(gpu_types)
+        resources["gpu"] = gpu
     return resources
+
+
+def asked_text(image: str | None, resources: Mapping[str, Any], pool: str | None) -> str:
+    """What a trial asked for, for a start error (pure): ``image=..., cpu=2, gpu=1 (h100 or a100), pool=...``."""
+    def shown(key: str, value: Any) -> str:
+        if key == "gpu" and isinstance(value, Mapping):
+            types = value.get("types") or []
+            return f"gpu={value.get('count')}" + (f" ({' or '.join(types)})" if types else "")
+        return f"{key}={value}"
+    return ", ".join(shown(k, v) for k, v in {"image": image, **resources, "pool": pool}.items() if v)
 
 
 def name_prefix(session_id: str) -> str:
@@ -305,6 +321,7 @@ class OrchardEnvironment(BaseEnvironment):
     @property
     def capabilities(self) -> EnvironmentCapabilities:
         return EnvironmentCapabilities(
+            gpus=True,
             disable_internet=True,
             network_allowlist=True,
             network_allowlist_hostnames=True,
@@ -335,16 +352,6 @@ class OrchardEnvironment(BaseEnvironment):
             raise DockerImageRequired(
                 f"task {self.environment_name} has no docker_image: Orchard Env runs sandboxes from prebuilt "
                 f"images and does not build environment/Dockerfile; {how}"
-            )
-
-    def _validate_gpu_support(self) -> None:
-        gpus = self._effective_gpus
-        if gpus > 0:
-            types = f" of type {', '.join(self.task_env_config.gpu_types)}" if self.task_env_config.gpu_types else ""
-            raise GpuNotSupported(
-                f"task {self.environment_name} asks for {gpus} GPU(s){types}, but Orchard Env sandboxes cannot "
-                "request GPUs yet (the Sandbox spec has no GPU field); run it on a GPU-capable environment, or "
-                "pass --override-gpus 0 if the task does not really need one"
             )
 
     @classmethod
@@ -385,7 +392,8 @@ class OrchardEnvironment(BaseEnvironment):
         }
         if self.context_id is not None:
             arguments["annotations"]["harbor/context-id"] = str(self.context_id)
-        resources = sandbox_resources(self._effective_cpus, self._effective_memory_mb, self._effective_storage_mb)
+        resources = sandbox_resources(self._effective_cpus, self._effective_memory_mb, self._effective_storage_mb,
+                                      self._effective_gpus, self.task_env_config.gpu_types)
         if resources:
             arguments["resources"] = resources
         if self._pool:
@@ -413,8 +421,7 @@ class OrchardEnvironment(BaseEnvironment):
             )
         arguments = self.create_arguments()
         image = self.task_env_config.docker_image
-        asked = ", ".join(f"{k}={v}" for k, v in {"image": image, **arguments.get("resources", {}),
-                                                  "pool": self._pool}.items() if v)
+        asked = asked_text(image, arguments.get("resources", {}), self._pool)
         try:
             self._sandbox = await self._client_or_new().create(image, **arguments)
         except (SandboxFailed, Timeout) as error:
@@ -644,7 +651,6 @@ def check_access(client: SandboxClient, namespace: str | None = None) -> list[st
 
 __all__ = [
     "DockerImageRequired",
-    "GpuNotSupported",
     "OrchardEnvironment",
     "OrchardEnvironmentError",
     "SandboxStartError",

@@ -25,9 +25,10 @@ a container, unless said otherwise):
   :meth:`~orchard_env.Session.read` until
   one of the ``expect`` patterns (regular expressions, as pexpect takes them) or the command's end (what
   SWE-ReX calls the PS1, answered as ``expect_string`` ``"SHELLPS1PREFIX"`` like theirs).
-  :class:`~swerex.runtime.abstract.BashInterruptAction` stops a command still running: the session API has
-  no interrupt call, so SIGINT goes to the shell's process group through an exec of ``kill`` (what the
-  agent itself does at a run's timeout), then SIGKILL to the processes of the group below the shell.
+  :class:`~swerex.runtime.abstract.BashInterruptAction` stops a command still running with
+  :meth:`~orchard_env.Session.interrupt` (SIGINT to the shell's process group, what the agent itself does
+  at a run's timeout), ``n_retry`` times, then :meth:`~orchard_env.Session.signal` ``("KILL")`` (SIGKILL
+  to the processes the run started below the shell).
 - ``check``: ``"raise"`` raises :class:`~swerex.exceptions.NonZeroExitCodeError` with their message,
   ``"silent"`` answers the exit code, ``"ignore"`` answers ``exit_code`` None. A command whose syntax
   ``bash -n`` refuses raises :class:`~swerex.exceptions.BashIncorrectSyntaxError` before it runs (checked
@@ -54,6 +55,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import contextlib
 import dataclasses
 import errno
 import io
@@ -121,18 +123,6 @@ PS1 = "SHELLPS1PREFIX"
 NO_TIMEOUT = 86_400.0 - _ops.ANSWER_MARGIN
 #: Runs an argv with stderr sent to stdout (``merge_output_streams``).
 MERGE_STDERR = ["/bin/sh", "-c", 'exec "$@" 2>&1', "sh"]
-#: Sends SIGINT to a process group (``$1``): the session's shell and the command it runs.
-INTERRUPT_GROUP = ["/bin/sh", "-c", 'kill -s INT -- "-$1"', "sh"]
-#: SIGKILLs every process of process group ``$1`` except its leader (the session's shell), from /proc:
-#: the agent's own second step after a command ignored SIGINT. No ps, pkill or awk needed in the image.
-KILL_BELOW_SHELL = [
-    "/bin/sh",
-    "-c",
-    'group=$1; for dir in /proc/[0-9]*; do pid=${dir#/proc/}; [ "$pid" = "$group" ] && continue; '
-    'read -r line < "$dir/stat" 2>/dev/null || continue; set -- ${line##*) }; '
-    '[ "$3" = "$group" ] && kill -s KILL "$pid" 2>/dev/null; done; true',
-    "sh",
-]
 #: Characters that make an ``expect`` string a regular expression rather than literal text.
 REGEX_SPECIALS = frozenset(".^$*+?{}[]\\|()")
 #: Longest single wait for output, so that the end of a background command is seen that soon.
@@ -227,8 +217,8 @@ class _BashSession:
         run starts) is read away first. The run then prints a token made fresh for it (in two halves, so a
         ``set -x`` trace of the command line does not hold it whole), and this returns once the token was
         read: later input reaches the command, not the shell, and later reads hold the command's output.
-        Not with status polls: the agent's status takes the session's run lock for a moment, which can
-        make the run's own start fail with 409."""
+        Not with status polls: ``busy`` says the agent has started the run, not that the shell has read
+        its command line yet."""
         self.handle.read(timeout=0)
         token = uuid.uuid4().hex
         line = f"printf '%s%s\\n' '__swerex_start_' '{token}__'; {command}"
@@ -546,22 +536,22 @@ class OrchardRuntime(AbstractRuntime):
 
     def _interrupt(self, session: _BashSession, action: BashInterruptAction) -> BashObservation:
         """Stops the command still running, like their Ctrl-C (``n_retry`` times, ``timeout`` each) and
-        then their ``kill -9`` of the job: SIGINT to the shell's process group, then SIGKILL to the
-        processes below the shell. Without a running command (a timed-out run was interrupted by the agent
-        already) it answers the output not answered yet."""
+        then their ``kill -9`` of the job: the session's interrupt (SIGINT to the shell's process group),
+        then SIGKILL to the processes the run started below the shell. Without a running command (a
+        timed-out run was interrupted by the agent already) it answers the output not answered yet."""
         if session.pending is None:
             # Not read from the agent: after a run its whole output stays readable until the next one.
             return BashObservation(output=_strip(session.take_buffer()).strip(), exit_code=0, expect_string=PS1)
         wait = max(action.timeout, INTERRUPT_MIN_WAIT)
         for _ in range(action.n_retry):
-            self._signal(session, INTERRUPT_GROUP)
+            self._signal(session, "INT")
             try:
                 before, matched, _ = self._expect(session, action.expect, wait, "<interrupt>")
             except CommandTimeoutError:
                 time.sleep(0.2)
                 continue
             return self._interrupted(session, before, matched)
-        self._signal(session, KILL_BELOW_SHELL)
+        self._signal(session, "KILL")
         try:
             before, matched, _ = self._expect(session, action.expect, wait, "<interrupt>")
         except CommandTimeoutError:
@@ -573,13 +563,13 @@ class OrchardRuntime(AbstractRuntime):
         following = session.take_buffer()
         return BashObservation(output=_strip(before + following).strip(), exit_code=0, expect_string=matched)
 
-    def _signal(self, session: _BashSession, script: list[str]) -> None:
-        """Runs ``script`` (:data:`INTERRUPT_GROUP` or :data:`KILL_BELOW_SHELL`) on the process group of the
-        session's shell (its pid: the shell leads the group)."""
-        info = session.handle.status()
-        if not info.running or info.pid is None:
-            return
-        self.sandbox.exec([*script, str(info.pid)], timeout=30)
+    def _signal(self, session: _BashSession, signal: str) -> None:
+        """Sends ``signal`` to the command of the session's run in progress (the agent's session signal:
+        SIGINT to the shell's process group, any other signal below the shell). A shell that has exited
+        meanwhile (409) is no matter: the run's own answer says so, and :meth:`_expect` raises
+        ``pexpect.EOF``."""
+        with contextlib.suppress(Conflict):
+            session.handle.signal(signal)
 
     def _check_syntax(self, command: str) -> None:
         """``BashIncorrectSyntaxError`` when ``bash -n`` refuses ``command`` (their message and
