@@ -528,6 +528,11 @@ async fn two_nodes_place_enforce_drain_and_lose_a_node() {
         "on-second after the drain: {}",
         sandbox_state(Some(&drained))
     );
+    assert_eq!(
+        drained.status.as_ref().and_then(|s| s.reason.as_deref()),
+        Some("Evicted"),
+        "the pod's DisruptionTarget condition names the cause, not the agent's exit on SIGTERM"
+    );
     let operators = wait::poll(
         "two operator replicas Ready again",
         Duration::from_secs(90),
@@ -548,9 +553,11 @@ async fn two_nodes_place_enforce_drain_and_lose_a_node() {
 
     // A spot reclaim of the second node: back in service, a sandbox on it, then its every process
     // killed (kubelet, containerd, the containers). The Node goes NotReady within the node-monitor
-    // grace period (5 s here); the operator reports the sandbox not Ready but cannot fail it while
-    // its pod still exists. The cloud deletes the Node of a reclaimed machine: then the pod
-    // garbage collector deletes its pods and the sandbox fails.
+    // grace period (5 s here); the operator reports the sandbox not Ready at once. The cloud deletes
+    // the Node of a reclaimed machine. Whichever comes first (the taint-eviction controller once the
+    // pod's 30 s toleration of the unreachable taint runs out, the pod garbage collector once the
+    // Node is gone) deletes the pod, and the sandbox fails `NodeLost` (`spot_eviction.rs` has the
+    // rest: retries, backfills, pools).
     cordon(&client, SECOND, false).await.expect("uncordon");
     sandboxes_on(
         &caller,
@@ -653,6 +660,11 @@ async fn two_nodes_place_enforce_drain_and_lose_a_node() {
             reclaimed.elapsed().as_secs_f64(),
             sandbox_state(Some(&failed))
         ),
+    );
+    assert_eq!(
+        failed.status.as_ref().and_then(|s| s.reason.as_deref()),
+        Some("NodeLost"),
+        "the reclaimed node's sandbox failed NodeLost"
     );
     let _ = pools
         .patch(

@@ -120,6 +120,10 @@ pub struct SandboxDefaults {
     #[arg(long, env = "ORCHARD_TERMINATION_GRACE_SECONDS", default_value_t = 5)]
     pub termination_grace_seconds: i64,
 
+    /// How long a sandbox stays bound to a node that stopped answering (tainted `node.kubernetes.io/unreachable` or `not-ready`) before Kubernetes deletes its pod and the sandbox fails with reason NodeLost (a RolloutGroup can then retry the trajectory elsewhere). Each sandbox Pod gets a `NoExecute` toleration of those taints for this long unless its spec tolerates them itself; 0 adds none (the cluster's default, usually 300 s, applies).
+    #[arg(long, env = "ORCHARD_NODE_LOST_SECONDS", default_value_t = 30, value_parser = clap::value_parser!(i64).range(0..=86400))]
+    pub node_lost_seconds: i64,
+
     /// Namespace of the operator's own pods (ingress to agents is allowed only from them).
     #[arg(long, env = "POD_NAMESPACE", default_value = "orchard-system")]
     pub operator_namespace: String,

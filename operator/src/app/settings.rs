@@ -158,6 +158,7 @@ impl Settings {
                 policy_canaries: PolicyCanaries::default(),
                 egress_proxy_url: None,
                 gpu: gpu.clone(),
+                node_lost_seconds: Some(defaults.node_lost_seconds).filter(|s| *s > 0),
             },
             policy: PolicyShape {
                 agent_port: defaults.agent_port,

@@ -115,6 +115,29 @@ pub async fn delete_if_same<K: Child>(
     name: &str,
     uid: &str,
 ) -> Result<()> {
+    delete_with::<K>(ctx, namespace, name, uid, None, "delete").await
+}
+
+/// Removes `namespace/name` at once (grace period 0) if it is still the object with `uid`: only for a
+/// Pod whose node will never confirm its deletion (`pod::disruption::stuck_on_lost_node`). Counted as
+/// a `force_delete` write.
+pub async fn force_delete_if_same<K: Child>(
+    ctx: &KubeCtx,
+    namespace: &str,
+    name: &str,
+    uid: &str,
+) -> Result<()> {
+    delete_with::<K>(ctx, namespace, name, uid, Some(0), "force_delete").await
+}
+
+async fn delete_with<K: Child>(
+    ctx: &KubeCtx,
+    namespace: &str,
+    name: &str,
+    uid: &str,
+    grace_period_seconds: Option<u32>,
+    verb: &str,
+) -> Result<()> {
     let api: Api<K> = Api::namespaced(ctx.client.clone(), namespace);
     let params = DeleteParams {
         propagation_policy: Some(PropagationPolicy::Background),
@@ -122,11 +145,12 @@ pub async fn delete_if_same<K: Child>(
             uid: Some(uid.to_string()),
             resource_version: None,
         }),
+        grace_period_seconds,
         ..DeleteParams::default()
     };
     match api.delete(name, &params).await {
         Ok(_) => {
-            ctx.metrics.api_write(&K::plural(&()), "delete");
+            ctx.metrics.api_write(&K::plural(&()), verb);
             Ok(())
         }
         // Not found: already gone. Conflict: the precondition failed, the name holds another object.

@@ -75,6 +75,7 @@ pub fn shape() -> PodShape {
         policy_canaries: PolicyCanaries::default(),
         egress_proxy_url: None,
         gpu: crate::pod::gpu::GpuShape::default(),
+        node_lost_seconds: None,
     }
 }
 

@@ -169,6 +169,11 @@ pub fn pod_failure(pod: &Pod) -> Option<Failure> {
             .unwrap_or_else(|| format!("pod failed: {reason}"));
         return Some(Failure::new(reason, message));
     }
+    // Evicted, preempted, lost with its node, or deleted: what follows (the agent's graceful exit)
+    // is not the cause.
+    if let Some(failure) = crate::pod::disruption::disruption_failure(pod) {
+        return Some(failure);
+    }
     if let Some(init) = init {
         if let Some(failure) = start_failure(pod, init, "agent injector init container") {
             return Some(failure);

@@ -1,6 +1,6 @@
 //! What a sandbox is made of, shared by the Sandbox and SandboxPool controllers and the gateway: its
 //! Pod ([`spec`]) and NetworkPolicies ([`policy`]), their names and labels ([`naming`]), its agent's
-//! token ([`token`]), its OOM kills ([`oom`]) and the operator's client of agents ([`agent_client`]),
+//! token ([`token`]), its OOM kills ([`oom`]) and disruptions ([`disruption`]) and the operator's client of agents ([`agent_client`]),
 //! the placement policy ([`placement`]), GPUs ([`gpu`]), CIDRs ([`cidr`]), the policy enforcement canaries
 //! ([`policy_canary`]) and the cluster's own ranges ([`cluster_ranges`]).
 
@@ -10,6 +10,7 @@ pub mod apply;
 pub mod cidr;
 pub mod cluster_ranges;
 pub mod context;
+pub mod disruption;
 pub mod egress_proxy;
 pub mod failure;
 #[cfg(test)]

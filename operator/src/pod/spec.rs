@@ -7,7 +7,7 @@ use std::collections::BTreeMap;
 use k8s_openapi::api::core::v1::{
     Capabilities, Container, ContainerPort, EmptyDirVolumeSource, EnvVar, HTTPGetAction,
     ImageVolumeSource, LocalObjectReference, Pod, PodSecurityContext, PodSpec, Probe,
-    ResourceRequirements, SeccompProfile, SecurityContext, Volume, VolumeMount,
+    ResourceRequirements, SeccompProfile, SecurityContext, Toleration, Volume, VolumeMount,
 };
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
@@ -62,6 +62,18 @@ pub struct PodShape {
     pub egress_proxy_url: Option<String>,
     /// How GPU sandboxes' Pods are shaped (`--gpu-resource`, `--gpu-type`, `--gpu-toleration`).
     pub gpu: GpuShape,
+    /// How long a sandbox Pod stays bound to a node that stopped answering before Kubernetes deletes
+    /// it (`--node-lost-seconds`; `None`: the cluster's default, usually 300 s).
+    pub node_lost_seconds: Option<i64>,
+}
+
+/// The tolerations of a sandbox's Pod (pure): the spec's own, the GPU nodes' taint for a GPU sandbox,
+/// and the lost-node taints for `--node-lost-seconds` (unless the spec tolerates them itself).
+fn tolerations(spec: &SandboxSpec, shape: &PodShape) -> Option<Vec<Toleration>> {
+    let mut all = gpu::tolerations(spec, &shape.gpu).unwrap_or_default();
+    let lost = crate::pod::disruption::lost_node_tolerations(shape.node_lost_seconds, &all);
+    all.extend(lost);
+    (!all.is_empty()).then_some(all)
 }
 
 /// What a sandbox reaches without the egress proxy: its own loopback (servers a task starts) and
@@ -328,7 +340,7 @@ pub fn desired_pod(
             node_selector: (!spec.node_selector.is_empty()).then(|| spec.node_selector.clone()),
             // Any one of the GPU types will do: one required term each.
             affinity: gpu::require_any(None, gpu::type_terms(spec, &shape.gpu.types)),
-            tolerations: gpu::tolerations(spec, &shape.gpu),
+            tolerations: tolerations(spec, shape),
             priority_class_name: spec.priority_class_name.clone(),
             image_pull_secrets: (!spec.image_pull_secrets.is_empty()).then(|| {
                 spec.image_pull_secrets
@@ -431,7 +443,6 @@ mod tests {
     use crate::plumbing::ownership::sealed;
     use crate::pod::fixtures::*;
     use crate::pod::policy::desired_egress_policy;
-    use k8s_openapi::api::core::v1::Toleration;
     use orchard_api::EgressPolicy;
     use orchard_api::ROLLOUT_GROUP_LABEL;
     use orchard_api::ROLLOUT_QUEUE_LABEL;
@@ -622,6 +633,47 @@ mod tests {
         assert_eq!(limits["cpu"], Quantity("250m".into()));
         assert_eq!(limits["memory"], Quantity("2Gi".into()));
         assert_eq!(limits["ephemeral-storage"], Quantity("5Gi".into()));
+    }
+
+    #[test]
+    fn pods_tolerate_a_lost_node_for_node_lost_seconds_unless_the_spec_says_otherwise() {
+        let lost = PodShape {
+            node_lost_seconds: Some(30),
+            ..shape()
+        };
+        let keys = |s: &Sandbox| {
+            desired_pod(s, &owner(), &lost, &credentials(), &key())
+                .spec
+                .and_then(|p| p.tolerations)
+                .unwrap_or_default()
+                .into_iter()
+                .map(|t| (t.key.unwrap_or_default(), t.toleration_seconds))
+                .collect::<Vec<_>>()
+        };
+        assert_eq!(
+            keys(&minimal()),
+            [
+                ("node.kubernetes.io/unreachable".to_string(), Some(30)),
+                ("node.kubernetes.io/not-ready".to_string(), Some(30)),
+            ]
+        );
+        let mut own = minimal();
+        own.spec.tolerations = vec![Toleration {
+            key: Some("node.kubernetes.io/unreachable".into()),
+            operator: Some("Exists".into()),
+            effect: Some("NoExecute".into()),
+            toleration_seconds: Some(600),
+            value: None,
+        }];
+        assert_eq!(
+            keys(&own),
+            [
+                ("node.kubernetes.io/unreachable".to_string(), Some(600)),
+                ("node.kubernetes.io/not-ready".to_string(), Some(30)),
+            ]
+        );
+        let plain = desired_pod(&minimal(), &owner(), &shape(), &credentials(), &key());
+        assert_eq!(plain.spec.and_then(|p| p.tolerations), None);
     }
 
     #[test]

@@ -82,6 +82,7 @@ fn member(name: &str, ready: bool, age: i64) -> MemberView {
         ready,
         failed: None,
         terminating: false,
+        lost: false,
         current: true,
     }
 }

@@ -13,7 +13,7 @@ use tracing::warn;
 
 use super::book::PoolKey;
 use super::decide::PoolPlan;
-use super::members::{MemberView, member_name, member_pod};
+use super::members::{MemberView, Removal, member_name, member_pod};
 use crate::plumbing::error::Result;
 use crate::plumbing::events::publish;
 use crate::plumbing::kube_ctx::object_key;
@@ -48,7 +48,8 @@ pub async fn execute(
         if let Some(failure) = &deletion.failure {
             ctx.book.member_failed(key, failure.clone());
         }
-        delete_member(ctx, pool, namespace, &deletion.member).await?;
+        let grace = (deletion.why == Removal::LostNode).then_some(0);
+        delete_member(ctx, pool, namespace, &deletion.member, grace).await?;
     }
     if plan.baseline {
         ensure_baseline(&ctx.kube, &ctx.pods, namespace).await?;
@@ -114,11 +115,13 @@ async fn start_member(ctx: &PoolCtx, pool: &SandboxPool, owner: &OwnerReference)
 
 /// Deletes a member if it is still exactly the one the plan saw (UID and resourceVersion): a member
 /// claimed meanwhile has another resourceVersion and stays. Gone or changed counts as done.
+/// `grace_period_seconds` 0 removes a member its lost node will never finish deleting.
 async fn delete_member(
     ctx: &PoolCtx,
     pool: &SandboxPool,
     namespace: &str,
     member: &MemberView,
+    grace_period_seconds: Option<u32>,
 ) -> Result<()> {
     let api: Api<Pod> = Api::namespaced(ctx.kube.client.clone(), namespace);
     let params = DeleteParams {
@@ -128,10 +131,16 @@ async fn delete_member(
             resource_version: (!member.resource_version.is_empty())
                 .then(|| member.resource_version.clone()),
         }),
+        grace_period_seconds,
         ..DeleteParams::default()
     };
     let answer = api.delete(&member.name, &params).await;
-    ctx.kube.metrics.api_write("pods", "delete");
+    let verb = if grace_period_seconds == Some(0) {
+        "force_delete"
+    } else {
+        "delete"
+    };
+    ctx.kube.metrics.api_write("pods", verb);
     match answer {
         Ok(_) => {
             ctx.kube.own_writes.record(

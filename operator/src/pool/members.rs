@@ -91,6 +91,9 @@ pub struct MemberView {
     pub failed: Option<String>,
     /// Being deleted.
     pub terminating: bool,
+    /// Being deleted because its node was lost: only a removal with grace period 0 ends it
+    /// (`pod::disruption::stuck_on_lost_node`).
+    pub lost: bool,
     /// Built from the current template.
     pub current: bool,
 }
@@ -119,6 +122,7 @@ pub fn view(pod: &Pod, pool_uid: &str, hash: &str, key: &OperatorKey) -> Option<
         ready,
         failed: pod_failure(pod).map(|f| format!("{}: {}", f.reason, f.message)),
         terminating: pod.metadata.deletion_timestamp.is_some(),
+        lost: crate::pod::disruption::stuck_on_lost_node(pod),
         // Built from the current template, with a token the operator's key derives (a member made
         // under another key, or before tokens were derived, is replaced like an outdated one).
         current: annotation.is_some_and(|h| h == hash)
@@ -138,6 +142,9 @@ pub enum Removal {
     Outdated,
     /// More members than `replicas`.
     Surplus,
+    /// Being deleted on a node that was lost, which will never confirm it: removed with grace
+    /// period 0.
+    LostNode,
 }
 
 /// What one pool reconcile does.
@@ -158,9 +165,13 @@ pub struct Plan {
 /// Plans a reconcile of a pool that wants `desired` members, given the members it controls (pure).
 /// Failed and outdated members go; a surplus goes starting ones first, then the youngest Ready ones
 /// (the oldest are claimed first); `may_start` false (members failed moments ago) starts none.
+/// Members being deleted on a lost node are removed at once.
 pub fn plan(desired: i32, members: &[MemberView], may_start: bool) -> Plan {
     let mut plan = Plan::default();
     let mut kept: Vec<&MemberView> = Vec::new();
+    for member in members.iter().filter(|m| m.terminating && m.lost) {
+        plan.delete.push((member.clone(), Removal::LostNode));
+    }
     for member in members.iter().filter(|m| !m.terminating) {
         if let Some(why) = &member.failed {
             plan.failure
@@ -226,6 +237,7 @@ pub mod fixtures {
             policy_canaries: crate::pod::policy_canary::PolicyCanaries::default(),
             egress_proxy_url: None,
             gpu: crate::pod::gpu::GpuShape::default(),
+            node_lost_seconds: None,
         }
     }
 }
@@ -245,6 +257,7 @@ mod tests {
             ready,
             failed: None,
             terminating: false,
+            lost: false,
             current: true,
         }
     }
@@ -269,6 +282,20 @@ mod tests {
         assert_eq!(p.create, 2);
         assert!(p.delete.is_empty());
         assert_eq!((p.replicas, p.ready), (2, 1));
+    }
+
+    #[test]
+    fn a_member_being_deleted_on_a_lost_node_is_removed_at_once_and_replaced() {
+        let mut lost = member("l", false, 5);
+        (lost.terminating, lost.lost) = (true, true);
+        let p = plan(2, &[member("a", true, 10), lost], true);
+        let removed: Vec<_> = p
+            .delete
+            .iter()
+            .map(|(m, why)| (m.name.as_str(), *why))
+            .collect();
+        assert_eq!(removed, [("l", Removal::LostNode)]);
+        assert_eq!((p.create, p.replicas), (1, 1));
     }
 
     #[test]

@@ -16,6 +16,7 @@ use crate::plumbing::own_writes::child_key;
 use crate::plumbing::ownership::{Owner, sealed_for};
 use crate::plumbing::writes::{
     ChildState, apply_owned, create_owned, delete_if_same, ensure_deleted, existing_state,
+    force_delete_if_same,
 };
 use crate::pod::lookup::{cached_pod, own_pod_name};
 use crate::pod::naming::{egress_policy_name, pod_name};
@@ -220,4 +221,42 @@ pub async fn delete_sandbox(ctx: &SandboxCtx, sandbox: &Sandbox) -> Result<()> {
     let namespace = sandbox.namespace().unwrap_or_default();
     let uid = sandbox.uid().unwrap_or_default();
     delete_if_same::<Sandbox>(&ctx.kube, &namespace, &sandbox.name_any(), &uid).await
+}
+
+/// Removes the Pod under the sandbox's pod name with grace period 0 when it is being deleted because
+/// its node was lost, which that node will never confirm (`pod::disruption::stuck_on_lost_node`).
+/// Only a Pod the operator sealed for the Sandbox that controls it: this sandbox's own, or a previous
+/// incarnation's that holds the name; never a Pod someone else put there.
+pub async fn remove_if_stuck_on_lost_node(ctx: &SandboxCtx, sandbox: &Sandbox) -> Result<()> {
+    let key = &ctx.kube.key;
+    let operators = |pod: &Pod| {
+        crate::plumbing::ownership::sealed(pod, key).is_some_and(|uid| {
+            crate::plumbing::ownership::controller_uid(&pod.metadata) == Some(uid)
+        })
+    };
+    let Some(pod) = cached_pod(&ctx.kube.caches.pods, sandbox, key)
+        .filter(|pod| operators(pod) && crate::pod::disruption::stuck_on_lost_node(pod))
+    else {
+        return Ok(());
+    };
+    let (namespace, name) = (pod.namespace().unwrap_or_default(), pod.name_any());
+    let node = pod
+        .spec
+        .as_ref()
+        .and_then(|s| s.node_name.clone())
+        .unwrap_or_default();
+    force_delete_if_same::<Pod>(&ctx.kube, &namespace, &name, &pod.uid().unwrap_or_default())
+        .await?;
+    tracing::info!(sandbox = %crate::plumbing::kube_ctx::object_key(sandbox), pod = %name, %node, "pod of a lost node removed (grace period 0)");
+    let note =
+        format!("pod {name} was still bound to lost node {node}; removed with grace period 0");
+    publish(
+        &ctx.kube,
+        sandbox,
+        EventType::Warning,
+        "LostNodePodRemoved",
+        note,
+    )
+    .await;
+    Ok(())
 }

@@ -202,6 +202,8 @@ pub async fn end_terminal(
     status: &SandboxStatus,
 ) -> Result<Option<std::time::Duration>> {
     apply::delete_own_pod(ctx, sandbox).await?;
+    // Its Pod on a lost node would stay (terminating) until the Node object is deleted.
+    apply::remove_if_stuck_on_lost_node(ctx, sandbox).await?;
     let removal = failed_removal(
         sandbox,
         status,

@@ -58,6 +58,11 @@ async fn reconcile_inner(queued: &Sandbox, ctx: &Arc<SandboxCtx>) -> Result<Opti
         return Ok(None);
     };
     let known = apply::known_pod(ctx, &sandbox);
+    // A previous incarnation's Pod holding the name on a lost node would hold it until the Node
+    // object is deleted.
+    if let Some(ChildState::Waiting(_)) = &known {
+        apply::remove_if_stuck_on_lost_node(ctx, &sandbox).await?;
+    }
     // A sandbox of a pool runs with the pool template's values where its spec leaves them unset (the
     // network and lifecycle defaults as its Pod recorded them when it was claimed or created).
     let recorded = match &known {

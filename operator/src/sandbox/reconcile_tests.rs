@@ -412,3 +412,57 @@ async fn a_failed_sandbox_never_deletes_a_pod_planted_under_its_name() {
         .expect("reconcile");
     assert!(script.finish().await.is_empty());
 }
+
+/// `pod` as the taint-eviction controller leaves it on a node that stopped answering: not Ready (the
+/// node controller's doing), a `DisruptionTarget` condition, and a deletion that the node's kubelet
+/// will never finish.
+fn lost_with_its_node(mut pod: Pod) -> Pod {
+    pod.metadata.deletion_timestamp = Some(Time(Timestamp::now()));
+    pod.status.get_or_insert_default().conditions = Some(vec![
+        PodCondition {
+            type_: "Ready".into(),
+            status: "False".into(),
+            ..PodCondition::default()
+        },
+        PodCondition {
+            type_: "DisruptionTarget".into(),
+            status: "True".into(),
+            reason: Some("DeletionByTaintManager".into()),
+            message: Some("Taint manager: deleting due to NoExecute taint".into()),
+            ..PodCondition::default()
+        },
+    ]);
+    pod
+}
+
+#[tokio::test]
+async fn a_failed_sandbox_removes_its_pod_stuck_on_a_lost_node_with_grace_period_zero() {
+    let s = with_status(sandbox(10), SandboxPhase::Failed);
+    let caches = caches_with_children(&s, Some(lost_with_its_node(ready_pod(&s))));
+    let script = scripted(
+        &caches,
+        vec![
+            Expect::delete(format!("/api/v1/namespaces/{NS}/pods/s1")).body(|delete| {
+                assert_eq!(delete["preconditions"]["uid"], "uid-pod");
+                assert_eq!(delete["gracePeriodSeconds"], 0);
+            }),
+            Expect::create(EVENTS, "uid-event")
+                .body(|event| assert_eq!(event["reason"], "LostNodePodRemoved")),
+        ],
+    );
+    reconcile(Arc::new(s), ctx(&script))
+        .await
+        .expect("reconcile");
+    script.finish().await;
+}
+
+#[tokio::test]
+async fn a_pod_planted_under_the_name_is_never_removed_even_on_a_lost_node() {
+    let s = with_status(sandbox(10), SandboxPhase::Failed);
+    let caches = caches_with_children(&s, Some(lost_with_its_node(planted_pod(&s))));
+    let script = scripted(&caches, vec![]);
+    reconcile(Arc::new(s), ctx(&script))
+        .await
+        .expect("reconcile");
+    assert!(script.finish().await.is_empty());
+}

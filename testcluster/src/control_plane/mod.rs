@@ -260,7 +260,9 @@ async fn wait_etcd(port: u16, deadline: Instant) -> Result<()> {
 
 /// kube-controller-manager's `--controllers` for a control plane started with `options` (pure). With
 /// several real nodes also the pod garbage collector, which deletes the pods of a Node that is gone
-/// (as on any cluster once a reclaimed machine's Node object is deleted).
+/// (as on any cluster once a reclaimed machine's Node object is deleted), and the taint-eviction
+/// controller, which deletes the pods of a node tainted `NoExecute` (unreachable, not ready) once
+/// their toleration runs out: what a spot reclaim meets on any cluster.
 pub fn controllers(options: &PlaneOptions) -> String {
     let mut controllers = if options.real_node {
         "--controllers=garbage-collector-controller,namespace-controller,node-lifecycle-controller,endpointslice-controller,serviceaccount-controller,root-ca-certificate-publisher-controller,deployment-controller,replicaset-controller,disruption-controller,resourcequota-controller"
@@ -269,7 +271,7 @@ pub fn controllers(options: &PlaneOptions) -> String {
     }
     .to_string();
     if options.real_node && options.real_nodes > 1 {
-        controllers.push_str(",pod-garbage-collector-controller");
+        controllers.push_str(",pod-garbage-collector-controller,taint-eviction-controller");
     }
     controllers
 }
@@ -623,15 +625,20 @@ mod tests {
     }
 
     #[test]
-    fn only_a_cluster_of_several_real_nodes_collects_the_pods_of_deleted_nodes() {
+    fn only_a_cluster_of_several_real_nodes_collects_and_evicts_the_pods_of_lost_nodes() {
         let mut options = PlaneOptions {
             real_node: true,
             ..PlaneOptions::default()
         };
         assert!(!controllers(&options).contains("pod-garbage-collector"));
+        assert!(!controllers(&options).contains("taint-eviction"));
         assert!(controllers(&options).contains("disruption-controller"));
         options.real_nodes = 2;
-        assert!(controllers(&options).ends_with(",pod-garbage-collector-controller"));
+        assert!(
+            controllers(&options)
+                .ends_with(",pod-garbage-collector-controller,taint-eviction-controller")
+        );
         assert!(!controllers(&PlaneOptions::default()).contains("pod-garbage-collector"));
+        assert!(!controllers(&PlaneOptions::default()).contains("taint-eviction"));
     }
 }
