@@ -18,17 +18,16 @@ use k8s_openapi::api::core::v1::{Node, Pod};
 use k8s_openapi::api::networking::v1::NetworkPolicy;
 use kube::ResourceExt;
 use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
-use orchard_operator::api::{POOL_LABEL, SANDBOX_LABEL, Sandbox, SandboxPool};
+use orchard_operator::api::{SANDBOX_LABEL, Sandbox, SandboxPool};
 use orchard_testcluster::chart_install::{ChartRelease, ReleaseOptions};
-use orchard_testcluster::env::{EnvOptions, NodeKind, TestEnv};
+use orchard_testcluster::env::TestEnv;
 use orchard_testcluster::real_node::drain::{cordon, drain};
 use orchard_testcluster::test_support::gateway::Caller;
+use orchard_testcluster::test_support::nodes::{
+    FIRST, HOSTNAME, SECOND, create_pool, members_ready, node_of, pod_ready, two_real_nodes,
+};
 use orchard_testcluster::wait;
 use serde_json::{Value, json};
-
-const FIRST: &str = "orchard-node";
-const SECOND: &str = "orchard-node-2";
-const HOSTNAME: &str = "kubernetes.io/hostname";
 
 /// The host's IPv4 forwarding settings (they must not change: the nodes route between themselves)
 /// and its TCP orphan retries (a reclaimed node sets its own).
@@ -43,18 +42,7 @@ fn host_forwarding() -> (String, String, String) {
 
 fn env() -> &'static TestEnv {
     static ENV: OnceLock<TestEnv> = OnceLock::new();
-    ENV.get_or_init(|| {
-        TestEnv::start_named_on_own_thread(
-            "multi_node",
-            EnvOptions {
-                operator: false,
-                node: NodeKind::Real,
-                real_nodes: 2,
-                enforce_network_policies: true,
-                ..EnvOptions::default()
-            },
-        )
-    })
+    ENV.get_or_init(|| two_real_nodes("multi_node"))
 }
 
 fn admin_at(env: &TestEnv, base: String) -> Caller {
@@ -76,20 +64,6 @@ fn is_ready(conditions: Option<&Vec<k8s_openapi::api::core::v1::NodeCondition>>)
 
 fn node_ready(node: Option<&Node>) -> bool {
     is_ready(node.and_then(|n| n.status.as_ref()?.conditions.as_ref()))
-}
-
-fn pod_ready(pod: &Pod) -> bool {
-    pod.status
-        .as_ref()
-        .and_then(|s| s.conditions.as_ref())
-        .is_some_and(|c| c.iter().any(|c| c.type_ == "Ready" && c.status == "True"))
-}
-
-fn node_of(pod: &Pod) -> String {
-    pod.spec
-        .as_ref()
-        .and_then(|s| s.node_name.clone())
-        .unwrap_or_default()
 }
 
 /// The sandbox's phase, reason and message, as one line.
@@ -218,39 +192,6 @@ async fn pods_on(client: &kube::Client, node: &str) -> BTreeMap<String, (String,
             )
         })
         .collect()
-}
-
-/// The nodes of pool `pool`'s member pods that are Ready, once there are `count` of them, all on
-/// nodes in `allowed`.
-async fn members_ready(
-    pods: &Api<Pod>,
-    pool: &str,
-    count: usize,
-    allowed: &[&str],
-    timeout: Duration,
-) -> Vec<String> {
-    let selector = format!("{POOL_LABEL}={pool}");
-    wait::poll(
-        &format!("{count} Ready members of pool {pool} on {allowed:?}"),
-        timeout,
-        || async {
-            let members = pods
-                .list(&ListParams::default().labels(&selector))
-                .await
-                .ok()?
-                .items;
-            let live: Vec<&Pod> = members
-                .iter()
-                .filter(|p| p.metadata.deletion_timestamp.is_none())
-                .collect();
-            let nodes: Vec<String> = live.iter().map(|p| node_of(p)).collect();
-            (live.len() == count
-                && live.iter().all(|p| pod_ready(p))
-                && nodes.iter().all(|n| allowed.contains(&n.as_str())))
-            .then_some(nodes)
-        },
-    )
-    .await
 }
 
 #[tokio::test]
@@ -464,17 +405,7 @@ async fn two_nodes_place_enforce_drain_and_lose_a_node() {
     // scoring (least allocated: each member goes to the node with more CPU left).
     let busybox = env.node.real().image("busybox");
     let pools: Api<SandboxPool> = Api::namespaced(client.clone(), &ns);
-    let pool: SandboxPool = serde_json::from_value(json!({
-        "apiVersion": "orchard.dev/v1alpha1", "kind": "SandboxPool",
-        "metadata": {"name": "spread"},
-        "spec": {"replicas": 4, "template": {
-            "image": busybox, "resources": {"cpu": "300m", "memory": "64Mi"}}},
-    }))
-    .expect("pool JSON");
-    pools
-        .create(&PostParams::default(), &pool)
-        .await
-        .expect("create pool");
+    create_pool(&pools, "spread", 4, &busybox, ("300m", "64Mi")).await;
     let pods: Api<Pod> = Api::namespaced(client.clone(), &ns);
     let member_nodes = members_ready(
         &pods,

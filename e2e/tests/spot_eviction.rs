@@ -28,11 +28,14 @@ use k8s_openapi::api::core::v1::{Node, Pod};
 use kube::ResourceExt;
 use kube::api::{Api, ListParams, PostParams};
 use orchard_operator::api::{
-    POOL_LABEL, RolloutGroup, Sandbox, SandboxPool, TrajectoryRecord, TrajectoryStatus,
+    RolloutGroup, Sandbox, SandboxPool, TrajectoryRecord, TrajectoryStatus,
 };
 use orchard_testcluster::chart_install::{ChartRelease, ReleaseOptions};
-use orchard_testcluster::env::{EnvOptions, NodeKind, TestEnv};
+use orchard_testcluster::env::TestEnv;
 use orchard_testcluster::real_node::drain::{cordon, drain};
+use orchard_testcluster::test_support::nodes::{
+    FIRST, HOSTNAME, SECOND, create_pool, members_ready, two_real_nodes,
+};
 use orchard_testcluster::test_support::rollouts::{
     assert_each_trajectory_once, assert_matches_engine, children, expected, group, is_complete,
     reward_script,
@@ -40,9 +43,6 @@ use orchard_testcluster::test_support::rollouts::{
 use orchard_testcluster::wait;
 use serde_json::json;
 
-const FIRST: &str = "orchard-node";
-const SECOND: &str = "orchard-node-2";
-const HOSTNAME: &str = "kubernetes.io/hostname";
 /// The runners' seed and pass rate: rewards are a pure function of these and the trajectory index.
 const SEED: u64 = 4_242;
 const PASS_PERCENT: u64 = 50;
@@ -53,18 +53,7 @@ const GROUP_TIMEOUT: Duration = Duration::from_secs(240);
 
 fn env() -> &'static TestEnv {
     static ENV: OnceLock<TestEnv> = OnceLock::new();
-    ENV.get_or_init(|| {
-        TestEnv::start_named_on_own_thread(
-            "spot_eviction",
-            EnvOptions {
-                operator: false,
-                node: NodeKind::Real,
-                real_nodes: 2,
-                enforce_network_policies: true,
-                ..EnvOptions::default()
-            },
-        )
-    })
+    ENV.get_or_init(|| two_real_nodes("spot_eviction"))
 }
 
 fn phase(started: Instant, what: &str) {
@@ -174,6 +163,10 @@ async fn completed(client: &kube::Client, ns: &str, name: &str) -> RolloutGroup 
     done
 }
 
+fn by_name(sandboxes: Vec<Sandbox>) -> BTreeMap<String, Sandbox> {
+    sandboxes.into_iter().map(|s| (s.name_any(), s)).collect()
+}
+
 fn record<'a>(group: &'a RolloutGroup, name: &str) -> &'a TrajectoryRecord {
     group
         .status
@@ -206,11 +199,7 @@ async fn assert_retried_elsewhere(
     reason: &str,
 ) {
     let status = done.status.as_ref().expect("status");
-    let sandboxes: BTreeMap<String, Sandbox> = children(client, ns, &done.name_any())
-        .await
-        .into_iter()
-        .map(|s| (s.name_any(), s))
-        .collect();
+    let sandboxes = by_name(children(client, ns, &done.name_any()).await);
     for record in &status.trajectories {
         assert_completed_as_seeded(record);
         if moved.contains(&record.name) {
@@ -249,11 +238,7 @@ async fn assert_aborted_and_backfilled(
     reason: &str,
 ) {
     let status = done.status.as_ref().expect("status");
-    let sandboxes: BTreeMap<String, Sandbox> = children(client, ns, &done.name_any())
-        .await
-        .into_iter()
-        .map(|s| (s.name_any(), s))
-        .collect();
+    let sandboxes = by_name(children(client, ns, &done.name_any()).await);
     for name in moved {
         let record = record(done, name);
         assert_eq!(
@@ -340,18 +325,8 @@ async fn a_node_drained_or_reclaimed_mid_stride_retries_or_backfills_its_traject
     let pools: Api<SandboxPool> = Api::namespaced(client.clone(), &ns);
     let pods: Api<Pod> = Api::namespaced(client.clone(), &ns);
     cordon(&client, FIRST, true).await.expect("cordon");
-    let pool: SandboxPool = serde_json::from_value(json!({
-        "apiVersion": "orchard.dev/v1alpha1", "kind": "SandboxPool",
-        "metadata": {"name": "warm"},
-        "spec": {"replicas": 2, "template": {
-            "image": busybox, "resources": {"cpu": "50m", "memory": "32Mi"}}},
-    }))
-    .expect("pool JSON");
-    pools
-        .create(&PostParams::default(), &pool)
-        .await
-        .expect("create pool");
-    members_ready(&pods, 2, SECOND).await;
+    create_pool(&pools, "warm", 2, &busybox, ("50m", "32Mi")).await;
+    members_ready(&pods, "warm", 2, &[SECOND], Duration::from_secs(120)).await;
     let placed = launch_on_second(&client, &ns, &busybox, ["reclaim-retry", "reclaim-plain"]).await;
     phase(
         started,
@@ -386,7 +361,7 @@ async fn a_node_drained_or_reclaimed_mid_stride_retries_or_backfills_its_traject
         "NodeLost",
     )
     .await;
-    members_ready(&pods, 2, FIRST).await;
+    members_ready(&pods, "warm", 2, &[FIRST], Duration::from_secs(120)).await;
     phase(
         started,
         "reclaim: retried, backfilled, the pool refilled on the first node",
@@ -422,33 +397,4 @@ async fn a_node_drained_or_reclaimed_mid_stride_retries_or_backfills_its_traject
     assert!(left.is_empty());
     env.delete_namespace(&ns).await;
     phase(started, "done");
-}
-
-/// Waits until pool `warm` has `count` Ready members, none being deleted, all on `node`.
-async fn members_ready(pods: &Api<Pod>, count: usize, node: &str) {
-    let selector = format!("{POOL_LABEL}=warm");
-    wait::poll(
-        &format!("{count} Ready members of pool warm on {node}"),
-        Duration::from_secs(120),
-        || async {
-            let members = pods
-                .list(&ListParams::default().labels(&selector))
-                .await
-                .ok()?
-                .items;
-            let live: Vec<&Pod> = members
-                .iter()
-                .filter(|p| p.metadata.deletion_timestamp.is_none())
-                .collect();
-            let ready = |p: &Pod| {
-                p.status
-                    .as_ref()
-                    .and_then(|s| s.conditions.as_ref())
-                    .is_some_and(|c| c.iter().any(|c| c.type_ == "Ready" && c.status == "True"))
-            };
-            let on = |p: &Pod| p.spec.as_ref().and_then(|s| s.node_name.as_deref()) == Some(node);
-            (live.len() == count && live.iter().all(|p| ready(p) && on(p))).then_some(())
-        },
-    )
-    .await;
 }

@@ -15,7 +15,7 @@
 //! can terminate gracefully, and if it comes back its kubelet kills what the API server no longer
 //! has.
 
-use k8s_openapi::api::core::v1::{Pod, Toleration};
+use k8s_openapi::api::core::v1::{Node, Pod, Toleration};
 
 use crate::pod::failure::Failure;
 
@@ -124,6 +124,44 @@ pub fn disruption_failure(pod: &Pod) -> Option<Failure> {
         ),
     };
     Some(failure)
+}
+
+/// The failure of a sandbox whose Pod is gone (pure): `NodeLost` when the node it ran on (`node`) is
+/// gone (`node_state` `None`: its Node object deleted) or not Ready, else `PodDeleted`. `node_state`
+/// is `Some(None)` for a node the operator may not read: then the deletion is all it knows.
+pub fn gone_failure(node: Option<&str>, node_state: Option<Option<&Node>>) -> Failure {
+    let deleted = || {
+        Failure::new(
+            POD_DELETED,
+            "the sandbox's pod was deleted from outside the operator; its state is lost",
+        )
+    };
+    let (Some(node), Some(state)) = (node, node_state) else {
+        return deleted();
+    };
+    match state {
+        None => Failure::new(
+            NODE_LOST,
+            format!(
+                "node {node} is gone (its Node object was deleted) and the sandbox's pod with it; its state is lost"
+            ),
+        ),
+        Some(n) if !node_ready(n) => Failure::new(
+            NODE_LOST,
+            format!(
+                "node {node} stopped answering and the sandbox's pod was removed from it; its state is lost"
+            ),
+        ),
+        Some(_) => deleted(),
+    }
+}
+
+/// Whether `node`'s `Ready` condition is `True`.
+fn node_ready(node: &Node) -> bool {
+    node.status
+        .as_ref()
+        .and_then(|s| s.conditions.as_ref())
+        .is_some_and(|c| c.iter().any(|c| c.type_ == "Ready" && c.status == "True"))
 }
 
 /// Whether `pod`'s `Ready` condition is still `True`: the node controller sets it `False` on every pod
@@ -290,6 +328,38 @@ mod tests {
         ] {
             assert!(!stuck_on_lost_node(&live), "{:?}", live.status);
         }
+    }
+
+    #[test]
+    fn a_pod_gone_with_its_node_is_node_lost_else_deleted() {
+        let node = |ready: &str| Node {
+            status: Some(k8s_openapi::api::core::v1::NodeStatus {
+                conditions: Some(vec![k8s_openapi::api::core::v1::NodeCondition {
+                    type_: "Ready".into(),
+                    status: ready.into(),
+                    ..Default::default()
+                }]),
+                ..Default::default()
+            }),
+            ..Default::default()
+        };
+        let (ready, unknown) = (node("True"), node("Unknown"));
+        let reason =
+            |name: Option<&str>, state: Option<Option<&Node>>| gone_failure(name, state).reason;
+        assert_eq!(
+            reason(Some("n2"), Some(None)),
+            NODE_LOST,
+            "its Node deleted"
+        );
+        assert_eq!(reason(Some("n2"), Some(Some(&unknown))), NODE_LOST);
+        assert_eq!(reason(Some("n2"), Some(Some(&ready))), POD_DELETED);
+        assert_eq!(reason(Some("n2"), None), POD_DELETED, "Nodes unreadable");
+        assert_eq!(reason(None, Some(None)), POD_DELETED, "never scheduled");
+        assert!(
+            gone_failure(Some("n2"), Some(None))
+                .message
+                .contains("node n2 is gone")
+        );
     }
 
     #[test]

@@ -260,3 +260,25 @@ pub async fn remove_if_stuck_on_lost_node(ctx: &SandboxCtx, sandbox: &Sandbox) -
     .await;
     Ok(())
 }
+
+/// The failure of a sandbox whose Pod is gone: `NodeLost` when the node its status names is gone or
+/// not Ready, else `PodDeleted`. The node is read with `list` by name (the chart grants `list` on
+/// Nodes for `--discover-pod-cidrs`); an operator that may not read Nodes reports `PodDeleted`.
+pub async fn gone_failure(ctx: &SandboxCtx, sandbox: &Sandbox) -> crate::pod::failure::Failure {
+    let node = sandbox.status.as_ref().and_then(|s| s.node_name.as_deref());
+    let state = match node {
+        Some(name) => {
+            let nodes: Api<k8s_openapi::api::core::v1::Node> = Api::all(ctx.kube.client.clone());
+            let by_name = kube::api::ListParams::default().fields(&format!("metadata.name={name}"));
+            match nodes.list(&by_name).await {
+                Ok(list) => Some(list.items.into_iter().next()),
+                Err(err) => {
+                    tracing::debug!(node = name, %err, "node unreadable; the pod's loss reads as PodDeleted");
+                    None
+                }
+            }
+        }
+        None => None,
+    };
+    crate::pod::disruption::gone_failure(node, state.as_ref().map(Option::as_ref))
+}

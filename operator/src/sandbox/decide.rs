@@ -77,8 +77,8 @@ pub enum PodStep {
 pub struct ChildOutcome {
     /// The sandbox's Pod, if it has one.
     pub pod: Option<Pod>,
-    /// The status named a Pod and a live read confirmed it is gone.
-    pub pod_gone: bool,
+    /// The status named a Pod and a live read confirmed it is gone: the failure it means.
+    pub pod_gone: Option<crate::pod::failure::Failure>,
     /// Why the sandbox cannot have a child it needs, if it cannot.
     pub blocked: Option<Blocked>,
 }
@@ -222,7 +222,7 @@ pub fn plan_status(sandbox: &Sandbox, outcome: &ChildOutcome, input: &StatusInpu
     let over_quota = matches!(outcome.blocked, Some(Blocked::QuotaExceeded(_)));
     let observed = Observed {
         pod: outcome.pod.as_ref(),
-        pod_gone: outcome.pod_gone,
+        pod_gone: outcome.pod_gone.clone(),
         now,
         lifecycle,
         startup_timeout_seconds: settings.startup_timeout_seconds,

@@ -355,7 +355,7 @@ fn a_sandbox_not_ready_comes_back_at_its_startup_deadline_and_a_failure_ends_it(
     );
 
     let gone = ChildOutcome {
-        pod_gone: true,
+        pod_gone: Some(crate::pod::disruption::gone_failure(None, None)),
         ..ChildOutcome::default()
     };
     let plan = settled(plan_status(

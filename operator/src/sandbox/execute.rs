@@ -68,7 +68,9 @@ pub async fn ensure_children(
         PodStep::Blocked(why) => outcome.blocked = Some(why.clone()),
         PodStep::Fetch => {
             outcome.pod = apply::fetch_own_pod(ctx, sandbox).await?;
-            outcome.pod_gone = outcome.pod.is_none();
+            if outcome.pod.is_none() {
+                outcome.pod_gone = Some(apply::gone_failure(ctx, sandbox).await);
+            }
         }
         PodStep::Start if outcome.blocked.is_none() => {
             (outcome.pod, outcome.blocked) = start_pod(ctx, sandbox, owner, pool).await?;

@@ -125,7 +125,7 @@ fn settled(mut s: Sandbox, pod: &Pod, ready_seconds_ago: i64) -> Sandbox {
     let ready = Timestamp::now() - SignedDuration::from_secs(ready_seconds_ago);
     let observed = Observed {
         pod: Some(pod),
-        pod_gone: false,
+        pod_gone: None,
         now: ready,
         lifecycle: Lifecycle::of(
             &s.spec,
@@ -465,4 +465,56 @@ async fn a_pod_planted_under_the_name_is_never_removed_even_on_a_lost_node() {
         .await
         .expect("reconcile");
     assert!(script.finish().await.is_empty());
+}
+
+/// A Ready sandbox whose Pod a live read finds gone: `NodeLost` when its node is gone too (the Node
+/// list by name comes back empty), `PodDeleted` when the node is Ready.
+async fn gone_pod_reason(nodes: Value) -> String {
+    let mut s = with_status(sandbox(10), SandboxPhase::Ready);
+    s.status.as_mut().expect("status").node_name = Some("node-2".into());
+    let caches = caches_with_children(&s, None);
+    let mut written = s.clone();
+    written.metadata.resource_version = Some("11".into());
+    let reason = Arc::new(std::sync::Mutex::new(String::new()));
+    let seen = reason.clone();
+    let script = scripted(
+        &caches,
+        vec![
+            Expect::not_found("GET", format!("/api/v1/namespaces/{NS}/pods/s1")),
+            Expect::new("GET", "/api/v1/nodes", 200, nodes).query("metadata.name%3Dnode-2"),
+            Expect::new(
+                "PATCH",
+                format!("{SANDBOXES}/s1/status"),
+                200,
+                serde_json::to_value(&written).expect("json"),
+            )
+            .body(move |patch| {
+                let ops = patch.as_array().expect("a JSON patch");
+                let set = ops
+                    .iter()
+                    .find_map(|op| match op["path"].as_str() {
+                        Some("/status/reason") => op["value"].as_str(),
+                        Some("/status") => op["value"]["reason"].as_str(),
+                        _ => None,
+                    })
+                    .unwrap_or_default();
+                *seen.lock().expect("lock") = set.to_string();
+            }),
+            Expect::create(EVENTS, "uid-event"),
+        ],
+    );
+    let _ = reconcile(Arc::new(s), ctx(&script)).await;
+    script.finish().await;
+    reason.lock().expect("lock").clone()
+}
+
+#[tokio::test]
+async fn a_pod_gone_with_its_node_fails_the_sandbox_node_lost() {
+    let none = json!({"apiVersion": "v1", "kind": "NodeList", "metadata": {}, "items": []});
+    assert_eq!(gone_pod_reason(none).await, "NodeLost");
+    let ready = json!({"apiVersion": "v1", "kind": "NodeList", "metadata": {}, "items": [{
+        "metadata": {"name": "node-2"},
+        "status": {"conditions": [{"type": "Ready", "status": "True"}]},
+    }]});
+    assert_eq!(gone_pod_reason(ready).await, "PodDeleted");
 }

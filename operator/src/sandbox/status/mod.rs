@@ -67,8 +67,9 @@ fn merge_conditions(
 pub struct Observed<'a> {
     /// The sandbox's Pod, if one exists.
     pub pod: Option<&'a Pod>,
-    /// The Pod existed (status names it) and a live read confirmed it is gone.
-    pub pod_gone: bool,
+    /// The Pod existed (status names it) and a live read confirmed it is gone: the failure to report
+    /// (`PodDeleted`, or `NodeLost` when its node is gone too: `pod::disruption::gone_failure`).
+    pub pod_gone: Option<Failure>,
     /// Current time.
     pub now: Timestamp,
     /// Effective TTL and heartbeat timeout.
@@ -234,17 +235,8 @@ pub fn desired_status(sandbox: &Sandbox, observed: &Observed) -> SandboxStatus {
         ..SandboxStatus::default()
     };
 
-    if observed.pod_gone {
-        return failed_status(
-            sandbox,
-            status,
-            Failure::new(
-                "PodDeleted",
-                "the sandbox's pod was deleted from outside the operator; its state is lost",
-            ),
-            now,
-            observed.key,
-        );
+    if let Some(failure) = &observed.pod_gone {
+        return failed_status(sandbox, status, failure.clone(), now, observed.key);
     }
     let refused = match &observed.blocked {
         Some(Blocked::NameConflict(message)) => Some(("NameConflict", message)),

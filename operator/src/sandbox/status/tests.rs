@@ -15,7 +15,7 @@ use std::collections::BTreeMap;
 fn observed<'a>(pod: Option<&'a Pod>, now: &str) -> Observed<'a> {
     Observed {
         pod,
-        pod_gone: false,
+        pod_gone: None,
         now: t(now),
         lifecycle: Lifecycle {
             ttl_seconds: 3600,
@@ -142,7 +142,7 @@ fn a_preempted_result_stays_said_through_later_statuses() {
     let failed = desired_status(
         &s,
         &Observed {
-            pod_gone: true,
+            pod_gone: Some(crate::pod::disruption::gone_failure(None, None)),
             ..observed(None, "2026-01-01T00:06:00Z")
         },
     );
@@ -326,7 +326,7 @@ fn containers_still_creating_are_not_failures() {
 fn deleted_pod_fails_the_sandbox_and_failure_is_terminal() {
     let mut s = sandbox();
     let mut obs = observed(None, "2026-01-01T00:00:05Z");
-    obs.pod_gone = true;
+    obs.pod_gone = Some(crate::pod::disruption::gone_failure(Some("node-1"), None));
     let status = desired_status(&s, &obs);
     assert_eq!(status.reason.as_deref(), Some("PodDeleted"));
     s.status = Some(status.clone());
