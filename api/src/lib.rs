@@ -108,5 +108,9 @@ pub const CREATED_BY_ANNOTATION: &str = "orchard.dev/created-by";
 /// Annotation a client sets (RFC 3339 time, e.g. with `kubectl annotate`) to record a heartbeat.
 pub const HEARTBEAT_ANNOTATION: &str = "orchard.dev/heartbeat";
 
+/// Annotation a RolloutGroup sets on a trajectory Sandbox of a stride it spreads out
+/// (`launchJitterSeconds`): the RFC 3339 time before which the operator creates no Pod for it.
+pub const LAUNCH_AFTER_ANNOTATION: &str = "orchard.dev/launch-after";
+
 #[cfg(all(test, feature = "crd"))]
 mod cel_tests;

@@ -279,3 +279,69 @@ async fn eager_groups_stop_early_and_delete_running_trajectories() {
     .await;
     env.delete_namespace(&ns).await;
 }
+
+/// `launchJitterSeconds` 3 over a stride of 8: one trajectory starts at once, the other seven carry
+/// `orchard.dev/launch-after` times 375 ms apart (k/8 of the jitter in the group's order, all from the
+/// same launch instant), and no Pod is created before its trajectory's time (compared in whole
+/// seconds, the resolution of a creationTimestamp); the group completes as usual.
+#[tokio::test]
+async fn a_jittered_stride_creates_each_pod_no_earlier_than_its_start() {
+    let env = TestEnv::shared();
+    let client = env.client().await;
+    let ns = env.namespace("jitter").await;
+    let groups: Api<RolloutGroup> = Api::namespaced(client.clone(), &ns);
+    groups
+        .create(
+            &PostParams::default(),
+            &group(
+                "spread",
+                json!({
+                    "groupSize": 4, "maxTrajectories": 8, "stride": 8,
+                    "launchJitterSeconds": 3,
+                    "template": template(&reward_script(7, 50, None, None), 60),
+                    "cleanup": "Keep",
+                }),
+            ),
+        )
+        .await
+        .expect("create group");
+    wait::until(&groups, "spread", "Complete", GROUP_TIMEOUT, is_complete).await;
+    let pods: Api<k8s_openapi::api::core::v1::Pod> = Api::namespaced(client.clone(), &ns);
+    let mut starts = Vec::new();
+    for kid in children(&client, &ns, "spread").await {
+        let annotation = kid
+            .annotations()
+            .get(orchard_operator::api::LAUNCH_AFTER_ANNOTATION)
+            .cloned();
+        let Some(text) = annotation else {
+            continue;
+        };
+        let at: k8s_openapi::jiff::Timestamp = text.parse().expect("an RFC 3339 time");
+        let pod = pods
+            .get(&kid.name_any())
+            .await
+            .expect("the trajectory's pod");
+        let created = pod.metadata.creation_timestamp.expect("created").0;
+        assert!(
+            created.as_second() >= at.as_second(),
+            "{}: pod created at {created}, before its start {at}",
+            kid.name_any()
+        );
+        starts.push(at);
+    }
+    starts.sort();
+    assert_eq!(
+        starts.len(),
+        7,
+        "every trajectory but the first waits: {starts:?}"
+    );
+    let gaps: Vec<i64> = starts
+        .windows(2)
+        .map(|w| w[1].duration_since(w[0]).as_millis() as i64)
+        .collect();
+    assert!(
+        gaps.iter().all(|g| *g == 375),
+        "starts 375 ms apart: {gaps:?}"
+    );
+    env.delete_namespace(&ns).await;
+}

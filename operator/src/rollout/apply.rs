@@ -134,15 +134,7 @@ pub async fn create_trajectory(
     owner: &OwnerReference,
     launch: &Launch,
 ) -> Result<ChildState<()>> {
-    let sandbox = desired_trajectory(
-        group,
-        owner,
-        launch.index,
-        launch.stride,
-        launch.attempt,
-        launch.resources.as_ref(),
-        &ctx.kube.key,
-    );
+    let sandbox = desired_trajectory(group, owner, launch, &ctx.kube.key);
     let namespace = group.namespace().unwrap_or_default();
     let name = sandbox.name_any();
     let uid = group.uid().unwrap_or_default();

@@ -9,11 +9,13 @@ use std::collections::BTreeMap;
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference};
 
+use super::decide::Launch;
+use super::jitter::annotation_text;
 use crate::plumbing::operator_key::OperatorKey;
 use crate::plumbing::ownership::seal;
 use orchard_api::{
-    ATTEMPT_LABEL, MANAGED_BY, MANAGED_BY_LABEL, PoolFallback, ROLLOUT_GROUP_LABEL,
-    ROLLOUT_QUEUE_LABEL, RolloutGroup, STRIDE_LABEL, Sandbox, SandboxResources,
+    ATTEMPT_LABEL, LAUNCH_AFTER_ANNOTATION, MANAGED_BY, MANAGED_BY_LABEL, PoolFallback,
+    ROLLOUT_GROUP_LABEL, ROLLOUT_QUEUE_LABEL, RolloutGroup, STRIDE_LABEL, Sandbox,
 };
 
 /// Name of trajectory `index` (0-based, launch order) of group `group`.
@@ -38,19 +40,19 @@ pub fn attempt_of(sandbox: &Sandbox) -> u32 {
         .unwrap_or(1)
 }
 
-/// The Sandbox of attempt `attempt` of trajectory `index` in stride `stride`, sealed for `owner`
-/// under `key`. `resources` replaces the template's (a retry's escalated memory and CPU); such an
-/// attempt never fits the members of the template's SandboxPool, so it starts its own Pod
-/// (`whenPoolEmpty: ColdStart`) rather than wait for one.
+/// The Sandbox of `launch` (an attempt of a trajectory of a stride), sealed for `owner` under `key`.
+/// Its `resources` replace the template's (a retry's escalated memory and CPU); such an attempt never
+/// fits the members of the template's SandboxPool, so it starts its own Pod (`whenPoolEmpty:
+/// ColdStart`) rather than wait for one. Its `launch_after` becomes the `orchard.dev/launch-after`
+/// annotation.
 pub fn desired_trajectory(
     group: &RolloutGroup,
     owner: &OwnerReference,
-    index: u32,
-    stride: u32,
-    attempt: u32,
-    resources: Option<&SandboxResources>,
+    launch: &Launch,
     key: &OperatorKey,
 ) -> Sandbox {
+    let (index, stride, attempt) = (launch.index, launch.stride, launch.attempt);
+    let resources = launch.resources.as_ref();
     let group_name = group.metadata.name.clone().unwrap_or_default();
     let template = &group.spec.template;
     let mut labels: BTreeMap<String, String> = template.metadata.labels.clone();
@@ -76,8 +78,7 @@ pub fn desired_trajectory(
             name: Some(trajectory_name(&group_name, index)),
             namespace: group.metadata.namespace.clone(),
             labels: Some(labels),
-            annotations: (!template.metadata.annotations.is_empty())
-                .then(|| template.metadata.annotations.clone()),
+            annotations: annotations(&template.metadata.annotations, launch),
             owner_references: Some(vec![owner.clone()]),
             ..ObjectMeta::default()
         },
@@ -89,9 +90,22 @@ pub fn desired_trajectory(
     sandbox
 }
 
+/// The template's annotations, and the start time of a jittered launch.
+fn annotations(
+    template: &BTreeMap<String, String>,
+    launch: &Launch,
+) -> Option<BTreeMap<String, String>> {
+    let mut annotations = template.clone();
+    if let Some(at) = launch.launch_after {
+        annotations.insert(LAUNCH_AFTER_ANNOTATION.to_string(), annotation_text(at));
+    }
+    (!annotations.is_empty()).then_some(annotations)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+    use orchard_api::SandboxResources;
     use orchard_api::{
         CleanupPolicy, EarlyStop, PositiveFraction, RolloutGroupSpec, RunSpec, SandboxSpec,
         SandboxTemplate, TemplateMetadata,
@@ -101,6 +115,7 @@ mod tests {
         let mut g = RolloutGroup::new(
             "prompt-7",
             RolloutGroupSpec {
+                launch_jitter_seconds: None,
                 group_size: 8,
                 max_trajectories: 16,
                 stride: Some(4),
@@ -155,7 +170,18 @@ mod tests {
     #[test]
     fn trajectories_carry_group_labels_owner_and_timeout() {
         let key = crate::plumbing::mock_api::test_token_key();
-        let sandbox = desired_trajectory(&group(), &owner(), 5, 1, 1, None, &key);
+        let sandbox = desired_trajectory(
+            &group(),
+            &owner(),
+            &Launch {
+                index: 5,
+                stride: 1,
+                attempt: 1,
+                resources: None,
+                launch_after: None,
+            },
+            &key,
+        );
         assert_eq!(
             crate::plumbing::ownership::sealed(&sandbox, &key),
             Some("uid-g"),
@@ -188,7 +214,18 @@ mod tests {
             memory: Some(Quantity("128Mi".into())),
             ..SandboxResources::default()
         };
-        let sandbox = desired_trajectory(&group(), &owner(), 5, 1, 2, Some(&grown), &key);
+        let sandbox = desired_trajectory(
+            &group(),
+            &owner(),
+            &Launch {
+                index: 5,
+                stride: 1,
+                attempt: 2,
+                resources: Some(grown.clone()),
+                launch_after: None,
+            },
+            &key,
+        );
         assert_eq!(
             sandbox.metadata.name.as_deref(),
             Some("prompt-7-5"),
@@ -210,9 +247,31 @@ mod tests {
         let mut pooled = group();
         pooled.spec.template.spec.pool = Some("warm".into());
         pooled.spec.template.spec.when_pool_empty = Some(PoolFallback::Wait);
-        let first = desired_trajectory(&pooled, &owner(), 5, 1, 1, None, &key);
+        let first = desired_trajectory(
+            &pooled,
+            &owner(),
+            &Launch {
+                index: 5,
+                stride: 1,
+                attempt: 1,
+                resources: None,
+                launch_after: None,
+            },
+            &key,
+        );
         assert_eq!(first.spec.when_pool_empty, Some(PoolFallback::Wait));
-        let escalated = desired_trajectory(&pooled, &owner(), 5, 1, 2, Some(&grown), &key);
+        let escalated = desired_trajectory(
+            &pooled,
+            &owner(),
+            &Launch {
+                index: 5,
+                stride: 1,
+                attempt: 2,
+                resources: Some(grown.clone()),
+                launch_after: None,
+            },
+            &key,
+        );
         assert_eq!(
             escalated.spec.when_pool_empty,
             Some(PoolFallback::ColdStart),

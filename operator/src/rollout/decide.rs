@@ -27,9 +27,10 @@
 use std::collections::BTreeSet;
 use std::time::Duration;
 
-use k8s_openapi::jiff::Timestamp;
+use k8s_openapi::jiff::{SignedDuration, Timestamp};
 
 use super::build::trajectory_name;
+use super::jitter::offsets;
 use super::observe::{DEADLINE_EXCEEDED, Observation, Superseded};
 use super::params::bar_params;
 use super::retry::{ResourceDefaults, RetryParams, retry_params};
@@ -176,6 +177,8 @@ pub struct Launch {
     pub attempt: u32,
     /// Resources replacing the template's (a retry's escalated amounts); `None`: the template's.
     pub resources: Option<SandboxResources>,
+    /// When its Pod may be created (the stride's launch jitter); `None`: at once.
+    pub launch_after: Option<Timestamp>,
 }
 
 /// The trajectories missing from the latest stride (pure): a crash between creating a stride's
@@ -195,6 +198,7 @@ pub fn plan_repair(
             stride,
             attempt: 1,
             resources: None,
+            launch_after: None,
         })
         .collect();
     for &index in &observation.relaunch {
@@ -212,6 +216,7 @@ pub fn plan_repair(
                 .unwrap_or(u32::MAX)
                 .saturating_add(1),
             resources,
+            launch_after: None,
         });
     }
     launches
@@ -237,8 +242,23 @@ impl Stride {
                 stride: self.index,
                 attempt: 1,
                 resources: None,
+                launch_after: None,
             })
             .collect()
+    }
+
+    /// Its trajectories launched at `now` by the group with UID `uid`, their starts spread over
+    /// `jitter` (`jitter::offsets`).
+    pub fn jittered(&self, uid: &str, jitter: Duration, now: Timestamp) -> Vec<Launch> {
+        let mut launches = self.launches();
+        let indices: Vec<u32> = launches.iter().map(|l| l.index).collect();
+        for (launch, offset) in launches.iter_mut().zip(offsets(uid, &indices, jitter)) {
+            launch.launch_after = SignedDuration::try_from(offset)
+                .ok()
+                .filter(|o| !o.is_zero())
+                .and_then(|o| now.checked_add(o).ok());
+        }
+        launches
     }
 
     /// The names of its trajectories in group `group`.

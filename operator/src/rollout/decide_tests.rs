@@ -35,6 +35,7 @@ fn group(early_stop: EarlyStop, cleanup: CleanupPolicy) -> RolloutGroup {
     let mut g = RolloutGroup::new(
         "g",
         RolloutGroupSpec {
+            launch_jitter_seconds: None,
             group_size: 2,
             max_trajectories: 4,
             stride: Some(2),
@@ -260,6 +261,7 @@ fn a_short_latest_stride_is_repaired() {
         stride,
         attempt: 1,
         resources: None,
+        launch_after: None,
     };
     let cases: Vec<(&str, Vec<TrajectoryRecord>, Vec<Launch>)> = vec![
         ("nothing launched", vec![], vec![]),
@@ -440,12 +442,14 @@ fn a_stride_names_and_launches_its_trajectories() {
                 stride: 1,
                 attempt: 1,
                 resources: None,
+                launch_after: None,
             },
             Launch {
                 index: 3,
                 stride: 1,
                 attempt: 1,
                 resources: None,
+                launch_after: None,
             }
         ]
     );
@@ -1161,6 +1165,7 @@ fn the_observation_and_the_repair_agree_with_the_children() {
             stride: 1,
             attempt: 1,
             resources: None,
+            launch_after: None,
         }]
     );
 }
@@ -1264,12 +1269,14 @@ mod retries {
                     stride: 0,
                     attempt: 2,
                     resources: Some(grown),
+                    launch_after: None,
                 },
                 Launch {
                     index: 1,
                     stride: 0,
                     attempt: 2,
                     resources: None,
+                    launch_after: None,
                 },
             ],
             "OOM: twice the memory; a lost pod: the template's resources"

@@ -81,7 +81,10 @@ pub async fn launch(
     stride: &Stride,
     observation: &mut Observation,
 ) -> Result<Vec<ChildState<()>>> {
-    let blocked = create(ctx, group, owner, None, &stride.launches(), observation).await?;
+    let jitter = super::jitter::jitter_of(&group.spec);
+    let uid = group.uid().unwrap_or_default();
+    let launches = stride.jittered(&uid, jitter, Timestamp::now());
+    let blocked = create(ctx, group, owner, None, &launches, observation).await?;
     let (stride_index, count) = (stride.index, stride.count);
     info!(group = %object_key(group), stride = stride_index, count, "stride launched");
     publish(

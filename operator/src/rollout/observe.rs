@@ -419,6 +419,7 @@ mod tests {
     fn the_deadline_counts_from_the_first_stride_and_aborts_what_is_unfinished() {
         use orchard_api::{SandboxSpec, SandboxTemplate};
         let mut spec = RolloutGroupSpec {
+            launch_jitter_seconds: None,
             group_size: 2,
             max_trajectories: 4,
             stride: Some(2),

@@ -51,6 +51,7 @@ mod tests {
 
     fn spec() -> RolloutGroupSpec {
         RolloutGroupSpec {
+            launch_jitter_seconds: None,
             group_size: 10,
             max_trajectories: 20,
             stride: Some(5),

@@ -35,6 +35,7 @@ fn group() -> RolloutGroup {
     let mut g = RolloutGroup::new(
         "g1",
         RolloutGroupSpec {
+            launch_jitter_seconds: None,
             group_size: 2,
             max_trajectories: 4,
             stride: Some(2),
@@ -88,7 +89,18 @@ fn launched(mut g: RolloutGroup) -> RolloutGroup {
 /// Trajectory `index` of stride 0, finished with `reward`.
 fn finished(g: &RolloutGroup, index: u32, reward: f64) -> orchard_api::Sandbox {
     let owner = g.controller_owner_ref(&()).expect("owner");
-    let mut s = desired_trajectory(g, &owner, index, 0, 1, None, &test_token_key());
+    let mut s = desired_trajectory(
+        g,
+        &owner,
+        &crate::rollout::decide::Launch {
+            index,
+            stride: 0,
+            attempt: 1,
+            resources: None,
+            launch_after: None,
+        },
+        &test_token_key(),
+    );
     s.metadata.uid = Some(format!("uid-t{index}"));
     s.status = Some(SandboxStatus {
         result: Some(TrajectoryResult {

@@ -284,6 +284,7 @@ fn escalation_multiplies_rounds_up_to_mib_and_caps() {
 
 fn spec(retry: Option<RetryPolicy>, resources: Option<SandboxResources>) -> RolloutGroupSpec {
     RolloutGroupSpec {
+        launch_jitter_seconds: None,
         group_size: 2,
         max_trajectories: 4,
         stride: Some(2),

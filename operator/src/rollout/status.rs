@@ -273,6 +273,7 @@ mod tests {
         let mut g = RolloutGroup::new(
             "g",
             RolloutGroupSpec {
+                launch_jitter_seconds: None,
                 group_size: 2,
                 max_trajectories: 4,
                 stride: Some(2),

@@ -18,6 +18,9 @@ pub enum Blocked {
     /// A ResourceQuota refused the Pod: the sandbox stays Pending and the creation is retried (a
     /// trajectory of a RolloutGroup waits for as long as its group allows; see [`startup_clock`]).
     QuotaExceeded(String),
+    /// A trajectory of a RolloutGroup whose stride's starts are spread (`launchJitterSeconds`): its
+    /// Pod is created at this time (`orchard.dev/launch-after`).
+    LaunchJitter(k8s_openapi::jiff::Timestamp),
     /// A sandbox of a pool has no member to claim and does not start cold: it waits (`stalled`: until
     /// someone changes something, e.g. creates the pool or aligns its spec with the template).
     Pool {

@@ -117,6 +117,20 @@ pub fn plan_children(
     ChildPlan::Ensure { pod }
 }
 
+/// When a trajectory Sandbox of a RolloutGroup may get its Pod, if not yet (pure): its
+/// `orchard.dev/launch-after` annotation (`rollout::jitter::launch_after`). Only a Sandbox the
+/// operator sealed for its group waits; any other starts at once.
+pub fn launch_wait(sandbox: &Sandbox, key: &OperatorKey, now: Timestamp) -> Option<Timestamp> {
+    rollout_group_of(sandbox, key)?;
+    let annotation = sandbox
+        .metadata
+        .annotations
+        .as_ref()
+        .and_then(|a| a.get(orchard_api::LAUNCH_AFTER_ANNOTATION));
+    let created = sandbox.metadata.creation_timestamp.as_ref().map(|t| t.0);
+    crate::rollout::jitter::launch_after(annotation.map(String::as_str), created, now)
+}
+
 /// The first blocked child, a conflict before a wait (pure).
 pub fn blocked_by(states: &[&ChildState<()>]) -> Option<Blocked> {
     let conflict = states.iter().find_map(|s| match s {
@@ -220,6 +234,10 @@ pub fn plan_status(sandbox: &Sandbox, outcome: &ChildOutcome, input: &StatusInpu
         Some(Blocked::PreviousIncarnation(_) | Blocked::Pool { .. })
     );
     let over_quota = matches!(outcome.blocked, Some(Blocked::QuotaExceeded(_)));
+    let jitter_wait = match outcome.blocked {
+        Some(Blocked::LaunchJitter(at)) => Some(until(now, at)),
+        _ => None,
+    };
     let observed = Observed {
         pod: outcome.pod.as_ref(),
         pod_gone: outcome.pod_gone.clone(),
@@ -249,7 +267,9 @@ pub fn plan_status(sandbox: &Sandbox, outcome: &ChildOutcome, input: &StatusInpu
         )
     {
         // A young sandbox usually becomes Ready within the window: write once, then.
-        let wait = if waiting {
+        let wait = if let Some(jitter) = jitter_wait {
+            wait.min(jitter)
+        } else if waiting {
             wait.min(PREVIOUS_INCARNATION_RECHECK)
         } else if over_quota {
             wait.min(QUOTA_RECHECK)
@@ -271,6 +291,8 @@ pub fn plan_status(sandbox: &Sandbox, outcome: &ChildOutcome, input: &StatusInpu
     };
     let then = if status.phase == Some(SandboxPhase::Failed) {
         Then::Terminal
+    } else if let Some(jitter) = jitter_wait {
+        Then::Requeue(jitter)
     } else if waiting {
         Then::Requeue(PREVIOUS_INCARNATION_RECHECK)
     } else if over_quota {

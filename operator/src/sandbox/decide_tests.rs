@@ -605,3 +605,65 @@ fn an_expired_trajectory_keeps_its_object_and_an_aborted_result() {
         "after recording its result"
     );
 }
+
+#[test]
+fn a_jittered_trajectory_waits_for_its_start_and_comes_back_then() {
+    let settings = settings();
+    let annotated = |mut s: Sandbox, at: &str| {
+        s.metadata
+            .annotations
+            .get_or_insert_default()
+            .insert(orchard_api::LAUNCH_AFTER_ANNOTATION.into(), at.into());
+        s
+    };
+    // The seal covers the owner, not the annotation: the group writes both at creation.
+    let jittered = annotated(trajectory(), "2026-01-01T00:00:00.750Z");
+    assert_eq!(
+        launch_wait(&jittered, key(), t("2026-01-01T00:00:00.100Z")),
+        Some(t("2026-01-01T00:00:00.750Z"))
+    );
+    assert_eq!(
+        launch_wait(&jittered, key(), t("2026-01-01T00:00:00.750Z")),
+        None,
+        "due"
+    );
+    let forged = annotated(
+        crate::sandbox::fixtures::forged_trajectory(),
+        "2026-01-01T00:00:30Z",
+    );
+    assert_eq!(
+        launch_wait(&forged, key(), t(CREATED)),
+        None,
+        "not the operator's trajectory"
+    );
+    let plain = annotated(sandbox(), "2026-01-01T00:00:30Z");
+    assert_eq!(
+        launch_wait(&plain, key(), t(CREATED)),
+        None,
+        "not a trajectory"
+    );
+
+    let pending = with_status(jittered, phase(SandboxPhase::Pending));
+    let outcome = ChildOutcome {
+        blocked: Some(Blocked::LaunchJitter(t("2026-01-01T00:00:07Z"))),
+        ..ChildOutcome::default()
+    };
+    let plan = settled(plan_status(
+        &pending,
+        &outcome,
+        &input(&settings, "2026-01-01T00:00:05Z"),
+    ));
+    assert_eq!(plan.then, Then::Requeue(Duration::from_millis(2001)));
+    let scheduled = plan
+        .status
+        .conditions
+        .iter()
+        .find(|c| c.type_ == "Scheduled")
+        .expect("Scheduled");
+    assert_eq!(scheduled.reason, "LaunchJitter");
+    assert!(
+        scheduled.message.contains("00:00:07"),
+        "{}",
+        scheduled.message
+    );
+}

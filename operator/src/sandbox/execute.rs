@@ -73,7 +73,12 @@ pub async fn ensure_children(
             }
         }
         PodStep::Start if outcome.blocked.is_none() => {
-            (outcome.pod, outcome.blocked) = start_pod(ctx, sandbox, owner, pool).await?;
+            match super::decide::launch_wait(sandbox, &ctx.kube.key, Timestamp::now()) {
+                Some(at) => outcome.blocked = Some(Blocked::LaunchJitter(at)),
+                None => {
+                    (outcome.pod, outcome.blocked) = start_pod(ctx, sandbox, owner, pool).await?
+                }
+            }
         }
         PodStep::Start => {}
     }

@@ -268,6 +268,32 @@ def test_queue_and_deadline_reach_the_request_body_and_queued_status_is_read() -
     assert not running.queued and running.queue_position is None
 
 
+def test_retry_and_launch_jitter_reach_the_request_body_spelled_as_the_api_spells_them() -> None:
+    body = _ops.group_body({"image": "x"}, launch_jitter_seconds=2, retry={
+        "max_attempts": 3, "on_oom": {"memory_factor": 2, "max_memory": "8Gi", "cpu_factor": 1.5, "max_cpu": "4"},
+        "on_eviction": True})
+    assert body["launchJitterSeconds"] == 2.0
+    assert body["retry"] == {"maxAttempts": 3, "onOOM": {"memoryFactor": 2, "maxMemory": "8Gi", "cpuFactor": 1.5, "maxCpu": "4"},
+                             "onEviction": True}
+    api_spelling = {"maxAttempts": 2, "onOOM": {"maxMemory": "1Gi"}}
+    assert _ops.group_body({"image": "x"}, retry=api_spelling)["retry"] == api_spelling
+    assert "retry" not in _ops.group_body({"image": "x"}) and "launchJitterSeconds" not in _ops.group_body({"image": "x"})
+    with pytest.raises(ValueError, match=r"unknown retry key\(s\) \['attempts'\]"):
+        _ops.group_body({"image": "x"}, retry={"attempts": 3})
+    with pytest.raises(ValueError, match="unknown retry on_oom key"):
+        _ops.group_body({"image": "x"}, retry={"on_oom": {"factor": 2}})
+    with pytest.raises(ValueError, match="retry must be a mapping"):
+        _ops.group_body({"image": "x"}, retry=3)  # type: ignore[arg-type]
+
+    fake = FakeGateway()
+    with SandboxClient("http://gw", "t", namespace=NS, transport=httpx.MockTransport(fake.handle), retry=FAST) as client:
+        client.create_rollout_group({"image": "x"}, name="s", retry={"on_eviction": True}, launch_jitter_seconds=0,
+                                    delete_on_exit=False)
+    assert [(b["retry"], b["launchJitterSeconds"]) for b in fake.bodies] == [({"onEviction": True}, 0.0)]
+    request = GroupRequest({"image": "x"}, retry={"max_attempts": 2}, launch_jitter_seconds=0.5)
+    assert request.create_kwargs()["retry"] == {"max_attempts": 2} and request.create_kwargs()["launch_jitter_seconds"] == 0.5
+
+
 def test_group_request_has_exactly_the_keywords_of_create_rollout_group() -> None:
     fields = {f.name for f in dataclasses.fields(GroupRequest)} - {"key", "_"}
     for create in (SandboxClient.create_rollout_group, AsyncSandboxClient.create_rollout_group):

@@ -338,6 +338,13 @@ pub fn desired_status(sandbox: &Sandbox, observed: &Observed) -> SandboxStatus {
             Some(Blocked::QuotaExceeded(message)) => {
                 (false, "QuotaExceeded".into(), message.clone())
             }
+            Some(Blocked::LaunchJitter(at)) => (
+                false,
+                "LaunchJitter".into(),
+                format!(
+                    "its RolloutGroup spreads the starts of a stride (launchJitterSeconds): its pod is created at {at:.3}"
+                ),
+            ),
             Some(Blocked::Pool {
                 reason, message, ..
             }) => (false, (*reason).to_string(), message.clone()),

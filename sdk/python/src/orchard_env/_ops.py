@@ -487,6 +487,8 @@ def group_body(
     cleanup: str | None = None,
     queue: str | None = None,
     active_deadline_seconds: int | None = None,
+    retry: Mapping[str, Any] | None = None,
+    launch_jitter_seconds: float | None = None,
 ) -> dict[str, Any]:
     """The body of ``POST .../rolloutgroups``. ``template`` is a sandbox shorthand
     (``{"image": ..., "run": {...}}``) or ``{"metadata": ..., "spec": ...}``. ``queue`` names a
@@ -523,6 +525,39 @@ def group_body(
         body["queue"] = queue
     if active_deadline_seconds is not None:
         body["activeDeadlineSeconds"] = int(active_deadline_seconds)
+    if retry is not None:
+        body["retry"] = retry_body(retry)
+    if launch_jitter_seconds is not None:
+        body["launchJitterSeconds"] = float(launch_jitter_seconds)
+    return body
+
+
+#: The keys of a group's ``retry`` (snake_case or as the API spells them) and of its ``on_oom``.
+RETRY_KEYS = {"max_attempts": "maxAttempts", "on_oom": "onOOM", "on_eviction": "onEviction"}
+ON_OOM_KEYS = {"memory_factor": "memoryFactor", "cpu_factor": "cpuFactor", "max_memory": "maxMemory", "max_cpu": "maxCpu"}
+
+
+def retry_body(retry: Mapping[str, Any]) -> dict[str, Any]:
+    """A group's ``retry`` as the API spells it: ``{"max_attempts": 3, "on_oom": {"max_memory": "8Gi"},
+    "on_eviction": True}`` becomes ``{"maxAttempts": 3, "onOOM": {"maxMemory": "8Gi"}, "onEviction": true}``
+    (the API's own spelling passes unchanged). An unknown key is a ``ValueError`` naming the known ones,
+    before anything is sent."""
+
+    def spelled(given: Mapping[str, Any], keys: Mapping[str, str], what: str) -> dict[str, Any]:
+        known = {**keys, **{v: v for v in keys.values()}}
+        unknown = sorted(k for k in given if k not in known)
+        if unknown:
+            raise ValueError(f"unknown {what} key(s) {unknown}: use {sorted(keys)}")
+        return {known[k]: v for k, v in given.items()}
+
+    if not isinstance(retry, Mapping):
+        raise ValueError(f"retry must be a mapping such as {{'max_attempts': 3, 'on_eviction': True}}, not {retry!r}")
+    body = spelled(retry, RETRY_KEYS, "retry")
+    on_oom = body.get("onOOM")
+    if on_oom is not None:
+        if not isinstance(on_oom, Mapping):
+            raise ValueError(f"retry on_oom must be a mapping such as {{'max_memory': '8Gi'}}, not {on_oom!r}")
+        body["onOOM"] = spelled(on_oom, ON_OOM_KEYS, "retry on_oom")
     return body
 
 

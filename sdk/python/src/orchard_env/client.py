@@ -637,6 +637,7 @@ class SandboxClient(Driver, _core.ClientCore):
         stride: int | None = None, positive_fraction: tuple[float, float] | Mapping[str, float] | None = None,
         early_stop: str | None = None, filter: Mapping[str, Any] | bool | None = None, trajectory_timeout_seconds: int | None = None,
         cleanup: str | None = None, queue: str | None = None, active_deadline_seconds: int | None = None,
+        retry: Mapping[str, Any] | None = None, launch_jitter_seconds: float | None = None,
         name: str | None = None, generate_name: str | None = None, labels: Mapping[str, str] | None = None,
         namespace: str | None = None, delete_on_exit: bool = True) -> RolloutGroup:
         """Creates a RolloutGroup whose trajectories run in sandboxes made from ``template`` (a sandbox
@@ -644,13 +645,17 @@ class SandboxClient(Driver, _core.ClientCore):
         ...}``). ``queue`` names a RolloutQueue of the namespace: each stride waits for its admission (phase
         ``Queued``) before launching. ``active_deadline_seconds`` is the group's own deadline from its first
         admitted stride: trajectories still without an outcome then are aborted (``DeadlineExceeded``) and the
-        group is recorded from what finished. Returns the group's handle at once; call
-        :meth:`RolloutGroup.wait` or :meth:`RolloutGroup.drive`."""
+        group is recorded from what finished. ``retry`` retries trajectories that ran out of memory or lost
+        their pod (``{"max_attempts": 3, "on_oom": {"memory_factor": 2, "max_memory": "8Gi"}, "on_eviction":
+        True}``; docs/API.md). ``launch_jitter_seconds`` spreads the starts of each stride (default 1 s, 0 for
+        none). Returns the group's handle at once; call :meth:`RolloutGroup.wait` or
+        :meth:`RolloutGroup.drive`."""
         return self._run(self._create_group_plan(
             template, namespace, delete_on_exit, name=name, generate_name=generate_name, labels=labels,
             group_size=group_size, max_trajectories=max_trajectories, stride=stride, positive_fraction=positive_fraction,
             early_stop=early_stop, filter=filter, trajectory_timeout_seconds=trajectory_timeout_seconds, cleanup=cleanup,
-            queue=queue, active_deadline_seconds=active_deadline_seconds))
+            queue=queue, active_deadline_seconds=active_deadline_seconds, retry=retry,
+            launch_jitter_seconds=launch_jitter_seconds))
 
     def rollout_group(self, name: str, *, namespace: str | None = None, delete_on_exit: bool = False) -> RolloutGroup:
         """A handle on the existing RolloutGroup ``name`` (no request is made); leaving its ``with`` block

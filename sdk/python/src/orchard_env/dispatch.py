@@ -86,6 +86,8 @@ class GroupRequest:
     cleanup: str | None = None
     queue: str | None = None
     active_deadline_seconds: int | None = None
+    retry: Mapping[str, Any] | None = None
+    launch_jitter_seconds: float | None = None
     name: str | None = None
     generate_name: str | None = None
     labels: Mapping[str, str] | None = None
