@@ -561,7 +561,7 @@ fn doc_section(args: &Args, runs: &[Run]) -> String {
         ));
     }
     section.push_str(
-        "\nSandbox-seconds are the summed lifetimes of the trajectory pods (first seen to deleted, from a pod watch). A queued group with `cleanup: Delete` deletes each finished trajectory as soon as its outcome is recorded (docs/QUEUES.md), while an unqueued group keeps its finished trajectories until it completes; that, and hundreds of pods competing for the same cores, is most of the difference. Every configuration shares the machine with whatever else runs: read them with the machine lines.\n",
+        "\nSandbox-seconds are the summed lifetimes of the trajectory pods (first seen to deleted, from a pod watch). A queued group with `cleanup: Delete` deletes each finished trajectory as soon as its outcome is recorded (docs/QUEUES.md), while an unqueued group keeps its finished trajectories until it completes; that, and hundreds of pods competing for the same cores, is most of the difference. A group waits for the last trajectory of each stride (`StrideBoundary`), and with jitter that one starts up to the jitter later, so with runners this short jitter lengthens every stride by up to its own length; what it buys is a lower peak of pod creations and of mutating requests in flight. Every configuration shares the machine with whatever else runs: read them with the machine lines.\n",
     );
     section
 }

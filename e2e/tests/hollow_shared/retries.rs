@@ -211,6 +211,15 @@ async fn a_pod_deleted_under_a_trajectory_is_retried_with_the_same_resources() {
         json!({"cpu": "100m"}),
         "the template's resources, as they were"
     );
+    let metrics = env.operator().metrics().await.expect("metrics");
+    assert!(
+        orchard_testcluster::operator_process::metric_sum(
+            &metrics,
+            "orchard_trajectory_retries_total",
+            &[("reason", "PodDeleted")]
+        ) >= 1.0,
+        "the retry is counted"
+    );
     let _ = std::fs::remove_dir_all(&marks);
     env.delete_namespace(&ns).await;
 }

@@ -47,6 +47,9 @@ pub struct Metrics {
     pub bar_trajectories: IntCounterVec,
     /// `orchard_bar_groups_total{selection}`: RolloutGroups completed, by selection.
     pub bar_groups: IntCounterVec,
+    /// `orchard_trajectory_retries_total{reason}`: attempts of trajectories a RolloutGroup retried, by
+    /// how they ended (`OOMKilled`, `Evicted`, `PodDeleted`, `NodeLost`).
+    pub trajectory_retries: IntCounterVec,
     /// `orchard_bar_trajectories_launched_per_group`: trajectories a completed group launched.
     pub bar_launched_per_group: Histogram,
     /// `orchard_leader`: 1 while this replica holds the leader Lease (always 1 without election).
@@ -236,6 +239,12 @@ impl Metrics {
                 "orchard_bar_trajectories_total",
                 "Finished trajectories recorded by RolloutGroups, by outcome.",
                 &["outcome"],
+            )?,
+            trajectory_retries: counter(
+                &registry,
+                "orchard_trajectory_retries_total",
+                "Attempts of RolloutGroup trajectories that were retried, by how they ended.",
+                &["reason"],
             )?,
             bar_groups: counter(
                 &registry,

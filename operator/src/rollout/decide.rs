@@ -456,8 +456,8 @@ pub struct Record {
     pub new_outcomes: Vec<&'static str>,
     /// After the write: the group completed.
     pub completion: Option<Completion>,
-    /// After the write: attempts the status now records as retried, told as Events.
-    pub retries: Vec<String>,
+    /// After the write: attempts the status now records as retried, told as Events and counted.
+    pub retries: Vec<Retried>,
     /// After the write: the children of ended attempts to delete (by UID).
     pub superseded: Vec<Superseded>,
     /// After that: children to delete (the clean-up of a completed group, the finished
@@ -587,11 +587,20 @@ pub fn new_outcomes(
 
 /// What `status` records as retried that `previous` did not (pure), one message per retried attempt:
 /// how it ended, what it ran with, and what the next attempt gets under `retry`.
+/// An attempt the status newly records as retried.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Retried {
+    /// How the attempt ended (`OOMKilled`, `Evicted`, `PodDeleted`, `NodeLost`): the metric's label.
+    pub reason: String,
+    /// The Event's message.
+    pub message: String,
+}
+
 pub fn retried(
     previous: &RolloutGroupStatus,
     status: &RolloutGroupStatus,
     retry: Option<&RetryParams>,
-) -> Vec<String> {
+) -> Vec<Retried> {
     let amounts = |memory: Option<&str>, cpu: Option<&str>| {
         format!(
             "memory {}, cpu {}",
@@ -611,7 +620,7 @@ pub fn retried(
                 || "the same resources".to_string(),
                 |a| amounts(Some(&a.memory_quantity().0), Some(&a.cpu_quantity().0)),
             );
-            messages.push(format!(
+            let message = format!(
                 "trajectory {} attempt {} ended {} ({}); attempt {} gets {next}",
                 record.name,
                 position + 1,
@@ -621,7 +630,11 @@ pub fn retried(
                     ended.cpu.as_ref().map(|q| q.0.as_str())
                 ),
                 position + 2,
-            ));
+            );
+            messages.push(Retried {
+                reason: ended.reason.clone(),
+                message,
+            });
         }
     }
     messages

@@ -1435,9 +1435,10 @@ mod retries {
         );
         assert_eq!(
             record.retries,
-            [
-                "trajectory g-1 attempt 1 ended OOMKilled (memory 64Mi, cpu 1); attempt 2 gets memory 128Mi, cpu 1"
-            ]
+            [Retried {
+                reason: "OOMKilled".into(),
+                message: "trajectory g-1 attempt 1 ended OOMKilled (memory 64Mi, cpu 1); attempt 2 gets memory 128Mi, cpu 1".into(),
+            }]
         );
         assert_eq!(
             record.new_outcomes,

@@ -167,7 +167,12 @@ pub async fn record(
             .with_label_values(&[label])
             .inc();
     }
-    for message in record.retries {
+    for super::decide::Retried { reason, message } in record.retries {
+        ctx.kube
+            .metrics
+            .trajectory_retries
+            .with_label_values(&[reason.as_str()])
+            .inc();
         info!(group = %object_key(group), retry = %message, "trajectory attempt ended, retrying");
         publish(
             &ctx.kube,
