@@ -6,7 +6,8 @@
 //! memory of the operator's own writes ([`own_writes`]); ownership and seals ([`ownership`]);
 //! per-object backoff and reconcile slots ([`backoff`], [`reconcile_slots`]); leadership
 //! ([`leader`]); the change feed waiters read ([`change_feed`]) and the controllers' triggers
-//! ([`triggers`]); conditions and events ([`conditions`], [`events`]); metrics ([`metrics`]) and the
+//! ([`triggers`]); conditions and events ([`conditions`], [`events`]); the start time of a jittered
+//! trajectory ([`launch_after`]); metrics ([`metrics`]) and the
 //! error type ([`error`]).
 
 pub mod accept;
@@ -19,6 +20,7 @@ pub mod error;
 pub mod events;
 pub mod keyed_locks;
 pub mod kube_ctx;
+pub mod launch_after;
 pub mod leader;
 pub mod metrics;
 #[cfg(test)]

@@ -167,7 +167,7 @@ fn node_ready(node: &Node) -> bool {
 /// Whether `pod`'s `Ready` condition is still `True`: the node controller sets it `False` on every pod
 /// of a node that stops answering, so a pod deleted by a taint while still Ready was on a live node.
 fn node_marked_pod_ready(pod: &Pod) -> bool {
-    crate::pod::health::pod_ready(pod)
+    crate::pod::conditions::pod_ready(pod)
 }
 
 /// Whether `pod` is being deleted because its node was lost, so that only a removal with grace period

@@ -4,6 +4,7 @@
 use k8s_openapi::api::core::v1::{ContainerStatus, Pod};
 use k8s_openapi::jiff::Timestamp;
 
+pub use crate::pod::conditions::{pod_condition, pod_ready};
 pub use crate::pod::failure::Failure;
 use crate::pod::naming::{INSTALL_CONTAINER, TASK_CONTAINER};
 
@@ -222,19 +223,6 @@ pub fn pod_failure(pod: &Pod) -> Option<Failure> {
     }
 }
 
-/// The condition `type_` of `pod`, if it has one.
-pub fn pod_condition<'a>(
-    pod: &'a Pod,
-    type_: &str,
-) -> Option<&'a k8s_openapi::api::core::v1::PodCondition> {
-    pod.status
-        .as_ref()?
-        .conditions
-        .as_ref()?
-        .iter()
-        .find(|c| c.type_ == type_)
-}
-
 /// Whether the pod is bound to a node, with the scheduler's reason when it is not.
 pub fn scheduling(pod: &Pod) -> (bool, String, String) {
     if pod
@@ -257,11 +245,6 @@ pub fn scheduling(pod: &Pod) -> (bool, String, String) {
             "waiting for the scheduler".into(),
         ),
     }
-}
-
-/// Whether `pod`'s `Ready` condition is `True` (pure).
-pub fn pod_ready(pod: &Pod) -> bool {
-    pod_condition(pod, "Ready").is_some_and(|c| c.status == "True")
 }
 
 /// Since when the task container of `pod` runs (pure).

@@ -9,6 +9,7 @@ pub mod agent_target;
 pub mod apply;
 pub mod cidr;
 pub mod cluster_ranges;
+pub mod conditions;
 pub mod context;
 pub mod disruption;
 pub mod egress_proxy;

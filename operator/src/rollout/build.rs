@@ -8,15 +8,31 @@
 use std::collections::BTreeMap;
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference};
+use k8s_openapi::jiff::Timestamp;
 
-use super::decide::Launch;
-use super::jitter::annotation_text;
+use crate::plumbing::launch_after::annotation_text;
 use crate::plumbing::operator_key::OperatorKey;
 use crate::plumbing::ownership::seal;
 use orchard_api::{
     ATTEMPT_LABEL, LAUNCH_AFTER_ANNOTATION, MANAGED_BY, MANAGED_BY_LABEL, PoolFallback,
     ROLLOUT_GROUP_LABEL, ROLLOUT_QUEUE_LABEL, RolloutGroup, STRIDE_LABEL, Sandbox,
+    SandboxResources,
 };
+
+/// One trajectory to create.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Launch {
+    /// Its index (launch order).
+    pub index: u32,
+    /// Its stride.
+    pub stride: u32,
+    /// Its attempt (1 for a new trajectory).
+    pub attempt: u32,
+    /// Resources replacing the template's (a retry's escalated amounts); `None`: the template's.
+    pub resources: Option<SandboxResources>,
+    /// When its Pod may be created (the stride's launch jitter); `None`: at once.
+    pub launch_after: Option<Timestamp>,
+}
 
 /// Name of trajectory `index` (0-based, launch order) of group `group`.
 pub fn trajectory_name(group: &str, index: u32) -> String {
@@ -105,7 +121,6 @@ fn annotations(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use orchard_api::SandboxResources;
     use orchard_api::{
         CleanupPolicy, EarlyStop, PositiveFraction, RolloutGroupSpec, RunSpec, SandboxSpec,
         SandboxTemplate, TemplateMetadata,

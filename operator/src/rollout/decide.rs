@@ -29,6 +29,7 @@ use std::time::Duration;
 
 use k8s_openapi::jiff::{SignedDuration, Timestamp};
 
+pub use super::build::Launch;
 use super::build::trajectory_name;
 use super::jitter::offsets;
 use super::observe::{DEADLINE_EXCEEDED, Observation, Superseded};
@@ -40,8 +41,7 @@ use crate::plumbing::writes::ChildState;
 use crate::queue::admission::waiting_message;
 use crate::queue::book::{Limits, QueueKey, Verdict};
 use orchard_api::{
-    CleanupPolicy, EarlyStop, RolloutGroup, RolloutGroupStatus, RolloutPhase, SandboxResources,
-    TrajectoryStatus,
+    CleanupPolicy, EarlyStop, RolloutGroup, RolloutGroupStatus, RolloutPhase, TrajectoryStatus,
 };
 use orchard_bar::{GroupDecision, Params, Progress, Step, decide, next_step};
 
@@ -164,21 +164,6 @@ pub fn plan_entry(group: &RolloutGroup, defaults: &ResourceDefaults, now: Timest
         return Entry::Failed;
     }
     Entry::Run(params, retry.map(Box::new))
-}
-
-/// One trajectory to create.
-#[derive(Debug, Clone, PartialEq)]
-pub struct Launch {
-    /// Its index (launch order).
-    pub index: u32,
-    /// Its stride.
-    pub stride: u32,
-    /// Its attempt (1 for a new trajectory).
-    pub attempt: u32,
-    /// Resources replacing the template's (a retry's escalated amounts); `None`: the template's.
-    pub resources: Option<SandboxResources>,
-    /// When its Pod may be created (the stride's launch jitter); `None`: at once.
-    pub launch_after: Option<Timestamp>,
 }
 
 /// The trajectories missing from the latest stride (pure): a crash between creating a stride's

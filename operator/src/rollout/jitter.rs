@@ -7,20 +7,14 @@
 //! groups), and the k-th of n starts `k/n` of the jitter after the stride's launch: evenly spread,
 //! the first at once. The group records the start time on each trajectory Sandbox
 //! (`orchard.dev/launch-after`); the Sandbox controller creates no Pod before it
-//! ([`launch_after`]).
+//! (`plumbing::launch_after`).
 
 use std::time::Duration;
-
-use k8s_openapi::jiff::{SignedDuration, Timestamp};
 
 use orchard_api::RolloutGroupSpec;
 
 /// The jitter of a group whose spec leaves `launchJitterSeconds` unset.
 pub const DEFAULT_JITTER: Duration = Duration::from_secs(1);
-
-/// The most a trajectory Sandbox waits for its start after its creation, whatever its annotation
-/// says (the schema's maximum jitter, and a second of clock skew).
-pub const MAX_WAIT: Duration = Duration::from_secs(61);
 
 /// The group's jitter (pure): its `launchJitterSeconds`, or [`DEFAULT_JITTER`]; a value the schema
 /// would refuse (negative, not finite, over 60) counts as 0 or 60.
@@ -57,34 +51,9 @@ pub fn offsets(uid: &str, indices: &[u32], jitter: Duration) -> Vec<Duration> {
         .collect()
 }
 
-/// When the Pod of a trajectory Sandbox created at `created` with annotation `annotation` (its
-/// `orchard.dev/launch-after`) may be created (pure): `None` at once (no annotation, not a time, or
-/// due), else the time, never later than [`MAX_WAIT`] after `created`.
-pub fn launch_after(
-    annotation: Option<&str>,
-    created: Option<Timestamp>,
-    now: Timestamp,
-) -> Option<Timestamp> {
-    let at: Timestamp = annotation?.parse().ok()?;
-    let latest = created?
-        .checked_add(SignedDuration::try_from(MAX_WAIT).ok()?)
-        .ok()?;
-    let at = at.min(latest);
-    (at > now).then_some(at)
-}
-
-/// `at` as the annotation's text: RFC 3339 in UTC with milliseconds.
-pub fn annotation_text(at: Timestamp) -> String {
-    format!("{at:.3}")
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    fn at(millis: i64) -> Timestamp {
-        Timestamp::from_millisecond(1_800_000_000_000 + millis).expect("time")
-    }
 
     #[test]
     fn a_stride_starts_evenly_spread_the_first_at_once_in_a_fixed_order() {
@@ -149,32 +118,5 @@ mod tests {
             spec.launch_jitter_seconds = Some(given);
             assert_eq!(jitter_of(&spec), Duration::from_millis(expected), "{given}");
         }
-    }
-
-    #[test]
-    fn a_pod_waits_for_its_time_but_never_more_than_a_minute_after_creation() {
-        let text = annotation_text(at(2_500));
-        assert!(text.ends_with(".500Z"), "{text}");
-        assert_eq!(
-            launch_after(Some(&text), Some(at(0)), at(1_000)),
-            Some(at(2_500))
-        );
-        assert_eq!(
-            launch_after(Some(&text), Some(at(0)), at(2_500)),
-            None,
-            "due"
-        );
-        assert_eq!(launch_after(None, Some(at(0)), at(0)), None);
-        assert_eq!(
-            launch_after(Some("soon"), Some(at(0)), at(0)),
-            None,
-            "not a time"
-        );
-        let far = annotation_text(at(3_600_000));
-        assert_eq!(
-            launch_after(Some(&far), Some(at(0)), at(0)),
-            Some(at(61_000)),
-            "capped"
-        );
     }
 }

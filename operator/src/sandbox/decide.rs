@@ -118,7 +118,7 @@ pub fn plan_children(
 }
 
 /// When a trajectory Sandbox of a RolloutGroup may get its Pod, if not yet (pure): its
-/// `orchard.dev/launch-after` annotation (`rollout::jitter::launch_after`). Only a Sandbox the
+/// `orchard.dev/launch-after` annotation (`plumbing::launch_after`). Only a Sandbox the
 /// operator sealed for its group waits; any other starts at once.
 pub fn launch_wait(sandbox: &Sandbox, key: &OperatorKey, now: Timestamp) -> Option<Timestamp> {
     rollout_group_of(sandbox, key)?;
@@ -128,7 +128,7 @@ pub fn launch_wait(sandbox: &Sandbox, key: &OperatorKey, now: Timestamp) -> Opti
         .as_ref()
         .and_then(|a| a.get(orchard_api::LAUNCH_AFTER_ANNOTATION));
     let created = sandbox.metadata.creation_timestamp.as_ref().map(|t| t.0);
-    crate::rollout::jitter::launch_after(annotation.map(String::as_str), created, now)
+    crate::plumbing::launch_after::launch_after(annotation.map(String::as_str), created, now)
 }
 
 /// The first blocked child, a conflict before a wait (pure).

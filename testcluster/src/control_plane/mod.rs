@@ -78,7 +78,10 @@ pub fn node_users(nodes: u8) -> Vec<(String, String)> {
     (0..nodes.max(1))
         .map(|ordinal| {
             (
-                format!("system:node:{}", crate::real_node::node_name(ordinal)),
+                format!(
+                    "system:node:{}",
+                    crate::real_node::layout::node_name(ordinal)
+                ),
                 "system:nodes".to_string(),
             )
         })
