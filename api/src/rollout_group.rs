@@ -138,7 +138,7 @@ pub struct RolloutGroupSpec {
     #[schemars(length(min = 1, max = 253))]
     pub queue: Option<String>,
 
-    /// Seconds over which each stride's trajectories start (their Pods are created at spread-out times in [0, launchJitterSeconds), in an order that is a fixed function of the group's UID and the trajectory's index) so that many groups launching at once do not create every Pod in the same instant (the paper's jitter against thundering herds). Unset or 0: the whole stride starts at once. A retried attempt starts at once. Most 60.
+    /// Seconds over which each stride's trajectories start (their Pods are created at spread-out times in [0, launchJitterSeconds), in an order that is a fixed function of the group's UID and the trajectory's index) so that many groups launching at once do not create every Pod in the same instant (the paper's jitter against thundering herds). Unset: 1 second; 0 starts the whole stride at once. A retried attempt starts at once. Most 60.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(range(min = 0.0, max = 60.0))]
     pub launch_jitter_seconds: Option<f64>,

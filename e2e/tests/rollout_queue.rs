@@ -4,6 +4,11 @@
 //! alone), the Fair order gives every group its first stride before any group its second, and a
 //! ResourceQuota smaller than a stride makes trajectories wait instead of aborting them, and a group
 //! deleted mid-stride gives its slots back.
+//!
+//! The fair-share groups spread their strides' starts over 1 s (`launchJitterSeconds`): the first of a
+//! stride starts at once, before its Sandbox's first status is in the operator's cache. That is how a
+//! runner that gave up on a cache without a status left a Ready trajectory unstarted and its group
+//! never complete (1 run in 8 on the old runner; `sandbox::runner::needs_result`).
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::{Arc, Mutex, OnceLock};
@@ -149,7 +154,7 @@ async fn six_groups_share_sixteen_slots_fairly_and_get_their_own_groups() {
                     &format!("p{g}"),
                     json!({
                         "groupSize": 8, "maxTrajectories": 16, "stride": 8,
-                        "queue": "batch",
+                        "queue": "batch", "launchJitterSeconds": 1,
                         "template": template(&reward_script(*seed, pass, None, Some(1)), 60),
                     }),
                 ),

@@ -13,8 +13,8 @@ use std::time::Duration;
 
 use orchard_api::RolloutGroupSpec;
 
-/// The jitter of a group whose spec leaves `launchJitterSeconds` unset: none (opt-in).
-pub const DEFAULT_JITTER: Duration = Duration::ZERO;
+/// The jitter of a group whose spec leaves `launchJitterSeconds` unset.
+pub const DEFAULT_JITTER: Duration = Duration::from_secs(1);
 
 /// The group's jitter (pure): its `launchJitterSeconds`, or [`DEFAULT_JITTER`]; a value the schema
 /// would refuse (negative, not finite, over 60) counts as 0 or 60.

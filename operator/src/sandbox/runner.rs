@@ -182,19 +182,27 @@ fn still_wanted(ctx: &SandboxCtx, key: &ObjectRef<Sandbox>, uid: &str) -> Option
         return None;
     }
     let sandbox = ctx.kube.caches.sandboxes.get(key)?;
+    needs_result(&sandbox, uid).then_some(sandbox)
+}
+
+/// Whether the cache's `sandbox` still needs the run of the sandbox with `uid` (pure): the same object,
+/// not deleting, no result recorded, not Failed or Expired. Only what the cache shows ends the run: a
+/// cache that does not show the status the reconcile just wrote yet (no status at all, when the first
+/// write of a fast sandbox was its Ready) does not. Giving up on it left a Ready trajectory unstarted:
+/// the reconcile the write's watch event brings found the giving-up task still running and left it be
+/// (seen in `rollout_queue`, whose first-started trajectory of a jittered stride was Ready before its
+/// first status write).
+fn needs_result(sandbox: &Sandbox, uid: &str) -> bool {
     if sandbox.uid().as_deref() != Some(uid) || sandbox.meta().deletion_timestamp.is_some() {
-        return None;
+        return false;
     }
-    let status = sandbox.status.as_ref()?;
-    if status.result.is_some()
-        || matches!(
-            status.phase,
-            Some(SandboxPhase::Failed | SandboxPhase::Expired)
-        )
-    {
-        return None;
-    }
-    Some(sandbox)
+    !sandbox.status.as_ref().is_some_and(|status| {
+        status.result.is_some()
+            || matches!(
+                status.phase,
+                Some(SandboxPhase::Failed | SandboxPhase::Expired)
+            )
+    })
 }
 
 /// The runner's retry policy for agent and API calls.
@@ -347,5 +355,63 @@ fn status_label(result: &TrajectoryResult) -> &'static str {
         orchard_api::TrajectoryStatus::Completed => "completed",
         orchard_api::TrajectoryStatus::Truncated => "truncated",
         orchard_api::TrajectoryStatus::Aborted => "aborted",
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::needs_result;
+    use orchard_api::{Sandbox, SandboxPhase, SandboxStatus, TrajectoryResult};
+    use serde_json::json;
+
+    fn sandbox(status: Option<SandboxStatus>) -> Sandbox {
+        let mut sandbox: Sandbox = serde_json::from_value(json!({
+            "apiVersion": "orchard.dev/v1alpha1", "kind": "Sandbox",
+            "metadata": {"name": "t-0", "namespace": "ns", "uid": "u1"},
+            "spec": {"image": "busybox"},
+        }))
+        .expect("a Sandbox");
+        sandbox.status = status;
+        sandbox
+    }
+
+    #[test]
+    fn a_cache_behind_the_ready_write_does_not_end_the_run() {
+        assert!(needs_result(&sandbox(None), "u1"), "no status cached yet");
+        let pending = SandboxStatus {
+            phase: Some(SandboxPhase::Pending),
+            ..SandboxStatus::default()
+        };
+        assert!(needs_result(&sandbox(Some(pending)), "u1"));
+    }
+
+    #[test]
+    fn a_result_an_ending_another_object_or_a_deletion_ends_it() {
+        let recorded = SandboxStatus {
+            phase: Some(SandboxPhase::Ready),
+            result: Some(
+                serde_json::from_value::<TrajectoryResult>(json!({"status": "aborted"}))
+                    .expect("a result"),
+            ),
+            ..SandboxStatus::default()
+        };
+        assert!(!needs_result(&sandbox(Some(recorded)), "u1"));
+        for phase in [SandboxPhase::Failed, SandboxPhase::Expired] {
+            let ended = SandboxStatus {
+                phase: Some(phase),
+                ..SandboxStatus::default()
+            };
+            assert!(!needs_result(&sandbox(Some(ended)), "u1"));
+        }
+        assert!(
+            !needs_result(&sandbox(None), "u2"),
+            "a new object under the name"
+        );
+        let mut deleting = sandbox(None);
+        deleting.metadata.deletion_timestamp =
+            Some(k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(
+                k8s_openapi::jiff::Timestamp::UNIX_EPOCH,
+            ));
+        assert!(!needs_result(&deleting, "u1"));
     }
 }

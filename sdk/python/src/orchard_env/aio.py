@@ -651,8 +651,8 @@ class AsyncSandboxClient(Driver, _core.ClientCore):
         admitted stride: trajectories still without an outcome then are aborted (``DeadlineExceeded``) and the
         group is recorded from what finished. ``retry`` retries trajectories that ran out of memory or lost
         their pod (``{"max_attempts": 3, "on_oom": {"memory_factor": 2, "max_memory": "8Gi"}, "on_eviction":
-        True}``; docs/API.md). ``launch_jitter_seconds`` spreads the starts of each stride (default 0: off).
-        Returns the group's handle at once; call :meth:`AsyncRolloutGroup.wait` or
+        True}``; docs/API.md). ``launch_jitter_seconds`` spreads the starts of each stride (default 1 s, 0 for
+        none). Returns the group's handle at once; call :meth:`AsyncRolloutGroup.wait` or
         :meth:`AsyncRolloutGroup.drive`."""
         return await self._run(self._create_group_plan(
             template, namespace, delete_on_exit, name=name, generate_name=generate_name, labels=labels,
