@@ -742,3 +742,109 @@ fn a_retry_limit_below_what_the_template_starts_with_is_refused() {
         "{found:?}"
     );
 }
+
+fn retrying_sandbox(retry: Value, resources: Value) -> Value {
+    sandbox(json!({"image": "i", "resources": resources, "retry": retry}))
+}
+
+#[test]
+fn a_sandbox_retry_policy_escalates_within_its_limits() {
+    for (retry, resources) in [
+        (json!({"onEviction": true}), json!({})),
+        (
+            json!({"maxAttempts": 3, "onOOM": {"maxMemory": "8Gi"}}),
+            json!({}),
+        ),
+        (
+            json!({"onOOM": {"memoryFactor": 1.5, "maxMemory": "1Gi"}}),
+            json!({"memory": "1Gi"}),
+        ),
+        (
+            json!({"onOOM": {"cpuFactor": 2, "maxMemory": "4Gi", "maxCpu": 4}, "onEviction": true}),
+            json!({"memory": "512Mi", "cpu": "500m"}),
+        ),
+    ] {
+        assert_eq!(
+            violations::<Sandbox>(retrying_sandbox(retry.clone(), resources.clone()), None),
+            Vec::<String>::new(),
+            "{retry} {resources}"
+        );
+    }
+    // The policy's own rules hold on a Sandbox as in a RolloutGroup: one shared type.
+    assert_rejects(
+        violations::<Sandbox>(
+            retrying_sandbox(
+                json!({"onOOM": {"memoryFactor": 1, "maxMemory": "8Gi"}}),
+                json!({}),
+            ),
+            None,
+        ),
+        "retry.onOOM.memoryFactor must be greater than 1",
+    );
+}
+
+#[test]
+fn a_sandbox_retry_limit_below_what_it_starts_with_is_refused() {
+    let bad = retrying_sandbox(
+        json!({"onOOM": {"maxMemory": "512Mi"}}),
+        json!({"memory": "1Gi"}),
+    );
+    assert_rejects(
+        violations::<Sandbox>(bad, None),
+        "retry.onOOM.maxMemory must not be below spec.resources.memory",
+    );
+    // Compared as quantities: 960Mi is not below 1G (953.67Mi), 950Mi is.
+    let ok = retrying_sandbox(
+        json!({"onOOM": {"maxMemory": "960Mi"}}),
+        json!({"memory": "1G"}),
+    );
+    assert!(violations::<Sandbox>(ok, None).is_empty());
+    let bad = retrying_sandbox(
+        json!({"onOOM": {"maxMemory": "8Gi", "cpuFactor": 2, "maxCpu": "1"}}),
+        json!({"cpu": "1500m"}),
+    );
+    assert_rejects(
+        violations::<Sandbox>(bad, None),
+        "retry.onOOM.maxCpu must not be below spec.resources.cpu",
+    );
+}
+
+#[test]
+fn a_sandbox_retry_policy_is_immutable() {
+    let old = retrying_sandbox(json!({"maxAttempts": 2, "onEviction": true}), json!({}));
+    assert!(violations::<Sandbox>(old.clone(), Some(old.clone())).is_empty());
+    for new in [
+        retrying_sandbox(json!({"maxAttempts": 5, "onEviction": true}), json!({})),
+        sandbox(json!({"image": "i", "resources": {}})),
+    ] {
+        assert_rejects(
+            violations::<Sandbox>(new, Some(old.clone())),
+            "spec.retry is immutable",
+        );
+    }
+    let plain = sandbox(json!({"image": "i", "resources": {}}));
+    assert_rejects(
+        violations::<Sandbox>(old, Some(plain)),
+        "spec.retry is immutable",
+    );
+}
+
+#[test]
+fn a_group_template_and_a_pool_template_may_not_set_a_sandbox_retry() {
+    let bad = group(json!({
+        "retry": {"onEviction": true},
+        "template": {"spec": {"image": "i", "retry": {"onEviction": true}}}
+    }));
+    assert_rejects(
+        violations::<RolloutGroup>(bad, None),
+        "template.spec.retry cannot be set: a RolloutGroup retries its trajectories itself; set the group's own spec.retry",
+    );
+    let ok = group(json!({"retry": {"onEviction": true}}));
+    assert!(violations::<RolloutGroup>(ok, None).is_empty());
+    let pool = json!({"apiVersion": "orchard.dev/v1alpha1", "kind": "SandboxPool", "metadata": {"name": "p"},
+                      "spec": {"replicas": 1, "template": {"image": "i", "retry": {"onEviction": true}}}});
+    assert_rejects(
+        violations::<SandboxPool>(pool, None),
+        "template.retry cannot be set",
+    );
+}

@@ -26,6 +26,8 @@ macro_rules! positive_quantity {
 }
 
 #[cfg(feature = "crd")]
+mod retry;
+#[cfg(feature = "crd")]
 mod rollout_group;
 #[cfg(feature = "crd")]
 mod rollout_queue;
@@ -34,6 +36,8 @@ mod sandbox;
 #[cfg(feature = "crd")]
 mod sandbox_pool;
 
+#[cfg(feature = "crd")]
+pub use retry::{AttemptRecord, OomEscalation, RetryPolicy};
 #[cfg(feature = "crd")]
 pub use rollout_group::*;
 #[cfg(feature = "crd")]

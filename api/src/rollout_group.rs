@@ -4,12 +4,12 @@
 
 use std::collections::BTreeMap;
 
-use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
 use kube::{CustomResource, KubeSchema};
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
+use super::retry::{AttemptRecord, RetryPolicy, first_attempt, is_first_attempt};
 use super::sandbox::{SandboxSpec, TrajectoryStatus};
 
 /// The CEL rule (on the group's spec) "`retry.onOOM.$max`, when set, is not below the template's
@@ -92,6 +92,7 @@ macro_rules! not_below_template {
 #[x_kube(validation = Rule::new("self == oldSelf").message("RolloutGroup spec is immutable: create a new RolloutGroup instead"))]
 #[x_kube(validation = Rule::new(not_below_template!("maxMemory", "memory")).message("retry.onOOM.maxMemory must not be below template.spec.resources.memory: escalation only ever raises the memory a trajectory starts with"))]
 #[x_kube(validation = Rule::new(not_below_template!("maxCpu", "cpu")).message("retry.onOOM.maxCpu must not be below template.spec.resources.cpu: escalation only ever raises the CPU a trajectory starts with"))]
+#[x_kube(validation = Rule::new("!has(self.template.spec.retry)").message("template.spec.retry cannot be set: a RolloutGroup retries its trajectories itself; set the group's own spec.retry (the same fields)"))]
 #[serde(rename_all = "camelCase")]
 pub struct RolloutGroupSpec {
     /// N: trajectories in the recorded group (trainers normalise advantages per group of exactly N).
@@ -217,56 +218,6 @@ pub struct GroupFilter {
 
 fn default_true() -> bool {
     true
-}
-
-/// Which failed trajectories are tried again, and with what.
-#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, JsonSchema)]
-#[serde(rename_all = "camelCase")]
-pub struct RetryPolicy {
-    /// Most attempts per trajectory, the first one included (1 to 10; 1 retries nothing). A trajectory whose last attempt also fails is recorded aborted with that attempt's reason.
-    #[serde(default = "default_max_attempts")]
-    #[schemars(range(min = 1, max = 10))]
-    pub max_attempts: i32,
-
-    /// Retry a trajectory whose attempt ran out of memory (its run's command or its sandbox OOM-killed, or its pod evicted because the node was low on memory) with the memory multiplied by memoryFactor, up to maxMemory. Without it, out-of-memory failures are not retried.
-    #[serde(rename = "onOOM", default, skip_serializing_if = "Option::is_none")]
-    pub on_oom: Option<OomEscalation>,
-
-    /// Retry a trajectory whose pod was evicted or deleted under it (reasons Evicted, PodDeleted, NodeLost) with the same resources. An eviction because the node was low on memory gets more memory when onOOM allows it, and the same otherwise. Default false.
-    #[serde(default)]
-    pub on_eviction: bool,
-}
-
-fn default_max_attempts() -> i32 {
-    3
-}
-
-/// How the resources of a trajectory grow when an attempt runs out of memory.
-#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
-#[x_kube(validation = Rule::new("double(self.memoryFactor) > 1.0").message("retry.onOOM.memoryFactor must be greater than 1 (e.g. 2: each retry gets twice the memory)"))]
-#[x_kube(validation = Rule::new("!has(self.cpuFactor) || double(self.cpuFactor) > 1.0").message("retry.onOOM.cpuFactor must be greater than 1 when set (leave it out to keep the CPU unchanged)"))]
-#[x_kube(validation = Rule::new(positive_quantity!("maxMemory")).message("retry.onOOM.maxMemory must be a quantity greater than 0 (e.g. 8Gi)"))]
-#[x_kube(validation = Rule::new(positive_quantity!("maxCpu")).message("retry.onOOM.maxCpu must be a quantity greater than 0 (e.g. 4 or 1500m)"))]
-#[serde(rename_all = "camelCase")]
-pub struct OomEscalation {
-    /// Each retry's memory is the failed attempt's times this factor, rounded up to whole MiB and capped at maxMemory (default 2; must be greater than 1).
-    #[serde(default = "default_memory_factor")]
-    pub memory_factor: f64,
-
-    /// Each retry's CPU is the failed attempt's times this factor, rounded up to whole millicores and capped at maxCpu when that is set (greater than 1). Without it the CPU stays as the template says.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub cpu_factor: Option<f64>,
-
-    /// The most memory an attempt gets, e.g. `8Gi`. A trajectory that runs out of memory with this much already is not retried. Must not be below the template's memory (or the operator's default memory when the template sets none: the group then fails with InvalidSpec).
-    pub max_memory: Quantity,
-
-    /// The most CPU an attempt gets when cpuFactor is set, e.g. `4`. Must not be below the template's CPU (or the operator's default). Without it the CPU grows with every retry.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub max_cpu: Option<Quantity>,
-}
-
-fn default_memory_factor() -> f64 {
-    2.0
 }
 
 /// Metadata and spec of each trajectory Sandbox.
@@ -453,7 +404,7 @@ pub struct TrajectoryRecord {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub reason: Option<String>,
     /// Attempts launched so far, the first one included (retry); omitted when 1.
-    #[serde(default = "one", skip_serializing_if = "is_one")]
+    #[serde(default = "first_attempt", skip_serializing_if = "is_first_attempt")]
     #[schemars(range(min = 1))]
     pub attempts: i32,
     /// The attempts that failed and were tried again, oldest first: how each ended and what it ran with. When it holds as many entries as `attempts`, the next attempt is about to be created.
@@ -476,31 +427,6 @@ impl TrajectoryRecord {
             previous_attempts: Vec::new(),
         }
     }
-}
-
-fn one() -> i32 {
-    1
-}
-
-fn is_one(value: &i32) -> bool {
-    *value == 1
-}
-
-/// One failed attempt of a trajectory that was tried again.
-#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, JsonSchema)]
-#[serde(rename_all = "camelCase")]
-pub struct AttemptRecord {
-    /// How it ended: `OOMKilled`, `Evicted`, `PodDeleted` or `NodeLost`.
-    pub reason: String,
-    /// What its sandbox or run said (the start of it).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub message: Option<String>,
-    /// The memory it ran with.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub memory: Option<Quantity>,
-    /// The CPU it ran with.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub cpu: Option<Quantity>,
 }
 
 /// One member of the selected group.

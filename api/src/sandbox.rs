@@ -12,6 +12,31 @@ use kube::{CustomResource, KubeSchema};
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
+use crate::retry::{AttemptRecord, RetryPolicy, first_attempt, is_first_attempt};
+
+/// The CEL rule (on a sandbox's spec) "`retry.onOOM.$max`, when set, is not below the spec's
+/// `resources.$amount`, when that is set" (the RolloutGroup's `not_below_template!` on a Sandbox's own
+/// fields). Quantities that do not parse are left to their own rules.
+macro_rules! not_below_resources {
+    ($max:literal, $amount:literal) => {
+        concat!(
+            "!has(self.retry) || !has(self.retry.onOOM) || !has(self.retry.onOOM.",
+            $max,
+            ") || !has(self.resources) || !has(self.resources.",
+            $amount,
+            ") || !isQuantity(string(self.retry.onOOM.",
+            $max,
+            ")) || !isQuantity(string(self.resources.",
+            $amount,
+            ")) || quantity(string(self.retry.onOOM.",
+            $max,
+            ")).compareTo(quantity(string(self.resources.",
+            $amount,
+            "))) >= 0"
+        )
+    };
+}
+
 /// Desired state of a Sandbox: which image to run and how it is isolated, sized and expired.
 // Each printer column repeats `type_ = ...`; clippy mistakes the repeats for duplicated attributes.
 #[allow(clippy::duplicated_attributes)]
@@ -92,6 +117,9 @@ use serde::{Deserialize, Serialize};
 #[x_kube(validation = Rule::new("has(self.resources) == has(oldSelf.resources) && (!has(self.resources) || self.resources == oldSelf.resources)").message("spec.resources is immutable: create a new Sandbox"))]
 #[x_kube(validation = Rule::new("has(self.run) == has(oldSelf.run) && (!has(self.run) || self.run == oldSelf.run)").message("spec.run is immutable once the sandbox exists"))]
 #[x_kube(validation = Rule::new("has(self.security) == has(oldSelf.security) && (!has(self.security) || self.security == oldSelf.security)").message("spec.security is immutable: create a new Sandbox"))]
+#[x_kube(validation = Rule::new("has(self.retry) == has(oldSelf.retry) && (!has(self.retry) || self.retry == oldSelf.retry)").message("spec.retry is immutable: create a new Sandbox"))]
+#[x_kube(validation = Rule::new(not_below_resources!("maxMemory", "memory")).message("retry.onOOM.maxMemory must not be below spec.resources.memory: escalation only ever raises the memory the sandbox starts with"))]
+#[x_kube(validation = Rule::new(not_below_resources!("maxCpu", "cpu")).message("retry.onOOM.maxCpu must not be below spec.resources.cpu: escalation only ever raises the CPU the sandbox starts with"))]
 #[x_kube(validation = Rule::new("!has(self.tolerations) || self.tolerations.all(t, !has(t.operator) || t.operator != 'Exists' || !has(t.value) || size(t.value) == 0)").message("tolerations[].value must be empty when the operator is Exists"))]
 #[x_kube(validation = Rule::new("!has(self.tolerations) || self.tolerations.all(t, (has(t.key) && size(t.key) > 0) || (has(t.operator) && t.operator == 'Exists'))").message("a toleration with an empty key must use operator Exists"))]
 #[x_kube(validation = Rule::new("!has(self.tolerations) || self.tolerations.all(t, !has(t.tolerationSeconds) || (has(t.effect) && t.effect == 'NoExecute'))").message("tolerations[].tolerationSeconds needs effect NoExecute"))]
@@ -173,6 +201,10 @@ pub struct SandboxSpec {
     /// What a sandbox with `pool` does when no Ready member fits: `ColdStart` (default: start its own Pod, as without a pool) or `Wait` (stay Pending until a member is Ready; a spec that differs from the pool's template waits with reason `PoolTemplateMismatch`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub when_pool_empty: Option<PoolFallback>,
+
+    /// Give the sandbox a new pod instead of failing it when its pod is lost in a way a new one may fix: its task container killed by the out-of-memory killer or its pod evicted because the node was low on memory (`onOOM`: with more memory), or its pod evicted, deleted or lost with its node (`onEviction`: with the same resources). At most `maxAttempts` pods in all; then the sandbox fails as without it, with the last attempt's reason. The new pod starts from the image again: the files, processes and sessions of the lost one are gone (they lived in that pod: its container's writable layer and emptyDir volumes). While it starts, the Ready condition is False with reason `Retrying`; `status.attempts` and `status.previousAttempts` say what happened, and each retry is an Event `SandboxRetry`. The pod of attempt n > 1 is named `<sandbox>-attempt-<n>`, carries the label `orchard.dev/attempt`, and is the sandbox's own (never claimed from a pool). The expiry clocks keep counting from the first Ready. A result already recorded stands: a `run` whose own command the out-of-memory killer ended is recorded aborted (OOMKilled) and not retried (a RolloutGroup's `spec.retry` retries that). Not allowed in a RolloutGroup's template (set the group's own `spec.retry`) or a SandboxPool's template. Immutable.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub retry: Option<RetryPolicy>,
 }
 
 /// What a Sandbox naming a pool does when no Ready member fits.
@@ -507,7 +539,7 @@ fn default_result_path() -> String {
 }
 
 /// Observed state of a Sandbox, written only by the operator (and `result` by external drivers).
-#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq, Default)]
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
 #[x_kube(validation = Rule::new("!has(oldSelf.result) || (has(self.result) && self.result == oldSelf.result)").message("status.result is write-once: a recorded trajectory result is never overwritten"))]
 #[serde(rename_all = "camelCase")]
 pub struct SandboxStatus {
@@ -556,6 +588,15 @@ pub struct SandboxStatus {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub result: Option<TrajectoryResult>,
 
+    /// The sandbox's attempt: how many pods it has been given so far, the first included (`spec.retry`); omitted when 1. The pod of a later attempt carries it in the label `orchard.dev/attempt`.
+    #[serde(default = "first_attempt", skip_serializing_if = "is_first_attempt")]
+    #[schemars(range(min = 1))]
+    pub attempts: i32,
+
+    /// The attempts whose pods were lost and that were tried again (`spec.retry`), oldest first: how each ended and the memory and CPU it ran with. Each one's files were lost with its pod.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub previous_attempts: Vec<AttemptRecord>,
+
     /// Which host rules the egress proxy enforces for this sandbox, written by the proxy (not the operator); absent until a sandbox that names hosts has them in force.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub egress: Option<EgressStatus>,
@@ -567,6 +608,30 @@ pub struct SandboxStatus {
     /// Human-readable detail of the current phase.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub message: Option<String>,
+}
+
+impl Default for SandboxStatus {
+    /// Nothing observed yet: the first attempt.
+    fn default() -> Self {
+        Self {
+            phase: None,
+            conditions: Vec::new(),
+            observed_generation: None,
+            pod_name: None,
+            pod_ip: None,
+            node_name: None,
+            agent_endpoint: None,
+            ready_time: None,
+            last_heartbeat_time: None,
+            expires_at: None,
+            result: None,
+            attempts: first_attempt(),
+            previous_attempts: Vec::new(),
+            egress: None,
+            reason: None,
+            message: None,
+        }
+    }
 }
 
 /// What the egress proxy enforces for a sandbox.

@@ -60,6 +60,7 @@ use crate::SandboxSpec;
 #[x_kube(validation = Rule::new("size(self.template.image) > 0").message("template.image is required"))]
 #[x_kube(validation = Rule::new("!has(self.template.pool)").message("template.pool cannot be set: a pool's members start cold"))]
 #[x_kube(validation = Rule::new("!has(self.template.run)").message("template.run cannot be set: a warm member runs nothing until it is claimed (set run on the claiming Sandbox)"))]
+#[x_kube(validation = Rule::new("!has(self.template.retry)").message("template.retry cannot be set: a warm member is never retried (set retry on the claiming Sandbox: a retry starts the Sandbox's own pod)"))]
 #[serde(rename_all = "camelCase")]
 pub struct SandboxPoolSpec {
     /// Unclaimed members to keep (Ready or starting). A claimed member leaves the pool and a new one is started; `kubectl scale` and autoscalers set this through the scale subresource.
@@ -67,7 +68,7 @@ pub struct SandboxPoolSpec {
     #[schemars(range(min = 0, max = 1000))]
     pub replicas: i32,
 
-    /// The sandbox every member is built from. Its image, resources, env, working directory, security, startup command and placement shape the member's Pod; a Sandbox claims a member only when its own values of these fields are unset or equal. `network` and `lifecycle` are defaults for the Sandboxes that claim a member (a member itself has no egress at all); `run` and `pool` cannot be set.
+    /// The sandbox every member is built from. Its image, resources, env, working directory, security, startup command and placement shape the member's Pod; a Sandbox claims a member only when its own values of these fields are unset or equal. `network` and `lifecycle` are defaults for the Sandboxes that claim a member (a member itself has no egress at all); `run`, `pool` and `retry` cannot be set.
     pub template: SandboxSpec,
 }
 

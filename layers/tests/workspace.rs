@@ -9,16 +9,17 @@ use orchard_layers::{Layers, cycles, graph, layer_violations, read_crate};
 const OPERATOR_LAYERS: Layers<'static> = &[
     ("plumbing", &[]),
     ("pod", &["plumbing"]),
+    ("retry", &["pod"]),
     ("pool", &["plumbing", "pod"]),
-    ("sandbox", &["plumbing", "pod", "pool"]),
+    ("sandbox", &["plumbing", "pod", "pool", "retry"]),
     ("queue", &["plumbing"]),
-    ("rollout", &["plumbing", "queue"]),
+    ("rollout", &["plumbing", "queue", "retry"]),
     ("gateway", &["plumbing", "pod"]),
     ("egress", &["plumbing", "pod"]),
     (
         "app",
         &[
-            "plumbing", "pod", "pool", "sandbox", "queue", "rollout", "gateway", "egress",
+            "plumbing", "pod", "retry", "pool", "sandbox", "queue", "rollout", "gateway", "egress",
         ],
     ),
 ];

@@ -17,5 +17,6 @@ pub mod plumbing;
 pub mod pod;
 pub mod pool;
 pub mod queue;
+pub mod retry;
 pub mod rollout;
 pub mod sandbox;

@@ -20,4 +20,5 @@ mod python_sdk;
 mod retries;
 mod rollout_group;
 mod sandbox_lifecycle;
+mod sandbox_retries;
 mod security;

@@ -215,8 +215,8 @@ async fn a_pod_deleted_under_a_trajectory_is_retried_with_the_same_resources() {
     assert!(
         orchard_testcluster::operator_process::metric_sum(
             &metrics,
-            "orchard_trajectory_retries_total",
-            &[("reason", "PodDeleted")]
+            "orchard_retries_total",
+            &[("kind", "trajectory"), ("reason", "PodDeleted")]
         ) >= 1.0,
         "the retry is counted"
     );

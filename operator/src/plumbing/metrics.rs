@@ -19,6 +19,11 @@ pub const HTTP_BUCKETS: &[f64] = &[
     0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 5.0, 30.0,
 ];
 
+/// The `kind` of `orchard_retries_total` for a RolloutGroup's trajectory tried again.
+pub const RETRY_KIND_TRAJECTORY: &str = "trajectory";
+/// The `kind` of `orchard_retries_total` for a standalone Sandbox given a new pod.
+pub const RETRY_KIND_SANDBOX: &str = "sandbox";
+
 /// All metrics of the operator.
 #[derive(Clone)]
 pub struct Metrics {
@@ -47,9 +52,10 @@ pub struct Metrics {
     pub bar_trajectories: IntCounterVec,
     /// `orchard_bar_groups_total{selection}`: RolloutGroups completed, by selection.
     pub bar_groups: IntCounterVec,
-    /// `orchard_trajectory_retries_total{reason}`: attempts of trajectories a RolloutGroup retried, by
-    /// how they ended (`OOMKilled`, `Evicted`, `PodDeleted`, `NodeLost`).
-    pub trajectory_retries: IntCounterVec,
+    /// `orchard_retries_total{kind, reason}`: attempts that were retried (`spec.retry`): of a
+    /// RolloutGroup's trajectories ([`RETRY_KIND_TRAJECTORY`]) or of standalone Sandboxes' pods
+    /// ([`RETRY_KIND_SANDBOX`]), by how they ended (`OOMKilled`, `Evicted`, `PodDeleted`, `NodeLost`).
+    pub retries: IntCounterVec,
     /// `orchard_bar_trajectories_launched_per_group`: trajectories a completed group launched.
     pub bar_launched_per_group: Histogram,
     /// `orchard_leader`: 1 while this replica holds the leader Lease (always 1 without election).
@@ -240,11 +246,11 @@ impl Metrics {
                 "Finished trajectories recorded by RolloutGroups, by outcome.",
                 &["outcome"],
             )?,
-            trajectory_retries: counter(
+            retries: counter(
                 &registry,
-                "orchard_trajectory_retries_total",
-                "Attempts of RolloutGroup trajectories that were retried, by how they ended.",
-                &["reason"],
+                "orchard_retries_total",
+                "Attempts that were retried under spec.retry: RolloutGroup trajectories (kind=trajectory) and standalone Sandboxes' pods (kind=sandbox), by how they ended.",
+                &["kind", "reason"],
             )?,
             bar_groups: counter(
                 &registry,

@@ -9,18 +9,19 @@ use kube::runtime::reflector::{ObjectRef, Store};
 
 use crate::plumbing::operator_key::OperatorKey;
 use crate::plumbing::ownership::sealed_for;
-use crate::pod::naming::pod_name;
+use crate::pod::naming::own_pod_name_of;
+use orchard_api::SANDBOX_LABEL;
 use orchard_api::Sandbox;
 
 /// Name of the sandbox's Pod: the one its status names (a claimed pool member keeps the member's
-/// name), else the sandbox's own name.
+/// name), else the name of its current attempt's Pod (the sandbox's own name for the first).
 pub fn own_pod_name(sandbox: &Sandbox) -> String {
     sandbox
         .status
         .as_ref()
         .and_then(|s| s.pod_name.clone())
         .filter(|name| !name.is_empty())
-        .unwrap_or_else(|| pod_name(&sandbox.name_any()))
+        .unwrap_or_else(|| own_pod_name_of(sandbox))
 }
 
 /// The sandbox's pod as the watch cache shows it, whoever owns it (callers check it is the sandbox's
@@ -57,4 +58,32 @@ pub fn claimed_in_cache(
                 .is_some_and(|v| *v == name)
             && sealed_for(p.as_ref(), &uid, key)
     })
+}
+
+/// The Pods of `sandbox`'s earlier attempts, as the cache shows them (pure over the store's
+/// contents): labelled with its name and sealed for it (verified with `key`), under a name other than
+/// its current attempt's.
+pub fn previous_attempt_pods(
+    pods: &Store<Pod>,
+    sandbox: &Sandbox,
+    key: &OperatorKey,
+) -> Vec<Arc<Pod>> {
+    let (Some(namespace), Some(uid)) = (sandbox.namespace(), sandbox.uid()) else {
+        return Vec::new();
+    };
+    let name = sandbox.name_any();
+    let current = own_pod_name(sandbox);
+    pods.state()
+        .into_iter()
+        .filter(|p| {
+            p.metadata.namespace.as_deref() == Some(namespace.as_str())
+                && p.metadata.name.as_deref() != Some(current.as_str())
+                && p.metadata
+                    .labels
+                    .as_ref()
+                    .and_then(|l| l.get(SANDBOX_LABEL))
+                    .is_some_and(|v| *v == name)
+                && sealed_for(p.as_ref(), &uid, key)
+        })
+        .collect()
 }

@@ -281,7 +281,7 @@ pub fn desired_pod(
 ) -> Pod {
     let name = sandbox.metadata.name.clone().unwrap_or_default();
     let spec = &sandbox.spec;
-    let mut meta = child_meta(sandbox, &name, pod_name(&name), owner, key);
+    let mut meta = child_meta(sandbox, &name, own_pod_name_of(sandbox), owner, key);
     meta.labels = Some(pod_labels(sandbox, key));
     meta.annotations = Some(credentials.annotations());
     let security = sandbox_security(spec, shape);

@@ -88,11 +88,12 @@ pub fn effective_spec(spec: &SandboxSpec, template: &SandboxSpec) -> SandboxSpec
         security: pick(&spec.security, &template.security),
         pool: spec.pool.clone(),
         when_pool_empty: spec.when_pool_empty,
+        retry: spec.retry.clone(),
     }
 }
 
 /// The fields of `spec` that shape a sandbox's Pod (everything a running Pod cannot change); the
-/// others (`network`, `lifecycle`, `run`, `pool`, `whenPoolEmpty`) are cleared. GPU types are
+/// others (`network`, `lifecycle`, `run`, `pool`, `whenPoolEmpty`, `retry`) are cleared. GPU types are
 /// written as the Pod uses them (lower-case, sorted, each once): `[H100, a100]` and `[a100, h100]`
 /// make the same Pod.
 pub fn pod_shaping(spec: &SandboxSpec) -> SandboxSpec {
@@ -106,6 +107,7 @@ pub fn pod_shaping(spec: &SandboxSpec) -> SandboxSpec {
         run: None,
         pool: None,
         when_pool_empty: None,
+        retry: None,
         resources,
         ..spec.clone()
     }

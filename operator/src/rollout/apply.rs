@@ -15,12 +15,12 @@ use tracing::info;
 use super::build::{attempt_of, desired_trajectory};
 use super::decide::{Launch, Targets};
 use super::observe::{ChildView, Observation, Superseded, observe as observe_children};
-use super::retry::RetryParams;
 use crate::plumbing::error::Result;
 use crate::plumbing::kube_ctx::object_key;
 use crate::plumbing::own_writes::child_key;
 use crate::plumbing::ownership::{Owner, sealed_for};
 use crate::plumbing::writes::{ChildState, create_owned, ensure_deleted, existing_state};
+use crate::retry::RetryParams;
 use crate::rollout::context::RolloutCtx;
 use orchard_api::{RolloutGroup, STRIDE_LABEL, Sandbox, SandboxPhase};
 

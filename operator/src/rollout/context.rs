@@ -6,7 +6,7 @@ use std::sync::Arc;
 use crate::plumbing::kube_ctx::KubeCtx;
 use crate::plumbing::reconcile_slots::ReconcileSlots;
 use crate::queue::context::QueueCtx;
-use crate::rollout::retry::ResourceDefaults;
+use crate::retry::ResourceDefaults;
 
 /// The RolloutGroup controller's context.
 pub struct RolloutCtx {

@@ -34,12 +34,13 @@ use super::build::trajectory_name;
 use super::jitter::offsets;
 use super::observe::{DEADLINE_EXCEEDED, Observation, Superseded};
 use super::params::bar_params;
-use super::retry::{ResourceDefaults, RetryParams, retry_params};
+use super::retry::retry_params;
 use super::status::{ADMITTED, QueueStanding, failed_status, group_status};
 use crate::plumbing::time::until;
 use crate::plumbing::writes::ChildState;
 use crate::queue::admission::waiting_message;
 use crate::queue::book::{Limits, QueueKey, Verdict};
+use crate::retry::{ResourceDefaults, RetryParams, retry_message};
 use orchard_api::{
     CleanupPolicy, EarlyStop, RolloutGroup, RolloutGroupStatus, RolloutPhase, TrajectoryStatus,
 };
@@ -570,8 +571,6 @@ pub fn new_outcomes(
         .collect()
 }
 
-/// What `status` records as retried that `previous` did not (pure), one message per retried attempt:
-/// how it ended, what it ran with, and what the next attempt gets under `retry`.
 /// An attempt the status newly records as retried.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Retried {
@@ -581,18 +580,13 @@ pub struct Retried {
     pub message: String,
 }
 
+/// What `status` records as retried that `previous` did not (pure), one message per retried attempt:
+/// how it ended, what it ran with, and what the next attempt gets under `retry`.
 pub fn retried(
     previous: &RolloutGroupStatus,
     status: &RolloutGroupStatus,
     retry: Option<&RetryParams>,
 ) -> Vec<Retried> {
-    let amounts = |memory: Option<&str>, cpu: Option<&str>| {
-        format!(
-            "memory {}, cpu {}",
-            memory.unwrap_or("?"),
-            cpu.unwrap_or("?")
-        )
-    };
     let mut messages = Vec::new();
     for record in &status.trajectories {
         let known = previous
@@ -601,24 +595,14 @@ pub fn retried(
             .find(|p| p.name == record.name)
             .map_or(0, |p| p.previous_attempts.len());
         for (position, ended) in record.previous_attempts.iter().enumerate().skip(known) {
-            let next = retry.and_then(|policy| policy.after(ended)).map_or_else(
-                || "the same resources".to_string(),
-                |a| amounts(Some(&a.memory_quantity().0), Some(&a.cpu_quantity().0)),
-            );
-            let message = format!(
-                "trajectory {} attempt {} ended {} ({}); attempt {} gets {next}",
-                record.name,
-                position + 1,
-                ended.reason,
-                amounts(
-                    ended.memory.as_ref().map(|q| q.0.as_str()),
-                    ended.cpu.as_ref().map(|q| q.0.as_str())
-                ),
-                position + 2,
-            );
+            let next = retry.and_then(|policy| policy.after(ended));
             messages.push(Retried {
                 reason: ended.reason.clone(),
-                message,
+                message: format!(
+                    "trajectory {} {}",
+                    record.name,
+                    retry_message(position + 1, ended, next)
+                ),
             });
         }
     }

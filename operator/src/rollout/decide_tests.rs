@@ -1172,8 +1172,8 @@ fn the_observation_and_the_repair_agree_with_the_children() {
 
 mod retries {
     use super::*;
+    use crate::retry::RetryParams;
     use crate::rollout::observe::{ChildView, Superseded};
-    use crate::rollout::retry::RetryParams;
     use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
     use orchard_api::{
         AttemptRecord, OomEscalation, RetryPolicy, SandboxResources, TrajectoryResult,

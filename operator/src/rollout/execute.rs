@@ -14,6 +14,7 @@ use super::observe::Observation;
 use crate::plumbing::error::Result;
 use crate::plumbing::events::publish;
 use crate::plumbing::kube_ctx::object_key;
+use crate::plumbing::metrics::RETRY_KIND_TRAJECTORY;
 use crate::plumbing::writes::{self, ChildState, StatusWrite};
 use crate::queue::admission;
 use crate::queue::book::QueueKey;
@@ -170,8 +171,8 @@ pub async fn record(
     for super::decide::Retried { reason, message } in record.retries {
         ctx.kube
             .metrics
-            .trajectory_retries
-            .with_label_values(&[reason.as_str()])
+            .retries
+            .with_label_values(&[RETRY_KIND_TRAJECTORY, reason.as_str()])
             .inc();
         info!(group = %object_key(group), retry = %message, "trajectory attempt ended, retrying");
         publish(

@@ -18,7 +18,8 @@ use std::collections::{BTreeMap, BTreeSet};
 use k8s_openapi::jiff::{SignedDuration, Timestamp};
 
 use super::build::{trajectory_index, trajectory_name};
-use super::retry::{RetryParams, attempt_end};
+use super::retry::attempt_end;
+use crate::retry::RetryParams;
 use orchard_api::{
     RolloutGroupSpec, RolloutGroupStatus, SandboxResources, TrajectoryRecord, TrajectoryResult,
     TrajectoryStatus,
@@ -474,7 +475,8 @@ mod tests {
 
     mod retries {
         use super::*;
-        use crate::rollout::retry::{Amounts, Escalation, RetryParams};
+        use crate::retry::policy::Escalation;
+        use crate::retry::{Amounts, RetryParams};
         use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
         use orchard_api::{AttemptRecord, SandboxResources};
         use orchard_bar::Fraction;
@@ -495,7 +497,7 @@ mod tests {
                     memory: 2048 * MI,
                     cpu: 1000,
                 },
-                template: Some(memory("64Mi")),
+                base: Some(memory("64Mi")),
                 start: Amounts {
                     memory: 64 * MI,
                     cpu: 1000,

@@ -194,7 +194,7 @@ fn ctx(script: &Scripted) -> Arc<RolloutCtx> {
             kube: script.kube.clone(),
             book: Arc::default(),
         }),
-        defaults: crate::rollout::retry::ResourceDefaults {
+        defaults: crate::retry::ResourceDefaults {
             cpu: "1".into(),
             memory: "2Gi".into(),
         },

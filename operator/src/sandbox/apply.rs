@@ -18,8 +18,8 @@ use crate::plumbing::writes::{
     ChildState, apply_owned, create_owned, delete_if_same, ensure_deleted, existing_state,
     force_delete_if_same,
 };
-use crate::pod::lookup::{cached_pod, own_pod_name};
-use crate::pod::naming::{egress_policy_name, pod_name};
+use crate::pod::lookup::{cached_pod, own_pod_name, previous_attempt_pods};
+use crate::pod::naming::{egress_policy_name, own_pod_name_of};
 use crate::pod::policy::{desired_egress_policy, refused_allow_rules};
 use crate::sandbox::context::SandboxCtx;
 use orchard_api::Sandbox;
@@ -131,7 +131,7 @@ pub async fn ensure_egress_policy(
 /// seal), else the Pod this incarnation created or claimed moments ago.
 pub fn known_pod(ctx: &SandboxCtx, sandbox: &Sandbox) -> Option<ChildState<Pod>> {
     let uid = sandbox.uid().unwrap_or_default();
-    let name = pod_name(&sandbox.name_any());
+    let name = own_pod_name_of(sandbox);
     let key = &ctx.kube.key;
     let written = ctx
         .kube
@@ -197,7 +197,7 @@ pub async fn delete_own_pod(ctx: &SandboxCtx, sandbox: &Sandbox) -> Result<()> {
         None => ctx
             .kube
             .own_writes
-            .object::<Pod>(&uid, &child_key("Pod", &pod_name(&sandbox.name_any()))),
+            .object::<Pod>(&uid, &child_key("Pod", &own_pod_name_of(sandbox))),
     };
     if let Some(pod) = pod
         && let Some(pod_uid) = pod.uid()
@@ -212,6 +212,32 @@ pub async fn delete_own_pod(ctx: &SandboxCtx, sandbox: &Sandbox) -> Result<()> {
             &pod_uid,
         )
         .await?;
+    }
+    Ok(())
+}
+
+/// Removes the Pods of a retried sandbox's earlier attempts (`spec.retry`) before its new attempt's
+/// Pod is created: each one the cache shows sealed for the sandbox under another name; one stuck
+/// terminating on a lost node with grace period 0 (`pod::disruption::stuck_on_lost_node`).
+pub async fn delete_previous_attempts(ctx: &SandboxCtx, sandbox: &Sandbox) -> Result<()> {
+    let uid = sandbox.uid().unwrap_or_default();
+    let key = &ctx.kube.key;
+    for pod in previous_attempt_pods(&ctx.kube.caches.pods, sandbox, key) {
+        let (namespace, name) = (pod.namespace().unwrap_or_default(), pod.name_any());
+        let pod_uid = pod.uid().unwrap_or_default();
+        if pod.meta().deletion_timestamp.is_none() {
+            ensure_deleted(
+                &ctx.kube,
+                &ctx.kube.caches.pods,
+                &uid,
+                &namespace,
+                &name,
+                &pod_uid,
+            )
+            .await?;
+        } else if crate::pod::disruption::stuck_on_lost_node(&pod) {
+            force_delete_if_same::<Pod>(&ctx.kube, &namespace, &name, &pod_uid).await?;
+        }
     }
     Ok(())
 }

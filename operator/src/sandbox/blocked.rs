@@ -15,6 +15,9 @@ pub enum Blocked {
     /// The operator's placement policy refuses the spec (`placement`): the sandbox fails before any
     /// child is created.
     PlacementRefused(String),
+    /// The spec's `retry` cannot run under the operator's defaults (`sandbox::retry::policy_of`): the
+    /// sandbox fails before any child is created.
+    InvalidSpec(String),
     /// A ResourceQuota refused the Pod: the sandbox stays Pending and the creation is retried (a
     /// trajectory of a RolloutGroup waits for as long as its group allows; see [`startup_clock`]).
     QuotaExceeded(String),

@@ -1,7 +1,7 @@
 //! What a Sandbox reconcile and the trajectory runner use: the shared handles, the pods' settings,
 //! this controller's lifecycle defaults, its reconcile slots, the agent client, the running
-//! trajectory runs, the pools' state (a Sandbox of a pool claims a member) and the cluster-wide
-//! verdict on NetworkPolicy enforcement.
+//! trajectory runs, the pools' state (a Sandbox of a pool claims a member), the cluster-wide
+//! verdict on NetworkPolicy enforcement and the resources a sandbox that sets none runs with.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -12,6 +12,7 @@ use crate::plumbing::task_set::KeyedTasks;
 use crate::pod::agent_client::AgentClient;
 use crate::pod::context::PodCtx;
 use crate::pool::book::PoolBook;
+use crate::retry::ResourceDefaults;
 use crate::sandbox::enforcement::shared::SharedVerdict;
 
 /// How many trajectory runs one replica drives at once; more wait in line for a slot. A run is
@@ -68,6 +69,8 @@ pub struct SandboxCtx {
     pub pools: Arc<PoolBook>,
     /// Whether NetworkPolicies are enforced in the cluster, as the sandboxes tell.
     pub enforcement: Arc<SharedVerdict>,
+    /// What a sandbox that sets no CPU or memory runs with (its `spec.retry` escalates from there).
+    pub resource_defaults: ResourceDefaults,
 }
 
 impl SandboxCtx {
@@ -83,6 +86,10 @@ impl SandboxCtx {
                 kube.metrics.network_policy_enforcement.clone(),
             )),
             slots: ReconcileSlots::new(settings.concurrency),
+            resource_defaults: ResourceDefaults {
+                cpu: pods.settings.pod.default_cpu.clone(),
+                memory: pods.settings.pod.default_memory.clone(),
+            },
             kube,
             pods,
             settings,

@@ -21,6 +21,7 @@ use crate::plumbing::operator_key::OperatorKey;
 use crate::plumbing::time::until;
 use crate::plumbing::writes::ChildState;
 use crate::pod::placement::{self, Placement};
+use crate::retry::{RetryParams, retry_message};
 use crate::sandbox::blocked::Blocked;
 use crate::sandbox::claim::is_claimed_member;
 use crate::sandbox::coalesce::{first_status_can_wait, hold_back_transient};
@@ -47,8 +48,9 @@ pub const PREVIOUS_INCARNATION_RECHECK: Duration = Duration::from_secs(1);
 pub enum ChildPlan {
     /// Failed or Expired: free the Pod's resources; the Sandbox stays until [`failed_removal`] says.
     Terminal,
-    /// The placement policy refuses the spec: nothing is created, the sandbox fails.
-    Refused(String),
+    /// The placement policy refuses the spec ([`Blocked::PlacementRefused`]), or its `retry` cannot
+    /// run ([`Blocked::InvalidSpec`]): nothing is created, the sandbox fails.
+    Refused(Blocked),
     /// Ensure the namespace baseline and the sandbox's egress policy (before the Pod starts, and
     /// before a claim relabels a pool member into its selector), then get the Pod by `pod`.
     Ensure {
@@ -84,11 +86,12 @@ pub struct ChildOutcome {
 }
 
 /// The children's plan for `sandbox` (pure): `known` is the Pod the operator knows (the cache, or
-/// its own write moments ago).
+/// its own write moments ago); `invalid_retry` says why its `retry` cannot run, if it cannot.
 pub fn plan_children(
     sandbox: &Sandbox,
     known: Option<&ChildState<Pod>>,
     placement: &Placement,
+    invalid_retry: Option<&str>,
 ) -> ChildPlan {
     let previous = sandbox.status.as_ref();
     if matches!(
@@ -98,12 +101,17 @@ pub fn plan_children(
         return ChildPlan::Terminal;
     }
     let named = previous.is_some_and(|s| s.pod_name.is_some());
-    // The placement policy gates the Pod's creation only: a sandbox whose Pod exists keeps it.
-    if known.is_none()
-        && !named
-        && let Err(why) = placement::check(&sandbox.spec, placement)
+    // The placement policy gates a Pod's creation only (a retry's too): a sandbox whose Pod exists
+    // keeps it. A retry policy that cannot run is refused before the first one.
+    let creating = known.is_none() && !named;
+    if creating && let Err(why) = placement::check(&sandbox.spec, placement) {
+        return ChildPlan::Refused(Blocked::PlacementRefused(why));
+    }
+    if creating
+        && previous.is_none_or(|s| s.attempts <= 1)
+        && let Some(why) = invalid_retry
     {
-        return ChildPlan::Refused(why);
+        return ChildPlan::Refused(Blocked::InvalidSpec(why.to_string()));
     }
     let pod = match known {
         Some(ChildState::Ours(_)) => PodStep::Known,
@@ -162,6 +170,8 @@ pub struct StatusInput<'a> {
     pub enforcement: &'a Verdict,
     /// The operator knows an egress proxy.
     pub egress_proxy: bool,
+    /// The sandbox's retry policy (`sandbox::retry::policy_of`), if it has one that can run.
+    pub retry: Option<&'a RetryParams>,
 }
 
 /// A transition worth an Event, a log line or a metric.
@@ -171,6 +181,13 @@ pub enum Note {
     PolicyEnforcementMissing(String),
     /// The sandbox became Ready for the first time, `seconds` after its creation (when known).
     Ready(Option<f64>),
+    /// The sandbox's pod was lost and a new attempt begins (`spec.retry`).
+    Retried {
+        /// How the attempt ended (`OOMKilled`, `Evicted`, `PodDeleted`, `NodeLost`).
+        reason: String,
+        /// What ended, what it ran with, and what the next attempt gets.
+        message: String,
+    },
     /// The sandbox failed.
     Failed {
         /// CamelCase reason.
@@ -249,13 +266,17 @@ pub fn plan_status(sandbox: &Sandbox, outcome: &ChildOutcome, input: &StatusInpu
         key: input.key,
         enforcement: input.enforcement,
         egress_proxy: input.egress_proxy,
+        retry: input.retry,
     };
     let status = desired_status(sandbox, &observed);
     let previous = sandbox.status.clone().unwrap_or_default();
     let changed = sandbox.status.as_ref() != Some(&status);
     let created = sandbox.metadata.creation_timestamp.as_ref().map(|t| t.0);
+    // A retry is written at once: the new attempt's pod is created only once the status says so.
+    let retried = status.attempts > previous.attempts;
     // Nothing enforces its policies: that needs outside help, so it is written at once.
     if changed
+        && !retried
         && !ready_reason_is(&status, POLICY_ENFORCEMENT_MISSING)
         && let Some(wait) = hold_back_transient(
             sandbox.status.as_ref(),
@@ -285,12 +306,17 @@ pub fn plan_status(sandbox: &Sandbox, outcome: &ChildOutcome, input: &StatusInpu
             .as_ref()
             .is_some_and(|p| is_claimed_member(sandbox, p));
     let notes = if changed {
-        transition_notes(created, &previous, &status, now)
+        let mut notes = transition_notes(created, &previous, &status, now);
+        notes.extend(retry_notes(&previous, &status, input.retry));
+        notes
     } else {
         Vec::new()
     };
     let then = if status.phase == Some(SandboxPhase::Failed) {
         Then::Terminal
+    } else if retried {
+        // The next reconcile removes the lost pod and creates the new attempt's.
+        Then::Requeue(Duration::ZERO)
     } else if let Some(jitter) = jitter_wait {
         Then::Requeue(jitter)
     } else if waiting {
@@ -396,6 +422,32 @@ fn transition_notes(
         _ => {}
     }
     notes
+}
+
+/// The retries `status` records that `previous` did not (pure), each told with what ended, what it
+/// ran with, and what the next attempt gets under `retry`.
+fn retry_notes(
+    previous: &SandboxStatus,
+    status: &SandboxStatus,
+    retry: Option<&RetryParams>,
+) -> Vec<Note> {
+    let known = previous.previous_attempts.len();
+    status
+        .previous_attempts
+        .iter()
+        .enumerate()
+        .skip(known)
+        .map(|(position, ended)| {
+            let next = retry.and_then(|policy| policy.after(ended));
+            Note::Retried {
+                reason: ended.reason.clone(),
+                message: format!(
+                    "{}; the sandbox's files are lost with its pod",
+                    retry_message(position + 1, ended, next)
+                ),
+            }
+        })
+        .collect()
 }
 
 /// What becomes of a terminal sandbox.

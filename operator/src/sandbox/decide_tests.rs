@@ -32,6 +32,7 @@ fn input<'a>(settings: &'a SandboxSettings, now: &str) -> StatusInput<'a> {
         now: t(now),
         enforcement: &Verdict::Unknown,
         egress_proxy: false,
+        retry: None,
     }
 }
 
@@ -147,11 +148,11 @@ fn the_children_plan_follows_the_phase_the_known_pod_and_the_placement_policy() 
         ),
     ];
     for (case, s, known, want) in cases {
-        assert_eq!(plan_children(&s, known, &allow_all), want, "{case}");
+        assert_eq!(plan_children(&s, known, &allow_all, None), want, "{case}");
     }
     let strict = Placement::from_policy(&crate::pod::placement::PlacementPolicy::default());
     assert!(
-        matches!(plan_children(&picky, None, &strict), ChildPlan::Refused(why) if why.contains("vip")),
+        matches!(plan_children(&picky, None, &strict, None), ChildPlan::Refused(Blocked::PlacementRefused(why)) if why.contains("vip")),
         "a refused spec without a pod creates nothing"
     );
 }

@@ -24,15 +24,18 @@ use super::runner;
 use crate::plumbing::error::{Error, Result};
 use crate::plumbing::events::publish;
 use crate::plumbing::kube_ctx::object_key;
+use crate::plumbing::metrics::RETRY_KIND_SANDBOX;
 use crate::plumbing::writes::{self, ChildState, StatusWrite};
-use crate::pod::naming::pod_name;
+use crate::pod::naming::{attempt, own_pod_name_of};
 use crate::pod::spec::desired_pod;
 use crate::pod::token::new_nonce;
 use crate::pool::template::{PoolDefaults, defaults_of, record_defaults};
+use crate::retry::RetryParams;
+use crate::sandbox::retry::as_attempt;
 use orchard_api::{Sandbox, SandboxPool, SandboxStatus};
 
 /// Carries out `plan` for `sandbox` (whose Pod the operator knows as `known`; `pool` is the pool it
-/// names, if that exists): the policies first, then the Pod.
+/// names, if that exists; `retry` its retry policy): the policies first, then the Pod.
 pub async fn ensure_children(
     ctx: &SandboxCtx,
     sandbox: &Sandbox,
@@ -40,13 +43,14 @@ pub async fn ensure_children(
     pool: Option<&SandboxPool>,
     known: Option<ChildState<Pod>>,
     plan: &ChildPlan,
+    retry: Option<&RetryParams>,
 ) -> Result<ChildOutcome> {
     let step = match plan {
         ChildPlan::Terminal => return Ok(ChildOutcome::default()),
         ChildPlan::Refused(why) => {
             // Refused before anything is created: no baseline, no policy.
             return Ok(ChildOutcome {
-                blocked: Some(Blocked::PlacementRefused(why.clone())),
+                blocked: Some(why.clone()),
                 ..ChildOutcome::default()
             });
         }
@@ -76,7 +80,8 @@ pub async fn ensure_children(
             match super::decide::launch_wait(sandbox, &ctx.kube.key, Timestamp::now()) {
                 Some(at) => outcome.blocked = Some(Blocked::LaunchJitter(at)),
                 None => {
-                    (outcome.pod, outcome.blocked) = start_pod(ctx, sandbox, owner, pool).await?
+                    (outcome.pod, outcome.blocked) =
+                        start_pod(ctx, sandbox, owner, pool, retry).await?
                 }
             }
         }
@@ -86,13 +91,21 @@ pub async fn ensure_children(
 }
 
 /// The Pod of a sandbox that has none: a claimed member of its pool, or its own, started cold; or
-/// why it waits.
+/// why it waits. A later attempt of a retried sandbox (`spec.retry`) removes the Pods of the earlier
+/// ones and starts its own, with the resources its retry gives it.
 async fn start_pod(
     ctx: &SandboxCtx,
     sandbox: &Sandbox,
     owner: &OwnerReference,
     pool: Option<&SandboxPool>,
+    retry: Option<&RetryParams>,
 ) -> Result<(Option<Pod>, Option<Blocked>)> {
+    let defaults = pool.map(|p| defaults_of(&p.spec.template));
+    if attempt(sandbox) > 1 {
+        apply::delete_previous_attempts(ctx, sandbox).await?;
+        let next = as_attempt(sandbox, retry);
+        return create_own_pod(ctx, &next, owner, defaults.as_ref()).await;
+    }
     if let Some(pool_name) = sandbox.spec.pool.as_deref() {
         match claim_or_fallback(ctx, sandbox, owner, pool, pool_name).await? {
             PoolStep::Claimed(member) => return Ok((Some(*member), None)),
@@ -100,7 +113,6 @@ async fn start_pod(
             PoolStep::Cold => {}
         }
     }
-    let defaults = pool.map(|p| defaults_of(&p.spec.template));
     create_own_pod(ctx, sandbox, owner, defaults.as_ref()).await
 }
 
@@ -117,7 +129,7 @@ async fn create_own_pod(
     let credentials = crate::pod::token::credentials(
         &ctx.kube.key,
         &namespace,
-        &pod_name(&sandbox.name_any()),
+        &own_pod_name_of(sandbox),
         &new_nonce(),
     );
     let mut desired = desired_pod(
@@ -299,6 +311,21 @@ async fn tell(ctx: &SandboxCtx, sandbox: &Sandbox, status: &SandboxStatus, note:
             // more API write per sandbox (docs/CONTROLLER.md, "API calls per sandbox").
             let endpoint = status.agent_endpoint.as_deref().unwrap_or("");
             info!(sandbox = %object_key(sandbox), endpoint, "sandbox ready");
+        }
+        Note::Retried { reason, message } => {
+            metrics
+                .retries
+                .with_label_values(&[RETRY_KIND_SANDBOX, reason.as_str()])
+                .inc();
+            info!(sandbox = %object_key(sandbox), %reason, %message, "sandbox pod lost, retrying");
+            publish(
+                &ctx.kube,
+                sandbox,
+                EventType::Normal,
+                "SandboxRetry",
+                message.clone(),
+            )
+            .await;
         }
         Note::Failed { reason, message } => {
             metrics

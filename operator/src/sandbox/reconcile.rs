@@ -17,6 +17,7 @@ use super::context::SandboxCtx;
 use super::decide::{ChildPlan, StatusInput, StatusPlan, plan_children, plan_status};
 use super::execute::{end_terminal, ensure_children, settle};
 use super::expiry::annotated_heartbeat;
+use super::retry::policy_of;
 use crate::plumbing::error::{Error, Result};
 use crate::plumbing::kube_ctx::object_key;
 use crate::plumbing::reconcile::Reconcile;
@@ -83,7 +84,14 @@ async fn reconcile_inner(queued: &Sandbox, ctx: &Arc<SandboxCtx>) -> Result<Opti
             field: "metadata.uid",
         })?;
 
-    let plan = plan_children(sandbox, known.as_ref(), &ctx.pods.settings.placement);
+    let retry = policy_of(sandbox, &ctx.kube.key, &ctx.resource_defaults);
+    let plan = plan_children(
+        sandbox,
+        known.as_ref(),
+        &ctx.pods.settings.placement,
+        retry.as_ref().err().map(String::as_str),
+    );
+    let retry = retry.ok().flatten();
     if plan == ChildPlan::Terminal {
         // Terminal: free the pod's resources, keep the Sandbox so its status says why, until its TTL.
         let status = sandbox.status.clone().unwrap_or_default();
@@ -96,6 +104,7 @@ async fn reconcile_inner(queued: &Sandbox, ctx: &Arc<SandboxCtx>) -> Result<Opti
         pool.as_deref(),
         known,
         &plan,
+        retry.as_ref(),
     ))
     .await?;
     let now = Timestamp::now();
@@ -111,6 +120,7 @@ async fn reconcile_inner(queued: &Sandbox, ctx: &Arc<SandboxCtx>) -> Result<Opti
         resync: ctx.kube.resync,
         key: &ctx.kube.key,
         now,
+        retry: retry.as_ref(),
     };
     match plan_status(sandbox, &outcome, &input) {
         StatusPlan::HoldBack(wait) => Ok(Some(wait)),

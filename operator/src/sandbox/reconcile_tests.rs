@@ -138,6 +138,7 @@ fn settled(mut s: Sandbox, pod: &Pod, ready_seconds_ago: i64) -> Sandbox {
         key: &key,
         enforcement: &crate::sandbox::enforcement::Verdict::Unknown,
         egress_proxy: false,
+        retry: None,
     };
     s.status = Some(desired_status(&s, &observed));
     s

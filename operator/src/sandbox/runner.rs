@@ -144,7 +144,21 @@ pub fn agent_target_of(ctx: &SandboxCtx, sandbox: &Sandbox, pod: &Pod) -> Option
     }
 }
 
-/// Starts the runner of `sandbox` unless one runs already or nothing is left to do.
+/// When the current attempt of a sandbox with `status` became Ready (pure): `readyTime` for the
+/// first; for a later one (`spec.retry`), when its Ready condition last turned True.
+fn attempt_ready_time(status: &orchard_api::SandboxStatus) -> Option<Timestamp> {
+    if status.attempts <= 1 {
+        return status.ready_time.as_ref().map(|t| t.0);
+    }
+    status
+        .conditions
+        .iter()
+        .find(|c| c.type_ == crate::sandbox::status::condition::READY && c.status == "True")
+        .map(|c| c.last_transition_time.0)
+}
+
+/// Starts the runner of `sandbox` unless one runs already or nothing is left to do. Each attempt of
+/// a retried sandbox (`spec.retry`) runs the command again in its new pod.
 pub fn ensure_runner(ctx: &Arc<SandboxCtx>, sandbox: &Sandbox) {
     let Some(run) = sandbox.spec.run.clone() else {
         return;
@@ -153,19 +167,30 @@ pub fn ensure_runner(ctx: &Arc<SandboxCtx>, sandbox: &Sandbox) {
     if status.result.is_some() || status.phase != Some(SandboxPhase::Ready) {
         return;
     }
-    let (Some(uid), Some(ready)) = (sandbox.uid(), status.ready_time.as_ref().map(|t| t.0)) else {
+    let (Some(uid), Some(ready)) = (sandbox.uid(), attempt_ready_time(&status)) else {
         return;
     };
+    let attempt = status.attempts;
     let key = ObjectRef::from_obj(sandbox);
     let task_ctx = ctx.clone();
     let task_uid = uid.clone();
-    ctx.runners.start(uid, async move {
+    let task_key = if attempt > 1 {
+        format!("{uid}/{attempt}")
+    } else {
+        uid
+    };
+    ctx.runners.start(task_key, async move {
         let (ctx, uid) = (task_ctx, task_uid);
+        let current = Current {
+            key: &key,
+            uid: &uid,
+            attempt,
+        };
         // Only during this replica's term: a step-down stops the waits and aborts the result write;
         // the new leader adopts the run (its start request gets 409 and waits on the same process).
         let term = ctx.kube.leadership.while_leader(async {
-            match drive(&ctx, &key, &uid, ready, &run).await {
-                Some(result) => record(&ctx, &key, &uid, &result).await,
+            match drive(&ctx, &current, ready, &run).await {
+                Some(result) => record(&ctx, &current, &result).await,
                 None => abandoned(&ctx, &key, &uid).await,
             }
         });
@@ -175,29 +200,42 @@ pub fn ensure_runner(ctx: &Arc<SandboxCtx>, sandbox: &Sandbox) {
     });
 }
 
-/// The sandbox as the cache has it now, if it is still the same object and still needs a result.
-fn still_wanted(ctx: &SandboxCtx, key: &ObjectRef<Sandbox>, uid: &str) -> Option<Arc<Sandbox>> {
+/// Which run a runner drives: the sandbox's, of its UID, in its attempt's pod.
+struct Current<'a> {
+    /// The Sandbox.
+    key: &'a ObjectRef<Sandbox>,
+    /// Its UID (a new sandbox under the same name is not this one).
+    uid: &'a str,
+    /// Its attempt (`spec.retry`: a later attempt's pod runs the command again).
+    attempt: i32,
+}
+
+/// The sandbox as the cache has it now, if it is still the same object on the same attempt and still
+/// needs a result.
+fn still_wanted(ctx: &SandboxCtx, current: &Current) -> Option<Arc<Sandbox>> {
     if !ctx.kube.leadership.is_leader() {
         // The new leader adopts the run (its start request gets 409 and waits on the same process).
         return None;
     }
-    let sandbox = ctx.kube.caches.sandboxes.get(key)?;
-    needs_result(&sandbox, uid).then_some(sandbox)
+    let sandbox = ctx.kube.caches.sandboxes.get(current.key)?;
+    needs_result(&sandbox, current.uid, current.attempt).then_some(sandbox)
 }
 
-/// Whether the cache's `sandbox` still needs the run of the sandbox with `uid` (pure): the same object,
-/// not deleting, no result recorded, not Failed or Expired. Only what the cache shows ends the run: a
-/// cache that does not show the status the reconcile just wrote yet (no status at all, when the first
-/// write of a fast sandbox was its Ready) does not. Giving up on it left a Ready trajectory unstarted:
-/// the reconcile the write's watch event brings found the giving-up task still running and left it be
-/// (seen in `rollout_queue`, whose first-started trajectory of a jittered stride was Ready before its
-/// first status write).
-fn needs_result(sandbox: &Sandbox, uid: &str) -> bool {
+/// Whether the cache's `sandbox` still needs the run of attempt `attempt` of the sandbox with `uid`
+/// (pure): the same object, not deleting, not on a later attempt (`spec.retry`), no result recorded,
+/// not Failed or Expired. Only what the cache shows ends the run: a cache that does not show the status
+/// the reconcile just wrote yet (no status at all, when the first write of a fast sandbox was its Ready;
+/// an earlier attempt's) does not. Giving up on it left a Ready trajectory unstarted: the reconcile the
+/// write's watch event brings found the giving-up task still running and left it be (seen in
+/// `rollout_queue`, whose first-started trajectory of a jittered stride was Ready before its first
+/// status write).
+fn needs_result(sandbox: &Sandbox, uid: &str, attempt: i32) -> bool {
     if sandbox.uid().as_deref() != Some(uid) || sandbox.meta().deletion_timestamp.is_some() {
         return false;
     }
     !sandbox.status.as_ref().is_some_and(|status| {
-        status.result.is_some()
+        status.attempts > attempt
+            || status.result.is_some()
             || matches!(
                 status.phase,
                 Some(SandboxPhase::Failed | SandboxPhase::Expired)
@@ -257,15 +295,15 @@ fn run_deadline(ready: Timestamp, run: &RunSpec) -> Instant {
 /// a Ready trajectory never started, its group never completed).
 async fn drive(
     ctx: &SandboxCtx,
-    key: &ObjectRef<Sandbox>,
-    uid: &str,
+    current: &Current<'_>,
     ready: Timestamp,
     run: &RunSpec,
 ) -> Option<TrajectoryResult> {
+    let key = current.key;
     let deadline = run_deadline(ready, run);
     let mut retry = retry();
     let target = loop {
-        let sandbox = still_wanted(ctx, key, uid)?;
+        let sandbox = still_wanted(ctx, current)?;
         if let Some(target) = agent_target(ctx, &sandbox) {
             break target;
         }
@@ -276,7 +314,7 @@ async fn drive(
         target,
     };
     // What an OOM-killed run's message names: the limit the Pod has, not what the spec asked for.
-    let memory_limit = still_wanted(ctx, key, uid)
+    let memory_limit = still_wanted(ctx, current)
         .and_then(|sandbox| cached_pod(&ctx.kube.caches.pods, &sandbox, &ctx.kube.key))
         .and_then(|pod| memory_limit(&pod, TASK_CONTAINER));
     info!(sandbox = %key, "trajectory run starting");
@@ -285,15 +323,17 @@ async fn drive(
         run,
         memory_limit.as_deref(),
         deadline,
-        || still_wanted(ctx, key, uid).is_some(),
+        || still_wanted(ctx, current).is_some(),
         retry,
     )
     .await
 }
 
 /// Records `result` in the sandbox's status (write-once: a result already there wins), only on the
-/// sandbox with `uid` (a UID-guarded JSON Patch: never on a new sandbox under the same name).
-async fn record(ctx: &SandboxCtx, key: &ObjectRef<Sandbox>, uid: &str, result: &TrajectoryResult) {
+/// sandbox with `uid` (a UID-guarded JSON Patch: never on a new sandbox under the same name), while
+/// it is on the run's attempt.
+async fn record(ctx: &SandboxCtx, current: &Current<'_>, result: &TrajectoryResult) {
+    let (key, uid) = (current.key, current.uid);
     let Some(namespace) = key.namespace.as_deref() else {
         return;
     };
@@ -304,7 +344,7 @@ async fn record(ctx: &SandboxCtx, key: &ObjectRef<Sandbox>, uid: &str, result: &
     let mut retry = retry();
     // Until it is recorded or nobody needs it: a result is never dropped because the API server was
     // briefly unavailable.
-    while still_wanted(ctx, key, uid).is_some() {
+    while still_wanted(ctx, current).is_some() {
         match api
             .patch_status(
                 &key.name,
@@ -377,12 +417,15 @@ mod tests {
 
     #[test]
     fn a_cache_behind_the_ready_write_does_not_end_the_run() {
-        assert!(needs_result(&sandbox(None), "u1"), "no status cached yet");
+        assert!(
+            needs_result(&sandbox(None), "u1", 1),
+            "no status cached yet"
+        );
         let pending = SandboxStatus {
             phase: Some(SandboxPhase::Pending),
             ..SandboxStatus::default()
         };
-        assert!(needs_result(&sandbox(Some(pending)), "u1"));
+        assert!(needs_result(&sandbox(Some(pending)), "u1", 1));
     }
 
     #[test]
@@ -395,16 +438,16 @@ mod tests {
             ),
             ..SandboxStatus::default()
         };
-        assert!(!needs_result(&sandbox(Some(recorded)), "u1"));
+        assert!(!needs_result(&sandbox(Some(recorded)), "u1", 1));
         for phase in [SandboxPhase::Failed, SandboxPhase::Expired] {
             let ended = SandboxStatus {
                 phase: Some(phase),
                 ..SandboxStatus::default()
             };
-            assert!(!needs_result(&sandbox(Some(ended)), "u1"));
+            assert!(!needs_result(&sandbox(Some(ended)), "u1", 1));
         }
         assert!(
-            !needs_result(&sandbox(None), "u2"),
+            !needs_result(&sandbox(None), "u2", 1),
             "a new object under the name"
         );
         let mut deleting = sandbox(None);
@@ -412,6 +455,24 @@ mod tests {
             Some(k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(
                 k8s_openapi::jiff::Timestamp::UNIX_EPOCH,
             ));
-        assert!(!needs_result(&deleting, "u1"));
+        assert!(!needs_result(&deleting, "u1", 1));
+    }
+
+    #[test]
+    fn a_later_attempt_ends_an_earlier_ones_run_and_a_cache_behind_it_does_not() {
+        let on = |attempts| SandboxStatus {
+            phase: Some(SandboxPhase::Ready),
+            attempts,
+            ..SandboxStatus::default()
+        };
+        assert!(
+            !needs_result(&sandbox(Some(on(2))), "u1", 1),
+            "attempt 2 began"
+        );
+        assert!(
+            needs_result(&sandbox(Some(on(1))), "u1", 2),
+            "the cache shows attempt 1 yet"
+        );
+        assert!(needs_result(&sandbox(Some(on(2))), "u1", 2));
     }
 }

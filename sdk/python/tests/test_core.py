@@ -25,6 +25,7 @@ from orchard_env import (
     SandboxClient,
     SandboxFailed,
     Timeout,
+    Unauthorized,
 )
 from orchard_env import _core
 from orchard_env import client as client_module
@@ -332,6 +333,32 @@ def test_direct_mode_asks_the_gateway_for_the_target_with_its_retries_and_keeps_
         with pytest.raises(OrchardError, match="no agent endpoint and token for sandbox ns/s1"):
             drive(fresh._list_files_plan("."), answers(httpx.Response(200, json=bad)), steps)
         assert len(sends(steps)) == 1 and fresh._direct_target is None
+
+
+def test_direct_mode_asks_again_for_the_target_when_the_pod_is_gone_and_sends_once_more_only_if_it_changed() -> None:
+    direct = SandboxClient("http://gw", "tok", namespace="ns", direct=True, retry=POLICY)
+    sbx = Sandbox(direct, "s1", "ns", READY, delete_on_exit=False, auto_heartbeat=False, direct=True)
+    old = {"endpoint": "http://10.0.0.7:9090/", "token": "ab" * 32}
+    new = {"endpoint": "http://10.0.0.9:9090/", "token": "cd" * 32}
+    steps: list[Any] = []
+    # spec.retry gave the sandbox a new pod: the old one's token is refused; the new target is used.
+    drive(sbx._list_files_plan("."), answers(
+        httpx.Response(200, json=old), failure(401, "Unauthorized", False),
+        httpx.Response(200, json=new), httpx.Response(200, json={"entries": []}),
+    ), steps)
+    urls = [r.url for r in sends(steps)]
+    assert urls == [
+        "http://gw/v1/namespaces/ns/sandboxes/s1/token", "http://10.0.0.7:9090/v1/files/list",
+        "http://gw/v1/namespaces/ns/sandboxes/s1/token", "http://10.0.0.9:9090/v1/files/list",
+    ]
+    assert sends(steps)[-1].token == "cd" * 32
+    # The same target again: the refusal stands, nothing is sent twice.
+    steps.clear()
+    with pytest.raises(Unauthorized):
+        drive(sbx._list_files_plan("."), answers(failure(401, "Unauthorized", False), httpx.Response(200, json=new)), steps)
+    assert [r.url for r in sends(steps)] == [
+        "http://10.0.0.9:9090/v1/files/list", "http://gw/v1/namespaces/ns/sandboxes/s1/token",
+    ]
 
 
 def test_wait_ready_tracks_the_phase_and_starts_heartbeats(client: SandboxClient) -> None:

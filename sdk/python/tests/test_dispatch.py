@@ -294,6 +294,13 @@ def test_retry_and_launch_jitter_reach_the_request_body_spelled_as_the_api_spell
     assert request.create_kwargs()["retry"] == {"max_attempts": 2} and request.create_kwargs()["launch_jitter_seconds"] == 0.5
 
 
+def test_a_sandboxs_retry_keyword_is_spelled_as_the_api_spells_it() -> None:
+    body = _ops.sandbox_body("x", memory="64Mi", extra={"retry": {"max_attempts": 2, "on_oom": {"max_memory": "256Mi"}}})
+    assert body["retry"] == {"maxAttempts": 2, "onOOM": {"maxMemory": "256Mi"}} and body["memory"] == "64Mi"
+    with pytest.raises(ValueError, match=r"unknown retry key\(s\) \['tries'\]"):
+        _ops.sandbox_body("x", extra={"retry": {"tries": 2}})
+
+
 def test_group_request_has_exactly_the_keywords_of_create_rollout_group() -> None:
     fields = {f.name for f in dataclasses.fields(GroupRequest)} - {"key", "_"}
     for create in (SandboxClient.create_rollout_group, AsyncSandboxClient.create_rollout_group):

@@ -532,6 +532,44 @@ mod tests {
     }
 
     #[test]
+    fn a_retry_policy_passes_through_for_sandboxes_and_groups() {
+        let retry = json!({"maxAttempts": 3, "onOOM": {"memoryFactor": 2.0, "maxMemory": "8Gi"}, "onEviction": true});
+        let sandbox = sandbox_from_request(
+            "ns",
+            json!({"image": "x", "memory": "1Gi", "retry": retry.clone()}),
+            "u",
+        )
+        .unwrap();
+        assert_eq!(
+            serde_json::to_value(&sandbox.spec.retry).unwrap(),
+            retry,
+            "the shorthand"
+        );
+        let full = sandbox_from_request(
+            "ns",
+            json!({"spec": {"image": "x", "retry": retry.clone()}}),
+            "u",
+        )
+        .unwrap();
+        assert_eq!(serde_json::to_value(&full.spec.retry).unwrap(), retry);
+        let group = rollout_group_from_request(
+            "ns",
+            json!({"retry": retry.clone(), "template": {"image": "x"}}),
+            "u",
+        )
+        .unwrap();
+        assert_eq!(serde_json::to_value(&group.spec.retry).unwrap(), retry);
+        let err = sandbox_from_request(
+            "ns",
+            json!({"image": "x", "retry": {"maxAttempts": "3"}}),
+            "u",
+        )
+        .unwrap_err();
+        assert_eq!(err.status, 400);
+        assert!(err.body.message.contains("invalid sandbox spec"), "{err}");
+    }
+
+    #[test]
     fn the_operators_label_and_annotation_keys_are_refused() {
         let cases = [
             (

@@ -15,9 +15,13 @@ use crate::pod::health::{
     Failure, pod_condition, pod_failure, pod_ready, pod_state_summary, scheduling,
 };
 use crate::pod::policy_canary::awaits_enforcement;
+use crate::retry::RetryParams;
 use crate::sandbox::blocked::Blocked;
 use crate::sandbox::enforcement::Verdict;
 use crate::sandbox::identity::{is_trajectory, rollout_group_of};
+use crate::sandbox::retry::{
+    INVALID_SPEC, RETRYING, awaiting_ready, next_attempt, retry_of, retrying_message,
+};
 use orchard_api::Lifecycle;
 use orchard_api::{Sandbox, SandboxPhase, SandboxStatus};
 
@@ -28,17 +32,7 @@ pub use policy_wait::{
     POLICY_ENFORCEMENT_MISSING, POLICY_WAIT_WARNING, PolicyWait, policy_wait, policy_warning_at,
 };
 
-/// Condition types of a Sandbox.
-pub mod condition {
-    /// The Pod is bound to a node.
-    pub const SCHEDULED: &str = "Scheduled";
-    /// The agent answers its health probe.
-    pub const AGENT_READY: &str = "AgentReady";
-    /// The sandbox accepts exec and file calls.
-    pub const READY: &str = "Ready";
-    /// A deadline passed.
-    pub const EXPIRED: &str = "Expired";
-}
+pub mod condition;
 
 /// Conditions the status computation does not derive but keeps once set: the trajectory runner sets
 /// `ResultPreempted` when its result lost to one recorded first, an event nothing observed later
@@ -86,6 +80,9 @@ pub struct Observed<'a> {
     pub enforcement: &'a Verdict,
     /// The operator knows an egress proxy (`--egress-proxy-service`).
     pub egress_proxy: bool,
+    /// The sandbox's retry policy (`spec.retry`) under the operator's defaults; `None` without one
+    /// (and for a RolloutGroup's trajectory, which its group retries).
+    pub retry: Option<&'a RetryParams>,
 }
 
 /// The `StartupTimeout` message (pure): what the pod's status said last (`state`, from
@@ -117,11 +114,15 @@ fn startup_timeout_message(
 
 /// From when a sandbox's startup timeout counts, or `None` while it does not count (pure).
 ///
-/// A standalone Sandbox: from its creation, whatever holds it up. A trajectory of a RolloutGroup: from
-/// the moment its Pod was scheduled. While a quota refuses its Pod or no node has room for it, it
+/// A standalone Sandbox: from its creation, whatever holds it up; a later attempt after a retry
+/// (`spec.retry`): from its Pod's creation. A trajectory of a RolloutGroup: from the moment its Pod was
+/// scheduled. While a quota refuses its Pod or no node has room for it, it
 /// waits instead of failing (a trajectory that failed for lack of capacity would become an aborted
 /// trajectory and change the group's selection); its group's `activeDeadlineSeconds` bounds the wait.
 pub fn startup_clock(sandbox: &Sandbox, pod: Option<&Pod>, key: &OperatorKey) -> Option<Timestamp> {
+    if sandbox.status.as_ref().is_some_and(|s| s.attempts > 1) {
+        return pod?.metadata.creation_timestamp.as_ref().map(|t| t.0);
+    }
     if rollout_group_of(sandbox, key).is_none() {
         return sandbox.metadata.creation_timestamp.as_ref().map(|t| t.0);
     }
@@ -131,6 +132,32 @@ pub fn startup_clock(sandbox: &Sandbox, pod: Option<&Pod>, key: &OperatorKey) ->
         .filter(|c| c.status == "True")
         .and_then(|c| c.last_transition_time.as_ref().map(|t| t.0))
         .or_else(|| pod.metadata.creation_timestamp.as_ref().map(|t| t.0))
+}
+
+/// The status of a sandbox whose pod failed with `failure`: its next attempt when its retry policy
+/// retries the failure (computed as for a sandbox without a pod yet), else failed.
+fn fail_or_retry(
+    sandbox: &Sandbox,
+    status: SandboxStatus,
+    failure: Failure,
+    observed: &Observed,
+) -> SandboxStatus {
+    let retried = observed.retry.and_then(|policy| {
+        let record = retry_of(sandbox, policy, &failure)?;
+        Some(next_attempt(sandbox, record, observed.now))
+    });
+    match retried {
+        Some(next) => desired_status(
+            &next,
+            &Observed {
+                pod: None,
+                pod_gone: None,
+                blocked: None,
+                ..observed.clone()
+            },
+        ),
+        None => failed_status(sandbox, status, failure, observed.now, observed.key),
+    }
 }
 
 /// The failed status: terminal, so the conditions say why and nothing is Ready.
@@ -232,16 +259,22 @@ pub fn desired_status(sandbox: &Sandbox, observed: &Observed) -> SandboxStatus {
         ready_time: previous.ready_time.clone(),
         // The egress proxy's member: carried over, never computed here.
         egress: previous.egress.clone(),
+        attempts: previous.attempts,
+        previous_attempts: previous.previous_attempts.clone(),
         ..SandboxStatus::default()
     };
+    // A retried attempt waits for its new pod's first Ready as a new sandbox does (the expiry
+    // clocks, counted from the first Ready, go on).
+    let retrying = awaiting_ready(&previous);
 
     if let Some(failure) = &observed.pod_gone {
-        return failed_status(sandbox, status, failure.clone(), now, observed.key);
+        return fail_or_retry(sandbox, status, failure.clone(), observed);
     }
     let refused = match &observed.blocked {
         Some(Blocked::NameConflict(message)) => Some(("NameConflict", message)),
         Some(Blocked::PodRejected(message)) => Some(("PodRejected", message)),
         Some(Blocked::PlacementRefused(message)) => Some((crate::pod::placement::REASON, message)),
+        Some(Blocked::InvalidSpec(message)) => Some((INVALID_SPEC, message)),
         _ => None,
     };
     if let Some((reason, message)) = refused {
@@ -257,7 +290,7 @@ pub fn desired_status(sandbox: &Sandbox, observed: &Observed) -> SandboxStatus {
             .and_then(|s| s.pod_ip.clone())
             .filter(|ip| !ip.is_empty());
         if let Some(failure) = pod_failure(pod) {
-            return failed_status(sandbox, status, failure, now, observed.key);
+            return fail_or_retry(sandbox, status, failure, observed);
         }
     }
 
@@ -274,7 +307,7 @@ pub fn desired_status(sandbox: &Sandbox, observed: &Observed) -> SandboxStatus {
     let agent_up = observed.pod.is_some_and(pod_ready) && status.pod_ip.is_some();
     // A new sandbox is Ready only once its host rules are in force (a running one keeps serving
     // while a change is applied: the previous rules stay in force until then).
-    let egress_waits = status.ready_time.is_none()
+    let egress_waits = (status.ready_time.is_none() || retrying)
         && matches!(
             host_egress,
             HostEgress::Pending(_) | HostEgress::NotEnforced(_)
@@ -284,7 +317,7 @@ pub fn desired_status(sandbox: &Sandbox, observed: &Observed) -> SandboxStatus {
         status.ready_time = Some(Time(floor_to_second(now)));
     }
     let ready_time = status.ready_time.as_ref().map(|t| t.0);
-    if ready_time.is_none() {
+    if ready_time.is_none() || retrying {
         let limit = SignedDuration::from_secs(observed.startup_timeout_seconds);
         if let Some(started) = startup_clock(sandbox, observed.pod, observed.key)
             && now.duration_since(started) >= limit
@@ -359,7 +392,7 @@ pub fn desired_status(sandbox: &Sandbox, observed: &Observed) -> SandboxStatus {
     let mut policy_stalled = false;
     let (agent_reason, agent_message) = if agent_up {
         ("AgentHealthy", String::new())
-    } else if ready_time.is_some() {
+    } else if ready_time.is_some() && !retrying {
         (
             "AgentNotResponding",
             "the agent stopped answering its health probe".to_string(),
@@ -428,6 +461,20 @@ pub fn desired_status(sandbox: &Sandbox, observed: &Observed) -> SandboxStatus {
         (scheduled_reason.clone(), scheduled_message.clone())
     } else {
         (agent_reason.to_string(), agent_message.clone())
+    };
+    // A retried attempt says so until its pod is Ready, with what it waits for now.
+    let (ready_reason, ready_message) = if retrying && !ready_now {
+        let detail = if ready_message.is_empty() {
+            ready_reason
+        } else {
+            format!("{ready_reason}: {ready_message}")
+        };
+        (
+            RETRYING.to_string(),
+            retrying_message(&previous, observed.retry, &detail),
+        )
+    } else {
+        (ready_reason, ready_message)
     };
     status.conditions = merge_conditions(
         &previous.conditions,

@@ -27,6 +27,7 @@ fn observed<'a>(pod: Option<&'a Pod>, now: &str) -> Observed<'a> {
         key: key(),
         enforcement: &Verdict::Unknown,
         egress_proxy: false,
+        retry: None,
     }
 }
 

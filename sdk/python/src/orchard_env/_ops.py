@@ -260,7 +260,7 @@ def sandbox_body(
         fields["network"] = network_field(network)
     for key, value in (extra or {}).items():
         if value is not None:
-            fields[camel(key)] = value
+            fields[camel(key)] = retry_body(value) if camel(key) == "retry" else value
     if spec is not None:
         if fields:
             raise ValueError(
@@ -538,7 +538,7 @@ ON_OOM_KEYS = {"memory_factor": "memoryFactor", "cpu_factor": "cpuFactor", "max_
 
 
 def retry_body(retry: Mapping[str, Any]) -> dict[str, Any]:
-    """A group's ``retry`` as the API spells it: ``{"max_attempts": 3, "on_oom": {"max_memory": "8Gi"},
+    """A ``retry`` (a group's, or a sandbox's ``create(retry=...)``) as the API spells it: ``{"max_attempts": 3, "on_oom": {"max_memory": "8Gi"},
     "on_eviction": True}`` becomes ``{"maxAttempts": 3, "onOOM": {"maxMemory": "8Gi"}, "onEviction": true}``
     (the API's own spelling passes unchanged). An unknown key is a ``ValueError`` naming the known ones,
     before anything is sent."""

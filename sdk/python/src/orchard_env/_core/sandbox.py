@@ -16,12 +16,14 @@ import httpx
 
 from .. import _cleanup, _ops
 from ..errors import (
+    AgentUnavailable,
     CommandFailed,
     NotFound,
     OrchardError,
     SandboxFailed,
     SandboxStalled,
     Timeout,
+    Unauthorized,
     error_from_response,
 )
 from ..models import ExecEvent, ExecResult, FileEntry, PatchResult, ProcessInfo, SandboxProgress, SessionInfo
@@ -299,12 +301,23 @@ class SandboxCore:
         return self._direct_target
 
     def _agent(self, method: str, path: str, **fields: Any) -> Plan[httpx.Response]:
-        """An agent call: straight to the pod in direct mode, else through the gateway."""
-        if self.direct:
-            endpoint, token = yield from self._target_plan()
-            request = Request(method, f"{endpoint}/v1{path}", token, **fields)
-            return (yield from exchange(request, self.client._retry))
-        return (yield from self._gateway(method, path, **fields))
+        """An agent call: straight to the pod in direct mode, else through the gateway.
+
+        In direct mode a call the pod does not answer, or answers ``Unauthorized``, asks the gateway
+        for the target again: a sandbox with ``spec.retry`` may have a new pod (another address and
+        token). The call is sent once more only when the target changed."""
+        if not self.direct:
+            return (yield from self._gateway(method, path, **fields))
+        endpoint, token = yield from self._target_plan()
+        try:
+            return (yield from exchange(Request(method, f"{endpoint}/v1{path}", token, **fields), self.client._retry))
+        except (AgentUnavailable, Unauthorized):
+            stale, self._direct_target = self._direct_target, None
+            fresh = yield from self._target_plan()
+            if fresh == stale:
+                raise
+        endpoint, token = fresh
+        return (yield from exchange(Request(method, f"{endpoint}/v1{path}", token, **fields), self.client._retry))
 
     def _exec_plan(self, cmd: str | Sequence[str], *, check: bool, **fields: Any) -> Plan[ExecResult]:
         body = _ops.exec_body(cmd, **fields)
