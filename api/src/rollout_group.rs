@@ -410,6 +410,9 @@ pub struct TrajectoryRecord {
     /// The attempts that failed and were tried again, oldest first: how each ended and what it ran with. When it holds as many entries as `attempts`, the next attempt is about to be created.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub previous_attempts: Vec<AttemptRecord>,
+    /// Why a retried attempt has not started: its Sandbox's `Scheduled` condition, as `reason: message` (e.g. `Unschedulable: 0/2 nodes are available: 2 Insufficient memory.` when no node fits the escalated memory). Set only for attempts after the first, while they wait; gone once the attempt is scheduled or has an outcome.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub waiting: Option<String>,
 }
 
 impl TrajectoryRecord {
@@ -425,6 +428,7 @@ impl TrajectoryRecord {
             reason: None,
             attempts: 1,
             previous_attempts: Vec::new(),
+            waiting: None,
         }
     }
 }

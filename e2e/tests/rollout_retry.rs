@@ -5,6 +5,9 @@
 //! runs out of memory stops at `maxAttempts`, recorded aborted `OOMKilled` with every earlier
 //! attempt and the memory it had.
 //!
+//! A retry whose escalated memory no node has waits, and its trajectory's record says why
+//! (`waiting`, the scheduler's words).
+//!
 //! A standalone Sandbox with `spec.retry` whose task container the OOM killer ends gets a new pod,
 //! `<sandbox>-attempt-2`, with twice the memory, in which the same allocation then succeeds.
 //!
@@ -276,5 +279,49 @@ async fn a_sandbox_whose_task_container_runs_out_of_memory_gets_a_new_pod_with_t
     assert_eq!(grown.status, 200, "{grown:?}");
     assert_eq!(grown.body["exitCode"], 0, "{grown:?}");
     assert_eq!(grown.body["stdout"].as_str().map(str::trim), Some("96"));
+    env.delete_namespace(&ns).await;
+}
+
+#[tokio::test]
+async fn a_retry_that_no_node_can_fit_says_so_in_its_trajectorys_record() {
+    let env = env();
+    let client = env.client().await;
+    let ns = env.namespace("retry-nofit").await;
+    let image = env.node.real().image("debian-python");
+    let groups: Api<RolloutGroup> = Api::namespaced(client.clone(), &ns);
+    // 96 MiB under 64Mi is OOM-killed; the retry asks 64Mi x 1024 = 64Gi, more than the node has.
+    let mut nofit = allocating("nofit", &image, 96, 3, "64Gi");
+    if let Some(retry) = nofit.spec.retry.as_mut()
+        && let Some(on_oom) = retry.on_oom.as_mut()
+    {
+        on_oom.memory_factor = 1024.0;
+    }
+    groups
+        .create(&PostParams::default(), &nofit)
+        .await
+        .expect("create group");
+    let waiting = wait::until(
+        &groups,
+        "nofit",
+        "attempt 2 waiting for a node",
+        Duration::from_secs(120),
+        |g: Option<&RolloutGroup>| {
+            g.and_then(|g| g.status.as_ref())
+                .and_then(|s| s.trajectories.first())
+                .is_some_and(|t| t.waiting.is_some())
+        },
+    )
+    .await;
+    let status = waiting.status.clone().expect("status");
+    println!("status: {status:?}");
+    let trajectory = &status.trajectories[0];
+    assert_eq!(trajectory.attempts, 2, "{trajectory:?}");
+    assert_eq!(trajectory.status, None, "it waits, it has not failed");
+    assert_eq!(trajectory.previous_attempts[0].reason, "OOMKilled");
+    let why = trajectory.waiting.clone().unwrap_or_default();
+    assert!(
+        why.starts_with("Unschedulable: ") && why.contains("Insufficient memory"),
+        "{why}"
+    );
     env.delete_namespace(&ns).await;
 }

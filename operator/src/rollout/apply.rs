@@ -14,7 +14,9 @@ use tracing::info;
 
 use super::build::{attempt_of, desired_trajectory};
 use super::decide::{Launch, Targets};
-use super::observe::{ChildView, Observation, Superseded, observe as observe_children};
+use super::observe::{
+    ChildView, Observation, Superseded, observe as observe_children, scheduling_wait,
+};
 use crate::plumbing::error::Result;
 use crate::plumbing::kube_ctx::object_key;
 use crate::plumbing::own_writes::child_key;
@@ -69,6 +71,7 @@ pub fn children_of(ctx: &RolloutCtx, group: &RolloutGroup) -> Vec<ChildView> {
                     }),
                 resources: s.spec.resources.clone(),
                 deleting: s.meta().deletion_timestamp.is_some(),
+                waiting: status.and_then(scheduling_wait),
             }
         })
         .collect()

@@ -98,6 +98,7 @@ fn record(index: u32, outcome: Option<(TrajectoryStatus, f64)>) -> TrajectoryRec
         reason: None,
         attempts: 1,
         previous_attempts: Vec::new(),
+        waiting: None,
     }
 }
 
@@ -1150,6 +1151,7 @@ fn the_observation_and_the_repair_agree_with_the_children() {
         failure: None,
         resources: None,
         deleting: false,
+        waiting: None,
     };
     let observation = observe(
         "g",
@@ -1376,6 +1378,7 @@ mod retries {
                 ..SandboxResources::default()
             }),
             deleting: false,
+            waiting: None,
         }
     }
 

@@ -21,8 +21,8 @@ use super::build::{trajectory_index, trajectory_name};
 use super::retry::attempt_end;
 use crate::retry::RetryParams;
 use orchard_api::{
-    RolloutGroupSpec, RolloutGroupStatus, SandboxResources, TrajectoryRecord, TrajectoryResult,
-    TrajectoryStatus,
+    RolloutGroupSpec, RolloutGroupStatus, SandboxPhase, SandboxResources, SandboxStatus,
+    TrajectoryRecord, TrajectoryResult, TrajectoryStatus,
 };
 
 /// Abort reason of the trajectories still unfinished when the group's own deadline passed.
@@ -55,6 +55,9 @@ pub struct ChildView {
     pub resources: Option<SandboxResources>,
     /// Being deleted.
     pub deleting: bool,
+    /// Why it has not started, while it waits to be scheduled: its `Scheduled=False` condition as
+    /// `reason: message` (not a launch jitter's wait, which ends by itself).
+    pub waiting: Option<String>,
 }
 
 /// A child of an attempt that ended and was retried: deleted by its UID.
@@ -223,6 +226,42 @@ fn settle_attempt(
     }
 }
 
+/// How much of a scheduler's message a trajectory's record keeps (a group's status of many
+/// trajectories must stay far below the API server's object size limit).
+const WAIT_MESSAGE_KEPT: usize = 256;
+
+/// A Sandbox's wait to be scheduled (pure): its `Scheduled=False` condition as `reason: message`, cut
+/// to [`WAIT_MESSAGE_KEPT`] bytes; a launch jitter's wait is none (it ends by itself).
+pub fn scheduling_wait(status: &SandboxStatus) -> Option<String> {
+    if status.phase != Some(SandboxPhase::Pending) {
+        return None;
+    }
+    let scheduled = status
+        .conditions
+        .iter()
+        .find(|c| c.type_ == "Scheduled" && c.status == "False")?;
+    if scheduled.reason == "LaunchJitter" || scheduled.reason.is_empty() {
+        return None;
+    }
+    let text = if scheduled.message.is_empty() {
+        scheduled.reason.clone()
+    } else {
+        format!("{}: {}", scheduled.reason, scheduled.message)
+    };
+    Some(crate::retry::cause::cut(&text, WAIT_MESSAGE_KEPT))
+}
+
+/// What the record of a trajectory whose current attempt is `child` says it waits for (pure): the
+/// child's wait to be scheduled, for a retried attempt without an outcome (a first attempt's wait is
+/// its Sandbox's to tell; a retry's escalated resources may fit no node, which the group's reader must
+/// see).
+fn waiting_of(record: &TrajectoryRecord, child: &ChildView) -> Option<String> {
+    let current = child.attempt > ended(record) && child.result.is_none();
+    (current && record.attempts > 1 && !settled(record))
+        .then(|| child.waiting.clone())
+        .flatten()
+}
+
 /// Observes group `group` from its previous status and its children under its retry policy
 /// `retry`; names in `gone` were confirmed deleted by a live read.
 pub fn observe(
@@ -282,6 +321,7 @@ pub fn observe(
                     supersede(&mut observation, child);
                     observation.awaiting_removal.push(record.name.clone());
                 }
+                record.waiting = waiting_of(record, child);
             }
             None if awaits_attempt(record) => observation.relaunch.push(index),
             None if gone.contains(&record.name) => {
@@ -321,6 +361,7 @@ mod tests {
             failure: None,
             resources: None,
             deleting: false,
+            waiting: None,
         }
     }
 
@@ -620,6 +661,82 @@ mod tests {
                 awaiting: vec![],
                 unseen: vec![],
             }
+        }
+
+        #[test]
+        fn a_retried_attempt_that_waits_to_be_scheduled_says_why_in_its_record() {
+            let p = policy();
+            let unschedulable = "Unschedulable: 0/1 nodes are available: 1 Insufficient memory.";
+            let waiting = |attempt_no: u32, result| ChildView {
+                waiting: Some(unschedulable.to_string()),
+                ..attempt(attempt_no, "128Mi", result, None)
+            };
+            let said = |listed: TrajectoryRecord, child: ChildView| {
+                let previous = RolloutGroupStatus {
+                    trajectories: vec![listed],
+                    ..Default::default()
+                };
+                observe("g", &previous, &[child], &BTreeSet::new(), Some(&p)).records[&0]
+                    .waiting
+                    .clone()
+            };
+            let retried = || record(2, vec![ended("OOMKilled", "64Mi")]);
+            assert_eq!(
+                said(retried(), waiting(2, None)).as_deref(),
+                Some(unschedulable),
+                "attempt 2 waits"
+            );
+            assert_eq!(
+                said(record(1, vec![]), waiting(1, None)),
+                None,
+                "a first attempt's wait is its Sandbox's to tell"
+            );
+            let done = TrajectoryResult {
+                reward: Some(1.0),
+                status: TrajectoryStatus::Completed,
+                ..aborted("x")
+            };
+            assert_eq!(said(retried(), waiting(2, Some(done))), None, "finished");
+            let mut stale = retried();
+            stale.waiting = Some(unschedulable.into());
+            assert_eq!(
+                said(stale, attempt(2, "128Mi", None, None)),
+                None,
+                "scheduled since"
+            );
+        }
+
+        #[test]
+        fn a_sandboxs_wait_to_be_scheduled_is_its_scheduled_condition_but_not_a_jitter() {
+            let status = |phase, reason: &str, message: &str| SandboxStatus {
+                phase: Some(phase),
+                conditions: vec![k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition {
+                    type_: "Scheduled".into(),
+                    status: "False".into(),
+                    reason: reason.into(),
+                    message: message.into(),
+                    last_transition_time: k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(
+                        Timestamp::UNIX_EPOCH,
+                    ),
+                    observed_generation: None,
+                }],
+                ..SandboxStatus::default()
+            };
+            assert_eq!(
+                scheduling_wait(&status(SandboxPhase::Pending, "Unschedulable", "no fit")),
+                Some("Unschedulable: no fit".into())
+            );
+            assert_eq!(
+                scheduling_wait(&status(SandboxPhase::Pending, "LaunchJitter", "at 12:00")),
+                None
+            );
+            assert_eq!(
+                scheduling_wait(&status(SandboxPhase::Ready, "Unschedulable", "old")),
+                None
+            );
+            let long = "x".repeat(1000);
+            let cut = scheduling_wait(&status(SandboxPhase::Pending, "QuotaExceeded", &long));
+            assert_eq!(cut.map(|c| c.len()), Some(WAIT_MESSAGE_KEPT));
         }
 
         #[test]

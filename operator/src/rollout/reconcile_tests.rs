@@ -79,6 +79,7 @@ fn launched(mut g: RolloutGroup) -> RolloutGroup {
                 reason: None,
                 attempts: 1,
                 previous_attempts: Vec::new(),
+                waiting: None,
             })
             .collect(),
         ..RolloutGroupStatus::default()

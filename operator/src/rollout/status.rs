@@ -306,6 +306,7 @@ mod tests {
             reason: None,
             attempts: 1,
             previous_attempts: Vec::new(),
+            waiting: None,
         }
     }
 

@@ -294,6 +294,18 @@ def test_retry_and_launch_jitter_reach_the_request_body_spelled_as_the_api_spell
     assert request.create_kwargs()["retry"] == {"max_attempts": 2} and request.create_kwargs()["launch_jitter_seconds"] == 0.5
 
 
+def test_a_retried_trajectory_shows_its_attempts_and_what_it_waits_for() -> None:
+    why = "Unschedulable: 0/2 nodes are available: 2 Insufficient memory."
+    result = GroupResult.from_json({"metadata": {"name": "g"}, "status": {"phase": "Generating", "trajectories": [
+        {"name": "g-0", "stride": 0, "attempts": 2, "waiting": why,
+         "previousAttempts": [{"reason": "OOMKilled", "memory": "2Gi"}]},
+        {"name": "g-1", "stride": 0, "status": "completed", "reward": 1.0}]}})
+    retried, first = result.trajectories
+    assert (retried.attempts, retried.waiting) == (2, why)
+    assert retried.raw["previousAttempts"][0]["reason"] == "OOMKilled"
+    assert (first.attempts, first.waiting) == (1, None)
+
+
 def test_a_sandboxs_retry_keyword_is_spelled_as_the_api_spells_it() -> None:
     body = _ops.sandbox_body("x", memory="64Mi", extra={"retry": {"max_attempts": 2, "on_oom": {"max_memory": "256Mi"}}})
     assert body["retry"] == {"maxAttempts": 2, "onOOM": {"maxMemory": "256Mi"}} and body["memory"] == "64Mi"

@@ -372,6 +372,10 @@ class Trajectory:
     artifact: str | None
     reason: str | None
     raw: dict[str, Any] = field(default_factory=dict, repr=False)
+    attempts: int = 1
+    """Attempts launched so far (``retry``), the first included."""
+    waiting: str | None = None
+    """Why a retried attempt has not started (``"Unschedulable: 0/2 nodes ... Insufficient memory."``)."""
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> Trajectory:
@@ -384,6 +388,8 @@ class Trajectory:
             artifact=data.get("artifact"),
             reason=data.get("reason"),
             raw=data,
+            attempts=int(data.get("attempts") or 1),
+            waiting=data.get("waiting"),
         )
 
 
