@@ -7,7 +7,7 @@
 //! per-object backoff and reconcile slots ([`backoff`], [`reconcile_slots`]); leadership
 //! ([`leader`]); the change feed waiters read ([`change_feed`]) and the controllers' triggers
 //! ([`triggers`]); conditions and events ([`conditions`], [`events`]); the start time of a jittered
-//! trajectory ([`launch_after`]); metrics ([`metrics`]) and the
+//! trajectory ([`launch_after`]); messages cut to fit a status ([`text`]); metrics ([`metrics`]) and the
 //! error type ([`error`]).
 
 pub mod accept;
@@ -32,6 +32,7 @@ pub mod reconcile;
 pub mod reconcile_slots;
 pub mod status_patch;
 pub mod task_set;
+pub mod text;
 pub mod time;
 pub mod triggers;
 pub mod watch;

@@ -56,18 +56,6 @@ impl AttemptEnd {
     }
 }
 
-/// The start of `text`, at most `max` bytes, cut at a character boundary (pure).
-pub fn cut(text: &str, max: usize) -> String {
-    if text.len() <= max {
-        return text.to_string();
-    }
-    let mut end = max;
-    while !text.is_char_boundary(end) {
-        end -= 1;
-    }
-    text[..end].to_string()
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -96,12 +84,5 @@ mod tests {
                 "{reason}"
             );
         }
-    }
-
-    #[test]
-    fn a_cut_keeps_whole_characters() {
-        assert_eq!(cut("abc", 5), "abc");
-        assert_eq!(cut("abcdef", 3), "abc");
-        assert_eq!(cut("éé", 3), "é", "never half a character");
     }
 }

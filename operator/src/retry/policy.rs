@@ -10,7 +10,8 @@ use orchard_api::{AttemptRecord, RetryPolicy, SandboxResources};
 use orchard_bar::Fraction;
 
 use super::amounts::{Amounts, MIB, bytes, cpu_text, memory_text, millicores};
-use super::cause::{AttemptEnd, Cause, MESSAGE_KEPT, cause_of, cut};
+use super::cause::{AttemptEnd, Cause, MESSAGE_KEPT, cause_of};
+use crate::plumbing::text::cut;
 
 /// The operator's default sandbox resources (`--default-cpu`, `--default-memory`): what a sandbox
 /// (or a group's template) that sets none runs with.

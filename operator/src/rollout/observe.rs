@@ -248,7 +248,7 @@ pub fn scheduling_wait(status: &SandboxStatus) -> Option<String> {
     } else {
         format!("{}: {}", scheduled.reason, scheduled.message)
     };
-    Some(crate::retry::cause::cut(&text, WAIT_MESSAGE_KEPT))
+    Some(crate::plumbing::text::cut(&text, WAIT_MESSAGE_KEPT))
 }
 
 /// What the record of a trajectory whose current attempt is `child` says it waits for (pure): the

@@ -31,19 +31,8 @@ pub fn aborted(
         exit_code,
         artifact: None,
         reason: Some(reason.to_string()),
-        message: Some(truncate(&message, MAX_MESSAGE)),
+        message: Some(crate::plumbing::text::cut(&message, MAX_MESSAGE)),
     }
-}
-
-fn truncate(text: &str, max: usize) -> String {
-    if text.len() <= max {
-        return text.to_string();
-    }
-    let mut end = max;
-    while !text.is_char_boundary(end) {
-        end -= 1;
-    }
-    text[..end].to_string()
 }
 
 fn describe_exit(process: &ProcessStatus) -> String {
@@ -171,7 +160,7 @@ pub fn parse_result(bytes: &[u8]) -> Result<TrajectoryResult, String> {
         Some(other) => return Err(format!("artifact must be a string, not {other}")),
     };
     let message = match object.get("message") {
-        Some(Value::String(s)) => Some(truncate(s, MAX_MESSAGE)),
+        Some(Value::String(s)) => Some(crate::plumbing::text::cut(s, MAX_MESSAGE)),
         _ => None,
     };
     Ok(TrajectoryResult {
