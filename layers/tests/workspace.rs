@@ -9,7 +9,7 @@ use orchard_layers::{Layers, cycles, graph, layer_violations, read_crate};
 const OPERATOR_LAYERS: Layers<'static> = &[
     ("plumbing", &[]),
     ("pod", &["plumbing"]),
-    ("retry", &["pod"]),
+    ("retry", &["plumbing", "pod"]),
     ("pool", &["plumbing", "pod"]),
     ("sandbox", &["plumbing", "pod", "pool", "retry"]),
     ("queue", &["plumbing"]),
