@@ -118,9 +118,20 @@ ASYNC = """
 """
 
 
+#: How a child waits for SIGTERM in its main thread. Not ``signal.pause()``: a signal that lands after
+#: the interpreter's last check for pending signals and before the ``pause`` system call is handled
+#: by the C handler only, and ``pause`` then sleeps forever (a 60 s time-out once in ``make test``
+#: under load). A short sleep in a loop runs the Python handler within 50 ms whenever it arrives.
+WAIT_FOR_SIGNALS = "import time\nwhile True:\n    time.sleep(0.05)"
+
+
 def child(gateway: FakeGateway, script: str) -> subprocess.Popen[str]:
-    """Runs ``script`` (its ``URL`` is the gateway's) in a fresh interpreter."""
+    """Runs ``script`` (its ``URL`` is the gateway's; ``WAIT_FOR_SIGNALS`` on a line of its own waits
+    for signals) in a fresh interpreter."""
     code = textwrap.dedent(script).replace("URL", repr(gateway.url))
+    code = "\n".join(
+        WAIT_FOR_SIGNALS if line.strip() == "WAIT_FOR_SIGNALS" else line for line in code.splitlines()
+    )
     # The child imports the same orchard_env as this process.
     src = os.path.dirname(os.path.dirname(os.path.abspath(orchard_env.__file__)))
     path = os.pathsep.join(p for p in (src, os.environ.get("PYTHONPATH")) if p)
@@ -147,8 +158,7 @@ def finish(process: subprocess.Popen[str]) -> tuple[int, str, str]:
 def test_sync_sandboxes_are_deleted_on_sigterm(gateway: FakeGateway) -> None:
     process = child(gateway, SYNC + """
     print("ready", flush=True)
-    import signal
-    signal.pause()
+    WAIT_FOR_SIGNALS
     """)
     ready(process)
     process.send_signal(signal.SIGTERM)
@@ -194,7 +204,7 @@ def test_a_previous_sigterm_handler_runs_after_the_cleanup(gateway: FakeGateway)
     signal.signal(signal.SIGTERM, previous)
     """ + SYNC + """
     print("ready", flush=True)
-    signal.pause()
+    WAIT_FOR_SIGNALS
     """)
     ready(process)
     process.send_signal(signal.SIGTERM)
