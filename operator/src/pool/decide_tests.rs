@@ -26,7 +26,7 @@ fn a_full_pool_is_ready_and_settled() {
         ready: 2,
         ..Plan::default()
     };
-    let status = pool_status(&pool(2), &plan, (5, 9), None, Timestamp::UNIX_EPOCH);
+    let status = pool_status(&pool(2), &plan, (5, 9), None, None, Timestamp::UNIX_EPOCH);
     assert_eq!(
         (
             status.replicas,
@@ -50,7 +50,7 @@ fn a_filling_pool_reconciles_and_failing_members_stall_it() {
         ready: 1,
         ..Plan::default()
     };
-    let status = pool_status(&pool(3), &plan, (0, 0), None, Timestamp::UNIX_EPOCH);
+    let status = pool_status(&pool(3), &plan, (0, 0), None, None, Timestamp::UNIX_EPOCH);
     assert_eq!(status.starting_replicas, 1);
     assert_eq!(condition(&status, "Ready"), "False");
     assert_eq!(condition(&status, "Reconciling"), "True");
@@ -62,6 +62,7 @@ fn a_filling_pool_reconciles_and_failing_members_stall_it() {
             "MemberFailed".into(),
             "py-abcde: ErrImagePull: not found".into(),
         )),
+        None,
         Timestamp::UNIX_EPOCH,
     );
     assert_eq!(condition(&stalled, "Stalled"), "True");
@@ -206,6 +207,7 @@ fn run(
             last_failure: last_failure.map(|(ago, why)| (ago, why.to_string())),
             claims: (1, 7),
             placement: &placement,
+            snapshot: None,
             now: Timestamp::UNIX_EPOCH,
         },
     )

@@ -148,11 +148,15 @@ fn the_children_plan_follows_the_phase_the_known_pod_and_the_placement_policy() 
         ),
     ];
     for (case, s, known, want) in cases {
-        assert_eq!(plan_children(&s, known, &allow_all, None), want, "{case}");
+        assert_eq!(
+            plan_children(&s, known, &allow_all, None, None),
+            want,
+            "{case}"
+        );
     }
     let strict = Placement::from_policy(&crate::pod::placement::PlacementPolicy::default());
     assert!(
-        matches!(plan_children(&picky, None, &strict, None), ChildPlan::Refused(Blocked::PlacementRefused(why)) if why.contains("vip")),
+        matches!(plan_children(&picky, None, &strict, None, None), ChildPlan::Refused(Blocked::PlacementRefused(why)) if why.contains("vip")),
         "a refused spec without a pod creates nothing"
     );
 }

@@ -16,7 +16,7 @@ use crate::error::{E2eError, Result};
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Built {
     /// `debian-python`, `debian-chromium`, `busybox`, `probe`, `pause`, `orchard-agent`,
-    /// `orchard-operator`.
+    /// `orchard-operator`, `orchard-committer`.
     pub name: String,
     /// OCI image layout.
     pub layout: PathBuf,
@@ -79,6 +79,10 @@ pub fn build() -> Result<Vec<Built>> {
         format!("agent={}", agent_bin()?.display()),
         format!("pause={}", node_bin("orchard-pause")?.display()),
         format!("probe={}", node_bin("orchard-probe")?.display()),
+        format!(
+            "layerfilter={}",
+            node_bin("orchard-layer-filter")?.display()
+        ),
     ];
     if let Some(operator) = static_operator_bin() {
         args.push(format!("operator={}", operator.display()));
