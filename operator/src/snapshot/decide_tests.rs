@@ -248,9 +248,18 @@ fn without_a_digest_the_base_is_the_image_the_pod_names() {
     assert_eq!(target.base_image, "localhost:5000/debian-python:trixie");
 }
 
+/// A case: its name, the sandbox and its pod, the reason and part of the message expected.
+type Case = (
+    &'static str,
+    Option<Sandbox>,
+    Option<Pod>,
+    &'static str,
+    &'static str,
+);
+
 #[test]
 fn a_sandbox_that_is_not_ready_fails_the_snapshot_at_once() {
-    let cases: [(&str, Option<Sandbox>, Option<Pod>, &str, &str); 5] = [
+    let cases: [Case; 5] = [
         (
             "missing",
             None,

@@ -41,7 +41,9 @@ pub fn tag_of(name: &str) -> &'static str {
 pub fn aliases(name: &str) -> Vec<String> {
     let version = env!("CARGO_PKG_VERSION");
     match name {
-        "orchard-operator" | "orchard-agent" => vec![format!("{name}:{version}")],
+        "orchard-operator" | "orchard-agent" | "orchard-committer" => {
+            vec![format!("{name}:{version}")]
+        }
         "busybox" => vec!["library/busybox:1.36".to_string()],
         "debian-python" => vec![
             "library/python:3.11".to_string(),
