@@ -14,6 +14,8 @@
 //!   manifest;
 //! - a snapshot of a sandbox that is not Ready fails `SandboxNotReady`; a sandbox from a failed
 //!   snapshot fails `SnapshotFailed`;
+//! - the gateway's snapshot routes answer under RBAC (403 without `create sandboxsnapshots`), and the
+//!   Python SDK's `sbx.fork(2)` starts two forks that verify the manifest;
 //! - the snapshot's deletion waits while forks use it (`InUse`), and completes once they are gone;
 //! - with a registry that refuses the push, the snapshot fails `PushRefused` with crane's words and
 //!   the sandbox keeps running (it was resumed).
@@ -175,6 +177,24 @@ fn consistent(name: &str, out: &str) -> (u64, u64, u64) {
         "{name}: the layer is not one instant's filesystem: {lines} log lines, a={a}, b={b}"
     );
     (lines, a, b)
+}
+
+/// Deletes every snapshot of `api`'s namespace and waits until they are gone (nothing may name them).
+async fn delete_all_snapshots(api: &Api<SandboxSnapshot>) {
+    let names: Vec<String> = api
+        .list(&Default::default())
+        .await
+        .expect("list snapshots")
+        .items
+        .into_iter()
+        .filter_map(|s| s.metadata.name)
+        .collect();
+    for name in &names {
+        let _ = api.delete(name, &DeleteParams::default()).await;
+    }
+    for name in &names {
+        wait::deleted(api, name, Duration::from_secs(120)).await;
+    }
 }
 
 #[tokio::test]
@@ -392,14 +412,29 @@ async fn a_prepared_sandbox_is_snapshotted_under_load_and_forked() {
         )
         .await
         .expect("create sandbox");
-    snapshots
-        .create(
-            &PostParams::default(),
-            &snapshot("too-early", "unpullable", &[]),
+    // Through the gateway this time: RBAC on sandboxsnapshots, then the watch-driven wait.
+    let bob = Caller::at(&op.gateway_url(), Some(&env.control_plane.tokens["bob"]));
+    let body = json!({"name": "too-early", "sandbox": "unpullable"});
+    let denied = bob
+        .post(
+            &format!("/v1/namespaces/{ns}/sandboxsnapshots"),
+            body.clone(),
         )
-        .await
-        .expect("create snapshot");
-    let early = wait::until(&snapshots, "too-early", "Failed", COMMITTED, settled).await;
+        .await;
+    assert_eq!(denied.status, 403, "{denied:?}");
+    assert!(denied.message().contains("sandboxsnapshots"), "{denied:?}");
+    let created = admin
+        .post(&format!("/v1/namespaces/{ns}/sandboxsnapshots"), body)
+        .await;
+    assert_eq!(created.status, 201, "{created:?}");
+    let waited = admin
+        .get(&format!(
+            "/v1/namespaces/{ns}/sandboxsnapshots/too-early/wait?timeoutSeconds=120"
+        ))
+        .await;
+    assert_eq!(waited.status, 200, "{waited:?}");
+    assert_eq!(waited.body["status"]["phase"], "Failed", "{waited:?}");
+    let early = snapshots.get("too-early").await.expect("too-early");
     let (status, reason, message) = ready_condition(&early);
     assert_eq!(
         early.status.as_ref().and_then(|s| s.phase),
@@ -430,6 +465,54 @@ async fn a_prepared_sandbox_is_snapshotted_under_load_and_forked() {
             .as_deref()
             .is_some_and(|m| m.contains("too-early failed (SandboxNotReady")),
         "{failed_status:?}"
+    );
+
+    // The SDK: fork the prepared sandbox twice (a snapshot of its own, then two forks).
+    let script = format!(
+        r#"
+from orchard_env import SandboxClient
+with SandboxClient("{url}", "{token}", namespace="{ns}") as client:
+    prep = client.connect("prep")
+    forks = prep.fork(2)
+    for fork in forks:
+        check = fork.exec(["/bin/sh", "-c", "cd / && sha256sum --quiet -c /work/MANIFEST.sha256 && prepared-tool sdk"])
+        print(fork.name, check.exit_code, check.stdout.strip())
+    snapshot = client.list_snapshots()
+    print("snapshots", sorted(s.name for s in snapshot if s.phase == "Ready"))
+    for fork in forks:
+        fork.close()
+    prep.close()
+"#,
+        url = op.gateway_url(),
+        token = env.control_plane.tokens["admin"],
+    );
+    let sdk = std::process::Command::new(orchard_testcluster::test_support::sdk::sdk_python())
+        .arg("-c")
+        .arg(&script)
+        .env(
+            "PYTHONPATH",
+            orchard_testcluster::binaries::workspace_root().join("sdk/python/src"),
+        )
+        .output()
+        .expect("run the SDK");
+    let out = String::from_utf8_lossy(&sdk.stdout).to_string();
+    assert!(
+        sdk.status.success(),
+        "the SDK's fork: {out}{}",
+        String::from_utf8_lossy(&sdk.stderr)
+    );
+    println!("SDK: {out}");
+    let lines: Vec<&str> = out.lines().collect();
+    assert_eq!(lines.len(), 3, "{out}");
+    for line in &lines[..2] {
+        assert!(
+            line.starts_with("prep-fork-") && line.ends_with(" 0 prepared tool sdk"),
+            "{out}"
+        );
+    }
+    assert!(
+        lines[2].contains("prep-fork-"),
+        "the fork's own snapshot: {out}"
     );
 
     // Deleting the snapshot waits while something starts from it.
@@ -474,6 +557,8 @@ async fn a_prepared_sandbox_is_snapshotted_under_load_and_forked() {
         Some(SandboxPhase::Ready),
         "the original is untouched by its snapshot's deletion"
     );
+    // The others go too while their operator runs (their finalizers are its to remove).
+    delete_all_snapshots(&snapshots).await;
     drop(op);
 
     // A registry that refuses the push: the snapshot fails with crane's words, the sandbox runs on.
@@ -506,6 +591,7 @@ async fn a_prepared_sandbox_is_snapshotted_under_load_and_forked() {
     let alive = sh(&admin, &refused_ns, "victim", "cat /root/state").await;
     assert_eq!(alive.trim(), "kept", "the sandbox was resumed");
     wait::until(&sandboxes, "victim", "Ready", READY, is_ready).await;
+    delete_all_snapshots(&snapshots).await;
     drop(refusing);
     env.delete_namespace(&ns).await;
     env.delete_namespace(&refused_ns).await;
