@@ -596,3 +596,142 @@ with SandboxClient("{url}", "{token}", namespace="{ns}") as client:
     env.delete_namespace(&ns).await;
     env.delete_namespace(&refused_ns).await;
 }
+
+/// The prepared state of the benchmark, about 200 MB: a copy of the image's Python standard library
+/// compiled to bytecode (installing and compiling dependencies), a git repository of generated
+/// sources with its history (a checkout), and 130 MB of incompressible data (model weights, datasets).
+const BENCH_PREPARE: &str = r#"set -e
+mkdir -p /work/env
+cp -a /usr/lib/python3.* /work/env/lib
+python3 -m compileall -f -q /work/env/lib > /dev/null 2>&1 || true
+cd /work && git init -q repo && cd repo
+for i in $(seq 1 300); do head -c 60000 /dev/urandom | base64 > src-$i.txt; done
+git add -A && git -c user.email=bench@orchard -c user.name=bench commit -qm prepared
+head -c 130000000 /dev/urandom > /work/env/weights.bin
+du -sb /work | cut -f1
+"#;
+
+/// Seconds since `from`.
+fn seconds(from: Instant) -> f64 {
+    from.elapsed().as_secs_f64()
+}
+
+/// The costs docs/SNAPSHOTS.md reports, on the real node, rounds in one run: preparing a ~200 MB state
+/// in a fresh sandbox (create -> Ready, then the commands), against snapshotting it (request -> image
+/// pushed) and starting from it (one fork, then four at once: create -> Ready, image pull included).
+/// `cargo test -p orchard-e2e --test snapshots -- --ignored --nocapture bench_fork_against_recreate`.
+#[tokio::test]
+#[ignore = "a benchmark: run with --ignored --nocapture"]
+async fn bench_fork_against_recreate() {
+    let rounds: usize = std::env::var("SNAPSHOT_BENCH_ROUNDS")
+        .ok()
+        .and_then(|r| r.parse().ok())
+        .unwrap_or(2);
+    let env = env();
+    let client = env.client().await;
+    let ns = env.namespace("snap-bench").await;
+    let op = operator(env, &ns, None).await;
+    let admin = caller(env, &op);
+    let sandboxes: Api<Sandbox> = Api::namespaced(client.clone(), &ns);
+    let snapshots: Api<SandboxSnapshot> = Api::namespaced(client.clone(), &ns);
+    let image = env.node.real().image("debian-python");
+    let spec = json!({"image": image, "resources": {"memory": "1Gi"}});
+    let mut rows = Vec::new();
+    for round in 0..rounds {
+        // Recreating the state: a fresh sandbox and the commands.
+        let fresh = format!("fresh-{round}");
+        let started = Instant::now();
+        create_ready(&sandboxes, &fresh, spec.clone()).await;
+        admin.wait_ready(&ns, &fresh).await;
+        let ready = seconds(started);
+        let prepared = Instant::now();
+        let size = sh(&admin, &ns, &fresh, BENCH_PREPARE).await;
+        let prepare = seconds(prepared);
+        let total_recreate = seconds(started);
+
+        // Snapshotting it.
+        let name = format!("bench-{round}");
+        let asked = Instant::now();
+        snapshots
+            .create(&PostParams::default(), &snapshot(&name, &fresh, &[]))
+            .await
+            .expect("create snapshot");
+        let done = wait::until(&snapshots, &name, "Ready", COMMITTED, settled).await;
+        let commit = seconds(asked);
+        let status = done.status.expect("status");
+        assert_eq!(status.phase, Some(SnapshotPhase::Ready), "{status:?}");
+
+        // Starting from it: one fork (the image pulled), then four at once.
+        let forked = Instant::now();
+        create_ready(
+            &sandboxes,
+            &format!("one-{round}"),
+            json!({"fromSnapshot": name, "resources": {"memory": "256Mi"}}),
+        )
+        .await;
+        let one = seconds(forked);
+        let forked = Instant::now();
+        for i in 0..4 {
+            sandboxes
+                .create(
+                    &PostParams::default(),
+                    &sandbox(
+                        &format!("four-{round}-{i}"),
+                        json!({"fromSnapshot": name, "resources": {"memory": "256Mi"}}),
+                    ),
+                )
+                .await
+                .expect("create fork");
+        }
+        for i in 0..4 {
+            wait::until(
+                &sandboxes,
+                &format!("four-{round}-{i}"),
+                "Ready",
+                READY,
+                is_ready,
+            )
+            .await;
+        }
+        let four = seconds(forked);
+        let check = sh(
+            &admin,
+            &ns,
+            &format!("four-{round}-3"),
+            "du -sb /work | cut -f1; git -C /work/repo log --oneline | wc -l",
+        )
+        .await;
+        println!("round {round}: forked state {}", check.replace('\n', " "));
+        rows.push((
+            size.trim().to_string(),
+            ready,
+            prepare,
+            total_recreate,
+            commit,
+            status.paused_milliseconds.unwrap_or(-1),
+            status.size_bytes.unwrap_or(-1),
+            one,
+            four,
+        ));
+        for name in [fresh]
+            .into_iter()
+            .chain(std::iter::once(format!("one-{round}")))
+            .chain((0..4).map(|i| format!("four-{round}-{i}")))
+        {
+            let _ = sandboxes.delete(&name, &DeleteParams::default()).await;
+        }
+    }
+    println!(
+        "| round | prepared bytes | fresh sandbox create -> Ready (s) | prepare commands (s) | recreate total (s) | snapshot request -> pushed (s) | paused (ms) | layer bytes | 1 fork create -> Ready (s) | 4 forks at once -> all Ready (s) |"
+    );
+    println!("|---|---|---|---|---|---|---|---|---|---|");
+    for (round, r) in rows.iter().enumerate() {
+        println!(
+            "| {round} | {} | {:.1} | {:.1} | {:.1} | {:.1} | {} | {} | {:.1} | {:.1} |",
+            r.0, r.1, r.2, r.3, r.4, r.5, r.6, r.7, r.8
+        );
+    }
+    delete_all_snapshots(&snapshots).await;
+    drop(op);
+    env.delete_namespace(&ns).await;
+}

@@ -84,6 +84,7 @@ W=/work
 RESULT=/dev/termination-log
 paused=0
 id=
+kept=
 fail() {
   msg=$(printf '%s' "$2" | tr '\n\r\t' '   ' | cut -c1-3000)
   printf 'result=failed\nreason=%s\nmessage=%s\n' "$1" "$msg" > "$RESULT"
@@ -96,8 +97,15 @@ resume() {
     ctr tasks resume "$id" >&2 || echo "orchard-commit: cannot resume $id" >&2
   fi
 }
-trap resume EXIT
-trap 'resume; fail CommitFailed "stopped while committing (the committer pod was deleted or timed out)"' TERM INT HUP
+# The layer is kept in containerd's content store (a GC root) only until it is copied out.
+release() {
+  if [ -n "$kept" ]; then
+    ctr content label "$kept" containerd.io/gc.root= orchard.dev/commit= > /dev/null 2>&1 || true
+    kept=
+  fi
+}
+trap 'resume; release' EXIT
+trap 'resume; release; fail CommitFailed "stopped while committing (the committer pod was deleted or timed out)"' TERM INT HUP
 uptime_ms() { awk '{ printf "%d\n", $1 * 1000 }' /proc/uptime; }
 
 ids=$(ctr containers ls -q "labels.\"io.kubernetes.pod.uid\"==\"$POD_UID\",labels.\"io.kubernetes.container.name\"==\"$CONTAINER\"" 2>"$W/err") ||
@@ -114,16 +122,23 @@ snapshotter=$(sed -n 's/^ *"Snapshotter": "\([^"]*\)".*/\1/p' "$W/info" | head -
 key=$(sed -n 's/^ *"SnapshotKey": "\([^"]*\)".*/\1/p' "$W/info" | head -n 1)
 [ -n "$snapshotter" ] && [ -n "$key" ] || fail CommitFailed "container $id names no snapshotter or root filesystem snapshot"
 
-# Frozen from here until resume: the layer is the filesystem as of one instant.
+# Frozen from here until resume: the layer is the filesystem as of one instant. containerd writes it
+# into its content store (kept there under a label of this attempt); it is copied out after resume.
 start=$(uptime_ms)
+mark="$POD_UID-$start"
 ctr tasks pause "$id" 2>"$W/err" || fail CommitFailed "cannot pause container $id: $(cat "$W/err")"
 paused=1
-timeout "$PAUSE_LIMIT_SECONDS" ctr snapshots --snapshotter "$snapshotter" diff \
-  --media-type application/vnd.oci.image.layer.v1.tar "$key" > "$W/layer.tar" 2>"$W/err"
+timeout "$PAUSE_LIMIT_SECONDS" ctr snapshots --snapshotter "$snapshotter" diff --keep \
+  --label "orchard.dev/commit=$mark" --media-type application/vnd.oci.image.layer.v1.tar "$key" \
+  > /dev/null 2>"$W/err"
 rc=$?
 resume
 end=$(uptime_ms)
+kept=$(ctr content ls -q "labels.\"orchard.dev/commit\"==\"$mark\"" 2>/dev/null | head -n 1)
 [ "$rc" = 0 ] || fail CommitFailed "reading the changes of container $id failed (exit $rc; more than ${PAUSE_LIMIT_SECONDS}s paused is refused): $(cat "$W/err")"
+[ -n "$kept" ] || fail CommitFailed "containerd kept no layer for container $id"
+ctr content get "$kept" > "$W/layer.tar" 2>"$W/err" || fail CommitFailed "cannot read the layer $kept: $(cat "$W/err")"
+release
 
 layer="$W/layer.tar"
 if [ -n "$KEEP_PATHS" ]; then
@@ -529,7 +544,7 @@ mod tests {
 
     #[test]
     fn the_script_always_resumes_what_it_paused() {
-        assert!(SCRIPT.contains("trap resume EXIT"));
+        assert!(SCRIPT.contains("trap 'resume; release' EXIT"));
         let pause = SCRIPT.find("tasks pause").unwrap();
         let resume = SCRIPT[pause..].find("\nresume\n").unwrap() + pause;
         let push = SCRIPT.find("crane append").unwrap();
