@@ -11,7 +11,8 @@
 //!   deleted, the counters satisfy the invariant (the layer is one instant's filesystem), no writer
 //!   runs in them (memory is not kept), and what each writes later is its own;
 //! - a RolloutGroup whose template names the snapshot completes, every trajectory verifying the
-//!   manifest;
+//!   manifest; a SandboxPool whose template names it builds its member from the snapshot's image, and
+//!   a Sandbox of the pool claims that member;
 //! - a snapshot of a sandbox that is not Ready fails `SandboxNotReady`; a sandbox from a failed
 //!   snapshot fails `SnapshotFailed`;
 //! - the gateway's snapshot routes answer under RBAC (403 without `create sandboxsnapshots`), and the
@@ -28,7 +29,9 @@
 use std::time::{Duration, Instant};
 
 use kube::api::{Api, DeleteParams, PostParams};
-use orchard_operator::api::{RolloutGroup, Sandbox, SandboxPhase, SandboxSnapshot, SnapshotPhase};
+use orchard_operator::api::{
+    RolloutGroup, Sandbox, SandboxPhase, SandboxPool, SandboxSnapshot, SnapshotPhase,
+};
 use orchard_testcluster::env::{
     EnvOptions, NodeKind, REAL_NODE_DEFAULT_CPU, REAL_NODE_DEFAULT_MEMORY, TestEnv, snapshot_flags,
 };
@@ -401,6 +404,52 @@ async fn a_prepared_sandbox_is_snapshotted_under_load_and_forked() {
         assert_eq!(trajectory.reward, Some(1.0), "{trajectory:?}");
     }
 
+    // A SandboxPool whose template names the snapshot: its member runs the snapshot's image, and a
+    // Sandbox of the pool claims it.
+    let pools: Api<SandboxPool> = Api::namespaced(client.clone(), &ns);
+    let warm: SandboxPool = serde_json::from_value(json!({
+        "apiVersion": "orchard.dev/v1alpha1", "kind": "SandboxPool",
+        "metadata": {"name": "warm"},
+        "spec": {"replicas": 1, "template": {"fromSnapshot": "prepared"}},
+    }))
+    .expect("pool JSON");
+    pools
+        .create(&PostParams::default(), &warm)
+        .await
+        .expect("create pool");
+    wait::until(
+        &pools,
+        "warm",
+        "a Ready member",
+        READY,
+        |p: Option<&SandboxPool>| {
+            p.and_then(|p| p.status.as_ref())
+                .is_some_and(|s| s.ready_replicas >= 1)
+        },
+    )
+    .await;
+    let claimer = create_ready(
+        &sandboxes,
+        "claimer",
+        json!({"pool": "warm", "whenPoolEmpty": "Wait"}),
+    )
+    .await;
+    let member = claimer
+        .status
+        .and_then(|s| s.pod_name)
+        .expect("the claimer's pod");
+    assert!(member.starts_with("warm-"), "a claimed member: {member}");
+    let member_pod = pods.get(&member).await.expect("the member");
+    assert_eq!(
+        member_pod.spec.as_ref().unwrap().containers[0]
+            .image
+            .as_deref(),
+        Some(pushed.as_str()),
+        "the pool built its member from the snapshot's image"
+    );
+    admin.wait_ready(&ns, "claimer").await;
+    consistent("claimer", sh(&admin, &ns, "claimer", CHECK).await.trim());
+
     // A snapshot of a sandbox that is not Ready fails at once, saying so.
     sandboxes
         .create(
@@ -541,12 +590,23 @@ with SandboxClient("{url}", "{token}", namespace="{ns}") as client:
         .and_then(|s| s.conditions.iter().find(|c| c.type_ == "InUse"))
         .map(|c| c.message.clone())
         .unwrap_or_default();
-    assert!(in_use.contains("Sandbox fork-0"), "{in_use}");
+    assert!(
+        in_use.contains("Sandbox fork-0") && in_use.contains("more"),
+        "{in_use}"
+    );
+    let referrers = held
+        .status
+        .as_ref()
+        .map(|s| s.conditions.clone())
+        .unwrap_or_default();
+    println!("while in use: {referrers:?}");
     for i in 0..FORKS {
         let _ = sandboxes
             .delete(&format!("fork-{i}"), &DeleteParams::default())
             .await;
     }
+    let _ = sandboxes.delete("claimer", &DeleteParams::default()).await;
+    let _ = pools.delete("warm", &DeleteParams::default()).await;
     let _ = groups
         .delete("from-snapshot", &DeleteParams::default())
         .await;
