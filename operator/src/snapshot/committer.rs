@@ -151,7 +151,8 @@ size=$(wc -c < "$layer" | tr -d ' ')
 
 insecure=
 [ "$INSECURE" = 1 ] && insecure=--insecure
-digest=$(crane append $insecure -b "$BASE_IMAGE" -f "$layer" -t "$TARGET" 2>"$W/err") ||
+digest=$(crane append $insecure --set-base-image-annotations --base="$BASE_IMAGE" --new_layer="$layer" \
+  --new_tag="$TARGET" 2>"$W/err") ||
   fail PushRefused "pushing $TARGET (base $BASE_IMAGE) failed: $(tail -c 2000 "$W/err")"
 case "$digest" in
   *@sha256:*) ;;
@@ -312,7 +313,8 @@ pub fn committer_pod(
             // Enough for the script's TERM trap to resume a paused sandbox.
             termination_grace_period_seconds: Some(30),
             host_network: Some(true),
-            dns_policy: Some("ClusterFirstWithHostNet".into()),
+            // The node's resolver: the registry is reached by the name the node pulls it by.
+            dns_policy: Some("Default".into()),
             automount_service_account_token: Some(false),
             enable_service_links: Some(false),
             tolerations: Some(tolerations),
@@ -491,6 +493,11 @@ mod tests {
         let spec = pod.spec.as_ref().unwrap();
         assert_eq!(spec.node_name.as_deref(), Some("node-a"));
         assert_eq!(spec.host_network, Some(true));
+        assert_eq!(
+            spec.dns_policy.as_deref(),
+            Some("Default"),
+            "the node's resolver: the registry's name as the node pulls it"
+        );
         assert_eq!(spec.host_pid, None);
         assert_eq!(spec.active_deadline_seconds, Some(600));
         assert_eq!(spec.automount_service_account_token, Some(false));
@@ -548,6 +555,10 @@ mod tests {
         let pause = SCRIPT.find("tasks pause").unwrap();
         let resume = SCRIPT[pause..].find("\nresume\n").unwrap() + pause;
         let push = SCRIPT.find("crane append").unwrap();
+        assert!(
+            SCRIPT.contains("--base=\"$BASE_IMAGE\""),
+            "an image name is never read as a flag"
+        );
         assert!(resume < push, "the sandbox runs again before the push");
         assert!(SCRIPT.contains("timeout \"$PAUSE_LIMIT_SECONDS\""));
     }
