@@ -32,7 +32,7 @@ agent: ## build the static orchard-agent binary (glibc crt-static)
 	@ls -l $(AGENT_BIN) | awk '{printf "orchard-agent: %s bytes\n", $$5}'
 
 .PHONY: node-bins
-node-bins: ## build the real node's static programs (orchard-pause, orchard-probe), glibc crt-static like the agent
+node-bins: ## build the real node's static programs (orchard-pause, orchard-probe, orchard-layer-filter), glibc crt-static like the agent
 	RUSTFLAGS="-C target-feature=+crt-static" $(CARGO) build --profile agent -p orchard-node-bins --target $(HOST_TRIPLE)
 
 .PHONY: agent-check
@@ -89,6 +89,7 @@ crds: ## regenerate crds/*.yaml from the Rust types
 	$(CARGO) run -q -p orchard-operator --bin crdgen -- rolloutgroup > crds/rolloutgroups.orchard.dev.yaml
 	$(CARGO) run -q -p orchard-operator --bin crdgen -- rolloutqueue > crds/rolloutqueues.orchard.dev.yaml
 	$(CARGO) run -q -p orchard-operator --bin crdgen -- sandboxpool > crds/sandboxpools.orchard.dev.yaml
+	$(CARGO) run -q -p orchard-operator --bin crdgen -- sandboxsnapshot > crds/sandboxsnapshots.orchard.dev.yaml
 	$(MAKE) sync-crds
 
 .PHONY: crds-check
@@ -98,7 +99,8 @@ crds-check: ## fail if crds/ differs from what the Rust types generate
 	$(CARGO) run -q -p orchard-operator --bin crdgen -- rolloutgroup > $$tmp/rolloutgroups.orchard.dev.yaml && \
 	$(CARGO) run -q -p orchard-operator --bin crdgen -- rolloutqueue > $$tmp/rolloutqueues.orchard.dev.yaml && \
 	$(CARGO) run -q -p orchard-operator --bin crdgen -- sandboxpool > $$tmp/sandboxpools.orchard.dev.yaml && \
-	if ! diff -u crds/sandboxes.orchard.dev.yaml $$tmp/sandboxes.orchard.dev.yaml || ! diff -u crds/rolloutgroups.orchard.dev.yaml $$tmp/rolloutgroups.orchard.dev.yaml || ! diff -u crds/rolloutqueues.orchard.dev.yaml $$tmp/rolloutqueues.orchard.dev.yaml || ! diff -u crds/sandboxpools.orchard.dev.yaml $$tmp/sandboxpools.orchard.dev.yaml; then \
+	$(CARGO) run -q -p orchard-operator --bin crdgen -- sandboxsnapshot > $$tmp/sandboxsnapshots.orchard.dev.yaml && \
+	if ! diff -u crds/sandboxes.orchard.dev.yaml $$tmp/sandboxes.orchard.dev.yaml || ! diff -u crds/rolloutgroups.orchard.dev.yaml $$tmp/rolloutgroups.orchard.dev.yaml || ! diff -u crds/rolloutqueues.orchard.dev.yaml $$tmp/rolloutqueues.orchard.dev.yaml || ! diff -u crds/sandboxpools.orchard.dev.yaml $$tmp/sandboxpools.orchard.dev.yaml || ! diff -u crds/sandboxsnapshots.orchard.dev.yaml $$tmp/sandboxsnapshots.orchard.dev.yaml; then \
 		echo "crds/ is out of date: run 'make crds' and commit the result" >&2; rm -rf $$tmp; exit 1; fi; \
 	rm -rf $$tmp; echo "crds/ matches the Rust types"
 
@@ -142,11 +144,12 @@ static-operator: ## build the static (glibc crt-static) release operator that go
 .PHONY: operator-image
 operator-image: node-tools agent node-bins static-operator ## the operator image for the real node: a static (glibc crt-static) release operator assembled with crane
 	@e2e/node-tools/images.sh agent=$(AGENT_BIN) pause=$(NODE_BIN_DIR)/orchard-pause probe=$(NODE_BIN_DIR)/orchard-probe \
-		operator=$(STATIC_OPERATOR_BIN)
+		layerfilter=$(NODE_BIN_DIR)/orchard-layer-filter operator=$(STATIC_OPERATOR_BIN)
 
 .PHONY: node-images
-node-images: node-deps node-tools agent node-bins ## build the real node's images with crane (Debian+python3+git+curl+pip, Debian+chromium, busybox, a static probe, pause, the agent) into ~/.cache/orchard/images
-	@e2e/node-tools/images.sh agent=$(AGENT_BIN) pause=$(NODE_BIN_DIR)/orchard-pause probe=$(NODE_BIN_DIR)/orchard-probe
+node-images: node-deps node-tools agent node-bins ## build the real node's images with crane (Debian+python3+git+curl+pip, Debian+chromium, busybox, a static probe, pause, the agent, the snapshot committer) into ~/.cache/orchard/images
+	@e2e/node-tools/images.sh agent=$(AGENT_BIN) pause=$(NODE_BIN_DIR)/orchard-pause probe=$(NODE_BIN_DIR)/orchard-probe \
+		layerfilter=$(NODE_BIN_DIR)/orchard-layer-filter
 
 .PHONY: test-unit
 test-unit: ## unit tests of the BAR engine and simulator, the API types (CEL rules, agent wire format), the operator (builders, status, reconciles against a scripted API server), the local cluster harness (orchard-testcluster), the generators (xtask), the benchmarks (orchard-bench) and their shared discipline

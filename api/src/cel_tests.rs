@@ -5,7 +5,7 @@ use kube::CustomResourceExt;
 use kube::core::cel::Validator;
 use serde_json::{Value, json};
 
-use crate::{RolloutGroup, Sandbox, SandboxPool};
+use crate::{RolloutGroup, Sandbox, SandboxPool, SandboxSnapshot};
 
 fn schema_of<K: CustomResourceExt>() -> Value {
     let crd = K::crd();
@@ -829,6 +829,59 @@ fn a_sandbox_retry_policy_is_immutable() {
     );
 }
 
+fn snapshot(spec: Value) -> Value {
+    json!({"apiVersion": "orchard.dev/v1alpha1", "kind": "SandboxSnapshot", "metadata": {"name": "snap"}, "spec": spec})
+}
+
+#[test]
+fn a_snapshot_names_a_sandbox_and_keeps_absolute_paths_inside_the_root() {
+    assert_eq!(
+        violations::<SandboxSnapshot>(snapshot(json!({"sandbox": "prep"})), None),
+        Vec::<String>::new()
+    );
+    let paths = |paths: Value| snapshot(json!({"sandbox": "prep", "paths": paths}));
+    assert!(
+        violations::<SandboxSnapshot>(
+            paths(json!([
+                "/work",
+                "/usr/local/lib/python3.11",
+                "/",
+                "/a/..b/.c"
+            ])),
+            None
+        )
+        .is_empty()
+    );
+    for relative in [json!(["work"]), json!(["./work"]), json!([""])] {
+        assert_rejects(
+            violations::<SandboxSnapshot>(paths(relative), None),
+            "spec.paths must be absolute paths inside the container (starting with /)",
+        );
+    }
+    for escaping in [
+        json!(["/work/../../etc"]),
+        json!(["/.."]),
+        json!(["/work/."]),
+        json!(["/a/./b"]),
+    ] {
+        assert_rejects(
+            violations::<SandboxSnapshot>(paths(escaping), None),
+            "spec.paths may not contain . or .. components",
+        );
+    }
+    assert_rejects(
+        violations::<SandboxSnapshot>(paths(json!(["/work//x"])), None),
+        "spec.paths must be clean paths",
+    );
+    assert_rejects(
+        violations::<SandboxSnapshot>(
+            snapshot(json!({"sandbox": "prep", "ttlSecondsAfterUnused": 0})),
+            None,
+        ),
+        "spec.ttlSecondsAfterUnused must be positive",
+    );
+}
+
 #[test]
 fn a_group_template_and_a_pool_template_may_not_set_a_sandbox_retry() {
     let bad = group(json!({
@@ -846,5 +899,82 @@ fn a_group_template_and_a_pool_template_may_not_set_a_sandbox_retry() {
     assert_rejects(
         violations::<SandboxPool>(pool, None),
         "template.retry cannot be set",
+    );
+}
+
+#[test]
+fn a_snapshots_sandbox_and_paths_are_immutable() {
+    let old = snapshot(json!({"sandbox": "prep", "paths": ["/work"]}));
+    let ttl_changed =
+        snapshot(json!({"sandbox": "prep", "paths": ["/work"], "ttlSecondsAfterUnused": 60}));
+    assert!(violations::<SandboxSnapshot>(ttl_changed, Some(old.clone())).is_empty());
+    assert_rejects(
+        violations::<SandboxSnapshot>(
+            snapshot(json!({"sandbox": "other", "paths": ["/work"]})),
+            Some(old.clone()),
+        ),
+        "spec.sandbox is immutable",
+    );
+    assert_rejects(
+        violations::<SandboxSnapshot>(snapshot(json!({"sandbox": "prep"})), Some(old)),
+        "spec.paths is immutable",
+    );
+    assert_rejects(
+        violations::<SandboxSnapshot>(
+            json!({"apiVersion": "orchard.dev/v1alpha1", "kind": "SandboxSnapshot",
+                   "metadata": {"name": "x".repeat(64)}, "spec": {"sandbox": "prep"}}),
+            None,
+        ),
+        "a SandboxSnapshot name must be at most 63 characters",
+    );
+}
+
+#[test]
+fn a_sandbox_starts_from_an_image_or_a_snapshot_never_both() {
+    assert!(violations::<Sandbox>(sandbox(json!({"fromSnapshot": "prepared"})), None).is_empty());
+    assert_rejects(
+        violations::<Sandbox>(
+            sandbox(json!({"image": "python:3.11", "fromSnapshot": "prepared"})),
+            None,
+        ),
+        "spec.image and spec.fromSnapshot are mutually exclusive",
+    );
+    assert_rejects(
+        violations::<Sandbox>(sandbox(json!({})), None),
+        "spec.image is required unless spec.pool names a SandboxPool or spec.fromSnapshot names a SandboxSnapshot",
+    );
+    let old = sandbox(json!({"fromSnapshot": "prepared"}));
+    assert!(
+        violations::<Sandbox>(
+            sandbox(json!({"fromSnapshot": "prepared", "lifecycle": {"ttlSeconds": 60}})),
+            Some(old.clone())
+        )
+        .is_empty()
+    );
+    assert_rejects(
+        violations::<Sandbox>(sandbox(json!({"fromSnapshot": "other"})), Some(old)),
+        "spec.fromSnapshot is immutable",
+    );
+}
+
+#[test]
+fn group_and_pool_templates_may_start_from_a_snapshot() {
+    let ok = group(
+        json!({"template": {"spec": {"fromSnapshot": "prepared", "run": {"command": ["python", "run.py"], "timeoutSeconds": 60, "resultPath": "/tmp/r.json"}}}}),
+    );
+    assert_eq!(violations::<RolloutGroup>(ok, None), Vec::<String>::new());
+    let both = group(json!({"template": {"spec": {"image": "i", "fromSnapshot": "prepared"}}}));
+    assert_rejects(
+        violations::<RolloutGroup>(both, None),
+        "spec.image and spec.fromSnapshot are mutually exclusive",
+    );
+    let pool = |template: Value| {
+        json!({"apiVersion": "orchard.dev/v1alpha1", "kind": "SandboxPool", "metadata": {"name": "p"},
+               "spec": {"replicas": 1, "template": template}})
+    };
+    assert!(violations::<SandboxPool>(pool(json!({"fromSnapshot": "prepared"})), None).is_empty());
+    assert_rejects(
+        violations::<SandboxPool>(pool(json!({})), None),
+        "template.image (or template.fromSnapshot) is required",
     );
 }

@@ -35,6 +35,8 @@ mod rollout_queue;
 mod sandbox;
 #[cfg(feature = "crd")]
 mod sandbox_pool;
+#[cfg(feature = "crd")]
+mod sandbox_snapshot;
 
 #[cfg(feature = "crd")]
 pub use retry::{AttemptRecord, OomEscalation, RetryPolicy};
@@ -46,6 +48,8 @@ pub use rollout_queue::*;
 pub use sandbox::*;
 #[cfg(feature = "crd")]
 pub use sandbox_pool::*;
+#[cfg(feature = "crd")]
+pub use sandbox_snapshot::*;
 
 /// API group of every Orchard Env kind.
 pub const GROUP: &str = "orchard.dev";
@@ -104,6 +108,18 @@ pub const MANAGED_BY_LABEL: &str = "app.kubernetes.io/managed-by";
 
 /// Value of [`MANAGED_BY_LABEL`].
 pub const MANAGED_BY: &str = "orchard-operator";
+
+/// Label on every committer Pod the operator creates for a SandboxSnapshot (in the snapshot namespace),
+/// holding the snapshot's UID; the operator watches committer pods by it.
+pub const SNAPSHOT_UID_LABEL: &str = "orchard.dev/snapshot-uid";
+
+/// Annotation on a committer Pod naming its SandboxSnapshot as `namespace/name` (a Pod in another
+/// namespace cannot carry an owner reference to it).
+pub const SNAPSHOT_ANNOTATION: &str = "orchard.dev/snapshot";
+
+/// Finalizer on a SandboxSnapshot: held while a Sandbox, SandboxPool or RolloutGroup names the
+/// snapshot in `fromSnapshot`, and until its committer Pod is gone.
+pub const SNAPSHOT_FINALIZER: &str = "orchard.dev/snapshot-in-use";
 
 /// Annotation recording who created an object through the gateway (the gateway writes with the
 /// operator's identity, so the API server's audit log alone would not say).

@@ -110,7 +110,9 @@ macro_rules! not_below_resources {
     ),
     validation = Rule::new("size(self.metadata.name) <= 63").message("a Sandbox name must be at most 63 characters (it labels the sandbox's pod and policies)")
 )]
-#[x_kube(validation = Rule::new("size(self.image) > 0 || has(self.pool)").message("spec.image is required unless spec.pool names a SandboxPool"))]
+#[x_kube(validation = Rule::new("size(self.image) > 0 || has(self.pool) || has(self.fromSnapshot)").message("spec.image is required unless spec.pool names a SandboxPool or spec.fromSnapshot names a SandboxSnapshot"))]
+#[x_kube(validation = Rule::new("!has(self.fromSnapshot) || size(self.image) == 0").message("spec.image and spec.fromSnapshot are mutually exclusive: a snapshot's image is the image of the sandbox it was taken from plus its committed layer"))]
+#[x_kube(validation = Rule::new("has(self.fromSnapshot) == has(oldSelf.fromSnapshot) && (!has(self.fromSnapshot) || self.fromSnapshot == oldSelf.fromSnapshot)").message("spec.fromSnapshot is immutable: create a new Sandbox"))]
 #[x_kube(validation = Rule::new("has(self.pool) == has(oldSelf.pool) && (!has(self.pool) || self.pool == oldSelf.pool)").message("spec.pool is immutable: create a new Sandbox"))]
 #[x_kube(validation = Rule::new("!has(self.whenPoolEmpty) || has(self.pool)").message("spec.whenPoolEmpty needs spec.pool"))]
 #[x_kube(validation = Rule::new("self.image == oldSelf.image").message("spec.image is immutable: create a new Sandbox"))]
@@ -205,6 +207,10 @@ pub struct SandboxSpec {
     /// Give the sandbox a new pod instead of failing it when its pod is lost in a way a new one may fix: its task container killed by the out-of-memory killer or its pod evicted because the node was low on memory (`onOOM`: with more memory), or its pod evicted, deleted or lost with its node (`onEviction`: with the same resources). At most `maxAttempts` pods in all; then the sandbox fails as without it, with the last attempt's reason. The new pod starts from the image again: the files, processes and sessions of the lost one are gone (they lived in that pod: its container's writable layer and emptyDir volumes). While it starts, the Ready condition is False with reason `Retrying`; `status.attempts` and `status.previousAttempts` say what happened, and each retry is an Event `SandboxRetry`. The pod of attempt n > 1 is named `<sandbox>-attempt-<n>`, carries the label `orchard.dev/attempt`, and is the sandbox's own (never claimed from a pool). The expiry clocks keep counting from the first Ready. A result already recorded stands: a `run` whose own command the out-of-memory killer ended is recorded aborted (OOMKilled) and not retried (a RolloutGroup's `spec.retry` retries that). Not allowed in a RolloutGroup's template (set the group's own `spec.retry`) or a SandboxPool's template. Immutable.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub retry: Option<RetryPolicy>,
+    /// Name of a SandboxSnapshot in the same namespace to start from instead of `image` (the two are mutually exclusive): the task container runs the snapshot's image (`status.image`: the snapshotted sandbox's image plus its committed filesystem changes). Until the snapshot is Ready the sandbox stays Pending with reason `SnapshotNotReady`; a Failed, missing-for-good or deleting snapshot fails it with reason `SnapshotFailed`. A snapshot is not deleted while a Sandbox names it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(min = 1, max = 63))]
+    pub from_snapshot: Option<String>,
 }
 
 /// What a Sandbox naming a pool does when no Ready member fits.

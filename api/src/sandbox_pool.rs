@@ -57,7 +57,7 @@ use crate::SandboxSpec;
     ),
     validation = Rule::new("size(self.metadata.name) <= 57").message("a SandboxPool name must be at most 57 characters (its members are named <pool>-<5 characters> and labelled with that name)")
 )]
-#[x_kube(validation = Rule::new("size(self.template.image) > 0").message("template.image is required"))]
+#[x_kube(validation = Rule::new("size(self.template.image) > 0 || has(self.template.fromSnapshot)").message("template.image (or template.fromSnapshot) is required"))]
 #[x_kube(validation = Rule::new("!has(self.template.pool)").message("template.pool cannot be set: a pool's members start cold"))]
 #[x_kube(validation = Rule::new("!has(self.template.run)").message("template.run cannot be set: a warm member runs nothing until it is claimed (set run on the claiming Sandbox)"))]
 #[x_kube(validation = Rule::new("!has(self.template.retry)").message("template.retry cannot be set: a warm member is never retried (set retry on the claiming Sandbox: a retry starts the Sandbox's own pod)"))]

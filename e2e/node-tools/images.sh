@@ -5,7 +5,7 @@
 # pushes them into the node's own registry (docs/TESTING.md, "The real node"). With release=DIR it
 # builds only the two images a release ships and writes them into DIR (`make dist`, docs/INSTALL.md).
 #
-#   images.sh agent=BIN pause=BIN probe=BIN [operator=BIN]   the real node's images
+#   images.sh agent=BIN pause=BIN probe=BIN [layerfilter=BIN] [operator=BIN]   the real node's images
 #   images.sh release=DIR agent=BIN operator=BIN              the release images, exported into DIR
 #
 # Images (name: what is in it):
@@ -17,6 +17,9 @@
 #   pause          only /pause: the pod sandbox process (orchard-pause)
 #   orchard-agent  only /orchard-agent (the injector image the operator's init container runs)
 #   orchard-operator  only /orchard-operator (when operator=BIN is given)
+#   orchard-committer  the SandboxSnapshot committer (when layerfilter=BIN is given): Debian's static
+#                  busybox and its applets, containerd's `ctr` and `crane` (the node tools' builds),
+#                  orchard-layer-filter and the host's CA bundle (docs/SNAPSHOTS.md)
 # orchard-agent and orchard-operator carry the OCI labels of a release (version and source from
 # Cargo.toml, revision = the git commit, licenses), so the node runs the very images a release ships.
 # Release mode writes, for each of the two, DIR/<name>-<version>.tar (docker save-style: `crane push`,
@@ -25,12 +28,12 @@
 # validates, and both hold the same image config.
 # Prints one line per image: `<name> <layout dir>`.
 set -euo pipefail
-USAGE="usage: images.sh agent=BIN pause=BIN probe=BIN [operator=BIN] | images.sh release=DIR agent=BIN operator=BIN"
+USAGE="usage: images.sh agent=BIN pause=BIN probe=BIN [layerfilter=BIN] [operator=BIN] | images.sh release=DIR agent=BIN operator=BIN"
 declare -A BIN
 RELEASE_DIR=
 for arg in "$@"; do
   case "$arg" in
-    agent=*|pause=*|probe=*|operator=*) BIN[${arg%%=*}]=$(realpath "${arg#*=}") ;;
+    agent=*|pause=*|probe=*|operator=*|layerfilter=*) BIN[${arg%%=*}]=$(realpath "${arg#*=}") ;;
     release=*) mkdir -p "${arg#*=}" && RELEASE_DIR=$(realpath "${arg#*=}") ;;
     *) echo "$USAGE" >&2; exit 2 ;;
   esac
@@ -209,6 +212,27 @@ if [ ! -f "$IMAGES/busybox/$key/index.json" ]; then
   layer_of "$WORK/busybox" "$WORK/busybox.tar"
 fi
 build busybox "$key" "$WORK/busybox.tar" --entrypoint /bin/sh -e PATH=/bin
+
+# orchard-committer: what a SandboxSnapshot's committer Pod runs (its script comes from the operator).
+if [ -n "${BIN[layerfilter]:-}" ]; then
+  CA_BUNDLE=/etc/ssl/certs/ca-certificates.crt
+  [ -f "$CA_BUNDLE" ] || { echo "images.sh: $CA_BUNDLE is missing (install ca-certificates)" >&2; exit 1; }
+  key=$(hash_of "$BUSYBOX" "$TOOLS/ctr" "$TOOLS/crane" "${BIN[layerfilter]}" "$CA_BUNDLE")
+  if [ ! -f "$IMAGES/orchard-committer/$key/index.json" ]; then
+    root="$WORK/orchard-committer"
+    mkdir -p "$root/bin" "$root/usr/local/bin" "$root/etc/ssl/certs" "$root/tmp"
+    chmod 1777 "$root/tmp"
+    install -m 0755 "$BUSYBOX" "$root/bin/busybox"
+    for applet in $("$BUSYBOX" --list); do
+      [ "$applet" = busybox ] || ln -s busybox "$root/bin/$applet"
+    done
+    install -m 0755 "$TOOLS/ctr" "$TOOLS/crane" "${BIN[layerfilter]}" "$root/usr/local/bin/"
+    install -m 0644 "$CA_BUNDLE" "$root/etc/ssl/certs/ca-certificates.crt"
+    layer_of "$root" "$WORK/orchard-committer.tar"
+  fi
+  build orchard-committer "$key" "$WORK/orchard-committer.tar" --entrypoint /bin/sh \
+    -e PATH=/usr/local/bin:/bin -l org.opencontainers.image.title=orchard-committer
+fi
 
 # debian_image NAME PACKAGES: a Debian root filesystem from Debian's mirror (mmdebstrap, minbase, no
 # Recommends, without docs, man pages and locales); the key covers the suite, the package list and

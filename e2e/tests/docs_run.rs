@@ -165,6 +165,7 @@ fn the_quick_start_runs_as_written() {
             "rolloutgroups.orchard.dev",
             "rolloutqueues.orchard.dev",
             "sandboxpools.orchard.dev",
+            "sandboxsnapshots.orchard.dev",
             "--wait",
         ])
         .env("KUBECONFIG", &env.control_plane.kubeconfig)

@@ -9,9 +9,10 @@ use orchard_layers::{Layers, cycles, graph, layer_violations, read_crate};
 const OPERATOR_LAYERS: Layers<'static> = &[
     ("plumbing", &[]),
     ("pod", &["plumbing"]),
+    ("snapshot", &["plumbing", "pod"]),
     ("retry", &["plumbing", "pod"]),
-    ("pool", &["plumbing", "pod"]),
-    ("sandbox", &["plumbing", "pod", "pool", "retry"]),
+    ("pool", &["plumbing", "pod", "snapshot"]),
+    ("sandbox", &["plumbing", "pod", "pool", "retry", "snapshot"]),
     ("queue", &["plumbing"]),
     ("rollout", &["plumbing", "queue", "retry"]),
     ("gateway", &["plumbing", "pod"]),
@@ -19,7 +20,8 @@ const OPERATOR_LAYERS: Layers<'static> = &[
     (
         "app",
         &[
-            "plumbing", "pod", "retry", "pool", "sandbox", "queue", "rollout", "gateway", "egress",
+            "plumbing", "pod", "snapshot", "retry", "pool", "sandbox", "queue", "rollout",
+            "gateway", "egress",
         ],
     ),
 ];

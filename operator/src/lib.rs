@@ -20,3 +20,4 @@ pub mod queue;
 pub mod retry;
 pub mod rollout;
 pub mod sandbox;
+pub mod snapshot;

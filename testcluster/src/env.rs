@@ -62,6 +62,30 @@ pub struct EnvOptions {
     pub audit_log: bool,
 }
 
+/// Where a real node's SandboxSnapshots go: the operator flags that commit them through its containerd
+/// (its socket is not at the usual `/run/containerd/containerd.sock`) and push them to its registry
+/// (pods name it `localhost:5000`; the committer runs in the node's network namespace).
+pub fn snapshot_flags(node: &RealNode) -> [(&'static str, String); 3] {
+    [
+        (
+            "--snapshot-registry",
+            format!("{}/orchard-snapshots", crate::real_node::IMAGE_HOST),
+        ),
+        (
+            "--snapshot-committer-image",
+            node.image("orchard-committer"),
+        ),
+        (
+            "--snapshot-containerd-socket",
+            node.namespaces
+                .layout
+                .containerd_socket()
+                .display()
+                .to_string(),
+        ),
+    ]
+}
+
 impl Default for EnvOptions {
     fn default() -> Self {
         Self {
@@ -318,6 +342,16 @@ impl TestEnv {
                 }
                 let node = &nodes[0];
                 operator_args.push(format!("--agent-image={}", node.image("orchard-agent")));
+                // SandboxSnapshots: committed through the node's containerd and pushed to its own
+                // registry, which its containerd pulls from. One node only: each node has a socket
+                // path and a registry of its own.
+                if count == 1 {
+                    for (flag, value) in snapshot_flags(node) {
+                        if !operator_args.iter().any(|a| a.starts_with(flag)) {
+                            operator_args.push(format!("{flag}={value}"));
+                        }
+                    }
+                }
                 // The node has this machine's two cores and the scheduler counts requests: a small
                 // default lets tests and benchmarks run many sandboxes at once.
                 for (flag, value) in [

@@ -106,6 +106,14 @@ config/rbac/role.yaml holds the same rules (e2e/tests/no_cluster/manifests_rbac.
 - apiGroups: ["orchard.dev"]
   resources: ["sandboxpools/status"]
   verbs: ["patch"]
+# SandboxSnapshots: watched, created through the gateway; their finalizer is added and removed with JSON
+# patches; deleted through the gateway and when ttlSecondsAfterUnused runs out.
+- apiGroups: ["orchard.dev"]
+  resources: ["sandboxsnapshots"]
+  verbs: ["get", "list", "watch", "create", "patch", "delete"]
+- apiGroups: ["orchard.dev"]
+  resources: ["sandboxsnapshots/status"]
+  verbs: ["patch"]
 # Sandbox pods: created (POST), watched, deleted on failure or expiry; a pool member is patched
 # once, when a Sandbox claims it (owner reference and labels).
 - apiGroups: [""]
@@ -152,6 +160,13 @@ config/rbac/role.yaml holds the same rules (e2e/tests/no_cluster/manifests_rbac.
 - apiGroups: [""]
   resources: ["secrets"]
   verbs: ["create"]
+{{- end -}}
+
+{{- define "orchard-env.snapshotRules" -}}
+# Committer pods of SandboxSnapshots: created (POST), watched, deleted once they reported.
+- apiGroups: [""]
+  resources: ["pods"]
+  verbs: ["get", "list", "watch", "create", "delete"]
 {{- end -}}
 
 {{/* Labels that select the egress proxy's pods (never the operator's: only operator pods reach agents). */}}

@@ -216,6 +216,19 @@ fn namespaced_rules() -> Table {
             "members Ready and starting, claims (JSON patches)",
         ),
         rule(
+            "orchard.dev",
+            "sandboxsnapshots",
+            CRUD,
+            "watched; created and deleted through the gateway, deleted when \
+             ttlSecondsAfterUnused runs out; the finalizer is added and removed with JSON patches",
+        ),
+        rule(
+            "orchard.dev",
+            "sandboxsnapshots/status",
+            &["patch"],
+            "phase, image, conditions (JSON patches)",
+        ),
+        rule(
             "",
             "pods",
             CRUD,
@@ -263,6 +276,18 @@ fn lease_rules() -> Table {
              be limited by resourceNames)",
         ),
     ])
+}
+
+/// The operator in the snapshot namespace (a Role, only with snapshots on): the committer Pods,
+/// which hold a node's containerd socket and so run nowhere else.
+fn snapshot_rules() -> Table {
+    table(&[rule(
+        "",
+        "pods",
+        &["get", "list", "watch", "create", "delete"],
+        "committer pods of SandboxSnapshots: created with POST, watched, deleted once they \
+         reported; never patched",
+    )])
 }
 
 /// The operator in the release namespace (a Role of the egress proxy's templates): the proxy's
@@ -360,10 +385,12 @@ fn by_role(docs: &[Value]) -> BTreeMap<(String, String, String), Table> {
     roles
 }
 
-/// The exact rule table of an install named `fullname` watching all namespaces, or only `watched`.
+/// The exact rule table of an install named `fullname` watching all namespaces, or only `watched`,
+/// with committer Pods in `snapshots` when snapshots are on.
 fn expected_roles(
     fullname: &str,
     watched: Option<&str>,
+    snapshots: Option<&str>,
 ) -> BTreeMap<(String, String, String), Table> {
     let key =
         |kind: &str, name: String, namespace: &str| (kind.to_string(), name, namespace.to_string());
@@ -385,6 +412,12 @@ fn expected_roles(
         ),
         egress_service_rules(fullname),
     );
+    if let Some(namespace) = snapshots {
+        roles.insert(
+            key("Role", format!("{fullname}-snapshots"), namespace),
+            snapshot_rules(),
+        );
+    }
     match watched {
         None => {
             let all = cluster_rules().into_iter().chain(namespaced_rules());
@@ -416,14 +449,35 @@ fn expected_roles(
 /// The namespace config/overlays/namespaced watches.
 const KUSTOMIZE_WATCHED: &str = "orchard-sandboxes";
 
-/// Every render with its object-name prefix (`orchard-operator` for release `orchard`, the full
-/// values' `fullnameOverride`) and the namespace it watches (`None`: all).
-fn renders() -> Vec<(&'static str, Vec<Value>, &'static str, Option<&'static str>)> {
+/// The namespace committer Pods run in (the chart's default, config/overlays/snapshots).
+const SNAPSHOT_NAMESPACE: &str = "orchard-snapshots";
+
+/// One render: its name, its documents, its object-name prefix (`orchard-operator` for release
+/// `orchard`, the full values' `fullnameOverride`), the namespace it watches (`None`: all) and the one
+/// committer Pods run in (`None`: snapshots off).
+type Render = (
+    &'static str,
+    Vec<Value>,
+    &'static str,
+    Option<&'static str>,
+    Option<&'static str>,
+);
+
+/// The chart with snapshots on, as config/overlays/snapshots installs them.
+fn helm_snapshots() -> Vec<Value> {
+    documents(&helm_template(&[
+        "--set",
+        "snapshots.registry=registry.example.com/orchard-snapshots",
+    ]))
+}
+
+fn renders() -> Vec<Render> {
     vec![
         (
             "helm default",
             documents(&helm_default()),
             "orchard-operator",
+            None,
             None,
         ),
         (
@@ -431,6 +485,7 @@ fn renders() -> Vec<(&'static str, Vec<Value>, &'static str, Option<&'static str
             documents(&helm_full()),
             "orchard-ha",
             Some("rl-sandboxes"),
+            Some(SNAPSHOT_NAMESPACE),
         ),
         (
             "helm watchNamespace",
@@ -440,11 +495,20 @@ fn renders() -> Vec<(&'static str, Vec<Value>, &'static str, Option<&'static str
             ])),
             "orchard-operator",
             Some(KUSTOMIZE_WATCHED),
+            None,
+        ),
+        (
+            "helm snapshots",
+            helm_snapshots(),
+            "orchard-operator",
+            None,
+            Some(SNAPSHOT_NAMESPACE),
         ),
         (
             "kustomize default",
             documents(&kustomize("default")),
             "orchard-operator",
+            None,
             None,
         ),
         (
@@ -452,30 +516,75 @@ fn renders() -> Vec<(&'static str, Vec<Value>, &'static str, Option<&'static str
             documents(&kustomize("overlays/ha")),
             "orchard-operator",
             None,
+            None,
         ),
         (
             "kustomize namespaced",
             documents(&kustomize("overlays/namespaced")),
             "orchard-operator",
             Some(KUSTOMIZE_WATCHED),
+            None,
+        ),
+        (
+            "kustomize snapshots",
+            documents(&kustomize("overlays/snapshots")),
+            "orchard-operator",
+            None,
+            Some(SNAPSHOT_NAMESPACE),
         ),
     ]
 }
 
 #[test]
 fn every_render_grants_exactly_the_rule_table_in_the_right_role() {
-    for (source, docs, fullname, watched) in &renders() {
+    for (source, docs, fullname, watched, snapshots) in &renders() {
         assert_eq!(
             by_role(docs),
-            expected_roles(fullname, *watched),
+            expected_roles(fullname, *watched, *snapshots),
             "{source}: the rules per role differ from the table"
         );
     }
 }
 
 #[test]
+fn the_snapshots_overlay_matches_the_chart_with_a_registry() {
+    let chart = helm_snapshots();
+    let kustomized = documents(&kustomize("overlays/snapshots"));
+    assert_eq!(
+        grants(&chart),
+        grants(&kustomized),
+        "config/overlays/snapshots and the chart with snapshots.registry grant different rules"
+    );
+    for kind in ["ClusterRoleBinding", "RoleBinding", "ServiceAccount"] {
+        assert_eq!(
+            identities(&chart, kind),
+            identities(&kustomized, kind),
+            "{kind}s differ"
+        );
+    }
+    let namespace = |docs: &[Value]| -> Value {
+        let found = of_kind(docs, "Namespace")
+            .into_iter()
+            .find(|n| n["metadata"]["name"] == SNAPSHOT_NAMESPACE)
+            .expect("the snapshot namespace is created");
+        found["metadata"]["labels"]["pod-security.kubernetes.io/enforce"].clone()
+    };
+    assert_eq!(namespace(&chart), "privileged");
+    assert_eq!(namespace(&kustomized), "privileged");
+    assert_eq!(
+        env_by_name(operator_deployment(&chart)),
+        env_by_name(operator_deployment(&kustomized)),
+        "the operator's Deployment differs between config/overlays/snapshots and the chart with snapshots.registry"
+    );
+    assert_eq!(
+        env_map(container(operator_deployment(&kustomized)))["ORCHARD_SNAPSHOT_REGISTRY"],
+        "registry.example.com/orchard-snapshots"
+    );
+}
+
+#[test]
 fn no_wildcards_in_any_rendered_role_and_every_permission_is_accounted_for() {
-    for (source, docs, fullname, _) in &renders() {
+    for (source, docs, fullname, _, _) in &renders() {
         assert_no_wildcards(source, docs);
         // Cluster-wide (ClusterRole) or namespace-scoped (watchNamespace: Role), each ServiceAccount
         // is granted exactly its documented permissions: nothing missing, nothing extra, and nothing

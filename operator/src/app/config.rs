@@ -48,6 +48,59 @@ pub struct OperatorArgs {
     /// GPUs: the extended resource, the GPU type map and the GPU toleration.
     #[command(flatten)]
     pub gpu: crate::pod::gpu::GpuFlags,
+
+    /// SandboxSnapshots: where they are pushed and how the committer Pods run.
+    #[command(flatten)]
+    pub snapshots: SnapshotFlags,
+}
+
+/// How SandboxSnapshots are committed and where they go (docs/SNAPSHOTS.md).
+#[derive(clap::Args, Debug, Clone, PartialEq)]
+pub struct SnapshotFlags {
+    /// Repository prefix snapshots are pushed under, e.g. `registry.example.com/orchard-snapshots` (each snapshot becomes `<prefix>/<namespace>/<name>:<uid>`); nodes must be able to pull from it. Empty: snapshots are off and every SandboxSnapshot fails with reason SnapshotsDisabled.
+    #[arg(long, env = "ORCHARD_SNAPSHOT_REGISTRY", default_value = "")]
+    pub snapshot_registry: String,
+
+    /// Namespace the committer Pods run in: Pod Security `privileged` (they hold the node's containerd socket), and nobody but the operator may create pods there.
+    #[arg(
+        long,
+        env = "ORCHARD_SNAPSHOT_NAMESPACE",
+        default_value = "orchard-snapshots"
+    )]
+    pub snapshot_namespace: String,
+
+    /// Image of the committer Pods: busybox, `ctr`, `crane` and `orchard-layer-filter` (`make node-images` builds it as `orchard-committer`).
+    #[arg(long, env = "ORCHARD_SNAPSHOT_COMMITTER_IMAGE", default_value = concat!("ghcr.io/orchard-env/orchard-committer:", env!("CARGO_PKG_VERSION")))]
+    pub snapshot_committer_image: String,
+
+    /// Path of containerd's socket on the nodes (k3s: `/run/k3s/containerd/containerd.sock`).
+    #[arg(
+        long,
+        env = "ORCHARD_SNAPSHOT_CONTAINERD_SOCKET",
+        default_value = "/run/containerd/containerd.sock"
+    )]
+    pub snapshot_containerd_socket: String,
+
+    /// Push to the snapshot registry over plain HTTP (a registry without TLS).
+    #[arg(
+        long,
+        env = "ORCHARD_SNAPSHOT_INSECURE_REGISTRY",
+        default_value_t = false,
+        action = clap::ArgAction::Set
+    )]
+    pub snapshot_insecure_registry: bool,
+
+    /// Secret of type `kubernetes.io/dockerconfigjson` in the snapshot namespace holding the push credentials; empty: push anonymously. Sandboxes pulling snapshots use their own `imagePullSecrets`.
+    #[arg(long, env = "ORCHARD_SNAPSHOT_REGISTRY_SECRET", default_value = "")]
+    pub snapshot_registry_secret: String,
+
+    /// Longest a committer Pod may run (its activeDeadlineSeconds); a snapshot not pushed by then fails with reason CommitterFailed.
+    #[arg(long, env = "ORCHARD_SNAPSHOT_TIMEOUT_SECONDS", default_value_t = 600, value_parser = clap::value_parser!(i64).range(10..=86400))]
+    pub snapshot_timeout_seconds: i64,
+
+    /// Longest a sandbox stays paused while its changes are read: a longer read is stopped, the sandbox resumed and the snapshot failed (reason CommitFailed).
+    #[arg(long, env = "ORCHARD_SNAPSHOT_PAUSE_LIMIT_SECONDS", default_value_t = 120, value_parser = clap::value_parser!(i64).range(1..=3600))]
+    pub snapshot_pause_limit_seconds: i64,
 }
 
 /// Log output format.

@@ -15,6 +15,7 @@ use crate::pod::policy::PolicyShape;
 use crate::pod::policy_canary::PolicyCanaries;
 use crate::pod::spec::PodShape;
 use crate::sandbox::context::SandboxSettings;
+use crate::snapshot::committer::CommitterSettings;
 
 /// Settings derived once from the command line.
 #[derive(Debug, Clone, PartialEq)]
@@ -27,6 +28,8 @@ pub struct Settings {
     pub resync: Duration,
     /// RolloutGroup reconciles running at once.
     pub rollout_concurrency: u16,
+    /// How SandboxSnapshots are committed.
+    pub snapshot: CommitterSettings,
 }
 
 impl Settings {
@@ -204,8 +207,38 @@ impl Settings {
             },
             resync: Duration::from_secs(args.controller.resync_seconds.max(1)),
             rollout_concurrency: args.controller.rollout_concurrency,
+            snapshot: snapshot_settings(args)?,
         })
     }
+}
+
+/// The committer settings of the `--snapshot-*` flags, validated.
+fn snapshot_settings(args: &OperatorArgs) -> Result<CommitterSettings> {
+    let flags = &args.snapshots;
+    let registry = flags.snapshot_registry.trim().trim_end_matches('/');
+    if registry.contains("://") || registry.contains(char::is_whitespace) {
+        return Err(Error::Config(format!(
+            "--snapshot-registry (Helm value snapshots.registry) must be a repository prefix such as registry.example.com/orchard-snapshots, without a scheme or spaces; got `{}`",
+            flags.snapshot_registry
+        )));
+    }
+    if flags.snapshot_namespace.trim().is_empty() {
+        return Err(Error::Config(
+            "--snapshot-namespace (Helm value snapshots.namespace) must not be empty".into(),
+        ));
+    }
+    Ok(CommitterSettings {
+        registry: Some(registry.to_string()).filter(|r| !r.is_empty()),
+        namespace: flags.snapshot_namespace.trim().to_string(),
+        image: flags.snapshot_committer_image.clone(),
+        containerd_socket: flags.snapshot_containerd_socket.clone(),
+        insecure_registry: flags.snapshot_insecure_registry,
+        registry_secret: Some(flags.snapshot_registry_secret.trim().to_string())
+            .filter(|s| !s.is_empty()),
+        timeout_seconds: flags.snapshot_timeout_seconds,
+        pause_limit_seconds: flags.snapshot_pause_limit_seconds,
+        node_lost_seconds: Some(args.sandbox.node_lost_seconds).filter(|s| *s > 0),
+    })
 }
 
 #[cfg(test)]

@@ -1,5 +1,5 @@
 //! Process wiring: settings, client, the cluster's ranges, the watches and their caches, the
-//! contexts, the four controllers, the gateway and the admin server, and one shutdown signal
+//! contexts, the five controllers, the gateway and the admin server, and one shutdown signal
 //! (SIGTERM/SIGINT) that stops all of them.
 
 use std::sync::Arc;
@@ -41,7 +41,9 @@ use crate::queue::context::QueueCtx;
 use crate::retry::ResourceDefaults;
 use crate::rollout::context::RolloutCtx;
 use crate::sandbox::context::SandboxCtx;
-use crate::{pool, queue, rollout, sandbox};
+use crate::snapshot::context::SnapshotCtx;
+use crate::snapshot::source::sandboxes_of;
+use crate::{pool, queue, rollout, sandbox, snapshot};
 use orchard_api::Sandbox;
 
 /// kube-runtime's own concurrency limit, off: the reconcilers bound themselves with FIFO slots
@@ -91,13 +93,26 @@ pub async fn run(args: OperatorArgs) -> Result<()> {
     };
     let queue_book = Arc::new(QueueBook::default());
     let pool_book = Arc::new(PoolBook::default());
-    let watches = watches::start(&client, &namespace, &memory, &queue_book, &pool_book);
+    let snapshot_namespace = settings
+        .snapshot
+        .registry
+        .as_ref()
+        .map(|_| settings.snapshot.namespace.clone());
+    let watches = watches::start(
+        &client,
+        &namespace,
+        snapshot_namespace.as_deref(),
+        &memory,
+        &queue_book,
+        &pool_book,
+    );
     let gateway_deps = GatewayDeps {
         client: client.clone(),
         reads: ReadModel {
             sandboxes: watches.caches.sandboxes.clone(),
             pods: watches.caches.pods.clone(),
             rollout_groups: watches.caches.rollout_groups.clone(),
+            snapshots: watches.caches.snapshots.clone(),
             changes: watches.changes.clone(),
         },
         metrics: metrics.clone(),
@@ -170,6 +185,10 @@ pub async fn run(args: OperatorArgs) -> Result<()> {
             memory: settings.pod.pod.default_memory.clone(),
         },
     });
+    let snapshot_ctx = Arc::new(SnapshotCtx {
+        kube: kube.clone(),
+        settings: settings.snapshot.clone(),
+    });
     let pool_ctx = Arc::new(PoolCtx {
         kube: kube.clone(),
         pods,
@@ -184,10 +203,14 @@ pub async fn run(args: OperatorArgs) -> Result<()> {
 
     let triggers = watches.triggers;
     let caches = watches.caches;
+    let waiting_sandboxes = caches.sandboxes.clone();
     let sandbox_controller =
         Controller::for_shared_stream(triggers.sandboxes, caches.sandboxes.clone())
             .owns_stream(triggers.pods.map(|pod| Ok(Arc::unwrap_or_clone(pod))))
             .owns_stream(triggers.policies.map(|p| Ok(Arc::unwrap_or_clone(p))))
+            .watches_shared_stream(triggers.snapshot_changes, move |snapshot| {
+                sandboxes_of(&waiting_sandboxes, &snapshot)
+            })
             .reconcile_on(pool_signals.sandboxes)
             .with_config(controller::Config::default().concurrency(UNLIMITED))
             .reconcile_all_on(leadership.gained_stream())
@@ -229,6 +252,19 @@ pub async fn run(args: OperatorArgs) -> Result<()> {
             )
             .for_each(|_| future::ready(()));
 
+    let snapshot_controller =
+        Controller::for_shared_stream(triggers.snapshots, caches.snapshots.clone())
+            .reconcile_on(triggers.snapshot_refs)
+            .with_config(controller::Config::default().concurrency(UNLIMITED))
+            .reconcile_all_on(leadership.gained_stream())
+            .graceful_shutdown_on(shutdown.clone().cancelled_owned())
+            .run(
+                snapshot::controller::reconcile,
+                snapshot::controller::error_policy,
+                snapshot_ctx,
+            )
+            .for_each(|_| future::ready(()));
+
     let admin_server = admin::serve(
         args.metrics_listen,
         AdminState {
@@ -253,11 +289,12 @@ pub async fn run(args: OperatorArgs) -> Result<()> {
             _ = shutdown.cancelled() => {},
         }
     };
-    let controllers = future::join4(
+    let controllers = future::join5(
         sandbox_controller,
         rollout_controller,
         queue_loop,
         pool_controller,
+        snapshot_controller,
     );
     let (_, _, admin_served, gateway_served) = tokio::join!(
         controllers,

@@ -17,13 +17,18 @@ use kube::runtime::watcher;
 use crate::plumbing::api_client::scoped_api;
 use crate::plumbing::caches::{CacheFill, Caches};
 use crate::plumbing::change_feed::ChangeFeed;
-use crate::plumbing::triggers::{Forward, trigger};
+use crate::plumbing::triggers::{Forward, MappedTrigger, mapped_channel, trigger};
 use crate::plumbing::watch::{Memory, Publish, Subscribers, cached_watch};
 use crate::pool::book::PoolBook;
 use crate::queue::book::QueueBook;
+use crate::snapshot::committer::COMPONENT as COMMITTER_COMPONENT;
+use crate::snapshot::source::{
+    snapshot_of_committer, snapshot_of_group, snapshot_of_pool, snapshot_of_sandbox,
+};
+use kube::runtime::reflector::ObjectRef;
 use orchard_api::{
     MANAGED_BY, MANAGED_BY_LABEL, RolloutGroup, RolloutQueue, SANDBOX_POD_LABEL, Sandbox,
-    SandboxPool,
+    SandboxPool, SandboxSnapshot,
 };
 
 /// What the controllers are woken by.
@@ -41,6 +46,13 @@ pub struct Triggers {
     pub pods: BoxStream<'static, Arc<Pod>>,
     /// Managed NetworkPolicies applied or deleted.
     pub policies: BoxStream<'static, Arc<NetworkPolicy>>,
+    /// SandboxSnapshots applied (the snapshot controller's own objects).
+    pub snapshots: BoxStream<'static, Arc<SandboxSnapshot>>,
+    /// SandboxSnapshots applied or deleted (Sandboxes waiting for one start once it is Ready).
+    pub snapshot_changes: BoxStream<'static, Arc<SandboxSnapshot>>,
+    /// Snapshots concerned by a change elsewhere: a committer Pod's, or a Sandbox's, SandboxPool's
+    /// or RolloutGroup's that names one in `fromSnapshot`.
+    pub snapshot_refs: BoxStream<'static, ObjectRef<SandboxSnapshot>>,
 }
 
 /// The running watches.
@@ -57,10 +69,12 @@ pub struct Watches {
     pub running: BoxFuture<'static, ()>,
 }
 
-/// Starts a watch of every kind the operator reads, in `namespace` (all when empty).
+/// Starts a watch of every kind the operator reads, in `namespace` (all when empty); committer Pods
+/// in `snapshot_namespace` when snapshots are on.
 pub fn start(
     client: &Client,
     namespace: &str,
+    snapshot_namespace: Option<&str>,
     memory: &Memory,
     queues: &Arc<QueueBook>,
     pools: &Arc<PoolBook>,
@@ -68,6 +82,7 @@ pub fn start(
     let filled = CacheFill::default();
     let changes = ChangeFeed::default();
     let all = watcher::Config::default;
+    let (snapshot_refs_tx, snapshot_refs) = mapped_channel::<SandboxSnapshot>();
 
     let (sandbox_trigger, sandboxes_triggered) = trigger::<Sandbox>(Forward::Applied);
     let (children_trigger, group_children) = trigger::<Sandbox>(Forward::AppliedAndDeleted);
@@ -81,6 +96,7 @@ pub fn start(
         }),
         Box::new(queues.clone()),
         Box::new(pools.clone()),
+        Box::new(MappedTrigger::with(&snapshot_refs_tx, snapshot_of_sandbox)),
     ];
     let (sandboxes, sandbox_watch) = cached_watch(
         scoped_api(client, namespace),
@@ -98,6 +114,7 @@ pub fn start(
             kind: "RolloutGroup",
         }),
         Box::new(queues.clone()),
+        Box::new(MappedTrigger::with(&snapshot_refs_tx, snapshot_of_group)),
     ];
     let (rollout_groups, group_watch) = cached_watch(
         scoped_api(client, namespace),
@@ -120,6 +137,7 @@ pub fn start(
         Box::new(memory.clone()),
         Box::new(pool_trigger),
         Box::new(pools.clone()),
+        Box::new(MappedTrigger::with(&snapshot_refs_tx, snapshot_of_pool)),
     ];
     let (sandbox_pools, pool_watch) = cached_watch(
         scoped_api(client, namespace),
@@ -152,6 +170,55 @@ pub fn start(
         subscribers,
     );
 
+    let (snapshot_trigger, snapshots_triggered) = trigger::<SandboxSnapshot>(Forward::Applied);
+    let (changes_trigger, snapshot_changes) =
+        trigger::<SandboxSnapshot>(Forward::AppliedAndDeleted);
+    let subscribers: Subscribers<SandboxSnapshot> = vec![
+        Box::new(memory.clone()),
+        Box::new(snapshot_trigger),
+        Box::new(changes_trigger),
+        Box::new(Publish {
+            feed: changes.clone(),
+            kind: "SandboxSnapshot",
+        }),
+    ];
+    let (snapshots, snapshot_watch) = cached_watch(
+        scoped_api(client, namespace),
+        all(),
+        filled.snapshots.clone(),
+        subscribers,
+    );
+
+    // Committer pods live in the snapshot namespace; without snapshots nothing is watched there (the
+    // operator may have no permission in it) and the empty cache counts as filled.
+    let (committers, committer_watch) = match snapshot_namespace {
+        Some(snapshot_namespace) => {
+            let subscribers: Subscribers<Pod> = vec![
+                Box::new(memory.clone()),
+                Box::new(MappedTrigger::with(
+                    &snapshot_refs_tx,
+                    snapshot_of_committer,
+                )),
+            ];
+            cached_watch(
+                kube::Api::namespaced(client.clone(), snapshot_namespace),
+                all().labels(&format!(
+                    "app.kubernetes.io/component={COMMITTER_COMPONENT},{MANAGED_BY_LABEL}={MANAGED_BY}"
+                )),
+                filled.committers.clone(),
+                subscribers,
+            )
+        }
+        None => {
+            filled
+                .committers
+                .store(true, std::sync::atomic::Ordering::Relaxed);
+            let (store, _writer) = kube::runtime::reflector::store::<Pod>();
+            let idle: BoxFuture<'static, ()> = futures::future::pending().boxed();
+            (store, idle)
+        }
+    };
+
     let running = futures::future::join_all([
         sandbox_watch,
         group_watch,
@@ -159,6 +226,8 @@ pub fn start(
         pool_watch,
         pod_watch,
         policy_watch,
+        snapshot_watch,
+        committer_watch,
     ])
     .map(|_| ())
     .boxed();
@@ -170,6 +239,8 @@ pub fn start(
             rollout_groups,
             rollout_queues,
             sandbox_pools,
+            snapshots,
+            committers,
         },
         filled,
         changes,
@@ -180,6 +251,9 @@ pub fn start(
             pools: pools_triggered.boxed(),
             pods: pods_triggered.boxed(),
             policies: policies_triggered.boxed(),
+            snapshots: snapshots_triggered.boxed(),
+            snapshot_changes: snapshot_changes.boxed(),
+            snapshot_refs: snapshot_refs.boxed(),
         },
         running,
     }

@@ -1,10 +1,10 @@
 //! Prints the CustomResourceDefinitions of the Orchard Env API as YAML (`make crds` writes them to `crds/`).
 //!
 //! `crdgen` prints every CRD as one multi-document stream; `crdgen sandbox`, `crdgen rolloutgroup`,
-//! `crdgen rolloutqueue` or `crdgen sandboxpool` prints one.
+//! `crdgen rolloutqueue`, `crdgen sandboxpool` or `crdgen sandboxsnapshot` prints one.
 
 use kube::CustomResourceExt;
-use orchard_operator::api::{RolloutGroup, RolloutQueue, Sandbox, SandboxPool};
+use orchard_operator::api::{RolloutGroup, RolloutQueue, Sandbox, SandboxPool, SandboxSnapshot};
 
 fn main() {
     let which = std::env::args().nth(1);
@@ -14,14 +14,16 @@ fn main() {
             RolloutGroup::crd(),
             RolloutQueue::crd(),
             SandboxPool::crd(),
+            SandboxSnapshot::crd(),
         ],
         Some("sandbox") => vec![Sandbox::crd()],
         Some("rolloutgroup") => vec![RolloutGroup::crd()],
         Some("rolloutqueue") => vec![RolloutQueue::crd()],
         Some("sandboxpool") => vec![SandboxPool::crd()],
+        Some("sandboxsnapshot") => vec![SandboxSnapshot::crd()],
         Some(other) => {
             eprintln!(
-                "crdgen: unknown kind `{other}` (expected `sandbox`, `rolloutgroup`, `rolloutqueue` or `sandboxpool`)"
+                "crdgen: unknown kind `{other}` (expected `sandbox`, `rolloutgroup`, `rolloutqueue`, `sandboxpool` or `sandboxsnapshot`)"
             );
             std::process::exit(2);
         }

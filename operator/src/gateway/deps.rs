@@ -12,7 +12,7 @@ use crate::gateway::config::GatewayLimits;
 use crate::plumbing::change_feed::ChangeFeed;
 use crate::plumbing::metrics::Metrics;
 use crate::plumbing::operator_key::OperatorKey;
-use orchard_api::{RolloutGroup, Sandbox};
+use orchard_api::{RolloutGroup, Sandbox, SandboxSnapshot};
 
 /// Field manager of the gateway's writes (heartbeat annotations, results, creates), distinct from the
 /// controllers' so server-side apply never takes their fields away.
@@ -29,6 +29,8 @@ pub struct ReadModel {
     pub pods: Store<Pod>,
     /// Every RolloutGroup in scope.
     pub rollout_groups: Store<RolloutGroup>,
+    /// Every SandboxSnapshot in scope.
+    pub snapshots: Store<SandboxSnapshot>,
     /// Notes of changed Sandboxes and RolloutGroups, published after the caches applied them.
     pub changes: ChangeFeed,
 }

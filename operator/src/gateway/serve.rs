@@ -25,7 +25,7 @@ use crate::gateway::http::errors::ApiError;
 use crate::gateway::http::in_flight::{InFlight, PoolLimits};
 use crate::gateway::http::metrics::GatewayMetrics;
 use crate::gateway::http::server::ConnectionLimits;
-use crate::gateway::routes::{network, rollout_groups, sandboxes, system};
+use crate::gateway::routes::{network, rollout_groups, sandboxes, snapshots, system};
 use crate::gateway::state::{CachesFilled, GatewayState, State};
 use crate::gateway::{agent, auth, http, objects};
 
@@ -66,19 +66,23 @@ async fn track(
     response
 }
 
-/// Marks the Sandbox and RolloutGroup caches filled when their watches report `InitDone`.
+/// Marks the Sandbox, RolloutGroup and SandboxSnapshot caches filled when their watches report
+/// `InitDone`.
 fn watch_cache_fill(state: &State, shutdown: CancellationToken) {
     let mut sandboxes = state.deps.reads.changes.relists("Sandbox");
     let mut groups = state.deps.reads.changes.relists("RolloutGroup");
+    let mut snapshots = state.deps.reads.changes.relists("SandboxSnapshot");
     let state = state.clone();
     tokio::spawn(async move {
         let filled = &state.filled;
         while !(filled.sandboxes.load(Ordering::Relaxed)
-            && filled.rollout_groups.load(Ordering::Relaxed))
+            && filled.rollout_groups.load(Ordering::Relaxed)
+            && filled.snapshots.load(Ordering::Relaxed))
         {
             tokio::select! {
                 _ = sandboxes.next() => filled.sandboxes.store(true, Ordering::Relaxed),
                 _ = groups.next() => filled.rollout_groups.store(true, Ordering::Relaxed),
+                _ = snapshots.next() => filled.snapshots.store(true, Ordering::Relaxed),
                 () = shutdown.cancelled() => return,
             }
         }
@@ -111,6 +115,12 @@ fn api_routes() -> OpenApiRouter<State> {
             rollout_groups::delete_group
         ))
         .routes(routes!(rollout_groups::wait_group))
+        .routes(routes!(
+            snapshots::create_snapshot,
+            snapshots::list_snapshots
+        ))
+        .routes(routes!(snapshots::get_snapshot, snapshots::delete_snapshot))
+        .routes(routes!(snapshots::wait_snapshot))
         .routes(routes!(system::healthz))
 }
 
@@ -383,6 +393,18 @@ mod tests {
             ),
             (
                 "/v1/namespaces/{namespace}/rolloutgroups/{name}/wait",
+                &["get"],
+            ),
+            (
+                "/v1/namespaces/{namespace}/sandboxsnapshots",
+                &["get", "post"],
+            ),
+            (
+                "/v1/namespaces/{namespace}/sandboxsnapshots/{name}",
+                &["get", "delete"],
+            ),
+            (
+                "/v1/namespaces/{namespace}/sandboxsnapshots/{name}/wait",
                 &["get"],
             ),
             ("/healthz", &["get"]),

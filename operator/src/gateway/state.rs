@@ -27,7 +27,7 @@ use crate::gateway::objects::lookup::{agent_access, find, own_pod};
 use crate::gateway::objects::names::{check_name, check_namespace};
 use crate::gateway::objects::recent_deletes::RecentDeletes;
 use crate::plumbing::writes::Child;
-use orchard_api::{RolloutGroup, Sandbox};
+use orchard_api::{RolloutGroup, Sandbox, SandboxSnapshot};
 
 /// Route templates (also the `route` label of the request metrics).
 pub mod paths {
@@ -39,6 +39,10 @@ pub mod paths {
     pub const GROUPS: &str = "/v1/namespaces/{namespace}/rolloutgroups";
     /// One RolloutGroup.
     pub const GROUP: &str = "/v1/namespaces/{namespace}/rolloutgroups/{name}";
+    /// SandboxSnapshots of a namespace.
+    pub const SNAPSHOTS: &str = "/v1/namespaces/{namespace}/sandboxsnapshots";
+    /// One SandboxSnapshot.
+    pub const SNAPSHOT: &str = "/v1/namespaces/{namespace}/sandboxsnapshots/{name}";
 }
 
 /// Whether the Sandbox and RolloutGroup caches have received their first full list (set from the
@@ -49,6 +53,8 @@ pub struct CachesFilled {
     pub sandboxes: AtomicBool,
     /// RolloutGroups.
     pub rollout_groups: AtomicBool,
+    /// SandboxSnapshots.
+    pub snapshots: AtomicBool,
 }
 
 impl CachesFilled {
@@ -57,6 +63,7 @@ impl CachesFilled {
         match kind {
             "Sandbox" => self.sandboxes.load(Ordering::Relaxed),
             "RolloutGroup" => self.rollout_groups.load(Ordering::Relaxed),
+            "SandboxSnapshot" => self.snapshots.load(Ordering::Relaxed),
             _ => false,
         }
     }
@@ -159,6 +166,12 @@ impl GatewayState {
     /// The RolloutGroup a route's path names (see [`GatewayState::cached`]).
     pub async fn group(&self, path: &ObjectPath) -> Result<Arc<RolloutGroup>, ApiError> {
         self.cached(&self.deps.reads.rollout_groups, "rolloutgroup", path)
+            .await
+    }
+
+    /// The SandboxSnapshot a route's path names (see [`GatewayState::cached`]).
+    pub async fn snapshot(&self, path: &ObjectPath) -> Result<Arc<SandboxSnapshot>, ApiError> {
+        self.cached(&self.deps.reads.snapshots, "sandboxsnapshot", path)
             .await
     }
 }

@@ -8,7 +8,7 @@ use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::api::networking::v1::NetworkPolicy;
 use kube::runtime::reflector::Store;
 
-use orchard_api::{RolloutGroup, RolloutQueue, Sandbox, SandboxPool};
+use orchard_api::{RolloutGroup, RolloutQueue, Sandbox, SandboxPool, SandboxSnapshot};
 
 /// Watch caches (reflector stores) the controllers and the gateway read instead of the API server.
 #[derive(Clone)]
@@ -25,6 +25,11 @@ pub struct Caches {
     pub rollout_queues: Store<RolloutQueue>,
     /// Every SandboxPool in scope.
     pub sandbox_pools: Store<SandboxPool>,
+    /// Every SandboxSnapshot in scope.
+    pub snapshots: Store<SandboxSnapshot>,
+    /// Committer pods of SandboxSnapshots (the snapshot namespace, label
+    /// `app.kubernetes.io/component=snapshot-committer`); empty when snapshots are off.
+    pub committers: Store<Pod>,
 }
 
 /// Whether each watch cache has received its first full list.
@@ -47,6 +52,10 @@ pub struct CacheFill {
     pub rollout_queues: Arc<AtomicBool>,
     /// SandboxPools cache.
     pub sandbox_pools: Arc<AtomicBool>,
+    /// SandboxSnapshots cache.
+    pub snapshots: Arc<AtomicBool>,
+    /// Committer pods cache.
+    pub committers: Arc<AtomicBool>,
 }
 
 impl CacheFill {
@@ -59,6 +68,8 @@ impl CacheFill {
             &self.rollout_groups,
             &self.rollout_queues,
             &self.sandbox_pools,
+            &self.snapshots,
+            &self.committers,
         ]
         .iter()
         .all(|flag| flag.load(Ordering::Relaxed))
@@ -74,6 +85,8 @@ impl CacheFill {
             &fill.rollout_groups,
             &fill.rollout_queues,
             &fill.sandbox_pools,
+            &fill.snapshots,
+            &fill.committers,
         ] {
             flag.store(true, Ordering::Relaxed);
         }

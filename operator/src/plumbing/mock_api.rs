@@ -26,7 +26,7 @@ use crate::plumbing::leader::Leadership;
 use crate::plumbing::metrics::Metrics;
 use crate::plumbing::own_writes::OwnWrites;
 use kube::runtime::events::{Recorder, Reporter};
-use orchard_api::{RolloutGroup, RolloutQueue, Sandbox, SandboxPool};
+use orchard_api::{RolloutGroup, RolloutQueue, Sandbox, SandboxPool, SandboxSnapshot};
 
 /// How the scripted server answers a request whose body (JSON, or `null`) it was given.
 type Reply = Box<dyn Fn(&Value) -> (u16, Value) + Send>;
@@ -117,6 +117,8 @@ pub struct TestCaches {
     pub rollout_groups: Writer<RolloutGroup>,
     pub rollout_queues: Writer<RolloutQueue>,
     pub sandbox_pools: Writer<SandboxPool>,
+    pub snapshots: Writer<SandboxSnapshot>,
+    pub committers: Writer<Pod>,
     caches: Caches,
 }
 
@@ -135,6 +137,8 @@ impl Default for TestCaches {
         let (rollout_groups, rollout_groups_w) = store();
         let (rollout_queues, rollout_queues_w) = store();
         let (sandbox_pools, sandbox_pools_w) = store();
+        let (snapshots, snapshots_w) = store();
+        let (committers, committers_w) = store();
         Self {
             sandboxes: sandboxes_w,
             pods: pods_w,
@@ -142,6 +146,8 @@ impl Default for TestCaches {
             rollout_groups: rollout_groups_w,
             rollout_queues: rollout_queues_w,
             sandbox_pools: sandbox_pools_w,
+            snapshots: snapshots_w,
+            committers: committers_w,
             caches: Caches {
                 sandboxes,
                 pods,
@@ -149,6 +155,8 @@ impl Default for TestCaches {
                 rollout_groups,
                 rollout_queues,
                 sandbox_pools,
+                snapshots,
+                committers,
             },
         }
     }

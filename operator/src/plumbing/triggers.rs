@@ -59,6 +59,51 @@ impl<K: Clone> Trigger<K> {
     }
 }
 
+/// A reference to an object of kind `T`.
+pub type Ref<T> = kube::runtime::reflector::ObjectRef<T>;
+
+/// The sending side of a trigger that maps each object of a watch (applied, listed or deleted) to
+/// the objects of another kind it concerns (`map`, pure), e.g. a Sandbox to the SandboxSnapshot it
+/// starts from; a controller consumes the references with `reconcile_on`.
+pub struct MappedTrigger<K, T: kube::Resource<DynamicType = ()>> {
+    sender: mpsc::UnboundedSender<Ref<T>>,
+    map: fn(&K) -> Vec<Ref<T>>,
+}
+
+/// A channel of references that several [`MappedTrigger`]s feed (`with`) and one controller reads.
+pub fn mapped_channel<T>() -> (
+    mpsc::UnboundedSender<Ref<T>>,
+    impl Stream<Item = Ref<T>> + Send + 'static,
+)
+where
+    T: kube::Resource<DynamicType = ()> + Send + Sync + 'static,
+{
+    mpsc::unbounded()
+}
+
+impl<K, T: kube::Resource<DynamicType = ()>> MappedTrigger<K, T> {
+    /// A trigger sending `map`'s references of every object into `sender`.
+    pub fn with(sender: &mpsc::UnboundedSender<Ref<T>>, map: fn(&K) -> Vec<Ref<T>>) -> Self {
+        Self {
+            sender: sender.clone(),
+            map,
+        }
+    }
+
+    /// Sends the references of the event's object; how many were sent (none to a stopped
+    /// controller).
+    pub fn forward(&self, event: &watcher::Event<K>) -> usize {
+        forwarded(event, Forward::AppliedAndDeleted)
+            .map(|obj| {
+                (self.map)(obj)
+                    .into_iter()
+                    .filter(|r| self.sender.unbounded_send(r.clone()).is_ok())
+                    .count()
+            })
+            .unwrap_or(0)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use std::time::Duration;

@@ -21,7 +21,7 @@ use crate::plumbing::backoff::ReconcileBackoff;
 use crate::plumbing::change_feed::ChangeFeed;
 use crate::plumbing::own_writes::{OwnWrites, child_key, namespace_scope};
 use crate::plumbing::ownership::controller_uid;
-use crate::plumbing::triggers::Trigger;
+use crate::plumbing::triggers::{MappedTrigger, Trigger};
 
 /// Something that keeps state about the objects of a watch.
 pub trait Subscriber<K>: Send + 'static {
@@ -31,6 +31,16 @@ pub trait Subscriber<K>: Send + 'static {
 }
 
 impl<K: Clone + Send + Sync + 'static> Subscriber<K> for Trigger<K> {
+    fn notify(&mut self, event: &watcher::Event<K>) {
+        self.forward(event);
+    }
+}
+
+impl<K, T> Subscriber<K> for MappedTrigger<K, T>
+where
+    K: Send + 'static,
+    T: Resource<DynamicType = ()> + Send + 'static,
+{
     fn notify(&mut self, event: &watcher::Event<K>) {
         self.forward(event);
     }

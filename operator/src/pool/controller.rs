@@ -26,6 +26,7 @@ use crate::plumbing::kube_ctx::object_key;
 use crate::plumbing::own_writes::child_key;
 use crate::plumbing::reconcile::Reconcile;
 use crate::pool::context::PoolCtx;
+use crate::snapshot::source::{Source, resolve};
 use orchard_api::{POOL_LABEL, SandboxPool};
 
 /// Controller name used in metrics and logs.
@@ -123,6 +124,17 @@ async fn reconcile_inner(cached: &SandboxPool, ctx: &Arc<PoolCtx>) -> Result<Opt
         kind: "SandboxPool",
         field: "metadata.uid",
     })?;
+    // A template naming a SandboxSnapshot builds members from the snapshot's image (and hashes it:
+    // a recreated snapshot replaces the members).
+    let namespace = pool.namespace().unwrap_or_default();
+    let (template, source) = resolve(&ctx.kube.caches.snapshots, &namespace, &pool.spec.template);
+    let snapshot = match source {
+        Source::Wait(message) => Some((false, message)),
+        Source::Fail(message) => Some((true, message)),
+        Source::Image | Source::Snapshot(_) => None,
+    };
+    let mut pool = pool;
+    pool.spec.template = template;
     let hash = template_hash(&pool.spec.template);
     let seen = members(ctx, &pool, &hash);
     let observed = Observed {
@@ -130,6 +142,7 @@ async fn reconcile_inner(cached: &SandboxPool, ctx: &Arc<PoolCtx>) -> Result<Opt
         last_failure: ctx.book.last_failure(&key),
         claims: ctx.book.claim_counts(&key),
         placement: &ctx.pods.settings.placement,
+        snapshot,
         now: Timestamp::now(),
     };
     let plan = decide(&pool, &observed);

@@ -28,6 +28,9 @@ pub const FAILURE_PAUSE: Duration = Duration::from_secs(5);
 /// How long a `Stalled` condition stays after the last member failure.
 pub const STALLED_FOR: Duration = Duration::from_secs(60);
 
+/// How often a pool whose template's SandboxSnapshot is not Ready looks again.
+pub const SNAPSHOT_RECHECK: Duration = Duration::from_secs(5);
+
 /// Members created at once by one reconcile.
 pub const CREATE_BATCH: usize = 16;
 
@@ -46,6 +49,9 @@ pub struct Observed<'a> {
     pub claims: (i64, i64),
     /// The operator's placement policy.
     pub placement: &'a Placement,
+    /// Why the template's `fromSnapshot` gives no image yet: the snapshot failed (`true`) or is
+    /// not Ready, and the message; no member starts meanwhile.
+    pub snapshot: Option<(bool, String)>,
     /// Current time.
     pub now: Timestamp,
 }
@@ -99,11 +105,16 @@ pub fn decide(pool: &SandboxPool, observed: &Observed) -> PoolPlan {
         .map(|(ago, _)| FAILURE_PAUSE.saturating_sub(*ago))
         .filter(|left| !left.is_zero());
     let refused = placement::check(&pool.spec.template, observed.placement).err();
-    let desired = if refused.is_some() {
+    let desired = if refused.is_some() || observed.snapshot.is_some() {
         0
     } else {
         pool.spec.replicas
     };
+    let snapshot_wait = observed
+        .snapshot
+        .as_ref()
+        .filter(|(failed, _)| !failed)
+        .map(|(_, message)| message.clone());
     let members = plan(desired, observed.members, paused.is_none());
     let delete: Vec<Deletion> = members
         .delete
@@ -129,9 +140,13 @@ pub fn decide(pool: &SandboxPool, observed: &Observed) -> PoolPlan {
         .as_ref()
         .filter(|(ago, _)| *ago < STALLED_FOR)
         .map(|(_, why)| why.clone());
-    let problem = match refused {
-        Some(why) => Some((placement::REASON.to_string(), why)),
-        None => failed_now
+    let problem = match (refused, &observed.snapshot) {
+        (Some(why), _) => Some((placement::REASON.to_string(), why)),
+        (None, Some((true, why))) => Some((
+            crate::snapshot::source::SNAPSHOT_FAILED.to_string(),
+            why.clone(),
+        )),
+        (None, _) => failed_now
             .or(recent)
             .map(|why| ("MemberFailed".to_string(), why)),
     };
@@ -140,9 +155,18 @@ pub fn decide(pool: &SandboxPool, observed: &Observed) -> PoolPlan {
         .as_ref()
         .is_some_and(|s| conditions::is_true(&s.conditions, conditions::STALLED));
     let stalled = problem.clone().filter(|_| !was_stalled);
-    let status = pool_status(pool, &members, observed.claims, problem, observed.now);
+    let status = pool_status(
+        pool,
+        &members,
+        observed.claims,
+        problem,
+        snapshot_wait.clone(),
+        observed.now,
+    );
     let requeue = if members.create > CREATE_BATCH {
         Duration::ZERO
+    } else if snapshot_wait.is_some() {
+        SNAPSHOT_RECHECK
     } else {
         // Come back when replacements may start again; the claim counts age, so look once a minute.
         paused.unwrap_or(CLAIM_COUNTS_AGE)
@@ -162,12 +186,14 @@ pub fn decide(pool: &SandboxPool, observed: &Observed) -> PoolPlan {
 }
 
 /// The pool's status (pure); `problem` is the reason and message of a `Stalled` pool (its template
-/// refused by the placement policy, its members failing).
+/// refused by the placement policy, its members failing, its snapshot failed), `snapshot_wait` why
+/// its template's snapshot gives no image yet.
 pub fn pool_status(
     pool: &SandboxPool,
     plan: &Plan,
     (claimed_last_minute, claimed_total): (i64, i64),
     problem: Option<(String, String)>,
+    snapshot_wait: Option<String>,
     now: Timestamp,
 ) -> SandboxPoolStatus {
     let previous = pool.status.clone().unwrap_or_default();
@@ -177,6 +203,10 @@ pub fn pool_status(
     let all_ready = plan.replicas == desired && ready == desired;
     let progress = match &problem {
         Some((reason, message)) => Progress::Stalled(reason.clone(), message.clone()),
+        None if snapshot_wait.is_some() => Progress::Reconciling(
+            crate::snapshot::source::SNAPSHOT_NOT_READY.into(),
+            snapshot_wait.clone().unwrap_or_default(),
+        ),
         None if !all_ready => Progress::Reconciling(
             "Filling".into(),
             format!("{ready} of {desired} members Ready, {starting} starting"),

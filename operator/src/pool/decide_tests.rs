@@ -26,7 +26,7 @@ fn a_full_pool_is_ready_and_settled() {
         ready: 2,
         ..Plan::default()
     };
-    let status = pool_status(&pool(2), &plan, (5, 9), None, Timestamp::UNIX_EPOCH);
+    let status = pool_status(&pool(2), &plan, (5, 9), None, None, Timestamp::UNIX_EPOCH);
     assert_eq!(
         (
             status.replicas,
@@ -50,7 +50,7 @@ fn a_filling_pool_reconciles_and_failing_members_stall_it() {
         ready: 1,
         ..Plan::default()
     };
-    let status = pool_status(&pool(3), &plan, (0, 0), None, Timestamp::UNIX_EPOCH);
+    let status = pool_status(&pool(3), &plan, (0, 0), None, None, Timestamp::UNIX_EPOCH);
     assert_eq!(status.starting_replicas, 1);
     assert_eq!(condition(&status, "Ready"), "False");
     assert_eq!(condition(&status, "Reconciling"), "True");
@@ -62,6 +62,7 @@ fn a_filling_pool_reconciles_and_failing_members_stall_it() {
             "MemberFailed".into(),
             "py-abcde: ErrImagePull: not found".into(),
         )),
+        None,
         Timestamp::UNIX_EPOCH,
     );
     assert_eq!(condition(&stalled, "Stalled"), "True");
@@ -198,6 +199,15 @@ fn run(
     members: &[MemberView],
     last_failure: Option<(Duration, &str)>,
 ) -> PoolPlan {
+    run_with_snapshot(pool, members, last_failure, None)
+}
+
+fn run_with_snapshot(
+    pool: &SandboxPool,
+    members: &[MemberView],
+    last_failure: Option<(Duration, &str)>,
+    snapshot: Option<(bool, String)>,
+) -> PoolPlan {
     let placement = Placement::default();
     decide(
         pool,
@@ -206,9 +216,48 @@ fn run(
             last_failure: last_failure.map(|(ago, why)| (ago, why.to_string())),
             claims: (1, 7),
             placement: &placement,
+            snapshot,
             now: Timestamp::UNIX_EPOCH,
         },
     )
+}
+
+#[test]
+fn a_pool_starts_no_member_before_its_snapshot_is_ready() {
+    let waiting = run_with_snapshot(
+        &pool(2),
+        &[],
+        None,
+        Some((false, "SandboxSnapshot prepared is Committing".into())),
+    );
+    assert_eq!(waiting.start, 0);
+    assert_eq!(waiting.requeue, super::SNAPSHOT_RECHECK);
+    let reconciling = waiting
+        .status
+        .conditions
+        .iter()
+        .find(|c| c.type_ == "Reconciling")
+        .expect("Reconciling");
+    assert_eq!(
+        (reconciling.status.as_str(), reconciling.reason.as_str()),
+        ("True", "SnapshotNotReady")
+    );
+    let failed = run_with_snapshot(
+        &pool(2),
+        &[],
+        None,
+        Some((true, "SandboxSnapshot prepared failed".into())),
+    );
+    assert_eq!(failed.start, 0);
+    assert_eq!(
+        failed.stalled.as_ref().map(|(reason, _)| reason.as_str()),
+        Some("SnapshotFailed")
+    );
+    let resolved = run_with_snapshot(&pool(2), &[], None, None);
+    assert_eq!(
+        resolved.start, 2,
+        "a Ready snapshot is an image like any other"
+    );
 }
 
 #[test]

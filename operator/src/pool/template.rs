@@ -62,12 +62,13 @@ pub fn effective_spec(spec: &SandboxSpec, template: &SandboxSpec) -> SandboxSpec
     fn pick_vec<T: Clone>(own: &[T], template: &[T]) -> Vec<T> {
         if own.is_empty() { template } else { own }.to_vec()
     }
+    // The image comes from one place: the sandbox's own `image` or `fromSnapshot` (mutually
+    // exclusive), else the template's.
+    let own_image = !spec.image.is_empty() || spec.from_snapshot.is_some();
+    let source = if own_image { spec } else { template };
     SandboxSpec {
-        image: if spec.image.is_empty() {
-            template.image.clone()
-        } else {
-            spec.image.clone()
-        },
+        image: source.image.clone(),
+        from_snapshot: source.from_snapshot.clone(),
         image_pull_policy: pick(&spec.image_pull_policy, &template.image_pull_policy),
         image_pull_secrets: pick_vec(&spec.image_pull_secrets, &template.image_pull_secrets),
         resources: pick(&spec.resources, &template.resources),
@@ -136,6 +137,7 @@ pub fn mismatches(effective: &SandboxSpec, template: &SandboxSpec) -> Vec<&'stat
         }
     };
     differs("image", a.image == b.image);
+    differs("fromSnapshot", a.from_snapshot == b.from_snapshot);
     differs(
         "imagePullPolicy",
         a.image_pull_policy == b.image_pull_policy,

@@ -34,4 +34,12 @@ pub enum Blocked {
         /// Nothing the operator does will end the wait.
         stalled: bool,
     },
+    /// The sandbox starts from a SandboxSnapshot (`fromSnapshot`) that is not Ready (it waits,
+    /// reason `SnapshotNotReady`) or never will be (`failed`: it fails, reason `SnapshotFailed`).
+    Snapshot {
+        /// The snapshot failed or is being deleted: the sandbox fails.
+        failed: bool,
+        /// Detail.
+        message: String,
+    },
 }

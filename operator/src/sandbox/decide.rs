@@ -43,6 +43,10 @@ pub const QUOTA_RECHECK: Duration = Duration::from_secs(3);
 /// again, in case the watch misses their deletion (it wakes the reconcile first in the normal case).
 pub const PREVIOUS_INCARNATION_RECHECK: Duration = Duration::from_secs(1);
 
+/// How often a sandbox waiting for its SandboxSnapshot to be Ready looks again (the snapshot's
+/// change wakes it first in the normal case).
+pub const SNAPSHOT_RECHECK: Duration = Duration::from_secs(5);
+
 /// What to do about the sandbox's children.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum ChildPlan {
@@ -86,12 +90,15 @@ pub struct ChildOutcome {
 }
 
 /// The children's plan for `sandbox` (pure): `known` is the Pod the operator knows (the cache, or
-/// its own write moments ago); `invalid_retry` says why its `retry` cannot run, if it cannot.
+/// its own write moments ago); `invalid_retry` says why its `retry` cannot run, if it cannot;
+/// `snapshot` is why its `fromSnapshot` does not give it an image yet (it matters only before it
+/// has a Pod).
 pub fn plan_children(
     sandbox: &Sandbox,
     known: Option<&ChildState<Pod>>,
     placement: &Placement,
     invalid_retry: Option<&str>,
+    snapshot: Option<&Blocked>,
 ) -> ChildPlan {
     let previous = sandbox.status.as_ref();
     if matches!(
@@ -120,7 +127,10 @@ pub fn plan_children(
         }
         Some(ChildState::Conflict(why)) => PodStep::Blocked(Blocked::NameConflict(why.clone())),
         None if named => PodStep::Fetch,
-        None => PodStep::Start,
+        None => match snapshot {
+            Some(waiting) => PodStep::Blocked(waiting.clone()),
+            None => PodStep::Start,
+        },
     };
     ChildPlan::Ensure { pod }
 }
@@ -255,6 +265,10 @@ pub fn plan_status(sandbox: &Sandbox, outcome: &ChildOutcome, input: &StatusInpu
         Some(Blocked::LaunchJitter(at)) => Some(until(now, at)),
         _ => None,
     };
+    let snapshot_wait = matches!(
+        outcome.blocked,
+        Some(Blocked::Snapshot { failed: false, .. })
+    );
     let observed = Observed {
         pod: outcome.pod.as_ref(),
         pod_gone: outcome.pod_gone.clone(),
@@ -294,6 +308,8 @@ pub fn plan_status(sandbox: &Sandbox, outcome: &ChildOutcome, input: &StatusInpu
             wait.min(PREVIOUS_INCARNATION_RECHECK)
         } else if over_quota {
             wait.min(QUOTA_RECHECK)
+        } else if snapshot_wait {
+            wait.min(SNAPSHOT_RECHECK)
         } else {
             wait
         };
@@ -323,6 +339,8 @@ pub fn plan_status(sandbox: &Sandbox, outcome: &ChildOutcome, input: &StatusInpu
         Then::Requeue(PREVIOUS_INCARNATION_RECHECK)
     } else if over_quota {
         Then::Requeue(QUOTA_RECHECK)
+    } else if snapshot_wait {
+        Then::Requeue(SNAPSHOT_RECHECK)
     } else {
         next_deadline(sandbox, outcome.pod.as_ref(), &status, lifecycle, input)
     };

@@ -148,11 +148,15 @@ fn the_children_plan_follows_the_phase_the_known_pod_and_the_placement_policy() 
         ),
     ];
     for (case, s, known, want) in cases {
-        assert_eq!(plan_children(&s, known, &allow_all, None), want, "{case}");
+        assert_eq!(
+            plan_children(&s, known, &allow_all, None, None),
+            want,
+            "{case}"
+        );
     }
     let strict = Placement::from_policy(&crate::pod::placement::PlacementPolicy::default());
     assert!(
-        matches!(plan_children(&picky, None, &strict, None), ChildPlan::Refused(Blocked::PlacementRefused(why)) if why.contains("vip")),
+        matches!(plan_children(&picky, None, &strict, None, None), ChildPlan::Refused(Blocked::PlacementRefused(why)) if why.contains("vip")),
         "a refused spec without a pod creates nothing"
     );
 }
@@ -667,4 +671,75 @@ fn a_jittered_trajectory_waits_for_its_start_and_comes_back_then() {
         "{}",
         scheduled.message
     );
+}
+
+#[test]
+fn a_sandbox_without_a_pod_waits_for_its_snapshot_or_fails_with_it() {
+    let settings = settings();
+    let mut from_snapshot = sandbox();
+    from_snapshot.spec.image = String::new();
+    from_snapshot.spec.from_snapshot = Some("prepared".into());
+    let waiting = Blocked::Snapshot {
+        failed: false,
+        message: "SandboxSnapshot prepared is Committing".into(),
+    };
+    // Before its Pod exists the snapshot decides; once it has one, the Pod does.
+    assert_eq!(
+        plan_children(
+            &from_snapshot,
+            None,
+            &Placement::default(),
+            None,
+            Some(&waiting)
+        ),
+        ChildPlan::Ensure {
+            pod: PodStep::Blocked(waiting.clone())
+        }
+    );
+    let own = ChildState::Ours(ready_pod());
+    assert_eq!(
+        plan_children(
+            &from_snapshot,
+            Some(&own),
+            &Placement::default(),
+            None,
+            Some(&waiting)
+        ),
+        ChildPlan::Ensure {
+            pod: PodStep::Known
+        }
+    );
+
+    let outcome = |blocked: Blocked| ChildOutcome {
+        blocked: Some(blocked),
+        ..ChildOutcome::default()
+    };
+    let pending = with_status(from_snapshot.clone(), phase(SandboxPhase::Pending));
+    let wait = settled(plan_status(
+        &pending,
+        &outcome(waiting),
+        &input(&settings, "2026-01-01T00:00:05Z"),
+    ));
+    assert_eq!(wait.status.phase, Some(SandboxPhase::Pending));
+    let ready = wait
+        .status
+        .conditions
+        .iter()
+        .find(|c| c.type_ == "Ready")
+        .expect("Ready");
+    assert_eq!(ready.reason, "SnapshotNotReady");
+    assert!(ready.message.contains("is Committing"), "{}", ready.message);
+    assert_eq!(wait.then, Then::Requeue(SNAPSHOT_RECHECK));
+
+    let failed = settled(plan_status(
+        &pending,
+        &outcome(Blocked::Snapshot {
+            failed: true,
+            message: "SandboxSnapshot prepared failed (PushRefused: no)".into(),
+        }),
+        &input(&settings, "2026-01-01T00:00:05Z"),
+    ));
+    assert_eq!(failed.status.phase, Some(SandboxPhase::Failed));
+    assert_eq!(failed.status.reason.as_deref(), Some("SnapshotFailed"));
+    assert_eq!(failed.then, Then::Terminal);
 }

@@ -13,6 +13,7 @@ use kube::{Resource, ResourceExt};
 use tracing::{instrument, warn};
 
 use super::apply;
+use super::blocked::Blocked;
 use super::context::SandboxCtx;
 use super::decide::{ChildPlan, StatusInput, StatusPlan, plan_children, plan_status};
 use super::execute::{end_terminal, ensure_children, settle};
@@ -23,7 +24,8 @@ use crate::plumbing::kube_ctx::object_key;
 use crate::plumbing::reconcile::Reconcile;
 use crate::plumbing::writes::ChildState;
 use crate::pool::template::recorded_defaults;
-use orchard_api::Sandbox;
+use crate::snapshot::source::{Source, resolve};
+use orchard_api::{Sandbox, SandboxPool};
 
 /// Controller name used in metrics and logs.
 pub const CONTROLLER: &str = "sandbox";
@@ -51,6 +53,40 @@ pub fn error_policy(sandbox: Arc<Sandbox>, error: &Error, ctx: Arc<SandboxCtx>) 
     reconciler(&ctx).retry(&sandbox, error)
 }
 
+/// `sandbox` with its image resolved from the SandboxSnapshot it names (or its pool's template
+/// names), `pool` with its template's likewise (a claim compares the two), and why the sandbox
+/// cannot have that image yet, if it cannot (pure over the cache).
+fn resolve_snapshots(
+    ctx: &SandboxCtx,
+    sandbox: Sandbox,
+    pool: Option<Arc<SandboxPool>>,
+) -> (Sandbox, Option<Arc<SandboxPool>>, Option<Blocked>) {
+    let snapshots = &ctx.kube.caches.snapshots;
+    let namespace = sandbox.namespace().unwrap_or_default();
+    let (spec, source) = resolve(snapshots, &namespace, &sandbox.spec);
+    let blocked = match source {
+        Source::Wait(message) => Some(Blocked::Snapshot {
+            failed: false,
+            message,
+        }),
+        Source::Fail(message) => Some(Blocked::Snapshot {
+            failed: true,
+            message,
+        }),
+        Source::Image | Source::Snapshot(_) => None,
+    };
+    let pool = pool.map(|pool| {
+        let (template, _) = resolve(snapshots, &namespace, &pool.spec.template);
+        if template == pool.spec.template {
+            return pool;
+        }
+        let mut resolved = (*pool).clone();
+        resolved.spec.template = template;
+        Arc::new(resolved)
+    });
+    (Sandbox { spec, ..sandbox }, pool, blocked)
+}
+
 /// Returns when to reconcile again (`None`: on the next change only).
 async fn reconcile_inner(queued: &Sandbox, ctx: &Arc<SandboxCtx>) -> Result<Option<Duration>> {
     let Some(sandbox) = reconciler(ctx).fresh(queued, |s: &mut Sandbox, status| {
@@ -72,6 +108,8 @@ async fn reconcile_inner(queued: &Sandbox, ctx: &Arc<SandboxCtx>) -> Result<Opti
     };
     let (sandbox, pool) =
         crate::pool::resolve(&ctx.kube.caches.sandbox_pools, &sandbox, recorded.as_ref());
+    // A sandbox (or pool template) naming a SandboxSnapshot runs the snapshot's image.
+    let (sandbox, pool, snapshot) = resolve_snapshots(ctx, sandbox, pool);
     let sandbox = &sandbox;
     sandbox.namespace().ok_or(Error::MissingField {
         kind: "Sandbox",
@@ -90,6 +128,7 @@ async fn reconcile_inner(queued: &Sandbox, ctx: &Arc<SandboxCtx>) -> Result<Opti
         known.as_ref(),
         &ctx.pods.settings.placement,
         retry.as_ref().err().map(String::as_str),
+        snapshot.as_ref(),
     );
     let retry = retry.ok().flatten();
     if plan == ChildPlan::Terminal {

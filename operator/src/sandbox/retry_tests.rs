@@ -529,12 +529,12 @@ fn a_policy_that_cannot_run_refuses_the_first_pod_only() {
     let allow = Placement::default();
     let s = retrying(true);
     assert_eq!(
-        plan_children(&s, None, &allow, Some("bad")),
+        plan_children(&s, None, &allow, Some("bad"), None),
         ChildPlan::Refused(Blocked::InvalidSpec("bad".into()))
     );
     let later = on_attempt(s, vec![record("PodDeleted", "64Mi")]);
     assert_eq!(
-        plan_children(&later, None, &allow, Some("bad")),
+        plan_children(&later, None, &allow, Some("bad"), None),
         ChildPlan::Ensure {
             pod: PodStep::Start
         },

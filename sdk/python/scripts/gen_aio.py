@@ -59,6 +59,7 @@ CLASSES = {
     "Process": "AsyncProcess",
     "Session": "AsyncSession",
     "RolloutGroup": "AsyncRolloutGroup",
+    "Snapshot": "AsyncSnapshot",
 }
 
 #: Identifiers renamed everywhere in the code (not inside strings or comments).

@@ -22,16 +22,18 @@ from orchard_env import (
     AsyncSandbox,
     AsyncSandboxClient,
     AsyncSession,
+    AsyncSnapshot,
     Process,
     RolloutGroup,
     Sandbox,
     SandboxClient,
     Session,
+    Snapshot,
 )
 
 PAIRS = [
     (SandboxClient, AsyncSandboxClient), (Sandbox, AsyncSandbox), (Process, AsyncProcess), (Session, AsyncSession),
-    (RolloutGroup, AsyncRolloutGroup),
+    (RolloutGroup, AsyncRolloutGroup), (Snapshot, AsyncSnapshot),
 ]
 
 #: Public members only one side has: (class, name) -> why.
@@ -98,7 +100,7 @@ DOCSTRING_DIFFERENCES: dict[tuple[str, str], list[tuple[str, str, str]]] = {
     ],
 }
 
-ASYNC_NAMES = re.compile(r"\bAsync(SandboxClient|Sandbox|Process|Session|RolloutGroup)\b")
+ASYNC_NAMES = re.compile(r"\bAsync(SandboxClient|Sandbox|Process|Session|RolloutGroup|Snapshot)\b")
 
 
 def normalise_annotation(text: Any) -> str:

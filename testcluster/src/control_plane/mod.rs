@@ -29,6 +29,11 @@ use credentials::write_kubelet_client_certificate;
 /// in an install.
 pub const OPERATOR_NAMESPACE: &str = "orchard-system";
 
+/// The namespace SandboxSnapshots' committer Pods run in (the operator's default
+/// `--snapshot-namespace`, the chart's `snapshots.namespace`): created with every control plane, as
+/// the chart creates it.
+pub const SNAPSHOT_NAMESPACE: &str = "orchard-snapshots";
+
 /// Creates namespace `name` (an existing one is fine).
 async fn create_namespace(client: &Client, name: &str) -> Result<()> {
     use k8s_openapi::api::core::v1::Namespace;
@@ -389,6 +394,7 @@ impl ControlPlane {
         let client = plane.client().await?;
         crate::crds::install(&client, crds_dir).await?;
         create_namespace(&client, OPERATOR_NAMESPACE).await?;
+        create_namespace(&client, SNAPSHOT_NAMESPACE).await?;
         plane.start_controller_manager()?;
         Ok(plane)
     }

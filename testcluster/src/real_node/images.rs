@@ -16,7 +16,7 @@ use crate::error::{E2eError, Result};
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Built {
     /// `debian-python`, `debian-chromium`, `busybox`, `probe`, `pause`, `orchard-agent`,
-    /// `orchard-operator`.
+    /// `orchard-operator`, `orchard-committer`.
     pub name: String,
     /// OCI image layout.
     pub layout: PathBuf,
@@ -41,7 +41,9 @@ pub fn tag_of(name: &str) -> &'static str {
 pub fn aliases(name: &str) -> Vec<String> {
     let version = env!("CARGO_PKG_VERSION");
     match name {
-        "orchard-operator" | "orchard-agent" => vec![format!("{name}:{version}")],
+        "orchard-operator" | "orchard-agent" | "orchard-committer" => {
+            vec![format!("{name}:{version}")]
+        }
         "busybox" => vec!["library/busybox:1.36".to_string()],
         "debian-python" => vec![
             "library/python:3.11".to_string(),
@@ -79,6 +81,10 @@ pub fn build() -> Result<Vec<Built>> {
         format!("agent={}", agent_bin()?.display()),
         format!("pause={}", node_bin("orchard-pause")?.display()),
         format!("probe={}", node_bin("orchard-probe")?.display()),
+        format!(
+            "layerfilter={}",
+            node_bin("orchard-layer-filter")?.display()
+        ),
     ];
     if let Some(operator) = static_operator_bin() {
         args.push(format!("operator={}", operator.display()));

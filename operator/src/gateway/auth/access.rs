@@ -10,6 +10,8 @@ pub enum Resource {
     Sandboxes,
     /// `rolloutgroups`.
     RolloutGroups,
+    /// `sandboxsnapshots`.
+    SandboxSnapshots,
 }
 
 impl Resource {
@@ -18,6 +20,7 @@ impl Resource {
         match self {
             Self::Sandboxes => "sandboxes",
             Self::RolloutGroups => "rolloutgroups",
+            Self::SandboxSnapshots => "sandboxsnapshots",
         }
     }
 }
@@ -57,6 +60,14 @@ pub enum Operation {
     GetRolloutGroup,
     /// `DELETE .../rolloutgroups/{name}`.
     DeleteRolloutGroup,
+    /// `POST .../sandboxsnapshots`.
+    CreateSnapshot,
+    /// `GET .../sandboxsnapshots`.
+    ListSnapshots,
+    /// `GET .../sandboxsnapshots/{name}` and `.../wait`.
+    GetSnapshot,
+    /// `DELETE .../sandboxsnapshots/{name}`.
+    DeleteSnapshot,
 }
 
 /// The attributes of one SubjectAccessReview (group `orchard.dev`).
@@ -95,9 +106,14 @@ impl Access {
             ListRolloutGroups => ("list", Resource::RolloutGroups, ""),
             GetRolloutGroup => ("get", Resource::RolloutGroups, ""),
             DeleteRolloutGroup => ("delete", Resource::RolloutGroups, ""),
+            CreateSnapshot => ("create", Resource::SandboxSnapshots, ""),
+            ListSnapshots => ("list", Resource::SandboxSnapshots, ""),
+            GetSnapshot => ("get", Resource::SandboxSnapshots, ""),
+            DeleteSnapshot => ("delete", Resource::SandboxSnapshots, ""),
         };
         let name = match operation {
-            CreateSandbox | ListSandboxes | CreateRolloutGroup | ListRolloutGroups => String::new(),
+            CreateSandbox | ListSandboxes | CreateRolloutGroup | ListRolloutGroups
+            | CreateSnapshot | ListSnapshots => String::new(),
             _ => name.to_string(),
         };
         Self {
@@ -210,6 +226,22 @@ mod tests {
                 Operation::DeleteRolloutGroup,
                 "delete",
                 "rolloutgroups",
+                "",
+                "s",
+            ),
+            (
+                Operation::CreateSnapshot,
+                "create",
+                "sandboxsnapshots",
+                "",
+                "",
+            ),
+            (Operation::ListSnapshots, "list", "sandboxsnapshots", "", ""),
+            (Operation::GetSnapshot, "get", "sandboxsnapshots", "", "s"),
+            (
+                Operation::DeleteSnapshot,
+                "delete",
+                "sandboxsnapshots",
                 "",
                 "s",
             ),

@@ -14,7 +14,7 @@ use utoipa::openapi::schema::{ObjectBuilder, Schema};
 use utoipa::openapi::{OpenApi, RefOr};
 use utoipa::{PartialSchema, ToSchema};
 
-use orchard_api::{RolloutGroup, Sandbox};
+use orchard_api::{RolloutGroup, Sandbox, SandboxSnapshot};
 
 /// A schema whose body is filled from a CRD after generation (see [`document`]).
 macro_rules! crd_schema {
@@ -60,6 +60,16 @@ crd_schema!(
     RolloutGroupSchema,
     "RolloutGroup",
     "A RolloutGroup object (orchard.dev/v1alpha1)."
+);
+crd_schema!(
+    SandboxSnapshotSchema,
+    "SandboxSnapshot",
+    "A SandboxSnapshot object (orchard.dev/v1alpha1): a Ready sandbox's filesystem committed as an image (`status.image`) that Sandboxes start from with `fromSnapshot`."
+);
+crd_schema!(
+    SandboxSnapshotSpecSchema,
+    "SandboxSnapshotSpec",
+    "Spec of a SandboxSnapshot (see `kubectl explain sandboxsnapshot.spec`)."
 );
 crd_schema!(
     RolloutGroupSpecSchema,
@@ -129,6 +139,45 @@ pub struct CreateRolloutGroupRequest {
     /// Shorthand: the sandbox of each trajectory (`{metadata, spec}` or a bare sandbox shorthand).
     #[schema(value_type = Option<Object>)]
     template: Option<()>,
+}
+
+/// `POST .../sandboxsnapshots`: a full `spec`, or its fields at the top level, plus metadata.
+#[derive(ToSchema)]
+#[schema(example = json!({"name": "prepared", "sandbox": "prep", "paths": ["/work"], "ttlSecondsAfterUnused": 3600}))]
+#[allow(dead_code)]
+#[serde(rename_all = "camelCase")]
+pub struct CreateSnapshotRequest {
+    /// Name of the snapshot; when absent, `generateName` (default `snap-`) makes one.
+    name: Option<String>,
+    /// Prefix of a generated name.
+    generate_name: Option<String>,
+    /// Labels.
+    labels: Option<BTreeMap<String, String>>,
+    /// Annotations.
+    annotations: Option<BTreeMap<String, String>>,
+    /// The full spec; give either this or its fields at the top level.
+    #[schema(value_type = Option<SandboxSnapshotSpecSchema>)]
+    spec: Option<()>,
+    /// Shorthand: the Ready Sandbox whose filesystem is committed.
+    sandbox: Option<String>,
+    /// Shorthand: absolute paths to keep (default: the whole root filesystem).
+    paths: Option<Vec<String>>,
+    /// Shorthand: delete the snapshot this long after nothing names it any more.
+    ttl_seconds_after_unused: Option<i64>,
+}
+
+/// A list of SandboxSnapshots.
+#[derive(ToSchema)]
+#[allow(dead_code)]
+pub struct SandboxSnapshotList {
+    /// `orchard.dev/v1alpha1`.
+    #[schema(rename = "apiVersion")]
+    api_version: String,
+    /// `SandboxSnapshotList`.
+    kind: String,
+    /// The snapshots, sorted by name.
+    #[schema(value_type = Vec<SandboxSnapshotSchema>)]
+    items: Vec<()>,
 }
 
 /// A list of Sandboxes.
@@ -267,7 +316,13 @@ pub fn document(openapi: OpenApi) -> Value {
     let mut document = serde_json::to_value(&openapi).unwrap_or_else(|_| json!({}));
     let sandbox = crd_object_schema(Sandbox::crd());
     let group = crd_object_schema(RolloutGroup::crd());
+    let snapshot = crd_object_schema(SandboxSnapshot::crd());
     let schemas = [
+        (
+            "SandboxSnapshotSpec",
+            pointer(&snapshot, "/properties/spec"),
+        ),
+        ("SandboxSnapshot", snapshot),
         ("SandboxSpec", pointer(&sandbox, "/properties/spec")),
         (
             "TrajectoryResult",

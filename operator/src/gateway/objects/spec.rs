@@ -13,7 +13,10 @@ use kube::api::ObjectMeta;
 use serde_json::{Map, Value, json};
 
 use crate::gateway::http::errors::ApiError;
-use orchard_api::{RESERVED_KEY_PREFIX, RolloutGroup, RolloutGroupSpec, Sandbox, SandboxSpec};
+use orchard_api::{
+    RESERVED_KEY_PREFIX, RolloutGroup, RolloutGroupSpec, Sandbox, SandboxSnapshot,
+    SandboxSnapshotSpec, SandboxSpec,
+};
 
 pub use orchard_api::CREATED_BY_ANNOTATION;
 
@@ -22,6 +25,9 @@ pub const DEFAULT_SANDBOX_PREFIX: &str = "sbx-";
 
 /// `generateName` used when a rollout group request names neither.
 pub const DEFAULT_GROUP_PREFIX: &str = "rg-";
+
+/// `generateName` used when a snapshot request names neither.
+pub const DEFAULT_SNAPSHOT_PREFIX: &str = "snap-";
 
 /// Top-level conveniences of the sandbox shorthand, folded into the spec.
 const SANDBOX_CONVENIENCES: &[&str] = &["ttlSeconds", "heartbeatTimeoutSeconds", "cpu", "memory"];
@@ -39,6 +45,8 @@ static SANDBOX_FIELDS: LazyLock<BTreeSet<String>> =
     LazyLock::new(|| property_names(schemars::schema_for!(SandboxSpec)));
 static GROUP_FIELDS: LazyLock<BTreeSet<String>> =
     LazyLock::new(|| property_names(schemars::schema_for!(RolloutGroupSpec)));
+static SNAPSHOT_FIELDS: LazyLock<BTreeSet<String>> =
+    LazyLock::new(|| property_names(schemars::schema_for!(SandboxSnapshotSpec)));
 
 fn unknown_fields<'a>(
     object: &'a Map<String, Value>,
@@ -137,9 +145,12 @@ pub fn sandbox_spec(value: Value, shorthand: bool) -> Result<SandboxSpec, ApiErr
     reject_unknown(&spec, &SANDBOX_FIELDS, extra, "the sandbox spec")?;
     normalise_env(&mut spec)?;
     fold_conveniences(&mut spec)?;
-    if !spec.contains_key("image") && !spec.contains_key("pool") {
+    if !spec.contains_key("image")
+        && !spec.contains_key("pool")
+        && !spec.contains_key("fromSnapshot")
+    {
         return Err(ApiError::bad_request(
-            "`image` is required (any Linux image, e.g. \"python:3.11\"), unless `pool` names a SandboxPool to claim a warm sandbox from",
+            "`image` is required (any Linux image, e.g. \"python:3.11\"), unless `pool` names a SandboxPool to claim a warm sandbox from or `fromSnapshot` a SandboxSnapshot to start from",
         ));
     }
     serde_json::from_value(Value::Object(spec))
@@ -321,10 +332,82 @@ pub fn rollout_group_from_request(
     Ok(group)
 }
 
+/// The SandboxSnapshot a `POST .../sandboxsnapshots` body describes: `sandbox`, `paths` and
+/// `ttlSecondsAfterUnused` at the top level or under `spec`, plus metadata.
+pub fn snapshot_from_request(
+    namespace: &str,
+    body: Value,
+    creator: &str,
+) -> Result<SandboxSnapshot, ApiError> {
+    let mut object = request_object(body)?;
+    let meta = take_meta(&mut object)?;
+    let (spec, _) = take_spec(object)?;
+    let Value::Object(spec) = spec else {
+        return Err(ApiError::bad_request(
+            "a snapshot spec must be a JSON object",
+        ));
+    };
+    reject_unknown(&spec, &SNAPSHOT_FIELDS, &[], "the snapshot spec")?;
+    if !spec.contains_key("sandbox") {
+        return Err(ApiError::bad_request(
+            "`sandbox` is required: the name of the Ready Sandbox whose filesystem is snapshotted",
+        ));
+    }
+    let spec: SandboxSnapshotSpec = serde_json::from_value(Value::Object(spec))
+        .map_err(|err| ApiError::bad_request(format!("invalid snapshot spec: {err}")))?;
+    let mut snapshot = SandboxSnapshot::new("", spec);
+    snapshot.metadata = object_meta(namespace, meta, DEFAULT_SNAPSHOT_PREFIX, creator);
+    Ok(snapshot)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
     use orchard_api::{EgressPolicy, EnvVar};
+
+    #[test]
+    fn a_snapshot_request_names_a_sandbox_and_nothing_unknown() {
+        let snapshot = snapshot_from_request(
+            "ns",
+            json!({"sandbox": "prep", "paths": ["/work"], "labels": {"task": "t1"}}),
+            "alice",
+        )
+        .expect("valid");
+        assert_eq!(snapshot.spec.sandbox, "prep");
+        assert_eq!(snapshot.spec.paths, vec!["/work".to_string()]);
+        assert_eq!(snapshot.metadata.generate_name.as_deref(), Some("snap-"));
+        assert_eq!(
+            snapshot.metadata.annotations.as_ref().unwrap()[CREATED_BY_ANNOTATION],
+            "alice"
+        );
+        let full = snapshot_from_request(
+            "ns",
+            json!({"name": "s1", "spec": {"sandbox": "prep", "ttlSecondsAfterUnused": 60}}),
+            "alice",
+        )
+        .expect("valid");
+        assert_eq!(full.metadata.name.as_deref(), Some("s1"));
+        assert_eq!(full.spec.ttl_seconds_after_unused, Some(60));
+        for (body, message) in [
+            (json!({"paths": ["/w"]}), "`sandbox` is required"),
+            (json!({"sandbox": "p", "image": "x"}), "image"),
+            (
+                json!({"sandbox": "p", "labels": {"orchard.dev/x": "1"}}),
+                "reserved",
+            ),
+        ] {
+            let err = snapshot_from_request("ns", body, "a").expect_err("refused");
+            assert!(err.body.message.contains(message), "{}", err.body.message);
+        }
+    }
+
+    #[test]
+    fn a_snapshot_stands_in_for_the_image() {
+        let sandbox =
+            sandbox_from_request("ns", json!({"fromSnapshot": "prepared"}), "alice").unwrap();
+        assert_eq!(sandbox.spec.from_snapshot.as_deref(), Some("prepared"));
+        assert!(sandbox.spec.image.is_empty());
+    }
 
     #[test]
     fn a_pool_stands_in_for_the_image() {

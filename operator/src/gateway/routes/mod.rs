@@ -6,4 +6,5 @@ pub mod network;
 pub mod objects;
 pub mod rollout_groups;
 pub mod sandboxes;
+pub mod snapshots;
 pub mod system;

@@ -275,6 +275,10 @@ pub fn desired_status(sandbox: &Sandbox, observed: &Observed) -> SandboxStatus {
         Some(Blocked::PodRejected(message)) => Some(("PodRejected", message)),
         Some(Blocked::PlacementRefused(message)) => Some((crate::pod::placement::REASON, message)),
         Some(Blocked::InvalidSpec(message)) => Some((INVALID_SPEC, message)),
+        Some(Blocked::Snapshot {
+            failed: true,
+            message,
+        }) => Some((crate::snapshot::source::SNAPSHOT_FAILED, message)),
         _ => None,
     };
     if let Some((reason, message)) = refused {
@@ -377,6 +381,11 @@ pub fn desired_status(sandbox: &Sandbox, observed: &Observed) -> SandboxStatus {
                 format!(
                     "its RolloutGroup spreads the starts of a stride (launchJitterSeconds): its pod is created at {at:.3}"
                 ),
+            ),
+            Some(Blocked::Snapshot { message, .. }) => (
+                false,
+                crate::snapshot::source::SNAPSHOT_NOT_READY.into(),
+                message.clone(),
             ),
             Some(Blocked::Pool {
                 reason, message, ..

@@ -8,8 +8,8 @@ the operator's gateway.
 
 from ._retry import RetryPolicy
 from ._version import __version__
-from .aio import AsyncProcess, AsyncRolloutGroup, AsyncSandbox, AsyncSandboxClient, AsyncSession
-from .client import Process, RolloutGroup, Sandbox, SandboxClient, Session
+from .aio import AsyncProcess, AsyncRolloutGroup, AsyncSandbox, AsyncSandboxClient, AsyncSession, AsyncSnapshot
+from .client import Process, RolloutGroup, Sandbox, SandboxClient, Session, Snapshot
 from .dispatch import AsyncDispatcher, Dispatcher, DispatchResult, DispatchStats, GroupRequest
 from .errors import (
     AgentUnavailable,
@@ -24,6 +24,7 @@ from .errors import (
     PatchConflict,
     SandboxFailed,
     SandboxStalled,
+    SnapshotFailed,
     Timeout,
     TooManyRequests,
     Unauthorized,
@@ -57,6 +58,7 @@ __all__ = [
     "AsyncSandbox",
     "AsyncSandboxClient",
     "AsyncSession",
+    "AsyncSnapshot",
     "CommandFailed",
     "Conflict",
     "DispatchResult",
@@ -95,6 +97,8 @@ __all__ = [
     "SessionReadResult",
     "SessionRunResult",
     "SessionSignalResult",
+    "Snapshot",
+    "SnapshotFailed",
     "Stage",
     "StageFailed",
     "Timeout",

@@ -268,10 +268,13 @@ def sandbox_body(
             )
         body["spec"] = dict(spec)
     else:
-        if "image" not in fields and "pool" not in fields:
+        if "image" not in fields and "pool" not in fields and "fromSnapshot" not in fields:
             raise ValueError(
-                "image is required (any Linux image, e.g. 'python:3.11'), unless pool= names a SandboxPool"
+                "image is required (any Linux image, e.g. 'python:3.11'), unless pool= names a SandboxPool "
+                "or from_snapshot= a SandboxSnapshot"
             )
+        if "image" in fields and "fromSnapshot" in fields:
+            raise ValueError("give either image or from_snapshot, not both: a snapshot brings its own image")
         body.update(fields)
     return body
 
@@ -596,6 +599,65 @@ def upgraded_stream(response: Any, port: int) -> Any:
 def sandbox_path(namespace: str, name: str, rest: str = "") -> str:
     """Gateway path of a sandbox route."""
     return f"/v1/namespaces/{namespace}/sandboxes/{name}{rest}"
+
+
+def with_snapshot(fields: Mapping[str, Any], snapshot: Any) -> dict[str, Any]:
+    """``fields`` (spec fields) with ``from_snapshot`` set to ``snapshot``'s name (a handle or a name)."""
+    if snapshot is None:
+        return dict(fields)
+    name = getattr(snapshot, "name", snapshot)
+    if not isinstance(name, str) or not name:
+        raise ValueError(f"from_snapshot must be a Snapshot or a snapshot's name, not {snapshot!r}")
+    return {**fields, "from_snapshot": name}
+
+
+def snapshot_path(namespace: str, name: str, rest: str = "") -> str:
+    """Gateway path of a SandboxSnapshot route."""
+    return f"/v1/namespaces/{namespace}/sandboxsnapshots/{name}{rest}"
+
+
+def snapshot_body(
+    sandbox: str,
+    *,
+    name: str | None = None,
+    generate_name: str | None = None,
+    paths: Sequence[str] | None = None,
+    ttl_seconds_after_unused: int | None = None,
+    labels: Mapping[str, str] | None = None,
+) -> dict[str, Any]:
+    """The body of ``POST .../sandboxsnapshots``. Paths must be absolute (``ValueError`` otherwise)."""
+    body: dict[str, Any] = {"sandbox": sandbox}
+    if name:
+        body["name"] = name
+    if generate_name:
+        body["generateName"] = generate_name
+    if paths:
+        bad = [p for p in paths if not isinstance(p, str) or not p.startswith("/")]
+        if bad:
+            raise ValueError(f"snapshot paths must be absolute paths inside the sandbox, e.g. '/work': {bad!r}")
+        body["paths"] = list(paths)
+    if ttl_seconds_after_unused is not None:
+        if int(ttl_seconds_after_unused) <= 0:
+            raise ValueError("ttl_seconds_after_unused must be positive (None keeps the snapshot until deleted)")
+        body["ttlSecondsAfterUnused"] = int(ttl_seconds_after_unused)
+    if labels:
+        body["labels"] = dict(labels)
+    return body
+
+
+def snapshot_state(snapshot: Mapping[str, Any]) -> tuple[str | None, str | None, str | None]:
+    """``(phase, Ready reason, Ready message)`` of a SandboxSnapshot object."""
+    status = snapshot.get("status") or {}
+    phase = status.get("phase") if isinstance(status, Mapping) else None
+    ready = next(
+        (c for c in (status.get("conditions") or []) if isinstance(c, Mapping) and c.get("type") == "Ready"),
+        {},
+    ) if isinstance(status, Mapping) else {}
+    return (
+        phase if isinstance(phase, str) else None,
+        ready.get("reason") or None,
+        ready.get("message") or None,
+    )
 
 
 def group_path(namespace: str, name: str, rest: str = "") -> str:

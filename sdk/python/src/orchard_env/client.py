@@ -1,5 +1,5 @@
-"""The synchronous client: :class:`SandboxClient`, :class:`Sandbox`, :class:`Process`, :class:`Session`
-and :class:`RolloutGroup`.
+"""The synchronous client: :class:`SandboxClient`, :class:`Sandbox`, :class:`Process`, :class:`Session`,
+:class:`RolloutGroup` and :class:`Snapshot`.
 
 The one source of the public surface: ``aio.py`` (the asyncio client) is generated from this file by
 ``scripts/gen_aio.py``. Each method runs the core's plan of its operation with the driver
@@ -357,6 +357,40 @@ class Sandbox(_core.SandboxCore):
 
     # -- results and lifecycle -----------------------------------------------------------------
 
+    def snapshot(
+        self, name: str | None = None, *, paths: Sequence[str] | None = None, ttl_seconds_after_unused: int | None = None,
+        wait: bool = True, timeout: float | None = 600.0,
+    ) -> Snapshot:
+        """Snapshots the sandbox's filesystem (a SandboxSnapshot, ``POST .../sandboxsnapshots``, RBAC ``create
+        sandboxsnapshots`` and ``get sandboxes``) and, with ``wait``, waits until the image is pushed. The
+        sandbox must be Ready; its processes are paused while its changes are read (usually well under a
+        second) and then go on. Only the filesystem is kept: processes, memory and open connections are not
+        (docs/SNAPSHOTS.md). ``paths`` (absolute) keeps only the changes under them; ``name`` defaults to a
+        generated ``<sandbox>-snap-...``; ``ttl_seconds_after_unused`` deletes the snapshot that long after
+        the last sandbox started from it is gone. Returns its :class:`Snapshot`; a failed snapshot raises
+        :class:`~orchard_env.SnapshotFailed` (e.g. reason ``PushRefused`` with the registry's answer), and
+        one not Ready after ``timeout`` seconds :class:`~orchard_env.Timeout`."""
+        return self._run(_core.snapshot_plan(self, name, paths, ttl_seconds_after_unused, wait, timeout))
+
+    def fork(
+        self, count: int, *, snapshot: Snapshot | None = None, paths: Sequence[str] | None = None,
+        timeout: float | None = _ops.DEFAULT_WAIT_TIMEOUT, delete_on_exit: bool = True,
+        labels: Mapping[str, str] | None = None, env: Mapping[str, str] | None = None, cpu: str | int | float | None = None,
+        memory: str | None = None, ttl_seconds: int | None = None, heartbeat_timeout_seconds: int | None = None,
+        network: str | Mapping[str, Any] | None = None, **spec_fields: Any,
+    ) -> builtins.list[Sandbox]:
+        """Starts ``count`` sandboxes from this one's filesystem as it is now: snapshots it (see
+        :meth:`snapshot`; kept one hour after its last fork is gone), or uses ``snapshot``, then creates the
+        forks at once and waits until each is Ready. Each fork starts its own processes afresh (its image's
+        command: the agent), with this sandbox's files; what a fork writes later is its own. The other
+        arguments are :meth:`SandboxClient.create`'s, for every fork. Returns their handles (context managers,
+        heartbeating while open); if any cannot become Ready, the forks are deleted and the error raised."""
+        fields = {
+            "labels": labels, "env": env, "cpu": cpu, "memory": memory, "ttl_seconds": ttl_seconds,
+            "heartbeat_timeout_seconds": heartbeat_timeout_seconds, "network": network, "extra": spec_fields,
+        }
+        return self._run(_core.fork_plan(self, count, snapshot, paths, timeout, delete_on_exit, fields))
+
     def record_result(
         self, reward: float | None = None, status: str = "completed", *, length: int | None = None,
         artifact: str | None = None, exit_code: int | None = None, reason: str | None = None, message: str | None = None,
@@ -495,6 +529,32 @@ class Session(_core.SessionCore):
         self.close()
 
 
+class Snapshot(_core.SnapshotCore):
+    """A handle on a SandboxSnapshot (:meth:`Sandbox.snapshot`, :meth:`SandboxClient.snapshot`): a sandbox's
+    filesystem committed as an image (:attr:`image`) that new sandboxes start from
+    (``client.create(from_snapshot=snap)``)."""
+
+    client: SandboxClient
+
+    def __init__(self, client: SandboxClient, name: str, namespace: str, raw: Mapping[str, Any] | None = None) -> None:
+        super().__init__(client, name, namespace, raw)
+
+    def refresh(self) -> dict[str, Any]:
+        """Reads the SandboxSnapshot object again, keeps it (``raw``, ``phase``, ``image``) and returns it."""
+        return self._run(self._refresh_plan())
+
+    def wait(self, timeout: float | None = 600.0) -> Snapshot:
+        """Waits until the snapshot is Ready (its image pushed) and returns this handle;
+        :class:`~orchard_env.SnapshotFailed` if it failed, :class:`~orchard_env.Timeout` after ``timeout``
+        seconds (None: no limit)."""
+        return self._run(self._wait_plan(timeout))
+
+    def delete(self) -> None:
+        """Deletes the snapshot (already gone is fine). Its deletion completes once no Sandbox, SandboxPool or
+        RolloutGroup names it; the image stays in the registry."""
+        self._run(self._delete_plan())
+
+
 class RolloutGroup(_core.GroupCore):
     """A handle on a RolloutGroup (BAR): wait for its reward-balanced group. A context manager that
     deletes the group (and its trajectory sandboxes) on exit when ``delete_on_exit``."""
@@ -569,6 +629,7 @@ class SandboxClient(Driver, _core.ClientCore):
 
     _sandbox_type = Sandbox
     _group_type = RolloutGroup
+    _snapshot_type = Snapshot
 
     def _gateway(self, method: str, path: str, **kwargs: Any) -> httpx.Response:
         return self._run(self._gateway_plan(method, path, **kwargs))
@@ -579,7 +640,8 @@ class SandboxClient(Driver, _core.ClientCore):
         self, image: str | None = None, *, name: str | None = None, generate_name: str | None = None, namespace: str | None = None,
         labels: Mapping[str, str] | None = None, annotations: Mapping[str, str] | None = None, env: Mapping[str, str] | None = None,
         cpu: str | int | float | None = None, memory: str | None = None, ttl_seconds: int | None = None, heartbeat_timeout_seconds: int | None = None,
-        network: str | Mapping[str, Any] | None = None, spec: Mapping[str, Any] | None = None, wait: bool = True,
+        network: str | Mapping[str, Any] | None = None, from_snapshot: str | Snapshot | None = None,
+        spec: Mapping[str, Any] | None = None, wait: bool = True,
         wait_timeout: float | None = _ops.DEFAULT_WAIT_TIMEOUT, delete_on_exit: bool = True, auto_heartbeat: bool = True,
         direct: bool | None = None, on_progress: Callable[[SandboxProgress], None] | None = None, **spec_fields: Any) -> Sandbox:
         """Creates a sandbox from ``image`` (or a full ``spec``) and, with ``wait`` (default), waits until
@@ -588,6 +650,9 @@ class SandboxClient(Driver, _core.ClientCore):
         Other spec fields go as keywords (``working_dir=``, ``run=``, ``startup=``, ``node_selector=``...);
         ``pool="name"`` claims a warm member of that SandboxPool (no ``image`` needed: the pool's template
         gives it; ``when_pool_empty="Wait"`` waits for a member instead of starting cold).
+        ``from_snapshot`` (a :class:`Snapshot` or its name) starts the sandbox from a snapshot's filesystem
+        instead of ``image``; it waits (phase Pending, reason ``SnapshotNotReady``) until the snapshot is
+        Ready.
 
         The wait returns early with :class:`~orchard_env.SandboxStalled` or
         :class:`~orchard_env.SandboxFailed`, and gives up after ``wait_timeout`` seconds with
@@ -604,7 +669,7 @@ class SandboxClient(Driver, _core.ClientCore):
             namespace, wait=wait, wait_timeout=wait_timeout, delete_on_exit=delete_on_exit, auto_heartbeat=auto_heartbeat,
             direct=direct, on_progress=on_progress, image=image, name=name, generate_name=generate_name, labels=labels, annotations=annotations,
             env=env, cpu=cpu, memory=memory, ttl_seconds=ttl_seconds, heartbeat_timeout_seconds=heartbeat_timeout_seconds,
-            network=network, spec=spec, extra=spec_fields)
+            network=network, spec=spec, extra=_ops.with_snapshot(spec_fields, from_snapshot))
         return self._create_handle(plan)
 
     def connect(
@@ -666,6 +731,17 @@ class SandboxClient(Driver, _core.ClientCore):
         """The RolloutGroups of the namespace, optionally only those matching ``label_selector``."""
         return self._run(self._list_groups_plan(label_selector, namespace))
 
+    # -- snapshots ------------------------------------------------------------------------------
+
+    def snapshot(self, name: str, *, namespace: str | None = None) -> Snapshot:
+        """A handle on the existing SandboxSnapshot ``name``, read now (:class:`~orchard_env.NotFound` if there
+        is none)."""
+        return self._run(self._get_snapshot_plan(name, namespace))
+
+    def list_snapshots(self, *, label_selector: str | None = None, namespace: str | None = None) -> builtins.list[Snapshot]:
+        """The SandboxSnapshots of the namespace, optionally only those matching ``label_selector``."""
+        return self._run(self._list_snapshots_plan(label_selector, namespace))
+
     # -- lifecycle --------------------------------------------------------------------------------
 
     def close(self) -> None:
@@ -680,4 +756,4 @@ class SandboxClient(Driver, _core.ClientCore):
         self.close()
 
 
-__all__ = ["Process", "RolloutGroup", "Sandbox", "SandboxClient", "Session"]
+__all__ = ["Process", "RolloutGroup", "Sandbox", "SandboxClient", "Session", "Snapshot"]

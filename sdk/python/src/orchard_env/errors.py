@@ -148,6 +148,22 @@ class SandboxStalled(SandboxFailed):
     are the ``Stalled`` condition's."""
 
 
+class SnapshotFailed(OrchardError):
+    """A wait found the SandboxSnapshot ``Failed``: it will never be Ready. :attr:`reason` is its ``Ready``
+    condition's (``SandboxNotReady``, ``SandboxNotFound``, ``PushRefused``, ``CommitFailed``, ``NodeGone``,
+    ``CommitterFailed``, ``SnapshotsDisabled``) and :attr:`condition_message` says why; ``body`` is the
+    SandboxSnapshot object. Create a new snapshot to try again."""
+
+    def __init__(
+        self, message: str, *, reason: str | None = None, condition_message: str | None = None, body: Any = None
+    ) -> None:
+        super().__init__(message, code=type(self).__name__, body=body)
+        #: Why, in CamelCase: the ``Ready`` condition's reason.
+        self.reason = reason
+        #: The human-readable explanation: the ``Ready`` condition's message.
+        self.condition_message = condition_message
+
+
 class CommandFailed(OrchardError):
     """``exec(..., check=True)`` or ``Session.run(..., check=True)`` and the command exited non-zero (or
     timed out)."""

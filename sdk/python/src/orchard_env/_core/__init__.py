@@ -11,8 +11,9 @@ writes, and running the episodes of ``drive``.
 One module per resource, as the public classes: :mod:`.steps` (steps, the runner, retries and
 long-polls), :mod:`.client` (:class:`ClientCore`), :mod:`.sandbox` (:class:`SandboxCore` and the pure
 helpers of exec streams and file transfers), :mod:`.process` (:class:`ProcessCore`), :mod:`.session`
-(:class:`SessionCore`; both on :mod:`.handle`'s :class:`HandleCore`), :mod:`.group` (:class:`GroupCore`)
-and :mod:`.drive` (trainer-driven groups). Everything is re-exported here.
+(:class:`SessionCore`; both on :mod:`.handle`'s :class:`HandleCore`), :mod:`.group` (:class:`GroupCore`),
+:mod:`.snapshot` (:class:`SnapshotCore`, taking snapshots and forking) and :mod:`.drive` (trainer-driven
+groups). Everything is re-exported here.
 
 Nothing here does I/O, so plans can be driven step by step in tests.
 """
@@ -38,11 +39,13 @@ from .sandbox import (
     upload_file_content,
 )
 from .session import SessionCore
+from .snapshot import FORK_SNAPSHOT_TTL, SnapshotCore, fork_plan, snapshot_plan
 from .steps import NOW, Call, Now, Plan, Request, Runner, Send, Sleep, Step, T, exchange, http_timeout, log, until
 
 __all__ = [
     "CHUNK",
     "DOWNLOAD_DEST",
+    "FORK_SNAPSHOT_TTL",
     "KUBE_ARGS_IGNORED",
     "NOW",
     "TOKEN_PERMISSION",
@@ -64,6 +67,7 @@ __all__ = [
     "SandboxCore",
     "Send",
     "SessionCore",
+    "SnapshotCore",
     "Sleep",
     "Step",
     "T",
@@ -72,9 +76,11 @@ __all__ = [
     "download_target",
     "exec_event",
     "exchange",
+    "fork_plan",
     "http_timeout",
     "is_file_object",
     "log",
+    "snapshot_plan",
     "until",
     "upload_content",
     "upload_file_content",

@@ -1,5 +1,5 @@
 """The plans of the client-level operations (:class:`ClientCore`): create, connect, get, list and delete
-sandboxes, create and list rollout groups, and the gateway calls they share."""
+sandboxes, create and list rollout groups, get and list snapshots, and the gateway calls they share."""
 
 from __future__ import annotations
 
@@ -39,6 +39,7 @@ class ClientCore:
 
     _sandbox_type: ClassVar[Callable[..., Any]]
     _group_type: ClassVar[Callable[..., Any]]
+    _snapshot_type: ClassVar[Callable[..., Any]]
 
     def __init__(
         self, base_url: str | None = None, token: str | None = None, *, namespace: str | None = None,
@@ -149,7 +150,7 @@ class ClientCore:
         return _ops.json_object(response.json())
 
     def _list_plan(self, kind: str, label_selector: str | None, namespace: str | None) -> Plan[list[Any]]:
-        """The items of ``GET .../<kind>`` (``sandboxes`` or ``rolloutgroups``)."""
+        """The items of ``GET .../<kind>`` (``sandboxes``, ``rolloutgroups`` or ``sandboxsnapshots``)."""
         params = {"labelSelector": label_selector} if label_selector else None
         path = f"/v1/namespaces/{namespace or self.namespace}/{kind}"
         data = (yield from self._gateway_plan("GET", path, params=params)).json()
@@ -170,3 +171,14 @@ class ClientCore:
     def _list_groups_plan(self, label_selector: str | None, namespace: str | None) -> Plan[list[GroupResult]]:
         items = yield from self._list_plan("rolloutgroups", label_selector, namespace)
         return [GroupResult.from_json(g) for g in items]
+
+    def _get_snapshot_plan(self, name: str, namespace: str | None) -> Plan[Any]:
+        ns = namespace or self.namespace
+        handle = self._snapshot_type(self, name, ns)
+        yield from handle._refresh_plan()
+        return handle
+
+    def _list_snapshots_plan(self, label_selector: str | None, namespace: str | None) -> Plan[list[Any]]:
+        ns = namespace or self.namespace
+        items = yield from self._list_plan("sandboxsnapshots", label_selector, ns)
+        return [self._snapshot_type(self, s["metadata"]["name"], ns, s) for s in items]

@@ -1,0 +1,14 @@
+//! What a SandboxSnapshot reconcile uses: the shared handles and how snapshots are committed.
+
+use std::sync::Arc;
+
+use crate::plumbing::kube_ctx::KubeCtx;
+use crate::snapshot::committer::CommitterSettings;
+
+/// The SandboxSnapshot controller's context.
+pub struct SnapshotCtx {
+    /// The controllers' shared handles.
+    pub kube: Arc<KubeCtx>,
+    /// The committer Pods' settings (`--snapshot-*`).
+    pub settings: CommitterSettings,
+}
