@@ -9,8 +9,13 @@
 //! 3000 sandboxes of `make bench-scale-compare`). A socket that is only bound, with `SO_REUSEADDR`
 //! like every Rust listener has, does not stand in a listener's way, yet binding it still fails while
 //! something listens on the address.
+//!
+//! A released address goes back to the end of the line: fresh addresses come first, and released ones
+//! are reused oldest first once none is left. Handing a deleted pod's address straight to the next pod
+//! made a test that checks the deleted agent is gone reach another test's new agent at the same
+//! address (`sandbox_lifecycle`, seen once in the shared hollow cluster).
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeSet, VecDeque};
 use std::net::{Ipv4Addr, SocketAddr, SocketAddrV4};
 
 use tokio::net::TcpSocket;
@@ -30,8 +35,9 @@ fn can_listen_on(address: SocketAddrV4) -> bool {
 #[derive(Debug)]
 pub struct IpPool {
     octet: u8,
+    size: u32,
     next: u32,
-    released: BTreeSet<u32>,
+    released: VecDeque<u32>,
     in_use: BTreeSet<u32>,
 }
 
@@ -41,10 +47,16 @@ const SIZE: u32 = 65_534;
 impl IpPool {
     /// A pool in `127.<octet>.0.0/16` (`octet` in 2..=254; 127.0/16 and 127.1/16 are left alone).
     pub fn new(octet: u8) -> Self {
+        Self::with_size(octet, SIZE)
+    }
+
+    /// A pool of the first `size` addresses of `127.<octet>.0.0/16` (at most [`SIZE`]).
+    fn with_size(octet: u8, size: u32) -> Self {
         Self {
             octet: octet.clamp(2, 254),
+            size: size.clamp(1, SIZE),
             next: 0,
-            released: BTreeSet::new(),
+            released: VecDeque::new(),
             in_use: BTreeSet::new(),
         }
     }
@@ -59,17 +71,16 @@ impl IpPool {
         Ipv4Addr::new(127, self.octet, (host >> 8) as u8, (host & 0xff) as u8)
     }
 
-    /// A free address whose `port` can be bound, or `None` when the pool is exhausted.
+    /// A free address whose `port` can be bound, or `None` when the pool is exhausted: a fresh one
+    /// while there are any, else the one released longest ago.
     pub fn allocate(&mut self, port: u16) -> Option<Ipv4Addr> {
         let mut tried = 0;
-        while tried < SIZE {
-            let index = match self.released.pop_first() {
-                Some(i) => i,
-                None => {
-                    let i = self.next % SIZE;
-                    self.next = self.next.wrapping_add(1);
-                    i
-                }
+        while tried < self.size {
+            let index = if self.next < self.size {
+                self.next += 1;
+                self.next - 1
+            } else {
+                self.released.pop_front()?
             };
             tried += 1;
             if self.in_use.contains(&index) {
@@ -79,6 +90,10 @@ impl IpPool {
             if can_listen_on(SocketAddrV4::new(ip, port)) {
                 self.in_use.insert(index);
                 return Some(ip);
+            }
+            if self.next >= self.size {
+                // Busy for now (another process listens there): try it again later.
+                self.released.push_back(index);
             }
         }
         None
@@ -92,7 +107,7 @@ impl IpPool {
         }
         let index = ((u32::from(c) << 8) | u32::from(d)).saturating_sub(1);
         if self.in_use.remove(&index) {
-            self.released.insert(index);
+            self.released.push_back(index);
         }
     }
 }
@@ -103,14 +118,29 @@ mod tests {
     use std::net::TcpListener;
 
     #[test]
-    fn addresses_are_unique_and_reused_after_release() {
-        let mut pool = IpPool::new(200);
+    fn addresses_are_unique_and_a_released_one_is_reused_last_oldest_first() {
+        let mut pool = IpPool::with_size(200, 4);
         let a = pool.allocate(40_001).unwrap();
         let b = pool.allocate(40_001).unwrap();
         assert_ne!(a, b);
         assert_eq!(a.octets()[..2], [127, 200]);
+        pool.release(b);
         pool.release(a);
-        assert_eq!(pool.allocate(40_001).unwrap(), a);
+        let fresh = [
+            pool.allocate(40_001).unwrap(),
+            pool.allocate(40_001).unwrap(),
+        ];
+        assert!(
+            !fresh.contains(&a) && !fresh.contains(&b),
+            "fresh addresses first: {fresh:?}"
+        );
+        assert_eq!(
+            pool.allocate(40_001),
+            Some(b),
+            "then the one released first"
+        );
+        assert_eq!(pool.allocate(40_001), Some(a));
+        assert_eq!(pool.allocate(40_001), None, "all four in use");
     }
 
     #[test]
