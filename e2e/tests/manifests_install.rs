@@ -20,7 +20,7 @@ use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::{Namespace, Pod, ServiceAccount};
 use k8s_openapi::api::networking::v1::NetworkPolicy;
 use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams};
-use orchard_operator::api::{RolloutGroup, Sandbox};
+use orchard_operator::api::{RolloutGroup, Sandbox, SandboxSnapshot, SnapshotPhase};
 use orchard_testcluster::binaries::{operator_bin, workspace_root};
 use orchard_testcluster::env::{EnvOptions, TestEnv};
 use orchard_testcluster::operator_process::{OperatorProcess, metric_sum};
@@ -388,8 +388,8 @@ async fn operator_under_service_account_runs_a_sandbox(
 }
 
 /// The gateway's own writes with the operator's identity: a Sandbox created through it (heartbeat
-/// timeout: the heartbeat patches it; TTL 3 s: the operator expires and deletes it), and a RolloutGroup
-/// created and deleted through it.
+/// timeout: the heartbeat patches it; TTL 3 s: the operator expires and deletes it), a SandboxSnapshot
+/// and a RolloutGroup created and deleted through it.
 async fn gateway_writes(env: &TestEnv, operator: &OperatorProcess, namespace: &str) {
     let http = orchard_testcluster::gateway_http();
     let admin_token = env.control_plane.tokens["admin"].clone();
@@ -477,6 +477,43 @@ async fn gateway_writes(env: &TestEnv, operator: &OperatorProcess, namespace: &s
         .await
         .expect("patch the sandbox's egress");
     wait::deleted(&policies, "egress-change-egress", Duration::from_secs(60)).await;
+
+    // A snapshot of that sandbox through the gateway: snapshots are off in these installs (no
+    // registry), so the operator patches its finalizer on and fails it `SnapshotsDisabled` (a status
+    // patch); the gateway deletes it and the operator patches the finalizer off.
+    let (status, body) = call(
+        reqwest::Method::POST,
+        "/sandboxsnapshots",
+        Some(json!({"name": "snap-via-gateway", "sandbox": "egress-change"})),
+    )
+    .await;
+    assert_eq!(status, 201, "gateway create snapshot: {body}");
+    let snapshots: Api<SandboxSnapshot> = Api::namespaced(env.client().await, namespace);
+    let failed = wait::until(
+        &snapshots,
+        "snap-via-gateway",
+        "Failed",
+        Duration::from_secs(60),
+        |s: Option<&SandboxSnapshot>| {
+            s.and_then(|s| s.status.as_ref())
+                .is_some_and(|st| st.phase == Some(SnapshotPhase::Failed))
+        },
+    )
+    .await;
+    let reason = failed
+        .status
+        .as_ref()
+        .and_then(|s| s.conditions.iter().find(|c| c.type_ == "Ready"))
+        .map(|c| c.reason.clone());
+    assert_eq!(reason.as_deref(), Some("SnapshotsDisabled"), "{failed:?}");
+    let (status, body) = call(
+        reqwest::Method::DELETE,
+        "/sandboxsnapshots/snap-via-gateway",
+        None,
+    )
+    .await;
+    assert_eq!(status, 200, "gateway delete snapshot: {body}");
+    wait::deleted(&snapshots, "snap-via-gateway", Duration::from_secs(60)).await;
 
     // A RolloutGroup whose trajectories outlive their 2 s TTL: the operator deletes their pods (the
     // group then removes the sandboxes), and the gateway deletes the group.
