@@ -8,15 +8,13 @@ use axum::http::StatusCode;
 use axum::response::Response;
 
 use super::objects;
-use super::sandboxes::wait_timeout;
-use crate::gateway::auth::access::{Access, Operation};
-use crate::gateway::auth::revalidate::Guard;
+use super::waiting::{Progress, Settling, wait_route};
+use crate::gateway::auth::access::Operation;
 use crate::gateway::http::errors::{ApiError, ErrorBody, json_response};
 use crate::gateway::http::openapi::{
     CreateRolloutGroupRequest, Deleted, RolloutGroupList, RolloutGroupSchema,
 };
 use crate::gateway::objects::spec::rollout_group_from_request;
-use crate::gateway::objects::wait::{WaitFor, WaitOutcome, wait_duration};
 use crate::gateway::state::{Call, ListQuery, NamespacePath, ObjectPath, WaitQuery, query};
 use crate::plumbing::conditions::{is_true, why_unsettled};
 use orchard_api::{RolloutGroup, RolloutPhase};
@@ -130,6 +128,15 @@ pub fn group_settled(group: &RolloutGroup) -> bool {
     })
 }
 
+/// Where an unfinished group is: its phase and why it is not Complete.
+fn group_progress(group: &RolloutGroup) -> Progress<'_> {
+    let status = group.status.as_ref();
+    (
+        status.and_then(|s| s.phase).map(RolloutPhase::as_str),
+        status.and_then(|s| why_unsettled(&s.conditions, "Complete")),
+    )
+}
+
 /// Blocks until the group is recorded (`Complete`) or `Failed`, driven by the watch.
 #[utoipa::path(
     get,
@@ -147,46 +154,20 @@ pub async fn wait_group(
     Call(state, path, headers): Call<ObjectPath>,
     wait: Result<Query<WaitQuery>, QueryRejection>,
 ) -> Result<Response, ApiError> {
-    state
-        .authorize_object(&headers, Operation::GetRolloutGroup, &path)
-        .await?;
-    let timeout = wait_duration(query(wait)?.timeout_seconds);
-    let waiter = WaitFor {
-        client: &state.deps.client,
-        store: &state.deps.reads.rollout_groups,
-        deletes: &state.recent_deletes,
-        changes: &state.deps.reads.changes,
+    let settling = Settling {
+        operation: Operation::GetRolloutGroup,
         kind: "RolloutGroup",
         noun: "rolloutgroup",
-        namespace: &path.namespace,
-        name: &path.name,
+        settled: group_settled,
+        progress: group_progress,
     };
-    // The caller is checked again while waiting (a revoked RoleBinding ends the wait).
-    let access = Access::of(Operation::GetRolloutGroup, &path.namespace, &path.name);
-    let guard = Guard::new(&state, &headers, &access);
-    match guard.run(waiter.until(timeout, group_settled)).await? {
-        WaitOutcome::Done(group) => Ok(json_response(StatusCode::OK, group.as_ref())),
-        WaitOutcome::TimedOut(group) => {
-            let status = group.status.as_ref();
-            let phase = status
-                .and_then(|s| s.phase)
-                .map(orchard_api::RolloutPhase::as_str);
-            let why = status.and_then(|s| why_unsettled(&s.conditions, "Complete"));
-            Err(wait_timeout(
-                "rolloutgroup",
-                &path.namespace,
-                &path.name,
-                phase,
-                why,
-            ))
-        }
-        WaitOutcome::Deleted => Err(ApiError::new(
-            StatusCode::NOT_FOUND,
-            "NotFound",
-            format!(
-                "rolloutgroup {}/{} was deleted while waiting",
-                path.namespace, path.name
-            ),
-        )),
-    }
+    wait_route(
+        &state,
+        &headers,
+        &path,
+        wait,
+        &state.deps.reads.rollout_groups,
+        settling,
+    )
+    .await
 }

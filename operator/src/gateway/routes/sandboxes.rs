@@ -14,8 +14,8 @@ use kube::api::{Api, Patch, PatchParams};
 use serde_json::{Value, json};
 
 use super::objects;
-use crate::gateway::auth::access::{Access, Operation};
-use crate::gateway::auth::revalidate::Guard;
+use super::waiting::{Progress, Settling, wait_route};
+use crate::gateway::auth::access::Operation;
 use crate::gateway::deps::GATEWAY_FIELD_MANAGER;
 use crate::gateway::http::errors::{ApiError, ErrorBody, from_kube, json_response};
 use crate::gateway::http::openapi::{
@@ -24,7 +24,6 @@ use crate::gateway::http::openapi::{
 };
 use crate::gateway::objects::spec::sandbox_from_request;
 use crate::gateway::objects::timeout::{Refusal, ttl_for_timeout};
-use crate::gateway::objects::wait::{WaitFor, WaitOutcome, wait_duration};
 use crate::gateway::state::{Call, ListQuery, NamespacePath, ObjectPath, State, WaitQuery, query};
 use crate::plumbing::conditions::{STALLED, is_true, why_unsettled};
 use crate::plumbing::status_patch::status_member_patch;
@@ -165,35 +164,13 @@ pub fn sandbox_settled(sandbox: &Sandbox) -> bool {
     })
 }
 
-/// The 504 of a wait that ran out of time, saying where the object is (`phase`) and, from its
-/// conditions, why (`why`: reason and message).
-pub fn wait_timeout(
-    kind: &str,
-    namespace: &str,
-    name: &str,
-    phase: Option<&str>,
-    why: Option<(&str, &str)>,
-) -> ApiError {
-    let phase = phase.unwrap_or("Pending");
-    let because = match why {
-        Some((reason, message)) if !message.is_empty() => format!(": {reason}: {message}"),
-        Some((reason, _)) => format!(": {reason}"),
-        None => String::new(),
-    };
-    let mut error = ApiError::new(
-        StatusCode::GATEWAY_TIMEOUT,
-        "WaitTimeout",
-        format!(
-            "{kind} {namespace}/{name} did not settle in time (phase {phase}{because}); wait again"
-        ),
+/// Where an unsettled sandbox is: its phase and why it is not Ready.
+fn sandbox_progress(sandbox: &Sandbox) -> Progress<'_> {
+    let status = sandbox.status.as_ref();
+    (
+        status.and_then(|s| s.phase).map(SandboxPhase::as_str),
+        status.and_then(|s| why_unsettled(&s.conditions, "Ready")),
     )
-    .retryable(true);
-    error.body.phase = Some(phase.to_string());
-    if let Some((reason, message)) = why {
-        error.body.reason = Some(reason.to_string());
-        error.body.condition_message = Some(message.to_string()).filter(|m| !m.is_empty());
-    }
-    error
 }
 
 /// Blocks until the sandbox is Ready, has Failed (or Succeeded/Expired), or is stalled, driven by the
@@ -215,46 +192,22 @@ pub async fn wait_sandbox(
     Call(state, path, headers): Call<ObjectPath>,
     wait: Result<Query<WaitQuery>, QueryRejection>,
 ) -> Result<Response, ApiError> {
-    state
-        .authorize_object(&headers, Operation::GetSandbox, &path)
-        .await?;
-    let timeout = wait_duration(query(wait)?.timeout_seconds);
-    let waiter = WaitFor {
-        client: &state.deps.client,
-        store: &state.deps.reads.sandboxes,
-        deletes: &state.recent_deletes,
-        changes: &state.deps.reads.changes,
+    let settling = Settling {
+        operation: Operation::GetSandbox,
         kind: "Sandbox",
         noun: "sandbox",
-        namespace: &path.namespace,
-        name: &path.name,
+        settled: sandbox_settled,
+        progress: sandbox_progress,
     };
-    // The caller is checked again while waiting (a revoked RoleBinding ends the wait).
-    let access = Access::of(Operation::GetSandbox, &path.namespace, &path.name);
-    let guard = Guard::new(&state, &headers, &access);
-    match guard.run(waiter.until(timeout, sandbox_settled)).await? {
-        WaitOutcome::Done(sandbox) => Ok(json_response(StatusCode::OK, sandbox.as_ref())),
-        WaitOutcome::TimedOut(sandbox) => {
-            let status = sandbox.status.as_ref();
-            let phase = status.and_then(|s| s.phase).map(SandboxPhase::as_str);
-            let why = status.and_then(|s| why_unsettled(&s.conditions, "Ready"));
-            Err(wait_timeout(
-                "sandbox",
-                &path.namespace,
-                &path.name,
-                phase,
-                why,
-            ))
-        }
-        WaitOutcome::Deleted => Err(ApiError::new(
-            StatusCode::NOT_FOUND,
-            "NotFound",
-            format!(
-                "sandbox {}/{} was deleted while waiting",
-                path.namespace, path.name
-            ),
-        )),
-    }
+    wait_route(
+        &state,
+        &headers,
+        &path,
+        wait,
+        &state.deps.reads.sandboxes,
+        settling,
+    )
+    .await
 }
 
 /// Refreshes the sandbox's expiry (coalesced: at most one API write per third of its heartbeat
@@ -571,7 +524,7 @@ mod tests {
             ..SandboxStatus::default()
         });
         assert!(sandbox_settled(&s));
-        let timeout = wait_timeout(
+        let timeout = super::super::waiting::wait_timeout(
             "sandbox",
             "ns",
             "s",

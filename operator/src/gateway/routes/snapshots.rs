@@ -10,15 +10,13 @@ use axum::http::StatusCode;
 use axum::response::Response;
 
 use super::objects;
-use super::sandboxes::wait_timeout;
-use crate::gateway::auth::access::{Access, Operation};
-use crate::gateway::auth::revalidate::Guard;
+use super::waiting::{Progress, Settling, wait_route};
+use crate::gateway::auth::access::Operation;
 use crate::gateway::http::errors::{ApiError, ErrorBody, json_response};
 use crate::gateway::http::openapi::{
     CreateSnapshotRequest, Deleted, SandboxSnapshotList, SandboxSnapshotSchema,
 };
 use crate::gateway::objects::spec::snapshot_from_request;
-use crate::gateway::objects::wait::{WaitFor, WaitOutcome, wait_duration};
 use crate::gateway::state::{Call, ListQuery, NamespacePath, ObjectPath, WaitQuery, query};
 use crate::plumbing::conditions::why_unsettled;
 use orchard_api::{SandboxSnapshot, SnapshotPhase};
@@ -145,6 +143,15 @@ pub fn snapshot_settled(snapshot: &SandboxSnapshot) -> bool {
         .is_some_and(|s| matches!(s.phase, Some(SnapshotPhase::Ready | SnapshotPhase::Failed)))
 }
 
+/// Where an unsettled snapshot is: its phase and why it is not Ready.
+fn snapshot_progress(snapshot: &SandboxSnapshot) -> Progress<'_> {
+    let status = snapshot.status.as_ref();
+    (
+        status.and_then(|s| s.phase).map(SnapshotPhase::as_str),
+        status.and_then(|s| why_unsettled(&s.conditions, "Ready")),
+    )
+}
+
 /// Blocks until the snapshot is `Ready` (its image pushed) or `Failed`, driven by the watch.
 #[utoipa::path(
     get,
@@ -162,43 +169,20 @@ pub async fn wait_snapshot(
     Call(state, path, headers): Call<ObjectPath>,
     wait: Result<Query<WaitQuery>, QueryRejection>,
 ) -> Result<Response, ApiError> {
-    state
-        .authorize_object(&headers, Operation::GetSnapshot, &path)
-        .await?;
-    let timeout = wait_duration(query(wait)?.timeout_seconds);
-    let waiter = WaitFor {
-        client: &state.deps.client,
-        store: &state.deps.reads.snapshots,
-        deletes: &state.recent_deletes,
-        changes: &state.deps.reads.changes,
+    let settling = Settling {
+        operation: Operation::GetSnapshot,
         kind: "SandboxSnapshot",
         noun: "sandboxsnapshot",
-        namespace: &path.namespace,
-        name: &path.name,
+        settled: snapshot_settled,
+        progress: snapshot_progress,
     };
-    let access = Access::of(Operation::GetSnapshot, &path.namespace, &path.name);
-    let guard = Guard::new(&state, &headers, &access);
-    match guard.run(waiter.until(timeout, snapshot_settled)).await? {
-        WaitOutcome::Done(snapshot) => Ok(json_response(StatusCode::OK, snapshot.as_ref())),
-        WaitOutcome::TimedOut(snapshot) => {
-            let status = snapshot.status.as_ref();
-            let phase = status.and_then(|s| s.phase).map(SnapshotPhase::as_str);
-            let why = status.and_then(|s| why_unsettled(&s.conditions, "Ready"));
-            Err(wait_timeout(
-                "sandboxsnapshot",
-                &path.namespace,
-                &path.name,
-                phase,
-                why,
-            ))
-        }
-        WaitOutcome::Deleted => Err(ApiError::new(
-            StatusCode::NOT_FOUND,
-            "NotFound",
-            format!(
-                "sandboxsnapshot {}/{} was deleted while waiting",
-                path.namespace, path.name
-            ),
-        )),
-    }
+    wait_route(
+        &state,
+        &headers,
+        &path,
+        wait,
+        &state.deps.reads.snapshots,
+        settling,
+    )
+    .await
 }
