@@ -121,6 +121,12 @@ pub const SNAPSHOT_ANNOTATION: &str = "orchard.dev/snapshot";
 /// snapshot in `fromSnapshot`, and until its committer Pod is gone.
 pub const SNAPSHOT_FINALIZER: &str = "orchard.dev/snapshot-in-use";
 
+/// The ResourceQuota resource name (`spec.hard`) limiting the total size of a namespace's
+/// SandboxSnapshots in bytes (their `status.sizeBytes`, uncompressed layers). The API server does not
+/// count it (it cannot know a snapshot's size); the operator enforces it when it commits one. Their
+/// number is Kubernetes' own `count/sandboxsnapshots.orchard.dev`.
+pub const SNAPSHOT_BYTES_QUOTA: &str = "orchard.dev/snapshot-bytes";
+
 /// Annotation recording who created an object through the gateway (the gateway writes with the
 /// operator's identity, so the API server's audit log alone would not say).
 pub const CREATED_BY_ANNOTATION: &str = "orchard.dev/created-by";

@@ -154,7 +154,7 @@ pub struct SandboxSnapshotStatus {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub observed_generation: Option<i64>,
 
-    /// Conditions: `Ready` (reason `Committed` when True; `SandboxNotFound`, `SandboxNotReady`, `NodeGone`, `CommitFailed`, `PushRefused`, `SnapshotsDisabled`, `CommitterFailed` when it failed; `WaitingForSandbox`, `Committing` while pending), `InUse` (True while a Sandbox, SandboxPool or RolloutGroup names it: its deletion waits until none does, and the message names them), and the kstatus pair `Reconciling`/`Stalled`.
+    /// Conditions: `Ready` (reason `Committed` when True; `SandboxNotFound`, `SandboxNotReady`, `NodeGone`, `CommitFailed`, `PushRefused`, `SnapshotsDisabled`, `CommitterFailed`, `QuotaExceeded` (the namespace's `orchard.dev/snapshot-bytes` quota has no room for it) when it failed; `WaitingForSandbox`, `Committing` while pending), `InUse` (True while a Sandbox, SandboxPool or RolloutGroup names it: its deletion waits until none does, and the message names them), and the kstatus pair `Reconciling`/`Stalled`.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     #[x_kube(merge_strategy = ListMerge::Map(vec!["type".into()]))]
     pub conditions: Vec<Condition>,

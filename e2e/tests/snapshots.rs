@@ -28,9 +28,11 @@
 
 use std::time::{Duration, Instant};
 
-use kube::api::{Api, DeleteParams, PostParams};
+use k8s_openapi::api::core::v1::ResourceQuota;
+use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams};
 use orchard_operator::api::{
-    RolloutGroup, Sandbox, SandboxPhase, SandboxPool, SandboxSnapshot, SnapshotPhase,
+    RolloutGroup, SNAPSHOT_BYTES_QUOTA, Sandbox, SandboxPhase, SandboxPool, SandboxSnapshot,
+    SnapshotPhase,
 };
 use orchard_testcluster::env::{
     EnvOptions, NodeKind, REAL_NODE_DEFAULT_CPU, REAL_NODE_DEFAULT_MEMORY, TestEnv, snapshot_flags,
@@ -655,6 +657,171 @@ with SandboxClient("{url}", "{token}", namespace="{ns}") as client:
     drop(refusing);
     env.delete_namespace(&ns).await;
     env.delete_namespace(&refused_ns).await;
+}
+
+/// Creates a snapshot of `sandbox` through the gateway, as the SDK does; the gateway's answer.
+async fn snapshot_through_gateway(
+    caller: &Caller,
+    ns: &str,
+    name: &str,
+    sandbox: &str,
+) -> orchard_testcluster::test_support::gateway::Answer {
+    caller
+        .post(
+            &format!("/v1/namespaces/{ns}/sandboxsnapshots"),
+            json!({"name": name, "sandbox": sandbox, "paths": ["/work"]}),
+        )
+        .await
+}
+
+/// Per-namespace quotas on snapshots, in one ResourceQuota: their number
+/// (`count/sandboxsnapshots.orchard.dev`, the API server's own) and their total size
+/// (`orchard.dev/snapshot-bytes`, the operator's). A layer bigger than the room left is not pushed,
+/// a full namespace commits nothing (its sandbox is never paused), the sandbox runs on either way,
+/// and the create beyond the count gets the gateway's 403 `QuotaExceeded` naming the quota.
+#[tokio::test]
+async fn snapshot_count_and_size_are_limited_per_namespace() {
+    let env = env();
+    let client = env.client().await;
+    let ns = env.namespace("snap-quota").await;
+    let op = operator(env, &ns, None).await;
+    let admin = caller(env, &op);
+    let sandboxes: Api<Sandbox> = Api::namespaced(client.clone(), &ns);
+    let snapshots: Api<SandboxSnapshot> = Api::namespaced(client.clone(), &ns);
+    let quotas: Api<ResourceQuota> = Api::namespaced(client.clone(), &ns);
+    let image = env.node.real().image("debian-python");
+    quotas
+        .create(
+            &PostParams::default(),
+            &serde_json::from_value(json!({
+                "apiVersion": "v1", "kind": "ResourceQuota",
+                "metadata": {"name": "snapshots"},
+                "spec": {"hard": {
+                    "count/sandboxsnapshots.orchard.dev": "3",
+                    SNAPSHOT_BYTES_QUOTA: "512Ki",
+                }},
+            }))
+            .expect("quota JSON"),
+        )
+        .await
+        .expect("the API server takes a ResourceQuota naming orchard.dev/snapshot-bytes");
+    create_ready(&sandboxes, "prep", json!({"image": image})).await;
+    admin.wait_ready(&ns, "prep").await;
+
+    // A small layer fits.
+    sh(
+        &admin,
+        &ns,
+        "prep",
+        "mkdir -p /work && head -c 20000 /dev/urandom > /work/small",
+    )
+    .await;
+    let answer = snapshot_through_gateway(&admin, &ns, "small", "prep").await;
+    assert_eq!(answer.status, 201, "{answer:?}");
+    let small = wait::until(&snapshots, "small", "settled", COMMITTED, settled).await;
+    assert_eq!(
+        small.status.as_ref().and_then(|s| s.phase),
+        Some(SnapshotPhase::Ready),
+        "{:?}",
+        ready_condition(&small)
+    );
+    let small_bytes = small
+        .status
+        .as_ref()
+        .and_then(|s| s.size_bytes)
+        .expect("sizeBytes");
+    assert!((20_000..512 * 1024).contains(&small_bytes), "{small_bytes}");
+
+    // A layer bigger than the room left is refused before the push; the sandbox runs on.
+    sh(
+        &admin,
+        &ns,
+        "prep",
+        "head -c 1000000 /dev/urandom > /work/big",
+    )
+    .await;
+    let answer = snapshot_through_gateway(&admin, &ns, "big", "prep").await;
+    assert_eq!(answer.status, 201, "{answer:?}");
+    let big = wait::until(&snapshots, "big", "settled", COMMITTED, settled).await;
+    let (status, reason, message) = ready_condition(&big);
+    assert_eq!(
+        (status.as_str(), reason.as_str()),
+        ("False", "QuotaExceeded"),
+        "{message}"
+    );
+    let room = 512 * 1024 - small_bytes;
+    assert!(
+        message.contains(&format!("more than the {room} bytes"))
+            && message.contains("ResourceQuota snapshots")
+            && message.contains("nothing was pushed"),
+        "{message}"
+    );
+    assert_eq!(big.status.as_ref().and_then(|s| s.image.clone()), None);
+    assert_eq!(
+        sh(&admin, &ns, "prep", "wc -c < /work/big").await.trim(),
+        "1000000",
+        "the sandbox runs on with its files"
+    );
+
+    // A namespace whose quota is used up commits nothing: no committer, no pause.
+    quotas
+        .patch(
+            "snapshots",
+            &PatchParams::default(),
+            &Patch::Merge(
+                json!({"spec": {"hard": {SNAPSHOT_BYTES_QUOTA: small_bytes.to_string()}}}),
+            ),
+        )
+        .await
+        .expect("lower the size quota");
+    let answer = snapshot_through_gateway(&admin, &ns, "full", "prep").await;
+    assert_eq!(answer.status, 201, "{answer:?}");
+    let full = wait::until(&snapshots, "full", "settled", COMMITTED, settled).await;
+    let (_, reason, message) = ready_condition(&full);
+    assert_eq!(reason, "QuotaExceeded", "{message}");
+    assert!(
+        message.contains(&format!(
+            "no room for another snapshot: {small_bytes} of {small_bytes} bytes"
+        )),
+        "{message}"
+    );
+    assert_eq!(
+        full.status.as_ref().and_then(|s| s.paused_milliseconds),
+        None,
+        "never paused: {:?}",
+        full.status
+    );
+
+    // The fourth snapshot object is refused by the API server's count quota, named by the gateway.
+    let answer = snapshot_through_gateway(&admin, &ns, "fourth", "prep").await;
+    assert_eq!(answer.status, 403, "{answer:?}");
+    assert_eq!(answer.code(), "QuotaExceeded", "{answer:?}");
+    let said = answer.body["message"].as_str().unwrap_or_default();
+    assert!(
+        said.contains("exceeded quota: snapshots")
+            && said.contains("count/sandboxsnapshots.orchard.dev"),
+        "{said}"
+    );
+    assert!(!answer.body["retryable"].as_bool().unwrap_or(true));
+
+    // Deleting one makes room for the next, once the quota controller has counted the deletion.
+    snapshots
+        .delete("big", &DeleteParams::default())
+        .await
+        .expect("delete");
+    wait::deleted(&snapshots, "big", Duration::from_secs(120)).await;
+    let counted = Instant::now();
+    let answer = loop {
+        let answer = snapshot_through_gateway(&admin, &ns, "fourth", "prep").await;
+        if answer.status != 403 || counted.elapsed() > Duration::from_secs(60) {
+            break answer;
+        }
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    };
+    assert_eq!(answer.status, 201, "{answer:?}");
+    delete_all_snapshots(&snapshots).await;
+    drop(op);
+    env.delete_namespace(&ns).await;
 }
 
 /// The prepared state of the benchmark, about 200 MB: a copy of the image's Python standard library

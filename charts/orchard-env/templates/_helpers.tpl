@@ -114,6 +114,11 @@ config/rbac/role.yaml holds the same rules (e2e/tests/no_cluster/manifests_rbac.
 - apiGroups: ["orchard.dev"]
   resources: ["sandboxsnapshots/status"]
   verbs: ["patch"]
+# ResourceQuotas: read when a snapshot starts committing or becomes Ready, for its namespace's size quota
+# (orchard.dev/snapshot-bytes); never watched or written.
+- apiGroups: [""]
+  resources: ["resourcequotas"]
+  verbs: ["list"]
 # Sandbox pods: created (POST), watched, deleted on failure or expiry; a pool member is patched
 # once, when a Sandbox claims it (owner reference and labels).
 - apiGroups: [""]

@@ -230,6 +230,13 @@ fn namespaced_rules() -> Table {
         ),
         rule(
             "",
+            "resourcequotas",
+            &["list"],
+            "a namespace's snapshot size quota (orchard.dev/snapshot-bytes), read when a snapshot \
+             starts committing or becomes Ready",
+        ),
+        rule(
+            "",
             "pods",
             CRUD,
             "sandbox pods and pool members: created with POST, watched, deleted on failure or \

@@ -188,6 +188,7 @@ pub async fn run(args: OperatorArgs) -> Result<()> {
     let snapshot_ctx = Arc::new(SnapshotCtx {
         kube: kube.clone(),
         settings: settings.snapshot.clone(),
+        quota_locks: Default::default(),
     });
     let pool_ctx = Arc::new(PoolCtx {
         kube: kube.clone(),

@@ -28,6 +28,7 @@ pub mod mock_api;
 pub mod operator_key;
 pub mod own_writes;
 pub mod ownership;
+pub mod quantity;
 pub mod reconcile;
 pub mod reconcile_slots;
 pub mod status_patch;

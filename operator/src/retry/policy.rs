@@ -9,8 +9,9 @@
 use orchard_api::{AttemptRecord, RetryPolicy, SandboxResources};
 use orchard_bar::Fraction;
 
-use super::amounts::{Amounts, MIB, bytes, cpu_text, memory_text, millicores};
+use super::amounts::Amounts;
 use super::cause::{AttemptEnd, Cause, MESSAGE_KEPT, cause_of};
+use crate::plumbing::quantity::{MIB, bytes, cpu_text, memory_text, millicores};
 use crate::plumbing::text::cut;
 
 /// The operator's default sandbox resources (`--default-cpu`, `--default-memory`): what a sandbox

@@ -72,11 +72,15 @@ pub struct CommitTarget {
     pub base_image: String,
     /// Where the snapshot image is pushed (a tag; the result is reported by digest).
     pub target: String,
+    /// The most bytes the layer may have under the namespace's snapshot size quota, and that
+    /// quota's name (`None`: no quota applies). A bigger layer is not pushed.
+    pub room: Option<(u64, String)>,
 }
 
 /// The committer's shell script (busybox `sh`). Its environment: `POD_UID`, `CONTAINER`,
 /// `CONTAINER_ID`, `BASE_IMAGE`, `TARGET`, `KEEP_PATHS` (newline-separated, may be empty),
-/// `PAUSE_LIMIT_SECONDS`, `INSECURE` (`1` or empty), and `CONTAINERD_ADDRESS` and
+/// `PAUSE_LIMIT_SECONDS`, `INSECURE` (`1` or empty), `MAX_LAYER_BYTES` and `QUOTA` (the room left
+/// under the namespace's snapshot size quota and that ResourceQuota's name; empty: no quota), and `CONTAINERD_ADDRESS` and
 /// `CONTAINERD_NAMESPACE` for `ctr`. It writes `key=value` lines to its termination message
 /// ([`parse_result`]).
 pub const SCRIPT: &str = r#"set -u
@@ -148,6 +152,9 @@ if [ -n "$KEEP_PATHS" ]; then
   layer="$W/kept.tar"
 fi
 size=$(wc -c < "$layer" | tr -d ' ')
+if [ -n "$MAX_LAYER_BYTES" ] && awk -v s="$size" -v m="$MAX_LAYER_BYTES" 'BEGIN { exit !(s > m) }'; then
+  fail QuotaExceeded "the committed layer is $size bytes, more than the $MAX_LAYER_BYTES bytes the namespace's snapshots have left under ResourceQuota $QUOTA (orchard.dev/snapshot-bytes); nothing was pushed: delete snapshots, or keep less with spec.paths"
+fi
 
 insecure=
 [ "$INSECURE" = 1 ] && insecure=--insecure
@@ -250,6 +257,20 @@ pub fn committer_pod(
         env("BASE_IMAGE", target.base_image.clone()),
         env("TARGET", target.target.clone()),
         env("KEEP_PATHS", snapshot.spec.paths.join("\n")),
+        env(
+            "MAX_LAYER_BYTES",
+            target
+                .room
+                .as_ref()
+                .map_or(String::new(), |(bytes, _)| bytes.to_string()),
+        ),
+        env(
+            "QUOTA",
+            target
+                .room
+                .as_ref()
+                .map_or(String::new(), |(_, quota)| quota.clone()),
+        ),
         env(
             "PAUSE_LIMIT_SECONDS",
             settings.pause_limit_seconds.to_string(),
@@ -381,7 +402,12 @@ pub enum CommitResult {
 }
 
 /// The reasons a committer may report; anything else is read as `CommitFailed`.
-const REPORTED_REASONS: &[&str] = &["PushRefused", "CommitFailed", "SandboxNotReady"];
+const REPORTED_REASONS: &[&str] = &[
+    "PushRefused",
+    "CommitFailed",
+    "SandboxNotReady",
+    "QuotaExceeded",
+];
 
 /// Reads a committer's termination message (`key=value` lines; pure); `None` when it holds no
 /// result (the script never got to write one).
@@ -465,6 +491,7 @@ mod tests {
             container_id: "abc".into(),
             base_image: "localhost:5000/py@sha256:00".into(),
             target: target_reference("registry.test/snaps/", "team", "prepared", "u-1"),
+            room: None,
         }
     }
 
@@ -527,6 +554,7 @@ mod tests {
         assert_eq!(env["CONTAINER"], TASK_CONTAINER);
         assert_eq!(env["TARGET"], "registry.test/snaps/team/prepared:u-1");
         assert_eq!(env["KEEP_PATHS"], "");
+        assert_eq!(env["MAX_LAYER_BYTES"], "", "no size quota");
         assert_eq!(env["CONTAINERD_ADDRESS"], SOCKET_IN_POD);
         assert_eq!(env["CONTAINERD_NAMESPACE"], "k8s.io");
         assert!(!env.contains_key("DOCKER_CONFIG"));
@@ -547,6 +575,31 @@ mod tests {
             .clone()
             .unwrap();
         assert_eq!(secret.secret_name.as_deref(), Some("push-creds"));
+    }
+
+    #[test]
+    fn the_room_under_the_size_quota_reaches_the_script_which_checks_it_before_the_push() {
+        let target = CommitTarget {
+            room: Some((4096, "snapshots".into())),
+            ..target()
+        };
+        let env = env_of(&committer_pod(&snapshot(&[]), &target, &settings()));
+        assert_eq!(env["MAX_LAYER_BYTES"], "4096");
+        assert_eq!(env["QUOTA"], "snapshots");
+        let check = SCRIPT.find("fail QuotaExceeded").unwrap();
+        let size = SCRIPT.find("size=$(wc -c < \"$layer\"").unwrap();
+        let push = SCRIPT.find("crane append").unwrap();
+        assert!(
+            size < check && check < push,
+            "the layer's final size is checked, then pushed"
+        );
+        assert_eq!(
+            parse_result("result=failed\nreason=QuotaExceeded\nmessage=too big\n"),
+            Some(CommitResult::Failed {
+                reason: "QuotaExceeded".into(),
+                message: "too big".into(),
+            })
+        );
     }
 
     #[test]

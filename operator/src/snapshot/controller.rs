@@ -5,17 +5,19 @@
 
 use std::sync::Arc;
 
-use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::api::core::v1::{Pod, ResourceQuota};
 use k8s_openapi::jiff::Timestamp;
 use kube::ResourceExt;
+use kube::api::{Api, ListParams};
 use kube::runtime::controller::Action;
 use kube::runtime::reflector::ObjectRef;
 use tracing::instrument;
 
 use super::committer::committer_name;
 use super::context::SnapshotCtx;
-use super::decide::{Observed, decide};
+use super::decide::{Observed, decide, touches_quota};
 use super::execute::execute;
+use super::quota::{self, Budget};
 use super::source::referrers;
 use crate::plumbing::error::{Error, Result};
 use crate::plumbing::kube_ctx::object_key;
@@ -134,8 +136,42 @@ async fn reconcile_inner(
         committer: committer.as_ref(),
         referrers: &referrers,
         settings: &ctx.settings,
+        budget: None,
         now: Timestamp::now(),
     };
     let plan = decide(&snapshot, &observed);
-    execute(ctx, &snapshot, plan).await
+    if !touches_quota(&snapshot, &plan) {
+        return execute(ctx, &snapshot, plan).await;
+    }
+    // Starting a commit or becoming Ready: decide again knowing the namespace's size quota, read
+    // from the API server (not the cache) and written under the namespace's lock.
+    ctx.quota_locks
+        .with(&namespace, async {
+            let budget = budget(ctx, &namespace, &snapshot.uid().unwrap_or_default()).await?;
+            let observed = Observed {
+                budget: budget.as_ref(),
+                now: Timestamp::now(),
+                ..observed
+            };
+            execute(ctx, &snapshot, decide(&snapshot, &observed)).await
+        })
+        .await
+}
+
+/// The namespace's snapshot size quota and what its snapshots other than `uid` hold of it, read
+/// from the API server; `None` when no ResourceQuota names `orchard.dev/snapshot-bytes` (then the
+/// snapshots are not listed).
+async fn budget(ctx: &SnapshotCtx, namespace: &str, uid: &str) -> Result<Option<Budget>> {
+    let quotas: Api<ResourceQuota> = Api::namespaced(ctx.kube.client.clone(), namespace);
+    let quotas = quotas.list(&ListParams::default()).await?;
+    let limit = quota::limit(&quotas.items).map_err(Error::Config)?;
+    let Some(limit) = limit else {
+        return Ok(None);
+    };
+    let snapshots: Api<SandboxSnapshot> = Api::namespaced(ctx.kube.client.clone(), namespace);
+    let snapshots = snapshots.list(&ListParams::default()).await?;
+    Ok(Some(Budget {
+        used: quota::used(&snapshots.items, uid),
+        limit,
+    }))
 }

@@ -13,6 +13,7 @@ use super::committer::{
     CONTAINER, CommitResult, CommitTarget, CommitterSettings, container_id, parse_result,
     target_reference,
 };
+use super::quota::Budget;
 use crate::plumbing::conditions::{self, Desired, Progress};
 use crate::plumbing::time::{floor_to_second, until};
 use crate::pod::disruption::{NODE_LOST, disruption_failure};
@@ -53,6 +54,8 @@ pub mod reason {
     pub const COMMITTER_FAILED: &str = "CommitterFailed";
     /// Failed: the operator has no `--snapshot-registry`.
     pub const SNAPSHOTS_DISABLED: &str = "SnapshotsDisabled";
+    /// Failed: the namespace's snapshot size quota (`orchard.dev/snapshot-bytes`) has no room for it.
+    pub const QUOTA_EXCEEDED: &str = "QuotaExceeded";
 }
 
 /// Extra time past a committer's `activeDeadlineSeconds` the operator waits for it to report
@@ -76,6 +79,9 @@ pub struct Observed<'a> {
     pub referrers: &'a [String],
     /// How snapshots are committed.
     pub settings: &'a CommitterSettings,
+    /// The namespace's snapshot size quota and what the other snapshots hold of it: `None` when no
+    /// quota applies or when it was not observed (see [`touches_quota`]).
+    pub budget: Option<&'a Budget>,
     /// Current time.
     pub now: Timestamp,
 }
@@ -324,6 +330,7 @@ pub fn target_of(
             snapshot.metadata.name.as_deref().unwrap_or_default(),
             snapshot.metadata.uid.as_deref().unwrap_or_default(),
         ),
+        room: None,
     })
 }
 
@@ -438,6 +445,17 @@ fn committer_deadline(pod: &Pod, settings: &CommitterSettings) -> Option<Timesta
     let limit = SignedDuration::from_secs(settings.timeout_seconds)
         + SignedDuration::try_from(COMMITTER_GRACE).unwrap_or_default();
     created.checked_add(limit).ok()
+}
+
+/// Whether `plan` starts a commit or makes the snapshot Ready (pure): then the namespace's size
+/// quota matters, and the controller decides again with it observed ([`Observed::budget`]).
+pub fn touches_quota(snapshot: &SandboxSnapshot, plan: &Plan) -> bool {
+    let was_ready = snapshot
+        .status
+        .as_ref()
+        .is_some_and(|s| s.phase == Some(SnapshotPhase::Ready));
+    matches!(plan.committer, CommitterStep::Create(_))
+        || (plan.status.phase == Some(SnapshotPhase::Ready) && !was_ready)
 }
 
 /// The plan for `snapshot` given what is observed (pure).
@@ -586,6 +604,18 @@ fn progress(
                 paused_milliseconds,
             }) => {
                 plan.committer = CommitterStep::Delete;
+                let size = size_bytes.map_or(0, |b| u64::try_from(b).unwrap_or(0));
+                if let Some(budget) = observed.budget.filter(|b| !b.fits(size)) {
+                    return failed(
+                        previous,
+                        reason::QUOTA_EXCEEDED,
+                        format!(
+                            "the committed layer ({size} bytes) does not fit: {} (others were committed meanwhile); {image} was pushed but will not be used (the registry's retention removes it)",
+                            budget.describe()
+                        ),
+                        now,
+                    );
+                }
                 let message = format!(
                     "pushed {image}: {} bytes of changes on {}; the sandbox was paused {} ms",
                     size_bytes.map_or("?".into(), |s| s.to_string()),
@@ -670,7 +700,19 @@ fn progress(
     }
     match target_of(snapshot, observed.sandbox, observed.sandbox_pod, registry) {
         Err((reason, message)) => failed(previous, reason, message, now),
-        Ok(target) => {
+        Ok(_) if observed.budget.is_some_and(|b| b.room() == 0) => {
+            let described = observed.budget.map(Budget::describe).unwrap_or_default();
+            failed(
+                previous,
+                reason::QUOTA_EXCEEDED,
+                format!(
+                    "no room for another snapshot: {described}; delete snapshots, or ask for a larger quota"
+                ),
+                now,
+            )
+        }
+        Ok(mut target) => {
+            target.room = observed.budget.map(|b| (b.room(), b.limit.quota.clone()));
             let status = SandboxSnapshotStatus {
                 phase: Some(SnapshotPhase::Pending),
                 node_name: Some(target.node_name.clone()),

@@ -10,7 +10,8 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, Time};
 use k8s_openapi::jiff::Timestamp;
 
 use super::committer::{CommitTarget, CommitterSettings};
-use super::decide::{CommitterStep, Observed, Plan, condition, decide, reason};
+use super::decide::{CommitterStep, Observed, Plan, condition, decide, reason, touches_quota};
+use super::quota::{Budget, Limit};
 use crate::pod::naming::TASK_CONTAINER;
 use orchard_api::{
     SNAPSHOT_FINALIZER, Sandbox, SandboxPhase, SandboxSnapshot, SandboxSnapshotSpec,
@@ -154,6 +155,7 @@ struct World {
     committer: Option<Pod>,
     referrers: Vec<String>,
     settings: CommitterSettings,
+    budget: Option<Budget>,
     now: Timestamp,
 }
 
@@ -165,6 +167,7 @@ impl World {
             committer: None,
             referrers: vec![],
             settings: settings(),
+            budget: None,
             now: at(10),
         }
     }
@@ -178,6 +181,7 @@ impl World {
                 committer: self.committer.as_ref(),
                 referrers: &self.referrers,
                 settings: &self.settings,
+                budget: self.budget.as_ref(),
                 now: self.now,
             },
         )
@@ -221,6 +225,7 @@ fn a_new_snapshot_of_a_ready_sandbox_starts_its_committer_on_the_sandboxs_node()
             container_id: "c0ffee".into(),
             base_image: "localhost:5000/debian-python@sha256:abc".into(),
             target: "localhost:5000/snaps/team/prepared:snap-uid".into(),
+            room: None,
         })
     );
     assert_eq!(plan.status.phase, Some(SnapshotPhase::Pending));
@@ -549,4 +554,100 @@ impl Plan {
     fn finalizer_removed(&self) -> bool {
         self.remove_finalizer
     }
+}
+
+fn budget(limit: u64, used: u64) -> Budget {
+    Budget {
+        limit: Limit {
+            bytes: limit,
+            text: limit.to_string(),
+            quota: "snapshots".into(),
+        },
+        used,
+    }
+}
+
+#[test]
+fn a_commit_starts_only_with_room_under_the_size_quota_and_is_told_the_room() {
+    let mut world = World::ready();
+    let fresh = snapshot(true, None);
+    assert!(
+        touches_quota(&fresh, &world.decide(&fresh)),
+        "a plan starting a commit needs the quota"
+    );
+    world.budget = Some(budget(4096, 1000));
+    let plan = world.decide(&fresh);
+    match &plan.committer {
+        CommitterStep::Create(target) => {
+            assert_eq!(target.room, Some((3096, "snapshots".to_string())))
+        }
+        other => panic!("a committer is started: {other:?}"),
+    }
+
+    world.budget = Some(budget(4096, 4096));
+    let full = world.decide(&fresh);
+    assert_eq!(full.committer, CommitterStep::Keep, "no commit, no pause");
+    assert_eq!(full.status.phase, Some(SnapshotPhase::Failed));
+    let (_, why, message) = ready_condition(&full);
+    assert_eq!(why, reason::QUOTA_EXCEEDED);
+    assert!(
+        message.contains(
+            "4096 of 4096 bytes (ResourceQuota snapshots, orchard.dev/snapshot-bytes: 4096)"
+        ),
+        "{message}"
+    );
+    assert_eq!(full.notes[0].reason, reason::QUOTA_EXCEEDED);
+}
+
+#[test]
+fn a_pushed_layer_that_no_longer_fits_fails_the_snapshot_instead_of_making_it_ready() {
+    let started = World::ready().decide(&snapshot(true, None));
+    let mut world = World::ready();
+    world.committer = Some(committer(
+        terminated(
+            0,
+            "result=ok\nimage=localhost:5000/snaps/team/prepared@sha256:feed\nsize=2048\npausedMs=31\n",
+        ),
+        10,
+    ));
+    let pending = after(&started);
+    let unchecked = world.decide(&pending);
+    assert_eq!(unchecked.status.phase, Some(SnapshotPhase::Ready));
+    assert!(
+        touches_quota(&pending, &unchecked),
+        "becoming Ready needs the quota"
+    );
+    assert!(
+        !touches_quota(&after(&unchecked), &world.decide(&after(&unchecked))),
+        "staying Ready does not"
+    );
+
+    world.budget = Some(budget(4096, 2048));
+    let fits = world.decide(&pending);
+    assert_eq!(
+        fits.status.phase,
+        Some(SnapshotPhase::Ready),
+        "exactly at the limit"
+    );
+
+    world.budget = Some(budget(4096, 2049));
+    let over = world.decide(&pending);
+    assert_eq!(over.status.phase, Some(SnapshotPhase::Failed));
+    assert_eq!(over.status.image, None, "forks never run it");
+    assert_eq!(over.committer, CommitterStep::Delete);
+    let (_, why, message) = ready_condition(&over);
+    assert_eq!(why, reason::QUOTA_EXCEEDED);
+    assert!(message.contains("(2048 bytes) does not fit"), "{message}");
+    assert!(message.contains("sha256:feed was pushed"), "{message}");
+
+    world.committer = Some(committer(
+        terminated(
+            1,
+            "result=failed\nreason=QuotaExceeded\nmessage=the committed layer is 9000 bytes\n",
+        ),
+        10,
+    ));
+    let refused = world.decide(&pending);
+    assert_eq!(refused.status.phase, Some(SnapshotPhase::Failed));
+    assert_eq!(ready_condition(&refused).1, reason::QUOTA_EXCEEDED);
 }

@@ -11,6 +11,7 @@ pub mod context;
 pub mod controller;
 pub mod decide;
 pub mod execute;
+pub mod quota;
 pub mod source;
 
 #[cfg(test)]

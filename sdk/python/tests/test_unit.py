@@ -25,6 +25,7 @@ from orchard_env import (
     NotFound,
     NotReady,
     PatchConflict,
+    QuotaExceeded,
     RetryPolicy,
     SandboxClient,
     Timeout,
@@ -140,6 +141,9 @@ def test_errors_map_to_exception_types() -> None:
     assert isinstance(timeout, Timeout) and isinstance(timeout, TimeoutError)
     assert isinstance(err(401, {"code": "Unauthorized", "message": "m"}), Unauthorized)
     assert isinstance(err(422, {"code": "Invalid", "message": "m"}), InvalidRequest)
+    full = err(403, {"code": "QuotaExceeded", "message": "exceeded quota: snapshots", "retryable": False})
+    assert isinstance(full, QuotaExceeded) and isinstance(full, Forbidden) and not full.retryable
+    assert type(err(403, {"code": "Forbidden", "message": "m"})) is Forbidden
     plain = error_from_response(502, b"<html>bad gateway</html>")
     assert isinstance(plain, AgentUnavailable) and "bad gateway" in str(plain)
 

@@ -178,6 +178,11 @@ pub fn from_kube(error: &kube::Error, what: &str) -> ApiError {
             let message = format!("{what}: {}", status.message);
             match status.code {
                 400 => ApiError::bad_request(message),
+                // The caller's namespace is full: a ResourceQuota's own refusal (the API server
+                // names the quota, what is used and the limit), not a missing permission of ours.
+                403 if status.message.contains("exceeded quota") => {
+                    ApiError::new(StatusCode::FORBIDDEN, "QuotaExceeded", message)
+                }
                 401 | 403 => ApiError::internal(format!(
                     "{message} (the operator's own service account lacks this permission; check its RBAC)"
                 )),
@@ -266,6 +271,22 @@ mod tests {
         let down = from_kube(&api(503, "ServiceUnavailable", "etcd"), "sandbox ns/x");
         assert_eq!(down.status, StatusCode::SERVICE_UNAVAILABLE);
         assert!(down.body.retryable);
+        let full = from_kube(
+            &api(
+                403,
+                "Forbidden",
+                "sandboxsnapshots.orchard.dev \"s2\" is forbidden: exceeded quota: snaps, requested: count/sandboxsnapshots.orchard.dev=1, used: count/sandboxsnapshots.orchard.dev=1, limited: count/sandboxsnapshots.orchard.dev=1",
+            ),
+            "sandboxsnapshot ns/s2",
+        );
+        assert_eq!(full.status, StatusCode::FORBIDDEN);
+        assert_eq!(full.body.code, "QuotaExceeded");
+        assert!(!full.body.retryable);
+        assert!(
+            full.body
+                .message
+                .contains("limited: count/sandboxsnapshots.orchard.dev=1")
+        );
         let ours = from_kube(&api(403, "Forbidden", "no"), "sandbox ns/x");
         assert_eq!(ours.status, StatusCode::INTERNAL_SERVER_ERROR);
         assert!(ours.body.message.contains("operator's own service account"));

@@ -48,6 +48,13 @@ class Forbidden(OrchardError):
     it (``user=`` on an agent that does not run as root)."""
 
 
+class QuotaExceeded(Forbidden):
+    """403 ``QuotaExceeded``: a ResourceQuota of the namespace refuses the object (e.g.
+    ``count/sandboxsnapshots.orchard.dev``); the message names the quota, what is used and the limit. A
+    snapshot refused by the size quota (``orchard.dev/snapshot-bytes``) is created and then fails:
+    :class:`SnapshotFailed` with reason ``QuotaExceeded``."""
+
+
 class NotFound(OrchardError):
     """404: no such sandbox, group, file, process or session."""
 
@@ -193,6 +200,7 @@ _BY_STATUS: dict[int, type[OrchardError]] = {
 _BY_CODE: dict[str, type[OrchardError]] = {
     "NotReady": NotReady,
     "PatchConflict": PatchConflict,
+    "QuotaExceeded": QuotaExceeded,
 }
 
 
