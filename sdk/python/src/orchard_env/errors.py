@@ -158,7 +158,7 @@ class SandboxStalled(SandboxFailed):
 class SnapshotFailed(OrchardError):
     """A wait found the SandboxSnapshot ``Failed``: it will never be Ready. :attr:`reason` is its ``Ready``
     condition's (``SandboxNotReady``, ``SandboxNotFound``, ``PushRefused``, ``CommitFailed``, ``NodeGone``,
-    ``CommitterFailed``, ``SnapshotsDisabled``) and :attr:`condition_message` says why; ``body`` is the
+    ``CommitterFailed``, ``SnapshotsDisabled``, ``QuotaExceeded``) and :attr:`condition_message` says why; ``body`` is the
     SandboxSnapshot object. Create a new snapshot to try again."""
 
     def __init__(
