@@ -962,3 +962,141 @@ async fn bench_fork_against_recreate() {
     drop(op);
     env.delete_namespace(&ns).await;
 }
+
+/// Waits until no pod is left in `ns` (the previous round's forks and members are gone).
+async fn no_pods_left(client: &kube::Client, ns: &str) {
+    let pods: Api<k8s_openapi::api::core::v1::Pod> = Api::namespaced(client.clone(), ns);
+    let deadline = Instant::now() + Duration::from_secs(180);
+    loop {
+        let left = pods
+            .list(&Default::default())
+            .await
+            .expect("list pods")
+            .items;
+        if left.is_empty() {
+            return;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{} pods still there after 180 s",
+            left.len()
+        );
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+}
+
+/// Whether `fork(count=N)` should go through a SandboxPool for a large N: N forks created at once
+/// (what the SDK's `fork` does, one Sandbox each) against a SandboxPool of N members from the
+/// snapshot plus N Sandboxes claiming them, each timed from its first create to all N Ready; rounds
+/// alternate which goes first, the snapshot's image already on the node.
+/// `SNAPSHOT_POOL_BENCH_FORKS=16 cargo test -p orchard-e2e --test snapshots -- --ignored --nocapture bench_fork_direct_against_pool`.
+#[tokio::test]
+#[ignore = "a benchmark: run with --ignored --nocapture"]
+async fn bench_fork_direct_against_pool() {
+    let forks: usize = std::env::var("SNAPSHOT_POOL_BENCH_FORKS")
+        .ok()
+        .and_then(|r| r.parse().ok())
+        .unwrap_or(16);
+    let rounds: usize = std::env::var("SNAPSHOT_BENCH_ROUNDS")
+        .ok()
+        .and_then(|r| r.parse().ok())
+        .unwrap_or(3);
+    let env = env();
+    let client = env.client().await;
+    let ns = env.namespace("snap-pool-bench").await;
+    let op = operator(env, &ns, None).await;
+    let admin = caller(env, &op);
+    let sandboxes: Api<Sandbox> = Api::namespaced(client.clone(), &ns);
+    let snapshots: Api<SandboxSnapshot> = Api::namespaced(client.clone(), &ns);
+    let pools: Api<SandboxPool> = Api::namespaced(client.clone(), &ns);
+    let image = env.node.real().image("debian-python");
+    create_ready(&sandboxes, "prep", json!({"image": image})).await;
+    admin.wait_ready(&ns, "prep").await;
+    sh(&admin, &ns, "prep", PREPARE).await;
+    snapshots
+        .create(&PostParams::default(), &snapshot("base", "prep", &[]))
+        .await
+        .expect("create snapshot");
+    let done = wait::until(&snapshots, "base", "Ready", COMMITTED, settled).await;
+    assert_eq!(
+        done.status.as_ref().and_then(|s| s.phase),
+        Some(SnapshotPhase::Ready)
+    );
+    let _ = sandboxes.delete("prep", &DeleteParams::default()).await;
+    // The image onto the node once, so that neither side pays the pull.
+    create_ready(&sandboxes, "warmup", json!({"fromSnapshot": "base"})).await;
+    let _ = sandboxes.delete("warmup", &DeleteParams::default()).await;
+    no_pods_left(&client, &ns).await;
+
+    let fork_spec = json!({"fromSnapshot": "base", "resources": {"memory": "64Mi", "cpu": "50m"}});
+    let mut rows = Vec::new();
+    for round in 0..rounds {
+        let mut direct = 0.0;
+        let mut pooled = 0.0;
+        let order = if round % 2 == 0 {
+            ["direct", "pool"]
+        } else {
+            ["pool", "direct"]
+        };
+        for way in order {
+            let names: Vec<String> = (0..forks).map(|i| format!("{way}-{round}-{i}")).collect();
+            let started = Instant::now();
+            if way == "pool" {
+                let pool: SandboxPool = serde_json::from_value(json!({
+                    "apiVersion": "orchard.dev/v1alpha1", "kind": "SandboxPool",
+                    "metadata": {"name": format!("forks-{round}")},
+                    "spec": {"replicas": forks, "template": fork_spec},
+                }))
+                .expect("pool JSON");
+                pools
+                    .create(&PostParams::default(), &pool)
+                    .await
+                    .expect("create pool");
+            }
+            let spec = if way == "pool" {
+                json!({"pool": format!("forks-{round}"), "whenPoolEmpty": "Wait"})
+            } else {
+                fork_spec.clone()
+            };
+            let creates = names.iter().map(|name| {
+                let (sandboxes, spec) = (sandboxes.clone(), spec.clone());
+                async move {
+                    sandboxes
+                        .create(&PostParams::default(), &sandbox(name, spec))
+                        .await
+                        .expect("create fork")
+                }
+            });
+            futures::future::join_all(creates).await;
+            for name in &names {
+                wait::until(&sandboxes, name, "Ready", READY, is_ready).await;
+            }
+            let took = seconds(started);
+            if way == "pool" {
+                pooled = took;
+                // The pool would refill: gone with the claims.
+                let _ = pools
+                    .delete(&format!("forks-{round}"), &DeleteParams::default())
+                    .await;
+            } else {
+                direct = took;
+            }
+            for name in &names {
+                let _ = sandboxes.delete(name, &DeleteParams::default()).await;
+            }
+            no_pods_left(&client, &ns).await;
+        }
+        println!("round {round}: {forks} direct forks {direct:.2} s, pool + claims {pooled:.2} s");
+        rows.push((direct, pooled));
+    }
+    println!(
+        "| round | {forks} forks created at once -> all Ready (s) | pool of {forks} + {forks} claims -> all Ready (s) |"
+    );
+    println!("|---|---|---|");
+    for (round, (direct, pooled)) in rows.iter().enumerate() {
+        println!("| {round} | {direct:.2} | {pooled:.2} |");
+    }
+    delete_all_snapshots(&snapshots).await;
+    drop(op);
+    env.delete_namespace(&ns).await;
+}
