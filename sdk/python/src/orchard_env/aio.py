@@ -389,7 +389,8 @@ class AsyncSandbox(_core.SandboxCore):
         command: the agent), with this sandbox's files; what a fork writes later is its own. The other
         arguments are :meth:`AsyncSandboxClient.create`'s, for every fork. Returns their handles (context
         managers, heartbeating while open); if any cannot become Ready, the forks are deleted and the error
-        raised."""
+        raised. For forks started before they are needed, create a SandboxPool whose template names the
+        snapshot and claim its members with ``create(pool=...)`` (docs/SNAPSHOTS.md)."""
         fields = {
             "labels": labels, "env": env, "cpu": cpu, "memory": memory, "ttl_seconds": ttl_seconds,
             "heartbeat_timeout_seconds": heartbeat_timeout_seconds, "network": network, "extra": spec_fields,

@@ -384,7 +384,9 @@ class Sandbox(_core.SandboxCore):
         forks at once and waits until each is Ready. Each fork starts its own processes afresh (its image's
         command: the agent), with this sandbox's files; what a fork writes later is its own. The other
         arguments are :meth:`SandboxClient.create`'s, for every fork. Returns their handles (context managers,
-        heartbeating while open); if any cannot become Ready, the forks are deleted and the error raised."""
+        heartbeating while open); if any cannot become Ready, the forks are deleted and the error raised. For
+        forks started before they are needed, create a SandboxPool whose template names the snapshot and claim
+        its members with ``create(pool=...)`` (docs/SNAPSHOTS.md)."""
         fields = {
             "labels": labels, "env": env, "cpu": cpu, "memory": memory, "ttl_seconds": ttl_seconds,
             "heartbeat_timeout_seconds": heartbeat_timeout_seconds, "network": network, "extra": spec_fields,
