@@ -4,7 +4,11 @@
 //! so that multi-node behaviour is tested rather than assumed. One test, in phases that build on each
 //! other (it drains and then loses a node): sandboxes placed on each node, NetworkPolicies enforced
 //! across nodes (egress on the source node, ingress on the destination node), a SandboxPool spread
-//! over both, a drain, and a spot reclaim (the node's every process killed).
+//! over both, a drain, and a spot reclaim (the node's every process killed). The chart turns
+//! SandboxSnapshots on (the first node's registry, committer image and containerd socket; no commit
+//! runs): a snapshot of the reclaimed node's sandbox, created through the gateway, fails
+//! `SandboxNotReady` while the sandbox is not Ready, and `NodeGone` once its Node is deleted and the
+//! sandbox failed `NodeLost`; neither starts a committer Pod.
 //!
 //! An `AllowList` cannot name a pod address (the operator leaves the cluster's pod ranges out of
 //! it), so a sandbox reaches a pod on another node by `AllowAll` (a namespace selector), and a
@@ -18,9 +22,13 @@ use k8s_openapi::api::core::v1::{Node, Pod};
 use k8s_openapi::api::networking::v1::NetworkPolicy;
 use kube::ResourceExt;
 use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
-use orchard_operator::api::{SANDBOX_LABEL, Sandbox, SandboxPool};
-use orchard_testcluster::chart_install::{ChartRelease, ReleaseOptions};
-use orchard_testcluster::env::TestEnv;
+use orchard_operator::api::{
+    SANDBOX_LABEL, SNAPSHOT_UID_LABEL, Sandbox, SandboxPhase, SandboxPool, SandboxSnapshot,
+    SnapshotPhase,
+};
+use orchard_testcluster::chart_install::{ChartRelease, ReleaseOptions, split_reference};
+use orchard_testcluster::control_plane::SNAPSHOT_NAMESPACE;
+use orchard_testcluster::env::{TestEnv, snapshot_flags};
 use orchard_testcluster::real_node::drain::{cordon, drain};
 use orchard_testcluster::test_support::gateway::Caller;
 use orchard_testcluster::test_support::nodes::{
@@ -51,6 +59,97 @@ fn admin_at(env: &TestEnv, base: String) -> Caller {
         token: Some(env.control_plane.tokens["admin"].clone()),
         http: orchard_testcluster::gateway_http(),
     }
+}
+
+/// The chart values turning SandboxSnapshots on: [`snapshot_flags`] of the first node (its registry,
+/// committer image and containerd socket). No committer runs in this test (no snapshot here is of a
+/// Ready sandbox), so one node's settings serve both.
+fn snapshot_values(env: &TestEnv) -> Vec<(String, String)> {
+    let mut values = Vec::new();
+    for (flag, value) in snapshot_flags(env.node.real()) {
+        match flag {
+            "--snapshot-registry" => values.push(("snapshots.registry".into(), value)),
+            "--snapshot-committer-image" => {
+                let (repository, tag) = split_reference(&value);
+                values.push((
+                    "snapshots.committerImage.repository".into(),
+                    repository.into(),
+                ));
+                values.push(("snapshots.committerImage.tag".into(), tag.into()));
+            }
+            "--snapshot-containerd-socket" => {
+                values.push(("snapshots.containerdSocket".into(), value))
+            }
+            other => panic!("no chart value for the operator flag {other}"),
+        }
+    }
+    values
+}
+
+/// Creates SandboxSnapshot `name` of sandbox `sandbox` through the gateway (as a user would), waits
+/// through the gateway until it settles, and returns it as the API server has it. Asserts it
+/// `Failed` without a committer: its status names no node or pod (the operator records them when it
+/// creates a committer), and no Pod in the snapshot namespace carries its UID.
+async fn failed_snapshot(
+    caller: &Caller,
+    client: &kube::Client,
+    ns: &str,
+    name: &str,
+    sandbox: &str,
+) -> SandboxSnapshot {
+    let created = caller
+        .post(
+            &format!("/v1/namespaces/{ns}/sandboxsnapshots"),
+            json!({"name": name, "sandbox": sandbox}),
+        )
+        .await;
+    assert_eq!(created.status, 201, "create snapshot {name}: {created:?}");
+    let waited = caller
+        .get(&format!(
+            "/v1/namespaces/{ns}/sandboxsnapshots/{name}/wait?timeoutSeconds=60"
+        ))
+        .await;
+    assert_eq!(waited.status, 200, "wait for snapshot {name}: {waited:?}");
+    let snapshot = Api::<SandboxSnapshot>::namespaced(client.clone(), ns)
+        .get(name)
+        .await
+        .expect("the snapshot");
+    let status = snapshot.status.clone().unwrap_or_default();
+    assert_eq!(
+        status.phase,
+        Some(SnapshotPhase::Failed),
+        "snapshot {name}: {status:?}"
+    );
+    assert_eq!(
+        (status.node_name.as_deref(), status.pod_uid.as_deref()),
+        (None, None),
+        "snapshot {name} recorded a commit target (a committer was started): {status:?}"
+    );
+    let uid = snapshot.metadata.uid.clone().expect("a UID");
+    let committers = Api::<Pod>::namespaced(client.clone(), SNAPSHOT_NAMESPACE)
+        .list(&ListParams::default().labels(&format!("{SNAPSHOT_UID_LABEL}={uid}")))
+        .await
+        .expect("list committer pods");
+    assert!(
+        committers.items.is_empty(),
+        "a committer pod for snapshot {name}: {:?}",
+        committers
+            .items
+            .iter()
+            .map(|p| p.name_any())
+            .collect::<Vec<_>>()
+    );
+    snapshot
+}
+
+/// The `Ready` condition's (status, reason, message) of a snapshot.
+fn snapshot_condition(snapshot: &SandboxSnapshot) -> (String, String, String) {
+    snapshot
+        .status
+        .as_ref()
+        .and_then(|st| st.conditions.iter().find(|c| c.type_ == "Ready"))
+        .map(|c| (c.status.clone(), c.reason.clone(), c.message.clone()))
+        .unwrap_or_default()
 }
 
 /// Prints a phase with the time since the test started.
@@ -232,30 +331,33 @@ async fn two_nodes_place_enforce_drain_and_lose_a_node() {
         "the nodes' own link is not on the host: {host_links:?}"
     );
 
-    // The chart: one operator replica per node (a topology spread), a PodDisruptionBudget keeping one.
+    // The chart: one operator replica per node (a topology spread), a PodDisruptionBudget keeping one,
+    // SandboxSnapshots on.
     let release = env
         .on_env_runtime(async {
+            let mut values = snapshot_values(env);
+            values.extend([
+                ("podDisruptionBudget.enabled".into(), "true".into()),
+                (
+                    "topologySpreadConstraints[0].maxSkew".into(),
+                    "1".into(),
+                ),
+                (
+                    "topologySpreadConstraints[0].topologyKey".into(),
+                    HOSTNAME.into(),
+                ),
+                (
+                    "topologySpreadConstraints[0].whenUnsatisfiable".into(),
+                    "ScheduleAnyway".into(),
+                ),
+                (
+                    "topologySpreadConstraints[0].labelSelector.matchLabels.app\\.kubernetes\\.io/name"
+                        .into(),
+                    "orchard-operator".into(),
+                ),
+            ]);
             let options = ReleaseOptions {
-                values: vec![
-                    ("podDisruptionBudget.enabled".into(), "true".into()),
-                    (
-                        "topologySpreadConstraints[0].maxSkew".into(),
-                        "1".into(),
-                    ),
-                    (
-                        "topologySpreadConstraints[0].topologyKey".into(),
-                        HOSTNAME.into(),
-                    ),
-                    (
-                        "topologySpreadConstraints[0].whenUnsatisfiable".into(),
-                        "ScheduleAnyway".into(),
-                    ),
-                    (
-                        "topologySpreadConstraints[0].labelSelector.matchLabels.app\\.kubernetes\\.io/name"
-                            .into(),
-                        "orchard-operator".into(),
-                    ),
-                ],
+                values,
                 ..ReleaseOptions::default()
             };
             ChartRelease::install(env, &options)
@@ -451,7 +553,7 @@ async fn two_nodes_place_enforce_drain_and_lose_a_node() {
         Duration::from_secs(60),
         |s: Option<&Sandbox>| {
             s.and_then(|s| s.status.as_ref())
-                .is_some_and(|st| st.phase == Some(orchard_operator::api::SandboxPhase::Failed))
+                .is_some_and(|st| st.phase == Some(SandboxPhase::Failed))
         },
     )
     .await;
@@ -488,7 +590,9 @@ async fn two_nodes_place_enforce_drain_and_lose_a_node() {
     // the Node of a reclaimed machine. Whichever comes first (the taint-eviction controller once the
     // pod's 30 s toleration of the unreachable taint runs out, the pod garbage collector once the
     // Node is gone) deletes the pod, and the sandbox fails `NodeLost` (`spot_eviction.rs` has the
-    // rest: retries, backfills, pools).
+    // rest: retries, backfills, pools). A snapshot of it fails at once, without a committer (which
+    // would go to the lost node): `SandboxNotReady` while it is not Ready, `NodeGone` once it failed
+    // `NodeLost`.
     cordon(&client, SECOND, false).await.expect("uncordon");
     sandboxes_on(
         &caller,
@@ -538,6 +642,23 @@ async fn two_nodes_place_enforce_drain_and_lose_a_node() {
         sandbox_unready_after.as_secs_f64(),
         sandbox_state(Some(&unready))
     );
+    let early = failed_snapshot(&caller, &client, &ns, "doomed-early", "doomed").await;
+    let (status, reason, message) = snapshot_condition(&early);
+    eprintln!("snapshot of doomed while it is not Ready: {reason}: {message}");
+    let sandbox_phase = unready
+        .status
+        .as_ref()
+        .and_then(|s| s.phase)
+        .map_or("Pending", SandboxPhase::as_str);
+    assert_eq!(
+        (status.as_str(), reason.as_str()),
+        ("False", "SandboxNotReady"),
+        "{message}"
+    );
+    assert!(
+        message.starts_with(&format!("Sandbox doomed is not Ready ({sandbox_phase}")),
+        "the message names the sandbox's phase ({sandbox_phase}): {message}"
+    );
     let exec = caller
         .exec(
             &ns,
@@ -580,7 +701,7 @@ async fn two_nodes_place_enforce_drain_and_lose_a_node() {
         Duration::from_secs(120),
         |s: Option<&Sandbox>| {
             s.and_then(|s| s.status.as_ref())
-                .is_some_and(|st| st.phase == Some(orchard_operator::api::SandboxPhase::Failed))
+                .is_some_and(|st| st.phase == Some(SandboxPhase::Failed))
         },
     )
     .await;
@@ -596,6 +717,29 @@ async fn two_nodes_place_enforce_drain_and_lose_a_node() {
         failed.status.as_ref().and_then(|s| s.reason.as_deref()),
         Some("NodeLost"),
         "the reclaimed node's sandbox failed NodeLost"
+    );
+    let late = failed_snapshot(&caller, &client, &ns, "doomed-late", "doomed").await;
+    let (status, reason, message) = snapshot_condition(&late);
+    eprintln!("snapshot of doomed after NodeLost: {reason}: {message}");
+    assert_eq!(
+        (status.as_str(), reason.as_str()),
+        ("False", "NodeGone"),
+        "{message}"
+    );
+    assert!(
+        message.starts_with("Sandbox doomed lost its node") && message.contains(SECOND),
+        "the message names the lost node {SECOND}: {message}"
+    );
+    assert_eq!(
+        snapshot_condition(
+            &Api::<SandboxSnapshot>::namespaced(client.clone(), &ns)
+                .get("doomed-early")
+                .await
+                .expect("doomed-early")
+        )
+        .1,
+        "SandboxNotReady",
+        "a failed snapshot stays failed as it was"
     );
     let _ = pools
         .patch(

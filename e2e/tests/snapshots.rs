@@ -2,21 +2,27 @@
 //! node's containerd while its processes are paused, pushed to the node's registry, and forked.
 //!
 //! One test walks a snapshot's whole life, in order (its phases share the prepared sandbox):
-//! - a sandbox writes files (an executable, a few MB of data, a deleted image file) and a checksum
-//!   manifest, and keeps a writer running that appends to a log and bumps two counters, one after the
-//!   other: in any instant's filesystem `log lines - 1 <= b <= a <= log lines` and `a - b <= 1`;
+//! - a sandbox (the Debian image) writes files (an executable, a few MB of data, a deleted image file)
+//!   and a checksum manifest, builds a Debian package with `dpkg-deb --build` and installs it with
+//!   `dpkg -i` (no network: `orchard-hello` 1.0, one executable in `/usr/bin`), and keeps a writer
+//!   running that appends to a log and bumps two counters, one after the other: in any instant's
+//!   filesystem `log lines - 1 <= b <= a <= log lines` and `a - b <= 1`;
 //! - its snapshot is Ready with a digest-pinned image on the sandbox's image, and the sandbox kept
 //!   running (its writer went on);
 //! - 8 forks start from it: each sees the files, the manifest verifies, the deleted file stays
-//!   deleted, the counters satisfy the invariant (the layer is one instant's filesystem), no writer
-//!   runs in them (memory is not kept), and what each writes later is its own;
+//!   deleted, dpkg reports the package installed (`install ok installed 1.0`) and its executable
+//!   runs, the counters satisfy the invariant (the layer is one instant's filesystem), no writer runs
+//!   in them (memory is not kept), and what each writes later is its own;
+//! - a snapshot with `spec.paths` `/usr/bin` and `/var/lib/dpkg` keeps the package (a fork of it has
+//!   it installed and runs it) and nothing else: its layer is smaller, and the fork has neither
+//!   `/work` nor `/usr/local/bin`'s tool, and has the image's `/etc/issue` back;
 //! - a RolloutGroup whose template names the snapshot completes, every trajectory verifying the
-//!   manifest; a SandboxPool whose template names it builds its member from the snapshot's image, and
-//!   a Sandbox of the pool claims that member;
+//!   manifest and the package; a SandboxPool whose template names it builds its member from the
+//!   snapshot's image, and a Sandbox of the pool claims that member (files and package there);
 //! - a snapshot of a sandbox that is not Ready fails `SandboxNotReady`; a sandbox from a failed
 //!   snapshot fails `SnapshotFailed`;
 //! - the gateway's snapshot routes answer under RBAC (403 without `create sandboxsnapshots`), and the
-//!   Python SDK's `sbx.fork(2)` starts two forks that verify the manifest;
+//!   Python SDK's `sbx.fork(2)` starts two forks that verify the manifest and the package;
 //! - the snapshot's deletion waits while forks use it (`InUse`), and completes once they are gone;
 //! - with a registry that refuses the push, the snapshot fails `PushRefused` with crane's words and
 //!   the sandbox keeps running (it was resumed).
@@ -168,6 +174,65 @@ awk '{ if ($0 != "line-" NR) { print "torn or missing line " NR ": " $0; exit 1 
 echo "$lines $(cat /work/a) $(cat /work/b)"
 "#;
 
+/// What the package's executable prints.
+const HELLO: &str = "hello from orchard-hello 1.0";
+
+/// What `dpkg-query -W -f='${Status} ${Version}' orchard-hello` prints once the package is installed.
+const INSTALLED: &str = "install ok installed 1.0";
+
+/// Builds the Debian package `orchard-hello` 1.0 (one executable, `/usr/bin/orchard-hello`, printing
+/// [`HELLO`]) with `dpkg-deb --build` and installs it with `dpkg -i`, from a file: pod traffic never
+/// leaves the machine, so nothing comes from a package repository. dpkg wants root's PATH (it looks
+/// for `ldconfig` and `start-stop-daemon`) and a control directory of mode 0755..0775 (the umask).
+fn install_package() -> String {
+    format!(
+        r#"set -e
+umask 022
+export PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin
+build=/tmp/orchard-hello
+rm -rf $build && mkdir -p $build/DEBIAN $build/usr/bin
+cat > $build/DEBIAN/control <<'EOF'
+Package: orchard-hello
+Version: 1.0
+Architecture: all
+Maintainer: Orchard tests <tests@orchard.invalid>
+Section: misc
+Priority: optional
+Description: prints one fixed line
+ Built and installed inside a sandbox by e2e/tests/snapshots.rs, then snapshotted and forked.
+EOF
+printf '#!/bin/sh\necho "{HELLO}"\n' > $build/usr/bin/orchard-hello
+chmod 755 $build/usr/bin/orchard-hello
+dpkg-deb --root-owner-group --build $build /tmp/orchard-hello_1.0_all.deb > /dev/null
+dpkg -i /tmp/orchard-hello_1.0_all.deb > /dev/null
+rm -rf $build /tmp/orchard-hello_1.0_all.deb
+"#
+    )
+}
+
+/// What dpkg says of the package, then what its executable prints: two lines.
+const PACKAGE_CHECK: &str = r#"set -e
+dpkg-query -W -f='${Status} ${Version}' orchard-hello
+echo
+orchard-hello
+"#;
+
+/// The package is installed in sandbox `name`, as dpkg sees it, and its executable runs.
+async fn assert_package(caller: &Caller, ns: &str, name: &str) {
+    let out = sh(caller, ns, name, PACKAGE_CHECK).await;
+    assert_eq!(
+        out.lines().collect::<Vec<_>>(),
+        [INSTALLED, HELLO],
+        "{name}: what dpkg records of orchard-hello, and what it prints"
+    );
+}
+
+/// Which of the prepared files outside `/usr/bin` and `/var/lib/dpkg` a sandbox has.
+const OUTSIDE_PATHS: &str = r#"for f in /work/MANIFEST.sha256 /usr/local/bin/prepared-tool /etc/issue; do
+  if [ -e $f ]; then echo "$f present"; else echo "$f absent"; fi
+done
+"#;
+
 /// `lines a b` of [`CHECK`]'s output satisfy the writer's invariant.
 fn consistent(name: &str, out: &str) -> (u64, u64, u64) {
     let numbers: Vec<u64> = out
@@ -223,6 +288,8 @@ async fn a_prepared_sandbox_is_snapshotted_under_load_and_forked() {
     admin.wait_ready(&ns, "prep").await;
     let size = sh(&admin, &ns, "prep", PREPARE).await;
     println!("prepared /work: {} bytes", size.trim());
+    sh(&admin, &ns, "prep", &install_package()).await;
+    assert_package(&admin, &ns, "prep").await;
     let started = admin
         .post(
             &format!("/v1/namespaces/{ns}/sandboxes/prep/processes"),
@@ -348,6 +415,7 @@ async fn a_prepared_sandbox_is_snapshotted_under_load_and_forked() {
             "every fork starts from the same instant: {seen:?} and {state:?}"
         );
         seen = Some(state);
+        assert_package(&admin, &ns, &name).await;
         // Memory is not kept: no writer runs in a fork.
         let still = sh(&admin, &ns, &name, "sleep 0.5; wc -l < /work/log.txt").await;
         assert_eq!(still.trim().parse::<u64>().ok(), Some(state.0), "{name}");
@@ -371,9 +439,63 @@ async fn a_prepared_sandbox_is_snapshotted_under_load_and_forked() {
         "the forks' writes are not the original's"
     );
 
+    // A snapshot of only the paths dpkg wrote: the package comes back installed, nothing else does.
+    snapshots
+        .create(
+            &PostParams::default(),
+            &snapshot("packaged", "prep", &["/usr/bin", "/var/lib/dpkg"]),
+        )
+        .await
+        .expect("create snapshot");
+    let packaged = wait::until(
+        &snapshots,
+        "packaged",
+        "Ready or Failed",
+        COMMITTED,
+        settled,
+    )
+    .await;
+    let packaged_status = packaged.status.clone().expect("status");
+    assert_eq!(
+        packaged_status.phase,
+        Some(SnapshotPhase::Ready),
+        "{:?}",
+        ready_condition(&packaged)
+    );
+    println!(
+        "snapshot of /usr/bin and /var/lib/dpkg: {:?} bytes (the whole filesystem's: {:?})",
+        packaged_status.size_bytes, status.size_bytes
+    );
+    assert!(
+        packaged_status
+            .size_bytes
+            .zip(status.size_bytes)
+            .is_some_and(|(paths, whole)| paths < 3_000_000 && paths < whole),
+        "the paths' layer leaves /work's 3 MB blob out: {packaged_status:?}"
+    );
+    create_ready(&sandboxes, "pkg-fork", json!({"fromSnapshot": "packaged"})).await;
+    admin.wait_ready(&ns, "pkg-fork").await;
+    assert_package(&admin, &ns, "pkg-fork").await;
+    let outside = sh(&admin, &ns, "pkg-fork", OUTSIDE_PATHS).await;
+    assert_eq!(
+        outside.lines().collect::<Vec<_>>(),
+        [
+            "/work/MANIFEST.sha256 absent",
+            "/usr/local/bin/prepared-tool absent",
+            "/etc/issue present",
+        ],
+        "changes outside the snapshot's paths are not kept (nor the deletion of /etc/issue)"
+    );
+    sandboxes
+        .delete("pkg-fork", &DeleteParams::default())
+        .await
+        .expect("delete pkg-fork");
+
     // A RolloutGroup whose template names the snapshot.
     let groups: Api<RolloutGroup> = Api::namespaced(client.clone(), &ns);
-    let run = "cd / && sha256sum --quiet -c /work/MANIFEST.sha256 && prepared-tool ok > /tmp/tool && echo '{\"reward\": 1.0, \"length\": 1}' > /tmp/result.json";
+    let run = format!(
+        "cd / && sha256sum --quiet -c /work/MANIFEST.sha256 && prepared-tool ok > /tmp/tool && test \"$(dpkg-query -W -f='${{Status}} ${{Version}}' orchard-hello)\" = '{INSTALLED}' && test \"$(orchard-hello)\" = '{HELLO}' && echo '{{\"reward\": 1.0, \"length\": 1}}' > /tmp/result.json"
+    );
     groups
         .create(
             &PostParams::default(),
@@ -451,6 +573,7 @@ async fn a_prepared_sandbox_is_snapshotted_under_load_and_forked() {
     );
     admin.wait_ready(&ns, "claimer").await;
     consistent("claimer", sh(&admin, &ns, "claimer", CHECK).await.trim());
+    assert_package(&admin, &ns, "claimer").await;
 
     // A snapshot of a sandbox that is not Ready fails at once, saying so.
     sandboxes
@@ -526,8 +649,8 @@ with SandboxClient("{url}", "{token}", namespace="{ns}") as client:
     prep = client.connect("prep")
     forks = prep.fork(2)
     for fork in forks:
-        check = fork.exec(["/bin/sh", "-c", "cd / && sha256sum --quiet -c /work/MANIFEST.sha256 && prepared-tool sdk"])
-        print(fork.name, check.exit_code, check.stdout.strip())
+        check = fork.exec(["/bin/sh", "-c", "cd / && sha256sum --quiet -c /work/MANIFEST.sha256 && prepared-tool sdk && dpkg-query -W -f='${{Status}} ${{Version}}' orchard-hello && echo && orchard-hello"])
+        print(fork.name, check.exit_code, check.stdout.strip().replace('\n', ' | '))
     snapshot = client.list_snapshots()
     print("snapshots", sorted(s.name for s in snapshot if s.phase == "Ready"))
     for fork in forks:
@@ -557,7 +680,8 @@ with SandboxClient("{url}", "{token}", namespace="{ns}") as client:
     assert_eq!(lines.len(), 3, "{out}");
     for line in &lines[..2] {
         assert!(
-            line.starts_with("prep-fork-") && line.ends_with(" 0 prepared tool sdk"),
+            line.starts_with("prep-fork-")
+                && line.ends_with(&format!(" 0 prepared tool sdk | {INSTALLED} | {HELLO}")),
             "{out}"
         );
     }
