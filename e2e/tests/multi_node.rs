@@ -656,8 +656,9 @@ async fn two_nodes_place_enforce_drain_and_lose_a_node() {
         "{message}"
     );
     assert!(
-        message.starts_with(&format!("Sandbox doomed is not Ready ({sandbox_phase}")),
-        "the message names the sandbox's phase ({sandbox_phase}): {message}"
+        message.starts_with(&format!("Sandbox doomed is not Ready ({sandbox_phase}"))
+            && message.contains("AgentNotResponding"),
+        "the message names the sandbox's phase ({sandbox_phase}) and why: {message}"
     );
     let exec = caller
         .exec(

@@ -6,7 +6,7 @@
 use std::time::Duration;
 
 use k8s_openapi::api::core::v1::Pod;
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
 use k8s_openapi::jiff::{SignedDuration, Timestamp};
 
 use super::committer::{
@@ -271,7 +271,14 @@ pub fn target_of(
     }
     if status.phase != Some(SandboxPhase::Ready) {
         let phase = status.phase.map_or("Pending", SandboxPhase::as_str);
-        let why = match (status.reason, status.message) {
+        // A sandbox that stopped answering (its node lost) says so in its Ready condition only.
+        let ready = status.conditions.iter().find(|c| c.type_ == "Ready");
+        let from_ready = |field: fn(&Condition) -> &String| {
+            ready.map(field).filter(|v| !v.is_empty()).cloned()
+        };
+        let reason = status.reason.clone().or_else(|| from_ready(|c| &c.reason));
+        let message = status.message.clone().or_else(|| from_ready(|c| &c.message));
+        let why = match (reason, message) {
             (Some(reason), Some(message)) => format!("{phase}, {reason}: {message}"),
             (Some(reason), None) => format!("{phase}, {reason}"),
             _ => phase.to_string(),

@@ -6,7 +6,7 @@ use k8s_openapi::api::core::v1::{
     Container, ContainerState, ContainerStateRunning, ContainerStateTerminated,
     ContainerStateWaiting, ContainerStatus, Pod, PodSpec, PodStatus,
 };
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, Time};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, ObjectMeta, Time};
 use k8s_openapi::jiff::Timestamp;
 
 use super::committer::{CommitTarget, CommitterSettings};
@@ -264,7 +264,18 @@ type Case = (
 
 #[test]
 fn a_sandbox_that_is_not_ready_fails_the_snapshot_at_once() {
-    let cases: [Case; 5] = [
+    let mut unanswering = sandbox(SandboxPhase::Starting, None);
+    if let Some(status) = unanswering.status.as_mut() {
+        status.conditions = vec![Condition {
+            type_: "Ready".into(),
+            status: "False".into(),
+            reason: "AgentNotResponding".into(),
+            message: "the agent stopped answering its readiness probe".into(),
+            last_transition_time: Time(at(0)),
+            observed_generation: None,
+        }];
+    }
+    let cases: [Case; 6] = [
         (
             "missing",
             None,
@@ -278,6 +289,13 @@ fn a_sandbox_that_is_not_ready_fails_the_snapshot_at_once() {
             Some(sandbox_pod()),
             reason::SANDBOX_NOT_READY,
             "Sandbox prep is not Ready (Starting)",
+        ),
+        (
+            "stopped answering",
+            Some(unanswering),
+            Some(sandbox_pod()),
+            reason::SANDBOX_NOT_READY,
+            "Sandbox prep is not Ready (Starting, AgentNotResponding: the agent stopped answering its readiness probe)",
         ),
         (
             "failed",
