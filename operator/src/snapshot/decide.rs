@@ -273,11 +273,13 @@ pub fn target_of(
         let phase = status.phase.map_or("Pending", SandboxPhase::as_str);
         // A sandbox that stopped answering (its node lost) says so in its Ready condition only.
         let ready = status.conditions.iter().find(|c| c.type_ == "Ready");
-        let from_ready = |field: fn(&Condition) -> &String| {
-            ready.map(field).filter(|v| !v.is_empty()).cloned()
-        };
+        let from_ready =
+            |field: fn(&Condition) -> &String| ready.map(field).filter(|v| !v.is_empty()).cloned();
         let reason = status.reason.clone().or_else(|| from_ready(|c| &c.reason));
-        let message = status.message.clone().or_else(|| from_ready(|c| &c.message));
+        let message = status
+            .message
+            .clone()
+            .or_else(|| from_ready(|c| &c.message));
         let why = match (reason, message) {
             (Some(reason), Some(message)) => format!("{phase}, {reason}: {message}"),
             (Some(reason), None) => format!("{phase}, {reason}"),
