@@ -95,6 +95,19 @@ DRIVERS = pytest.mark.parametrize("mode", ["sync", "async"])
 
 
 @contextlib.asynccontextmanager
+async def client_of(mode: str, handler: Callable[[httpx.Request], httpx.Response]) -> AsyncIterator[Any]:
+    """A client of either driver (``mode``: ``sync`` or ``async``) on a fake gateway answering with
+    ``handler``, namespace ``ns``; with :func:`done` a test runs as is on both."""
+    transport = httpx.MockTransport(handler)
+    if mode == "sync":
+        with SandboxClient("http://gw", "t", namespace="ns", transport=transport, retry=FAST) as client:
+            yield client
+    else:
+        async with AsyncSandboxClient("http://gw", "t", namespace="ns", transport=transport, retry=FAST) as aclient:
+            yield aclient
+
+
+@contextlib.asynccontextmanager
 async def sandbox_of(mode: str, handler: Callable[[httpx.Request], httpx.Response]) -> AsyncIterator[Any]:
     """A handle on sandbox ``ns/s1`` of either client (``mode``: ``sync`` or ``async``) on a fake gateway
     answering with ``handler``; with :func:`done` a test runs as is on both."""

@@ -6,28 +6,22 @@ them all when one cannot start."""
 
 from __future__ import annotations
 
-import contextlib
-import inspect
 import json
-from collections.abc import AsyncIterator
 from typing import Any
 
 import httpx
 import pytest
 
 from orchard_env import (
-    AsyncSandboxClient,
     AsyncSnapshot,
-    RetryPolicy,
-    SandboxClient,
     SandboxFailed,
     Snapshot,
     SnapshotFailed,
 )
 from orchard_env import _ops
 
-FAST = RetryPolicy(attempts=3, backoff=0.001, max_backoff=0.002)
-DRIVERS = pytest.mark.parametrize("mode", ["sync", "async"])
+from conftest import DRIVERS, client_of, done
+
 SANDBOXES = "/v1/namespaces/ns/sandboxes"
 SNAPSHOTS = "/v1/namespaces/ns/sandboxsnapshots"
 
@@ -95,20 +89,6 @@ class Gateway:
 
     def deleted(self) -> list[str]:
         return [p.rsplit("/", 1)[-1] for method, p, _ in self.calls if method == "DELETE"]
-
-
-@contextlib.asynccontextmanager
-async def client_of(mode: str, gateway: Gateway) -> AsyncIterator[Any]:
-    if mode == "sync":
-        with SandboxClient("http://gw", "t", namespace="ns", transport=httpx.MockTransport(gateway), retry=FAST) as client:
-            yield client
-    else:
-        async with AsyncSandboxClient("http://gw", "t", namespace="ns", transport=httpx.MockTransport(gateway), retry=FAST) as aclient:
-            yield aclient
-
-
-async def done(value: Any) -> Any:
-    return await value if inspect.isawaitable(value) else value
 
 
 @DRIVERS

@@ -4,10 +4,9 @@ reason and condition message, and a timeout carries the same three as last seen.
 
 from __future__ import annotations
 
-import contextlib
 import inspect
 import json
-from collections.abc import AsyncIterator, Callable
+from collections.abc import Callable
 from typing import Any
 
 import httpx
@@ -16,7 +15,6 @@ import pytest
 from orchard_env import (
     AsyncSandboxClient,
     OrchardError,
-    RetryPolicy,
     SandboxClient,
     SandboxFailed,
     SandboxProgress,
@@ -26,8 +24,8 @@ from orchard_env import (
 from orchard_env import _ops
 from orchard_env.errors import error_from_response
 
-FAST = RetryPolicy(attempts=3, backoff=0.001, max_backoff=0.002)
-DRIVERS = pytest.mark.parametrize("mode", ["sync", "async"])
+from conftest import DRIVERS, client_of, done
+
 BASE = "/v1/namespaces/ns/sandboxes"
 POOL_MESSAGE = 'SandboxPool "py" does not exist in namespace ns'
 
@@ -104,21 +102,6 @@ class Gateway:
     @property
     def deleted(self) -> bool:
         return ("DELETE", f"{BASE}/s1") in self.calls
-
-
-@contextlib.asynccontextmanager
-async def client_of(mode: str, gateway: Gateway) -> AsyncIterator[Any]:
-    """A client of either driver on ``gateway``; with :func:`done` a test runs as is on both."""
-    if mode == "sync":
-        with SandboxClient("http://gw", "t", namespace="ns", transport=httpx.MockTransport(gateway), retry=FAST) as client:
-            yield client
-    else:
-        async with AsyncSandboxClient("http://gw", "t", namespace="ns", transport=httpx.MockTransport(gateway), retry=FAST) as aclient:
-            yield aclient
-
-
-async def done(value: Any) -> Any:
-    return await value if inspect.isawaitable(value) else value
 
 
 @DRIVERS
