@@ -160,7 +160,7 @@ test-unit: ## unit tests of the BAR engine and simulator, the API types (CEL rul
 	$(CARGO) test -p orchard-bench-support -j 2
 
 .PHONY: e2e
-e2e: k8s agent node-images operator-image dist-release obs-tools ## end-to-end tests on the local cluster (real control plane; the hollow node, and the real node for real_node*)
+e2e: k8s agent node-images operator-image dist-release obs-tools kwok ## end-to-end tests on the local cluster (real control plane; the hollow node, and the real node for real_node*)
 	$(CARGO) build -p orchard-operator -p orchard-testcluster -p kubectl-orchard --bins -j 2
 	$(CARGO) test -p orchard-e2e --tests -j 2 -- --test-threads=2
 
@@ -409,6 +409,10 @@ bench: bench-agent bench-gateway bench-egress bench-callgrind bench-bar bench-sc
 # $HOME/.cache/orchard/tools/observability, once. `make e2e` builds them first: gitops_status.rs uses
 # kstatus and luahealth, hack/manifests-check.sh (manifests_kubeconform.rs) dashlint, promtool, promrule.
 OBS_TOOLS := e2e/tools/build.sh
+
+.PHONY: kwok
+kwok: ## build KWOK's controller (sigs.k8s.io/kwok v0.8.0, pinned in e2e/tools/kwok) and its fast Stages into ~/.cache/orchard/tools/observability (once)
+	@e2e/tools/build.sh kwok >/dev/null
 
 .PHONY: obs-tools
 obs-tools: ## build kstatus, luahealth, promtool, dashlint and promrule from pinned Go modules into ~/.cache/orchard/tools/observability (once)

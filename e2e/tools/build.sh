@@ -8,8 +8,9 @@
 #   promtool   e2e/tools/prometheus   promtool of github.com/prometheus/prometheus (check rules, test rules)
 #   dashlint   e2e/tools/prometheus   our Grafana dashboard linter (cmd/dashlint, PromQL parsed by Prometheus)
 #   promrule   e2e/tools/prometheus   PrometheusRule -> plain rule file for promtool (cmd/promrule)
+#   kwok       e2e/tools/kwok         sigs.k8s.io/kwok's controller: fake nodes and pods for the scale runs
 #
-# Usage: e2e/tools/build.sh [TOOL...]   (default: all five). Each tool is rebuilt when the hash of its
+# Usage: e2e/tools/build.sh [TOOL...]   (default: all six). Each tool is rebuilt when the hash of its
 # module (go.mod, go.sum, our own .go files) changes; later calls return at once. Separate modules, so
 # kstatus's client libraries and promtool's never share one dependency graph.
 set -euo pipefail
@@ -17,14 +18,15 @@ cd "$(dirname "$0")"
 PROMETHEUS=v0.316.0 # Prometheus v3.16.0 (the Go module is versioned v0.3MM.P for v3.MM.P)
 OUT=${ORCHARD_OBS_TOOLS_DIR:-$HOME/.cache/orchard/tools/observability}
 tools=("$@")
-[ ${#tools[@]} -gt 0 ] || tools=(kstatus luahealth promtool dashlint promrule)
+[ ${#tools[@]} -gt 0 ] || tools=(kstatus luahealth promtool dashlint promrule kwok)
 
 module_of() {
   case "$1" in
     kstatus) echo kstatus ;;
     luahealth) echo luahealth ;;
     promtool | dashlint | promrule) echo prometheus ;;
-    *) echo "build.sh: unknown tool $1 (kstatus, luahealth, promtool, dashlint, promrule)" >&2; exit 2 ;;
+    kwok) echo kwok ;;
+    *) echo "build.sh: unknown tool $1 (kstatus, luahealth, promtool, dashlint, promrule, kwok)" >&2; exit 2 ;;
   esac
 }
 hash_of() {
@@ -64,6 +66,14 @@ for tool in "${tools[@]}"; do
       (cd "$module" && go build -p 2 -trimpath -tags remove_all_sd \
         -ldflags "-s -w -X github.com/prometheus/common/version.Version=3.${PROMETHEUS#v0.3}" \
         -o "$TMP/$tool" github.com/prometheus/prometheus/cmd/promtool) ;;
+    kwok)
+      # The controller, and beside it the Stages it plays (no defaults are built in): KWOK's own "fast"
+      # pod and node stages and its lease heartbeat, from the same pinned module.
+      (cd "$module" && go build -p 2 -trimpath -ldflags "-s -w" -o "$TMP/$tool" sigs.k8s.io/kwok/cmd/kwok)
+      stages=$(cd "$module" && go list -m -f '{{.Dir}}' sigs.k8s.io/kwok)/kustomize/stage
+      mkdir -p "$OUT/kwok-stages"
+      cp "$stages"/pod/fast/pod-{ready,complete,delete}.yaml "$stages"/node/fast/node-initialize.yaml \
+        "$stages"/node/heartbeat-with-lease/node-heartbeat-with-lease.yaml "$OUT/kwok-stages/" ;;
     dashlint | promrule) (cd "$module" && go build -p 2 -trimpath -ldflags "-s -w" -o "$TMP/$tool" "./cmd/$tool") ;;
     *) (cd "$module" && go build -p 2 -trimpath -ldflags "-s -w" -o "$TMP/$tool" .) ;;
   esac

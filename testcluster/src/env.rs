@@ -18,6 +18,7 @@ use crate::binaries::{
 use crate::control_plane::{ControlPlane, PlaneOptions};
 use crate::error::{E2eError, Result};
 use crate::hollow_node::{HollowNode, NodeConfig};
+use crate::kwok::{KwokNodes, NODE_MONITOR_GRACE};
 use crate::operator_process::OperatorProcess;
 use crate::real_node::namespaces::{cgroup_roots_of, remove_cgroups, stale_cgroup_roots};
 use crate::real_node::{NodeNamespaces, RealNode, images};
@@ -31,6 +32,16 @@ pub const REAL_NODE_DEFAULT_CPU: &str = "5m";
 /// sandboxes fit in this machine's memory. Enforced: a spec that needs more asks for more.
 pub const REAL_NODE_DEFAULT_MEMORY: &str = "64Mi";
 
+/// CPU of a sandbox on the KWOK nodes whose spec sets none: KWOK gives each node 1k CPU.
+pub const KWOK_DEFAULT_CPU: &str = "100m";
+/// Memory of a sandbox on the KWOK nodes whose spec sets none: with KWOK's 1 TiB a node, 100 nodes
+/// hold 400,000 of them.
+pub const KWOK_DEFAULT_MEMORY: &str = "256Mi";
+
+/// The operator's test-only flag for nodes without agents (`kwok`): its own calls to agents are
+/// answered in process.
+pub const SIMULATED_AGENT_FLAG: &str = "--simulated-agent";
+
 /// Which node the cluster gets.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum NodeKind {
@@ -40,6 +51,9 @@ pub enum NodeKind {
     /// kubelet, containerd, runc and CNI in namespaces of their own (`real_node`), as many nodes
     /// as [`EnvOptions::real_nodes`] says.
     Real,
+    /// [`EnvOptions::kwok_nodes`] fake nodes whose pods have no processes (`kwok`), and the operator
+    /// with `--simulated-agent`: the control plane at scale.
+    Kwok,
 }
 
 /// What to start.
@@ -60,6 +74,8 @@ pub struct EnvOptions {
     pub enforce_network_policies: bool,
     /// kube-apiserver writes an audit log of writes (`ControlPlane::audit_log`).
     pub audit_log: bool,
+    /// How many KWOK nodes, with [`NodeKind::Kwok`].
+    pub kwok_nodes: u16,
 }
 
 /// Where a real node's SandboxSnapshots go: the operator flags that commit them through its containerd
@@ -95,6 +111,7 @@ impl Default for EnvOptions {
             real_nodes: 1,
             enforce_network_policies: false,
             audit_log: false,
+            kwok_nodes: 100,
         }
     }
 }
@@ -105,6 +122,8 @@ pub enum ClusterNode {
     Hollow(HollowNode),
     /// The real nodes, the first (`orchard-node`) first; never empty.
     Real(Vec<RealNode>),
+    /// KWOK's fake nodes.
+    Kwok(KwokNodes),
 }
 
 impl ClusterNode {
@@ -112,7 +131,7 @@ impl ClusterNode {
     pub fn hollow(&self) -> &HollowNode {
         match self {
             Self::Hollow(node) => node,
-            Self::Real(_) => panic!("this test needs the hollow node"),
+            _ => panic!("this test needs the hollow node"),
         }
     }
 
@@ -128,7 +147,7 @@ impl ClusterNode {
     pub fn reals(&self) -> &[RealNode] {
         match self {
             Self::Real(nodes) => nodes,
-            Self::Hollow(_) => panic!("this test needs the real node"),
+            _ => panic!("this test needs the real node"),
         }
     }
 
@@ -140,9 +159,18 @@ impl ClusterNode {
         }
     }
 
+    /// The KWOK nodes (panics on any other node).
+    pub fn kwok(&self) -> &KwokNodes {
+        match self {
+            Self::Kwok(nodes) => nodes,
+            _ => panic!("this test needs the KWOK nodes"),
+        }
+    }
+
     async fn stop(&self) {
         match self {
             Self::Hollow(node) => node.shutdown().await,
+            Self::Kwok(nodes) => nodes.stop().await,
             // The others first: the first one runs the cluster's kube-scheduler.
             Self::Real(nodes) => {
                 for node in nodes.iter().rev() {
@@ -264,6 +292,26 @@ impl TestEnv {
                 .await?;
                 (control_plane, ClusterNode::Hollow(node))
             }
+            NodeKind::Kwok => {
+                let plane_options = PlaneOptions {
+                    audit_log: options.audit_log,
+                    node_monitor_grace: NODE_MONITOR_GRACE,
+                    ..PlaneOptions::default()
+                };
+                let control_plane =
+                    ControlPlane::start(&dir, &bin_dir, &crds, plane_options).await?;
+                let nodes = KwokNodes::start(&control_plane, &dir, options.kwok_nodes).await?;
+                operator_args.push(SIMULATED_AGENT_FLAG.to_string());
+                for (flag, value) in [
+                    ("--default-cpu", KWOK_DEFAULT_CPU),
+                    ("--default-memory", KWOK_DEFAULT_MEMORY),
+                ] {
+                    if !operator_args.iter().any(|a| a.starts_with(flag)) {
+                        operator_args.push(format!("{flag}={value}"));
+                    }
+                }
+                (control_plane, ClusterNode::Kwok(nodes))
+            }
             NodeKind::Real => {
                 if let Some(why) = RealNode::unavailable() {
                     return Err(E2eError::Setup(format!("no real node here: {why}")));
@@ -307,6 +355,7 @@ impl TestEnv {
                     real_node: true,
                     real_nodes: count,
                     audit_log: options.audit_log,
+                    ..PlaneOptions::default()
                 };
                 let control_plane =
                     match ControlPlane::start(&dir, &bin_dir, &crds, plane_options).await {

@@ -4,8 +4,9 @@
 //! There is no container engine on the development machines, so instead of kind or k3d this crate
 //! runs the real upstream control plane ([`control_plane`]: etcd, kube-apiserver,
 //! kube-controller-manager, built from pinned Go modules) and a node: the hollow node of our own
-//! ([`hollow_node`]) that runs each pod's agent as a process on its own loopback address, or the real
-//! node ([`real_node`]: kubelet, containerd, runc). [`env::TestEnv`] puts it together with the CRDs and
+//! ([`hollow_node`]) that runs each pod's agent as a process on its own loopback address, the real
+//! node ([`real_node`]: kubelet, containerd, runc), or many KWOK nodes ([`kwok`]: pods without
+//! processes, for the control plane at scale). [`env::TestEnv`] puts it together with the CRDs and
 //! the operator process; [`test_support`] holds what several tests use, [`fake_internet`] gives
 //! real-node tests outside hosts under names of a DNS server of their own, and `orchard-local-cluster`
 //! starts the cluster by hand (`make demo`). See `docs/TESTING.md`.
@@ -21,6 +22,7 @@ pub mod env;
 pub mod error;
 pub mod fake_internet;
 pub mod hollow_node;
+pub mod kwok;
 pub mod operator_process;
 pub mod port_forward;
 pub mod ports;

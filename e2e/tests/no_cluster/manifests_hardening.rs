@@ -214,6 +214,33 @@ fn every_operator_setting_is_set_by_the_chart_and_kustomize_and_known_to_the_bin
     }
 }
 
+/// `--simulated-agent` (KWOK test clusters: agent calls answered in process) never reaches an
+/// install: no render passes it, it has no environment variable, and `--help` does not show it.
+#[test]
+fn no_install_simulates_the_agent() {
+    let flags = operator_flags();
+    assert!(
+        flags.values().all(|(flag, _)| flag != "--simulated-agent"),
+        "--simulated-agent is in `orchard-operator --help`"
+    );
+    for (source, docs) in &renders() {
+        let container = container(operator_deployment(docs));
+        for arg in strings(&container["args"])
+            .into_iter()
+            .chain(strings(&container["command"]))
+        {
+            assert!(
+                !arg.contains("simulated-agent"),
+                "{source} passes {arg}: a test-only flag"
+            );
+        }
+        assert!(
+            env_map(container).keys().all(|k| !k.contains("SIMULATED")),
+            "{source} sets a SIMULATED variable"
+        );
+    }
+}
+
 #[test]
 fn placement_values_reach_the_operator_and_default_to_the_safe_policy() {
     let placement = |docs: &[serde_json::Value]| {

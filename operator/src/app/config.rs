@@ -282,6 +282,13 @@ pub struct ControllerTuning {
     #[arg(long, env = "ORCHARD_STATUS_COALESCE_MS", default_value_t = 10000)]
     pub status_coalesce_ms: u64,
 
+    /// Test clusters only, never an install (hidden; no environment variable): answer the operator's
+    /// own calls to agents in process, for KWOK nodes whose pods run nothing. A claimed pool member
+    /// is told its sandbox without a call; a `spec.run` trajectory fails (there is no agent to run
+    /// it). Refused together with --await-policy-enforcement.
+    #[arg(long, hide = true, default_value_t = false)]
+    pub simulated_agent: bool,
+
     /// Periodic re-reconcile of healthy objects, in seconds (a safety net for missed watch events).
     #[arg(long, env = "ORCHARD_RESYNC_SECONDS", default_value_t = 600)]
     pub resync_seconds: u64,

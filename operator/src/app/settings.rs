@@ -145,6 +145,11 @@ impl Settings {
                 "10Gi, or empty for no limit",
             )?;
         }
+        if args.controller.simulated_agent && defaults.await_policy_enforcement {
+            return Err(Error::Config(
+                "--simulated-agent is for test clusters whose pods run no agent (KWOK nodes) and cannot be combined with --await-policy-enforcement (on by default): there is no sandbox to enforce policies on".into(),
+            ));
+        }
         let gpu = shape_from_flags(&args.gpu).map_err(Error::Config)?;
         let pod = PodSettings {
             pod: PodShape {
@@ -204,6 +209,7 @@ impl Settings {
                 startup_timeout_seconds: defaults.startup_timeout_seconds,
                 status_coalesce: Duration::from_millis(args.controller.status_coalesce_ms),
                 concurrency: args.controller.sandbox_concurrency,
+                simulated_agent: args.controller.simulated_agent,
             },
             resync: Duration::from_secs(args.controller.resync_seconds.max(1)),
             rollout_concurrency: args.controller.rollout_concurrency,
@@ -355,6 +361,25 @@ mod tests {
                 .is_empty()
         );
         assert!(!open.pod.ranges.watched().api_server && !open.pod.ranges.watched().nodes);
+    }
+
+    #[test]
+    fn the_simulated_agent_is_refused_where_policies_are_awaited() {
+        let args = OperatorArgs::parse_from(["orchard-operator", "--simulated-agent"]);
+        let err = Settings::from_args(&args).unwrap_err().to_string();
+        assert!(
+            err.contains("--simulated-agent") && err.contains("--await-policy-enforcement"),
+            "{err}"
+        );
+        let args = OperatorArgs::parse_from([
+            "orchard-operator",
+            "--simulated-agent",
+            "--await-policy-enforcement=false",
+        ]);
+        let settings = Settings::from_args(&args).expect("a KWOK test cluster's flags");
+        assert!(settings.sandbox.simulated_agent);
+        let defaults = Settings::from_args(&OperatorArgs::parse_from(["orchard-operator"]));
+        assert!(!defaults.expect("defaults").sandbox.simulated_agent);
     }
 
     #[test]

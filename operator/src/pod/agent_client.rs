@@ -49,6 +49,9 @@ pub const MAX_RESULT_BYTES: usize = 1 << 20;
 #[derive(Clone)]
 pub struct AgentClient {
     http: Client<HttpConnector, Full<Bytes>>,
+    /// `--simulated-agent` (KWOK test clusters): no call leaves the process; an identity is taken as
+    /// told, everything else is [`AgentCallError::Unreachable`].
+    simulated: bool,
 }
 
 impl Default for AgentClient {
@@ -72,7 +75,20 @@ impl AgentClient {
             .pool_idle_timeout(AGENT_POOL_IDLE)
             .pool_max_idle_per_host(4)
             .build(connector);
-        Self { http }
+        Self {
+            http,
+            simulated: false,
+        }
+    }
+
+    /// A client for pods with no agent behind them (`--simulated-agent`, KWOK test clusters): a
+    /// claimed member's identity is taken as told without a call, and every other call fails as
+    /// unreachable, naming the flag.
+    pub fn simulated() -> Self {
+        Self {
+            simulated: true,
+            ..Self::new()
+        }
     }
 
     async fn call(
@@ -84,6 +100,11 @@ impl AgentClient {
         timeout: Duration,
         limit: usize,
     ) -> Result<(StatusCode, Bytes), AgentCallError> {
+        if self.simulated {
+            return Err(AgentCallError::Unreachable(format!(
+                "{path_and_query}: --simulated-agent: no agent runs behind this pod"
+            )));
+        }
         let uri = format!(
             "{}{}",
             target.endpoint.trim_end_matches('/'),
@@ -212,6 +233,9 @@ impl AgentClient {
         target: &AgentTarget,
         sandbox: &str,
     ) -> Result<(), AgentCallError> {
+        if self.simulated {
+            return Ok(());
+        }
         let body = orchard_api::agent::AgentIdentity {
             sandbox: sandbox.to_string(),
         };
@@ -290,6 +314,30 @@ pub fn percent_encode(value: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[tokio::test]
+    async fn a_simulated_client_takes_an_identity_and_refuses_everything_else_without_a_call() {
+        // Nothing listens on port 9 of this address: a call that left the process would fail
+        // differently (and slowly), not name the flag.
+        let target = AgentTarget {
+            endpoint: "http://192.0.2.1:9".into(),
+            token: "t".into(),
+        };
+        let client = AgentClient::simulated();
+        client
+            .set_identity(&target, "s1")
+            .await
+            .expect("an identity is taken as told");
+        let refused = client
+            .start_process(&target, "orchard-run", &["true".to_string()], 5)
+            .await
+            .expect_err("no agent runs processes");
+        assert!(matches!(refused, AgentCallError::Unreachable(_)));
+        assert!(
+            refused.to_string().contains("--simulated-agent"),
+            "{refused}"
+        );
+    }
 
     #[test]
     fn query_values_are_percent_encoded() {

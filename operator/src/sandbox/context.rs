@@ -35,6 +35,8 @@ pub struct SandboxSettings {
     pub status_coalesce: Duration,
     /// Sandbox reconciles running at once.
     pub concurrency: u16,
+    /// Answer the operator's own agent calls in process (`--simulated-agent`, KWOK test clusters).
+    pub simulated_agent: bool,
 }
 
 impl SandboxSettings {
@@ -81,6 +83,11 @@ impl SandboxCtx {
         settings: SandboxSettings,
         pools: Arc<PoolBook>,
     ) -> Self {
+        let agent = if settings.simulated_agent {
+            AgentClient::simulated()
+        } else {
+            AgentClient::new()
+        };
         Self {
             enforcement: Arc::new(SharedVerdict::new(
                 kube.metrics.network_policy_enforcement.clone(),
@@ -93,7 +100,7 @@ impl SandboxCtx {
             kube,
             pods,
             settings,
-            agent: AgentClient::new(),
+            agent,
             runners: KeyedTasks::new(MAX_CONCURRENT_RUNS),
             pools,
         }
@@ -113,6 +120,7 @@ mod tests {
             startup_timeout_seconds: 600,
             status_coalesce: Duration::ZERO,
             concurrency: 1,
+            simulated_agent: false,
         }
     }
 

@@ -18,6 +18,7 @@ fn settings() -> SandboxSettings {
         startup_timeout_seconds: 600,
         status_coalesce: Duration::from_millis(500),
         concurrency: 8,
+        simulated_agent: false,
     }
 }
 

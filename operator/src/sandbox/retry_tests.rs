@@ -489,6 +489,7 @@ fn a_retry_is_written_at_once_told_and_followed_by_the_new_pod() {
         startup_timeout_seconds: 600,
         status_coalesce: Duration::from_secs(3600),
         concurrency: 1,
+        simulated_agent: false,
     };
     let s = ready_sandbox(retrying(true));
     let p = params(&s);

@@ -4,7 +4,7 @@
 //! `--real-node` a real one (kubelet, containerd, runc; root only), or with `--real-nodes N` N of them.
 //!
 //! ```text
-//! orchard-local-cluster [--info-file PATH] [--no-operator] [--real-node | --real-nodes N] [--audit-log] [-- OPERATOR_FLAGS...]
+//! orchard-local-cluster [--info-file PATH] [--no-operator] [--real-node | --real-nodes N | --kwok-nodes N] [--audit-log] [-- OPERATOR_FLAGS...]
 //! ```
 //! Once everything is up it writes a JSON file (`--info-file`, default `target/local-cluster.json`)
 //! with the kubeconfig path, the gateway URL, the metrics URL and the admin token, and prints
@@ -17,7 +17,7 @@ use serde_json::json;
 
 fn usage() -> ! {
     eprintln!(
-        "usage: orchard-local-cluster [--info-file PATH] [--no-operator] [--real-node | --real-nodes N] [--audit-log] [-- OPERATOR_FLAGS...]"
+        "usage: orchard-local-cluster [--info-file PATH] [--no-operator] [--real-node | --real-nodes N | --kwok-nodes N] [--audit-log] [-- OPERATOR_FLAGS...]"
     );
     std::process::exit(2);
 }
@@ -39,6 +39,13 @@ async fn main() {
                     _ => usage(),
                 };
             }
+            "--kwok-nodes" => {
+                options.node = NodeKind::Kwok;
+                options.kwok_nodes = match args.next().and_then(|n| n.parse::<u16>().ok()) {
+                    Some(n) if n >= 1 => n,
+                    _ => usage(),
+                };
+            }
             "--audit-log" => options.audit_log = true,
             "--" => {
                 options.operator_args.extend(args.by_ref());
@@ -56,6 +63,7 @@ async fn main() {
         match options.node {
             NodeKind::Hollow => "hollow",
             NodeKind::Real => "real",
+            NodeKind::Kwok => "KWOK",
         }
     );
     let started = std::time::Instant::now();
@@ -73,11 +81,20 @@ async fn main() {
         "orchard-operator": env.operator.as_ref().and_then(|o| o.pid()),
         "local-node": std::process::id(),
     });
-    if let ClusterNode::Real(_) = &env.node {
-        for (name, pid) in env.node.real().host_pids() {
-            pids[name] = json!(pid);
+    match &env.node {
+        ClusterNode::Real(_) => {
+            for (name, pid) in env.node.real().host_pids() {
+                pids[name] = json!(pid);
+            }
+            pids["local-node"] = json!(null);
         }
-        pids["local-node"] = json!(null);
+        ClusterNode::Kwok(nodes) => {
+            for (name, pid) in nodes.pids() {
+                pids[name] = json!(pid);
+            }
+            pids["local-node"] = json!(null);
+        }
+        ClusterNode::Hollow(_) => {}
     }
     let info = json!({
         "kubeconfig": env.control_plane.kubeconfig,
@@ -88,6 +105,7 @@ async fn main() {
         "logs": env.dir.join("logs"),
         "node": match &env.node {
             ClusterNode::Hollow(_) => json!({"kind": "hollow"}),
+            ClusterNode::Kwok(nodes) => json!({"kind": "kwok", "count": nodes.count}),
             ClusterNode::Real(nodes) => json!({
                 "kind": "real",
                 "nodes": nodes.iter().map(|n| n.name()).collect::<Vec<_>>(),
@@ -109,7 +127,7 @@ async fn main() {
                 .into_iter()
                 .map(|(label, file)| (label, json!(file)))
                 .collect::<serde_json::Map<_, _>>(),
-            ClusterNode::Hollow(_) => serde_json::Map::new(),
+            ClusterNode::Hollow(_) | ClusterNode::Kwok(_) => serde_json::Map::new(),
         },
     });
     if let Err(err) = std::fs::write(&info_file, info.to_string()) {

@@ -116,6 +116,9 @@ pub struct PlaneOptions {
     /// Write an audit log of every write request ([`ControlPlane::audit_log`]; off by default: it
     /// costs a file write per request).
     pub audit_log: bool,
+    /// kube-controller-manager's `--node-monitor-grace-period`: how long a node may miss its Lease
+    /// renewals before it is NotReady (5 s for the local nodes, which renew every second).
+    pub node_monitor_grace: Duration,
 }
 
 /// The audit policy of [`PlaneOptions::audit_log`]: metadata (who, what, when, result) of writes.
@@ -136,6 +139,7 @@ impl Default for PlaneOptions {
             real_node: false,
             real_nodes: 1,
             audit_log: false,
+            node_monitor_grace: Duration::from_secs(5),
         }
     }
 }
@@ -479,8 +483,11 @@ impl ControlPlane {
             .args([
                 format!("--kubeconfig={}", self.kubeconfig.display()),
                 controllers(&self.options),
-                // The local node renews its Lease every second: notice a silent node within 5 s.
-                "--node-monitor-grace-period=5s".to_string(),
+                // The local nodes renew their Lease every second: notice a silent node within 5 s.
+                format!(
+                    "--node-monitor-grace-period={}s",
+                    self.options.node_monitor_grace.as_secs()
+                ),
                 "--node-monitor-period=1s".to_string(),
                 "--leader-elect=false".to_string(),
                 "--secure-port=0".to_string(),
