@@ -27,7 +27,11 @@ pub fn sender(username: &str, user_agent: &str) -> String {
     match name {
         Some(controller) => controller,
         None if username.starts_with("system:node:") => "node".into(),
-        None if username == "system:kube-scheduler" => "scheduler".into(),
+        None if username == "system:kube-scheduler" || user_agent.starts_with("kube-scheduler") => {
+            "scheduler".into()
+        }
+        None if user_agent.starts_with("kwok") => "KWOK (the nodes)".into(),
+        None if user_agent.starts_with("orchard-bench") => "benchmark driver".into(),
         None if user_agent.starts_with("orchard-operator") => "operator".into(),
         None if user_agent.starts_with("orchard-local-node") => "node (the hollow node)".into(),
         None if user_agent.starts_with("kube-controller-manager") => {
@@ -40,9 +44,23 @@ pub fn sender(username: &str, user_agent: &str) -> String {
     }
 }
 
+/// Whether `verb` writes.
+fn is_write(verb: &str) -> bool {
+    matches!(
+        verb,
+        "create" | "update" | "patch" | "delete" | "deletecollection"
+    )
+}
+
 /// The writes in `log` (audit events, one per line; lines that are not events are skipped), summed by
 /// sender, verb, resource and code, most frequent first (pure).
 pub fn summarize(log: &str) -> Vec<WriteRow> {
+    summarize_requests(log, "", false)
+}
+
+/// The requests in `log` received at or after `since` (an RFC 3339 UTC time as the API server writes
+/// it; empty: all), writes only unless `reads`, summed like [`summarize`] (pure).
+pub fn summarize_requests(log: &str, since: &str, reads: bool) -> Vec<WriteRow> {
     let mut counts: BTreeMap<(String, String, u16), u64> = BTreeMap::new();
     for event in log
         .lines()
@@ -51,10 +69,10 @@ pub fn summarize(log: &str) -> Vec<WriteRow> {
         let Some(verb) = event["verb"].as_str() else {
             continue;
         };
-        if !matches!(
-            verb,
-            "create" | "update" | "patch" | "delete" | "deletecollection"
-        ) {
+        if !reads && !is_write(verb) {
+            continue;
+        }
+        if event["requestReceivedTimestamp"].as_str().unwrap_or("") < since {
             continue;
         }
         let resource = event["objectRef"]["resource"].as_str().unwrap_or("?");
@@ -108,6 +126,29 @@ mod tests {
     use super::*;
 
     #[test]
+    fn requests_before_the_start_are_left_out_and_components_are_named() {
+        let log = [
+            r#"{"verb":"get","requestReceivedTimestamp":"2026-11-29T07:00:00.100000Z","user":{"username":"admin"},"userAgent":"kube-scheduler/v1.36.3","objectRef":{"resource":"pods"},"responseStatus":{"code":200}}"#,
+            r#"{"verb":"patch","requestReceivedTimestamp":"2026-11-29T07:00:01.000000Z","user":{"username":"admin"},"userAgent":"kwok/v0.8.0","objectRef":{"resource":"pods","subresource":"status"},"responseStatus":{"code":200}}"#,
+            r#"{"verb":"create","requestReceivedTimestamp":"2026-11-29T07:00:02.000000Z","user":{"username":"admin"},"userAgent":"orchard-bench","objectRef":{"resource":"sandboxes"},"responseStatus":{"code":201}}"#,
+        ]
+        .join("\n");
+        let rows = summarize_requests(&log, "2026-11-29T07:00:00.500000Z", true);
+        assert_eq!(rows.len(), 2, "{rows:?}");
+        assert!(
+            rows.iter()
+                .any(|r| r.who == "KWOK (the nodes)" && r.what == "patch pods/status")
+        );
+        assert!(rows.iter().any(|r| r.who == "benchmark driver"));
+        let all = summarize_requests(&log, "", true);
+        assert!(
+            all.iter()
+                .any(|r| r.who == "scheduler" && r.what == "get pods")
+        );
+        assert_eq!(summarize_requests(&log, "", false).len(), 2, "writes only");
+    }
+
+    #[test]
     fn writes_are_summed_by_sender_and_answer() {
         let log = [
             r#"{"verb":"delete","user":{"username":"system:serviceaccount:kube-system:generic-garbage-collector"},"userAgent":"kube-controller-manager/v1.34","objectRef":{"resource":"pods"},"responseStatus":{"code":200}}"#,
@@ -134,6 +175,7 @@ mod tests {
             rows.iter()
                 .any(|r| r.who == "operator" && r.what == "patch sandboxes/status")
         );
+        assert_eq!(summarize_requests(&log, "", true).len(), 4, "the GET too");
         let shown = table(&rows, 2);
         assert!(
             shown.contains("| generic garbage collector | delete pods | 200 | 1.00 |"),

@@ -74,6 +74,8 @@ pub struct EnvOptions {
     pub enforce_network_policies: bool,
     /// kube-apiserver writes an audit log of writes (`ControlPlane::audit_log`).
     pub audit_log: bool,
+    /// With `audit_log`: reads too (`PlaneOptions::audit_reads`).
+    pub audit_reads: bool,
     /// How many KWOK nodes, with [`NodeKind::Kwok`].
     pub kwok_nodes: u16,
 }
@@ -111,6 +113,7 @@ impl Default for EnvOptions {
             real_nodes: 1,
             enforce_network_policies: false,
             audit_log: false,
+            audit_reads: false,
             kwok_nodes: 100,
         }
     }
@@ -295,6 +298,7 @@ impl TestEnv {
             NodeKind::Kwok => {
                 let plane_options = PlaneOptions {
                     audit_log: options.audit_log,
+                    audit_reads: options.audit_reads,
                     node_monitor_grace: NODE_MONITOR_GRACE,
                     ..PlaneOptions::default()
                 };

@@ -73,9 +73,13 @@ impl OperatorProcess {
     }
 
     async fn launch(&self) -> Result<()> {
+        self.launch_within(Duration::from_secs(60)).await
+    }
+
+    async fn launch_within(&self, timeout: Duration) -> Result<()> {
         let child = Child::spawn(self.spec.clone())?;
         *self.child.lock().unwrap_or_else(|p| p.into_inner()) = Some(child);
-        self.wait_ready(Duration::from_secs(60)).await
+        self.wait_ready(timeout).await
     }
 
     /// Waits for `/readyz` (watch caches filled).
@@ -119,6 +123,13 @@ impl OperatorProcess {
     pub async fn restart(&self) -> Result<()> {
         self.kill();
         self.launch().await
+    }
+
+    /// [`OperatorProcess::restart`], waiting up to `timeout` for `/readyz` (a cluster holding tens of
+    /// thousands of objects takes longer to list than the usual minute).
+    pub async fn restart_within(&self, timeout: Duration) -> Result<()> {
+        self.kill();
+        self.launch_within(timeout).await
     }
 
     /// Process id, while running.

@@ -18,7 +18,8 @@ use crate::plumbing::api_client::scoped_api;
 use crate::plumbing::caches::{CacheFill, Caches};
 use crate::plumbing::change_feed::ChangeFeed;
 use crate::plumbing::triggers::{Forward, MappedTrigger, mapped_channel, trigger};
-use crate::plumbing::watch::{Memory, Publish, Subscribers, cached_watch};
+use crate::plumbing::watch::{Memory, Publish, Subscribers, cached_watch, keep_whole};
+use crate::pod::cache_trim::trim_cached_pod;
 use crate::pool::book::PoolBook;
 use crate::queue::book::QueueBook;
 use crate::snapshot::committer::COMPONENT as COMMITTER_COMPONENT;
@@ -103,6 +104,7 @@ pub fn start(
         all(),
         filled.sandboxes.clone(),
         subscribers,
+        keep_whole,
     );
 
     let (group_trigger, groups_triggered) = trigger::<RolloutGroup>(Forward::Applied);
@@ -121,6 +123,7 @@ pub fn start(
         all(),
         filled.rollout_groups.clone(),
         subscribers,
+        keep_whole,
     );
 
     let subscribers: Subscribers<RolloutQueue> =
@@ -130,6 +133,7 @@ pub fn start(
         all(),
         filled.rollout_queues.clone(),
         subscribers,
+        keep_whole,
     );
 
     let (pool_trigger, pools_triggered) = trigger::<SandboxPool>(Forward::Applied);
@@ -144,6 +148,7 @@ pub fn start(
         all(),
         filled.sandbox_pools.clone(),
         subscribers,
+        keep_whole,
     );
 
     let (pod_trigger, pods_triggered) = trigger::<Pod>(Forward::AppliedAndDeleted);
@@ -158,6 +163,7 @@ pub fn start(
         all().labels(&format!("{SANDBOX_POD_LABEL}=true")),
         filled.pods.clone(),
         subscribers,
+        trim_cached_pod,
     );
 
     let (policy_trigger, policies_triggered) = trigger::<NetworkPolicy>(Forward::AppliedAndDeleted);
@@ -168,6 +174,7 @@ pub fn start(
         all().labels(&format!("{MANAGED_BY_LABEL}={MANAGED_BY}")),
         filled.policies.clone(),
         subscribers,
+        keep_whole,
     );
 
     let (snapshot_trigger, snapshots_triggered) = trigger::<SandboxSnapshot>(Forward::Applied);
@@ -187,6 +194,7 @@ pub fn start(
         all(),
         filled.snapshots.clone(),
         subscribers,
+        keep_whole,
     );
 
     // Committer pods live in the snapshot namespace; without snapshots nothing is watched there (the
@@ -207,6 +215,7 @@ pub fn start(
                 )),
                 filled.committers.clone(),
                 subscribers,
+                keep_whole,
             )
         }
         None => {

@@ -50,13 +50,16 @@ where
 pub type Subscribers<K> = Vec<Box<dyn Subscriber<K>>>;
 
 /// A watch of `api` with `config`, kept in the returned cache, telling `subscribers` every event;
-/// `filled` is set once the first full list is in the cache. The future drives the watch until its
-/// stream ends; errors are logged and retried with kube-runtime's default backoff.
+/// `filled` is set once the first full list is in the cache. Every object loses its managed fields
+/// and then goes through `trim` (what of it the cache keeps) before anyone sees it. The future
+/// drives the watch until its stream ends; errors are logged and retried with kube-runtime's
+/// default backoff.
 pub fn cached_watch<K>(
     api: Api<K>,
     config: watcher::Config,
     filled: Arc<AtomicBool>,
     mut subscribers: Subscribers<K>,
+    trim: fn(&mut K),
 ) -> (Store<K>, BoxFuture<'static, ()>)
 where
     K: Resource<DynamicType = ()> + Clone + DeserializeOwned + Debug + Send + Sync + 'static,
@@ -65,7 +68,10 @@ where
     let kind = K::kind(&()).to_string();
     let watch = watcher(api, config)
         .default_backoff()
-        .modify(|o: &mut K| o.meta_mut().managed_fields = None)
+        .modify(move |o: &mut K| {
+            o.meta_mut().managed_fields = None;
+            trim(o);
+        })
         .reflect(writer)
         .for_each(move |event| {
             match event {
@@ -86,6 +92,9 @@ where
         .boxed();
     (store, watch)
 }
+
+/// The `trim` of [`cached_watch`] that keeps the whole object.
+pub fn keep_whole<K>(_: &mut K) {}
 
 /// Tells the operator's memory what a watch delivered: a version of an object (its remembered
 /// status may end), a child shown or deleted (the owner's entry for it ends), an object deleted
