@@ -21,6 +21,19 @@ pub fn replace_section(text: &str, heading: &str, section: &str) -> String {
     format!("{}{section}{}", &text[..start], &text[end..])
 }
 
+/// `10,000` (pure).
+pub fn thousands(n: usize) -> String {
+    let digits = n.to_string();
+    let mut out = String::new();
+    for (i, c) in digits.chars().enumerate() {
+        if i > 0 && (digits.len() - i).is_multiple_of(3) {
+            out.push(',');
+        }
+        out.push(c);
+    }
+    out
+}
+
 /// Replaces the section at `heading` of the Markdown file `doc` with `section`.
 pub fn write_section(doc: &Path, heading: &str, section: &str) -> std::io::Result<()> {
     let text = std::fs::read_to_string(doc).unwrap_or_else(|_| "# Benchmarks\n".into());
@@ -30,6 +43,13 @@ pub fn write_section(doc: &Path, heading: &str, section: &str) -> std::io::Resul
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn counts_are_grouped_by_thousands() {
+        assert_eq!(thousands(999), "999");
+        assert_eq!(thousands(10_000), "10,000");
+        assert_eq!(thousands(1_234_567), "1,234,567");
+    }
 
     #[test]
     fn a_section_is_replaced_up_to_the_next_heading() {

@@ -47,6 +47,7 @@ use kube::{Client, ResourceExt};
 use orchard_bench::control_plane::{
     Costs, Creation, Groups, HEADING, Held, Latencies, Report, Requests, render,
 };
+use orchard_bench::docs::thousands;
 use orchard_bench_support::Machine;
 use orchard_operator::api::{
     HEARTBEAT_ANNOTATION, RolloutGroup, RolloutQueue, Sandbox, SandboxPool, Selection,
@@ -311,23 +312,24 @@ impl Pids {
     }
 }
 
-/// Creates `count` Sandboxes `prefix-<i>` in `ns` with `spec`, at `rate` a second (0: as fast as
-/// `in_flight` creates at a time go), and returns when each create was sent, by key.
+/// Creates the Sandboxes `prefix-<i>` for each `i` of `range` in `ns` with `spec`, at `rate` a second
+/// (0: as fast as `in_flight` creates at a time go), and returns when each create was sent, by key.
 async fn create_paced(
     client: &Client,
     ns: &str,
     prefix: &str,
-    (count, rate, in_flight): (usize, f64, usize),
+    (range, rate, in_flight): (std::ops::Range<usize>, f64, usize),
     spec: serde_json::Value,
 ) -> Vec<(String, Instant)> {
     let api: Api<Sandbox> = Api::namespaced(client.clone(), ns);
     let start = Instant::now();
-    futures::stream::iter(0..count)
+    let first = range.start;
+    futures::stream::iter(range)
         .map(|i| {
             let api = api.clone();
             let spec = spec.clone();
             let due = if rate > 0.0 {
-                start + Duration::from_secs_f64(i as f64 / rate)
+                start + Duration::from_secs_f64((i - first) as f64 / rate)
             } else {
                 start
             };
@@ -441,6 +443,35 @@ async fn ready_phase(
     }
 }
 
+/// What a timed creation phase needs: the client, the driver's watch and the processes measured.
+struct Timed<'a> {
+    client: &'a Client,
+    seen: &'a Shared,
+    pids: &'a Pids,
+}
+
+impl Timed<'_> {
+    /// Says `label`, creates the Sandboxes `prefix-<i>` of `range` in `ns` with `spec` at `rate` a
+    /// second (`in_flight` at a time), waits at most `timeout` until each is Ready and adds the phase
+    /// to `report`; returns when each create was sent.
+    async fn run(
+        &self,
+        report: &mut Report,
+        ns: &str,
+        (prefix, range, rate, in_flight): (&str, std::ops::Range<usize>, f64, usize),
+        spec: serde_json::Value,
+        (label, timeout): (String, Duration),
+    ) -> Vec<(String, Instant)> {
+        say(&label);
+        let before = self.pids.cpu();
+        let sent = create_paced(self.client, ns, prefix, (range, rate, in_flight), spec).await;
+        let phase = ready_phase(self.seen, label, rate, &sent, timeout, self.pids, before).await;
+        say(format!("{phase:?}"));
+        report.creations.push(phase);
+        sent
+    }
+}
+
 /// Deletes every Sandbox of `ns` and waits until their Pods are gone.
 async fn clear(client: &Client, ns: &str) {
     let sandboxes: Api<Sandbox> = Api::namespaced(client.clone(), ns);
@@ -472,18 +503,6 @@ async fn namespace(env: &TestEnv, name: &str) -> String {
     let ns = env.namespace(name).await;
     say(format!("namespace {ns}"));
     ns
-}
-
-fn thousands(n: usize) -> String {
-    let digits = n.to_string();
-    let mut out = String::new();
-    for (i, c) in digits.chars().enumerate() {
-        if i > 0 && (digits.len() - i).is_multiple_of(3) {
-            out.push(',');
-        }
-        out.push(c);
-    }
-    out
 }
 
 /// Phase 5: every sandbox of `keys` (namespace `ns`) gets the heartbeat `now + EXPIRY_BEAT_AHEAD`
@@ -692,29 +711,14 @@ async fn held_phase(
     let mut next = 0;
     while next < count {
         let chunk = HELD_CHUNK.min(count - next);
-        let api: Api<Sandbox> = Api::namespaced(client.clone(), &ns);
-        let created: Vec<(String, Instant)> = futures::stream::iter(next..next + chunk)
-            .map(|i| {
-                let api = api.clone();
-                let ns = ns.clone();
-                async move {
-                    let name = format!("h-{i}");
-                    let at = Instant::now();
-                    if let Err(err) = api
-                        .create(
-                            &PostParams::default(),
-                            &sandbox(&name, json!({"image": "busybox"})),
-                        )
-                        .await
-                    {
-                        fail(format!("create {ns}/{name}: {err}"));
-                    }
-                    (key(&ns, &name), at)
-                }
-            })
-            .buffer_unordered(HELD_IN_FLIGHT)
-            .collect()
-            .await;
+        let created = create_paced(
+            client,
+            &ns,
+            "h",
+            (next..next + chunk, 0.0, HELD_IN_FLIGHT),
+            json!({"image": "busybox"}),
+        )
+        .await;
         sent.extend(created);
         next += chunk;
         loop {
@@ -832,7 +836,7 @@ async fn audited(nodes: u16, count: usize, rate: f64) -> Requests {
         &client,
         &ns,
         "a",
-        (count, rate, IN_FLIGHT),
+        (0..count, rate, IN_FLIGHT),
         json!({"image": "busybox"}),
     )
     .await;
@@ -874,7 +878,6 @@ fn checkpoint(report: &mut Report, machine: &Machine, args: &Args) {
     {
         fail(format!("cannot write {}: {err}", doc.display()));
     }
-    say(format!("{:?}", report.creations.last()));
 }
 
 #[tokio::main(flavor = "multi_thread", worker_threads = 2)]
@@ -919,34 +922,26 @@ async fn main() {
     ];
     let pids = Pids::of(&env);
     let rss_empty = rss_bytes(pids.operator).unwrap_or(0);
+    let timed = Timed {
+        client: &client,
+        seen: &seen,
+        pids: &pids,
+    };
 
     // 1. Ramp, on an empty cluster.
     for rate in &args.ramp {
         let ns = namespace(&env, &format!("ramp-{rate:.0}")).await;
         let count = (rate * RAMP_SECONDS) as usize;
         let label = format!("{} at {rate:.0}/s ({RAMP_SECONDS:.0} s)", thousands(count));
-        say(&label);
-        let before = pids.cpu();
-        let sent = create_paced(
-            &client,
-            &ns,
-            "r",
-            (count, *rate, IN_FLIGHT),
-            json!({"image": "busybox"}),
-        )
-        .await;
-        let phase = ready_phase(
-            &seen,
-            label,
-            *rate,
-            &sent,
-            Duration::from_secs(900),
-            &pids,
-            before,
-        )
-        .await;
-        say(format!("{:?}", phase.latency));
-        report.creations.push(phase);
+        timed
+            .run(
+                &mut report,
+                &ns,
+                ("r", 0..count, *rate, IN_FLIGHT),
+                json!({"image": "busybox"}),
+                (label, Duration::from_secs(900)),
+            )
+            .await;
         checkpoint(&mut report, &machine, &args);
         clear(&client, &ns).await;
     }
@@ -956,33 +951,19 @@ async fn main() {
     let mut sustained_names = Vec::new();
     if args.sandboxes > 0 {
         let label = format!("{} at {:.0}/s", thousands(args.sandboxes), args.rate);
-        say(&label);
-        let before = pids.cpu();
-        let sent = create_paced(
-            &client,
+        let sent = timed.run(
+            &mut report,
             &sustained_ns,
-            "s",
-            (args.sandboxes, args.rate, IN_FLIGHT),
+            ("s", 0..args.sandboxes, args.rate, IN_FLIGHT),
             json!({"image": "busybox", "lifecycle": {"heartbeatTimeoutSeconds": HOLD_HEARTBEAT_SECONDS}}),
+            (label, Duration::from_secs(1800)),
         )
         .await;
+        checkpoint(&mut report, &machine, &args);
         sustained_names = sent
             .iter()
             .map(|(k, _)| k.rsplit('/').next().unwrap_or_default().to_string())
             .collect();
-        let phase = ready_phase(
-            &seen,
-            label,
-            args.rate,
-            &sent,
-            Duration::from_secs(1800),
-            &pids,
-            before,
-        )
-        .await;
-        say(format!("{:?}", phase.latency));
-        report.creations.push(phase);
-        checkpoint(&mut report, &machine, &args);
     }
 
     // 3. Burst.
@@ -993,28 +974,15 @@ async fn main() {
             thousands(args.burst),
             thousands(args.sandboxes)
         );
-        say(&label);
-        let before = pids.cpu();
-        let sent = create_paced(
-            &client,
-            &ns,
-            "b",
-            (args.burst, 0.0, args.burst),
-            json!({"image": "busybox"}),
-        )
-        .await;
-        let phase = ready_phase(
-            &seen,
-            label,
-            0.0,
-            &sent,
-            Duration::from_secs(900),
-            &pids,
-            before,
-        )
-        .await;
-        say(format!("{:?}", phase.latency));
-        report.creations.push(phase);
+        timed
+            .run(
+                &mut report,
+                &ns,
+                ("b", 0..args.burst, 0.0, args.burst),
+                json!({"image": "busybox"}),
+                (label, Duration::from_secs(900)),
+            )
+            .await;
         checkpoint(&mut report, &machine, &args);
         clear(&client, &ns).await;
     }
@@ -1063,28 +1031,15 @@ async fn main() {
             args.rate,
             thousands(args.sandboxes)
         );
-        say(&label);
-        let before = pids.cpu();
-        let sent = create_paced(
-            &client,
-            &ns,
-            "c",
-            (args.claims, args.rate, IN_FLIGHT),
-            json!({"pool": "warm"}),
-        )
-        .await;
-        let phase = ready_phase(
-            &seen,
-            label,
-            args.rate,
-            &sent,
-            Duration::from_secs(900),
-            &pids,
-            before,
-        )
-        .await;
-        say(format!("{:?}", phase.latency));
-        report.creations.push(phase);
+        timed
+            .run(
+                &mut report,
+                &ns,
+                ("c", 0..args.claims, args.rate, IN_FLIGHT),
+                json!({"pool": "warm"}),
+                (label, Duration::from_secs(900)),
+            )
+            .await;
         checkpoint(&mut report, &machine, &args);
         let _ = pools.delete("warm", &DeleteParams::default()).await;
         clear(&client, &ns).await;

@@ -2,6 +2,7 @@
 
 use std::time::Duration;
 
+use orchard_bench::docs::thousands;
 use orchard_bench_support::{median, median_spread};
 
 use crate::cpu::Cpu;
@@ -216,19 +217,6 @@ pub fn policy_table(costs: &[PolicyCost]) -> String {
         ));
     }
     table
-}
-
-/// `10,000` (pure).
-pub fn thousands(n: usize) -> String {
-    let digits = n.to_string();
-    let mut out = String::new();
-    for (i, c) in digits.chars().enumerate() {
-        if i > 0 && (digits.len() - i).is_multiple_of(3) {
-            out.push(',');
-        }
-        out.push(c);
-    }
-    out
 }
 
 /// `min–max` of the load averages sampled during the run.
