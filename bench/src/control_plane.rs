@@ -162,6 +162,26 @@ pub struct Held {
     pub restart_cpu: f64,
     /// The restarted operator's peak resident memory until then, bytes.
     pub restart_peak_rss: u64,
+    /// The restarted operator's resident memory once every Sandbox was reconciled, bytes.
+    pub restart_rss: u64,
+    /// What one object takes in the operator's watch caches.
+    pub cache_heap: Option<CacheHeap>,
+}
+
+/// What one object takes in the operator's watch caches: a sample of the held objects as the API
+/// server served them, decoded into a reflector store by the driver with a counting allocator
+/// (`orchard_bench::cache_heap`).
+#[derive(Debug, Clone, PartialEq, Default)]
+pub struct CacheHeap {
+    /// Objects of each kind in the sample.
+    pub sample: usize,
+    /// A sandbox Pod decoded whole (managed fields dropped, as every watch of the operator does),
+    /// heap bytes.
+    pub pod_whole: f64,
+    /// The same Pod as the operator's Pod cache keeps it (`CachedPod`), heap bytes.
+    pub pod_cached: f64,
+    /// A Sandbox, heap bytes.
+    pub sandbox: f64,
 }
 
 /// The requests one phase cost per sandbox, by sender (the API server's audit log).
@@ -307,18 +327,21 @@ pub fn render(report: &Report) -> String {
         ));
     }
     if let Some(held) = &report.held {
-        let per_sandbox = held.operator_rss.saturating_sub(held.operator_rss_empty) as f64
-            / held.sandboxes.max(1) as f64
-            / 1024.0;
+        let per_sandbox = |rss: u64| {
+            rss.saturating_sub(held.operator_rss_empty) as f64
+                / held.sandboxes.max(1) as f64
+                / 1024.0
+        };
         text.push_str(&format!(
             "Held: {} Ready sandboxes (and their Pods). The operator's RSS {} ({} with none): {:.1} KiB per sandbox \
              (target <= 10 KiB). kube-apiserver {}, etcd {}. The operator SIGKILLed and started again: `/readyz` \
              (caches filled) {:.1} s after the kill; the new process had finished as many Sandbox reconciles as there \
-             are Sandboxes {:.1} s after it (target <= 60 s), with {:.0} API writes, {:.1} CPU seconds and a peak RSS of {}.\n\n",
+             are Sandboxes {:.1} s after it (target <= 60 s), with {:.0} API writes, {:.1} CPU seconds and a peak RSS of {}; \
+             its RSS then {}, {:.1} KiB per sandbox.",
             held.sandboxes,
             mib(held.operator_rss),
             mib(held.operator_rss_empty),
-            per_sandbox,
+            per_sandbox(held.operator_rss),
             mib(held.apiserver_rss),
             mib(held.etcd_rss),
             held.restart_ready,
@@ -327,7 +350,21 @@ pub fn render(report: &Report) -> String {
             held.restart_writes.abs(),
             held.restart_cpu,
             mib(held.restart_peak_rss),
+            mib(held.restart_rss),
+            per_sandbox(held.restart_rss),
         ));
+        if let Some(heap) = &held.cache_heap {
+            text.push_str(&format!(
+                " Heap per object in the operator's watch caches ({} of the held objects as the API server serves them, \
+                 decoded into a reflector store by the driver under a counting allocator): a sandbox Pod whole {:.1} KiB, \
+                 as the Pod cache keeps it {:.1} KiB; a Sandbox {:.1} KiB.",
+                heap.sample,
+                heap.pod_whole / 1024.0,
+                heap.pod_cached / 1024.0,
+                heap.sandbox / 1024.0,
+            ));
+        }
+        text.push_str("\n\n");
     }
     if let Some(requests) = &report.requests {
         text.push_str(&format!(
@@ -444,5 +481,39 @@ mod tests {
             "{text}"
         );
         assert!(!text.contains("Held:"), "no held phase was run");
+    }
+
+    #[test]
+    fn the_held_paragraph_gives_memory_per_sandbox_before_and_after_the_restart() {
+        let mib = 1024 * 1024;
+        let report = Report {
+            held: Some(Held {
+                sandboxes: 1024,
+                operator_rss_empty: 50 * mib,
+                operator_rss: 70 * mib,
+                restart_rss: 60 * mib,
+                cache_heap: Some(CacheHeap {
+                    sample: 1000,
+                    pod_whole: 24.0 * 1024.0,
+                    pod_cached: 4.0 * 1024.0,
+                    sandbox: 3.5 * 1024.0,
+                }),
+                ..Held::default()
+            }),
+            ..Report::default()
+        };
+        let text = render(&report);
+        assert!(
+            text.contains("70.0 MiB (50.0 MiB with none): 20.0 KiB per sandbox"),
+            "{text}"
+        );
+        assert!(
+            text.contains("its RSS then 60.0 MiB, 10.0 KiB per sandbox."),
+            "{text}"
+        );
+        assert!(
+            text.contains("(1000 of the held objects") && text.contains("a sandbox Pod whole 24.0 KiB, as the Pod cache keeps it 4.0 KiB; a Sandbox 3.5 KiB."),
+            "{text}"
+        );
     }
 }

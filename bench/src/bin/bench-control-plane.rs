@@ -44,14 +44,16 @@ use k8s_openapi::jiff::{SignedDuration, Timestamp};
 use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
 use kube::runtime::watcher;
 use kube::{Client, ResourceExt};
+use orchard_bench::cache_heap::{items_of, per_object};
 use orchard_bench::control_plane::{
-    Costs, Creation, Groups, HEADING, Held, Latencies, Report, Requests, render,
+    CacheHeap, Costs, Creation, Groups, HEADING, Held, Latencies, Report, Requests, render,
 };
 use orchard_bench::docs::thousands;
 use orchard_bench_support::Machine;
 use orchard_operator::api::{
     HEARTBEAT_ANNOTATION, RolloutGroup, RolloutQueue, Sandbox, SandboxPool, Selection,
 };
+use orchard_operator::plumbing::cached_pod::CachedPod;
 use orchard_testcluster::env::{EnvOptions, NodeKind, TestEnv};
 use orchard_testcluster::operator_process::metric_sum;
 use orchard_testcluster::proc_stats::{cpu_seconds, peak_rss_bytes, rss_bytes};
@@ -74,6 +76,11 @@ const HELD_CHUNK: usize = 500;
 const HELD_AHEAD: usize = 1000;
 /// The sustained phase's heartbeat timeout: long enough that none expires before phase 5.
 const HOLD_HEARTBEAT_SECONDS: i64 = 7200;
+/// Held objects of each kind decoded to measure what one takes in the operator's caches.
+const CACHE_SAMPLE: usize = 1000;
+/// The counting allocator (mimalloc, as the operator), for what one object takes in a watch cache.
+#[global_allocator]
+static ALLOCATOR: orchard_bench::alloc::Counting = orchard_bench::alloc::Counting;
 /// Phase 5: the shared heartbeat lies this far ahead (the operator ignores heartbeats more than 60 s
 /// in the future) ...
 const EXPIRY_BEAT_AHEAD: i64 = 50;
@@ -760,6 +767,7 @@ async fn held_phase(
         operator_rss: rss(pids.operator),
         apiserver_rss: rss(pids.apiserver),
         etcd_rss: rss(pids.etcd),
+        cache_heap: cache_heap(client, &ns).await,
         ..Held::default()
     };
     let total = lock(seen).live.len();
@@ -801,7 +809,38 @@ async fn held_phase(
     }
     held.restart_cpu = cpu_seconds(pid).unwrap_or(0.0);
     held.restart_peak_rss = peak_rss_bytes(pid).unwrap_or(0);
+    held.restart_rss = rss(pid);
     held
+}
+
+/// The API server's answer to GET `path`, as JSON.
+async fn get_json(client: &Client, path: String) -> Option<serde_json::Value> {
+    let request = http::Request::get(path).body(Vec::new()).ok()?;
+    let text = client.request_text(request).await.ok()?;
+    serde_json::from_str(&text).ok()
+}
+
+/// What one held object of `ns` takes in the operator's watch caches, from [`CACHE_SAMPLE`] of
+/// each kind (`orchard_bench::cache_heap`).
+async fn cache_heap(client: &Client, ns: &str) -> Option<CacheHeap> {
+    let pods = get_json(
+        client,
+        format!("/api/v1/namespaces/{ns}/pods?limit={CACHE_SAMPLE}"),
+    )
+    .await?;
+    let sandboxes = get_json(
+        client,
+        format!("/apis/orchard.dev/v1alpha1/namespaces/{ns}/sandboxes?limit={CACHE_SAMPLE}"),
+    )
+    .await?;
+    let pods = items_of(&pods, "v1", "Pod");
+    let sandboxes = items_of(&sandboxes, "orchard.dev/v1alpha1", "Sandbox");
+    Some(CacheHeap {
+        sample: pods.len().min(sandboxes.len()),
+        pod_whole: per_object::<Pod>(&pods)?,
+        pod_cached: per_object::<CachedPod>(&pods)?,
+        sandbox: per_object::<Sandbox>(&sandboxes)?,
+    })
 }
 
 /// The audited cluster: `count` sandboxes at `rate`, create -> Ready -> delete; requests per sandbox.

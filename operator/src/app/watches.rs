@@ -15,11 +15,11 @@ use kube::Client;
 use kube::runtime::watcher;
 
 use crate::plumbing::api_client::scoped_api;
+use crate::plumbing::cached_pod::CachedPod;
 use crate::plumbing::caches::{CacheFill, Caches};
 use crate::plumbing::change_feed::ChangeFeed;
 use crate::plumbing::triggers::{Forward, MappedTrigger, mapped_channel, trigger};
-use crate::plumbing::watch::{Memory, Publish, Subscribers, cached_watch, keep_whole};
-use crate::pod::cache_trim::trim_cached_pod;
+use crate::plumbing::watch::{Memory, Publish, Subscribers, cached_watch};
 use crate::pool::book::PoolBook;
 use crate::queue::book::QueueBook;
 use crate::snapshot::committer::COMPONENT as COMMITTER_COMPONENT;
@@ -44,7 +44,7 @@ pub struct Triggers {
     pub pools: BoxStream<'static, Arc<SandboxPool>>,
     /// Sandbox pods applied or deleted (a deleted child wakes its owner: a Sandbox waiting for a
     /// previous incarnation's Pod to go, or one whose Pod was deleted from outside).
-    pub pods: BoxStream<'static, Arc<Pod>>,
+    pub pods: BoxStream<'static, Arc<CachedPod>>,
     /// Managed NetworkPolicies applied or deleted.
     pub policies: BoxStream<'static, Arc<NetworkPolicy>>,
     /// SandboxSnapshots applied (the snapshot controller's own objects).
@@ -104,7 +104,6 @@ pub fn start(
         all(),
         filled.sandboxes.clone(),
         subscribers,
-        keep_whole,
     );
 
     let (group_trigger, groups_triggered) = trigger::<RolloutGroup>(Forward::Applied);
@@ -123,7 +122,6 @@ pub fn start(
         all(),
         filled.rollout_groups.clone(),
         subscribers,
-        keep_whole,
     );
 
     let subscribers: Subscribers<RolloutQueue> =
@@ -133,7 +131,6 @@ pub fn start(
         all(),
         filled.rollout_queues.clone(),
         subscribers,
-        keep_whole,
     );
 
     let (pool_trigger, pools_triggered) = trigger::<SandboxPool>(Forward::Applied);
@@ -148,11 +145,10 @@ pub fn start(
         all(),
         filled.sandbox_pools.clone(),
         subscribers,
-        keep_whole,
     );
 
-    let (pod_trigger, pods_triggered) = trigger::<Pod>(Forward::AppliedAndDeleted);
-    let subscribers: Subscribers<Pod> = vec![
+    let (pod_trigger, pods_triggered) = trigger::<CachedPod>(Forward::AppliedAndDeleted);
+    let subscribers: Subscribers<CachedPod> = vec![
         Box::new(memory.clone()),
         Box::new(queues.clone()),
         Box::new(pools.clone()),
@@ -163,7 +159,6 @@ pub fn start(
         all().labels(&format!("{SANDBOX_POD_LABEL}=true")),
         filled.pods.clone(),
         subscribers,
-        trim_cached_pod,
     );
 
     let (policy_trigger, policies_triggered) = trigger::<NetworkPolicy>(Forward::AppliedAndDeleted);
@@ -174,7 +169,6 @@ pub fn start(
         all().labels(&format!("{MANAGED_BY_LABEL}={MANAGED_BY}")),
         filled.policies.clone(),
         subscribers,
-        keep_whole,
     );
 
     let (snapshot_trigger, snapshots_triggered) = trigger::<SandboxSnapshot>(Forward::Applied);
@@ -194,7 +188,6 @@ pub fn start(
         all(),
         filled.snapshots.clone(),
         subscribers,
-        keep_whole,
     );
 
     // Committer pods live in the snapshot namespace; without snapshots nothing is watched there (the
@@ -215,8 +208,7 @@ pub fn start(
                 )),
                 filled.committers.clone(),
                 subscribers,
-                keep_whole,
-            )
+                    )
         }
         None => {
             filled

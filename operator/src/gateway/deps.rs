@@ -2,9 +2,9 @@
 //! view of the watch caches ([`ReadModel`]), the metrics registry, the sandbox defaults it answers
 //! with, its limits and the operator's key.
 
+use crate::plumbing::cached_pod::CachedPod;
 use std::sync::Arc;
 
-use k8s_openapi::api::core::v1::Pod;
 use kube::Client;
 use kube::runtime::reflector::Store;
 
@@ -26,7 +26,7 @@ pub struct ReadModel {
     /// Every Sandbox in scope.
     pub sandboxes: Store<Sandbox>,
     /// Sandbox pods.
-    pub pods: Store<Pod>,
+    pub pods: Store<CachedPod>,
     /// Every RolloutGroup in scope.
     pub rollout_groups: Store<RolloutGroup>,
     /// Every SandboxSnapshot in scope.

@@ -8,6 +8,8 @@ use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::api::networking::v1::NetworkPolicy;
 use kube::runtime::reflector::Store;
 
+use crate::plumbing::cached_pod::CachedPod;
+
 use orchard_api::{RolloutGroup, RolloutQueue, Sandbox, SandboxPool, SandboxSnapshot};
 
 /// Watch caches (reflector stores) the controllers and the gateway read instead of the API server.
@@ -15,8 +17,8 @@ use orchard_api::{RolloutGroup, RolloutQueue, Sandbox, SandboxPool, SandboxSnaps
 pub struct Caches {
     /// Every Sandbox in scope.
     pub sandboxes: Store<Sandbox>,
-    /// Sandbox pods (label `orchard.dev/sandbox-pod=true`).
-    pub pods: Store<Pod>,
+    /// Sandbox pods (label `orchard.dev/sandbox-pod=true`), as much of each as is read.
+    pub pods: Store<CachedPod>,
     /// NetworkPolicies the operator manages.
     pub policies: Store<NetworkPolicy>,
     /// Every RolloutGroup in scope.

@@ -9,6 +9,8 @@ use std::time::Duration;
 use http_body_util::BodyExt;
 use hyper::{Request, Response};
 use k8s_openapi::api::core::v1::Pod;
+
+use crate::plumbing::cached_pod::CachedPod;
 use k8s_openapi::api::networking::v1::NetworkPolicy;
 use kube::Client;
 use kube::client::Body;
@@ -112,7 +114,7 @@ impl Expect {
 /// The caches a test fills before the reconcile runs.
 pub struct TestCaches {
     pub sandboxes: Writer<Sandbox>,
-    pub pods: Writer<Pod>,
+    pub pods: Writer<CachedPod>,
     pub policies: Writer<NetworkPolicy>,
     pub rollout_groups: Writer<RolloutGroup>,
     pub rollout_queues: Writer<RolloutQueue>,

@@ -2,7 +2,7 @@
 //! controller: no module of this folder imports `sandbox`, `pod`, `pool`, `rollout`, `queue`,
 //! `gateway` or `app` (the layering test in `tests/layers.rs` checks it).
 //!
-//! The API client ([`api_client`]); the write layer ([`writes`], [`status_patch`]) and its short
+//! The API client ([`api_client`]); what the Pod cache keeps of a Pod ([`cached_pod`]); the write layer ([`writes`], [`status_patch`]) and its short
 //! memory of the operator's own writes ([`own_writes`]); ownership and seals ([`ownership`]);
 //! per-object backoff and reconcile slots ([`backoff`], [`reconcile_slots`]); leadership
 //! ([`leader`]); the change feed waiters read ([`change_feed`]) and the controllers' triggers
@@ -13,6 +13,7 @@
 pub mod accept;
 pub mod api_client;
 pub mod backoff;
+pub mod cached_pod;
 pub mod caches;
 pub mod change_feed;
 pub mod conditions;

@@ -51,7 +51,7 @@ pub type Subscribers<K> = Vec<Box<dyn Subscriber<K>>>;
 
 /// A watch of `api` with `config`, kept in the returned cache, telling `subscribers` every event;
 /// `filled` is set once the first full list is in the cache. Every object loses its managed fields
-/// and then goes through `trim` (what of it the cache keeps) before anyone sees it. The future
+/// before anyone sees it (what else a cache leaves out is its type's: `cached_pod`). The future
 /// drives the watch until its stream ends; errors are logged and retried with kube-runtime's
 /// default backoff.
 pub fn cached_watch<K>(
@@ -59,7 +59,6 @@ pub fn cached_watch<K>(
     config: watcher::Config,
     filled: Arc<AtomicBool>,
     mut subscribers: Subscribers<K>,
-    trim: fn(&mut K),
 ) -> (Store<K>, BoxFuture<'static, ()>)
 where
     K: Resource<DynamicType = ()> + Clone + DeserializeOwned + Debug + Send + Sync + 'static,
@@ -68,10 +67,7 @@ where
     let kind = K::kind(&()).to_string();
     let watch = watcher(api, config)
         .default_backoff()
-        .modify(move |o: &mut K| {
-            o.meta_mut().managed_fields = None;
-            trim(o);
-        })
+        .modify(|o: &mut K| o.meta_mut().managed_fields = None)
         .reflect(writer)
         .for_each(move |event| {
             match event {
@@ -92,9 +88,6 @@ where
         .boxed();
     (store, watch)
 }
-
-/// The `trim` of [`cached_watch`] that keeps the whole object.
-pub fn keep_whole<K>(_: &mut K) {}
 
 /// Tells the operator's memory what a watch delivered: a version of an object (its remembered
 /// status may end), a child shown or deleted (the owner's entry for it ends), an object deleted

@@ -176,9 +176,9 @@ impl<K: Namespaced + Clone + Debug + Serialize + DeserializeOwned + Send + Sync 
 /// Creates `desired` for `owner` (see [`create_child`]) and, when it is ours, remembers the write in
 /// the owner's scope (tagged `tag`; with the returned object when `keep_object`, for callers that need
 /// it before the cache has it) until `cache` shows it.
-pub async fn create_owned<K: Child>(
+pub async fn create_owned<K: Child, C: Resource<DynamicType = ()> + Clone>(
     ctx: &KubeCtx,
-    cache: &Store<K>,
+    cache: &Store<C>,
     desired: &K,
     owner: Owner<'_>,
     tag: &str,
@@ -234,9 +234,9 @@ pub async fn apply_owned<K: Child>(
 /// Deletes the child `namespace/name` of `scope` if it is still the object with `uid` (see
 /// [`delete_if_same`]), once: the delete is remembered until `cache` no longer shows that object
 /// alive.
-pub async fn ensure_deleted<K: Child>(
+pub async fn ensure_deleted<K: Child, C: Resource<DynamicType = ()> + Clone>(
     ctx: &KubeCtx,
-    cache: &Store<K>,
+    cache: &Store<C>,
     scope: &str,
     namespace: &str,
     name: &str,

@@ -1,7 +1,7 @@
 //! Where a sandbox's agent answers and with which token (pure): derived from its own Pod, never
 //! from its status. The one derivation the trajectory runner, the pool claim and the gateway use.
 
-use k8s_openapi::api::core::v1::Pod;
+use crate::plumbing::cached_pod::CachedPod;
 
 use crate::plumbing::operator_key::OperatorKey;
 use crate::plumbing::ownership::sealed_for;
@@ -17,7 +17,7 @@ use orchard_api::Sandbox;
 /// there.
 pub fn endpoint_of_own_pod(
     sandbox: &Sandbox,
-    pod: &Pod,
+    pod: &CachedPod,
     agent_port: u16,
     key: &OperatorKey,
 ) -> Option<String> {
@@ -54,7 +54,7 @@ pub enum NoTarget {
 /// see [`endpoint_of_own_pod`]), the token derived from the pod's annotations under `key`.
 pub fn agent_target(
     sandbox: &Sandbox,
-    pod: &Pod,
+    pod: &CachedPod,
     agent_port: u16,
     key: &OperatorKey,
 ) -> Result<AgentTarget, NoTarget> {

@@ -15,7 +15,8 @@
 //! can terminate gracefully, and if it comes back its kubelet kills what the API server no longer
 //! has.
 
-use k8s_openapi::api::core::v1::{Node, Pod, Toleration};
+use crate::plumbing::cached_pod::CachedPod;
+use k8s_openapi::api::core::v1::{Node, Toleration};
 
 use crate::pod::failure::Failure;
 
@@ -51,7 +52,7 @@ pub const LOST_NODE_TAINTS: [&str; 2] = [
 /// Why `pod` was taken away, when Kubernetes is disrupting or deleting it (pure): its
 /// `DisruptionTarget` condition, else a deletion in progress (the operator deletes a sandbox's Pod
 /// only after the sandbox's status is terminal, so a deletion seen here is someone else's).
-pub fn disruption_failure(pod: &Pod) -> Option<Failure> {
+pub fn disruption_failure(pod: &CachedPod) -> Option<Failure> {
     let node = pod
         .spec
         .as_ref()
@@ -166,14 +167,14 @@ fn node_ready(node: &Node) -> bool {
 
 /// Whether `pod`'s `Ready` condition is still `True`: the node controller sets it `False` on every pod
 /// of a node that stops answering, so a pod deleted by a taint while still Ready was on a live node.
-fn node_marked_pod_ready(pod: &Pod) -> bool {
+fn node_marked_pod_ready(pod: &CachedPod) -> bool {
     crate::pod::conditions::pod_ready(pod)
 }
 
 /// Whether `pod` is being deleted because its node was lost, so that only a removal with grace period
 /// 0 ends it (pure). Only a Pod the taint-eviction controller or the pod garbage collector deleted on
 /// a node that marked it not Ready qualifies: a live kubelet finishes its Pods' deletions itself.
-pub fn stuck_on_lost_node(pod: &Pod) -> bool {
+pub fn stuck_on_lost_node(pod: &CachedPod) -> bool {
     pod.metadata.deletion_timestamp.is_some()
         && disruption_failure(pod).is_some_and(|f| f.reason == NODE_LOST)
 }
@@ -206,12 +207,13 @@ pub fn lost_node_tolerations(seconds: Option<i64>, existing: &[Toleration]) -> V
 #[cfg(test)]
 mod tests {
     use super::*;
+    use k8s_openapi::api::core::v1::Pod;
     use k8s_openapi::api::core::v1::{PodCondition, PodSpec, PodStatus};
     use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
     use k8s_openapi::jiff::Timestamp;
 
-    fn pod(conditions: &[(&str, &str, &str)], deleted_at: Option<Timestamp>) -> Pod {
-        Pod {
+    fn pod(conditions: &[(&str, &str, &str)], deleted_at: Option<Timestamp>) -> CachedPod {
+        CachedPod::from(&Pod {
             metadata: kube::api::ObjectMeta {
                 name: Some("p".into()),
                 deletion_timestamp: deleted_at.map(Time),
@@ -237,7 +239,7 @@ mod tests {
                 ),
                 ..Default::default()
             }),
-        }
+        })
     }
 
     fn at(seconds: i64) -> Timestamp {

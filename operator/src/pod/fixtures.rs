@@ -10,6 +10,7 @@ use std::collections::BTreeMap;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
 use orchard_api::{Sandbox, SandboxSpec, SecurityProfile};
 
+use crate::plumbing::cached_pod::CachedPod;
 use crate::plumbing::operator_key::OperatorKey;
 use crate::pod::cidr::Cidr;
 use crate::pod::naming::TASK_CONTAINER;
@@ -18,8 +19,9 @@ use crate::pod::policy_canary::PolicyCanaries;
 use crate::pod::spec::{AgentInjection, PodShape};
 use crate::pod::token::PodCredentials;
 
-pub fn pod(node: Option<&str>, ip: Option<&str>, ready: bool) -> Pod {
-    Pod {
+/// A sandbox Pod as the cache keeps it: on `node`, at `ip`, `Ready` or not.
+pub fn pod(node: Option<&str>, ip: Option<&str>, ready: bool) -> CachedPod {
+    CachedPod::from(&Pod {
         metadata: kube::api::ObjectMeta {
             name: Some("s1".into()),
             ..Default::default()
@@ -43,10 +45,10 @@ pub fn pod(node: Option<&str>, ip: Option<&str>, ready: bool) -> Pod {
             }]),
             ..Default::default()
         }),
-    }
+    })
 }
 
-pub fn with_task_state(mut pod: Pod, state: ContainerState) -> Pod {
+pub fn with_task_state(mut pod: CachedPod, state: ContainerState) -> CachedPod {
     pod.status.as_mut().unwrap().container_statuses = Some(vec![ContainerStatus {
         name: TASK_CONTAINER.into(),
         state: Some(state),
@@ -55,7 +57,7 @@ pub fn with_task_state(mut pod: Pod, state: ContainerState) -> Pod {
     pod
 }
 
-pub fn with_pod_condition(mut pod: Pod, condition: PodCondition) -> Pod {
+pub fn with_pod_condition(mut pod: CachedPod, condition: PodCondition) -> CachedPod {
     if let Some(conditions) = pod.status.as_mut().and_then(|s| s.conditions.as_mut()) {
         conditions.push(condition);
     }

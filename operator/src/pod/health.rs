@@ -1,7 +1,8 @@
 //! What a sandbox Pod's status says (pure): whether it is scheduled and Ready, why it failed for good
 //! (image pulls, crashes, OOM kills (`oom`), evictions), and a one-line summary of what it said last.
 
-use k8s_openapi::api::core::v1::{ContainerStatus, Pod};
+use crate::plumbing::cached_pod::CachedPod;
+use k8s_openapi::api::core::v1::ContainerStatus;
 use k8s_openapi::jiff::Timestamp;
 
 pub use crate::pod::conditions::{pod_condition, pod_ready};
@@ -22,7 +23,7 @@ const START_FAILURES: &[&str] = &[
 /// What a pod's status says about why it is not Ready (pure): not scheduled (the scheduler's
 /// message), or the task container waiting (reason and message, e.g. `ErrImagePull`), or its last
 /// termination; empty when it says nothing.
-pub fn pod_state_summary(pod: &Pod) -> String {
+pub fn pod_state_summary(pod: &CachedPod) -> String {
     let Some(status) = pod.status.as_ref() else {
         return String::new();
     };
@@ -84,7 +85,7 @@ fn container_status<'a>(
     statuses?.iter().find(|s| s.name == name)
 }
 
-fn pod_image(pod: &Pod, container: &str) -> String {
+fn pod_image(pod: &CachedPod, container: &str) -> String {
     let spec = pod.spec.as_ref();
     spec.and_then(|s| {
         s.containers
@@ -117,7 +118,7 @@ pub fn permanent_pull_error(message: &str) -> bool {
     PERMANENT_PULL_ERRORS.iter().any(|m| message.contains(m))
 }
 
-fn start_failure(pod: &Pod, status: &ContainerStatus, what: &str) -> Option<Failure> {
+fn start_failure(pod: &CachedPod, status: &ContainerStatus, what: &str) -> Option<Failure> {
     let waiting = status.state.as_ref()?.waiting.as_ref()?;
     let reason = waiting.reason.as_deref()?;
     if !START_FAILURES.contains(&reason) {
@@ -157,7 +158,7 @@ fn exit_description(status: &ContainerStatus) -> Option<String> {
 }
 
 /// Whether the Pod can no longer serve the sandbox, and why. `None` while it is healthy or starting.
-pub fn pod_failure(pod: &Pod) -> Option<Failure> {
+pub fn pod_failure(pod: &CachedPod) -> Option<Failure> {
     let status = pod.status.as_ref()?;
     let init = container_status(status.init_container_statuses.as_ref(), INSTALL_CONTAINER);
     let task = container_status(status.container_statuses.as_ref(), TASK_CONTAINER);
@@ -224,7 +225,7 @@ pub fn pod_failure(pod: &Pod) -> Option<Failure> {
 }
 
 /// Whether the pod is bound to a node, with the scheduler's reason when it is not.
-pub fn scheduling(pod: &Pod) -> (bool, String, String) {
+pub fn scheduling(pod: &CachedPod) -> (bool, String, String) {
     if pod
         .spec
         .as_ref()
@@ -248,7 +249,7 @@ pub fn scheduling(pod: &Pod) -> (bool, String, String) {
 }
 
 /// Since when the task container of `pod` runs (pure).
-pub fn task_running_since(pod: &Pod) -> Option<Timestamp> {
+pub fn task_running_since(pod: &CachedPod) -> Option<Timestamp> {
     pod.status
         .as_ref()?
         .container_statuses
@@ -316,6 +317,6 @@ mod tests {
             pod_state_summary(&exited),
             "container sandbox exited with code 127 (Error)"
         );
-        assert_eq!(pod_state_summary(&Pod::default()), "");
+        assert_eq!(pod_state_summary(&CachedPod::default()), "");
     }
 }

@@ -1,9 +1,9 @@
 //! Finding a sandbox's Pod in the watch cache (pure over the cache's contents): under the name its
 //! status gives, else its own name, else, for a sandbox of a pool, the member it claimed.
 
+use crate::plumbing::cached_pod::CachedPod;
 use std::sync::Arc;
 
-use k8s_openapi::api::core::v1::Pod;
 use kube::ResourceExt;
 use kube::runtime::reflector::{ObjectRef, Store};
 
@@ -27,7 +27,11 @@ pub fn own_pod_name(sandbox: &Sandbox) -> String {
 /// The sandbox's pod as the watch cache shows it, whoever owns it (callers check it is the sandbox's
 /// own): under [`own_pod_name`], or, for a sandbox of a pool whose status does not name its pod yet,
 /// the member it claimed (by its label and seal, verified with `key`).
-pub fn cached_pod(pods: &Store<Pod>, sandbox: &Sandbox, key: &OperatorKey) -> Option<Arc<Pod>> {
+pub fn cached_pod(
+    pods: &Store<CachedPod>,
+    sandbox: &Sandbox,
+    key: &OperatorKey,
+) -> Option<Arc<CachedPod>> {
     let namespace = sandbox.namespace()?;
     pods.get(&ObjectRef::new(&own_pod_name(sandbox)).within(&namespace))
         .or_else(|| {
@@ -42,10 +46,10 @@ pub fn cached_pod(pods: &Store<Pod>, sandbox: &Sandbox, key: &OperatorKey) -> Op
 /// verified with `key`: the status may not name it yet, after a crash between the claim and the status
 /// write). Pure over the store's contents.
 pub fn claimed_in_cache(
-    pods: &Store<Pod>,
+    pods: &Store<CachedPod>,
     sandbox: &Sandbox,
     key: &OperatorKey,
-) -> Option<Arc<Pod>> {
+) -> Option<Arc<CachedPod>> {
     let namespace = sandbox.namespace()?;
     let name = sandbox.name_any();
     let uid = sandbox.uid()?;
@@ -64,10 +68,10 @@ pub fn claimed_in_cache(
 /// contents): labelled with its name and sealed for it (verified with `key`), under a name other than
 /// its current attempt's.
 pub fn previous_attempt_pods(
-    pods: &Store<Pod>,
+    pods: &Store<CachedPod>,
     sandbox: &Sandbox,
     key: &OperatorKey,
-) -> Vec<Arc<Pod>> {
+) -> Vec<Arc<CachedPod>> {
     let (Some(namespace), Some(uid)) = (sandbox.namespace(), sandbox.uid()) else {
         return Vec::new();
     };

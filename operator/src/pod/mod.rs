@@ -1,13 +1,12 @@
 //! What a sandbox is made of, shared by the Sandbox and SandboxPool controllers and the gateway: its
 //! Pod ([`spec`]) and NetworkPolicies ([`policy`]), their names and labels ([`naming`]), its agent's
 //! token ([`token`]), its OOM kills ([`oom`]) and disruptions ([`disruption`]) and the operator's client of agents ([`agent_client`]),
-//! what the operator's cache keeps of a Pod ([`cache_trim`]), the placement policy ([`placement`]), GPUs ([`gpu`]), CIDRs ([`cidr`]), the policy enforcement canaries
+//! the placement policy ([`placement`]), GPUs ([`gpu`]), CIDRs ([`cidr`]), the policy enforcement canaries
 //! ([`policy_canary`]) and the cluster's own ranges ([`cluster_ranges`]).
 
 pub mod agent_client;
 pub mod agent_target;
 pub mod apply;
-pub mod cache_trim;
 pub mod cidr;
 pub mod cluster_ranges;
 pub mod conditions;

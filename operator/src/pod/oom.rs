@@ -6,7 +6,8 @@
 //! anyway: the agent's own memory, or a kubelet that kills the whole container on any OOM kill in it
 //! (cgroup v2 `memory.oom.group`).
 
-use k8s_openapi::api::core::v1::{ContainerState, ContainerStateTerminated, ContainerStatus, Pod};
+use crate::plumbing::cached_pod::CachedPod;
+use k8s_openapi::api::core::v1::{ContainerState, ContainerStateTerminated, ContainerStatus};
 
 use crate::pod::failure::Failure;
 use crate::pod::naming::TASK_CONTAINER;
@@ -26,26 +27,21 @@ fn oom_termination(status: &ContainerStatus) -> Option<&ContainerStateTerminated
 }
 
 /// The memory limit of `container` in `pod`'s spec, as written there (e.g. `2Gi`).
-pub fn memory_limit(pod: &Pod, container: &str) -> Option<String> {
+pub fn memory_limit(pod: &CachedPod, container: &str) -> Option<String> {
     pod.spec
         .as_ref()?
         .containers
         .iter()
         .find(|c| c.name == container)?
-        .resources
-        .as_ref()?
-        .limits
-        .as_ref()?
-        .get("memory")
-        .map(|q| q.0.clone())
-        .filter(|q| !q.is_empty())
+        .memory_limit
+        .clone()
 }
 
 /// The failure of a sandbox whose task container the OOM killer ended, if it did (pure).
 ///
 /// The message names the container, its memory limit (when the Pod sets one) and what to change:
 /// `spec.resources.memory` of the Sandbox (or of its SandboxPool's template).
-pub fn oom_failure(pod: &Pod) -> Option<Failure> {
+pub fn oom_failure(pod: &CachedPod) -> Option<Failure> {
     let status = pod
         .status
         .as_ref()?
@@ -71,9 +67,6 @@ pub fn oom_failure(pod: &Pod) -> Option<Failure> {
 mod tests {
     use super::*;
     use crate::pod::fixtures::{pod, with_task_state};
-    use k8s_openapi::api::core::v1::ResourceRequirements;
-    use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
-    use std::collections::BTreeMap;
 
     fn terminated(reason: &str) -> ContainerState {
         ContainerState {
@@ -86,12 +79,9 @@ mod tests {
         }
     }
 
-    fn with_memory_limit(mut p: Pod, limit: &str) -> Pod {
+    fn with_memory_limit(mut p: CachedPod, limit: &str) -> CachedPod {
         if let Some(spec) = p.spec.as_mut() {
-            spec.containers[0].resources = Some(ResourceRequirements {
-                limits: Some(BTreeMap::from([("memory".into(), Quantity(limit.into()))])),
-                ..Default::default()
-            });
+            spec.containers[0].memory_limit = Some(limit.into());
         }
         p
     }

@@ -9,16 +9,15 @@
 //! (`Deny` by the baseline; `AllowAll` and `AllowList` by their `except` entries, unless
 //! `--egress-allow-api-server`, which leaves only `Deny` sandboxes with a canary).
 
+use crate::plumbing::cached_pod::CachedPod;
 use std::net::{IpAddr, SocketAddr};
 
-use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::api::discovery::v1::EndpointSlice;
 use orchard_api::EgressPolicy;
 
 use crate::pod::naming::TASK_CONTAINER;
 
-/// The agent's variable naming its canaries (comma-separated socket addresses).
-pub const CANARY_VARIABLE: &str = "ORCHARD_AGENT_EGRESS_CANARY";
+pub use crate::plumbing::cached_pod::CANARY_VARIABLE;
 
 /// The canaries the operator found at start.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -76,7 +75,7 @@ pub fn endpoint_addresses(slice: &EndpointSlice) -> Vec<SocketAddr> {
 }
 
 /// Whether `pod`'s agent waits for its policies to be enforced before it serves (pure).
-pub fn awaits_enforcement(pod: &Pod) -> bool {
+pub fn awaits_enforcement(pod: &CachedPod) -> bool {
     pod.spec
         .iter()
         .flat_map(|spec| spec.containers.iter())

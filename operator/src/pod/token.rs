@@ -11,7 +11,7 @@
 
 use std::collections::BTreeMap;
 
-use k8s_openapi::api::core::v1::Pod;
+use kube::Resource;
 use ring::digest;
 
 use crate::plumbing::operator_key::{OperatorKey, hex};
@@ -87,11 +87,12 @@ pub fn credentials(key: &OperatorKey, namespace: &str, pod: &str, nonce: &str) -
 }
 
 /// The agent token of `pod`, derived again from its annotations.
-pub fn token_of(key: &OperatorKey, pod: &Pod) -> Result<String, TokenError> {
-    let namespace = pod.metadata.namespace.as_deref().unwrap_or_default();
-    let name = pod.metadata.name.as_deref().unwrap_or_default();
+pub fn token_of<K: Resource>(key: &OperatorKey, pod: &K) -> Result<String, TokenError> {
+    let metadata = pod.meta();
+    let namespace = metadata.namespace.as_deref().unwrap_or_default();
+    let name = metadata.name.as_deref().unwrap_or_default();
     let shown = || format!("{namespace}/{name}");
-    let annotations = pod.metadata.annotations.as_ref();
+    let annotations = metadata.annotations.as_ref();
     let nonce = annotations
         .and_then(|a| a.get(NONCE_ANNOTATION))
         .filter(|n| !n.is_empty())
@@ -123,6 +124,7 @@ pub fn new_nonce() -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use k8s_openapi::api::core::v1::Pod;
     use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 
     fn key(byte: u8) -> OperatorKey {

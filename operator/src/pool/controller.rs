@@ -7,6 +7,7 @@
 //! This file only orchestrates: observe (the members the operator knows, the book's memory),
 //! decide (`decide::decide`, pure: a `PoolPlan`) and execute (`execute::execute`).
 
+use crate::plumbing::cached_pod::CachedPod;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -87,7 +88,7 @@ fn members(ctx: &PoolCtx, pool: &SandboxPool, hash: &str) -> Vec<MemberView> {
         .filter_map(|p| view(p, &uid, hash, &ctx.kube.key))
         .collect();
     for created in ctx.kube.own_writes.objects::<Pod>(&uid) {
-        if let Some(member) = view(&created, &uid, hash, &ctx.kube.key)
+        if let Some(member) = view(&CachedPod::from(&created), &uid, hash, &ctx.kube.key)
             && !seen.iter().any(|m| m.uid == member.uid)
         {
             seen.push(member);

@@ -3,6 +3,7 @@
 //! reconcile does with the members it sees: which to delete, how many to start, and the counts of
 //! its status.
 
+use crate::plumbing::cached_pod::CachedPod;
 use std::collections::BTreeMap;
 
 use k8s_openapi::api::core::v1::Pod;
@@ -101,7 +102,7 @@ pub struct MemberView {
 /// Reads `pod` as a member of the pool with UID `pool_uid` and template hash `hash`; `None` if it is
 /// not the pool's (not sealed for the pool under `key`: a claimed member is the Sandbox's, and a Pod
 /// somebody made with a controller reference to the pool is nobody's member).
-pub fn view(pod: &Pod, pool_uid: &str, hash: &str, key: &OperatorKey) -> Option<MemberView> {
+pub fn view(pod: &CachedPod, pool_uid: &str, hash: &str, key: &OperatorKey) -> Option<MemberView> {
     if !sealed_for(pod, pool_uid, key) {
         return None;
     }
@@ -370,9 +371,9 @@ mod tests {
             crate::pod::token::token_of(&key, &pod).expect("the member's token can be derived");
         assert_eq!(crate::pod::token::verifier(&token), credentials.verifier);
         let hash = template_hash(&pool.spec.template);
-        let seen = view(&pod, "pool-uid", &hash, &key).expect("a member");
+        let seen = view(&CachedPod::from(&pod), "pool-uid", &hash, &key).expect("a member");
         assert!(seen.current && !seen.ready && seen.failed.is_none());
-        assert!(view(&pod, "other", "h", &key).is_none());
+        assert!(view(&CachedPod::from(&pod), "other", "h", &key).is_none());
         // A sealed member whose token another key derives is outdated: the pool replaces it.
         let mut old_token = pod.clone();
         old_token
@@ -380,7 +381,8 @@ mod tests {
             .annotations
             .get_or_insert_with(BTreeMap::new)
             .insert(KEY_ID_ANNOTATION.into(), "another-key".into());
-        let outdated = view(&old_token, "pool-uid", &hash, &key).expect("a member");
+        let outdated =
+            view(&CachedPod::from(&old_token), "pool-uid", &hash, &key).expect("a member");
         assert!(!outdated.current);
     }
 
@@ -401,11 +403,11 @@ mod tests {
             .as_mut()
             .expect("annotations")
             .remove(orchard_api::SEAL_ANNOTATION);
-        assert!(view(&unsealed, "pool-uid", &hash, &key).is_none());
+        assert!(view(&CachedPod::from(&unsealed), "pool-uid", &hash, &key).is_none());
         // A real member's seal copied onto another name does not verify either.
         let mut copied = genuine.clone();
         copied.metadata.name = Some("py-fake2".into());
-        assert!(view(&copied, "pool-uid", &hash, &key).is_none());
+        assert!(view(&CachedPod::from(&copied), "pool-uid", &hash, &key).is_none());
         // Sealed under another operator's key.
         let theirs = crate::plumbing::operator_key::OperatorKey::new(&[3; 32]).expect("key");
         let foreign = member_pod(
@@ -416,6 +418,6 @@ mod tests {
             &credentials,
             &theirs,
         );
-        assert!(view(&foreign, "pool-uid", &hash, &key).is_none());
+        assert!(view(&CachedPod::from(&foreign), "pool-uid", &hash, &key).is_none());
     }
 }

@@ -3,6 +3,8 @@
 //! seen and stalls the pool, a refused template loses its members. The decisions themselves are
 //! tabled in `decide_tests.rs`.
 
+use crate::plumbing::cached_pod::CachedPod;
+
 use std::sync::Arc;
 
 use k8s_openapi::api::core::v1::{Pod, PodStatus};
@@ -41,7 +43,7 @@ fn caches(pool: &SandboxPool, members: Vec<Pod>) -> TestCaches {
         baseline_policy("ns", &settings.pod.policy),
     );
     for member in members {
-        cache(&mut caches.pods, member);
+        cache(&mut caches.pods, CachedPod::from(&member));
     }
     caches
 }

@@ -2,6 +2,7 @@
 //! with (its own fields, the template's where it leaves them unset), the part of a spec that shapes
 //! the Pod, its stable hash (stamped on every member), and which pod-shaping fields differ.
 
+use crate::plumbing::cached_pod::CachedPod;
 use k8s_openapi::api::core::v1::Pod;
 use orchard_api::{LifecycleSpec, NetworkSpec, POOL_DEFAULTS_ANNOTATION, SandboxSpec};
 use serde::{Deserialize, Serialize};
@@ -44,7 +45,7 @@ pub fn record_defaults(pod: &mut Pod, defaults: &PoolDefaults) {
 
 /// The defaults `pod` recorded; `None` if it recorded none (or they do not parse: then the live
 /// template's apply).
-pub fn recorded_defaults(pod: &Pod) -> Option<PoolDefaults> {
+pub fn recorded_defaults(pod: &CachedPod) -> Option<PoolDefaults> {
     let text = pod
         .metadata
         .annotations
@@ -276,10 +277,10 @@ mod tests {
     #[test]
     fn defaults_round_trip_through_the_pod() {
         let mut pod = Pod::default();
-        assert_eq!(recorded_defaults(&pod), None);
+        assert_eq!(recorded_defaults(&CachedPod::from(&pod)), None);
         let defaults = defaults_of(&template());
         record_defaults(&mut pod, &defaults);
-        assert_eq!(recorded_defaults(&pod), Some(defaults));
+        assert_eq!(recorded_defaults(&CachedPod::from(&pod)), Some(defaults));
     }
 
     #[test]

@@ -3,9 +3,9 @@
 //! a member that is Ready wakes the Sandboxes waiting for one; a pool that appears or changes wakes
 //! them too; a deleted Sandbox no longer waits.
 
+use crate::plumbing::cached_pod::CachedPod;
 use std::sync::Arc;
 
-use k8s_openapi::api::core::v1::Pod;
 use kube::Resource;
 use kube::runtime::watcher;
 
@@ -15,8 +15,8 @@ use crate::pod::health::pod_ready;
 use crate::pool::book::{PoolBook, PoolKey};
 use orchard_api::{CLAIMED_FROM_LABEL, POOL_LABEL, Sandbox, SandboxPool};
 
-impl Subscriber<Pod> for Arc<PoolBook> {
-    fn notify(&mut self, event: &watcher::Event<Pod>) {
+impl Subscriber<CachedPod> for Arc<PoolBook> {
+    fn notify(&mut self, event: &watcher::Event<CachedPod>) {
         let Some(pod) = forwarded(event, Forward::AppliedAndDeleted) else {
             return;
         };
@@ -69,7 +69,7 @@ mod tests {
     use orchard_api::SandboxSpec;
     use std::collections::BTreeMap;
 
-    fn member(ready: bool, label: &str) -> Pod {
+    fn member(ready: bool, label: &str) -> CachedPod {
         let mut p = pod(Some("node"), Some("10.0.0.9"), ready);
         p.metadata.namespace = Some("ns".into());
         p.metadata.labels = Some(BTreeMap::from([(label.into(), "py".into())]));

@@ -21,9 +21,8 @@
 //! the retry is created without asking the queue again. So such a trajectory's slot is held from
 //! admission until its group records its outcome (and its Pod is gone).
 
+use crate::plumbing::cached_pod::CachedPod;
 use std::collections::BTreeSet;
-
-use k8s_openapi::api::core::v1::Pod;
 
 use crate::plumbing::operator_key::OperatorKey;
 use crate::plumbing::ownership::sealed;
@@ -66,7 +65,7 @@ pub fn holders<'a>(
     namespace: &str,
     queue: &str,
     sandboxes: impl IntoIterator<Item = &'a Sandbox>,
-    pods: impl IntoIterator<Item = &'a Pod>,
+    pods: impl IntoIterator<Item = &'a CachedPod>,
     key: &OperatorKey,
 ) -> BTreeSet<String> {
     let mut names: BTreeSet<String> = sandboxes
@@ -106,6 +105,7 @@ pub fn retrying<'a>(
 
 #[cfg(test)]
 mod tests {
+    use k8s_openapi::api::core::v1::Pod;
     use std::collections::BTreeMap;
 
     use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
@@ -152,7 +152,7 @@ mod tests {
     }
 
     /// The Pod the operator made for Sandbox `name`.
-    fn pod(name: &str, queue: &str, namespace: &str) -> Pod {
+    fn pod(name: &str, queue: &str, namespace: &str) -> CachedPod {
         let mut pod = Pod {
             metadata: ObjectMeta {
                 name: Some(name.into()),
@@ -164,7 +164,7 @@ mod tests {
             ..Pod::default()
         };
         seal(&mut pod, &test_token_key());
-        pod
+        CachedPod::from(&pod)
     }
 
     fn with_result() -> Option<SandboxStatus> {

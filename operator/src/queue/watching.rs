@@ -4,9 +4,9 @@
 //! (its unfinished trajectories hold slots: `accounting::retrying`), or when the RolloutQueue itself
 //! changes.
 
+use crate::plumbing::cached_pod::CachedPod;
 use std::sync::Arc;
 
-use k8s_openapi::api::core::v1::Pod;
 use kube::Resource;
 use kube::runtime::watcher;
 
@@ -34,8 +34,8 @@ impl Subscriber<Sandbox> for Arc<QueueBook> {
     }
 }
 
-impl Subscriber<Pod> for Arc<QueueBook> {
-    fn notify(&mut self, event: &watcher::Event<Pod>) {
+impl Subscriber<CachedPod> for Arc<QueueBook> {
+    fn notify(&mut self, event: &watcher::Event<CachedPod>) {
         if let Some(key) = labelled_queue(event) {
             self.mark_dirty(key);
         }

@@ -195,7 +195,7 @@ pub async fn delete_superseded(
     let namespace = group.namespace().unwrap_or_default();
     let uid = group.uid().unwrap_or_default();
     for child in superseded {
-        ensure_deleted(
+        ensure_deleted::<Sandbox, _>(
             &ctx.kube,
             &ctx.kube.caches.sandboxes,
             &uid,
@@ -222,7 +222,7 @@ pub async fn delete_children(
             continue;
         }
         let child_uid = child.uid().unwrap_or_default();
-        ensure_deleted(
+        ensure_deleted::<Sandbox, _>(
             &ctx.kube,
             &ctx.kube.caches.sandboxes,
             &uid,

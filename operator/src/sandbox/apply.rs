@@ -2,6 +2,7 @@
 //! own writes (scoped by the Sandbox's UID) show what the pure builders want, and uses an existing
 //! object only when it is sealed for the Sandbox's UID (`plumbing::ownership`).
 
+use crate::plumbing::cached_pod::CachedPod;
 use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::api::networking::v1::NetworkPolicy;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
@@ -112,7 +113,7 @@ pub async fn ensure_egress_policy(
         None => {
             if let Some(cached) = cached {
                 let uid = cached.uid().unwrap_or_default();
-                ensure_deleted(
+                ensure_deleted::<NetworkPolicy, _>(
                     &ctx.kube,
                     &ctx.kube.caches.policies,
                     scope,
@@ -129,14 +130,15 @@ pub async fn ensure_egress_policy(
 
 /// The sandbox's Pod as far as the operator knows without asking: the cache (classified by owner and
 /// seal), else the Pod this incarnation created or claimed moments ago.
-pub fn known_pod(ctx: &SandboxCtx, sandbox: &Sandbox) -> Option<ChildState<Pod>> {
+pub fn known_pod(ctx: &SandboxCtx, sandbox: &Sandbox) -> Option<ChildState<CachedPod>> {
     let uid = sandbox.uid().unwrap_or_default();
     let name = own_pod_name_of(sandbox);
     let key = &ctx.kube.key;
     let written = ctx
         .kube
         .own_writes
-        .object::<Pod>(&uid, &child_key("Pod", &name));
+        .object::<Pod>(&uid, &child_key("Pod", &name))
+        .map(|pod| CachedPod::from(&pod));
     if let Some(cached) = cached_pod(&ctx.kube.caches.pods, sandbox, key) {
         // A pool member this sandbox claimed moments ago: the cache may still show it as the
         // pool's, the claim's answer is newer.
@@ -197,13 +199,14 @@ pub async fn delete_own_pod(ctx: &SandboxCtx, sandbox: &Sandbox) -> Result<()> {
         None => ctx
             .kube
             .own_writes
-            .object::<Pod>(&uid, &child_key("Pod", &own_pod_name_of(sandbox))),
+            .object::<Pod>(&uid, &child_key("Pod", &own_pod_name_of(sandbox)))
+            .map(|pod| CachedPod::from(&pod)),
     };
     if let Some(pod) = pod
         && let Some(pod_uid) = pod.uid()
     {
         let name = pod.name_any();
-        ensure_deleted(
+        ensure_deleted::<Pod, _>(
             &ctx.kube,
             &ctx.kube.caches.pods,
             &uid,
@@ -226,7 +229,7 @@ pub async fn delete_previous_attempts(ctx: &SandboxCtx, sandbox: &Sandbox) -> Re
         let (namespace, name) = (pod.namespace().unwrap_or_default(), pod.name_any());
         let pod_uid = pod.uid().unwrap_or_default();
         if pod.meta().deletion_timestamp.is_none() {
-            ensure_deleted(
+            ensure_deleted::<Pod, _>(
                 &ctx.kube,
                 &ctx.kube.caches.pods,
                 &uid,
@@ -255,7 +258,7 @@ pub async fn delete_sandbox(ctx: &SandboxCtx, sandbox: &Sandbox) -> Result<()> {
 /// incarnation's that holds the name; never a Pod someone else put there.
 pub async fn remove_if_stuck_on_lost_node(ctx: &SandboxCtx, sandbox: &Sandbox) -> Result<()> {
     let key = &ctx.kube.key;
-    let operators = |pod: &Pod| {
+    let operators = |pod: &CachedPod| {
         crate::plumbing::ownership::sealed(pod, key).is_some_and(|uid| {
             crate::plumbing::ownership::controller_uid(&pod.metadata) == Some(uid)
         })

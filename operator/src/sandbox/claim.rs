@@ -8,6 +8,7 @@
 //! failover, exactly one gets the member; the others get 422 or 409 and try the next one. The Pod's
 //! agent token is derived from the Pod's own annotations, so it follows without a second write.
 
+use crate::plumbing::cached_pod::CachedPod;
 use std::sync::Arc;
 
 use json_patch::jsonptr::PointerBuf;
@@ -42,16 +43,16 @@ const MAX_ATTEMPTS: usize = 8;
 /// first (pure): Ready, not being deleted, sealed for the pool under `key`, built from that template
 /// with a token `key` derives.
 pub fn candidates(
-    pods: &[Arc<Pod>],
+    pods: &[Arc<CachedPod>],
     pool: &SandboxPool,
     hash: &str,
     key: &OperatorKey,
     reserved: impl Fn(&str) -> bool,
-) -> Vec<Arc<Pod>> {
+) -> Vec<Arc<CachedPod>> {
     let namespace = pool.metadata.namespace.as_deref();
     let name = pool.metadata.name.as_deref().unwrap_or_default();
     let uid = pool.metadata.uid.as_deref().unwrap_or_default();
-    let mut found: Vec<(Option<k8s_openapi::jiff::Timestamp>, Arc<Pod>)> = pods
+    let mut found: Vec<(Option<k8s_openapi::jiff::Timestamp>, Arc<CachedPod>)> = pods
         .iter()
         .filter(|p| p.metadata.namespace.as_deref() == namespace)
         .filter(|p| {
@@ -80,7 +81,7 @@ pub fn candidates(
 /// `labels`, seal it for `owner` under `key` (replacing the pool's seal), and record the pool
 /// template's `defaults` (network, lifecycle) the sandbox runs with.
 pub fn claim_patch(
-    member: &Pod,
+    member: &CachedPod,
     owner: &OwnerReference,
     labels: &std::collections::BTreeMap<String, String>,
     defaults: &PoolDefaults,
@@ -153,7 +154,7 @@ pub async fn claim_member(
     let pool_name = pool.name_any();
     let namespace = sandbox.namespace().unwrap_or_default();
     let hash = template_hash(&sandbox.spec);
-    let pods: Vec<Arc<Pod>> = ctx.kube.caches.pods.state();
+    let pods: Vec<Arc<CachedPod>> = ctx.kube.caches.pods.state();
     let found = candidates(&pods, pool, &hash, &ctx.kube.key, |uid| {
         ctx.pools.is_reserved(uid)
     });
@@ -307,7 +308,7 @@ fn cold(ctx: &SandboxCtx, key: &PoolKey, sandbox: &str) -> PoolStep {
 
 /// Whether `pod` is a pool member `sandbox` claimed (it carries the member's name, not the
 /// sandbox's).
-pub fn is_claimed_member(sandbox: &Sandbox, pod: &Pod) -> bool {
+pub fn is_claimed_member(sandbox: &Sandbox, pod: &CachedPod) -> bool {
     pod.metadata.name.as_deref() != Some(pod_name(&sandbox.name_any()).as_str())
         && pod
             .metadata
@@ -319,7 +320,7 @@ pub fn is_claimed_member(sandbox: &Sandbox, pod: &Pod) -> bool {
 /// Tells the agent of the member `sandbox` claimed which Sandbox it serves now, so commands see the
 /// sandbox's name in `ORCHARD_SANDBOX` (the Pod was started under the member's). Done before the
 /// sandbox is first written Ready; an error leaves it un-Ready and the reconcile retries.
-pub async fn announce_identity(ctx: &SandboxCtx, sandbox: &Sandbox, pod: &Pod) -> Result<()> {
+pub async fn announce_identity(ctx: &SandboxCtx, sandbox: &Sandbox, pod: &CachedPod) -> Result<()> {
     let Some(target) = crate::sandbox::runner::agent_target_of(ctx, sandbox, pod) else {
         return Err(Error::Agent {
             sandbox: sandbox.name_any(),
@@ -352,7 +353,7 @@ mod tests {
         fixtures::pool(3)
     }
 
-    fn member(name: &str, ready: bool, second: i64) -> Arc<Pod> {
+    fn member(name: &str, ready: bool, second: i64) -> Arc<CachedPod> {
         let pool = pool();
         let owner = pool.controller_owner_ref(&()).expect("owner");
         let shape = fixtures::shape();
@@ -371,7 +372,7 @@ mod tests {
             }))
             .expect("status"),
         );
-        Arc::new(pod)
+        Arc::new(CachedPod::from(&pod))
     }
 
     #[test]
@@ -448,7 +449,7 @@ mod tests {
         assert!(sealed_for(&claimed, "sbx-uid", &key));
         assert!(!sealed_for(&claimed, "pool-uid", &key));
         let hash = template_hash(&pool().spec.template);
-        assert!(view(&claimed, "pool-uid", &hash, &key).is_none());
+        assert!(view(&CachedPod::from(&claimed), "pool-uid", &hash, &key).is_none());
     }
 
     #[test]
@@ -496,7 +497,7 @@ mod tests {
         let mut planted = (*member("py-fake1", true, 1)).clone();
         planted.metadata.owner_references = Some(vec![owner.clone()]);
         planted.metadata.labels = Some(claimed_labels(&sandbox, "py", &key));
-        let (store, mut writer) = kube::runtime::reflector::store::<Pod>();
+        let (store, mut writer) = kube::runtime::reflector::store::<CachedPod>();
         writer.apply_watcher_event(&kube::runtime::watcher::Event::Apply(planted.clone()));
         assert!(claimed_in_cache(&store, &sandbox, &key).is_none());
         seal(&mut planted, &key);

@@ -11,9 +11,9 @@
 //! [`failed_removal`] and [`expiry`] decide the ends of a sandbox's life. Everything here is
 //! unit-tested with tables; the scripted-API tests (`reconcile_tests.rs`) cover the I/O around it.
 
+use crate::plumbing::cached_pod::CachedPod;
 use std::time::Duration;
 
-use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::jiff::{SignedDuration, Timestamp};
 
 use crate::plumbing::kube_ctx::object_key;
@@ -82,7 +82,7 @@ pub enum PodStep {
 #[derive(Debug, Clone, PartialEq, Default)]
 pub struct ChildOutcome {
     /// The sandbox's Pod, if it has one.
-    pub pod: Option<Pod>,
+    pub pod: Option<CachedPod>,
     /// The status named a Pod and a live read confirmed it is gone: the failure it means.
     pub pod_gone: Option<crate::pod::failure::Failure>,
     /// Why the sandbox cannot have a child it needs, if it cannot.
@@ -95,7 +95,7 @@ pub struct ChildOutcome {
 /// has a Pod).
 pub fn plan_children(
     sandbox: &Sandbox,
-    known: Option<&ChildState<Pod>>,
+    known: Option<&ChildState<CachedPod>>,
     placement: &Placement,
     invalid_retry: Option<&str>,
     snapshot: Option<&Blocked>,
@@ -361,7 +361,7 @@ pub fn plan_status(sandbox: &Sandbox, outcome: &ChildOutcome, input: &StatusInpu
 /// its NetworkPolicies); never later than `resync`.
 fn next_deadline(
     sandbox: &Sandbox,
-    pod: Option<&Pod>,
+    pod: Option<&CachedPod>,
     status: &SandboxStatus,
     lifecycle: Lifecycle,
     input: &StatusInput,

@@ -1,8 +1,8 @@
 //! Every decision of a Sandbox reconcile, as tables: inputs in, plan out, no API server.
 
+use crate::plumbing::cached_pod::CachedPod;
 use std::time::Duration;
 
-use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
 
 use super::*;
@@ -49,7 +49,7 @@ fn phase(phase: SandboxPhase) -> SandboxStatus {
     }
 }
 
-fn ready_pod() -> Pod {
+fn ready_pod() -> CachedPod {
     pod(Some("node"), Some("10.0.0.7"), true)
 }
 
@@ -78,7 +78,7 @@ fn the_children_plan_follows_the_phase_the_known_pod_and_the_placement_policy() 
         )
     };
     let allow_all = Placement::default();
-    let cases: Vec<(&str, Sandbox, Option<&ChildState<Pod>>, ChildPlan)> = vec![
+    let cases: Vec<(&str, Sandbox, Option<&ChildState<CachedPod>>, ChildPlan)> = vec![
         (
             "failed",
             with_status(sandbox(), phase(SandboxPhase::Failed)),
@@ -684,7 +684,7 @@ fn a_sandbox_without_a_pod_waits_for_its_snapshot_or_fails_with_it() {
         failed: false,
         message: "SandboxSnapshot prepared is Committing".into(),
     };
-    // Before its Pod exists the snapshot decides; once it has one, the Pod does.
+    // Before its CachedPod exists the snapshot decides; once it has one, the CachedPod does.
     assert_eq!(
         plan_children(
             &from_snapshot,

@@ -1,9 +1,9 @@
 //! The I/O half of a Sandbox reconcile: carry out a [`ChildPlan`] and a [`Settle`] (see `decide`),
 //! through the thin write layer of `apply` and the claim of a pool member (`claim`).
 
+use crate::plumbing::cached_pod::CachedPod;
 use std::sync::Arc;
 
-use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
 use k8s_openapi::jiff::Timestamp;
 use kube::ResourceExt;
@@ -41,7 +41,7 @@ pub async fn ensure_children(
     sandbox: &Sandbox,
     owner: &OwnerReference,
     pool: Option<&SandboxPool>,
-    known: Option<ChildState<Pod>>,
+    known: Option<ChildState<CachedPod>>,
     plan: &ChildPlan,
     retry: Option<&RetryParams>,
 ) -> Result<ChildOutcome> {
@@ -71,7 +71,9 @@ pub async fn ensure_children(
         }
         PodStep::Blocked(why) => outcome.blocked = Some(why.clone()),
         PodStep::Fetch => {
-            outcome.pod = apply::fetch_own_pod(ctx, sandbox).await?;
+            outcome.pod = apply::fetch_own_pod(ctx, sandbox)
+                .await?
+                .map(|pod| CachedPod::from(&pod));
             if outcome.pod.is_none() {
                 outcome.pod_gone = Some(apply::gone_failure(ctx, sandbox).await);
             }
@@ -99,7 +101,7 @@ async fn start_pod(
     owner: &OwnerReference,
     pool: Option<&SandboxPool>,
     retry: Option<&RetryParams>,
-) -> Result<(Option<Pod>, Option<Blocked>)> {
+) -> Result<(Option<CachedPod>, Option<Blocked>)> {
     let defaults = pool.map(|p| defaults_of(&p.spec.template));
     if attempt(sandbox) > 1 {
         apply::delete_previous_attempts(ctx, sandbox).await?;
@@ -108,7 +110,7 @@ async fn start_pod(
     }
     if let Some(pool_name) = sandbox.spec.pool.as_deref() {
         match claim_or_fallback(ctx, sandbox, owner, pool, pool_name).await? {
-            PoolStep::Claimed(member) => return Ok((Some(*member), None)),
+            PoolStep::Claimed(member) => return Ok((Some(CachedPod::from(&*member)), None)),
             PoolStep::Wait(why) => return Ok((None, Some(why))),
             PoolStep::Cold => {}
         }
@@ -124,7 +126,7 @@ async fn create_own_pod(
     sandbox: &Sandbox,
     owner: &OwnerReference,
     defaults: Option<&PoolDefaults>,
-) -> Result<(Option<Pod>, Option<Blocked>)> {
+) -> Result<(Option<CachedPod>, Option<Blocked>)> {
     let namespace = sandbox.namespace().unwrap_or_default();
     let credentials = crate::pod::token::credentials(
         &ctx.kube.key,
@@ -143,7 +145,7 @@ async fn create_own_pod(
         record_defaults(&mut desired, defaults);
     }
     match apply::create_pod(ctx, sandbox, &desired).await {
-        Ok(ChildState::Ours(created)) => Ok((Some(created), None)),
+        Ok(ChildState::Ours(created)) => Ok((Some(CachedPod::from(&created)), None)),
         Ok(other) => Ok((None, blocked_by(&[&other.unit()]))),
         Err(Error::Kube(kube::Error::Api(status))) => {
             if let Some(why) = admission_rejection(status.code, &status.message) {
@@ -162,7 +164,7 @@ async fn create_own_pod(
 pub async fn settle(
     ctx: &Arc<SandboxCtx>,
     sandbox: &Sandbox,
-    pod: Option<&Pod>,
+    pod: Option<&CachedPod>,
     settle: Settle,
 ) -> Result<Option<std::time::Duration>> {
     if settle.announce_identity

@@ -2,6 +2,8 @@
 //! (`plumbing::mock_api`), for the main cases: a new sandbox, its pod turning Ready, its TTL passed, an
 //! egress switch to `Deny`.
 
+use crate::plumbing::cached_pod::CachedPod;
+
 use std::sync::Arc;
 
 use k8s_openapi::api::core::v1::{Pod, PodCondition, PodStatus};
@@ -95,7 +97,7 @@ fn caches_with_children(s: &Sandbox, pod: Option<Pod>) -> TestCaches {
         baseline_policy(NS, &settings.pod.policy),
     );
     if let Some(pod) = pod {
-        cache(&mut caches.pods, pod);
+        cache(&mut caches.pods, CachedPod::from(&pod));
     }
     caches
 }
@@ -123,8 +125,9 @@ fn settled(mut s: Sandbox, pod: &Pod, ready_seconds_ago: i64) -> Sandbox {
     let settings = default_settings();
     let key = test_token_key();
     let ready = Timestamp::now() - SignedDuration::from_secs(ready_seconds_ago);
+    let pod = CachedPod::from(pod);
     let observed = Observed {
-        pod: Some(pod),
+        pod: Some(&pod),
         pod_gone: None,
         now: ready,
         lifecycle: Lifecycle::of(

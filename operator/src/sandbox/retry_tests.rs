@@ -2,9 +2,10 @@
 //! sandbox goes through (a new attempt Pending with Ready False `Retrying`, Ready again in its new
 //! pod, Failed with the last reason once the attempts are spent).
 
+use crate::plumbing::cached_pod::CachedPod;
 use std::time::Duration;
 
-use k8s_openapi::api::core::v1::{ContainerState, ContainerStateTerminated, Pod, PodStatus};
+use k8s_openapi::api::core::v1::{ContainerState, ContainerStateTerminated, PodStatus};
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 
@@ -257,7 +258,11 @@ fn a_pod_per_attempt_named_and_labelled_for_it() {
     );
 }
 
-fn observed<'a>(pod: Option<&'a Pod>, now: &str, retry: Option<&'a RetryParams>) -> Observed<'a> {
+fn observed<'a>(
+    pod: Option<&'a CachedPod>,
+    now: &str,
+    retry: Option<&'a RetryParams>,
+) -> Observed<'a> {
     Observed {
         pod,
         pod_gone: None,
@@ -276,7 +281,7 @@ fn observed<'a>(pod: Option<&'a Pod>, now: &str, retry: Option<&'a RetryParams>)
     }
 }
 
-fn oom_killed_pod() -> Pod {
+fn oom_killed_pod() -> CachedPod {
     let mut p = with_task_state(
         pod(Some("node-1"), Some("10.0.0.7"), false),
         ContainerState {
@@ -294,7 +299,7 @@ fn oom_killed_pod() -> Pod {
     p
 }
 
-fn ready_pod(name: &str, created: &str) -> Pod {
+fn ready_pod(name: &str, created: &str) -> CachedPod {
     let mut p = pod(Some("node-1"), Some("10.0.0.8"), true);
     p.metadata.name = Some(name.into());
     p.metadata.creation_timestamp = Some(Time(t(created)));

@@ -7,10 +7,10 @@
 //! `timeoutSeconds` itself, so a run ends on time even while the operator is down; the operator adds
 //! its own deadline (plus [`DEADLINE_GRACE`]) in case the agent stops answering.
 
+use crate::plumbing::cached_pod::CachedPod;
 use std::sync::Arc;
 use std::time::Duration;
 
-use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::jiff::{SignedDuration, Timestamp};
 use kube::api::{Api, Patch, PatchParams};
 use kube::runtime::reflector::ObjectRef;
@@ -132,7 +132,11 @@ pub fn agent_target(ctx: &SandboxCtx, sandbox: &Sandbox) -> Option<AgentTarget> 
 /// whose token cannot be derived is logged.
 ///
 /// [`pod::agent_target`]: crate::pod::agent_target::agent_target
-pub fn agent_target_of(ctx: &SandboxCtx, sandbox: &Sandbox, pod: &Pod) -> Option<AgentTarget> {
+pub fn agent_target_of(
+    ctx: &SandboxCtx,
+    sandbox: &Sandbox,
+    pod: &CachedPod,
+) -> Option<AgentTarget> {
     let port = ctx.pods.settings.pod.agent_port;
     match crate::pod::agent_target::agent_target(sandbox, pod, port, &ctx.kube.key) {
         Ok(target) => Some(target),

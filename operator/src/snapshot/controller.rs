@@ -3,6 +3,7 @@
 //! (`execute::execute`). Woken by its own changes, its committer Pod's, and those of the
 //! Sandboxes, SandboxPools and RolloutGroups that name it.
 
+use crate::plumbing::cached_pod::CachedPod;
 use std::sync::Arc;
 
 use k8s_openapi::api::core::v1::{Pod, ResourceQuota};
@@ -82,7 +83,7 @@ fn committer_of(ctx: &SnapshotCtx, snapshot: &SandboxSnapshot) -> Option<Pod> {
 }
 
 /// The Sandbox's Pod as the cache shows it, if it carries the Sandbox's label.
-fn sandbox_pod(ctx: &SnapshotCtx, sandbox: &Sandbox) -> Option<Arc<Pod>> {
+fn sandbox_pod(ctx: &SnapshotCtx, sandbox: &Sandbox) -> Option<Arc<CachedPod>> {
     cached_pod(&ctx.kube.caches.pods, sandbox, &ctx.kube.key).filter(|pod| {
         pod.metadata
             .labels

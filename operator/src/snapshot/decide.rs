@@ -3,6 +3,7 @@
 //! committer Pod to create or delete, the status, and whether the snapshot's time is up.
 //! `execute::execute` carries it out; every branch is unit-tested in `decide_tests.rs`.
 
+use crate::plumbing::cached_pod::CachedPod;
 use std::time::Duration;
 
 use k8s_openapi::api::core::v1::Pod;
@@ -72,7 +73,7 @@ pub struct Observed<'a> {
     /// The Sandbox `spec.sandbox` names, if it exists.
     pub sandbox: Option<&'a Sandbox>,
     /// That Sandbox's Pod, if the operator knows it.
-    pub sandbox_pod: Option<&'a Pod>,
+    pub sandbox_pod: Option<&'a CachedPod>,
     /// The snapshot's committer Pod, if it exists.
     pub committer: Option<&'a Pod>,
     /// Who names the snapshot in `fromSnapshot` (`Sandbox a`, `SandboxPool p`, `RolloutGroup g`).
@@ -236,7 +237,7 @@ fn failed(
 pub fn target_of(
     snapshot: &SandboxSnapshot,
     sandbox: Option<&Sandbox>,
-    pod: Option<&Pod>,
+    pod: Option<&CachedPod>,
     registry: &str,
 ) -> Result<CommitTarget, (&'static str, String)> {
     let wanted = &snapshot.spec.sandbox;
@@ -373,7 +374,7 @@ fn committer_state(pod: &Pod, settings: &CommitterSettings, now: Timestamp) -> C
             ),
         }));
     }
-    if let Some(failure) = disruption_failure(pod) {
+    if let Some(failure) = disruption_failure(&CachedPod::from(pod)) {
         let reason = if failure.reason == NODE_LOST {
             reason::NODE_GONE
         } else {

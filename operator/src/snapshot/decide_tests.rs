@@ -1,5 +1,7 @@
 //! Every branch of `decide::decide`: a snapshot's life from the first reconcile to its deletion.
 
+use crate::plumbing::cached_pod::CachedPod;
+
 use std::time::Duration;
 
 use k8s_openapi::api::core::v1::{
@@ -151,7 +153,7 @@ fn terminated(code: i32, message: &str) -> ContainerState {
 
 struct World {
     sandbox: Option<Sandbox>,
-    pod: Option<Pod>,
+    pod: Option<CachedPod>,
     committer: Option<Pod>,
     referrers: Vec<String>,
     settings: CommitterSettings,
@@ -163,7 +165,7 @@ impl World {
     fn ready() -> Self {
         Self {
             sandbox: Some(sandbox(SandboxPhase::Ready, None)),
-            pod: Some(sandbox_pod()),
+            pod: Some(CachedPod::from(&sandbox_pod())),
             committer: None,
             referrers: vec![],
             settings: settings(),
@@ -322,7 +324,7 @@ fn a_sandbox_that_is_not_ready_fails_the_snapshot_at_once() {
     for (case, sandbox, pod, want_reason, want_message) in cases {
         let world = World {
             sandbox,
-            pod,
+            pod: pod.map(|pod| CachedPod::from(&pod)),
             ..World::ready()
         };
         let plan = world.decide(&snapshot(true, None));

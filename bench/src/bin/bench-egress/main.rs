@@ -20,7 +20,6 @@
 //! Prints Markdown tables; with `--write-doc PATH` replaces the `## Egress proxy` section of that
 //! file.
 
-mod alloc;
 mod client;
 mod cpu;
 mod origin;
@@ -50,7 +49,7 @@ use client::{Client, Route};
 use report::{Download, RouteRuns};
 
 #[global_allocator]
-static ALLOCATOR: alloc::Counting = alloc::Counting;
+static ALLOCATOR: orchard_bench::alloc::Counting = orchard_bench::alloc::Counting;
 
 /// The big body.
 const BIG: u64 = 512 * 1024 * 1024;

@@ -14,7 +14,8 @@ use orchard_operator::egress::rules::{Decision, Target};
 use orchard_operator::egress::sandboxes::TableBuilder;
 use orchard_operator::egress::table::PolicyTable;
 
-use crate::{alloc, stats};
+use crate::stats;
+use orchard_bench::alloc;
 
 /// The name the benchmark's own sandbox is allowed (its fifth and last host pattern).
 pub const ORIGIN_HOST: &str = "origin.test";

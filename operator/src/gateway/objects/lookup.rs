@@ -2,6 +2,7 @@
 //! the cache does not have the object yet, e.g. right after it was created), whether a sandbox's agent
 //! can take calls, and the sandbox's agent token, derived from its pod under the operator's key.
 
+use crate::plumbing::cached_pod::CachedPod;
 use std::sync::Arc;
 
 use k8s_openapi::api::core::v1::Pod;
@@ -24,7 +25,7 @@ use orchard_api::{Sandbox, SandboxPhase};
 /// as whoever may create a Pod could forge its controller reference.
 pub fn agent_endpoint(
     sandbox: &Sandbox,
-    pod: Option<&Pod>,
+    pod: Option<&CachedPod>,
     agent_port: u16,
     key: &OperatorKey,
 ) -> Result<String, ApiError> {
@@ -83,10 +84,10 @@ pub async fn find_sandbox(
 /// Whichever it returns, [`agent_endpoint`] checks that it is the sandbox's own.
 pub async fn own_pod(
     client: &Client,
-    pods: &Store<Pod>,
+    pods: &Store<CachedPod>,
     sandbox: &Sandbox,
     key: &OperatorKey,
-) -> Option<Arc<Pod>> {
+) -> Option<Arc<CachedPod>> {
     let cached = cached_pod(pods, sandbox, key);
     let uid = sandbox.uid().unwrap_or_default();
     let lagging = sandbox.spec.pool.is_some()
@@ -98,7 +99,7 @@ pub async fn own_pod(
     }
     let api: Api<Pod> = Api::namespaced(client.clone(), &sandbox.namespace().unwrap_or_default());
     match api.get_opt(&own_pod_name(sandbox)).await {
-        Ok(Some(pod)) => Some(Arc::new(pod)),
+        Ok(Some(pod)) => Some(Arc::new(CachedPod::from(&pod))),
         _ => cached,
     }
 }
@@ -108,7 +109,7 @@ pub async fn own_pod(
 /// another key, cannot be called: 409 saying so).
 pub fn agent_access(
     sandbox: &Sandbox,
-    pod: Option<&Pod>,
+    pod: Option<&CachedPod>,
     agent_port: u16,
     key: &OperatorKey,
 ) -> Result<(String, String), ApiError> {
@@ -142,7 +143,7 @@ mod tests {
 
     /// A Ready pod at 10.0.0.5 with a controller reference to the sandbox, as anyone who may create
     /// Pods can make one.
-    fn planted_pod(s: &Sandbox) -> Pod {
+    fn planted_pod(s: &Sandbox) -> CachedPod {
         serde_json::from_value(serde_json::json!({
             "metadata": {"name": "s", "namespace": "ns", "ownerReferences": [{
                 "apiVersion": "orchard.dev/v1alpha1", "kind": "Sandbox", "name": "s",
@@ -153,13 +154,13 @@ mod tests {
     }
 
     /// The sandbox's own Ready pod at 10.0.0.5: the planted pod sealed by the operator.
-    fn own_pod(s: &Sandbox) -> Pod {
+    fn own_pod(s: &Sandbox) -> CachedPod {
         let mut pod = planted_pod(s);
         crate::plumbing::ownership::seal(&mut pod, &test_token_key());
         pod
     }
 
-    fn endpoint(s: &Sandbox, pod: Option<&Pod>) -> Result<String, ApiError> {
+    fn endpoint(s: &Sandbox, pod: Option<&CachedPod>) -> Result<String, ApiError> {
         agent_endpoint(s, pod, 9090, &test_token_key())
     }
 

@@ -9,7 +9,7 @@
 //! itself (`Stalled=False`) are no evidence, so the verdict never feeds on itself. [`shared`] keeps it
 //! for the controller, the log and the `orchard_network_policy_enforcement` gauge.
 
-use k8s_openapi::api::core::v1::Pod;
+use crate::plumbing::cached_pod::CachedPod;
 use k8s_openapi::jiff::Timestamp;
 
 use crate::plumbing::conditions::STALLED;
@@ -91,7 +91,11 @@ impl Evidence {
 
 /// What the status (and Pod) of the sandbox `name` (`namespace/name`) tells about enforcement (pure).
 /// The same function reads a status the controller just computed and one in the watch cache.
-pub fn evidence_of(name: &str, status: &SandboxStatus, pod: Option<&Pod>) -> Option<Evidence> {
+pub fn evidence_of(
+    name: &str,
+    status: &SandboxStatus,
+    pod: Option<&CachedPod>,
+) -> Option<Evidence> {
     let stalled_missing = status.conditions.iter().find(|c| {
         c.type_ == STALLED && c.status == "True" && c.reason == POLICY_ENFORCEMENT_MISSING
     });

@@ -1,5 +1,6 @@
 //! The verdict's transitions and the evidence a sandbox's status gives, as tables.
 
+use crate::plumbing::cached_pod::CachedPod;
 use k8s_openapi::api::core::v1::EnvVar;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
 
@@ -137,7 +138,7 @@ fn stalled(reason: &str, at: &str) -> SandboxStatus {
     }
 }
 
-fn gated(mut p: Pod) -> Pod {
+fn gated(mut p: CachedPod) -> CachedPod {
     if let Some(spec) = p.spec.as_mut() {
         spec.containers[0].env = Some(vec![EnvVar {
             name: crate::pod::policy_canary::CANARY_VARIABLE.into(),
@@ -155,7 +156,7 @@ fn a_sandbox_tells_missing_by_its_own_stall_and_enforced_by_its_gated_pods_ready
         ..SandboxStatus::default()
     };
     let ready_pod = pod(Some("n"), Some("10.0.0.7"), true);
-    let cases: Vec<(&str, SandboxStatus, Option<Pod>, Option<Evidence>)> = vec![
+    let cases: Vec<(&str, SandboxStatus, Option<CachedPod>, Option<Evidence>)> = vec![
         (
             "its own agent waited too long",
             stalled(POLICY_ENFORCEMENT_MISSING, T1),

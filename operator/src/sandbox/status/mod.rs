@@ -2,7 +2,7 @@
 //! `SandboxStatus` out. Recomputing from the same observations gives the same status, so the
 //! controller writes only on real changes.
 
-use k8s_openapi::api::core::v1::Pod;
+use crate::plumbing::cached_pod::CachedPod;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use k8s_openapi::jiff::{SignedDuration, Timestamp};
 
@@ -60,7 +60,7 @@ fn merge_conditions(
 #[derive(Debug, Clone)]
 pub struct Observed<'a> {
     /// The sandbox's Pod, if one exists.
-    pub pod: Option<&'a Pod>,
+    pub pod: Option<&'a CachedPod>,
     /// The Pod existed (status names it) and a live read confirmed it is gone: the failure to report
     /// (`PodDeleted`, or `NodeLost` when its node is gone too: `pod::disruption::gone_failure`).
     pub pod_gone: Option<Failure>,
@@ -119,7 +119,11 @@ fn startup_timeout_message(
 /// scheduled. While a quota refuses its Pod or no node has room for it, it
 /// waits instead of failing (a trajectory that failed for lack of capacity would become an aborted
 /// trajectory and change the group's selection); its group's `activeDeadlineSeconds` bounds the wait.
-pub fn startup_clock(sandbox: &Sandbox, pod: Option<&Pod>, key: &OperatorKey) -> Option<Timestamp> {
+pub fn startup_clock(
+    sandbox: &Sandbox,
+    pod: Option<&CachedPod>,
+    key: &OperatorKey,
+) -> Option<Timestamp> {
     if sandbox.status.as_ref().is_some_and(|s| s.attempts > 1) {
         return pod?.metadata.creation_timestamp.as_ref().map(|t| t.0);
     }

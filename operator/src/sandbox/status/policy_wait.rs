@@ -4,7 +4,7 @@
 //! verdict says nothing enforces NetworkPolicies (not stalled: its own agent may still get past the
 //! wait, e.g. right after an enforcer was installed).
 
-use k8s_openapi::api::core::v1::Pod;
+use crate::plumbing::cached_pod::CachedPod;
 use k8s_openapi::jiff::{SignedDuration, Timestamp};
 
 use crate::pod::health::task_running_since;
@@ -36,7 +36,7 @@ pub enum PolicyWait {
 
 /// Where the wait of `pod`'s agent (which waits for its policies) stands at `now`, given the
 /// cluster-wide `verdict` (pure).
-pub fn policy_wait(pod: &Pod, now: Timestamp, verdict: &Verdict) -> PolicyWait {
+pub fn policy_wait(pod: &CachedPod, now: Timestamp, verdict: &Verdict) -> PolicyWait {
     let Some(running) = task_running_since(pod) else {
         return PolicyWait::Starting;
     };
@@ -57,7 +57,7 @@ pub fn policy_wait(pod: &Pod, now: Timestamp, verdict: &Verdict) -> PolicyWait {
 
 /// When a sandbox whose agent waits for its NetworkPolicies says that no enforcer may be programming
 /// them, if `pod` is such a pod and its task container runs (pure).
-pub fn policy_warning_at(pod: &Pod) -> Option<Timestamp> {
+pub fn policy_warning_at(pod: &CachedPod) -> Option<Timestamp> {
     if !awaits_enforcement(pod) {
         return None;
     }

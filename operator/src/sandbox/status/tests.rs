@@ -1,6 +1,7 @@
-//! The status of a Sandbox for each state its Pod can be in.
+//! The status of a Sandbox for each state its CachedPod can be in.
 
 use super::*;
+use crate::plumbing::cached_pod::CachedPod;
 use crate::pod::fixtures::{pod, with_pod_condition, with_task_state};
 use crate::pod::health::permanent_pull_error;
 use crate::sandbox::fixtures::{forged_trajectory, key, sandbox, t, trajectory};
@@ -12,7 +13,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
 use orchard_api::{HEARTBEAT_ANNOTATION, TrajectoryResult, TrajectoryStatus};
 use std::collections::BTreeMap;
 
-fn observed<'a>(pod: Option<&'a Pod>, now: &str) -> Observed<'a> {
+fn observed<'a>(pod: Option<&'a CachedPod>, now: &str) -> Observed<'a> {
     Observed {
         pod,
         pod_gone: None,
@@ -340,7 +341,7 @@ fn deleted_pod_fails_the_sandbox_and_failure_is_terminal() {
 fn a_previous_incarnations_children_keep_the_sandbox_pending_with_the_reason() {
     let mut obs = observed(None, "2026-01-01T00:00:05Z");
     obs.blocked = Some(Blocked::PreviousIncarnation(
-        "Pod s1 of a deleted Sandbox with this name is still being removed".into(),
+        "CachedPod s1 of a deleted Sandbox with this name is still being removed".into(),
     ));
     let status = desired_status(&sandbox(), &obs);
     assert_eq!(status.phase, Some(SandboxPhase::Pending));
@@ -353,7 +354,7 @@ fn a_previous_incarnations_children_keep_the_sandbox_pending_with_the_reason() {
 fn a_name_held_by_somebody_else_fails_the_sandbox() {
     let mut obs = observed(None, "2026-01-01T00:00:05Z");
     obs.blocked = Some(Blocked::NameConflict(
-        "Pod s1 already exists and is not created by the operator".into(),
+        "CachedPod s1 already exists and is not created by the operator".into(),
     ));
     let status = desired_status(&sandbox(), &obs);
     assert_eq!(status.phase, Some(SandboxPhase::Failed));
@@ -379,7 +380,7 @@ fn never_ready_sandboxes_time_out() {
 }
 
 /// `pod`, its agent told to wait for its NetworkPolicies to be enforced.
-fn awaiting_enforcement(mut pod: Pod) -> Pod {
+fn awaiting_enforcement(mut pod: CachedPod) -> CachedPod {
     pod.spec.as_mut().unwrap().containers[0].env = Some(vec![EnvVar {
         name: crate::pod::policy_canary::CANARY_VARIABLE.into(),
         value: Some("10.0.0.1:6443".into()),
@@ -476,7 +477,7 @@ fn a_sandbox_whose_policies_stay_unenforced_says_what_to_do_after_30_seconds() {
 }
 
 /// A gated pod whose task container runs since 00:00:05.
-fn gated_running() -> Pod {
+fn gated_running() -> CachedPod {
     awaiting_enforcement(with_task_state(
         pod(Some("node-1"), Some("10.0.0.9"), false),
         ContainerState {
@@ -494,7 +495,7 @@ fn while_the_cluster_wide_verdict_is_missing_a_waiting_sandbox_says_so_at_once_w
         since: t("2025-12-31T23:00:00Z"),
         sandbox: "other/first".into(),
     };
-    let with = |verdict: &Verdict, p: &Pod, now: &str| {
+    let with = |verdict: &Verdict, p: &CachedPod, now: &str| {
         let obs = Observed {
             enforcement: verdict,
             ..observed(Some(p), now)

@@ -1,21 +1,27 @@
-//! The benchmark's allocator: mimalloc, as in the operator's binary (`operator/src/main.rs`), which
-//! runs the egress proxy; while [`count`] is on, it also keeps the bytes allocated and not freed,
-//! so the policy table's heap is counted exactly. Off (the data path), it costs one relaxed load
-//! per allocation.
+//! The benchmarks' allocator: mimalloc, as in the operator's binary (`operator/src/main.rs`); while
+//! [`count`] is on in a thread, it also keeps the bytes that thread allocated and did not free, so a
+//! structure built there is counted exactly (bench-egress: the policy table; bench-control-plane:
+//! the operator's watch caches), whatever the other threads do meanwhile. Off, it costs one
+//! thread-local read per allocation. A binary makes it its allocator with
+//! `#[global_allocator] static ALLOCATOR: orchard_bench::alloc::Counting = orchard_bench::alloc::Counting;`.
 
 use std::alloc::{GlobalAlloc, Layout};
-use std::sync::atomic::{AtomicBool, AtomicIsize, Ordering};
+use std::cell::Cell;
+use std::sync::atomic::{AtomicIsize, Ordering};
 
 use mimalloc::MiMalloc;
 
-static COUNTING: AtomicBool = AtomicBool::new(false);
+thread_local! {
+    // `const` and without a destructor: reading it never allocates, so the allocator may.
+    static COUNTING: Cell<bool> = const { Cell::new(false) };
+}
 static LIVE: AtomicIsize = AtomicIsize::new(0);
 
 /// mimalloc, counting while asked to.
 pub struct Counting;
 
 fn add(bytes: isize) {
-    if COUNTING.load(Ordering::Relaxed) {
+    if COUNTING.try_with(Cell::get).unwrap_or(false) {
         LIVE.fetch_add(bytes, Ordering::Relaxed);
     }
 }
@@ -56,12 +62,12 @@ unsafe impl GlobalAlloc for Counting {
     }
 }
 
-/// Starts or stops counting (the count stays).
+/// Starts or stops counting in the calling thread (the count stays).
 pub fn count(on: bool) {
-    COUNTING.store(on, Ordering::SeqCst);
+    COUNTING.with(|c| c.set(on));
 }
 
-/// Bytes allocated and not freed while counting was on.
+/// Bytes allocated and not freed by threads while they were counting.
 pub fn live() -> isize {
     LIVE.load(Ordering::SeqCst)
 }
