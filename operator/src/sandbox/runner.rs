@@ -22,13 +22,15 @@ use crate::plumbing::backoff::Retry;
 use crate::plumbing::status_patch::status_member_patch;
 use crate::pod::agent_client::{AgentCallError, AgentClient, AgentTarget};
 use crate::pod::agent_target::NoTarget;
+use crate::pod::disruption::disruption_failure;
 use crate::pod::lookup::cached_pod;
 use crate::pod::naming::TASK_CONTAINER;
 use crate::pod::oom::memory_limit;
+use crate::sandbox::apply::fetch_own_pod;
 use crate::sandbox::context::SandboxCtx;
 use bytes::Bytes;
 use orchard_api::agent::ProcessStatus;
-use orchard_api::{RunSpec, Sandbox, SandboxPhase, TrajectoryResult};
+use orchard_api::{RunSpec, Sandbox, SandboxPhase, TrajectoryResult, TrajectoryStatus};
 use tokio::time::Instant;
 
 /// The patch that sets `status.result` of the sandbox with `uid`.
@@ -322,7 +324,7 @@ async fn drive(
         .and_then(|sandbox| cached_pod(&ctx.kube.caches.pods, &sandbox, &ctx.kube.key))
         .and_then(|pod| memory_limit(&pod, TASK_CONTAINER));
     info!(sandbox = %key, "trajectory run starting");
-    run_to_result(
+    let result = run_to_result(
         &agent,
         run,
         memory_limit.as_deref(),
@@ -330,7 +332,31 @@ async fn drive(
         || still_wanted(ctx, current).is_some(),
         retry,
     )
-    .await
+    .await?;
+    if result.status == TrajectoryStatus::Aborted {
+        // A run killed with its pod ends without a result; that is the pod's disruption, which the
+        // reconcile reports (and a RolloutGroup retries), not the run's. The kubelet kills a
+        // container only after the API server recorded the pod's deletion, so a read now sees it
+        // even when the watch has not delivered it yet.
+        let sandbox = still_wanted(ctx, current)?;
+        match fetch_own_pod(ctx, &sandbox).await {
+            Ok(pod) if lost_with_its_pod(pod.as_ref().map(CachedPod::from).as_ref()) => {
+                info!(sandbox = %key, reason = ?result.reason, "run ended with its pod taken away: left to the pod's disruption");
+                return None;
+            }
+            Ok(_) => {}
+            Err(err) => {
+                warn!(sandbox = %key, %err, "cannot read the run's pod; recording its result");
+            }
+        }
+    }
+    Some(result)
+}
+
+/// Whether a run that ended without a result of its own ended with its pod (pure): `pod`, read after
+/// the run ended, is being deleted or disrupted, or is gone (`None`).
+fn lost_with_its_pod(pod: Option<&CachedPod>) -> bool {
+    pod.is_none_or(|pod| disruption_failure(pod).is_some())
 }
 
 /// Records `result` in the sandbox's status (write-once: a result already there wins), only on the
@@ -404,7 +430,8 @@ fn status_label(result: &TrajectoryResult) -> &'static str {
 
 #[cfg(test)]
 mod tests {
-    use super::needs_result;
+    use super::{lost_with_its_pod, needs_result};
+    use k8s_openapi::jiff::Timestamp;
     use orchard_api::{Sandbox, SandboxPhase, SandboxStatus, TrajectoryResult};
     use serde_json::json;
 
@@ -478,5 +505,21 @@ mod tests {
             "the cache shows attempt 1 yet"
         );
         assert!(needs_result(&sandbox(Some(on(2))), "u1", 2));
+    }
+
+    #[test]
+    fn a_run_ended_with_its_pod_deleted_or_gone_is_left_to_the_disruption() {
+        use crate::pod::fixtures::pod;
+        let running = pod(Some("node-1"), Some("10.0.0.9"), true);
+        assert!(
+            !lost_with_its_pod(Some(&running)),
+            "a live pod: the run's own end"
+        );
+        let mut deleting = running.clone();
+        deleting.metadata.deletion_timestamp = Some(
+            k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(Timestamp::now()),
+        );
+        assert!(lost_with_its_pod(Some(&deleting)));
+        assert!(lost_with_its_pod(None), "gone");
     }
 }
