@@ -385,7 +385,7 @@ bench-lifecycle: k8s agent ## heartbeat expiry lateness of 100 sandboxes at once
 		$(TARGET_DIR)/release/bench-lifecycle --write-doc docs/BENCHMARKS.md
 
 .PHONY: bench-control-plane
-bench-control-plane: k8s kwok ## the control plane at scale on 100 KWOK nodes (ramp, 10,000 at 100/s, a burst of 1,000, 1,000 pool claims, expiry of 10,000 at once, 200 RolloutGroups through one queue, 50,000 held and an operator restart; requests per sandbox from an audited cluster); about 30 min; writes docs/BENCHMARKS.md
+bench-control-plane: k8s kwok ## the control plane at scale on 100 KWOK nodes (ramp, 10,000 at 100/s, a burst of 1,000, 1,000 pool claims, expiry of 10,000 at once, 200 RolloutGroups through one queue, 50,000 held and an operator restart; requests per sandbox from an audited cluster); about 35 min after the build; writes docs/BENCHMARKS.md
 	$(CARGO) build --release -p orchard-operator -p orchard-bench --bins -j 2
 	ORCHARD_OPERATOR_BIN=$(abspath $(TARGET_DIR))/release/orchard-operator \
 		$(TARGET_DIR)/release/bench-control-plane --write-doc docs/BENCHMARKS.md
