@@ -843,25 +843,32 @@ async fn cache_heap(client: &Client, ns: &str) -> Option<CacheHeap> {
     })
 }
 
-/// The audited cluster: `count` sandboxes at `rate`, create -> Ready -> delete; requests per sandbox.
-async fn audited(nodes: u16, count: usize, rate: f64) -> Requests {
+/// A local cluster `name` of `nodes` KWOK nodes (with the API server's audit log of every request,
+/// reads too, when `audited`), and the driver's client of it.
+async fn kwok_cluster(name: &str, nodes: u16, audited: bool) -> (TestEnv, Client) {
     let env = TestEnv::start(
-        "bench-control-plane-audit",
+        name,
         EnvOptions {
             node: NodeKind::Kwok,
             kwok_nodes: nodes,
-            audit_log: true,
-            audit_reads: true,
+            audit_log: audited,
+            audit_reads: audited,
             ..EnvOptions::default()
         },
     )
     .await
-    .unwrap_or_else(|e| fail(format!("the audited cluster: {e}")));
+    .unwrap_or_else(|e| fail(format!("the cluster {name}: {e}")));
     let client = env
         .control_plane
         .client_as("orchard-bench")
         .await
         .unwrap_or_else(|e| fail(format!("client: {e}")));
+    (env, client)
+}
+
+/// The audited cluster: `count` sandboxes at `rate`, create -> Ready -> delete; requests per sandbox.
+async fn audited(nodes: u16, count: usize, rate: f64) -> Requests {
+    let (env, client) = kwok_cluster("bench-control-plane-audit", nodes, true).await;
     let seen: Shared = Arc::default();
     let (tx, _rx) = tokio::sync::mpsc::unbounded_channel();
     let watch = watch_sandboxes(client.clone(), seen.clone(), String::new(), tx);
@@ -933,21 +940,7 @@ async fn main() {
         "starting the cluster with {} KWOK nodes",
         args.nodes
     ));
-    let env = TestEnv::start(
-        "bench-control-plane",
-        EnvOptions {
-            node: NodeKind::Kwok,
-            kwok_nodes: args.nodes,
-            ..EnvOptions::default()
-        },
-    )
-    .await
-    .unwrap_or_else(|e| fail(format!("the cluster: {e}")));
-    let client = env
-        .control_plane
-        .client_as("orchard-bench")
-        .await
-        .unwrap_or_else(|e| fail(format!("client: {e}")));
+    let (env, client) = kwok_cluster("bench-control-plane", args.nodes, false).await;
     let seen: Shared = Arc::default();
     let groups_ns = if args.groups > 0 {
         namespace(&env, "groups").await
