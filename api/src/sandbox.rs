@@ -554,7 +554,11 @@ pub struct SandboxStatus {
     pub phase: Option<SandboxPhase>,
 
     /// Conditions (`Scheduled`, `AgentReady`, `Ready`, `Expired`) in the metav1.Condition shape.
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[serde(
+        default,
+        deserialize_with = "exact_list",
+        skip_serializing_if = "Vec::is_empty"
+    )]
     #[x_kube(merge_strategy = ListMerge::Map(vec!["type".into()]))]
     pub conditions: Vec<Condition>,
 
@@ -614,6 +618,18 @@ pub struct SandboxStatus {
     /// Human-readable detail of the current phase.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub message: Option<String>,
+}
+
+/// A list decoded with no room reserved beyond its contents: a decoded list of three conditions
+/// reserves four, of five eight (128 bytes each); the operator holds every Sandbox in its cache.
+fn exact_list<'de, D, T>(d: D) -> Result<Vec<T>, D::Error>
+where
+    D: serde::Deserializer<'de>,
+    T: Deserialize<'de>,
+{
+    let mut list = Vec::<T>::deserialize(d)?;
+    list.shrink_to_fit();
+    Ok(list)
 }
 
 impl Default for SandboxStatus {
@@ -735,4 +751,28 @@ pub enum TrajectoryStatus {
     Truncated,
     /// Unusable (crash, timeout, missing or invalid result); BAR uses it only as backfill.
     Aborted,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn decoded_conditions_take_no_more_room_than_they_need() {
+        let status: SandboxStatus = serde_json::from_value(serde_json::json!({
+            "conditions": [
+                {"type": "Scheduled", "status": "True", "reason": "R", "message": "", "lastTransitionTime": "2026-11-29T10:00:00Z"},
+                {"type": "AgentReady", "status": "True", "reason": "R", "message": "", "lastTransitionTime": "2026-11-29T10:00:00Z"},
+                {"type": "Ready", "status": "True", "reason": "R", "message": "", "lastTransitionTime": "2026-11-29T10:00:00Z"},
+            ],
+        }))
+        .expect("status");
+        assert_eq!(
+            (status.conditions.len(), status.conditions.capacity()),
+            (3, 3)
+        );
+        assert_eq!(status.conditions[2].type_, "Ready");
+        let none: SandboxStatus = serde_json::from_value(serde_json::json!({})).expect("empty");
+        assert!(none.conditions.is_empty());
+    }
 }

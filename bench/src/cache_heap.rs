@@ -1,6 +1,6 @@
 //! The heap one object takes in a watch cache, counted exactly: objects as the API server serves
 //! them are decoded into a reflector store on the calling thread, as the operator's watches decode
-//! them (managed fields dropped), while the counting allocator ([`crate::alloc`]) counts that
+//! them (metadata trimmed by `orchard_operator::plumbing::watch::trim_metadata`), while the counting allocator ([`crate::alloc`]) counts that
 //! thread's allocations. Only meaningful in a binary whose global allocator is
 //! [`crate::alloc::Counting`] (bench-control-plane); elsewhere nothing is counted and the answer is
 //! 0.
@@ -8,6 +8,7 @@
 use kube::Resource;
 use kube::runtime::reflector;
 use kube::runtime::watcher;
+use orchard_operator::plumbing::watch::trim_metadata;
 use serde::de::DeserializeOwned;
 
 use crate::alloc;
@@ -40,7 +41,7 @@ where
     let mut decoded = 0usize;
     for text in objects {
         if let Ok(mut object) = serde_json::from_str::<K>(text) {
-            object.meta_mut().managed_fields = None;
+            trim_metadata(object.meta_mut());
             writer.apply_watcher_event(&watcher::Event::Apply(object));
             decoded += 1;
         }

@@ -175,8 +175,8 @@ pub struct Held {
 pub struct CacheHeap {
     /// Objects of each kind in the sample.
     pub sample: usize,
-    /// A sandbox Pod decoded whole (managed fields dropped, as every watch of the operator does),
-    /// heap bytes.
+    /// A sandbox Pod decoded whole (its metadata trimmed as every watch of the operator trims it:
+    /// `plumbing::watch::trim_metadata`), heap bytes.
     pub pod_whole: f64,
     /// The same Pod as the operator's Pod cache keeps it (`CachedPod`), heap bytes.
     pub pod_cached: f64,

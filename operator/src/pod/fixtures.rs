@@ -2,7 +2,7 @@
 //! only).
 
 use k8s_openapi::api::core::v1::{
-    Container, ContainerState, ContainerStatus, Pod, PodCondition, PodSpec, PodStatus,
+    Container, ContainerState, Pod, PodCondition, PodSpec, PodStatus,
 };
 
 use std::collections::BTreeMap;
@@ -10,7 +10,7 @@ use std::collections::BTreeMap;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
 use orchard_api::{Sandbox, SandboxSpec, SecurityProfile};
 
-use crate::plumbing::cached_pod::CachedPod;
+use crate::plumbing::cached_pod::{CachedContainerStatus, CachedPod};
 use crate::plumbing::operator_key::OperatorKey;
 use crate::pod::cidr::Cidr;
 use crate::pod::naming::TASK_CONTAINER;
@@ -49,7 +49,7 @@ pub fn pod(node: Option<&str>, ip: Option<&str>, ready: bool) -> CachedPod {
 }
 
 pub fn with_task_state(mut pod: CachedPod, state: ContainerState) -> CachedPod {
-    pod.status.as_mut().unwrap().container_statuses = Some(vec![ContainerStatus {
+    pod.status.as_mut().unwrap().container_statuses = Some(vec![CachedContainerStatus {
         name: TASK_CONTAINER.into(),
         state: Some(state),
         ..Default::default()

@@ -1,8 +1,7 @@
 //! What a sandbox Pod's status says (pure): whether it is scheduled and Ready, why it failed for good
 //! (image pulls, crashes, OOM kills (`oom`), evictions), and a one-line summary of what it said last.
 
-use crate::plumbing::cached_pod::CachedPod;
-use k8s_openapi::api::core::v1::ContainerStatus;
+use crate::plumbing::cached_pod::{CachedContainerStatus as ContainerStatus, CachedPod};
 use k8s_openapi::jiff::Timestamp;
 
 pub use crate::pod::conditions::{pod_condition, pod_ready};

@@ -6,8 +6,9 @@
 //! anyway: the agent's own memory, or a kubelet that kills the whole container on any OOM kill in it
 //! (cgroup v2 `memory.oom.group`).
 
+use crate::plumbing::cached_pod::CachedContainerStatus;
 use crate::plumbing::cached_pod::CachedPod;
-use k8s_openapi::api::core::v1::{ContainerState, ContainerStateTerminated, ContainerStatus};
+use k8s_openapi::api::core::v1::{ContainerState, ContainerStateTerminated};
 
 use crate::pod::failure::Failure;
 use crate::pod::naming::TASK_CONTAINER;
@@ -17,13 +18,13 @@ pub const OOM_KILLED: &str = "OOMKilled";
 
 /// The termination of `status` that was an OOM kill: the current one, or the last one of a container
 /// that was started again (pure).
-fn oom_termination(status: &ContainerStatus) -> Option<&ContainerStateTerminated> {
+fn oom_termination(status: &CachedContainerStatus) -> Option<&ContainerStateTerminated> {
     fn killed(state: Option<&ContainerState>) -> Option<&ContainerStateTerminated> {
         state
             .and_then(|s| s.terminated.as_ref())
             .filter(|t| t.reason.as_deref() == Some(OOM_KILLED))
     }
-    killed(status.state.as_ref()).or_else(|| killed(status.last_state.as_ref()))
+    killed(status.state.as_ref()).or_else(|| killed(status.last_state.as_deref()))
 }
 
 /// The memory limit of `container` in `pod`'s spec, as written there (e.g. `2Gi`).
@@ -133,7 +134,7 @@ mod tests {
             .as_mut()
             .and_then(|s| s.container_statuses.as_mut())
         {
-            statuses[0].last_state = Some(terminated(OOM_KILLED));
+            statuses[0].last_state = Some(Box::new(terminated(OOM_KILLED)));
         }
         assert_eq!(
             oom_failure(&restarted).map(|f| f.reason),

@@ -5,7 +5,7 @@
 use crate::plumbing::cached_pod::CachedPod;
 use std::time::Duration;
 
-use k8s_openapi::api::core::v1::{ContainerState, ContainerStateTerminated, PodStatus};
+use k8s_openapi::api::core::v1::{ContainerState, ContainerStateTerminated};
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 
@@ -464,10 +464,7 @@ fn a_retried_attempt_has_its_own_startup_timeout_from_its_pods_creation() {
     assert_eq!(no_pod.phase, Some(SandboxPhase::Pending));
     let mut stuck = ready_pod("s1-attempt-2", "2026-01-01T00:30:01Z");
     if let Some(st) = stuck.status.as_mut() {
-        *st = PodStatus {
-            phase: Some("Pending".into()),
-            ..st.clone()
-        };
+        st.phase = Some("Pending".into());
         if let Some(c) = st.conditions.as_mut() {
             c[0].status = "False".into();
         }

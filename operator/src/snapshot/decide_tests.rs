@@ -350,7 +350,7 @@ fn a_sandbox_that_is_not_ready_fails_the_snapshot_at_once() {
 fn a_stopped_task_container_is_not_committed() {
     let mut world = World::ready();
     let status = world.pod.as_mut().unwrap().status.as_mut().unwrap();
-    status.container_statuses = Some(vec![task_status(terminated(0, ""))]);
+    status.container_statuses = Some(vec![task_status(terminated(0, "")).into()]);
     let plan = world.decide(&snapshot(true, None));
     assert_eq!(ready_condition(&plan).1, reason::SANDBOX_NOT_READY);
 }

@@ -11,16 +11,17 @@
 //! any of their contents), and because a decoded list of one container status reserves room for four.
 //!
 //! Kept: all of `metadata` (the watch drops managed fields), the node name, of each container its
-//! name, image, memory limit and the policy-enforcement canary variable ([`CANARY_VARIABLE`]), and the
-//! status without the fields no reader uses (addresses beyond `podIP`, QoS class, resize and
-//! resource-claim state, and each container status's resources, user and mounts). Everything else
-//! the operator writes into a Pod (commands, the rest of the environment, mounts, probes, security
-//! contexts, ports, volumes, tolerations, scheduling) is never read back.
+//! name, image, memory limit and the policy-enforcement canary variable ([`CANARY_VARIABLE`]), and of
+//! the status what [`CachedPodStatus`] keeps ([`status`]). Everything else the operator writes into a
+//! Pod (commands, the rest of the environment, mounts, probes, security contexts, ports, volumes,
+//! tolerations, scheduling) is never read back.
+
+mod status;
+
+pub use status::{CachedContainerStatus, CachedPodStatus, KEPT_CONDITIONS};
 
 use k8s_openapi::NamespaceResourceScope;
-use k8s_openapi::api::core::v1::{
-    Container, ContainerStatus, EnvVar, Pod, PodSpec, PodStatus, ResourceRequirements,
-};
+use k8s_openapi::api::core::v1::{Container, EnvVar, Pod, PodSpec, ResourceRequirements};
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
@@ -39,13 +40,9 @@ pub struct CachedPod {
     /// What is kept of its spec.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub spec: Option<CachedPodSpec>,
-    /// Its status, without the fields no reader uses.
-    #[serde(
-        default,
-        deserialize_with = "kept_status",
-        skip_serializing_if = "Option::is_none"
-    )]
-    pub status: Option<PodStatus>,
+    /// What is kept of its status.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub status: Option<CachedPodStatus>,
 }
 
 /// What is kept of a Pod's spec.
@@ -61,7 +58,7 @@ pub struct CachedPodSpec {
     /// Its init containers.
     #[serde(
         default,
-        deserialize_with = "kept_init_containers",
+        deserialize_with = "status::exact_list",
         skip_serializing_if = "Option::is_none"
     )]
     pub init_containers: Option<Vec<CachedContainer>>,
@@ -130,7 +127,7 @@ impl From<&Pod> for CachedPod {
                 containers: containers(&spec.containers),
                 init_containers: spec.init_containers.as_deref().map(containers),
             }),
-            status: pod.status.clone().map(trim_status),
+            status: pod.status.clone().map(CachedPodStatus::from),
         }
     }
 }
@@ -180,56 +177,7 @@ fn canary_only<'de, D: Deserializer<'de>>(d: D) -> Result<Option<Vec<EnvVar>>, D
 }
 
 fn kept_containers<'de, D: Deserializer<'de>>(d: D) -> Result<Vec<CachedContainer>, D::Error> {
-    let mut list = Option::<Vec<CachedContainer>>::deserialize(d)?.unwrap_or_default();
-    list.shrink_to_fit();
-    Ok(list)
-}
-
-fn kept_init_containers<'de, D: Deserializer<'de>>(
-    d: D,
-) -> Result<Option<Vec<CachedContainer>>, D::Error> {
-    Ok(
-        Option::<Vec<CachedContainer>>::deserialize(d)?.map(|mut list| {
-            list.shrink_to_fit();
-            list
-        }),
-    )
-}
-
-fn kept_status<'de, D: Deserializer<'de>>(d: D) -> Result<Option<PodStatus>, D::Error> {
-    Ok(Option::<PodStatus>::deserialize(d)?.map(trim_status))
-}
-
-/// `status` without what no reader uses, its lists no longer than their contents (pure).
-fn trim_status(mut status: PodStatus) -> PodStatus {
-    status.host_ips = None;
-    status.pod_ips = None;
-    status.qos_class = None;
-    status.resize = None;
-    status.resource_claim_statuses = None;
-    status.ephemeral_container_statuses = None;
-    for list in [
-        &mut status.container_statuses,
-        &mut status.init_container_statuses,
-    ]
-    .into_iter()
-    .flatten()
-    {
-        list.iter_mut().for_each(trim_container_status);
-        list.shrink_to_fit();
-    }
-    if let Some(conditions) = status.conditions.as_mut() {
-        conditions.shrink_to_fit();
-    }
-    status
-}
-
-fn trim_container_status(status: &mut ContainerStatus) {
-    status.allocated_resources = None;
-    status.allocated_resources_status = None;
-    status.resources = None;
-    status.user = None;
-    status.volume_mounts = None;
+    Ok(status::exact_list(d)?.unwrap_or_default())
 }
 
 #[cfg(test)]
@@ -326,12 +274,23 @@ mod tests {
             Some(1),
             "only the canary"
         );
-        let status = cached.status.as_ref().expect("status");
-        assert_eq!(status.pod_ips, None);
-        assert_eq!(status.qos_class, None);
-        let statuses = status.container_statuses.as_ref().expect("statuses");
-        assert_eq!(statuses[0].volume_mounts, None);
-        assert_eq!(statuses.capacity(), 1, "no room reserved beyond the one");
+        let written = serde_json::to_value(&cached).expect("JSON");
+        for dropped in ["podIPs", "qosClass"] {
+            assert_eq!(written["status"].get(dropped), None, "{dropped}");
+        }
+        assert_eq!(
+            written["status"]["containerStatuses"][0].get("volumeMounts"),
+            None
+        );
+        let statuses = cached
+            .status
+            .as_ref()
+            .and_then(|s| s.container_statuses.as_ref());
+        assert_eq!(
+            statuses.map(Vec::capacity),
+            Some(1),
+            "no room beyond the one"
+        );
     }
 
     #[test]
