@@ -19,6 +19,7 @@ pub mod error;
 pub mod exec;
 pub mod files;
 pub mod hardening;
+pub mod held_body;
 pub mod init;
 pub mod install;
 pub mod json_body;

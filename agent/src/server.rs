@@ -2,19 +2,18 @@
 //! in-flight cap answered with 429), and graceful shutdown (end every shell session, SIGTERM every
 //! command's group, wait up to 5 s, SIGKILL the rest).
 
+use crate::held_body::holding;
 use std::future::Future;
 use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
 
 use axum::Router;
-use axum::body::Body;
 use axum::extract::{Request, State};
 use axum::http::StatusCode;
 use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
-use http_body_util::BodyExt;
 use orchard_api::agent::{AgentHealth, AgentIdentity};
 use tokio::net::TcpListener;
 use tokio::sync::watch;
@@ -111,11 +110,7 @@ async fn guard_v1(State(state): State<AppState>, request: Request, next: Next) -
     };
     let response = next.run(request).await;
     let (parts, body) = response.into_parts();
-    let body = body.map_frame(move |frame| {
-        let _held = &permit;
-        frame
-    });
-    Response::from_parts(parts, Body::new(body))
+    Response::from_parts(parts, holding(body, permit))
 }
 
 /// All routes.

@@ -17,12 +17,13 @@ use orchard_bench_support::Machine;
 use orchard_bench_support::median_spread;
 use orchard_testcluster::binaries::workspace_root;
 use orchard_testcluster::env::{EnvOptions, TestEnv};
+use orchard_testcluster::proc_stats::cpu_seconds;
 use serde_json::{Value, json};
 
 const WARMUP: usize = 100;
 const SEQUENTIAL: usize = 1000;
 const CONCURRENT_WORKERS: usize = 64;
-const PER_WORKER: usize = 100;
+const PER_WORKER: usize = 500;
 const ROUNDS: usize = 5;
 const SDK_SANDBOXES: usize = 20;
 
@@ -99,31 +100,39 @@ struct Row {
     concurrency: usize,
     samples: [Vec<Duration>; 3],
     wall: [Duration; 3],
+    /// The operator's CPU seconds while each path ran (its background work on the paths that do not
+    /// pass through it).
+    operator_cpu: [f64; 3],
     /// Per round and path: the p50 (seconds) and exec/s.
     rounds: Vec<[(f64, f64); 3]>,
 }
 
 /// `workers` x `per_worker` execs on every path, in [`ROUNDS`] rounds; the order of the paths rotates
-/// each round, so no path always runs first or last.
+/// each round, so no path always runs first or last. `operator` is the operator's process, whose
+/// CPU is counted around every run.
 async fn measure(
     http: &reqwest::Client,
     targets: &[Target; 3],
     workers: usize,
     per_worker: usize,
+    operator: u32,
 ) -> Row {
     let mut row = Row {
         concurrency: workers,
         samples: Default::default(),
         wall: [Duration::ZERO; 3],
+        operator_cpu: [0.0; 3],
         rounds: Vec::new(),
     };
+    let cpu = || cpu_seconds(operator).expect("the operator is running");
     for round in 0..ROUNDS {
         let mut this_round = [(0.0, 0.0); 3];
         for offset in 0..PATHS.len() {
             let path = (round + offset) % PATHS.len();
-            let started = Instant::now();
+            let (started, cpu_before) = (Instant::now(), cpu());
             let mut samples = run(http, &targets[path], workers, per_worker / ROUNDS).await;
             let wall = started.elapsed();
+            row.operator_cpu[path] += cpu() - cpu_before;
             this_round[path] = (
                 percentile(&mut samples, 0.5).as_secs_f64(),
                 samples.len() as f64 / wall.as_secs_f64(),
@@ -200,6 +209,15 @@ fn table(rows: &[Row]) -> String {
             rate(2),
             change(1),
             change(2)
+        ));
+        let cpu_per_1000 =
+            |path: usize| 1000.0 * row.operator_cpu[path] / row.samples[path].len() as f64;
+        table.push_str(&format!(
+            "| the operator's CPU per 1,000 execs, concurrency {concurrency} | {:.3} s | {:.3} s | {:.3} s | | {:+.3} s |\n",
+            cpu_per_1000(0),
+            cpu_per_1000(1),
+            cpu_per_1000(2),
+            cpu_per_1000(2) - cpu_per_1000(0)
         ));
         let added = |path: usize| -> Vec<f64> {
             row.rounds
@@ -319,8 +337,9 @@ async fn main() {
     for target in &targets {
         run(&http, target, 1, WARMUP).await;
     }
-    let sequential = measure(&http, &targets, 1, SEQUENTIAL).await;
-    let concurrent = measure(&http, &targets, CONCURRENT_WORKERS, PER_WORKER).await;
+    let operator = env.operator().pid().expect("the operator's process");
+    let sequential = measure(&http, &targets, 1, SEQUENTIAL, operator).await;
+    let concurrent = measure(&http, &targets, CONCURRENT_WORKERS, PER_WORKER, operator).await;
 
     let sdk = sdk_create_ready(&env, &namespace);
     let machine = machine.report();
@@ -347,6 +366,7 @@ the least any proxy hop costs here, whatever it does, so what the gateway adds b
 \"through the gateway\" posts the same body to \
 `/v1/namespaces/<ns>/sandboxes/bench/exec` with a bearer token, so it adds TokenReview/SubjectAccessReview (cached 10 s), the cache lookups, the coalesced heartbeat and the proxy hop. \
 {WARMUP} warm-up calls per path, then {ROUNDS} rounds in which every path runs once, the order rotating each round; concurrency 64 is {CONCURRENT_WORKERS} workers x {PER_WORKER} calls per path. \
+The operator's CPU is its user + system time (`/proc/<pid>/stat`) while each path ran, per 1,000 execs: on the direct and relay paths the exec does not pass through it, so that is its background work, and the gateway's own cost is the difference. \
 Create -> Ready is timed in Python around `client.create(image=\"busybox\")` (POST, then the gateway's watch-driven wait), sandboxes deleted after each. \
 The per-round rows give the median over the rounds and the spread. Machine: {machine}; the cluster, the agent and the client share it, so at concurrency 64 every path queues on process spawns.\n\n{table}"
     );

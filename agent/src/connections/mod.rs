@@ -11,6 +11,7 @@
 
 pub mod table;
 
+use crate::held_body::holding;
 use std::convert::Infallible;
 use std::io;
 use std::pin::Pin;
@@ -20,9 +21,7 @@ use std::task::{Context, Poll};
 use std::time::Duration;
 
 use axum::Router;
-use axum::body::Body;
 use axum::response::Response;
-use http_body_util::BodyExt;
 use hyper::body::Incoming;
 use hyper::server::conn::http1;
 use hyper::service::Service;
@@ -321,14 +320,7 @@ fn serve_one(
             let response = router.call(request);
             async move {
                 let response: Result<Response, Infallible> = response.await;
-                response.map(|response| {
-                    response.map(|body| {
-                        Body::new(body.map_frame(move |frame| {
-                            let _busy = &in_progress;
-                            frame
-                        }))
-                    })
-                })
+                response.map(|response| response.map(|body| holding(body, in_progress)))
             }
         })
     };

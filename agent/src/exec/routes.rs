@@ -1,6 +1,7 @@
 //! `POST /v1/exec` (one JSON response when the command ends) and `POST /v1/exec/stream` (NDJSON events
 //! while it runs).
 
+use crate::held_body::holding;
 use std::convert::Infallible;
 use std::time::Instant;
 
@@ -9,7 +10,6 @@ use axum::extract::State;
 use axum::http::{HeaderValue, StatusCode, header};
 use axum::response::Response;
 use bytes::Bytes;
-use http_body_util::BodyExt;
 use orchard_api::agent::{ExecEvent, ExecResponse};
 use tokio::sync::mpsc;
 
@@ -99,11 +99,7 @@ pub async fn exec(
     };
     // Released when the response body is dropped: after it was sent, or when the client went away.
     let (parts, body) = json_response(StatusCode::OK, &response).into_parts();
-    let body = body.map_frame(move |frame| {
-        let _held = &charges;
-        frame
-    });
-    Ok(Response::from_parts(parts, Body::new(body)))
+    Ok(Response::from_parts(parts, holding(body, charges)))
 }
 
 async fn send_event(events: &mpsc::Sender<Bytes>, event: &ExecEvent) {

@@ -1,15 +1,14 @@
 //! HTTP routes of shell sessions: `POST/GET /v1/sessions`, `GET/DELETE /v1/sessions/{id}`,
 //! `POST /v1/sessions/{id}/run`, `/signal`, `/input` and `/read`.
 
+use crate::held_body::holding;
 use std::sync::Arc;
 use std::time::Duration;
 
-use axum::body::Body;
 use axum::extract::rejection::PathRejection;
 use axum::extract::{Path, State};
 use axum::http::StatusCode;
 use axum::response::Response;
-use http_body_util::BodyExt;
 use orchard_api::agent::{
     SessionInputRequest, SessionList, SessionReadRequest, SessionReadResponse, SessionRequest,
     SessionRunRequest, SessionRunResponse, SessionSignalRequest, SessionSignalResponse,
@@ -158,11 +157,7 @@ pub async fn run(
         shell_restarted: outcome.shell_restarted,
     };
     let (parts, body) = json_response(StatusCode::OK, &response).into_parts();
-    let body = body.map_frame(move |frame| {
-        let _held = &charge;
-        frame
-    });
-    Ok(Response::from_parts(parts, Body::new(body)))
+    Ok(Response::from_parts(parts, holding(body, charge)))
 }
 
 /// `POST /v1/sessions/{id}/signal`: signals the command of the run in progress (SIGINT by default)

@@ -506,3 +506,31 @@ async fn total_output_budget_truncates_concurrent_execs() {
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
 }
+
+/// An exec's answer says its length (it is one JSON document, built whole): a client, or the
+/// gateway in front of the agent, knows it has it all without reading a chunked stream, and the
+/// gateway passes it on without watching it as a download of unknown length.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_exec_answer_has_a_content_length() {
+    let agent = Agent::start();
+    let response = agent
+        .send(
+            Method::POST,
+            "/v1/exec",
+            full(json!({"argv": ["echo", "hi"]}).to_string()),
+            Some(TOKEN),
+        )
+        .await;
+    assert_eq!(response.status(), StatusCode::OK);
+    let headers = response.headers().clone();
+    assert_eq!(headers.get("transfer-encoding"), None, "{headers:?}");
+    let length: usize = headers
+        .get("content-length")
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse().ok())
+        .expect("a Content-Length");
+    let body = response.into_body().collect().await.unwrap().to_bytes();
+    assert_eq!(body.len(), length);
+    let out: Value = serde_json::from_slice(&body).expect("JSON");
+    assert_eq!(out["stdout"], "hi\n");
+}

@@ -192,6 +192,7 @@ pub fn state(deps: GatewayDeps) -> std::io::Result<State> {
         tunnels: Arc::new(tokio::sync::Semaphore::new(deps.limits.gateway_max_tunnels)),
         metrics,
         filled: CachesFilled::default(),
+        access_memo: agent::access_memo::AccessMemo::default(),
         recent_deletes: objects::recent_deletes::RecentDeletes::default(),
         deps,
     }))

@@ -15,6 +15,7 @@ use serde::de::DeserializeOwned;
 use serde_json::Value;
 use utoipa::IntoParams;
 
+use crate::gateway::agent::access_memo::AccessMemo;
 use crate::gateway::agent::proxy::AgentProxy;
 use crate::gateway::auth::access::{Access, Operation};
 use crate::gateway::auth::{Authorizer, Identity};
@@ -89,6 +90,8 @@ pub struct GatewayState {
     pub bodies: BodyReader,
     /// A permit per open port-forward tunnel (`--gateway-max-tunnels`).
     pub tunnels: Arc<tokio::sync::Semaphore>,
+    /// Agent endpoints and tokens already found, per version of a sandbox and its pod.
+    pub access_memo: AccessMemo,
 }
 
 /// Shared state of the router.
@@ -155,12 +158,14 @@ impl GatewayState {
             &self.deps.key,
         )
         .await;
-        agent_access(
-            sandbox,
-            pod.as_deref(),
-            self.deps.settings.agent_port,
-            &self.deps.key,
-        )
+        self.access_memo.get_or_find(sandbox, pod.as_deref(), || {
+            agent_access(
+                sandbox,
+                pod.as_deref(),
+                self.deps.settings.agent_port,
+                &self.deps.key,
+            )
+        })
     }
 
     /// The RolloutGroup a route's path names (see [`GatewayState::cached`]).
