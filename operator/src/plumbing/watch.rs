@@ -52,9 +52,8 @@ pub type Subscribers<K> = Vec<Box<dyn Subscriber<K>>>;
 /// A watch of `api` with `config`, kept in the returned cache, telling `subscribers` every event;
 /// `filled` is set once the first full list is in the cache. Every object's metadata is trimmed
 /// ([`trim_metadata`]) before anyone sees it (what else a cache leaves out is its type's:
-/// `cached_pod`). The future
-/// drives the watch until its stream ends; errors are logged and retried with kube-runtime's
-/// default backoff.
+/// `cached_pod`). The future drives the watch until its stream ends; errors are logged and retried
+/// with kube-runtime's default backoff.
 pub fn cached_watch<K>(
     api: Api<K>,
     config: watcher::Config,

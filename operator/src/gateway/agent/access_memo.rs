@@ -10,8 +10,6 @@
 use std::collections::HashMap;
 use std::sync::Mutex;
 
-use kube::ResourceExt;
-
 use crate::gateway::http::errors::ApiError;
 use crate::plumbing::cached_pod::CachedPod;
 use orchard_api::Sandbox;
@@ -60,14 +58,14 @@ impl AccessMemo {
 /// What names the versions of `sandbox` and `pod`: both UIDs and both resource versions (pure);
 /// `None` when any is missing (such objects are never remembered).
 fn versions(sandbox: &Sandbox, pod: Option<&CachedPod>) -> Option<String> {
-    let pod = pod?;
-    let parts = [
-        sandbox.uid()?,
-        sandbox.resource_version()?,
-        pod.metadata.uid.clone()?,
-        pod.metadata.resource_version.clone()?,
-    ];
-    Some(parts.join("/"))
+    let (sandbox, pod) = (&sandbox.metadata, &pod?.metadata);
+    Some(format!(
+        "{}/{}/{}/{}",
+        sandbox.uid.as_deref()?,
+        sandbox.resource_version.as_deref()?,
+        pod.uid.as_deref()?,
+        pod.resource_version.as_deref()?
+    ))
 }
 
 #[cfg(test)]

@@ -119,7 +119,7 @@ impl From<&Pod> for CachedPod {
     fn from(pod: &Pod) -> Self {
         let containers = |list: &[Container]| list.iter().map(CachedContainer::from).collect();
         let mut metadata = pod.metadata.clone();
-        metadata.managed_fields = None;
+        crate::plumbing::watch::trim_metadata(&mut metadata);
         CachedPod {
             metadata,
             spec: pod.spec.as_ref().map(|spec: &PodSpec| CachedPodSpec {
