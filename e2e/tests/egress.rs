@@ -27,6 +27,7 @@ use orchard_testcluster::env::{EnvOptions, NodeKind, TestEnv};
 use orchard_testcluster::fake_internet::FakeInternet;
 use orchard_testcluster::test_support::gateway::{Answer, Caller};
 use orchard_testcluster::test_support::internet::{self, InternetRelease};
+use orchard_testcluster::test_support::nodes::pod_ready;
 use orchard_testcluster::wait;
 use serde_json::{Value, json};
 use tokio::sync::OnceCell;
@@ -653,11 +654,4 @@ async fn a_restarted_proxy_lets_nothing_through_while_down_and_the_same_rules_af
     let sandboxes: Api<Sandbox> = Api::namespaced(client, &ns);
     let steady = sandboxes.get("steady").await.expect("sandbox");
     assert!(steady.status.and_then(|s| s.egress).is_some());
-}
-
-fn pod_ready(pod: &Pod) -> bool {
-    pod.status
-        .as_ref()
-        .and_then(|s| s.conditions.as_ref())
-        .is_some_and(|c| c.iter().any(|c| c.type_ == "Ready" && c.status == "True"))
 }

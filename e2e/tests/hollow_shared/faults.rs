@@ -1,6 +1,8 @@
 //! Faults on the local node: an evicted pod, an unpullable image and a killed agent each end in a
 //! `Failed` sandbox with a reason a user can act on; the failed pod's resources are released. A pod
-//! whose token cannot be derived any more gets a clear 409 from the gateway.
+//! whose token cannot be derived any more gets a clear 409 from the gateway. A pod marked not ready by
+//! someone else (the node-lifecycle controller, after an API server restart) is reported ready again
+//! by its node, as a kubelet's status manager does.
 
 use std::time::Duration;
 
@@ -9,6 +11,7 @@ use kube::api::{Api, Patch, PatchParams, PostParams};
 use orchard_operator::api::Sandbox;
 use orchard_testcluster::env::TestEnv;
 use orchard_testcluster::test_support::gateway::Caller;
+use orchard_testcluster::test_support::nodes::pod_ready;
 use orchard_testcluster::test_support::sandboxes::{is_failed, is_ready, sandbox};
 use orchard_testcluster::wait;
 use serde_json::json;
@@ -88,6 +91,52 @@ async fn an_unpullable_image_fails_the_sandbox_naming_the_image() {
         message.contains("image pull failed for `registry.invalid/no-such-image:1`"),
         "{message}"
     );
+    env.delete_namespace(&ns).await;
+}
+
+#[tokio::test]
+async fn a_pod_marked_not_ready_by_someone_else_is_reported_ready_again() {
+    let env = TestEnv::shared();
+    let client = env.client().await;
+    let ns = env.namespace("resync").await;
+    let api: Api<Sandbox> = Api::namespaced(client.clone(), &ns);
+    api.create(
+        &PostParams::default(),
+        &sandbox("steady", json!({"image": "busybox"})),
+    )
+    .await
+    .expect("create");
+    wait::until(&api, "steady", "Ready", Duration::from_secs(60), is_ready).await;
+    // What the node-lifecycle controller writes for the pods of a node it thinks NotReady.
+    let pods: Api<Pod> = Api::namespaced(client.clone(), &ns);
+    let marked = json!({"status": {"conditions": [{
+        "type": "Ready", "status": "False", "reason": "NodeNotReady",
+        "message": "marked not ready by the test, as the node-lifecycle controller does",
+    }]}});
+    pods.patch_status(
+        "steady",
+        &PatchParams::default(),
+        &Patch::Strategic(&marked),
+    )
+    .await
+    .expect("mark the pod not ready");
+    let pod = wait::until(
+        &pods,
+        "steady",
+        "Ready again",
+        Duration::from_secs(15),
+        |p: Option<&Pod>| p.is_some_and(pod_ready),
+    )
+    .await;
+    assert!(pod_ready(&pod));
+    wait::until(
+        &api,
+        "steady",
+        "Ready again",
+        Duration::from_secs(30),
+        is_ready,
+    )
+    .await;
     env.delete_namespace(&ns).await;
 }
 

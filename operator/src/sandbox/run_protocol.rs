@@ -60,6 +60,14 @@ impl AgentCallError {
     }
 }
 
+/// Whether `agent` still answers after its run ended without a result: one poll of the run, where
+/// any answer, even "no such process", counts and only an unreachable agent does not. A node that
+/// dies kills its processes one at a time: an agent can report its run killed and die the next
+/// moment, long before the API shows its pod lost. Such an end is the pod's, not the run's.
+pub async fn agent_answers(agent: &impl RunAgent) -> bool {
+    !matches!(agent.poll(0).await, Err(AgentCallError::Unreachable(_)))
+}
+
 /// Drives `run` through `agent` (in a task container with memory limit `memory_limit`, for the
 /// message of an OOM-killed run) until it has a result, or until `wanted()` says nobody needs one any
 /// more (`None`: the sandbox is gone, has a result, or this replica stopped leading). `deadline` is
@@ -412,5 +420,23 @@ mod tests {
         }
         assert!(AgentCallError::Unreachable("x".into()).is_transient());
         assert!(!AgentCallError::Protocol("x".into()).is_transient());
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn only_an_unreachable_agent_does_not_answer() {
+        for (answer, answers) in [
+            (Ok(process(true)), true),
+            (Err(status(404)), true),
+            (Err(status(503)), true),
+            (Err(AgentCallError::Protocol("garbled".into())), true),
+            (
+                Err(AgentCallError::Unreachable("connection refused".into())),
+                false,
+            ),
+        ] {
+            let agent = Scripted::default();
+            agent.polls.lock().unwrap().push_back(answer);
+            assert_eq!(agent_answers(&agent).await, answers);
+        }
     }
 }

@@ -17,7 +17,7 @@ use kube::runtime::reflector::ObjectRef;
 use kube::{Resource, ResourceExt};
 use tracing::{info, warn};
 
-use super::run_protocol::{DEADLINE_GRACE, RunAgent, run_to_result};
+use super::run_protocol::{DEADLINE_GRACE, RunAgent, agent_answers, run_to_result};
 use crate::plumbing::backoff::Retry;
 use crate::plumbing::status_patch::status_member_patch;
 use crate::pod::agent_client::{AgentCallError, AgentClient, AgentTarget};
@@ -337,17 +337,32 @@ async fn drive(
         // A run killed with its pod ends without a result; that is the pod's disruption, which the
         // reconcile reports (and a RolloutGroup retries), not the run's. The kubelet kills a
         // container only after the API server recorded the pod's deletion, so a read now sees it
-        // even when the watch has not delivered it yet.
-        let sandbox = still_wanted(ctx, current)?;
-        match fetch_own_pod(ctx, &sandbox).await {
-            Ok(pod) if lost_with_its_pod(pod.as_ref().map(CachedPod::from).as_ref()) => {
-                info!(sandbox = %key, reason = ?result.reason, "run ended with its pod taken away: left to the pod's disruption");
-                return None;
+        // even when the watch has not delivered it yet. A node that dies at once (a spot reclaim)
+        // records nothing first: while the run's agent is gone with it and its pod not yet marked
+        // lost, wait (until the run's deadline) for one or the other.
+        let mut again = self::retry();
+        let mut waiting = false;
+        loop {
+            let sandbox = still_wanted(ctx, current)?;
+            match fetch_own_pod(ctx, &sandbox).await {
+                Ok(pod) if lost_with_its_pod(pod.as_ref().map(CachedPod::from).as_ref()) => {
+                    info!(sandbox = %key, reason = ?result.reason, "run ended with its pod taken away: left to the pod's disruption");
+                    return None;
+                }
+                Ok(_) => {}
+                Err(err) => {
+                    warn!(sandbox = %key, %err, "cannot read the run's pod; recording its result");
+                    break;
+                }
             }
-            Ok(_) => {}
-            Err(err) => {
-                warn!(sandbox = %key, %err, "cannot read the run's pod; recording its result");
+            if Instant::now() >= deadline || agent_answers(&agent).await {
+                break;
             }
+            if !waiting {
+                waiting = true;
+                info!(sandbox = %key, reason = ?result.reason, "run ended without a result and its agent does not answer: waiting to see whether its pod is lost");
+            }
+            again.wait().await;
         }
     }
     Some(result)

@@ -34,7 +34,8 @@ use tracing::{debug, warn};
 
 use crate::error::Result;
 use ip_pool::IpPool;
-use pod_worker::{PodCommand, PodWorker};
+use pod_status::pod_ready;
+use pod_worker::{PodCommand, PodWorker, resource_version};
 use scheduling::{NodeOffer, extended_requests, unfit};
 pub use shared::NodeConfig;
 use shared::NodeShared;
@@ -199,9 +200,17 @@ impl HollowNode {
             Some(node) if node == self.inner.config.name => {
                 let mut pods = self.inner.pods.lock().unwrap_or_else(|p| p.into_inner());
                 if let Some(handle) = pods.get(&uid) {
-                    if deleting {
-                        let _ = handle.commands.send(PodCommand::Terminate);
-                    }
+                    let command = if deleting {
+                        PodCommand::Terminate
+                    } else if let Some(resource_version) = resource_version(&pod) {
+                        PodCommand::Observed {
+                            resource_version,
+                            ready: pod_ready(&pod),
+                        }
+                    } else {
+                        return;
+                    };
+                    let _ = handle.commands.send(command);
                     return;
                 }
                 let phase = pod

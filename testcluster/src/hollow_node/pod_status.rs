@@ -1,5 +1,6 @@
 //! The pod statuses the local node reports, built as JSON merge patches like a kubelet's (pure).
 
+use k8s_openapi::api::core::v1::Pod;
 use serde_json::{Value, json};
 
 /// State of one container.
@@ -110,11 +111,43 @@ fn condition(type_: &str, status: bool, now: &str, reason: Option<&str>) -> Valu
     c
 }
 
+/// Whether `pod`'s `Ready` condition is `True`, as the API server has it.
+pub fn pod_ready(pod: &Pod) -> bool {
+    pod.status
+        .as_ref()
+        .and_then(|s| s.conditions.as_ref())
+        .is_some_and(|c| c.iter().any(|c| c.type_ == "Ready" && c.status == "True"))
+}
+
+/// Whether every container of `view` is ready.
+fn containers_ready(view: &PodView) -> bool {
+    !view.containers.is_empty() && view.containers.iter().all(|c| c.ready)
+}
+
+/// The `Ready` condition the node reports for `view`.
+pub fn reported_ready(view: &PodView) -> bool {
+    containers_ready(view) && view.phase == "Running"
+}
+
+/// Whether the pod's status in the API, seen at `seen_version` with its `Ready` condition
+/// `seen_ready`, must be reported again (pure): someone other than the node changed it after the
+/// node's last report (at `reported_version`), and it no longer says what the node does
+/// (`own_ready`). A kubelet's status manager does the same: the node-lifecycle controller marks the
+/// pods of a node it thinks NotReady not ready, and the kubelet puts its own view back.
+pub fn needs_resync(
+    seen_version: u64,
+    seen_ready: bool,
+    reported_version: u64,
+    own_ready: bool,
+) -> bool {
+    seen_version > reported_version && seen_ready != own_ready
+}
+
 /// The status merge patch for `view`.
 pub fn status_patch(view: &PodView) -> Value {
     let initialized = view.init_containers.iter().all(|c| c.ready);
-    let containers_ready = !view.containers.is_empty() && view.containers.iter().all(|c| c.ready);
-    let ready = containers_ready && view.phase == "Running";
+    let containers_ready = containers_ready(view);
+    let ready = reported_ready(view);
     let mut conditions = vec![
         condition("PodScheduled", true, &view.now, None),
         condition(
@@ -230,5 +263,20 @@ mod tests {
         assert_eq!(cond(&patch, "Ready"), "False");
         assert_eq!(cond(&patch, "DisruptionTarget"), "True");
         assert_eq!(patch["status"]["reason"], "Evicted");
+    }
+
+    #[test]
+    fn a_status_changed_by_someone_else_is_reported_again() {
+        let ready = view("Running", true);
+        assert!(reported_ready(&ready));
+        // The node-lifecycle controller marked the ready pod not ready after the node's report.
+        assert!(needs_resync(12, false, 10, reported_ready(&ready)));
+        // An event older than (or the same as) the node's last report says nothing new.
+        assert!(!needs_resync(10, false, 10, true));
+        assert!(!needs_resync(9, false, 10, true));
+        // A newer change that agrees with the node (another field) is left alone.
+        assert!(!needs_resync(12, true, 10, true));
+        assert!(!reported_ready(&view("Running", false)));
+        assert!(needs_resync(12, true, 10, false));
     }
 }

@@ -32,13 +32,7 @@ pub fn two_real_nodes(name: &str) -> TestEnv {
     )
 }
 
-/// Whether `pod`'s `Ready` condition is `True`.
-pub fn pod_ready(pod: &Pod) -> bool {
-    pod.status
-        .as_ref()
-        .and_then(|s| s.conditions.as_ref())
-        .is_some_and(|c| c.iter().any(|c| c.type_ == "Ready" && c.status == "True"))
-}
+pub use crate::hollow_node::pod_status::pod_ready;
 
 /// The node `pod` is bound to (empty when none).
 pub fn node_of(pod: &Pod) -> String {

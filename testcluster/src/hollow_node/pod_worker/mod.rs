@@ -17,7 +17,9 @@ use tokio::sync::mpsc;
 use tracing::debug;
 
 use super::mounts::image_matches;
-use super::pod_status::{ContainerState, ContainerView, PodView, status_patch};
+use super::pod_status::{
+    ContainerState, ContainerView, PodView, needs_resync, reported_ready, status_patch,
+};
 use super::shared::NodeShared;
 use crate::now_rfc3339;
 use crate::supervise::{Child, Exit, SIGKILL, kill_marked};
@@ -47,6 +49,14 @@ pub enum PodCommand {
     Freeze(bool),
     /// Harness teardown: kill processes, leave the API object alone.
     Shutdown,
+    /// The watch saw the pod at `resource_version` with its `Ready` condition `ready`: the node
+    /// reports its own view again when someone else changed it ([`needs_resync`]).
+    Observed {
+        /// The pod's resourceVersion in the event.
+        resource_version: u64,
+        /// Whether its `Ready` condition is `True`.
+        ready: bool,
+    },
 }
 
 enum Boot {
@@ -72,6 +82,8 @@ pub(crate) struct PodWorker {
     ip: Option<Ipv4Addr>,
     frozen: bool,
     agent_pid: Arc<AtomicU32>,
+    /// The resourceVersion the node's last status report produced (0: none yet).
+    reported_version: u64,
 }
 
 fn container_view(c: &Container, state: ContainerState) -> ContainerView {
@@ -134,6 +146,7 @@ impl PodWorker {
             ip: None,
             frozen: false,
             agent_pid,
+            reported_version: 0,
         }
     }
 
@@ -155,7 +168,7 @@ impl PodWorker {
         }
         self.view.now = now_rfc3339();
         let patch = status_patch(&self.view);
-        if let Err(err) = self
+        match self
             .api()
             .patch_status(
                 &self.pod.name_any(),
@@ -164,7 +177,24 @@ impl PodWorker {
             )
             .await
         {
-            debug!(%err, pod = %self.pod.name_any(), "status report failed");
+            Ok(pod) => {
+                self.reported_version = resource_version(&pod).unwrap_or(self.reported_version);
+            }
+            // A report that failed is made again when the watch shows the pod disagreeing.
+            Err(err) => debug!(%err, pod = %self.pod.name_any(), "status report failed"),
+        }
+    }
+
+    /// Reports again when the API's pod, seen by the watch, no longer says what this node does.
+    async fn resync(&mut self, resource_version: u64, ready: bool) {
+        if needs_resync(
+            resource_version,
+            ready,
+            self.reported_version,
+            reported_ready(&self.view),
+        ) {
+            debug!(pod = %self.pod.name_any(), ready, "the pod's readiness was changed by someone else: reporting again");
+            self.report().await;
         }
     }
 
@@ -207,7 +237,7 @@ impl PodWorker {
         loop {
             match self.commands.try_recv() {
                 Ok(PodCommand::Freeze(frozen)) => self.frozen = frozen,
-                Ok(PodCommand::KillAgent | PodCommand::Evict) => {}
+                Ok(PodCommand::KillAgent | PodCommand::Evict | PodCommand::Observed { .. }) => {}
                 Ok(command) => return Some(command),
                 Err(mpsc::error::TryRecvError::Empty) => return None,
                 Err(mpsc::error::TryRecvError::Disconnected) => return Some(PodCommand::Shutdown),
@@ -239,6 +269,9 @@ impl PodWorker {
                         kill_marked(POD_MARKER, &self.uid());
                         self.evicted().await;
                         return self.wait_for_stop().await;
+                    }
+                    Some(PodCommand::Observed { resource_version, ready }) => {
+                        self.resync(resource_version, ready).await;
                     }
                     Some(PodCommand::Freeze(frozen)) => {
                         self.frozen = frozen;
@@ -364,6 +397,10 @@ impl PodWorker {
                         self.report().await;
                     }
                 }
+                Some(PodCommand::Observed {
+                    resource_version,
+                    ready,
+                }) => self.resync(resource_version, ready).await,
                 Some(PodCommand::KillAgent | PodCommand::Evict) => {}
                 Some(command) => return command,
                 None => return PodCommand::Shutdown,
@@ -415,6 +452,11 @@ impl PodWorker {
             }
         }
     }
+}
+
+/// A pod's resourceVersion as a number (etcd's revision; `None` when it is not one).
+pub(crate) fn resource_version(pod: &Pod) -> Option<u64> {
+    pod.metadata.resource_version.as_deref()?.parse().ok()
 }
 
 /// One HTTP readiness probe: `GET path` on `address`, healthy on a 2xx/3xx answer within a second
