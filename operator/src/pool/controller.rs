@@ -112,6 +112,10 @@ async fn reconcile_inner(cached: &SandboxPool, ctx: &Arc<PoolCtx>) -> Result<Opt
         ctx.book.forget(&key);
         return Ok(None);
     }
+    // The events of many claims fold into one full reconcile.
+    if let Some(wait) = ctx.book.full_reconcile(&key) {
+        return Ok(Some(wait));
+    }
     let Some(pool) = reconciler(ctx).fresh(cached, |p: &mut SandboxPool, status| {
         p.status = Some(status);
     }) else {
@@ -147,5 +151,9 @@ async fn reconcile_inner(cached: &SandboxPool, ctx: &Arc<PoolCtx>) -> Result<Opt
         now: Timestamp::now(),
     };
     let plan = decide(&pool, &observed);
-    execute(ctx, &pool, &key, &owner, plan).await.map(Some)
+    let next = execute(ctx, &pool, &key, &owner, plan).await?;
+    if next.is_zero() {
+        ctx.book.continue_now(&key);
+    }
+    Ok(Some(next))
 }

@@ -103,9 +103,12 @@ pub struct MemberView {
 /// not the pool's (not sealed for the pool under `key`: a claimed member is the Sandbox's, and a Pod
 /// somebody made with a controller reference to the pool is nobody's member).
 pub fn view(pod: &CachedPod, pool_uid: &str, hash: &str, key: &OperatorKey) -> Option<MemberView> {
-    if !sealed_for(pod, pool_uid, key) {
-        return None;
-    }
+    sealed_for(pod, pool_uid, key).then(|| unsealed_view(pod, hash, key))
+}
+
+/// [`view`] without the seal check (pure), for callers that look at many Pods and use few: they must
+/// verify the seal of each one they use (`sandbox::claim::candidates` does).
+pub fn unsealed_view(pod: &CachedPod, hash: &str, key: &OperatorKey) -> MemberView {
     let key_id = key.id();
     let annotations = pod.metadata.annotations.as_ref();
     let annotation = annotations.and_then(|a| a.get(POOL_TEMPLATE_HASH_ANNOTATION));
@@ -115,7 +118,7 @@ pub fn view(pod: &CachedPod, pool_uid: &str, hash: &str, key: &OperatorKey) -> O
             .as_ref()
             .and_then(|s| s.pod_ip.as_deref())
             .is_some_and(|ip| !ip.is_empty());
-    Some(MemberView {
+    MemberView {
         name: pod.metadata.name.clone().unwrap_or_default(),
         uid: pod.metadata.uid.clone().unwrap_or_default(),
         resource_version: pod.metadata.resource_version.clone().unwrap_or_default(),
@@ -131,7 +134,7 @@ pub fn view(pod: &CachedPod, pool_uid: &str, hash: &str, key: &OperatorKey) -> O
                 .and_then(|a| a.get(KEY_ID_ANNOTATION))
                 .is_some_and(|k| k == key_id)
             && annotations.is_some_and(|a| a.contains_key(NONCE_ANNOTATION)),
-    })
+    }
 }
 
 /// Why a member is deleted.

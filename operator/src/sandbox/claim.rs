@@ -24,9 +24,10 @@ use crate::plumbing::error::{Error, Result};
 use crate::plumbing::operator_key::OperatorKey;
 use crate::plumbing::own_writes::child_key;
 use crate::plumbing::ownership::seal;
+use crate::plumbing::ownership::sealed_for;
 use crate::pod::naming::{pod_labels, pod_name};
 use crate::pool::book::PoolKey;
-use crate::pool::members::view;
+use crate::pool::members::unsealed_view;
 use crate::pool::template::mismatches;
 use crate::pool::template::{PoolDefaults, defaults_annotation, defaults_of, template_hash};
 use crate::sandbox::blocked::Blocked;
@@ -41,14 +42,15 @@ const MAX_ATTEMPTS: usize = 8;
 
 /// The claimable members of `pool` for a sandbox whose pod-shaping spec hashes to `hash`, oldest
 /// first (pure): Ready, not being deleted, sealed for the pool under `key`, built from that template
-/// with a token `key` derives.
-pub fn candidates(
+/// with a token `key` derives. The seals are verified as the members are taken, so a claim that
+/// tries the first one verifies one seal, not one per member of the pool.
+pub fn candidates<'a>(
     pods: &[Arc<CachedPod>],
-    pool: &SandboxPool,
+    pool: &'a SandboxPool,
     hash: &str,
-    key: &OperatorKey,
+    key: &'a OperatorKey,
     reserved: impl Fn(&str) -> bool,
-) -> Vec<Arc<CachedPod>> {
+) -> impl Iterator<Item = Arc<CachedPod>> + 'a {
     let namespace = pool.metadata.namespace.as_deref();
     let name = pool.metadata.name.as_deref().unwrap_or_default();
     let uid = pool.metadata.uid.as_deref().unwrap_or_default();
@@ -63,7 +65,7 @@ pub fn candidates(
                 .is_some_and(|v| v == name)
         })
         .filter_map(|p| {
-            let member = view(p, uid, hash, key)?;
+            let member = unsealed_view(p, hash, key);
             let usable = member.ready
                 && member.current
                 && member.failed.is_none()
@@ -73,7 +75,10 @@ pub fn candidates(
         })
         .collect();
     found.sort_by_key(|(created, _)| *created);
-    found.into_iter().map(|(_, pod)| pod).collect()
+    found
+        .into_iter()
+        .map(|(_, pod)| pod)
+        .filter(move |pod| sealed_for(pod.as_ref(), uid, key))
 }
 
 /// The claim patch (pure): `test` that `member` is still exactly the object the cache showed (UID and
@@ -165,12 +170,12 @@ pub async fn claim_member(
         namespace: namespace.clone(),
         name: pool_name.clone(),
     };
-    for member in found.iter().take(MAX_ATTEMPTS) {
+    for member in found.take(MAX_ATTEMPTS) {
         let member_uid = member.uid().unwrap_or_default();
         if !ctx.pools.reserve(&member_uid) {
             continue;
         }
-        let patch = claim_patch(member, owner, &labels, &defaults, &ctx.kube.key);
+        let patch = claim_patch(&member, owner, &labels, &defaults, &ctx.kube.key);
         let answer = api
             .patch(
                 &member.name_any(),
@@ -343,8 +348,8 @@ pub async fn announce_identity(ctx: &SandboxCtx, sandbox: &Sandbox, pod: &Cached
 mod tests {
     use super::*;
     use crate::plumbing::mock_api::test_token_key;
-    use crate::plumbing::ownership::sealed_for;
     use crate::pod::lookup::claimed_in_cache;
+    use crate::pool::members::view;
     use crate::pool::members::{fixtures, member_pod};
     use kube::Resource;
     use orchard_api::SandboxSpec;
@@ -388,7 +393,6 @@ mod tests {
         let names: Vec<String> = candidates(&pods, &pool, &hash, &test_token_key(), |uid| {
             uid == "uid-py-held"
         })
-        .iter()
         .map(|p| p.name_any())
         .collect();
         assert_eq!(names, vec!["py-old", "py-new"]);
@@ -396,7 +400,8 @@ mod tests {
             candidates(&pods, &pool, "other-template", &test_token_key(), |_| {
                 false
             })
-            .is_empty()
+            .next()
+            .is_none()
         );
     }
 
@@ -480,7 +485,6 @@ mod tests {
             );
         let pods = vec![Arc::new(unsealed), Arc::new(copied), genuine];
         let names: Vec<String> = candidates(&pods, &pool, &hash, &test_token_key(), |_| false)
-            .iter()
             .map(|p| p.name_any())
             .collect();
         assert_eq!(names, vec!["py-real1"]);
