@@ -347,12 +347,20 @@ async fn warm_pools_on_the_real_node() {
             members: &["prompt-1-0", "prompt-1-1"],
         },
     );
-    let claims_after = pools
-        .get("py")
-        .await
-        .expect("pool")
-        .status
-        .map_or(0, |s| s.claimed_total);
+    // The pool's status counts the claims at its next pass (at most 250 ms later): the runs here end
+    // within milliseconds, so the group can complete before that.
+    let counted = wait::until(
+        &pools,
+        "py",
+        "the first stride's claims counted",
+        Duration::from_secs(10),
+        |p: Option<&SandboxPool>| {
+            p.and_then(|p| p.status.as_ref())
+                .is_some_and(|s| s.claimed_total >= claims_before + 2)
+        },
+    )
+    .await;
+    let claims_after = counted.status.map_or(0, |s| s.claimed_total);
     assert!(
         claims_after >= claims_before + 2,
         "the first stride came from the pool: {claims_before} -> {claims_after} claims"
