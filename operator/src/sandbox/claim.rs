@@ -23,8 +23,7 @@ use tracing::{debug, info};
 use crate::plumbing::error::{Error, Result};
 use crate::plumbing::operator_key::OperatorKey;
 use crate::plumbing::own_writes::child_key;
-use crate::plumbing::ownership::seal;
-use crate::plumbing::ownership::sealed_for;
+use crate::plumbing::ownership::{seal, sealed_for};
 use crate::pod::naming::{pod_labels, pod_name};
 use crate::pool::book::PoolKey;
 use crate::pool::members::unsealed_view;
@@ -349,8 +348,7 @@ mod tests {
     use super::*;
     use crate::plumbing::mock_api::test_token_key;
     use crate::pod::lookup::claimed_in_cache;
-    use crate::pool::members::view;
-    use crate::pool::members::{fixtures, member_pod};
+    use crate::pool::members::{fixtures, member_pod, view};
     use kube::Resource;
     use orchard_api::SandboxSpec;
 
