@@ -218,9 +218,20 @@ async fn warm_pools_on_the_real_node() {
     let own = policies.get("warm-0-egress").await.expect("own policy");
     let rule = serde_json::to_string(&own.spec).unwrap_or_default();
     assert!(rule.contains("192.0.2.0/24"), "its own allow-list: {rule}");
-    let refilled = filled(&pools, "py", 8).await;
+    // The pool writes its status at most once per 250 ms, so right after the claims it can still
+    // show the members it had before them: wait for a status that counts them and is full again.
+    let refilled = wait::until(
+        &pools,
+        "py",
+        "the 8 claims counted and the pool refilled",
+        READY,
+        |p: Option<&SandboxPool>| {
+            p.and_then(|p| p.status.as_ref())
+                .is_some_and(|s| s.claimed_total >= 8 && s.ready_replicas == 8 && s.replicas == 8)
+        },
+    )
+    .await;
     let status = refilled.status.expect("status");
-    assert!(status.claimed_total >= 8, "{status:?}");
     assert!(status.claimed_last_minute >= 8, "{status:?}");
     delete_all(&sandboxes, &claimed).await;
 
