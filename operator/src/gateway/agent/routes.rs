@@ -292,22 +292,21 @@ impl AgentRoute {
     /// route's agent template with its `{...}` segments taken from the raw (still percent-encoded)
     /// gateway path, and the raw query. `None` when the path does not fit the route's template.
     pub fn agent_target(&self, gateway_path: &str, query: Option<&str>) -> Option<String> {
-        let template: Vec<&str> = self.path.split('/').collect();
-        let actual: Vec<&str> = gateway_path.split('/').collect();
-        if template.len() != actual.len()
-            || template
-                .iter()
-                .zip(&actual)
-                .any(|(t, a)| !is_placeholder(t) && t != a)
-        {
-            return None;
+        // Segment by segment, without collecting either path: this runs on every proxied call.
+        let (mut template, mut actual) = (self.path.split('/'), gateway_path.split('/'));
+        loop {
+            match (template.next(), actual.next()) {
+                (None, None) => break,
+                (Some(t), Some(a)) if is_placeholder(t) || t == a => {}
+                _ => return None,
+            }
         }
-        let mut path = String::with_capacity(gateway_path.len());
+        let mut path = String::with_capacity(gateway_path.len() + query.map_or(0, str::len) + 1);
         for segment in self.agent_path.split('/').skip(1) {
             path.push('/');
             if is_placeholder(segment) {
-                let at = template.iter().position(|t| *t == segment)?;
-                path.push_str(actual[at]);
+                let at = self.path.split('/').position(|t| t == segment)?;
+                path.push_str(gateway_path.split('/').nth(at)?);
             } else {
                 path.push_str(segment);
             }
@@ -571,6 +570,10 @@ mod tests {
         );
         assert_eq!(
             exec.agent_target("/v1/namespaces/ns/sandboxes/s/patch", None),
+            None
+        );
+        assert_eq!(
+            exec.agent_target("/v1/namespaces/ns/sandboxes/s/exec/more", None),
             None
         );
         assert_eq!(exec.agent_target("/healthz", None), None);
