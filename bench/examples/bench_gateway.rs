@@ -1,12 +1,15 @@
 //! `make bench-gateway`: the latency the gateway adds to an exec, and sandbox create -> Ready through
 //! the Python SDK, on the local cluster (real control plane, local node, release operator).
 //!
-//! Exec of `true` is timed at the client on three paths: directly to the agent (pod IP, sandbox
+//! Exec of `true` is timed at the client on four paths: directly to the agent (pod IP, sandbox
 //! token), through a plain TCP relay to the agent (bytes copied between two sockets, no HTTP: the
-//! least any proxy hop in its own process costs on this machine), and through the gateway (bearer
+//! least any proxy hop in its own process costs on this machine), through a bare HTTP proxy (hyper's
+//! HTTP/1.1 server and hyper-util's pooled client, as the gateway has them, and nothing else: the
+//! least an HTTP proxy that can authorise each request costs), and through the gateway (bearer
 //! token, TokenReview/SubjectAccessReview cached, heartbeat coalescing, proxy), at concurrency 1 and
 //! 64, the paths alternating in rounds (the order rotating each round) so drift on a shared machine
-//! hits all. Prints a table; with `--write-doc PATH` replaces the `## Gateway` section of that
+//! hits all. Each hop's CPU is read apart: the relay's and the proxy's runtimes run on threads of
+//! their own names in this process, the gateway in the operator's. Prints a table; with `--write-doc PATH` replaces the `## Gateway` section of that
 //! Markdown file.
 
 use std::net::SocketAddr;
@@ -21,10 +24,14 @@ use orchard_testcluster::proc_stats::cpu_seconds;
 use serde_json::{Value, json};
 
 const WARMUP: usize = 100;
-const SEQUENTIAL: usize = 1000;
+const SEQUENTIAL: usize = 1400;
 const CONCURRENT_WORKERS: usize = 64;
-const PER_WORKER: usize = 500;
-const ROUNDS: usize = 5;
+const PER_WORKER: usize = 700;
+const ROUNDS: usize = 7;
+/// Thread name of the TCP relay's runtime.
+const RELAY_THREADS: &str = "tcp-relay";
+/// Thread name of the bare HTTP proxy's runtime.
+const PROXY_THREADS: &str = "http-proxy";
 const SDK_SANDBOXES: usize = 20;
 
 /// Where an exec goes and with which bearer token.
@@ -89,30 +96,51 @@ fn signed_ms(later: Duration, earlier: Duration) -> String {
 }
 
 /// The paths measured, in the order of the table's columns.
-const PATHS: [&str; 3] = [
+const PATHS: [&str; 4] = [
     "direct to the agent",
     "through a TCP relay",
+    "through a bare HTTP proxy",
     "through the gateway",
 ];
+
+/// The index in [`PATHS`] of the direct path, the relay and the gateway.
+const DIRECT: usize = 0;
+const RELAY: usize = 1;
+const GATEWAY: usize = 3;
 
 /// One concurrency's samples on every path (indexed as [`PATHS`]).
 struct Row {
     concurrency: usize,
-    samples: [Vec<Duration>; 3],
-    wall: [Duration; 3],
-    /// The operator's CPU seconds while each path ran (its background work on the paths that do not
-    /// pass through it).
-    operator_cpu: [f64; 3],
+    samples: [Vec<Duration>; 4],
+    wall: [Duration; 4],
+    /// The CPU seconds of each path's own hop while that path ran (nothing for the direct path).
+    hop_cpu: [f64; 4],
+    /// The CPU seconds of each path's hop while the direct path ran: its background work (the
+    /// operator's controllers and watches; nothing for the in-process hops).
+    hop_idle_cpu: [f64; 4],
     /// Per round and path: the p50 (seconds) and exec/s.
-    rounds: Vec<[(f64, f64); 3]>,
+    rounds: Vec<[(f64, f64); 4]>,
+}
+
+/// The CPU seconds so far of each path's hop: none for the direct path, the relay's and the
+/// proxy's threads, the operator's process.
+fn hop_cpu(operator: u32) -> [f64; 4] {
+    let threads = orchard_bench::thread_cpu::by_name();
+    let named = |name: &str| threads.get(name).copied().unwrap_or_default();
+    [
+        0.0,
+        named(RELAY_THREADS),
+        named(PROXY_THREADS),
+        cpu_seconds(operator).expect("the operator is running"),
+    ]
 }
 
 /// `workers` x `per_worker` execs on every path, in [`ROUNDS`] rounds; the order of the paths rotates
-/// each round, so no path always runs first or last. `operator` is the operator's process, whose
-/// CPU is counted around every run.
+/// each round, so no path always runs first or last. `operator` is the operator's process; every
+/// hop's CPU is counted around every run.
 async fn measure(
     http: &reqwest::Client,
-    targets: &[Target; 3],
+    targets: &[Target; 4],
     workers: usize,
     per_worker: usize,
     operator: u32,
@@ -120,19 +148,26 @@ async fn measure(
     let mut row = Row {
         concurrency: workers,
         samples: Default::default(),
-        wall: [Duration::ZERO; 3],
-        operator_cpu: [0.0; 3],
+        wall: [Duration::ZERO; 4],
+        hop_cpu: [0.0; 4],
+        hop_idle_cpu: [0.0; 4],
         rounds: Vec::new(),
     };
-    let cpu = || cpu_seconds(operator).expect("the operator is running");
     for round in 0..ROUNDS {
-        let mut this_round = [(0.0, 0.0); 3];
+        let mut this_round = [(0.0, 0.0); 4];
         for offset in 0..PATHS.len() {
             let path = (round + offset) % PATHS.len();
-            let (started, cpu_before) = (Instant::now(), cpu());
+            let (started, cpu_before) = (Instant::now(), hop_cpu(operator));
             let mut samples = run(http, &targets[path], workers, per_worker / ROUNDS).await;
             let wall = started.elapsed();
-            row.operator_cpu[path] += cpu() - cpu_before;
+            let cpu = hop_cpu(operator);
+            let used: [f64; 4] = std::array::from_fn(|hop| cpu[hop] - cpu_before[hop]);
+            if path == DIRECT {
+                for (idle, used) in row.hop_idle_cpu.iter_mut().zip(used) {
+                    *idle += used;
+                }
+            }
+            row.hop_cpu[path] += used[path];
             this_round[path] = (
                 percentile(&mut samples, 0.5).as_secs_f64(),
                 samples.len() as f64 / wall.as_secs_f64(),
@@ -145,98 +180,183 @@ async fn measure(
     row
 }
 
-/// A plain TCP relay to `upstream`, on a runtime of its own (two workers, as the operator has on
-/// this machine): each accepted connection gets one to `upstream`, and bytes are copied both ways
-/// with no HTTP parsing, TCP_NODELAY on both sides as the gateway sets it. What any proxy hop in a
-/// process of its own costs at least. Returns the address it listens on.
-fn start_relay(upstream: SocketAddr) -> SocketAddr {
-    let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("relay listener");
-    let address = listener.local_addr().expect("relay address");
+/// Runs `serve` on a listener on 127.0.0.1 in a thread of its own, on a runtime of its own with two
+/// workers (as the operator has on this machine) named `threads`, so its CPU can be read apart.
+/// Returns the address it listens on.
+fn start_hop<F, Fut>(threads: &'static str, serve: F) -> SocketAddr
+where
+    F: FnOnce(tokio::net::TcpListener) -> Fut + Send + 'static,
+    Fut: std::future::Future<Output = ()>,
+{
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("hop listener");
+    let address = listener.local_addr().expect("hop address");
     listener
         .set_nonblocking(true)
-        .expect("non-blocking relay listener");
+        .expect("non-blocking hop listener");
     std::thread::spawn(move || {
         let runtime = tokio::runtime::Builder::new_multi_thread()
             .worker_threads(2)
+            .thread_name(threads)
             .enable_all()
             .build()
-            .expect("relay runtime");
+            .expect("hop runtime");
         runtime.block_on(async move {
-            let listener = tokio::net::TcpListener::from_std(listener).expect("relay listener");
-            while let Ok((mut client, _)) = listener.accept().await {
-                tokio::spawn(async move {
-                    let Ok(mut agent) = tokio::net::TcpStream::connect(upstream).await else {
-                        return;
-                    };
-                    let _ = client.set_nodelay(true);
-                    let _ = agent.set_nodelay(true);
-                    let _ = tokio::io::copy_bidirectional(&mut client, &mut agent).await;
-                });
-            }
+            serve(tokio::net::TcpListener::from_std(listener).expect("hop listener")).await
         });
     });
     address
 }
 
-/// The table of every row: latency and throughput per path, and what the relay and the gateway add
-/// to the direct path (pure).
+/// A plain TCP relay to `upstream` ([`start_hop`], threads [`RELAY_THREADS`]): each accepted
+/// connection gets one to `upstream`, and bytes are copied both ways with no HTTP parsing,
+/// TCP_NODELAY on both sides as the gateway sets it. What any proxy hop in a process of its own
+/// costs at least.
+fn start_relay(upstream: SocketAddr) -> SocketAddr {
+    start_hop(RELAY_THREADS, move |listener| async move {
+        while let Ok((mut client, _)) = listener.accept().await {
+            tokio::spawn(async move {
+                let Ok(mut agent) = tokio::net::TcpStream::connect(upstream).await else {
+                    return;
+                };
+                let _ = client.set_nodelay(true);
+                let _ = agent.set_nodelay(true);
+                let _ = tokio::io::copy_bidirectional(&mut client, &mut agent).await;
+            });
+        }
+    })
+}
+
+/// A bare HTTP/1.1 reverse proxy to `upstream` ([`start_hop`], threads [`PROXY_THREADS`]): hyper's
+/// server and hyper-util's pooled client with the settings the gateway gives them (TCP_NODELAY on
+/// both sides, 256 idle connections per agent), each request sent on with its method, path, headers
+/// and body, each answer streamed back. No authentication, no routing, no header filtering, no
+/// time-outs: what any HTTP proxy that can look at a request costs at least.
+fn start_http_proxy(upstream: SocketAddr) -> SocketAddr {
+    use hyper::body::Incoming;
+    use hyper_util::client::legacy::Client;
+    use hyper_util::client::legacy::connect::HttpConnector;
+    use hyper_util::rt::{TokioExecutor, TokioIo};
+
+    start_hop(PROXY_THREADS, move |listener| async move {
+        let mut connector = HttpConnector::new();
+        connector.set_nodelay(true);
+        let client: Client<HttpConnector, Incoming> = Client::builder(TokioExecutor::new())
+            .pool_max_idle_per_host(256)
+            .build(connector);
+        while let Ok((stream, _)) = listener.accept().await {
+            let _ = stream.set_nodelay(true);
+            let client = client.clone();
+            let service = hyper::service::service_fn(move |request: hyper::Request<Incoming>| {
+                let client = client.clone();
+                async move {
+                    let (mut parts, body) = request.into_parts();
+                    let path = parts.uri.path_and_query().map_or("/", |p| p.as_str());
+                    parts.uri = format!("http://{upstream}{path}")
+                        .parse()
+                        .expect("the agent's URL");
+                    client
+                        .request(hyper::Request::from_parts(parts, body))
+                        .await
+                }
+            });
+            tokio::spawn(async move {
+                let _ = hyper::server::conn::http1::Builder::new()
+                    .serve_connection(TokioIo::new(stream), service)
+                    .await;
+            });
+        }
+    })
+}
+
+/// The table of every row: latency and throughput per path, what each hop adds to the direct path,
+/// each hop's CPU, and per round what each HTTP hop costs beyond the relay (pure).
 fn table(rows: &[Row]) -> String {
     let mut table = format!(
-        "| exec `true`, keep-alive clients | {} | {} | {} | added by the relay | added by the gateway |\n|---|---|---|---|---|---|\n",
-        PATHS[0], PATHS[1], PATHS[2]
+        "| exec `true`, keep-alive clients | {} | {} | {} | {} | added by the relay | added by the bare HTTP proxy | added by the gateway |\n|---|---|---|---|---|---|---|---|\n",
+        PATHS[0], PATHS[1], PATHS[2], PATHS[3]
     );
+    let hops = RELAY..=GATEWAY;
     for row in rows {
         let concurrency = row.concurrency;
         let mut samples = row.samples.clone();
         for (label, p) in [("p50", 0.5), ("p99", 0.99)] {
-            let [d, r, g] = [0, 1, 2].map(|path| percentile(&mut samples[path], p));
+            let at: [Duration; 4] = std::array::from_fn(|path| percentile(&mut samples[path], p));
+            let cells: Vec<String> = at.iter().map(|d| ms(*d)).collect();
+            let added: Vec<String> = hops
+                .clone()
+                .map(|hop| signed_ms(at[hop], at[DIRECT]))
+                .collect();
             table.push_str(&format!(
-                "| {label}, concurrency {concurrency} | {} | {} | {} | {} | {} |\n",
-                ms(d),
-                ms(r),
-                ms(g),
-                signed_ms(r, d),
-                signed_ms(g, d)
+                "| {label}, concurrency {concurrency} | {} | {} |\n",
+                cells.join(" | "),
+                added.join(" | ")
             ));
         }
         let rate = |path: usize| row.samples[path].len() as f64 / row.wall[path].as_secs_f64();
-        let change = |path: usize| 100.0 * (rate(path) / rate(0) - 1.0);
+        let rates: Vec<String> = (0..PATHS.len())
+            .map(|path| format!("{:.0}", rate(path)))
+            .collect();
+        let changes: Vec<String> = hops
+            .clone()
+            .map(|hop| format!("{:+.1} %", 100.0 * (rate(hop) / rate(DIRECT) - 1.0)))
+            .collect();
         table.push_str(&format!(
-            "| exec/s, concurrency {concurrency} ({} calls per path) | {:.0} | {:.0} | {:.0} | {:+.1} % | {:+.1} % |\n",
-            row.samples[0].len(),
-            rate(0),
-            rate(1),
-            rate(2),
-            change(1),
-            change(2)
+            "| exec/s, concurrency {concurrency} ({} calls per path) | {} | {} |\n",
+            row.samples[DIRECT].len(),
+            rates.join(" | "),
+            changes.join(" | ")
         ));
-        let cpu_per_1000 =
-            |path: usize| 1000.0 * row.operator_cpu[path] / row.samples[path].len() as f64;
+        let own_cpu = |hop: usize| {
+            let calls = |path: usize| row.samples[path].len().max(1) as f64;
+            1e6 * (row.hop_cpu[hop] / calls(hop) - row.hop_idle_cpu[hop] / calls(DIRECT))
+        };
+        let cpu: Vec<String> = hops
+            .clone()
+            .map(|hop| format!("{:.0} µs", own_cpu(hop)))
+            .collect();
         table.push_str(&format!(
-            "| the operator's CPU per 1,000 execs, concurrency {concurrency} | {:.3} s | {:.3} s | {:.3} s | | {:+.3} s |\n",
-            cpu_per_1000(0),
-            cpu_per_1000(1),
-            cpu_per_1000(2),
-            cpu_per_1000(2) - cpu_per_1000(0)
+            "| the hop's own CPU per exec (user + kernel; its background while the direct path ran subtracted), concurrency {concurrency} | | {} | | | |\n",
+            cpu.join(" | ")
         ));
         let added = |path: usize| -> Vec<f64> {
             row.rounds
                 .iter()
-                .map(|round| (round[path].0 - round[0].0) * 1000.0)
+                .map(|round| (round[path].0 - round[DIRECT].0) * 1000.0)
                 .collect()
         };
         let loss = |path: usize| -> Vec<f64> {
             row.rounds
                 .iter()
-                .map(|round| 100.0 * (round[path].1 / round[0].1 - 1.0))
+                .map(|round| 100.0 * (round[path].1 / round[DIRECT].1 - 1.0))
                 .collect()
         };
+        let per_round: Vec<String> = hops
+            .clone()
+            .map(|hop| {
+                format!(
+                    "{}; {}",
+                    median_spread(&added(hop), |v| format!("{v:+.2} ms")),
+                    median_spread(&loss(hop), |v| format!("{v:+.1} %"))
+                )
+            })
+            .collect();
         table.push_str(&format!(
-            "| per round ({ROUNDS}), concurrency {concurrency}: p50 added; throughput change | | | | {}; {} | {}; {} |\n",
-            median_spread(&added(1), |v| format!("{v:+.2} ms")),
-            median_spread(&loss(1), |v| format!("{v:+.1} %")),
-            median_spread(&added(2), |v| format!("{v:+.2} ms")),
-            median_spread(&loss(2), |v| format!("{v:+.1} %"))
+            "| per round ({ROUNDS}), concurrency {concurrency}: p50 added; throughput change | | | | | {} |\n",
+            per_round.join(" | ")
+        ));
+        let beyond_relay: Vec<String> = (RELAY + 1..=GATEWAY)
+            .map(|hop| {
+                let points: Vec<f64> = loss(hop)
+                    .iter()
+                    .zip(loss(RELAY))
+                    .map(|(hop, relay)| hop - relay)
+                    .collect();
+                median_spread(&points, |v| format!("{v:+.1} points"))
+            })
+            .collect();
+        table.push_str(&format!(
+            "| per round ({ROUNDS}), concurrency {concurrency}: throughput change beyond the relay's in the same round | | | | | | {} |\n",
+            beyond_relay.join(" | ")
         ));
     }
     table
@@ -320,6 +440,7 @@ async fn main() {
         .parse()
         .expect("the agent endpoint is http://<ip>:<port>");
     let relay = start_relay(agent_address);
+    let proxy = start_http_proxy(agent_address);
     let targets = [
         Target {
             url: format!("{endpoint}/v1/exec"),
@@ -327,6 +448,10 @@ async fn main() {
         },
         Target {
             url: format!("http://{relay}/v1/exec"),
+            token: agent_token.clone(),
+        },
+        Target {
+            url: format!("http://{proxy}/v1/exec"),
             token: agent_token,
         },
         Target {
@@ -349,11 +474,11 @@ async fn main() {
     let mut table = table(&[sequential, concurrent]);
     let seconds = |key: &str| sdk[key].as_f64().unwrap_or(f64::NAN);
     table.push_str(&format!(
-        "| Sandbox create -> Ready through the SDK (`client.create(image=...)`, {} sandboxes one after another): p50 / p90 / max | {:.2} s / {:.2} s / {:.2} s | | | | |\n",
+        "| Sandbox create -> Ready through the SDK (`client.create(image=...)`, {} sandboxes one after another): p50 / p90 / max | {:.2} s / {:.2} s / {:.2} s | | | | | | |\n",
         sdk["count"], seconds("p50"), seconds("p90"), seconds("max")
     ));
     table.push_str(&format!(
-        "| Sandbox create -> Ready through the SDK, {} at once (asyncio): p50 / max | {:.2} s / {:.2} s | | | | |\n",
+        "| Sandbox create -> Ready through the SDK, {} at once (asyncio): p50 / max | {:.2} s / {:.2} s | | | | | | |\n",
         sdk["count"], seconds("concurrent_p50"), seconds("concurrent_max")
     ));
     println!("\n{table}");
@@ -362,11 +487,15 @@ async fn main() {
 One local cluster (real kube-apiserver and etcd, the local node running each agent as a process on a loopback pod IP, the release operator); one sandbox; \
 keep-alive HTTP clients on the same machine. \"Direct\" posts `{{\"argv\": [\"true\"]}}` to `http://<podIP>:9090/v1/exec` with the sandbox token; \"through a TCP relay\" sends the same request \
 through a plain TCP relay to the agent (a runtime of its own with two workers in the benchmark's process, bytes copied both ways by `copy_bidirectional`, no HTTP): \
-the least any proxy hop costs here, whatever it does, so what the gateway adds beyond it is what its HTTP handling, authorisation, lookups and heartbeat cost; \
+the least any proxy hop costs here, whatever it does; \
+\"through a bare HTTP proxy\" sends it through hyper's HTTP/1.1 server and hyper-util's pooled client (the gateway's, with its settings: TCP_NODELAY, 256 idle connections per agent) on a runtime of its own with two workers in the benchmark's process, \
+each request sent on with its method, path, headers and body and each answer streamed back, nothing else (no authentication, routing, header filtering or time-outs): \
+the least an HTTP proxy that can authorise each request costs here, so what the gateway adds beyond it is what its authorisation, lookups, limits and heartbeat cost; \
 \"through the gateway\" posts the same body to \
 `/v1/namespaces/<ns>/sandboxes/bench/exec` with a bearer token, so it adds TokenReview/SubjectAccessReview (cached 10 s), the cache lookups, the coalesced heartbeat and the proxy hop. \
 {WARMUP} warm-up calls per path, then {ROUNDS} rounds in which every path runs once, the order rotating each round; concurrency 64 is {CONCURRENT_WORKERS} workers x {PER_WORKER} calls per path. \
-The operator's CPU is its user + system time (`/proc/<pid>/stat`) while each path ran, per 1,000 execs: on the direct and relay paths the exec does not pass through it, so that is its background work, and the gateway's own cost is the difference. \
+Each hop's own CPU per exec: the relay's and the proxy's runtime threads (time on a CPU from `/proc/self/task/*/schedstat`, by thread name) and the operator's process (user + system, `/proc/<pid>/stat`) while their path ran, less what they used while the direct path ran (the operator's controllers and watches; nothing for the others), divided by the execs. \
+The last row pairs each round's throughput change with the relay's in the same round, so drift between rounds cancels: the target for the gateway is at most 3 points. \
 Create -> Ready is timed in Python around `client.create(image=\"busybox\")` (POST, then the gateway's watch-driven wait), sandboxes deleted after each. \
 The per-round rows give the median over the rounds and the spread. Machine: {machine}; the cluster, the agent and the client share it, so at concurrency 64 every path queues on process spawns.\n\n{table}"
     );

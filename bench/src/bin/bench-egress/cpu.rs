@@ -4,8 +4,6 @@
 
 use std::ops::Sub;
 
-use crate::stats;
-
 /// Thread name of the proxy's runtime.
 pub const PROXY_THREADS: &str = "egress-proxy";
 
@@ -60,20 +58,8 @@ pub fn now() -> Cpu {
         process: seconds(usage.ru_utime) + seconds(usage.ru_stime),
         ..Cpu::default()
     };
-    let Ok(tasks) = std::fs::read_dir("/proc/self/task") else {
-        return cpu;
-    };
-    for task in tasks.flatten() {
-        let path = task.path();
-        let name = std::fs::read_to_string(path.join("comm")).unwrap_or_default();
-        let Some(ns) = std::fs::read_to_string(path.join("schedstat"))
-            .ok()
-            .and_then(|text| stats::schedstat_ns(&text))
-        else {
-            continue;
-        };
-        let seconds = ns as f64 / 1e9;
-        match name.trim_end() {
+    for (name, seconds) in orchard_bench::thread_cpu::by_name() {
+        match name.as_str() {
             PROXY_THREADS => cpu.proxy += seconds,
             RELAY_THREADS => cpu.relay += seconds,
             ORIGIN_THREADS => cpu.origin += seconds,

@@ -28,12 +28,6 @@ pub fn vm_rss_bytes(status: &str) -> Option<u64> {
     (fields.next()? == "kB").then_some(kib * 1024)
 }
 
-/// Nanoseconds a thread has run on a CPU, the first field of `/proc/self/task/<tid>/schedstat`
-/// (pure).
-pub fn schedstat_ns(schedstat: &str) -> Option<u64> {
-    schedstat.split_whitespace().next()?.parse().ok()
-}
-
 /// Where the head of an HTTP response ends (the index just past its blank line), if `buffer` holds
 /// all of it (pure).
 pub fn head_end(buffer: &[u8]) -> Option<usize> {

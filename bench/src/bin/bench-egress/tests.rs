@@ -44,16 +44,6 @@ fn vm_rss_is_read_in_bytes_from_proc_status() {
 }
 
 #[test]
-fn schedstat_gives_the_run_time_in_ns() {
-    assert_eq!(
-        stats::schedstat_ns("44413634 24325633 138\n"),
-        Some(44_413_634)
-    );
-    assert_eq!(stats::schedstat_ns(""), None);
-    assert_eq!(stats::schedstat_ns("x 1 2"), None);
-}
-
-#[test]
 fn the_proxys_answer_to_connect_is_parsed() {
     let answer = b"HTTP/1.1 200 Connection established\r\ndate: x\r\n\r\n";
     assert_eq!(stats::head_end(answer), Some(answer.len()));
