@@ -53,6 +53,13 @@ fn reconciler(ctx: &PoolCtx) -> Reconcile<'_, SandboxPool> {
 /// Reconciles one SandboxPool: at least every resync (its members' failures age out of the book).
 #[instrument(skip_all, fields(pool = %object_key(pool.as_ref())))]
 pub async fn reconcile(pool: Arc<SandboxPool>, ctx: Arc<PoolCtx>) -> Result<Action> {
+    // The events of many claims fold into one full reconcile: one held off is not a reconcile (it is
+    // neither counted nor timed in the reconcile metrics).
+    if pool.meta().deletion_timestamp.is_none()
+        && let Some(wait) = ctx.book.full_reconcile(&key_of(&pool))
+    {
+        return Ok(Action::requeue(wait));
+    }
     let work = async {
         let next = reconcile_inner(&pool, &ctx).await?;
         Ok(next.or(Some(ctx.kube.resync)))
@@ -111,10 +118,6 @@ async fn reconcile_inner(cached: &SandboxPool, ctx: &Arc<PoolCtx>) -> Result<Opt
     if cached.meta().deletion_timestamp.is_some() {
         ctx.book.forget(&key);
         return Ok(None);
-    }
-    // The events of many claims fold into one full reconcile.
-    if let Some(wait) = ctx.book.full_reconcile(&key) {
-        return Ok(Some(wait));
     }
     let Some(pool) = reconciler(ctx).fresh(cached, |p: &mut SandboxPool, status| {
         p.status = Some(status);

@@ -11,7 +11,7 @@ use k8s_openapi::api::core::v1::{Pod, PodStatus};
 use kube::Resource;
 use serde_json::{Value, json};
 
-use super::controller::{key_of, reconcile};
+use super::controller::{CONTROLLER, key_of, reconcile};
 use super::members::{fixtures, member_pod};
 use crate::plumbing::mock_api::{
     Expect, Scripted, TestCaches, cache, default_settings, scripted, test_token_key,
@@ -175,6 +175,39 @@ async fn a_short_pool_starts_its_members_says_so_once_and_writes_its_status() {
     reconcile(Arc::new(p), ctx(&script))
         .await
         .expect("reconcile");
+    script.finish().await;
+}
+
+#[tokio::test]
+async fn a_pass_right_after_another_is_held_off_and_is_not_counted_as_a_reconcile() {
+    let p = pool(2);
+    let script = scripted(
+        &caches(&p, vec![]),
+        vec![
+            member_create(),
+            member_create(),
+            event("Refilling", "Normal"),
+            status_write(&p, |_| {}),
+        ],
+    );
+    let ctx = ctx(&script);
+    let ok = || {
+        ctx.kube
+            .metrics
+            .reconciles
+            .with_label_values(&[CONTROLLER, "ok"])
+            .get()
+    };
+    reconcile(Arc::new(p.clone()), ctx.clone())
+        .await
+        .expect("the first pass");
+    assert_eq!(ok(), 1);
+    // At once again (a claim's events): no call to the API (the script has none left), requeued
+    // within the hold-off, and not a reconcile in the metrics.
+    let held = reconcile(Arc::new(p), ctx.clone()).await.expect("held off");
+    let shown = format!("{held:?}");
+    assert!(shown.contains("requeue_after: Some("), "{shown}");
+    assert_eq!(ok(), 1, "a held-off pass is not counted");
     script.finish().await;
 }
 
