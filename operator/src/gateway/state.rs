@@ -15,7 +15,7 @@ use serde::de::DeserializeOwned;
 use serde_json::Value;
 use utoipa::IntoParams;
 
-use crate::gateway::agent::access_memo::AccessMemo;
+use crate::gateway::agent::access_memo::{AccessMemo, AgentAccess};
 use crate::gateway::agent::proxy::AgentProxy;
 use crate::gateway::auth::access::{Access, Operation};
 use crate::gateway::auth::{Authorizer, Identity};
@@ -150,7 +150,7 @@ impl GatewayState {
 
     /// The agent endpoint and token of `sandbox`, which must be Ready in a pod of its own (see
     /// [`agent_access`]).
-    pub async fn agent_access(&self, sandbox: &Sandbox) -> Result<(String, String), ApiError> {
+    pub async fn agent_access(&self, sandbox: &Sandbox) -> Result<Arc<AgentAccess>, ApiError> {
         let pod = own_pod(
             &self.deps.client,
             &self.deps.reads.pods,

@@ -5,10 +5,14 @@
 //! they conclude depends only on the two objects, and an object at one `resourceVersion` never
 //! changes, so the answer for a pair of versions is remembered and the next call with the same pair
 //! skips both. Any change to either object (a status write, a deletion starting, a new pod) is a new
-//! version and is checked again; only answers that let a call through are remembered.
+//! version and is checked again; only answers that let a call through are remembered. Each sandbox
+//! keeps its latest answer, found by its UID without allocating, with the `Authorization` header of
+//! calls to its agent made once.
 
 use std::collections::HashMap;
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
+
+use axum::http::HeaderValue;
 
 use crate::gateway::http::errors::ApiError;
 use crate::plumbing::cached_pod::CachedPod;
@@ -17,13 +21,53 @@ use orchard_api::Sandbox;
 /// How many answers are remembered at most; when full, all are forgotten (the next calls check again).
 const CAPACITY: usize = 4096;
 
-/// An agent's endpoint and token.
-pub type AgentAccess = (String, String);
+/// An agent's endpoint and token, and the `Authorization` header of calls to it (made once with
+/// them, not on every call).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct AgentAccess {
+    /// Base URL of the agent, `http://<podIP>:<port>`.
+    pub endpoint: String,
+    /// The sandbox's agent token.
+    pub token: String,
+    /// `Bearer <token>`, marked sensitive.
+    pub authorization: HeaderValue,
+}
 
-/// Remembered answers, by the versions they were found for.
+impl AgentAccess {
+    /// The access to the agent at `endpoint` with `token`; a token that is not header text is a 500.
+    pub fn new(endpoint: String, token: String) -> Result<Self, ApiError> {
+        let mut authorization =
+            HeaderValue::from_str(&format!("Bearer {token}")).map_err(|_| {
+                ApiError::internal("the sandbox's agent token is not valid header text")
+            })?;
+        authorization.set_sensitive(true);
+        Ok(Self {
+            endpoint,
+            token,
+            authorization,
+        })
+    }
+}
+
+/// Remembered answers by sandbox UID, each with the versions it was found for: the latest answer
+/// of each sandbox (an object at an older version is not asked for again once a newer one is seen).
 #[derive(Default)]
 pub struct AccessMemo {
-    entries: Mutex<HashMap<String, AgentAccess>>,
+    entries: Mutex<HashMap<String, Remembered>>,
+}
+
+/// An answer and the versions of the sandbox and of its pod it was found for.
+struct Remembered {
+    versions: Versions,
+    access: Arc<AgentAccess>,
+}
+
+/// The sandbox's resource version, and its pod's UID and resource version.
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct Versions {
+    sandbox: String,
+    pod_uid: String,
+    pod: String,
 }
 
 impl AccessMemo {
@@ -34,37 +78,71 @@ impl AccessMemo {
         sandbox: &Sandbox,
         pod: Option<&CachedPod>,
         find: impl FnOnce() -> Result<AgentAccess, ApiError>,
-    ) -> Result<AgentAccess, ApiError> {
-        let Some(key) = versions(sandbox, pod) else {
-            return find();
+    ) -> Result<Arc<AgentAccess>, ApiError> {
+        let Some((uid, versions)) = versions(sandbox, pod) else {
+            return find().map(Arc::new);
         };
-        if let Some(known) = self.lock().get(&key) {
-            return Ok(known.clone());
+        // A hit costs a lookup by the UID and three comparisons: nothing is allocated.
+        if let Some(known) = self.lock().get(uid)
+            && versions.matches(&known.versions)
+        {
+            return Ok(Arc::clone(&known.access));
         }
-        let found = find()?;
+        let access = Arc::new(find()?);
         let mut entries = self.lock();
-        if entries.len() >= CAPACITY {
+        if entries.len() >= CAPACITY && !entries.contains_key(uid) {
             entries.clear();
         }
-        entries.insert(key, found.clone());
-        Ok(found)
+        entries.insert(
+            uid.to_string(),
+            Remembered {
+                versions: versions.owned(),
+                access: Arc::clone(&access),
+            },
+        );
+        Ok(access)
     }
 
-    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<String, AgentAccess>> {
+    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<String, Remembered>> {
         self.entries.lock().unwrap_or_else(|p| p.into_inner())
     }
 }
 
-/// What names the versions of `sandbox` and `pod`: both UIDs and both resource versions (pure);
-/// `None` when any is missing (such objects are never remembered).
-fn versions(sandbox: &Sandbox, pod: Option<&CachedPod>) -> Option<String> {
+/// [`Versions`], borrowed from the objects.
+struct SeenVersions<'a> {
+    sandbox: &'a str,
+    pod_uid: &'a str,
+    pod: &'a str,
+}
+
+impl SeenVersions<'_> {
+    fn matches(&self, known: &Versions) -> bool {
+        self.sandbox == known.sandbox && self.pod_uid == known.pod_uid && self.pod == known.pod
+    }
+
+    fn owned(&self) -> Versions {
+        Versions {
+            sandbox: self.sandbox.to_string(),
+            pod_uid: self.pod_uid.to_string(),
+            pod: self.pod.to_string(),
+        }
+    }
+}
+
+/// The sandbox's UID and the versions of `sandbox` and `pod` (pure); `None` when any UID or
+/// version is missing (such objects are never remembered).
+fn versions<'a>(
+    sandbox: &'a Sandbox,
+    pod: Option<&'a CachedPod>,
+) -> Option<(&'a str, SeenVersions<'a>)> {
     let (sandbox, pod) = (&sandbox.metadata, &pod?.metadata);
-    Some(format!(
-        "{}/{}/{}/{}",
+    Some((
         sandbox.uid.as_deref()?,
-        sandbox.resource_version.as_deref()?,
-        pod.uid.as_deref()?,
-        pod.resource_version.as_deref()?
+        SeenVersions {
+            sandbox: sandbox.resource_version.as_deref()?,
+            pod_uid: pod.uid.as_deref()?,
+            pod: pod.resource_version.as_deref()?,
+        },
     ))
 }
 
@@ -89,7 +167,7 @@ mod tests {
     }
 
     fn access(n: u32) -> AgentAccess {
-        (format!("http://10.0.0.{n}:9090"), format!("token-{n}"))
+        AgentAccess::new(format!("http://10.0.0.{n}:9090"), format!("token-{n}")).expect("access")
     }
 
     #[test]
@@ -101,8 +179,14 @@ mod tests {
             Ok(access(1))
         };
         let (s, p) = (sandbox("su", "1"), pod("pu", "1"));
-        assert_eq!(memo.get_or_find(&s, Some(&p), find).unwrap(), access(1));
-        assert_eq!(memo.get_or_find(&s, Some(&p), find).unwrap(), access(1));
+        assert_eq!(
+            memo.get_or_find(&s, Some(&p), find).unwrap().as_ref(),
+            &access(1)
+        );
+        assert_eq!(
+            memo.get_or_find(&s, Some(&p), find).unwrap().as_ref(),
+            &access(1)
+        );
         assert_eq!(calls.get(), 1);
     }
 
@@ -133,8 +217,10 @@ mod tests {
         });
         assert!(refused.is_err());
         assert_eq!(
-            memo.get_or_find(&s, Some(&p), || Ok(access(2))).unwrap(),
-            access(2),
+            memo.get_or_find(&s, Some(&p), || Ok(access(2)))
+                .unwrap()
+                .as_ref(),
+            &access(2),
             "the refusal was not kept"
         );
         let unversioned = CachedPod::default();
@@ -158,17 +244,51 @@ mod tests {
     }
 
     #[test]
+    fn the_authorization_header_is_made_once_with_the_token() {
+        let made = access(1);
+        assert_eq!(made.authorization, "Bearer token-1");
+        assert!(made.authorization.is_sensitive());
+        let refused = AgentAccess::new("http://10.0.0.1:9090".into(), "a\nb".into());
+        assert_eq!(refused.unwrap_err().status, 500, "not header text");
+    }
+
+    #[test]
     fn a_full_memo_starts_over() {
         let memo = AccessMemo::default();
-        let s = sandbox("su", "1");
-        for n in 0..=CAPACITY {
-            memo.get_or_find(&s, Some(&pod(&format!("p{n}"), "1")), || Ok(access(1)))
+        let p = pod("pu", "1");
+        for n in 0..CAPACITY {
+            memo.get_or_find(&sandbox(&format!("s{n}"), "1"), Some(&p), || Ok(access(1)))
                 .unwrap();
         }
+        assert_eq!(memo.lock().len(), CAPACITY);
+        // A sandbox already remembered replaces its own answer: nothing is cleared.
+        memo.get_or_find(&sandbox("s0", "2"), Some(&p), || Ok(access(2)))
+            .unwrap();
+        assert_eq!(memo.lock().len(), CAPACITY);
+        memo.get_or_find(&sandbox("new", "1"), Some(&p), || Ok(access(1)))
+            .unwrap();
         assert_eq!(
             memo.lock().len(),
             1,
             "cleared when full, then the newest kept"
         );
+    }
+
+    #[test]
+    fn each_sandbox_keeps_only_its_latest_answer() {
+        let memo = AccessMemo::default();
+        memo.get_or_find(&sandbox("su", "1"), Some(&pod("pu", "1")), || Ok(access(1)))
+            .unwrap();
+        memo.get_or_find(&sandbox("su", "2"), Some(&pod("pu", "1")), || Ok(access(2)))
+            .unwrap();
+        assert_eq!(memo.lock().len(), 1);
+        let calls = Cell::new(0);
+        let again = memo
+            .get_or_find(&sandbox("su", "2"), Some(&pod("pu", "1")), || {
+                calls.set(1);
+                Ok(access(3))
+            })
+            .unwrap();
+        assert_eq!((again.as_ref(), calls.get()), (&access(2), 0));
     }
 }

@@ -5,11 +5,12 @@
 //! error (502/503/504).
 
 use std::pin::Pin;
+use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::Duration;
 
 use axum::body::Body;
-use axum::http::{HeaderMap, HeaderName, HeaderValue, Method, Request, StatusCode, Uri, header};
+use axum::http::{HeaderMap, HeaderName, Method, Request, StatusCode, Uri, header};
 use axum::response::Response;
 use hyper::body::{Body as HttpBody, Frame, SizeHint};
 use hyper_util::client::legacy::Client;
@@ -17,6 +18,7 @@ use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::rt::TokioExecutor;
 use tokio::sync::oneshot;
 
+use super::access_memo::AgentAccess;
 use crate::gateway::http::errors::ApiError;
 use crate::gateway::http::metrics::GatewayMetrics;
 
@@ -35,10 +37,8 @@ const CONNECT_TIMEOUT: Duration = Duration::from_secs(3);
 pub struct Target {
     /// `namespace/name` of the sandbox (for messages).
     pub sandbox: String,
-    /// Base URL of the agent, `http://<podIP>:<port>`.
-    pub endpoint: String,
-    /// The sandbox's agent token.
-    pub token: String,
+    /// Its agent's endpoint, token and `Authorization` header.
+    pub agent: Arc<AgentAccess>,
 }
 
 /// Why the agent gave no answer.
@@ -77,9 +77,7 @@ pub fn is_idempotent(method: &Method) -> bool {
 /// The error a client sees when the agent gave no answer (pure). Failures before the request reached
 /// the agent are always retryable; after it, only idempotent requests are (an exec may have run).
 pub fn agent_error(failure: AgentFailure, method: &Method, target: &Target) -> ApiError {
-    let Target {
-        sandbox, endpoint, ..
-    } = target;
+    let (sandbox, endpoint) = (&target.sandbox, &target.agent.endpoint);
     match failure {
         AgentFailure::Unreachable => ApiError::new(
             StatusCode::BAD_GATEWAY,
@@ -245,12 +243,12 @@ impl AgentProxy {
         body: Body,
         timeout: Duration,
     ) -> Result<Response, ApiError> {
-        let uri: Uri = format!("{}{agent_path}", target.endpoint)
+        let uri: Uri = format!("{}{agent_path}", target.agent.endpoint)
             .parse()
             .map_err(|err| {
                 ApiError::internal(format!(
                     "invalid agent URL for sandbox {} ({}{agent_path}): {err}",
-                    target.sandbox, target.endpoint
+                    target.sandbox, target.agent.endpoint
                 ))
             })?;
         let (body, sent) = NotifyOnEnd::new(body);
@@ -266,7 +264,7 @@ impl AgentProxy {
         }
         request
             .headers_mut()
-            .insert(header::AUTHORIZATION, bearer(target)?);
+            .insert(header::AUTHORIZATION, target.agent.authorization.clone());
 
         let answer = self.client.request(request);
         tokio::pin!(answer);
@@ -289,12 +287,6 @@ impl AgentProxy {
             }
         }
     }
-}
-
-/// The `Authorization` header of a call to `target`'s agent: the sandbox's own token.
-pub(super) fn bearer(target: &Target) -> Result<HeaderValue, ApiError> {
-    HeaderValue::from_str(&format!("Bearer {}", target.token))
-        .map_err(|_| ApiError::internal("the sandbox's agent token is not valid header text"))
 }
 
 /// The agent's answer as the gateway passes it back: status, body and end-to-end headers.
@@ -331,12 +323,16 @@ pub(super) fn classify(error: &hyper_util::client::legacy::Error) -> AgentFailur
 #[cfg(test)]
 mod tests {
     use super::*;
+    use axum::http::HeaderValue;
+
+    fn agent(endpoint: String) -> Arc<AgentAccess> {
+        Arc::new(AgentAccess::new(endpoint, "t".into()).expect("access"))
+    }
 
     fn target() -> Target {
         Target {
             sandbox: "ns/s".into(),
-            endpoint: "http://127.0.0.9:9090".into(),
-            token: "t".into(),
+            agent: agent("http://127.0.0.9:9090".into()),
         }
     }
 
@@ -410,8 +406,7 @@ mod tests {
         let proxy = AgentProxy::new(GatewayMetrics::register(&registry).unwrap());
         let target = Target {
             sandbox: "ns/s".into(),
-            endpoint: format!("http://127.0.0.1:{port}"),
-            token: "t".into(),
+            agent: agent(format!("http://127.0.0.1:{port}")),
         };
         let err = proxy
             .forward(
@@ -444,8 +439,7 @@ mod tests {
         let proxy = AgentProxy::new(GatewayMetrics::register(&registry).unwrap());
         let target = Target {
             sandbox: "ns/s".into(),
-            endpoint: format!("http://127.0.0.1:{port}"),
-            token: "t".into(),
+            agent: agent(format!("http://127.0.0.1:{port}")),
         };
         let started = std::time::Instant::now();
         let err = proxy

@@ -7,10 +7,9 @@
 //! answer schemas, the latter the agent's wire types of `orchard_api::agent`). `route::router` mounts every
 //! row on one generic proxy handler and documents it from the same row.
 
-use std::collections::BTreeMap;
 use std::time::Duration;
 
-use axum::extract::{Path, Query, Request, State as AxumState};
+use axum::extract::{Query, RawPathParams, Request, State as AxumState};
 use axum::http::Uri;
 use axum::response::Response;
 use axum::routing::{MethodFilter, on};
@@ -375,9 +374,7 @@ impl AgentRoute {
             .build();
         let handler = on(
             self.method.filter(),
-            move |AxumState(state): AxumState<State>,
-                  Path(params): Path<BTreeMap<String, String>>,
-                  request: Request| async move {
+            move |AxumState(state): AxumState<State>, params: RawPathParams, request: Request| async move {
                 proxy(&state, self, &params, request).await
             },
         );
@@ -409,13 +406,14 @@ impl Param {
 async fn proxy(
     state: &State,
     route: &AgentRoute,
-    params: &BTreeMap<String, String>,
+    params: &RawPathParams,
     request: Request,
 ) -> Result<Response, ApiError> {
+    // The path's parameters as axum found them (percent-decoded), without collecting them.
     let param = |key: &str| {
         params
-            .get(key)
-            .map(String::as_str)
+            .iter()
+            .find_map(|(name, value)| (name == key).then_some(value))
             .ok_or_else(|| ApiError::internal(format!("route {} has no {{{key}}}", route.path)))
     };
     let (namespace, name) = (param("namespace")?, param("name")?);
@@ -433,15 +431,14 @@ async fn proxy(
         name,
     )
     .await?;
-    let (endpoint, token) = state.agent_access(&sandbox).await?;
+    let agent = state.agent_access(&sandbox).await?;
     let path = route
         .agent_target(parts.uri.path(), parts.uri.query())
         .ok_or_else(|| ApiError::internal(format!("unroutable path {}", parts.uri.path())))?;
     state.heartbeats.activity(&sandbox);
     let target = Target {
         sandbox: format!("{namespace}/{name}"),
-        endpoint,
-        token,
+        agent,
     };
     // The caller is checked again while the agent works and while an exec stream streams.
     let guard = Guard::new(state, &parts.headers, &access);

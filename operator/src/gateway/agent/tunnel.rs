@@ -22,7 +22,7 @@ use tokio::sync::OwnedSemaphorePermit;
 use utoipa::IntoParams;
 
 use super::proxy::{
-    AgentFailure, AgentProxy, NotifyOnEnd, Target, agent_error, bearer, classify, passed_through,
+    AgentFailure, AgentProxy, NotifyOnEnd, Target, agent_error, classify, passed_through,
 };
 use crate::gateway::auth::access::{Access, Operation};
 use crate::gateway::auth::revalidate::Guard;
@@ -119,15 +119,14 @@ pub async fn tunnel(
         name: path.name.clone(),
     };
     let sandbox = state.sandbox(&object).await?;
-    let (endpoint, token) = state.agent_access(&sandbox).await?;
+    let agent = state.agent_access(&sandbox).await?;
     state.heartbeats.activity(&sandbox);
     let Ok(slot) = Arc::clone(&state.tunnels).try_acquire_owned() else {
         return Err(too_many_tunnels(&state));
     };
     let target = Target {
         sandbox: format!("{}/{}", path.namespace, path.name),
-        endpoint,
-        token,
+        agent,
     };
     let agent = match state.proxy.open_tunnel(&target, port).await? {
         Ok(upgraded) => upgraded,
@@ -185,19 +184,19 @@ impl AgentProxy {
         target: &Target,
         port: u16,
     ) -> Result<Result<Upgraded, Response>, ApiError> {
-        let uri: Uri = format!("{}/v1/ports/{port}/tunnel", target.endpoint)
+        let uri: Uri = format!("{}/v1/ports/{port}/tunnel", target.agent.endpoint)
             .parse()
             .map_err(|err| {
                 ApiError::internal(format!(
                     "invalid agent URL for sandbox {} ({}): {err}",
-                    target.sandbox, target.endpoint
+                    target.sandbox, target.agent.endpoint
                 ))
             })?;
         let (body, _sent) = NotifyOnEnd::new(Body::empty());
         let request = axum::http::Request::builder()
             .method(Method::GET)
             .uri(uri)
-            .header(header::AUTHORIZATION, bearer(target)?)
+            .header(header::AUTHORIZATION, target.agent.authorization.clone())
             .header(header::CONNECTION, "Upgrade")
             .header(header::UPGRADE, TUNNEL_PROTOCOL)
             .body(body)

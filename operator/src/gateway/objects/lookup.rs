@@ -11,6 +11,7 @@ use kube::runtime::reflector::{ObjectRef, Store};
 use kube::{Client, Resource, ResourceExt};
 
 use super::recent_deletes::RecentDeletes;
+use crate::gateway::agent::access_memo::AgentAccess;
 use crate::gateway::http::errors::{ApiError, from_kube};
 use crate::plumbing::operator_key::OperatorKey;
 use crate::plumbing::ownership::sealed_for;
@@ -104,7 +105,8 @@ pub async fn own_pod(
     }
 }
 
-/// The agent endpoint and token of `sandbox`, which must be Ready in `pod`, its own: the token
+/// The agent endpoint and token of `sandbox` (and the header made from it), which must be Ready in
+/// `pod`, its own: the token
 /// derived from the pod's annotations under the operator's key (a pod without them, or made under
 /// another key, cannot be called: 409 saying so).
 pub fn agent_access(
@@ -112,7 +114,7 @@ pub fn agent_access(
     pod: Option<&CachedPod>,
     agent_port: u16,
     key: &OperatorKey,
-) -> Result<(String, String), ApiError> {
+) -> Result<AgentAccess, ApiError> {
     // Only the sandbox's own Ready pod gives an endpoint (its seal checked once, there).
     let endpoint = agent_endpoint(sandbox, pod, agent_port, key)?;
     let pod = pod.ok_or_else(|| {
@@ -123,7 +125,7 @@ pub fn agent_access(
         )
     })?;
     let token = token_of(key, pod).map_err(|err| ApiError::conflict(err.to_string()))?;
-    Ok((endpoint, token))
+    AgentAccess::new(endpoint, token)
 }
 
 #[cfg(test)]

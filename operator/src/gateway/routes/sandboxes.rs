@@ -356,8 +356,9 @@ pub async fn agent_token(
         .authorize_object(&headers, Operation::AgentToken, &path)
         .await?;
     let sandbox = state.sandbox(&path).await?;
-    let (endpoint, token) = state.agent_access(&sandbox).await?;
-    let mut response = Json(json!({"endpoint": endpoint, "token": token})).into_response();
+    let agent = state.agent_access(&sandbox).await?;
+    let mut response =
+        Json(json!({"endpoint": agent.endpoint, "token": agent.token})).into_response();
     response.headers_mut().insert(
         axum::http::header::CACHE_CONTROL,
         axum::http::HeaderValue::from_static("no-store"),
