@@ -15,7 +15,7 @@ use serde::de::DeserializeOwned;
 use serde_json::Value;
 use utoipa::IntoParams;
 
-use crate::gateway::agent::access_memo::{AccessMemo, AgentAccess};
+use crate::gateway::agent::access_memo::AccessMemo;
 use crate::gateway::agent::proxy::AgentProxy;
 use crate::gateway::auth::access::{Access, Operation};
 use crate::gateway::auth::{Authorizer, Identity};
@@ -24,7 +24,7 @@ use crate::gateway::http::body::BodyReader;
 use crate::gateway::http::errors::ApiError;
 use crate::gateway::http::metrics::GatewayMetrics;
 use crate::gateway::objects::heartbeat::Heartbeats;
-use crate::gateway::objects::lookup::{agent_access, find, own_pod};
+use crate::gateway::objects::lookup::{AgentAccess, agent_access, find, own_pod};
 use crate::gateway::objects::names::{check_name, check_namespace};
 use crate::gateway::objects::recent_deletes::RecentDeletes;
 use crate::plumbing::writes::Child;

@@ -12,42 +12,13 @@
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
-use axum::http::HeaderValue;
-
 use crate::gateway::http::errors::ApiError;
+use crate::gateway::objects::lookup::AgentAccess;
 use crate::plumbing::cached_pod::CachedPod;
 use orchard_api::Sandbox;
 
 /// How many answers are remembered at most; when full, all are forgotten (the next calls check again).
 const CAPACITY: usize = 4096;
-
-/// An agent's endpoint and token, and the `Authorization` header of calls to it (made once with
-/// them, not on every call).
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct AgentAccess {
-    /// Base URL of the agent, `http://<podIP>:<port>`.
-    pub endpoint: String,
-    /// The sandbox's agent token.
-    pub token: String,
-    /// `Bearer <token>`, marked sensitive.
-    pub authorization: HeaderValue,
-}
-
-impl AgentAccess {
-    /// The access to the agent at `endpoint` with `token`; a token that is not header text is a 500.
-    pub fn new(endpoint: String, token: String) -> Result<Self, ApiError> {
-        let mut authorization =
-            HeaderValue::from_str(&format!("Bearer {token}")).map_err(|_| {
-                ApiError::internal("the sandbox's agent token is not valid header text")
-            })?;
-        authorization.set_sensitive(true);
-        Ok(Self {
-            endpoint,
-            token,
-            authorization,
-        })
-    }
-}
 
 /// Remembered answers by sandbox UID, each with the versions it was found for: the latest answer
 /// of each sandbox (an object at an older version is not asked for again once a newer one is seen).
@@ -241,15 +212,6 @@ mod tests {
             Err(ApiError::not_ready("ns", "s", Some("Pending")))
         });
         assert!(without_pod.is_err());
-    }
-
-    #[test]
-    fn the_authorization_header_is_made_once_with_the_token() {
-        let made = access(1);
-        assert_eq!(made.authorization, "Bearer token-1");
-        assert!(made.authorization.is_sensitive());
-        let refused = AgentAccess::new("http://10.0.0.1:9090".into(), "a\nb".into());
-        assert_eq!(refused.unwrap_err().status, 500, "not header text");
     }
 
     #[test]

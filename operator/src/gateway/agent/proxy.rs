@@ -18,9 +18,9 @@ use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::rt::TokioExecutor;
 use tokio::sync::oneshot;
 
-use super::access_memo::AgentAccess;
 use crate::gateway::http::errors::ApiError;
 use crate::gateway::http::metrics::GatewayMetrics;
+use crate::gateway::objects::lookup::AgentAccess;
 
 /// Header a client may set to bound how long the gateway waits for the agent's answer, in seconds
 /// (counted from when the request body has been sent). Defaults depend on the route.

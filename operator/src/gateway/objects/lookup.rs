@@ -5,13 +5,13 @@
 use crate::plumbing::cached_pod::CachedPod;
 use std::sync::Arc;
 
+use axum::http::HeaderValue;
 use k8s_openapi::api::core::v1::Pod;
 use kube::api::Api;
 use kube::runtime::reflector::{ObjectRef, Store};
 use kube::{Client, Resource, ResourceExt};
 
 use super::recent_deletes::RecentDeletes;
-use crate::gateway::agent::access_memo::AgentAccess;
 use crate::gateway::http::errors::{ApiError, from_kube};
 use crate::plumbing::operator_key::OperatorKey;
 use crate::plumbing::ownership::sealed_for;
@@ -102,6 +102,34 @@ pub async fn own_pod(
     match api.get_opt(&own_pod_name(sandbox)).await {
         Ok(Some(pod)) => Some(Arc::new(CachedPod::from(&pod))),
         _ => cached,
+    }
+}
+
+/// An agent's endpoint and token, and the `Authorization` header of calls to it (made once with
+/// them, not on every call).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct AgentAccess {
+    /// Base URL of the agent, `http://<podIP>:<port>`.
+    pub endpoint: String,
+    /// The sandbox's agent token.
+    pub token: String,
+    /// `Bearer <token>`, marked sensitive.
+    pub authorization: HeaderValue,
+}
+
+impl AgentAccess {
+    /// The access to the agent at `endpoint` with `token`; a token that is not header text is a 500.
+    pub fn new(endpoint: String, token: String) -> Result<Self, ApiError> {
+        let mut authorization =
+            HeaderValue::from_str(&format!("Bearer {token}")).map_err(|_| {
+                ApiError::internal("the sandbox's agent token is not valid header text")
+            })?;
+        authorization.set_sensitive(true);
+        Ok(Self {
+            endpoint,
+            token,
+            authorization,
+        })
     }
 }
 
@@ -273,5 +301,15 @@ mod tests {
                 .as_deref(),
             Some("Terminating")
         );
+    }
+
+    #[test]
+    fn an_agent_access_carries_its_bearer_header_marked_sensitive() {
+        let made =
+            AgentAccess::new("http://10.0.0.1:9090".into(), "token-1".into()).expect("access");
+        assert_eq!(made.authorization, "Bearer token-1");
+        assert!(made.authorization.is_sensitive());
+        let refused = AgentAccess::new("http://10.0.0.1:9090".into(), "a\nb".into());
+        assert_eq!(refused.unwrap_err().status, 500, "not header text");
     }
 }
