@@ -96,11 +96,11 @@ fn kstatus(object: &Value) -> Verdict {
 fn argo_health(object: &Value) -> Verdict {
     let kind = object["kind"].as_str().expect("kind").to_lowercase();
     let script = workspace_root().join(format!("config/argocd/health-{kind}.lua"));
-    let dir = std::env::temp_dir().join(format!("orchard-luahealth-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).expect("temp dir");
+    // One file per call, removed after it: nothing of the run stays in the temp directory.
     static COUNTER: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
     let n = COUNTER.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-    let path = dir.join(format!("object-{n}.json"));
+    let path =
+        std::env::temp_dir().join(format!("orchard-luahealth-{}-{n}.json", std::process::id()));
     std::fs::write(&path, object.to_string()).expect("write the object");
     let output = Command::new(tool("luahealth"))
         .arg(&script)

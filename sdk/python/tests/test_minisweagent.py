@@ -3,8 +3,10 @@
 
 from __future__ import annotations
 
+import atexit
 import json
 import os
+import shutil
 import tempfile
 from typing import Any
 
@@ -12,7 +14,11 @@ import httpx
 import pytest
 
 os.environ.setdefault("MSWEA_SILENT_STARTUP", "1")
-os.environ.setdefault("MSWEA_GLOBAL_CONFIG_DIR", tempfile.mkdtemp(prefix="mswea-"))
+if "MSWEA_GLOBAL_CONFIG_DIR" not in os.environ:
+    # mini-swe-agent's config directory for this run only, removed when the run ends.
+    _config_dir = tempfile.mkdtemp(prefix="mswea-")
+    atexit.register(shutil.rmtree, _config_dir, ignore_errors=True)
+    os.environ["MSWEA_GLOBAL_CONFIG_DIR"] = _config_dir
 if os.environ.get("CI") == "true":
     import minisweagent  # noqa: F401  (the SDK venv pins it: missing is a failure under CI)
 else:
