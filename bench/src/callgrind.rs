@@ -58,10 +58,14 @@ pub struct Counted {
     program: String,
     dir: PathBuf,
     prefix: String,
+    /// Where valgrind makes the FIFOs `callgrind_control` talks through: in `dir`, so a program
+    /// stopped by a signal (valgrind then leaves them) leaves nothing in `/tmp`.
+    vgdb_prefix: String,
 }
 
 impl Counted {
-    /// Writes `dir/<name>.sh`, which runs `binary` under callgrind with its dumps in `dir/<name>.cg.<n>`.
+    /// Writes `dir/<name>.sh`, which runs `binary` under callgrind with its dumps in `dir/<name>.cg.<n>`
+    /// and its FIFOs for `callgrind_control` in `dir` too.
     /// Nothing is counted until [`Counted::zero`] (`--collect-atstart` stays on so that the start-up
     /// shows in the first dump, should anyone look).
     pub fn prepare(dir: &Path, name: &str, binary: &Path) -> std::io::Result<Self> {
@@ -69,8 +73,9 @@ impl Counted {
         std::fs::create_dir_all(dir)?;
         let prefix = format!("{name}.cg");
         let wrapper = dir.join(format!("{name}.sh"));
+        let vgdb_prefix = dir.join(format!("{name}.vgdb")).display().to_string();
         let script = format!(
-            "#!/bin/sh\nexec valgrind --tool=callgrind --callgrind-out-file='{}' '{}' \"$@\"\n",
+            "#!/bin/sh\nexec valgrind --tool=callgrind --vgdb-prefix='{vgdb_prefix}' --callgrind-out-file='{}' '{}' \"$@\"\n",
             dir.join(&prefix).display(),
             binary.display()
         );
@@ -81,11 +86,13 @@ impl Counted {
             program: binary.display().to_string(),
             dir: dir.to_path_buf(),
             prefix,
+            vgdb_prefix,
         })
     }
 
     fn control(&self, flag: &str) -> Result<(), String> {
         let output = Command::new("callgrind_control")
+            .arg(format!("--vgdb-prefix={}", self.vgdb_prefix))
             .arg(flag)
             .arg(&self.program)
             .output()
