@@ -9,8 +9,8 @@
 //! token, TokenReview/SubjectAccessReview cached, heartbeat coalescing, proxy), at concurrency 1 and
 //! 64, the paths alternating in rounds (the order rotating each round) so drift on a shared machine
 //! hits all. Each hop's CPU is read apart: the relay's and the proxy's runtimes run on threads of
-//! their own names in this process, the gateway in the operator's. Prints a table; with `--write-doc PATH` replaces the `## Gateway` section of that
-//! Markdown file.
+//! their own names in this process, the gateway in the operator's. Prints a table; with
+//! `--write-doc PATH` replaces the `## Gateway` section of that Markdown file.
 
 use std::net::SocketAddr;
 use std::path::PathBuf;

@@ -34,7 +34,6 @@ struct Remembered {
 }
 
 /// The sandbox's resource version, and its pod's UID and resource version.
-#[derive(Debug, Clone, PartialEq, Eq)]
 struct Versions {
     sandbox: String,
     pod_uid: String,

@@ -134,9 +134,8 @@ impl AgentAccess {
 }
 
 /// The agent endpoint and token of `sandbox` (and the header made from it), which must be Ready in
-/// `pod`, its own: the token
-/// derived from the pod's annotations under the operator's key (a pod without them, or made under
-/// another key, cannot be called: 409 saying so).
+/// `pod`, its own: the token derived from the pod's annotations under the operator's key (a pod
+/// without them, or made under another key, cannot be called: 409 saying so).
 pub fn agent_access(
     sandbox: &Sandbox,
     pod: Option<&CachedPod>,
