@@ -274,10 +274,38 @@ async fn connections_wait_and_requests_beyond_the_limit_are_shed() {
     let body: serde_json::Value = response.json().await.expect("JSON error");
     assert_eq!(body["code"], "Overloaded", "{body}");
     assert_eq!(body["retryable"], true, "{body}");
+    // Agent calls, served before the router, draw from the same pool.
+    let shed_exec = third.exec(&ns, &name, json!({"argv": ["true"]})).await;
+    assert_eq!(shed_exec.status, 503, "{shed_exec:?}");
+    assert_eq!(shed_exec.code(), "Overloaded");
     assert_eq!(first.await.expect("exec").status, 200);
     assert_eq!(second.await.expect("exec").status, 200);
     let again = third.get(&sandbox_path(&ns, &name, "")).await;
     assert_eq!(again.status, 200, "{again:?}");
+    // A percent-encoded name is left to the router, which decodes it: the same sandbox, the same
+    // route label.
+    let encoded = format!("%{:02X}{}", name.as_bytes()[0], &name[1..]);
+    let through_router = third
+        .post(
+            &sandbox_path(&ns, &encoded, "/exec"),
+            json!({"argv": ["true"]}),
+        )
+        .await;
+    assert_eq!(through_router.status, 200, "{through_router:?}");
+    let exec_route = "/v1/namespaces/{namespace}/sandboxes/{name}/exec";
+    let counted = |code: &'static str| {
+        let operator = &operator;
+        async move {
+            metric(
+                operator,
+                "orchard_gateway_requests_total",
+                &[("route", exec_route), ("code", code)],
+            )
+            .await
+        }
+    };
+    assert_eq!(counted("200").await, 3.0, "two slow execs and the encoded one");
+    assert_eq!(counted("503").await, 1.0, "the shed exec");
     assert!(
         metric(
             &operator,

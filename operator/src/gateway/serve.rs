@@ -4,15 +4,17 @@
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use axum::Router;
-use axum::extract::{MatchedPath, Request, State as AxumState};
+use axum::extract::Request;
 use axum::http::header;
-use axum::middleware::{self, Next};
+use axum::middleware;
 use axum::response::{IntoResponse, Response};
 use axum::routing::get;
+use futures::future::Either;
 use tokio_util::sync::CancellationToken;
+use tower::ServiceExt;
 use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 
@@ -24,6 +26,7 @@ use crate::gateway::http::body::BodyLimits;
 use crate::gateway::http::errors::ApiError;
 use crate::gateway::http::in_flight::{InFlight, PoolLimits};
 use crate::gateway::http::metrics::GatewayMetrics;
+use crate::gateway::http::pipeline::Pipeline;
 use crate::gateway::http::server::ConnectionLimits;
 use crate::gateway::routes::{network, rollout_groups, sandboxes, snapshots, system};
 use crate::gateway::state::{CachesFilled, GatewayState, State};
@@ -43,27 +46,6 @@ pub fn auth_settings(limits: &GatewayLimits) -> AuthSettings {
         access_review_rate: f64::from(limits.gateway_access_review_rate_per_caller),
         access_review_burst: f64::from(limits.gateway_access_review_burst_per_caller),
     }
-}
-
-/// Counts requests and their latency by route template and status code.
-async fn track(
-    AxumState(metrics): AxumState<Arc<GatewayMetrics>>,
-    request: Request,
-    next: Next,
-) -> Response {
-    let matched = request.extensions().get::<MatchedPath>().cloned();
-    let route = matched.as_ref().map_or("unmatched", MatchedPath::as_str);
-    let started = Instant::now();
-    let response = next.run(request).await;
-    metrics
-        .duration
-        .with_label_values(&[route])
-        .observe(started.elapsed().as_secs_f64());
-    metrics
-        .requests
-        .with_label_values(&[route, response.status().as_str()])
-        .inc();
-    response
 }
 
 /// Marks the Sandbox, RolloutGroup and SandboxSnapshot caches filled when their watches report
@@ -124,13 +106,17 @@ fn api_routes() -> OpenApiRouter<State> {
         .routes(routes!(system::healthz))
 }
 
-/// The gateway's router and its OpenAPI document.
-pub fn router(state: State) -> (Router, serde_json::Value) {
+/// The request pipeline of the gateway with `state` (its request pools sized by its limits).
+pub fn pipeline(state: &State) -> Arc<Pipeline> {
+    let in_flight = InFlight::new(pool_limits(&state.deps.limits), &state.metrics);
+    Arc::new(Pipeline::new(state.metrics.clone(), in_flight))
+}
+
+/// The gateway's router, every route behind `pipeline`, and its OpenAPI document.
+pub fn router(state: State, pipeline: Arc<Pipeline>) -> (Router, serde_json::Value) {
     let (router, openapi) = api_routes().split_for_parts();
     let document = http::openapi::document(openapi);
     let served = Arc::new(serde_json::to_vec_pretty(&document).unwrap_or_default());
-    let metrics = state.metrics.clone();
-    let in_flight = InFlight::new(pool_limits(&state.deps.limits), &metrics);
     let router = router
         .route(
             "/openapi.json",
@@ -161,13 +147,55 @@ pub fn router(state: State) -> (Router, serde_json::Value) {
             .into_response()
         })
         .layer(middleware::from_fn_with_state(
-            in_flight,
-            http::in_flight::limit,
+            pipeline,
+            http::pipeline::layer,
         ))
-        .layer(middleware::from_fn(http::unread_body::close_if_unread))
-        .layer(middleware::from_fn_with_state(Arc::new(metrics), track))
         .with_state(state);
     (router, document)
+}
+
+/// How the gateway handles a request: an agent call ([`agent::paths::recognise`]) goes straight to
+/// its proxy, through the same pipeline as the router's routes; any other request to the router.
+#[derive(Clone)]
+pub struct Handler {
+    state: State,
+    pipeline: Arc<Pipeline>,
+    router: Router,
+}
+
+impl Handler {
+    /// The handler of the gateway with `state`.
+    pub fn new(state: State) -> Self {
+        let pipeline = pipeline(&state);
+        let (router, _) = router(state.clone(), pipeline.clone());
+        Self {
+            state,
+            pipeline,
+            router,
+        }
+    }
+
+    /// The answer to `request`.
+    pub fn handle(&self, request: Request) -> impl Future<Output = Response> + Send + use<> {
+        match agent::paths::recognise(request.method(), request.uri().path()) {
+            // Boxed like the router's futures: moving the whole call's state costs more.
+            Some((route, _)) => Either::Left(Box::pin(agent::routes::serve_recognised(
+                self.state.clone(),
+                self.pipeline.clone(),
+                route,
+                request,
+            ))),
+            None => {
+                let answer = self.router.clone().oneshot(request);
+                Either::Right(async move {
+                    match answer.await {
+                        Ok(response) => response,
+                        Err(never) => match never {},
+                    }
+                })
+            }
+        }
+    }
 }
 
 /// Builds the gateway's shared state (registers its metrics).
@@ -209,10 +237,17 @@ pub async fn serve(
     watch_cache_fill(&state, shutdown.clone());
     let connection_limits = connection_limits(&state.deps.limits);
     let metrics = state.metrics.clone();
-    let (router, _) = router(state);
     let listener = tokio::net::TcpListener::bind(addr).await?;
     tracing::info!(%addr, "gateway listening");
-    http::server::serve_router(listener, router, connection_limits, metrics, shutdown).await
+    let handler = Handler::new(state);
+    http::server::serve_requests(
+        listener,
+        move |request| handler.handle(request),
+        connection_limits,
+        metrics,
+        shutdown,
+    )
+    .await
 }
 
 /// The sizes of the request pools, from the gateway's limits (pure).

@@ -1,10 +1,11 @@
 //! Calls to a sandbox's agent: the route table (one entry per agent route, for the router and the
-//! OpenAPI document: [`routes`]) and the proxy that forwards them to the pod IP with the sandbox's
+//! OpenAPI document: [`routes`]), their paths, recognised before the router ([`paths`]), and the proxy that forwards them to the pod IP with the sandbox's
 //! token ([`proxy`]), the endpoints and tokens already found per version of a sandbox and its pod
 //! ([`access_memo`]), and port-forward tunnels, upgraded connections spliced to the agent's
 //! ([`tunnel`]).
 
 pub mod access_memo;
+pub mod paths;
 pub mod proxy;
 pub mod routes;
 pub mod table;

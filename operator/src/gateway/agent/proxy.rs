@@ -10,7 +10,7 @@ use std::task::{Context, Poll};
 use std::time::Duration;
 
 use axum::body::Body;
-use axum::http::{HeaderMap, HeaderName, Method, Request, StatusCode, Uri, header};
+use axum::http::{HeaderMap, HeaderName, Method, Request, StatusCode, header};
 use axum::response::Response;
 use hyper::body::{Body as HttpBody, Frame, SizeHint};
 use hyper_util::client::legacy::Client;
@@ -34,9 +34,11 @@ const CONNECT_TIMEOUT: Duration = Duration::from_secs(3);
 
 /// Where a proxied call goes.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Target {
-    /// `namespace/name` of the sandbox (for messages).
-    pub sandbox: String,
+pub struct Target<'a> {
+    /// Namespace of the sandbox (for messages).
+    pub namespace: &'a str,
+    /// Name of the sandbox (for messages).
+    pub name: &'a str,
     /// Its agent's endpoint, token and `Authorization` header.
     pub agent: Arc<AgentAccess>,
 }
@@ -77,7 +79,8 @@ pub fn is_idempotent(method: &Method) -> bool {
 /// The error a client sees when the agent gave no answer (pure). Failures before the request reached
 /// the agent are always retryable; after it, only idempotent requests are (an exec may have run).
 pub fn agent_error(failure: AgentFailure, method: &Method, target: &Target) -> ApiError {
-    let (sandbox, endpoint) = (&target.sandbox, &target.agent.endpoint);
+    let sandbox = format!("{}/{}", target.namespace, target.name);
+    let endpoint = &target.agent.endpoint;
     match failure {
         AgentFailure::Unreachable => ApiError::new(
             StatusCode::BAD_GATEWAY,
@@ -236,21 +239,14 @@ impl AgentProxy {
     /// `body` to the agent of `target`, and returns its answer as it streams in.
     pub async fn forward(
         &self,
-        target: &Target,
+        target: &Target<'_>,
         method: Method,
-        agent_path: &str,
+        agent_path: String,
         headers: &HeaderMap,
         body: Body,
         timeout: Duration,
     ) -> Result<Response, ApiError> {
-        let uri: Uri = format!("{}{agent_path}", target.agent.endpoint)
-            .parse()
-            .map_err(|err| {
-                ApiError::internal(format!(
-                    "invalid agent URL for sandbox {} ({}{agent_path}): {err}",
-                    target.sandbox, target.agent.endpoint
-                ))
-            })?;
+        let uri = target.agent.url(agent_path)?;
         let (body, sent) = NotifyOnEnd::new(body);
         let mut request = Request::builder()
             .method(method.clone())
@@ -262,9 +258,10 @@ impl AgentProxy {
                 request.headers_mut().insert(name.clone(), value.clone());
             }
         }
-        request
-            .headers_mut()
-            .insert(header::AUTHORIZATION, target.agent.authorization.clone());
+        let headers = request.headers_mut();
+        headers.insert(header::AUTHORIZATION, target.agent.authorization.clone());
+        // Given here, made once per agent: the client would format it for every call.
+        headers.insert(header::HOST, target.agent.host.clone());
 
         let answer = self.client.request(request);
         tokio::pin!(answer);
@@ -329,9 +326,10 @@ mod tests {
         Arc::new(AgentAccess::new(endpoint, "t".into()).expect("access"))
     }
 
-    fn target() -> Target {
+    fn target() -> Target<'static> {
         Target {
-            sandbox: "ns/s".into(),
+            namespace: "ns",
+            name: "s",
             agent: agent("http://127.0.0.9:9090".into()),
         }
     }
@@ -405,14 +403,15 @@ mod tests {
         let registry = prometheus::Registry::new();
         let proxy = AgentProxy::new(GatewayMetrics::register(&registry).unwrap());
         let target = Target {
-            sandbox: "ns/s".into(),
+            namespace: "ns",
+            name: "s",
             agent: agent(format!("http://127.0.0.1:{port}")),
         };
         let err = proxy
             .forward(
                 &target,
                 Method::POST,
-                "/v1/exec",
+                "/v1/exec".into(),
                 &HeaderMap::new(),
                 Body::from("{}"),
                 Duration::from_secs(5),
@@ -438,7 +437,8 @@ mod tests {
         let registry = prometheus::Registry::new();
         let proxy = AgentProxy::new(GatewayMetrics::register(&registry).unwrap());
         let target = Target {
-            sandbox: "ns/s".into(),
+            namespace: "ns",
+            name: "s",
             agent: agent(format!("http://127.0.0.1:{port}")),
         };
         let started = std::time::Instant::now();
@@ -446,7 +446,7 @@ mod tests {
             .forward(
                 &target,
                 Method::POST,
-                "/v1/exec",
+                "/v1/exec".into(),
                 &HeaderMap::new(),
                 Body::from("{\"argv\":[\"true\"]}"),
                 Duration::from_millis(200),

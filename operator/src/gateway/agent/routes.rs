@@ -9,9 +9,11 @@
 
 use std::time::Duration;
 
+use std::sync::Arc;
+
 use axum::extract::{Query, RawPathParams, Request, State as AxumState};
-use axum::http::Uri;
-use axum::response::Response;
+use axum::http::{Method, Uri};
+use axum::response::{IntoResponse, Response};
 use axum::routing::{MethodFilter, on};
 use utoipa::openapi::path::{
     HttpMethod, Operation as OpenApiOperation, OperationBuilder, Parameter, ParameterBuilder,
@@ -23,10 +25,12 @@ use utoipa::openapi::{ContentBuilder, Ref, RefOr, Required, ResponseBuilder};
 use utoipa::{IntoParams, PartialSchema, ToSchema};
 use utoipa_axum::router::UtoipaMethodRouter;
 
+use crate::gateway::agent::paths::{self, SandboxPath, agent_target};
 use crate::gateway::agent::proxy::{Target, answer_timeout};
 use crate::gateway::auth::access::{Access, Operation};
 use crate::gateway::auth::revalidate::Guard;
 use crate::gateway::http::errors::{ApiError, ErrorBody};
+use crate::gateway::http::pipeline::Pipeline;
 use crate::gateway::objects::lookup::find_sandbox;
 use crate::gateway::objects::names::{check_name, check_namespace};
 use crate::gateway::state::{ObjectPath, State};
@@ -55,6 +59,17 @@ pub enum Verb {
 }
 
 impl Verb {
+    /// Whether `method` is this one.
+    pub fn is(self, method: &Method) -> bool {
+        *method
+            == match self {
+                Self::Get => Method::GET,
+                Self::Post => Method::POST,
+                Self::Put => Method::PUT,
+                Self::Delete => Method::DELETE,
+            }
+    }
+
     fn filter(self) -> MethodFilter {
         match self {
             Self::Get => MethodFilter::GET,
@@ -230,10 +245,9 @@ pub(crate) const fn query(
 pub struct AgentRoute {
     /// Method (the same at the agent).
     pub method: Verb,
-    /// Gateway path template (axum and OpenAPI syntax).
+    /// Gateway path template (axum and OpenAPI syntax), under one sandbox; the agent serves it at
+    /// `/v1` and the same suffix ([`agent_target`]).
     pub path: &'static str,
-    /// Agent path template; its `{...}` segments are copied raw from the gateway path.
-    pub agent_path: &'static str,
     /// The RBAC check.
     pub operation: Operation,
     /// Default answer timeout ([`AnswerTimeout::Quick`] unless given).
@@ -255,7 +269,6 @@ pub struct AgentRoute {
 pub(crate) const DEFAULTS: AgentRoute = AgentRoute {
     method: Verb::Get,
     path: "",
-    agent_path: "",
     operation: Operation::Exec,
     timeout: AnswerTimeout::Quick,
     operation_id: "",
@@ -277,44 +290,10 @@ pub struct ProcessPath {
     pub id: String,
 }
 
-fn is_placeholder(segment: &str) -> bool {
-    segment.starts_with('{') && segment.ends_with('}')
-}
-
 impl AgentRoute {
     /// Whether the path carries a process or session `{id}` (documented with [`ProcessPath`]).
     fn has_process_id(&self) -> bool {
         self.path.contains("{id}")
-    }
-
-    /// The agent's path and query for a request to `gateway_path?query` on this route (pure): the
-    /// route's agent template with its `{...}` segments taken from the raw (still percent-encoded)
-    /// gateway path, and the raw query. `None` when the path does not fit the route's template.
-    pub fn agent_target(&self, gateway_path: &str, query: Option<&str>) -> Option<String> {
-        // Segment by segment, without collecting either path: this runs on every proxied call.
-        let (mut template, mut actual) = (self.path.split('/'), gateway_path.split('/'));
-        loop {
-            match (template.next(), actual.next()) {
-                (None, None) => break,
-                (Some(t), Some(a)) if is_placeholder(t) || t == a => {}
-                _ => return None,
-            }
-        }
-        let mut path = String::with_capacity(gateway_path.len() + query.map_or(0, str::len) + 1);
-        for segment in self.agent_path.split('/').skip(1) {
-            path.push('/');
-            if is_placeholder(segment) {
-                let at = self.path.split('/').position(|t| t == segment)?;
-                path.push_str(gateway_path.split('/').nth(at)?);
-            } else {
-                path.push_str(segment);
-            }
-        }
-        if let Some(query) = query.filter(|q| !q.is_empty()) {
-            path.push('?');
-            path.push_str(query);
-        }
-        Some(path)
     }
 
     /// The OpenAPI operation of this route; referenced schemas are added to `schemas`.
@@ -375,7 +354,25 @@ impl AgentRoute {
         let handler = on(
             self.method.filter(),
             move |AxumState(state): AxumState<State>, params: RawPathParams, request: Request| async move {
-                proxy(&state, self, &params, request).await
+                // The path's parameters as axum found them (percent-decoded), without collecting them.
+                let param = |key: &str| {
+                    params
+                        .iter()
+                        .find_map(|(name, value)| (name == key).then_some(value))
+                        .ok_or_else(|| {
+                            ApiError::internal(format!("route {} has no {{{key}}}", self.path))
+                        })
+                };
+                let uri = request.uri().clone();
+                let suffix = paths::split(uri.path())
+                    .ok_or_else(|| unroutable(&uri))?
+                    .suffix;
+                let path = SandboxPath {
+                    namespace: param("namespace")?,
+                    name: param("name")?,
+                    suffix,
+                };
+                proxy(&state, self, path, request).await
             },
         );
         (schemas, paths, handler)
@@ -401,22 +398,42 @@ impl Param {
     }
 }
 
-/// Sends `request` to the agent of the sandbox named in `params` after authorising the route's
+/// Serves `request`, a call to `route` recognised before the router ([`paths::recognise`]), through
+/// `pipeline` as the router serves its routes.
+pub async fn serve_recognised(
+    state: State,
+    pipeline: Arc<Pipeline>,
+    route: &'static AgentRoute,
+    request: Request,
+) -> Response {
+    pipeline
+        .run(route.path, request, |request| async {
+            let uri = request.uri().clone();
+            match paths::split(uri.path()) {
+                Some(path) => proxy(&state, route, path, request).await.into_response(),
+                None => unroutable(&uri).into_response(),
+            }
+        })
+        .await
+}
+
+fn unroutable(uri: &Uri) -> ApiError {
+    ApiError::internal(format!("unroutable path {}", uri.path()))
+}
+
+/// Sends `request` to the agent of the sandbox its `path` names after authorising the route's
 /// operation.
 async fn proxy(
     state: &State,
     route: &AgentRoute,
-    params: &RawPathParams,
+    path: SandboxPath<'_>,
     request: Request,
 ) -> Result<Response, ApiError> {
-    // The path's parameters as axum found them (percent-decoded), without collecting them.
-    let param = |key: &str| {
-        params
-            .iter()
-            .find_map(|(name, value)| (name == key).then_some(value))
-            .ok_or_else(|| ApiError::internal(format!("route {} has no {{{key}}}", route.path)))
-    };
-    let (namespace, name) = (param("namespace")?, param("name")?);
+    let SandboxPath {
+        namespace,
+        name,
+        suffix,
+    } = path;
     check_namespace(namespace)?;
     check_name(name)?;
     let (parts, body) = request.into_parts();
@@ -432,12 +449,11 @@ async fn proxy(
     )
     .await?;
     let agent = state.agent_access(&sandbox).await?;
-    let path = route
-        .agent_target(parts.uri.path(), parts.uri.query())
-        .ok_or_else(|| ApiError::internal(format!("unroutable path {}", parts.uri.path())))?;
+    let path = agent_target(suffix, parts.uri.query());
     state.heartbeats.activity(&sandbox);
     let target = Target {
-        sandbox: format!("{namespace}/{name}"),
+        namespace,
+        name,
         agent,
     };
     // The caller is checked again while the agent works and while an exec stream streams.
@@ -446,7 +462,7 @@ async fn proxy(
         .run(
             state
                 .proxy
-                .forward(&target, parts.method, &path, &parts.headers, body, timeout),
+                .forward(&target, parts.method, path, &parts.headers, body, timeout),
         )
         .await?;
     let ndjson = is_ndjson(&response);
@@ -514,69 +530,6 @@ mod tests {
     }
 
     #[test]
-    fn gateway_paths_map_to_agent_paths() {
-        let cases = [
-            (
-                route(Verb::Post, sandbox_path!("/exec")),
-                "/v1/namespaces/ns/sandboxes/s/exec",
-                None,
-                "/v1/exec",
-            ),
-            (
-                route(Verb::Post, sandbox_path!("/exec/stream")),
-                "/v1/namespaces/ns/sandboxes/s/exec/stream",
-                Some(""),
-                "/v1/exec/stream",
-            ),
-            (
-                route(Verb::Post, sandbox_path!("/processes/{id}/signal")),
-                "/v1/namespaces/ns/sandboxes/s/processes/p-1/signal",
-                None,
-                "/v1/processes/p-1/signal",
-            ),
-            (
-                route(Verb::Delete, sandbox_path!("/processes/{id}")),
-                "/v1/namespaces/ns/sandboxes/s/processes/p%2D1",
-                None,
-                "/v1/processes/p%2D1",
-            ),
-            (
-                route(Verb::Put, sandbox_path!("/files")),
-                "/v1/namespaces/ns/sandboxes/s/files",
-                Some("path=a%20b.txt&mode=0644"),
-                "/v1/files?path=a%20b.txt&mode=0644",
-            ),
-            (
-                route(Verb::Get, sandbox_path!("/files/list")),
-                "/v1/namespaces/ns/sandboxes/s/files/list",
-                Some("path=/"),
-                "/v1/files/list?path=/",
-            ),
-        ];
-        for (route, gateway, query, agent) in cases {
-            assert_eq!(
-                route.agent_target(gateway, query).as_deref(),
-                Some(agent),
-                "{gateway}"
-            );
-        }
-        let exec = route(Verb::Post, sandbox_path!("/exec"));
-        assert_eq!(
-            exec.agent_target("/v1/namespaces/ns/sandboxes/s", None),
-            None
-        );
-        assert_eq!(
-            exec.agent_target("/v1/namespaces/ns/sandboxes/s/patch", None),
-            None
-        );
-        assert_eq!(
-            exec.agent_target("/v1/namespaces/ns/sandboxes/s/exec/more", None),
-            None
-        );
-        assert_eq!(exec.agent_target("/healthz", None), None);
-    }
-
-    #[test]
     fn the_table_is_consistent() {
         let mut seen = HashSet::new();
         for route in ROUTES {
@@ -586,12 +539,7 @@ mod tests {
                 route.method,
                 route.path
             );
-            // The agent serves every route under the same suffix.
-            let suffix = route
-                .path
-                .strip_prefix(sandbox_path!(""))
-                .expect("a sandbox path");
-            assert_eq!(route.agent_path, format!("/v1{suffix}"), "{}", route.path);
+            assert!(route.path.starts_with(sandbox_path!("/")), "{}", route.path);
             assert!(!route.answers.is_empty(), "{}", route.path);
             assert!(!route.operation_id.is_empty() && !route.summary.is_empty());
         }
@@ -604,10 +552,6 @@ mod tests {
         let signal = route(Verb::Post, sandbox_path!("/sessions/{id}/signal"));
         assert_eq!(signal.operation, run.operation);
         assert_eq!(signal.operation, Operation::Exec);
-        assert_eq!(
-            signal.agent_target("/v1/namespaces/ns/sandboxes/s/sessions/s-1/signal", None),
-            Some("/v1/sessions/s-1/signal".to_string())
-        );
     }
 
     #[test]

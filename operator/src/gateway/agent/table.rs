@@ -41,7 +41,6 @@ pub static ROUTES: &[AgentRoute] = &[
     AgentRoute {
         method: Verb::Post,
         path: sandbox_path!("/exec"),
-        agent_path: "/v1/exec",
         operation: Operation::Exec,
         timeout: AnswerTimeout::Exec,
         operation_id: "exec",
@@ -69,7 +68,6 @@ pub static ROUTES: &[AgentRoute] = &[
     AgentRoute {
         method: Verb::Post,
         path: sandbox_path!("/exec/stream"),
-        agent_path: "/v1/exec/stream",
         operation: Operation::Exec,
         operation_id: "exec_stream",
         summary: "Runs one command and streams its output as NDJSON events (`started`, `stdout`, `stderr`, `exit`).",
@@ -92,7 +90,6 @@ pub static ROUTES: &[AgentRoute] = &[
     AgentRoute {
         method: Verb::Post,
         path: sandbox_path!("/processes"),
-        agent_path: "/v1/processes",
         operation: Operation::Exec,
         operation_id: "start_process",
         summary: "Starts a background process (agent `POST /v1/processes`).",
@@ -109,7 +106,6 @@ pub static ROUTES: &[AgentRoute] = &[
     AgentRoute {
         method: Verb::Get,
         path: sandbox_path!("/processes"),
-        agent_path: "/v1/processes",
         operation: Operation::Exec,
         operation_id: "list_processes",
         summary: "Lists background processes (`?output=false` leaves out their output).",
@@ -123,7 +119,6 @@ pub static ROUTES: &[AgentRoute] = &[
     AgentRoute {
         method: Verb::Get,
         path: sandbox_path!("/processes/{id}"),
-        agent_path: "/v1/processes/{id}",
         operation: Operation::Exec,
         timeout: AnswerTimeout::LongPoll,
         operation_id: "get_process",
@@ -137,7 +132,6 @@ pub static ROUTES: &[AgentRoute] = &[
     AgentRoute {
         method: Verb::Delete,
         path: sandbox_path!("/processes/{id}"),
-        agent_path: "/v1/processes/{id}",
         operation: Operation::Exec,
         operation_id: "delete_process",
         summary: "Kills a process's group if it runs and forgets it (agent `DELETE /v1/processes/{id}`).",
@@ -151,7 +145,6 @@ pub static ROUTES: &[AgentRoute] = &[
     AgentRoute {
         method: Verb::Post,
         path: sandbox_path!("/processes/{id}/signal"),
-        agent_path: "/v1/processes/{id}/signal",
         operation: Operation::Exec,
         operation_id: "signal_process",
         summary: "Signals a process's whole group.",
@@ -165,7 +158,6 @@ pub static ROUTES: &[AgentRoute] = &[
     AgentRoute {
         method: Verb::Get,
         path: sandbox_path!("/files"),
-        agent_path: "/v1/files",
         operation: Operation::ReadFiles,
         operation_id: "download",
         summary: "Downloads a file as raw bytes (`?path=`), streamed.",
@@ -185,7 +177,6 @@ pub static ROUTES: &[AgentRoute] = &[
     AgentRoute {
         method: Verb::Put,
         path: sandbox_path!("/files"),
-        agent_path: "/v1/files",
         operation: Operation::WriteFiles,
         operation_id: "upload",
         summary: "Uploads a file from the raw request body (`?path=&mode=`), streamed; atomic on the agent.",
@@ -207,7 +198,6 @@ pub static ROUTES: &[AgentRoute] = &[
     AgentRoute {
         method: Verb::Delete,
         path: sandbox_path!("/files"),
-        agent_path: "/v1/files",
         operation: Operation::WriteFiles,
         operation_id: "delete_file",
         summary: "Deletes a file or directory (`?path=&recursive=true`).",
@@ -234,7 +224,6 @@ pub static ROUTES: &[AgentRoute] = &[
     AgentRoute {
         method: Verb::Get,
         path: sandbox_path!("/files/list"),
-        agent_path: "/v1/files/list",
         operation: Operation::ReadFiles,
         operation_id: "list_files",
         summary: "Lists a directory (`?path=`).",
@@ -248,7 +237,6 @@ pub static ROUTES: &[AgentRoute] = &[
     AgentRoute {
         method: Verb::Post,
         path: sandbox_path!("/processes/{id}/stdin"),
-        agent_path: "/v1/processes/{id}/stdin",
         operation: Operation::Exec,
         operation_id: "write_process_stdin",
         summary: "Writes to a background process's stdin (started with `keepStdin` or `pty`); `close` ends it.",
@@ -263,7 +251,6 @@ pub static ROUTES: &[AgentRoute] = &[
     AgentRoute {
         method: Verb::Post,
         path: sandbox_path!("/processes/{id}/resize"),
-        agent_path: "/v1/processes/{id}/resize",
         operation: Operation::Exec,
         operation_id: "resize_process_terminal",
         summary: "Resizes the terminal of a process started with `pty`.",
@@ -278,7 +265,6 @@ pub static ROUTES: &[AgentRoute] = &[
     AgentRoute {
         method: Verb::Post,
         path: sandbox_path!("/sessions"),
-        agent_path: "/v1/sessions",
         operation: Operation::Exec,
         operation_id: "start_session",
         summary: "Starts a persistent shell session (bash if the image has it, else sh); cwd, variables and functions carry over between its runs.",
@@ -292,7 +278,6 @@ pub static ROUTES: &[AgentRoute] = &[
     AgentRoute {
         method: Verb::Get,
         path: sandbox_path!("/sessions"),
-        agent_path: "/v1/sessions",
         operation: Operation::Exec,
         operation_id: "list_sessions",
         summary: "Lists the sandbox's shell sessions.",
@@ -302,7 +287,6 @@ pub static ROUTES: &[AgentRoute] = &[
     AgentRoute {
         method: Verb::Get,
         path: sandbox_path!("/sessions/{id}"),
-        agent_path: "/v1/sessions/{id}",
         operation: Operation::Exec,
         operation_id: "get_session",
         summary: "Reads a session's status.",
@@ -315,7 +299,6 @@ pub static ROUTES: &[AgentRoute] = &[
     AgentRoute {
         method: Verb::Delete,
         path: sandbox_path!("/sessions/{id}"),
-        agent_path: "/v1/sessions/{id}",
         operation: Operation::Exec,
         operation_id: "delete_session",
         summary: "Ends a session (its shell's whole process group).",
@@ -328,7 +311,6 @@ pub static ROUTES: &[AgentRoute] = &[
     AgentRoute {
         method: Verb::Post,
         path: sandbox_path!("/sessions/{id}/run"),
-        agent_path: "/v1/sessions/{id}/run",
         operation: Operation::Exec,
         timeout: AnswerTimeout::Exec,
         operation_id: "run_in_session",
@@ -348,7 +330,6 @@ pub static ROUTES: &[AgentRoute] = &[
     AgentRoute {
         method: Verb::Post,
         path: sandbox_path!("/sessions/{id}/signal"),
-        agent_path: "/v1/sessions/{id}/signal",
         operation: Operation::Exec,
         operation_id: "signal_session",
         summary: "Signals the command of the session's run in progress (`{}`: SIGINT, as Ctrl-C) and answers at once; the shell survives and the run answers when its command has ended.",
@@ -371,7 +352,6 @@ pub static ROUTES: &[AgentRoute] = &[
     AgentRoute {
         method: Verb::Post,
         path: sandbox_path!("/sessions/{id}/input"),
-        agent_path: "/v1/sessions/{id}/input",
         operation: Operation::Exec,
         operation_id: "write_session_input",
         summary: "Writes text to the session's stdin (answers a prompt of the running command).",
@@ -385,7 +365,6 @@ pub static ROUTES: &[AgentRoute] = &[
     AgentRoute {
         method: Verb::Post,
         path: sandbox_path!("/sessions/{id}/read"),
-        agent_path: "/v1/sessions/{id}/read",
         operation: Operation::Exec,
         timeout: AnswerTimeout::Exec,
         operation_id: "read_session",
@@ -400,7 +379,6 @@ pub static ROUTES: &[AgentRoute] = &[
     AgentRoute {
         method: Verb::Get,
         path: sandbox_path!("/files/stat"),
-        agent_path: "/v1/files/stat",
         operation: Operation::ReadFiles,
         operation_id: "stat_file",
         summary: "Whether a path exists, and its type, size, mode, modification time and link target (`?path=`).",
@@ -418,7 +396,6 @@ pub static ROUTES: &[AgentRoute] = &[
     AgentRoute {
         method: Verb::Post,
         path: sandbox_path!("/files/mkdir"),
-        agent_path: "/v1/files/mkdir",
         operation: Operation::WriteFiles,
         operation_id: "make_directory",
         summary: "Creates a directory (`parents: true` as `mkdir -p`).",
@@ -436,7 +413,6 @@ pub static ROUTES: &[AgentRoute] = &[
     AgentRoute {
         method: Verb::Post,
         path: sandbox_path!("/files/rename"),
-        agent_path: "/v1/files/rename",
         operation: Operation::WriteFiles,
         operation_id: "rename_file",
         summary: "Renames or moves a file or directory (an existing `to` only with `overwrite: true`).",
@@ -453,7 +429,6 @@ pub static ROUTES: &[AgentRoute] = &[
     AgentRoute {
         method: Verb::Get,
         path: sandbox_path!("/files/tar"),
-        agent_path: "/v1/files/tar",
         operation: Operation::ReadFiles,
         operation_id: "download_directory",
         summary: "Downloads a directory as a tar stream (`?path=`; symlinks kept as symlinks, never followed).",
@@ -473,7 +448,6 @@ pub static ROUTES: &[AgentRoute] = &[
     AgentRoute {
         method: Verb::Put,
         path: sandbox_path!("/files/tar"),
-        agent_path: "/v1/files/tar",
         operation: Operation::WriteFiles,
         operation_id: "upload_directory",
         summary: "Extracts a tar stream into a directory (`?path=`, created); the whole archive is checked first (no `..`, absolute paths or paths through symlinks: 400, nothing written).",
@@ -497,7 +471,6 @@ pub static ROUTES: &[AgentRoute] = &[
     AgentRoute {
         method: Verb::Get,
         path: sandbox_path!("/metrics"),
-        agent_path: "/v1/metrics",
         operation: Operation::GetSandbox,
         operation_id: "sandbox_metrics",
         summary: "The task container's CPU seconds, memory (now, peak, limit), PIDs, OOM kills and disk use, from its cgroup.",
@@ -510,7 +483,6 @@ pub static ROUTES: &[AgentRoute] = &[
     AgentRoute {
         method: Verb::Post,
         path: sandbox_path!("/patch"),
-        agent_path: "/v1/patch",
         operation: Operation::Exec,
         operation_id: "apply_patch",
         summary: "Applies a unified diff natively (all hunks or nothing).",

@@ -13,7 +13,7 @@ use std::sync::Arc;
 
 use axum::body::Body;
 use axum::extract::Request;
-use axum::http::{HeaderMap, HeaderValue, Method, StatusCode, Uri, header};
+use axum::http::{HeaderMap, HeaderValue, Method, StatusCode, header};
 use axum::response::Response;
 use hyper::upgrade::Upgraded;
 use hyper_util::rt::TokioIo;
@@ -125,7 +125,8 @@ pub async fn tunnel(
         return Err(too_many_tunnels(&state));
     };
     let target = Target {
-        sandbox: format!("{}/{}", path.namespace, path.name),
+        namespace: &path.namespace,
+        name: &path.name,
         agent,
     };
     let agent = match state.proxy.open_tunnel(&target, port).await? {
@@ -181,17 +182,10 @@ impl AgentProxy {
     /// gateway's error when it gave none.
     pub async fn open_tunnel(
         &self,
-        target: &Target,
+        target: &Target<'_>,
         port: u16,
     ) -> Result<Result<Upgraded, Response>, ApiError> {
-        let uri: Uri = format!("{}/v1/ports/{port}/tunnel", target.agent.endpoint)
-            .parse()
-            .map_err(|err| {
-                ApiError::internal(format!(
-                    "invalid agent URL for sandbox {} ({}): {err}",
-                    target.sandbox, target.agent.endpoint
-                ))
-            })?;
+        let uri = target.agent.url(format!("/v1/ports/{port}/tunnel"))?;
         let (body, _sent) = NotifyOnEnd::new(Body::empty());
         let request = axum::http::Request::builder()
             .method(Method::GET)

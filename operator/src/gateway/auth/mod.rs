@@ -32,6 +32,7 @@ use crate::gateway::auth::verdict_cache::{Key, Lookup, VerdictCache};
 use crate::gateway::http::errors::ApiError;
 use crate::gateway::http::metrics::GatewayMetrics;
 use orchard_api::GROUP;
+use prometheus::IntCounter;
 
 /// How long a decision is reused unless configured (`--gateway-auth-cache-ttl-seconds`).
 pub const DECISION_TTL: Duration = Duration::from_secs(10);
@@ -125,6 +126,7 @@ pub struct Authorizer {
     flights: Mutex<HashMap<Key, Arc<Flight>>>,
     decisions: Mutex<VerdictCache<()>>,
     access_budget: Mutex<KeyedBuckets<String>>,
+    cache_counts: CacheCounts,
     metrics: GatewayMetrics,
 }
 
@@ -160,23 +162,47 @@ fn token_key(token: &str) -> Key {
     key
 }
 
-/// Cache key of one decision: the token's hash and every attribute of the review.
-fn access_key(token: &Key, access: &Access) -> Key {
-    let mut context = ring::digest::Context::new(&ring::digest::SHA256);
-    context.update(token);
-    for part in [
+/// Cache key of one decision: the token's hash and every attribute of the review of `access` on
+/// the object `name` (empty: every object of the namespace), each attribute with its length.
+fn access_key(token: &Key, access: &Access, name: &str) -> Key {
+    let parts = [
         access.verb,
         access.resource.as_str(),
         access.subresource,
         &access.namespace,
-        &access.name,
-    ] {
-        context.update(&(part.len() as u64).to_le_bytes());
-        context.update(part.as_bytes());
+        name,
+    ];
+    let mut material =
+        Vec::with_capacity(token.len() + parts.iter().map(|part| 8 + part.len()).sum::<usize>());
+    material.extend_from_slice(token);
+    for part in parts {
+        material.extend_from_slice(&(part.len() as u64).to_le_bytes());
+        material.extend_from_slice(part.as_bytes());
     }
     let mut key = [0u8; 32];
-    key.copy_from_slice(context.finish().as_ref());
+    key.copy_from_slice(ring::digest::digest(&ring::digest::SHA256, &material).as_ref());
     key
+}
+
+/// `orchard_gateway_auth_cache_total` by cache and result, resolved once.
+struct CacheCounts {
+    token_hit: IntCounter,
+    token_miss: IntCounter,
+    access_hit: IntCounter,
+    access_miss: IntCounter,
+}
+
+impl CacheCounts {
+    fn new(metrics: &GatewayMetrics) -> Self {
+        let counter =
+            |cache: &str, result: &str| metrics.auth_cache.with_label_values(&[cache, result]);
+        Self {
+            token_hit: counter("token", "hit"),
+            token_miss: counter("token", "miss"),
+            access_hit: counter("access", "hit"),
+            access_miss: counter("access", "miss"),
+        }
+    }
 }
 
 impl Authorizer {
@@ -193,6 +219,7 @@ impl Authorizer {
                 settings.access_review_burst,
             )),
             settings,
+            cache_counts: CacheCounts::new(&metrics),
             metrics,
         }
     }
@@ -200,13 +227,6 @@ impl Authorizer {
     /// How long decisions are reused (streams re-check their caller at least this often).
     pub fn ttl(&self) -> Duration {
         self.settings.ttl
-    }
-
-    fn count(&self, cache: &str, hit: bool) {
-        self.metrics
-            .auth_cache
-            .with_label_values(&[cache, if hit { "hit" } else { "miss" }])
-            .inc();
     }
 
     /// Authenticates the request and checks `access`; the caller's identity on success.
@@ -223,16 +243,10 @@ impl Authorizer {
         // then covers every sandbox, instead of one review per sandbox name. RBAC allows an unnamed
         // review only through a rule without resourceNames, which grants every name; when it is not
         // allowed, the per-name review below decides (rules restricted to resourceNames still work).
-        if !access.name.is_empty() {
-            let namespace_wide = Access {
-                name: String::new(),
-                ..access.clone()
-            };
-            if self.decide(&key, &identity, &namespace_wide).await?.is_ok() {
-                return Ok(identity);
-            }
+        if !access.name.is_empty() && self.decide(&key, &identity, access, "").await?.is_ok() {
+            return Ok(identity);
         }
-        let decision = self.decide(&key, &identity, access).await?;
+        let decision = self.decide(&key, &identity, access, &access.name).await?;
         match decision {
             Ok(()) => Ok(identity),
             Err(reason) => Err(ApiError::forbidden(
@@ -241,14 +255,16 @@ impl Authorizer {
         }
     }
 
-    /// The (cached) decision for `access`.
+    /// The (cached) decision for `access` on the object `name` (empty: every object of the
+    /// namespace).
     async fn decide(
         &self,
         key: &Key,
         identity: &Identity,
         access: &Access,
+        name: &str,
     ) -> Result<Result<(), String>, ApiError> {
-        let decision_key = access_key(key, access);
+        let decision_key = access_key(key, access, name);
         let cached = self
             .decisions
             .lock()
@@ -256,17 +272,17 @@ impl Authorizer {
             .lookup(&decision_key, Instant::now());
         match cached {
             Lookup::Valid(()) => {
-                self.count("access", true);
+                self.cache_counts.access_hit.inc();
                 return Ok(Ok(()));
             }
             Lookup::Invalid(reason) => {
-                self.count("access", true);
+                self.cache_counts.access_hit.inc();
                 return Ok(Err(reason));
             }
-            Lookup::Known | Lookup::Unknown => self.count("access", false),
+            Lookup::Known | Lookup::Unknown => self.cache_counts.access_miss.inc(),
         }
         self.spend_access_budget(&identity.username)?;
-        let decision = self.review_access(identity, access).await?;
+        let decision = self.review_access(identity, access, name).await?;
         let mut decisions = self.decisions.lock().unwrap_or_else(|p| p.into_inner());
         match &decision {
             Ok(()) => decisions.accept(decision_key, (), Instant::now()),
@@ -305,18 +321,18 @@ impl Authorizer {
             let cache = self.tokens.lock().unwrap_or_else(|p| p.into_inner());
             match cache.lookup(key, Instant::now()) {
                 Lookup::Valid(identity) => {
-                    self.count("token", true);
+                    self.cache_counts.token_hit.inc();
                     return Ok(identity);
                 }
                 Lookup::Invalid(reason) => {
-                    self.count("token", true);
+                    self.cache_counts.token_hit.inc();
                     return Err(ApiError::unauthorized(reason));
                 }
                 Lookup::Known => true,
                 Lookup::Unknown => false,
             }
         };
-        self.count("token", false);
+        self.cache_counts.token_miss.inc();
         let flight = {
             let mut flights = self.flights.lock().unwrap_or_else(|p| p.into_inner());
             flights.entry(*key).or_default().clone()
@@ -444,6 +460,7 @@ impl Authorizer {
         &self,
         identity: &Identity,
         access: &Access,
+        name: &str,
     ) -> Result<Result<(), String>, ApiError> {
         let api: Api<SubjectAccessReview> = Api::all(self.client.clone());
         let review = SubjectAccessReview {
@@ -458,7 +475,7 @@ impl Authorizer {
                     subresource: Some(access.subresource.to_string()).filter(|s| !s.is_empty()),
                     verb: Some(access.verb.to_string()),
                     namespace: Some(access.namespace.clone()),
-                    name: Some(access.name.clone()).filter(|n| !n.is_empty()),
+                    name: Some(name.to_string()).filter(|n| !n.is_empty()),
                     ..ResourceAttributes::default()
                 }),
                 ..SubjectAccessReviewSpec::default()
@@ -588,11 +605,12 @@ mod tests {
         let other_ns = Access::of(Operation::Exec, "ns2", "s");
         let other_name = Access::of(Operation::Exec, "ns", "t");
         let keys = [
-            access_key(&a, &exec),
-            access_key(&b, &exec),
-            access_key(&a, &files),
-            access_key(&a, &other_ns),
-            access_key(&a, &other_name),
+            access_key(&a, &exec, &exec.name),
+            access_key(&b, &exec, &exec.name),
+            access_key(&a, &files, &files.name),
+            access_key(&a, &other_ns, &other_ns.name),
+            access_key(&a, &other_name, &other_name.name),
+            access_key(&a, &exec, ""),
         ];
         for (i, x) in keys.iter().enumerate() {
             for y in &keys[i + 1..] {
@@ -600,8 +618,8 @@ mod tests {
             }
         }
         assert_eq!(
-            access_key(&a, &exec),
-            access_key(&token_key("token-a"), &exec)
+            access_key(&a, &exec, "s"),
+            access_key(&token_key("token-a"), &exec, "s")
         );
     }
 
@@ -631,12 +649,16 @@ mod tests {
         let now = Instant::now();
         let mut decisions: VerdictCache<()> =
             VerdictCache::new(Duration::from_secs(10), MAX_ENTRIES, MAX_REFUSED);
-        let alice = access_key(&token_key("alice"), &Access::of(Operation::Exec, "ns", "s"));
+        let alice = access_key(
+            &token_key("alice"),
+            &Access::of(Operation::Exec, "ns", "s"),
+            "s",
+        );
         decisions.accept(alice, (), now);
         let mallory = token_key("mallory");
         for n in 0..MAX_ENTRIES {
             let name = format!("random-{n}");
-            let key = access_key(&mallory, &Access::of(Operation::Exec, "ns", &name));
+            let key = access_key(&mallory, &Access::of(Operation::Exec, "ns", &name), &name);
             decisions.refuse(key, "no".into(), now);
         }
         assert_eq!(decisions.lookup(&alice, now), Lookup::Valid(()));

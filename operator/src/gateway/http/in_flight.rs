@@ -14,9 +14,8 @@
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
-use axum::extract::{MatchedPath, Request, State};
+use axum::extract::Request;
 use axum::http::StatusCode;
-use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 use prometheus::{IntCounter, IntGauge};
 use tokio::sync::Semaphore;
@@ -35,10 +34,11 @@ pub enum PoolKind {
 
 impl PoolKind {
     /// The pool of a request to the route template `route` (pure).
-    pub fn of_route(route: Option<&str>) -> Self {
-        match route {
-            Some(route) if route.ends_with("/wait") => Self::Waits,
-            _ => Self::Calls,
+    pub fn of_route(route: &str) -> Self {
+        if route.ends_with("/wait") {
+            Self::Waits
+        } else {
+            Self::Calls
         }
     }
 
@@ -69,11 +69,15 @@ pub struct CallerShares {
 impl CallerShares {
     /// Counts one more slot for `caller`, unless it holds `per_caller` already.
     pub fn try_take(&mut self, caller: &str, per_caller: usize) -> bool {
-        let held = self.held.entry(caller.to_string()).or_insert(0);
-        if *held >= per_caller {
-            if *held == 0 {
-                self.held.remove(caller);
+        // A caller with slots is found without allocating its name.
+        let Some(held) = self.held.get_mut(caller) else {
+            if per_caller == 0 {
+                return false;
             }
+            self.held.insert(caller.to_string(), 1);
+            return true;
+        };
+        if *held >= per_caller {
             return false;
         }
         *held += 1;
@@ -183,25 +187,26 @@ tokio::task_local! {
     static REQUEST: Arc<RequestSlot>;
 }
 
-/// Middleware: runs the request in a free slot of its pool, or answers 503 `Overloaded`.
-pub async fn limit(State(in_flight): State<InFlight>, request: Request, next: Next) -> Response {
-    let kind = PoolKind::of_route(
-        request
-            .extensions()
-            .get::<MatchedPath>()
-            .map(MatchedPath::as_str),
-    );
-    let pool = in_flight.pool(kind);
-    let Ok(_slot) = pool.slots.try_acquire() else {
-        pool.shed.inc();
-        return overloaded(pool).into_response();
-    };
-    pool.held.inc();
-    let held = Arc::new(RequestSlot {
-        pool: pool.clone(),
-        caller: Mutex::new(None),
-    });
-    REQUEST.scope(held, next.run(request)).await
+impl InFlight {
+    /// Runs `handler` on `request` (to the route template `route`) in a free slot of its pool, or
+    /// answers 503 `Overloaded`.
+    pub async fn run<F, Fut>(&self, route: &str, request: Request, handler: F) -> Response
+    where
+        F: FnOnce(Request) -> Fut,
+        Fut: Future<Output = Response>,
+    {
+        let pool = self.pool(PoolKind::of_route(route));
+        let Ok(_slot) = pool.slots.try_acquire() else {
+            pool.shed.inc();
+            return overloaded(pool).into_response();
+        };
+        pool.held.inc();
+        let held = Arc::new(RequestSlot {
+            pool: pool.clone(),
+            caller: Mutex::new(None),
+        });
+        REQUEST.scope(held, handler(request)).await
+    }
 }
 
 fn overloaded(pool: &Pool) -> ApiError {
@@ -264,7 +269,8 @@ mod tests {
 
     use axum::Router;
     use axum::body::Body;
-    use axum::middleware::from_fn_with_state;
+    use axum::extract::{MatchedPath, State};
+    use axum::middleware::{Next, from_fn_with_state};
     use axum::routing::get;
     use tokio::sync::watch;
     use tower::ServiceExt;
@@ -272,18 +278,18 @@ mod tests {
     #[test]
     fn waits_have_a_pool_of_their_own() {
         assert_eq!(
-            PoolKind::of_route(Some("/v1/namespaces/{namespace}/sandboxes/{name}/wait")),
+            PoolKind::of_route("/v1/namespaces/{namespace}/sandboxes/{name}/wait"),
             PoolKind::Waits
         );
         assert_eq!(
-            PoolKind::of_route(Some("/v1/namespaces/{namespace}/rolloutgroups/{name}/wait")),
+            PoolKind::of_route("/v1/namespaces/{namespace}/rolloutgroups/{name}/wait"),
             PoolKind::Waits
         );
         assert_eq!(
-            PoolKind::of_route(Some("/v1/namespaces/{namespace}/sandboxes/{name}/exec")),
+            PoolKind::of_route("/v1/namespaces/{namespace}/sandboxes/{name}/exec"),
             PoolKind::Calls
         );
-        assert_eq!(PoolKind::of_route(None), PoolKind::Calls);
+        assert_eq!(PoolKind::of_route("unmatched"), PoolKind::Calls);
     }
 
     #[test]
@@ -331,7 +337,16 @@ mod tests {
             .route("/hold", get(held.clone()))
             .route("/x/wait", get(held))
             .route("/quick", get(quick))
-            .layer(from_fn_with_state(InFlight::new(limits, metrics), limit))
+            .layer(from_fn_with_state(
+                InFlight::new(limits, metrics),
+                |State(in_flight): State<InFlight>, request: Request, next: Next| async move {
+                    let matched = request.extensions().get::<MatchedPath>().cloned();
+                    let route = matched.as_ref().map_or("unmatched", MatchedPath::as_str);
+                    in_flight
+                        .run(route, request, |request| next.run(request))
+                        .await
+                },
+            ))
     }
 
     async fn call(router: &Router, path: &str, caller: &str) -> Response {

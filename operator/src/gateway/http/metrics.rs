@@ -1,6 +1,9 @@
 //! The gateway's Prometheus metrics, registered on the operator's registry. Route labels are route
 //! templates (`/v1/namespaces/{namespace}/sandboxes/{name}/exec`), so cardinality stays bounded.
 
+use std::time::Instant;
+
+use axum::http::StatusCode;
 use prometheus::{
     HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGauge, IntGaugeVec, Opts, Registry,
 };
@@ -141,5 +144,18 @@ impl GatewayMetrics {
             revoked,
             open_tunnels,
         })
+    }
+}
+
+impl GatewayMetrics {
+    /// Counts one request to the route template `route`, answered with `status`, and its latency
+    /// since `started`.
+    pub fn observe(&self, route: &str, started: Instant, status: StatusCode) {
+        self.duration
+            .with_label_values(&[route])
+            .observe(started.elapsed().as_secs_f64());
+        self.requests
+            .with_label_values(&[route, status.as_str()])
+            .inc();
     }
 }

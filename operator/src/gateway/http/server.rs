@@ -12,8 +12,8 @@ use std::net::IpAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
-use axum::Router;
 use axum::body::Body;
+use axum::extract::Request;
 use axum::response::Response;
 use hyper::body::Incoming;
 use hyper_util::rt::{TokioIo, TokioTimer};
@@ -23,7 +23,6 @@ use tokio::sync::Semaphore;
 use crate::plumbing::accept::{accept, serve_until_stopped};
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
-use tower::ServiceExt;
 
 use super::metrics::GatewayMetrics;
 
@@ -38,7 +37,7 @@ pub fn peer_ip() -> Option<IpAddr> {
     PEER.try_with(|ip| *ip).ok()
 }
 
-/// Connection limits of [`serve_router`].
+/// Connection limits of [`serve_requests`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct ConnectionLimits {
     /// How long a client has to send a request's headers, from the first read of a connection or
@@ -48,15 +47,19 @@ pub struct ConnectionLimits {
     pub max_connections: usize,
 }
 
-/// Serves `router` on `listener` until `shutdown` is cancelled, then waits for the connections in
-/// progress to finish.
-pub async fn serve_router(
+/// Serves requests on `listener` with `handle` until `shutdown` is cancelled, then waits for the
+/// connections in progress to finish.
+pub async fn serve_requests<H, F>(
     listener: TcpListener,
-    router: Router,
+    handle: H,
     limits: ConnectionLimits,
     metrics: GatewayMetrics,
     shutdown: CancellationToken,
-) -> io::Result<()> {
+) -> io::Result<()>
+where
+    H: Fn(Request) -> F + Clone + Send + Sync + 'static,
+    F: Future<Output = Response> + Send + 'static,
+{
     let slots = Arc::new(Semaphore::new(limits.max_connections.max(1)));
     let connections = TaskTracker::new();
     let mut http = hyper::server::conn::http1::Builder::new();
@@ -71,13 +74,10 @@ pub async fn serve_router(
         let Some((stream, peer)) = accept(&listener, &shutdown, "gateway").await else {
             break;
         };
-        let router = router.clone();
+        let handle = handle.clone();
         let service = hyper::service::service_fn(move |request: hyper::Request<Incoming>| {
-            let handled = router.clone().oneshot(request.map(Body::new));
-            PEER.scope(peer.ip(), async move {
-                let response: Result<Response, Infallible> = handled.await;
-                response
-            })
+            let handled = handle(request.map(Body::new));
+            PEER.scope(peer.ip(), async move { Ok::<_, Infallible>(handled.await) })
         });
         let connection = http
             .serve_connection(TokioIo::new(stream), service)
@@ -103,9 +103,11 @@ pub async fn serve_router(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use axum::Router;
     use axum::routing::get;
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
     use tokio::net::TcpStream;
+    use tower::ServiceExt;
 
     async fn start(limits: ConnectionLimits) -> (std::net::SocketAddr, CancellationToken) {
         let router = Router::new()
@@ -122,9 +124,18 @@ mod tests {
         let registry = prometheus::Registry::new();
         let metrics = GatewayMetrics::register(&registry).unwrap();
         let shutdown = CancellationToken::new();
-        tokio::spawn(serve_router(
+        let handle = move |request: Request| {
+            let answer = router.clone().oneshot(request);
+            async move {
+                match answer.await {
+                    Ok(response) => response,
+                    Err(never) => match never {},
+                }
+            }
+        };
+        tokio::spawn(serve_requests(
             listener,
-            router,
+            handle,
             limits,
             metrics,
             shutdown.clone(),

@@ -15,7 +15,6 @@ use std::task::{Context, Poll};
 use axum::body::{Body, Bytes, HttpBody};
 use axum::extract::Request;
 use axum::http::{HeaderMap, HeaderValue, header};
-use axum::middleware::Next;
 use axum::response::Response;
 use http_body::{Frame, SizeHint};
 
@@ -63,10 +62,15 @@ impl HttpBody for Tracked {
     }
 }
 
-/// Middleware: adds `Connection: close` to an answer whose request body was not read to its end.
-pub async fn close_if_unread(request: Request, next: Next) -> Response {
+/// Runs `handler` on `request` and adds `Connection: close` to its answer if the request's body was
+/// not read to its end.
+pub async fn close_if_unread<F, Fut>(request: Request, handler: F) -> Response
+where
+    F: FnOnce(Request) -> Fut,
+    Fut: Future<Output = Response>,
+{
     if !has_body(request.headers()) {
-        return next.run(request).await;
+        return handler(request).await;
     }
     let finished = Arc::new(AtomicBool::new(false));
     let (parts, body) = request.into_parts();
@@ -74,9 +78,7 @@ pub async fn close_if_unread(request: Request, next: Next) -> Response {
         inner: body,
         finished: finished.clone(),
     };
-    let mut response = next
-        .run(Request::from_parts(parts, Body::new(tracked)))
-        .await;
+    let mut response = handler(Request::from_parts(parts, Body::new(tracked))).await;
     if !finished.load(Ordering::Acquire) {
         response
             .headers_mut()
@@ -98,7 +100,11 @@ mod tests {
             .route("/ignores", post(|| async { "not needed" }))
             .route("/reads", post(|body: Bytes| async move { body }))
             .route("/forwards", post(forward_like_hyper))
-            .layer(axum::middleware::from_fn(close_if_unread))
+            .layer(axum::middleware::from_fn(
+                |request: Request, next: axum::middleware::Next| {
+                    close_if_unread(request, |request| next.run(request))
+                },
+            ))
     }
 
     /// Reads frames until the body says it is at its end, never polling past it: what hyper's client

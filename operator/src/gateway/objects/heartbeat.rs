@@ -66,6 +66,7 @@ pub struct Heartbeats {
     client: Client,
     default_timeout_seconds: i64,
     default_ttl_seconds: i64,
+    /// When this replica last wrote each sandbox's heartbeat, by UID, and the write interval then.
     last_writes: Arc<Mutex<HashMap<String, (Instant, Duration)>>>,
     metrics: GatewayMetrics,
     operator_metrics: Metrics,
@@ -100,34 +101,29 @@ impl Heartbeats {
         .heartbeat_timeout_seconds
     }
 
-    fn key(sandbox: &Sandbox) -> String {
-        format!(
-            "{}/{}/{}",
-            sandbox.namespace().unwrap_or_default(),
-            sandbox.name_any(),
-            sandbox.uid().unwrap_or_default()
-        )
-    }
-
-    /// Reserves the write slot of `sandbox` if a write is due (so concurrent calls do not both write).
+    /// Reserves the write slot of `sandbox` if a write is due (so concurrent calls do not both write);
+    /// the slot's key (the sandbox's UID) when it does.
     fn reserve(&self, sandbox: &Sandbox, timeout_seconds: i64) -> Option<String> {
         let interval = write_interval(timeout_seconds)?;
-        let key = Self::key(sandbox);
+        let uid = sandbox.metadata.uid.as_deref().unwrap_or_default();
         let mut last = self.last_writes.lock().unwrap_or_else(|p| p.into_inner());
-        let since = last.get(&key).map(|(at, _)| at.elapsed());
-        if !write_due(
-            timeout_seconds,
-            since,
-            annotation_age(sandbox, Timestamp::now()),
-        ) {
+        let since = last.get(uid).map(|(at, _)| at.elapsed());
+        // This replica's own last write usually says "not yet": the annotation is read only when not.
+        if !write_due(timeout_seconds, since, None)
+            || !write_due(
+                timeout_seconds,
+                since,
+                annotation_age(sandbox, Timestamp::now()),
+            )
+        {
             return None;
         }
         if last.len() > PRUNE_ABOVE {
             // An entry older than its interval no longer blocks a write: forgetting it changes nothing.
             last.retain(|_, (at, interval)| at.elapsed() < *interval);
         }
-        last.insert(key.clone(), (Instant::now(), interval));
-        Some(key)
+        last.insert(uid.to_string(), (Instant::now(), interval));
+        Some(uid.to_string())
     }
 
     fn release(&self, key: &str) {

@@ -5,7 +5,8 @@
 use crate::plumbing::cached_pod::CachedPod;
 use std::sync::Arc;
 
-use axum::http::HeaderValue;
+use axum::http::uri::{Authority, Scheme};
+use axum::http::{HeaderValue, Uri};
 use k8s_openapi::api::core::v1::Pod;
 use kube::api::Api;
 use kube::runtime::reflector::{ObjectRef, Store};
@@ -111,6 +112,10 @@ pub async fn own_pod(
 pub struct AgentAccess {
     /// Base URL of the agent, `http://<podIP>:<port>`.
     pub endpoint: String,
+    /// Its `<podIP>:<port>`, parsed once.
+    pub authority: Authority,
+    /// The same as the `Host` header of calls to it.
+    pub host: HeaderValue,
     /// The sandbox's agent token.
     pub token: String,
     /// `Bearer <token>`, marked sensitive.
@@ -118,18 +123,43 @@ pub struct AgentAccess {
 }
 
 impl AgentAccess {
-    /// The access to the agent at `endpoint` with `token`; a token that is not header text is a 500.
+    /// The access to the agent at `endpoint` (`http://<host>:<port>`) with `token`; an endpoint of
+    /// another form, or a token that is not header text, is a 500.
     pub fn new(endpoint: String, token: String) -> Result<Self, ApiError> {
+        let authority = endpoint
+            .strip_prefix("http://")
+            .and_then(|authority| authority.parse::<Authority>().ok())
+            .ok_or_else(|| {
+                ApiError::internal(format!(
+                    "the sandbox's agent endpoint {endpoint} is not http://<host>:<port>"
+                ))
+            })?;
         let mut authorization =
             HeaderValue::from_str(&format!("Bearer {token}")).map_err(|_| {
                 ApiError::internal("the sandbox's agent token is not valid header text")
             })?;
         authorization.set_sensitive(true);
+        let host = HeaderValue::from_str(authority.as_str())
+            .map_err(|_| ApiError::internal("the sandbox's agent endpoint is not header text"))?;
         Ok(Self {
             endpoint,
+            authority,
+            host,
             token,
             authorization,
         })
+    }
+
+    /// The URL of `path_and_query` (`/v1/exec`, `/v1/files?path=a`) at this agent.
+    pub fn url(&self, path_and_query: String) -> Result<Uri, ApiError> {
+        Uri::builder()
+            .scheme(Scheme::HTTP)
+            .authority(self.authority.clone())
+            .path_and_query(path_and_query)
+            .build()
+            .map_err(|err| {
+                ApiError::internal(format!("invalid agent URL at {}: {err}", self.endpoint))
+            })
     }
 }
 
@@ -310,5 +340,27 @@ mod tests {
         assert!(made.authorization.is_sensitive());
         let refused = AgentAccess::new("http://10.0.0.1:9090".into(), "a\nb".into());
         assert_eq!(refused.unwrap_err().status, 500, "not header text");
+    }
+
+    #[test]
+    fn an_agent_access_makes_urls_at_its_endpoint() {
+        let v4 = AgentAccess::new("http://10.0.0.1:9090".into(), "t".into()).expect("access");
+        assert_eq!(v4.host, "10.0.0.1:9090");
+        let url = v4.url("/v1/files?path=a%20b".into()).expect("url");
+        assert_eq!(url.to_string(), "http://10.0.0.1:9090/v1/files?path=a%20b");
+        let v6 = AgentAccess::new("http://[fd00::7]:9090".into(), "t".into()).expect("access");
+        assert_eq!(
+            v6.url("/v1/exec".into()).expect("url").to_string(),
+            "http://[fd00::7]:9090/v1/exec"
+        );
+        assert_eq!(v4.url("/v1/a b".into()).unwrap_err().status, 500);
+        for endpoint in [
+            "https://10.0.0.1:9090",
+            "10.0.0.1:9090",
+            "http://10.0.0.1:9090/x",
+        ] {
+            let refused = AgentAccess::new(endpoint.into(), "t".into());
+            assert_eq!(refused.unwrap_err().status, 500, "{endpoint}");
+        }
     }
 }
