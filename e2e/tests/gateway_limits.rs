@@ -304,7 +304,11 @@ async fn connections_wait_and_requests_beyond_the_limit_are_shed() {
             .await
         }
     };
-    assert_eq!(counted("200").await, 3.0, "two slow execs and the encoded one");
+    assert_eq!(
+        counted("200").await,
+        3.0,
+        "two slow execs and the encoded one"
+    );
     assert_eq!(counted("503").await, 1.0, "the shed exec");
     assert!(
         metric(

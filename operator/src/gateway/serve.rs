@@ -154,7 +154,7 @@ pub fn router(state: State, pipeline: Arc<Pipeline>) -> (Router, serde_json::Val
     (router, document)
 }
 
-/// How the gateway handles a request: an agent call ([`agent::paths::recognise`]) goes straight to
+/// How the gateway handles a request: an agent call ([`agent::table::recognise`]) goes straight to
 /// its proxy, through the same pipeline as the router's routes; any other request to the router.
 #[derive(Clone)]
 pub struct Handler {
@@ -177,7 +177,7 @@ impl Handler {
 
     /// The answer to `request`.
     pub fn handle(&self, request: Request) -> impl Future<Output = Response> + Send + use<> {
-        match agent::paths::recognise(request.method(), request.uri().path()) {
+        match agent::table::recognise(request.method(), request.uri().path()) {
             // Boxed like the router's futures: moving the whole call's state costs more.
             Some((route, _)) => Either::Left(Box::pin(agent::routes::serve_recognised(
                 self.state.clone(),

@@ -1,14 +1,7 @@
 //! The paths of agent calls (pure): a gateway path `/v1/namespaces/{namespace}/sandboxes/{name}<suffix>`
-//! split into its parts ([`split`]), recognised as a row of the route table ([`recognise`]), and the
-//! agent's path for it ([`agent_target`]: the agent serves every route at `/v1<suffix>`, the table's
-//! test checks). Recognising a call here lets the gateway send it to its proxy before the router
-//! (`serve::handler`): agent calls are its busiest, an exec above all.
-
-use axum::http::Method;
-
-use crate::gateway::agent::routes::AgentRoute;
-use crate::gateway::agent::table::ROUTES;
-use crate::gateway::state::paths::SANDBOX;
+//! split into its parts ([`split`]), its suffix matched against a route's ([`fits`]; the table finds
+//! a request's row with it), and the agent's path for it ([`agent_target`]: the agent serves every
+//! route at `/v1<suffix>`, the table's test checks).
 
 /// The parts of a path under one sandbox, raw (still percent-encoded) as the request has them.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -37,13 +30,13 @@ pub fn split(path: &str) -> Option<SandboxPath<'_>> {
 }
 
 /// Whether a `{...}` segment of a route template.
-pub fn is_placeholder(segment: &str) -> bool {
+fn is_placeholder(segment: &str) -> bool {
     segment.starts_with('{') && segment.ends_with('}')
 }
 
 /// Whether `suffix` fits the route template's `template` suffix: the same segments, a placeholder
 /// taking any segment but an empty one.
-fn fits(template: &str, suffix: &str) -> bool {
+pub fn fits(template: &str, suffix: &str) -> bool {
     let (mut template, mut actual) = (template.split('/'), suffix.split('/'));
     loop {
         match (template.next(), actual.next()) {
@@ -52,30 +45,6 @@ fn fits(template: &str, suffix: &str) -> bool {
             _ => return false,
         }
     }
-}
-
-impl AgentRoute {
-    /// The route's path after the sandbox's (`/exec`, `/processes/{id}/signal`).
-    pub fn suffix(&self) -> &'static str {
-        self.path.strip_prefix(SANDBOX).unwrap_or(self.path)
-    }
-}
-
-/// The agent route of a request `method path` (pure). `None` for any other path, and for a path
-/// whose namespace or name is empty or percent-encoded: the router takes those (and decodes).
-pub fn recognise<'a>(
-    method: &Method,
-    path: &'a str,
-) -> Option<(&'static AgentRoute, SandboxPath<'a>)> {
-    let parts = split(path)?;
-    let plain = |segment: &str| !segment.is_empty() && !segment.contains('%');
-    if !plain(parts.namespace) || !plain(parts.name) {
-        return None;
-    }
-    let route = ROUTES
-        .iter()
-        .find(|route| route.method.is(method) && fits(route.suffix(), parts.suffix))?;
-    Some((route, parts))
 }
 
 /// The agent's path and query for a call whose gateway path has `suffix`: `/v1<suffix>` and the raw
@@ -95,11 +64,6 @@ pub fn agent_target(suffix: &str, query: Option<&str>) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::gateway::agent::routes::Verb;
-
-    fn found(method: Method, path: &str) -> Option<&'static str> {
-        recognise(&method, path).map(|(route, _)| route.path)
-    }
 
     #[test]
     fn paths_split_into_namespace_name_and_suffix() {
@@ -120,69 +84,21 @@ mod tests {
     }
 
     #[test]
-    fn every_row_is_recognised_from_a_path_of_its_template() {
-        for route in ROUTES {
-            let path = route
-                .path
-                .replace("{namespace}", "team-a")
-                .replace("{name}", "sb-1")
-                .replace("{id}", "p-7");
-            let method = match route.method {
-                Verb::Get => Method::GET,
-                Verb::Post => Method::POST,
-                Verb::Put => Method::PUT,
-                Verb::Delete => Method::DELETE,
-            };
-            let (recognised, parts) = recognise(&method, &path).expect(route.path);
-            assert!(
-                std::ptr::eq(recognised, route),
-                "{path} took {}",
-                recognised.path
-            );
-            assert_eq!((parts.namespace, parts.name), ("team-a", "sb-1"));
-        }
-    }
-
-    #[test]
-    fn other_paths_are_left_to_the_router() {
-        let exec = "/v1/namespaces/ns/sandboxes/s/exec";
-        assert_eq!(found(Method::POST, exec), Some(ROUTES[0].path));
-        assert_eq!(
-            found(Method::GET, exec),
-            None,
-            "no such method: the router's 405"
-        );
-        for path in [
-            "/v1/namespaces/ns/sandboxes/s",
-            "/v1/namespaces/ns/sandboxes/s/wait",
-            "/v1/namespaces/ns/sandboxes/s/exec/",
-            "/v1/namespaces/ns/sandboxes/s/exec/more",
-            "/v1/namespaces/ns/sandboxes/s/ex%65c",
-            "/v1/namespaces/ns/sandboxes/s%2Dx/exec",
-            "/v1/namespaces/n%73/sandboxes/s/exec",
-            "/v1/namespaces//sandboxes/s/exec",
-            "/v1/namespaces/ns/sandboxes//exec",
-            "/v1/namespaces/ns/rolloutgroups/s/exec",
-            "/healthz",
-        ] {
-            assert_eq!(found(Method::POST, path), None, "{path}");
-        }
-        assert_eq!(
-            found(
-                Method::POST,
-                "/v1/namespaces/ns/sandboxes/s/processes//signal"
-            ),
-            None,
+    fn suffixes_fit_templates_segment_by_segment() {
+        assert!(fits("/exec", "/exec"));
+        assert!(fits("/processes/{id}/signal", "/processes/p-1/signal"));
+        assert!(
+            !fits("/processes/{id}/signal", "/processes//signal"),
             "an empty id"
         );
-        assert_eq!(
-            found(
-                Method::GET,
-                "/v1/namespaces/ns/sandboxes/s/ports/8080/tunnel"
-            ),
-            None,
-            "tunnels upgrade their connection: the router's"
+        assert!(!fits("/exec", "/exec/"));
+        assert!(!fits("/exec", "/exec/more"));
+        assert!(
+            !fits("/exec", "/ex%65c"),
+            "matched as sent, like the router"
         );
+        assert!(!fits("/exec/stream", "/exec"));
+        assert!(!fits("/exec", ""));
     }
 
     #[test]

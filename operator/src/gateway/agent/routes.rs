@@ -33,6 +33,7 @@ use crate::gateway::http::errors::{ApiError, ErrorBody};
 use crate::gateway::http::pipeline::Pipeline;
 use crate::gateway::objects::lookup::find_sandbox;
 use crate::gateway::objects::names::{check_name, check_namespace};
+use crate::gateway::state::paths::SANDBOX;
 use crate::gateway::state::{ObjectPath, State};
 
 /// How long an exec may run by default before the gateway gives up waiting (the agent's default
@@ -291,6 +292,11 @@ pub struct ProcessPath {
 }
 
 impl AgentRoute {
+    /// The route's path after the sandbox's (`/exec`, `/processes/{id}/signal`).
+    pub fn suffix(&self) -> &'static str {
+        self.path.strip_prefix(SANDBOX).unwrap_or(self.path)
+    }
+
     /// Whether the path carries a process or session `{id}` (documented with [`ProcessPath`]).
     fn has_process_id(&self) -> bool {
         self.path.contains("{id}")
@@ -398,7 +404,7 @@ impl Param {
     }
 }
 
-/// Serves `request`, a call to `route` recognised before the router ([`paths::recognise`]), through
+/// Serves `request`, a call to `route` recognised before the router (`table::recognise`), through
 /// `pipeline` as the router serves its routes.
 pub async fn serve_recognised(
     state: State,

@@ -1,5 +1,7 @@
 //! Every route the gateway proxies to a sandbox's agent, one row each ([`ROUTES`]): adding an agent
-//! route to the gateway is adding a row here.
+//! route to the gateway is adding a row here. The row of a request is found from its method and path
+//! ([`recognise`]), so the gateway sends agent calls, its busiest (an exec above all), to their proxy
+//! before the router.
 
 use orchard_api::agent::{
     AgentMetrics, DirectoryCreated, ExecEvent, ExecRequest, ExecResponse, FileDeleted, FileList,
@@ -15,6 +17,9 @@ use crate::gateway::auth::access::Operation;
 /// How long an exec may run by default before the gateway gives up waiting (the agent's default
 use utoipa_axum::router::OpenApiRouter;
 
+use axum::http::Method;
+
+use crate::gateway::agent::paths::{SandboxPath, fits, split};
 use crate::gateway::agent::routes::*;
 use crate::gateway::state::State;
 
@@ -504,4 +509,96 @@ pub fn router() -> OpenApiRouter<State> {
     ROUTES.iter().fold(OpenApiRouter::new(), |router, route| {
         router.routes(route.method_router())
     })
+}
+
+/// The agent route of a request `method path` (pure). `None` for any other path, and for a path
+/// whose namespace or name is empty or percent-encoded: the router takes those (and decodes).
+pub fn recognise<'a>(
+    method: &Method,
+    path: &'a str,
+) -> Option<(&'static AgentRoute, SandboxPath<'a>)> {
+    let parts = split(path)?;
+    let plain = |segment: &str| !segment.is_empty() && !segment.contains('%');
+    if !plain(parts.namespace) || !plain(parts.name) {
+        return None;
+    }
+    let route = ROUTES
+        .iter()
+        .find(|route| route.method.is(method) && fits(route.suffix(), parts.suffix))?;
+    Some((route, parts))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn found(method: Method, path: &str) -> Option<&'static str> {
+        recognise(&method, path).map(|(route, _)| route.path)
+    }
+
+    #[test]
+    fn every_row_is_recognised_from_a_path_of_its_template() {
+        for route in ROUTES {
+            let path = route
+                .path
+                .replace("{namespace}", "team-a")
+                .replace("{name}", "sb-1")
+                .replace("{id}", "p-7");
+            let method = match route.method {
+                Verb::Get => Method::GET,
+                Verb::Post => Method::POST,
+                Verb::Put => Method::PUT,
+                Verb::Delete => Method::DELETE,
+            };
+            let (recognised, parts) = recognise(&method, &path).expect(route.path);
+            assert!(
+                std::ptr::eq(recognised, route),
+                "{path} took {}",
+                recognised.path
+            );
+            assert_eq!((parts.namespace, parts.name), ("team-a", "sb-1"));
+        }
+    }
+
+    #[test]
+    fn other_paths_are_left_to_the_router() {
+        let exec = "/v1/namespaces/ns/sandboxes/s/exec";
+        assert_eq!(found(Method::POST, exec), Some(ROUTES[0].path));
+        assert_eq!(
+            found(Method::GET, exec),
+            None,
+            "no such method: the router's 405"
+        );
+        for path in [
+            "/v1/namespaces/ns/sandboxes/s",
+            "/v1/namespaces/ns/sandboxes/s/wait",
+            "/v1/namespaces/ns/sandboxes/s/exec/",
+            "/v1/namespaces/ns/sandboxes/s/exec/more",
+            "/v1/namespaces/ns/sandboxes/s/ex%65c",
+            "/v1/namespaces/ns/sandboxes/s%2Dx/exec",
+            "/v1/namespaces/n%73/sandboxes/s/exec",
+            "/v1/namespaces//sandboxes/s/exec",
+            "/v1/namespaces/ns/sandboxes//exec",
+            "/v1/namespaces/ns/rolloutgroups/s/exec",
+            "/healthz",
+        ] {
+            assert_eq!(found(Method::POST, path), None, "{path}");
+        }
+        assert_eq!(
+            found(
+                Method::POST,
+                "/v1/namespaces/ns/sandboxes/s/processes//signal"
+            ),
+            None,
+            "an empty id"
+        );
+        assert_eq!(
+            found(
+                Method::GET,
+                "/v1/namespaces/ns/sandboxes/s/ports/8080/tunnel"
+            ),
+            None,
+            "tunnels upgrade their connection: the router's"
+        );
+    }
 }
