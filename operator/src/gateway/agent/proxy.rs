@@ -265,10 +265,7 @@ impl AgentProxy {
 
         let answer = self.client.request(request);
         tokio::pin!(answer);
-        let deadline = async {
-            let _ = sent.await;
-            tokio::time::sleep(timeout).await;
-        };
+        let deadline = answer_deadline(sent, timeout);
         let result = tokio::select! {
             result = &mut answer => result.map_err(|err| classify(&err)),
             () = deadline => Err(AgentFailure::Timeout),
@@ -284,6 +281,12 @@ impl AgentProxy {
             }
         }
     }
+}
+
+/// Ends `timeout` after the request's body has been sent (or dropped), which `sent` reports.
+pub(super) async fn answer_deadline(sent: oneshot::Receiver<()>, timeout: Duration) {
+    let _ = sent.await;
+    tokio::time::sleep(timeout).await;
 }
 
 /// The agent's answer as the gateway passes it back: status, body and end-to-end headers.
@@ -421,6 +424,30 @@ mod tests {
         assert_eq!(err.status, StatusCode::BAD_GATEWAY);
         assert_eq!(err.body.code, "AgentUnreachable");
         assert!(err.body.retryable);
+    }
+
+    /// When `answer_deadline` ends, with the body's end reported `sent_after` from the start.
+    async fn deadline_after(sent_after: Duration, timeout: Duration) -> Duration {
+        let started = tokio::time::Instant::now();
+        let (body, sent) = NotifyOnEnd::new(Body::from("x"));
+        tokio::spawn(async move {
+            tokio::time::sleep(sent_after).await;
+            drop(body);
+        });
+        answer_deadline(sent, timeout).await;
+        started.elapsed()
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn the_answer_deadline_counts_from_the_end_of_the_body() {
+        let s = Duration::from_secs;
+        assert_eq!(deadline_after(Duration::ZERO, s(2)).await, s(2));
+        assert_eq!(
+            deadline_after(s(1), s(2)).await,
+            s(3),
+            "sent within the timeout"
+        );
+        assert_eq!(deadline_after(s(3), s(2)).await, s(5), "sent after it");
     }
 
     #[tokio::test]
