@@ -2,14 +2,15 @@
 //! authorise, find the sandbox's endpoint and token in the caches, count the call as a heartbeat, and
 //! stream the request to `status.agentEndpoint` and the answer back unchanged.
 //!
-//! One table, `table::ROUTES`, drives all of it (`table::router`): each row is a route's method, gateway path and agent path,
-//! its RBAC operation and answer timeout, and its OpenAPI operation (summary, parameters, request and
-//! answer schemas, the latter the agent's wire types of `orchard_api::agent`). `route::router` mounts every
-//! row on one generic proxy handler and documents it from the same row.
-
-use std::time::Duration;
+//! One table, `table::ROUTES`, drives all of it: each row is a route's method and gateway path (the
+//! agent serves it at `/v1` and the same suffix), its RBAC operation and answer timeout, and its
+//! OpenAPI operation (summary, parameters, request and answer schemas, the latter the agent's wire
+//! types of `orchard_api::agent`). `table::router` mounts every row on one generic proxy handler and
+//! documents it from the same row; `table::recognise` finds a request's row before the router, and
+//! [`serve_recognised`] serves it through the same request pipeline.
 
 use std::sync::Arc;
+use std::time::Duration;
 
 use axum::extract::{Query, RawPathParams, Request, State as AxumState};
 use axum::http::{Method, Uri};
