@@ -1,14 +1,16 @@
 //! `make bench-gateway`: the latency the gateway adds to an exec, and sandbox create -> Ready through
 //! the Python SDK, on the local cluster (real control plane, local node, release operator).
 //!
-//! Exec of `true` is timed at the client on four paths: directly to the agent (pod IP, sandbox
+//! Exec of `true` is timed at the client on five paths: directly to the agent (pod IP, sandbox
 //! token), through a plain TCP relay to the agent (bytes copied between two sockets, no HTTP: the
-//! least any proxy hop in its own process costs on this machine), through a bare HTTP proxy (hyper's
+//! least any proxy hop in its own process costs on this machine), through a lean HTTP proxy (each
+//! head parsed, one task doing the whole exchange over pooled connections: the least an HTTP-aware
+//! hop costs, [`orchard_bench::lean_proxy`]), through a bare HTTP proxy (hyper's
 //! HTTP/1.1 server and hyper-util's pooled client, as the gateway has them, and nothing else: the
 //! least an HTTP proxy that can authorise each request costs), and through the gateway (bearer
 //! token, TokenReview/SubjectAccessReview cached, heartbeat coalescing, proxy), at concurrency 1 and
 //! 64, the paths alternating in rounds (the order rotating each round) so drift on a shared machine
-//! hits all. Each hop's CPU is read apart: the relay's and the proxy's runtimes run on threads of
+//! hits all. Each hop's CPU is read apart: the relay's and the proxies' runtimes run on threads of
 //! their own names in this process, the gateway in the operator's. Prints a table; with
 //! `--write-doc PATH` replaces the `## Gateway` section of that Markdown file.
 
@@ -30,6 +32,8 @@ const PER_WORKER: usize = 700;
 const ROUNDS: usize = 7;
 /// Thread name of the TCP relay's runtime.
 const RELAY_THREADS: &str = "tcp-relay";
+/// Thread name of the lean HTTP proxy's runtime.
+const LEAN_THREADS: &str = "lean-proxy";
 /// Thread name of the bare HTTP proxy's runtime.
 const PROXY_THREADS: &str = "http-proxy";
 const SDK_SANDBOXES: usize = 20;
@@ -96,9 +100,10 @@ fn signed_ms(later: Duration, earlier: Duration) -> String {
 }
 
 /// The paths measured, in the order of the table's columns.
-const PATHS: [&str; 4] = [
+const PATHS: [&str; 5] = [
     "direct to the agent",
     "through a TCP relay",
+    "through a lean HTTP proxy",
     "through a bare HTTP proxy",
     "through the gateway",
 ];
@@ -106,30 +111,31 @@ const PATHS: [&str; 4] = [
 /// The index in [`PATHS`] of the direct path, the relay and the gateway.
 const DIRECT: usize = 0;
 const RELAY: usize = 1;
-const GATEWAY: usize = 3;
+const GATEWAY: usize = 4;
 
 /// One concurrency's samples on every path (indexed as [`PATHS`]).
 struct Row {
     concurrency: usize,
-    samples: [Vec<Duration>; 4],
-    wall: [Duration; 4],
+    samples: [Vec<Duration>; 5],
+    wall: [Duration; 5],
     /// The CPU seconds of each path's own hop while that path ran (nothing for the direct path).
-    hop_cpu: [f64; 4],
+    hop_cpu: [f64; 5],
     /// The CPU seconds of each path's hop while the direct path ran: its background work (the
     /// operator's controllers and watches; nothing for the in-process hops).
-    hop_idle_cpu: [f64; 4],
+    hop_idle_cpu: [f64; 5],
     /// Per round and path: the p50 (seconds) and exec/s.
-    rounds: Vec<[(f64, f64); 4]>,
+    rounds: Vec<[(f64, f64); 5]>,
 }
 
 /// The CPU seconds so far of each path's hop: none for the direct path, the relay's and the
-/// proxy's threads, the operator's process.
-fn hop_cpu(operator: u32) -> [f64; 4] {
+/// proxies' threads, the operator's process.
+fn hop_cpu(operator: u32) -> [f64; 5] {
     let threads = orchard_bench::thread_cpu::by_name();
     let named = |name: &str| threads.get(name).copied().unwrap_or_default();
     [
         0.0,
         named(RELAY_THREADS),
+        named(LEAN_THREADS),
         named(PROXY_THREADS),
         cpu_seconds(operator).expect("the operator is running"),
     ]
@@ -140,7 +146,7 @@ fn hop_cpu(operator: u32) -> [f64; 4] {
 /// hop's CPU is counted around every run.
 async fn measure(
     http: &reqwest::Client,
-    targets: &[Target; 4],
+    targets: &[Target; 5],
     workers: usize,
     per_worker: usize,
     operator: u32,
@@ -148,20 +154,20 @@ async fn measure(
     let mut row = Row {
         concurrency: workers,
         samples: Default::default(),
-        wall: [Duration::ZERO; 4],
-        hop_cpu: [0.0; 4],
-        hop_idle_cpu: [0.0; 4],
+        wall: [Duration::ZERO; 5],
+        hop_cpu: [0.0; 5],
+        hop_idle_cpu: [0.0; 5],
         rounds: Vec::new(),
     };
     for round in 0..ROUNDS {
-        let mut this_round = [(0.0, 0.0); 4];
+        let mut this_round = [(0.0, 0.0); 5];
         for offset in 0..PATHS.len() {
             let path = (round + offset) % PATHS.len();
             let (started, cpu_before) = (Instant::now(), hop_cpu(operator));
             let mut samples = run(http, &targets[path], workers, per_worker / ROUNDS).await;
             let wall = started.elapsed();
             let cpu = hop_cpu(operator);
-            let used: [f64; 4] = std::array::from_fn(|hop| cpu[hop] - cpu_before[hop]);
+            let used: [f64; 5] = std::array::from_fn(|hop| cpu[hop] - cpu_before[hop]);
             if path == DIRECT {
                 for (idle, used) in row.hop_idle_cpu.iter_mut().zip(used) {
                     *idle += used;
@@ -226,6 +232,20 @@ fn start_relay(upstream: SocketAddr) -> SocketAddr {
     })
 }
 
+/// A lean HTTP/1.1 reverse proxy to `upstream` ([`start_hop`], threads [`LEAN_THREADS`]):
+/// [`orchard_bench::lean_proxy`], one pool of idle connections to `upstream` shared by every client
+/// connection.
+fn start_lean_proxy(upstream: SocketAddr) -> SocketAddr {
+    use orchard_bench::lean_proxy::{Pool, serve_connection};
+
+    start_hop(LEAN_THREADS, move |listener| async move {
+        let pool = Pool::default();
+        while let Ok((client, _)) = listener.accept().await {
+            tokio::spawn(serve_connection(client, upstream, pool.clone()));
+        }
+    })
+}
+
 /// A bare HTTP/1.1 reverse proxy to `upstream` ([`start_hop`], threads [`PROXY_THREADS`]): hyper's
 /// server and hyper-util's pooled client with the settings the gateway gives them (TCP_NODELAY on
 /// both sides, 256 idle connections per agent), each request sent on with its method, path, headers
@@ -272,15 +292,15 @@ fn start_http_proxy(upstream: SocketAddr) -> SocketAddr {
 /// each hop's CPU, and per round what each HTTP hop costs beyond the relay (pure).
 fn table(rows: &[Row]) -> String {
     let mut table = format!(
-        "| exec `true`, keep-alive clients | {} | {} | {} | {} | added by the relay | added by the bare HTTP proxy | added by the gateway |\n|---|---|---|---|---|---|---|---|\n",
-        PATHS[0], PATHS[1], PATHS[2], PATHS[3]
+        "| exec `true`, keep-alive clients | {} | {} | {} | {} | {} | added by the relay | added by the lean HTTP proxy | added by the bare HTTP proxy | added by the gateway |\n|---|---|---|---|---|---|---|---|---|---|\n",
+        PATHS[0], PATHS[1], PATHS[2], PATHS[3], PATHS[4]
     );
     let hops = RELAY..=GATEWAY;
     for row in rows {
         let concurrency = row.concurrency;
         let mut samples = row.samples.clone();
         for (label, p) in [("p50", 0.5), ("p99", 0.99)] {
-            let at: [Duration; 4] = std::array::from_fn(|path| percentile(&mut samples[path], p));
+            let at: [Duration; 5] = std::array::from_fn(|path| percentile(&mut samples[path], p));
             let cells: Vec<String> = at.iter().map(|d| ms(*d)).collect();
             let added: Vec<String> = hops
                 .clone()
@@ -315,7 +335,7 @@ fn table(rows: &[Row]) -> String {
             .map(|hop| format!("{:.0} µs", own_cpu(hop)))
             .collect();
         table.push_str(&format!(
-            "| the hop's own CPU per exec (user + kernel; its background while the direct path ran subtracted), concurrency {concurrency} | | {} | | | |\n",
+            "| the hop's own CPU per exec (user + kernel; its background while the direct path ran subtracted), concurrency {concurrency} | | {} | | | | |\n",
             cpu.join(" | ")
         ));
         let added = |path: usize| -> Vec<f64> {
@@ -341,7 +361,7 @@ fn table(rows: &[Row]) -> String {
             })
             .collect();
         table.push_str(&format!(
-            "| per round ({ROUNDS}), concurrency {concurrency}: p50 added; throughput change | | | | | {} |\n",
+            "| per round ({ROUNDS}), concurrency {concurrency}: p50 added; throughput change | | | | | | {} |\n",
             per_round.join(" | ")
         ));
         let beyond_relay: Vec<String> = (RELAY + 1..=GATEWAY)
@@ -355,7 +375,7 @@ fn table(rows: &[Row]) -> String {
             })
             .collect();
         table.push_str(&format!(
-            "| per round ({ROUNDS}), concurrency {concurrency}: throughput change beyond the relay's in the same round | | | | | | {} |\n",
+            "| per round ({ROUNDS}), concurrency {concurrency}: throughput change beyond the relay's in the same round | | | | | | | {} |\n",
             beyond_relay.join(" | ")
         ));
     }
@@ -440,6 +460,7 @@ async fn main() {
         .parse()
         .expect("the agent endpoint is http://<ip>:<port>");
     let relay = start_relay(agent_address);
+    let lean = start_lean_proxy(agent_address);
     let proxy = start_http_proxy(agent_address);
     let targets = [
         Target {
@@ -448,6 +469,10 @@ async fn main() {
         },
         Target {
             url: format!("http://{relay}/v1/exec"),
+            token: agent_token.clone(),
+        },
+        Target {
+            url: format!("http://{lean}/v1/exec"),
             token: agent_token.clone(),
         },
         Target {
@@ -474,11 +499,11 @@ async fn main() {
     let mut table = table(&[sequential, concurrent]);
     let seconds = |key: &str| sdk[key].as_f64().unwrap_or(f64::NAN);
     table.push_str(&format!(
-        "| Sandbox create -> Ready through the SDK (`client.create(image=...)`, {} sandboxes one after another): p50 / p90 / max | {:.2} s / {:.2} s / {:.2} s | | | | | | |\n",
+        "| Sandbox create -> Ready through the SDK (`client.create(image=...)`, {} sandboxes one after another): p50 / p90 / max | {:.2} s / {:.2} s / {:.2} s | | | | | | | | |\n",
         sdk["count"], seconds("p50"), seconds("p90"), seconds("max")
     ));
     table.push_str(&format!(
-        "| Sandbox create -> Ready through the SDK, {} at once (asyncio): p50 / max | {:.2} s / {:.2} s | | | | | | |\n",
+        "| Sandbox create -> Ready through the SDK, {} at once (asyncio): p50 / max | {:.2} s / {:.2} s | | | | | | | | |\n",
         sdk["count"], seconds("concurrent_p50"), seconds("concurrent_max")
     ));
     println!("\n{table}");
@@ -488,13 +513,15 @@ One local cluster (real kube-apiserver and etcd, the local node running each age
 keep-alive HTTP clients on the same machine. \"Direct\" posts `{{\"argv\": [\"true\"]}}` to `http://<podIP>:9090/v1/exec` with the sandbox token; \"through a TCP relay\" sends the same request \
 through a plain TCP relay to the agent (a runtime of its own with two workers in the benchmark's process, bytes copied both ways by `copy_bidirectional`, no HTTP): \
 the least any proxy hop costs here, whatever it does; \
+\"through a lean HTTP proxy\" sends it through a proxy of the benchmark's own (`orchard_bench::lean_proxy`, a runtime of its own with two workers): each request's and answer's head parsed with `httparse`, hyper's parser, and the whole exchange done by the task that serves the client's connection over a pool of idle connections to the agent, messages framed by `Content-Length` only: \
+the least an HTTP-aware hop costs here, so what the bare HTTP proxy adds beyond it is what hyper's server and hyper-util's client cost over HTTP itself; \
 \"through a bare HTTP proxy\" sends it through hyper's HTTP/1.1 server and hyper-util's pooled client (the gateway's, with its settings: TCP_NODELAY, 256 idle connections per agent) on a runtime of its own with two workers in the benchmark's process, \
 each request sent on with its method, path, headers and body and each answer streamed back, nothing else (no authentication, routing, header filtering or time-outs): \
 the least an HTTP proxy that can authorise each request costs here, so what the gateway adds beyond it is what its authorisation, lookups, limits and heartbeat cost; \
 \"through the gateway\" posts the same body to \
 `/v1/namespaces/<ns>/sandboxes/bench/exec` with a bearer token, so it adds TokenReview/SubjectAccessReview (cached 10 s), the cache lookups, the coalesced heartbeat and the proxy hop. \
 {WARMUP} warm-up calls per path, then {ROUNDS} rounds in which every path runs once, the order rotating each round; concurrency 64 is {CONCURRENT_WORKERS} workers x {PER_WORKER} calls per path. \
-Each hop's own CPU per exec: the relay's and the proxy's runtime threads (time on a CPU from `/proc/self/task/*/schedstat`, by thread name) and the operator's process (user + system, `/proc/<pid>/stat`) while their path ran, less what they used while the direct path ran (the operator's controllers and watches; nothing for the others), divided by the execs. \
+Each hop's own CPU per exec: the relay's and the proxies' runtime threads (time on a CPU from `/proc/self/task/*/schedstat`, by thread name) and the operator's process (user + system, `/proc/<pid>/stat`) while their path ran, less what they used while the direct path ran (the operator's controllers and watches; nothing for the others), divided by the execs. \
 The last row pairs each round's throughput change with the relay's in the same round, so drift between rounds cancels: the target for the gateway is at most 3 points. \
 Create -> Ready is timed in Python around `client.create(image=\"busybox\")` (POST, then the gateway's watch-driven wait), sandboxes deleted after each. \
 The per-round rows give the median over the rounds and the spread. Machine: {machine}; the cluster, the agent and the client share it, so at concurrency 64 every path queues on process spawns.\n\n{table}"
