@@ -122,7 +122,7 @@ impl Pool {
 /// Sends `request` to `upstream` and reads its answer into `answer`, on a pooled connection if one is
 /// idle (once more on a new one if that pooled connection turns out closed before it answered) and
 /// returns the connection to the pool after a whole answer. Returns the answer's length.
-pub async fn exchange(
+async fn exchange(
     request: &[u8],
     upstream: SocketAddr,
     pool: &Pool,
